@@ -1,0 +1,162 @@
+//! Errors: one `#[non_exhaustive]` enum whose variants carry their context.
+//!
+//! Every fallible call of the crate returns [`ResourceResult`]. A call that
+//! fails leaves every counter, map and budget exactly as it was before the
+//! call; the variants say what was wrong and with which values, so that a
+//! log line is enough to understand a failure.
+
+use crate::types::{BlockId, StreamId};
+
+/// The driver calls the crate makes, named so that an error can say which one
+/// failed and so that fault injection can target one kind of call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum DriverCall {
+    /// Loading `libcuda` and creating the context or memory pool.
+    Init,
+    /// `cuMemAllocFromPoolAsync`.
+    AllocAsync,
+    /// `cuMemFreeAsync`.
+    FreeAsync,
+    /// `cuEventCreate`.
+    EventCreate,
+    /// `cuEventRecord`.
+    EventRecord,
+    /// `cuEventQuery`.
+    EventQuery,
+    /// `cuEventSynchronize`.
+    EventSynchronize,
+    /// `cuEventDestroy`.
+    EventDestroy,
+    /// `cuStreamWaitEvent`.
+    StreamWaitEvent,
+    /// `cuStreamSynchronize`.
+    StreamSynchronize,
+    /// `cuLaunchHostFunc`.
+    LaunchHostFunc,
+    /// `cuMemsetD8Async`.
+    MemsetAsync,
+    /// `cuMemcpyDtoDAsync`.
+    CopyAsync,
+    /// A kernel launch (on the simulated device: [`SimGpu::launch_kernel`](crate::gpu::sim::SimGpu::launch_kernel)).
+    Launch,
+    /// `cuMemGetInfo`.
+    MemGetInfo,
+}
+
+impl DriverCall {
+    /// Every call kind, in declaration order (used by fault-injection sweeps).
+    pub const ALL: [DriverCall; 15] = [
+        DriverCall::Init,
+        DriverCall::AllocAsync,
+        DriverCall::FreeAsync,
+        DriverCall::EventCreate,
+        DriverCall::EventRecord,
+        DriverCall::EventQuery,
+        DriverCall::EventSynchronize,
+        DriverCall::EventDestroy,
+        DriverCall::StreamWaitEvent,
+        DriverCall::StreamSynchronize,
+        DriverCall::LaunchHostFunc,
+        DriverCall::MemsetAsync,
+        DriverCall::CopyAsync,
+        DriverCall::Launch,
+        DriverCall::MemGetInfo,
+    ];
+}
+
+/// What went wrong in a call of the crate.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ResourceError {
+    /// The device could not provide `requested` bytes on `stream`.
+    #[error("out of device memory: requested {requested} B on {stream}, {available} B available")]
+    OutOfMemory {
+        /// Bytes asked for.
+        requested: usize,
+        /// Bytes the device reported free when the request failed.
+        available: usize,
+        /// Stream the allocation was ordered on.
+        stream: StreamId,
+    },
+    /// A byte budget shared by several resources would be exceeded.
+    #[error("budget exceeded: requested {requested} B, limit {limit} B, {in_use} B in use")]
+    BudgetExceeded {
+        /// Bytes asked for.
+        requested: usize,
+        /// The budget's limit.
+        limit: usize,
+        /// Bytes counted against the budget when the request was refused.
+        in_use: usize,
+    },
+    /// The stream is not in this resource's stream pool.
+    #[error("unknown stream {stream} (the pool has {pool_len} streams)")]
+    UnknownStream {
+        /// The stream that was passed.
+        stream: StreamId,
+        /// How many streams the pool holds.
+        pool_len: usize,
+    },
+    /// A stream or block of another device was passed to a resource pinned
+    /// to `expected`.
+    #[error("wrong device: this resource serves device {expected}, got one of device {found}")]
+    WrongDevice {
+        /// The device the resource serves.
+        expected: u32,
+        /// The device of the stream or block that was passed.
+        found: u32,
+    },
+    /// The block was allocated by another resource.
+    #[error("{block} belongs to another resource")]
+    ForeignBlock {
+        /// The block that was passed.
+        block: BlockId,
+    },
+    /// The block id was never handed out by this resource.
+    #[error("unknown block {block}")]
+    UnknownBlock {
+        /// The block that was passed.
+        block: BlockId,
+    },
+    /// The block was already deallocated (a second free, or a stale id used
+    /// after the free).
+    #[error("{block} was already deallocated")]
+    DoubleFree {
+        /// The block that was passed.
+        block: BlockId,
+    },
+    /// The resource stack does not track cross-stream block use, so a launch
+    /// that needs it was refused before any work was queued.
+    #[error("{block} is used on {stream} but the resource stack does not track block use")]
+    TrackingUnsupported {
+        /// The block that needed tracking.
+        block: BlockId,
+        /// The stream of the use.
+        stream: StreamId,
+    },
+    /// A driver call failed.
+    #[error("driver call {call:?} failed: {message} (code {code})")]
+    Driver {
+        /// Which call failed.
+        call: DriverCall,
+        /// The driver's numeric error code (`CUresult`), or a simulated one.
+        code: i32,
+        /// The driver's name for the error.
+        message: String,
+    },
+    /// The device is unusable (libcuda missing, or a fault poisoned the
+    /// context); no further work can complete on it.
+    #[error("device {device} unavailable: {reason}")]
+    DeviceUnavailable {
+        /// Device ordinal.
+        device: u32,
+        /// Why.
+        reason: String,
+    },
+    /// The resource (or its background task) has shut down.
+    #[error("the resource has shut down")]
+    Shutdown,
+}
+
+/// The crate's result type.
+pub type ResourceResult<T> = Result<T, ResourceError>;

@@ -1,0 +1,358 @@
+//! `CudaGpu`: the gpu seam on cudarc's driver API.
+//!
+//! `libcuda` is loaded at run time (cudarc's `fallback-dynamic-loading`), so
+//! the crate builds and its simulated path runs on machines without CUDA.
+//! cudarc panics when the library is missing, so [`CudaGpu::open`] checks for
+//! it first and returns [`ResourceError::DeviceUnavailable`].
+//!
+//! Allocations come from a dedicated stream-ordered memory pool whose release
+//! threshold is raised to "never": with the default threshold of 0 the driver
+//! returns memory to the OS at every synchronize, and the next allocation pays
+//! for mapping it again.
+//!
+//! This is the crate's FFI edge: every `unsafe` block of the CUDA path is
+//! here, each with the invariant it relies on.
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use cudarc::driver::CudaContext;
+use cudarc::driver::result::{self as cu, DriverError};
+use cudarc::driver::sys;
+
+use super::{Gpu, GpuError, GpuResult, HostFn, RawEvent, RawStream};
+use crate::error::{DriverCall, ResourceError, ResourceResult};
+
+/// Converts a driver error into the crate's error.
+pub(crate) fn driver_error(call: DriverCall, e: DriverError) -> ResourceError {
+    let GpuError::Driver {
+        call,
+        code,
+        message,
+    } = gpu_error(call, e)
+    else {
+        unreachable!("gpu_error builds Driver errors only")
+    };
+    ResourceError::Driver {
+        call,
+        code,
+        message,
+    }
+}
+
+fn gpu_error(call: DriverCall, e: DriverError) -> GpuError {
+    let message = e
+        .error_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| format!("{:?}", e.0));
+    GpuError::driver(call, e.0 as i32, message)
+}
+
+/// The stream-ordered driver calls of one CUDA device.
+#[derive(Debug)]
+pub struct CudaGpu {
+    ctx: Arc<CudaContext>,
+    // Owned: created in `try_new`, destroyed in `Drop`. An `Err` is the
+    // sticky set-up error, reported by every allocation.
+    pool: Result<sys::CUmemoryPool, GpuError>,
+}
+
+// SAFETY: `pool` is a driver handle; the driver API is thread-safe for memory
+// pools, and the handle is only destroyed in `Drop`, after the last use.
+unsafe impl Send for CudaGpu {}
+// SAFETY: as for `Send`; no method mutates `self`.
+unsafe impl Sync for CudaGpu {}
+
+impl CudaGpu {
+    /// Opens device `ordinal`'s primary context, checking first that
+    /// `libcuda` can be loaded.
+    ///
+    /// # Errors
+    /// [`ResourceError::DeviceUnavailable`] when there is no driver or no such
+    /// device.
+    pub fn open(ordinal: u32) -> ResourceResult<Arc<CudaContext>> {
+        if !cuda_present() {
+            return Err(ResourceError::DeviceUnavailable {
+                device: ordinal,
+                reason: "libcuda could not be loaded (no NVIDIA driver on this machine)".into(),
+            });
+        }
+        CudaContext::new(ordinal as usize).map_err(|e| ResourceError::DeviceUnavailable {
+            device: ordinal,
+            reason: format!("{e:?}"),
+        })
+    }
+
+    /// The seam for `ctx`'s device, with a dedicated memory pool. If the pool
+    /// cannot be set up, the error is kept and every allocation reports it
+    /// (cudarc's sticky-error habit); [`CudaGpu::try_new`] reports it at once.
+    pub fn new(ctx: Arc<CudaContext>) -> Self {
+        let pool = Self::create_pool(&ctx);
+        if let Err(e) = &pool {
+            tracing::error!(device = ctx.ordinal(), error = ?e, "memory pool set-up failed");
+        }
+        CudaGpu { ctx, pool }
+    }
+
+    /// As [`CudaGpu::new`], failing at once when the pool cannot be set up.
+    ///
+    /// # Errors
+    /// [`ResourceError::Driver`] when the device has no memory pools or the
+    /// pool cannot be created.
+    pub fn try_new(ctx: Arc<CudaContext>) -> ResourceResult<Self> {
+        match Self::create_pool(&ctx) {
+            Ok(pool) => Ok(CudaGpu {
+                ctx,
+                pool: Ok(pool),
+            }),
+            Err(GpuError::Driver {
+                call,
+                code,
+                message,
+            }) => Err(ResourceError::Driver {
+                call,
+                code,
+                message,
+            }),
+            Err(GpuError::OutOfMemory { .. }) => Err(ResourceError::DeviceUnavailable {
+                device: ctx.ordinal() as u32,
+                reason: "out of memory creating the pool".into(),
+            }),
+        }
+    }
+
+    fn create_pool(ctx: &CudaContext) -> GpuResult<sys::CUmemoryPool> {
+        let init = |e| gpu_error(DriverCall::Init, e);
+        ctx.bind_to_thread().map_err(init)?;
+        if !ctx.has_async_alloc() {
+            return Err(GpuError::driver(
+                DriverCall::Init,
+                801,
+                "CUDA_ERROR_NOT_SUPPORTED: no stream-ordered memory pools",
+            ));
+        }
+        // SAFETY: zeroed props are the documented "no options" value; we set
+        // the three fields the driver requires.
+        let mut props: sys::CUmemPoolProps = unsafe { std::mem::zeroed() };
+        props.allocType = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        props.handleTypes = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE;
+        props.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        props.location.id = ctx.ordinal() as i32;
+        // SAFETY: `props` is a valid, initialised CUmemPoolProps.
+        let pool = unsafe { cu::mem_pool::create(&props) }.map_err(init)?;
+        let mut threshold: u64 = u64::MAX;
+        // SAFETY: `pool` was just created; RELEASE_THRESHOLD takes a cuuint64_t.
+        let set = unsafe {
+            cu::mem_pool::set_attribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                (&mut threshold as *mut u64).cast::<c_void>(),
+            )
+        };
+        if let Err(e) = set {
+            // SAFETY: nothing was allocated from the pool yet.
+            let _ = unsafe { cu::mem_pool::destroy(pool) };
+            return Err(init(e));
+        }
+        Ok(pool)
+    }
+
+    /// The cudarc context.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    fn bind(&self, call: DriverCall) -> GpuResult<()> {
+        self.ctx.bind_to_thread().map_err(|e| gpu_error(call, e))
+    }
+
+    fn stream(stream: RawStream, call: DriverCall) -> GpuResult<sys::CUstream> {
+        match stream.sim_index() {
+            Some(_) => Err(GpuError::driver(
+                call,
+                400,
+                "CUDA_ERROR_INVALID_HANDLE: a simulated stream",
+            )),
+            None => Ok(stream.get() as sys::CUstream),
+        }
+    }
+
+    fn event(event: RawEvent, call: DriverCall) -> GpuResult<sys::CUevent> {
+        match event.sim_index() {
+            Some(_) => Err(GpuError::driver(
+                call,
+                400,
+                "CUDA_ERROR_INVALID_HANDLE: a simulated event",
+            )),
+            None => Ok(event.get() as sys::CUevent),
+        }
+    }
+}
+
+/// Whether `libcuda` can be loaded on this machine.
+pub fn cuda_present() -> bool {
+    // SAFETY: only tries to dlopen the library by its usual names.
+    unsafe { sys::is_culib_present() }
+}
+
+impl Drop for CudaGpu {
+    fn drop(&mut self) {
+        if let Ok(pool) = self.pool
+            && self.ctx.bind_to_thread().is_ok()
+        {
+            // SAFETY: the pool is ours and no method can run any more; the
+            // driver releases it once outstanding allocations are freed.
+            let _ = unsafe { cu::mem_pool::destroy(pool) };
+        }
+    }
+}
+
+extern "C" fn run_host_fn(data: *mut c_void) {
+    // SAFETY: `data` is the `Box<HostFn>` leaked by `launch_host_fn`, and the
+    // driver calls this trampoline exactly once for it.
+    let f = unsafe { Box::from_raw(data.cast::<HostFn>()) };
+    // A panic must not unwind into the driver.
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+}
+
+impl Gpu for CudaGpu {
+    fn ordinal(&self) -> u32 {
+        self.ctx.ordinal() as u32
+    }
+
+    fn alloc_async(&self, bytes: usize, stream: RawStream) -> GpuResult<u64> {
+        let call = DriverCall::AllocAsync;
+        let s = Self::stream(stream, call)?;
+        let pool = self.pool.clone()?;
+        self.bind(call)?;
+        // SAFETY: the pool is alive (owned), `s` is a stream of this context
+        // (RawStream invariant); the returned memory is not read by us.
+        match unsafe { cu::mem_pool::alloc_async(pool, bytes, s) } {
+            Ok(ptr) => Ok(ptr),
+            Err(e) if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+                let available = cu::mem_get_info().map(|(free, _)| free).unwrap_or(0);
+                Err(GpuError::OutOfMemory { available })
+            }
+            Err(e) => Err(gpu_error(call, e)),
+        }
+    }
+
+    fn free_async(&self, ptr: u64, stream: RawStream) -> GpuResult<()> {
+        let call = DriverCall::FreeAsync;
+        let s = Self::stream(stream, call)?;
+        if ptr == 0 {
+            return Ok(());
+        }
+        self.bind(call)?;
+        // SAFETY: callers free only addresses `alloc_async` returned, once
+        // (the resource's live map guarantees it).
+        unsafe { cu::free_async(ptr, s) }.map_err(|e| gpu_error(call, e))
+    }
+
+    fn event_create(&self) -> GpuResult<RawEvent> {
+        let call = DriverCall::EventCreate;
+        self.bind(call)?;
+        cu::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+            .map(|e| RawEvent::cuda(e as u64))
+            .map_err(|e| gpu_error(call, e))
+    }
+
+    fn event_record(&self, event: RawEvent, stream: RawStream) -> GpuResult<()> {
+        let call = DriverCall::EventRecord;
+        let (e, s) = (Self::event(event, call)?, Self::stream(stream, call)?);
+        self.bind(call)?;
+        // SAFETY: `e` came from `event_create` (RawEvent is only made there)
+        // and `s` is a stream of this context.
+        unsafe { cu::event::record(e, s) }.map_err(|e| gpu_error(call, e))
+    }
+
+    fn event_query(&self, event: RawEvent) -> GpuResult<bool> {
+        let call = DriverCall::EventQuery;
+        let e = Self::event(event, call)?;
+        self.bind(call)?;
+        // SAFETY: as in `event_record`.
+        match unsafe { cu::event::query(e) } {
+            Ok(()) => Ok(true),
+            Err(err) if err.0 == sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            Err(err) => Err(gpu_error(call, err)),
+        }
+    }
+
+    fn event_synchronize(&self, event: RawEvent) -> GpuResult<()> {
+        let call = DriverCall::EventSynchronize;
+        let e = Self::event(event, call)?;
+        self.bind(call)?;
+        // SAFETY: as in `event_record`.
+        unsafe { cu::event::synchronize(e) }.map_err(|e| gpu_error(call, e))
+    }
+
+    fn event_destroy(&self, event: RawEvent) -> GpuResult<()> {
+        let call = DriverCall::EventDestroy;
+        let e = Self::event(event, call)?;
+        self.bind(call)?;
+        // SAFETY: as in `event_record`; the caller gives up the handle.
+        unsafe { cu::event::destroy(e) }.map_err(|e| gpu_error(call, e))
+    }
+
+    fn stream_wait_event(&self, stream: RawStream, event: RawEvent) -> GpuResult<()> {
+        let call = DriverCall::StreamWaitEvent;
+        let (s, e) = (Self::stream(stream, call)?, Self::event(event, call)?);
+        self.bind(call)?;
+        // SAFETY: as in `event_record`.
+        unsafe { cu::stream::wait_event(s, e, sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT) }
+            .map_err(|e| gpu_error(call, e))
+    }
+
+    fn stream_synchronize(&self, stream: RawStream) -> GpuResult<()> {
+        let call = DriverCall::StreamSynchronize;
+        let s = Self::stream(stream, call)?;
+        self.bind(call)?;
+        // SAFETY: `s` is a stream of this context.
+        unsafe { cu::stream::synchronize(s) }.map_err(|e| gpu_error(call, e))
+    }
+
+    fn launch_host_fn(&self, stream: RawStream, f: HostFn) -> GpuResult<()> {
+        let call = DriverCall::LaunchHostFunc;
+        let s = Self::stream(stream, call)?;
+        self.bind(call)?;
+        let data = Box::into_raw(Box::new(f)).cast::<c_void>();
+        // SAFETY: `run_host_fn` takes back ownership of `data` exactly once
+        // when the driver calls it; on failure the driver never will.
+        let launched = unsafe { cu::stream::launch_host_function(s, run_host_fn, data) };
+        if let Err(e) = launched {
+            // SAFETY: the launch failed, so `data` is still ours alone.
+            drop(unsafe { Box::from_raw(data.cast::<HostFn>()) });
+            return Err(gpu_error(call, e));
+        }
+        Ok(())
+    }
+
+    fn memset_async(&self, ptr: u64, value: u8, len: usize, stream: RawStream) -> GpuResult<()> {
+        let call = DriverCall::MemsetAsync;
+        let s = Self::stream(stream, call)?;
+        if len == 0 {
+            return Ok(());
+        }
+        self.bind(call)?;
+        // SAFETY: callers pass a range inside a live allocation of this
+        // device, ordered on `s`.
+        unsafe { cu::memset_d8_async(ptr, value, len, s) }.map_err(|e| gpu_error(call, e))
+    }
+
+    fn copy_async(&self, dst: u64, src: u64, len: usize, stream: RawStream) -> GpuResult<()> {
+        let call = DriverCall::CopyAsync;
+        let s = Self::stream(stream, call)?;
+        if len == 0 {
+            return Ok(());
+        }
+        self.bind(call)?;
+        // SAFETY: as in `memset_async`, for both ranges.
+        unsafe { cu::memcpy_dtod_async(dst, src, len, s) }.map_err(|e| gpu_error(call, e))
+    }
+
+    fn mem_info(&self) -> GpuResult<(usize, usize)> {
+        let call = DriverCall::MemGetInfo;
+        self.bind(call)?;
+        cu::mem_get_info().map_err(|e| gpu_error(call, e))
+    }
+}

@@ -1,0 +1,140 @@
+//! The gpu seam: the dozen driver calls the bookkeeping needs, and nothing
+//! else.
+//!
+//! [`StreamOrderedResource`](crate::StreamOrderedResource) is written once
+//! against the [`Gpu`] trait. Two backends implement it:
+//!
+//! - [`CudaGpu`](cuda::CudaGpu): cudarc's driver API, with `libcuda` loaded at
+//!   run time, allocating from a dedicated stream-ordered memory pool;
+//! - [`SimGpu`](sim::SimGpu): a simulated device that runs on any CPU, with a
+//!   race detector and fault injection, for tests, CI and users without a GPU.
+//!
+//! Handles ([`RawStream`], [`RawEvent`], device addresses) are plain `Copy`
+//! values. The trait is safe to call: every backend checks its own handles,
+//! and the unsafe FFI stays inside [`cuda`].
+
+pub mod cuda;
+pub mod sim;
+
+use crate::error::DriverCall;
+pub use crate::types::RawStream;
+
+/// A backend event handle (a `CUevent`, or a tagged index on the simulated
+/// device), made only by [`Gpu::event_create`]. Events are created with
+/// timing disabled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RawEvent(u64);
+
+impl RawEvent {
+    pub(crate) fn cuda(event: u64) -> Self {
+        RawEvent(event)
+    }
+
+    pub(crate) fn sim(index: usize) -> Self {
+        RawEvent(crate::types::SIM_HANDLE | index as u64)
+    }
+
+    /// The handle's bits.
+    pub fn get(self) -> u64 {
+        self.0
+    }
+
+    pub(crate) fn sim_index(self) -> Option<usize> {
+        (self.0 & crate::types::SIM_HANDLE != 0)
+            .then_some((self.0 & !crate::types::SIM_HANDLE) as usize)
+    }
+}
+
+/// A host function queued on a stream: runs once, when the stream reaches it.
+///
+/// It runs on a driver thread: it must not call the driver, and should only
+/// flip a flag and wake someone.
+pub type HostFn = Box<dyn FnOnce() + Send + 'static>;
+
+/// What a backend call can fail with.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GpuError {
+    /// The allocation does not fit; `available` bytes were free.
+    #[error("out of device memory ({available} B available)")]
+    OutOfMemory {
+        /// Bytes the device reported free.
+        available: usize,
+    },
+    /// Any other driver failure.
+    #[error("driver call {call:?} failed: {message} (code {code})")]
+    Driver {
+        /// The failing call.
+        call: DriverCall,
+        /// The driver's code (`CUresult`).
+        code: i32,
+        /// The driver's name for the code.
+        message: String,
+    },
+}
+
+impl GpuError {
+    /// A driver failure of `call` with `code` and `message`.
+    pub fn driver(call: DriverCall, code: i32, message: impl Into<String>) -> Self {
+        GpuError::Driver {
+            call,
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+/// A backend result.
+pub type GpuResult<T> = Result<T, GpuError>;
+
+/// The driver calls that stream-ordered bookkeeping needs.
+///
+/// Every method is thread-safe and none blocks except the two
+/// `*_synchronize` calls. Stream-ordered methods (`alloc_async`, `free_async`,
+/// `event_record`, `stream_wait_event`, `launch_host_fn`, `memset_async`,
+/// `copy_async`) only queue work and return.
+pub trait Gpu: Send + Sync + 'static {
+    /// Device ordinal.
+    fn ordinal(&self) -> u32;
+
+    /// Queues an allocation of `bytes` on `stream`; the address is usable on
+    /// `stream` from this point of its order. Zero bytes returns address 0.
+    fn alloc_async(&self, bytes: usize, stream: RawStream) -> GpuResult<u64>;
+
+    /// Queues the free of `ptr` on `stream`.
+    fn free_async(&self, ptr: u64, stream: RawStream) -> GpuResult<()>;
+
+    /// Creates an event with timing disabled.
+    fn event_create(&self) -> GpuResult<RawEvent>;
+
+    /// Records `event` at the current end of `stream` (replacing an earlier
+    /// record; waits queued before keep the record they saw).
+    fn event_record(&self, event: RawEvent, stream: RawStream) -> GpuResult<()>;
+
+    /// Whether the work captured by the latest record of `event` is done (a
+    /// never-recorded event is done).
+    fn event_query(&self, event: RawEvent) -> GpuResult<bool>;
+
+    /// Blocks the calling thread until `event` is done.
+    fn event_synchronize(&self, event: RawEvent) -> GpuResult<()>;
+
+    /// Destroys `event`.
+    fn event_destroy(&self, event: RawEvent) -> GpuResult<()>;
+
+    /// Makes later work on `stream` wait for the latest record of `event`.
+    fn stream_wait_event(&self, stream: RawStream, event: RawEvent) -> GpuResult<()>;
+
+    /// Blocks the calling thread until `stream` is idle.
+    fn stream_synchronize(&self, stream: RawStream) -> GpuResult<()>;
+
+    /// Queues a host function on `stream`. Not called after a device fault.
+    fn launch_host_fn(&self, stream: RawStream, f: HostFn) -> GpuResult<()>;
+
+    /// Queues a fill of `len` bytes at `ptr` with `value` (used for poisoning).
+    fn memset_async(&self, ptr: u64, value: u8, len: usize, stream: RawStream) -> GpuResult<()>;
+
+    /// Queues a device-to-device copy of `len` bytes.
+    fn copy_async(&self, dst: u64, src: u64, len: usize, stream: RawStream) -> GpuResult<()>;
+
+    /// Free and total device memory, in bytes.
+    fn mem_info(&self) -> GpuResult<(usize, usize)>;
+}

@@ -1,0 +1,364 @@
+//! The simulated device's state and its execution engine.
+//!
+//! State: streams (each a queue of operations and a vector clock), events
+//! (latest record generation, completed generation, captured clock), the
+//! address space, the race detector and the fault plan, all behind one mutex.
+//! Host calls *queue* operations and check races at once; the engine
+//! *executes* queued operations, one stream head at a time, chosen by a
+//! seeded generator among the runnable heads: a stream whose head waits on an
+//! event not yet reached, or which is running a host function, is not
+//! runnable. Host functions run with the mutex released.
+
+use std::collections::VecDeque;
+
+use super::address_space::AddressSpace;
+use super::clock::{Epoch, VectorClock};
+use super::fault::{FaultPlan, ILLEGAL_ADDRESS, INJECTED};
+use super::race::{RaceDetector, SimOp};
+use crate::error::DriverCall;
+use crate::gpu::{GpuError, GpuResult, HostFn};
+use crate::types::Access;
+
+/// `CUDA_ERROR_INVALID_HANDLE`.
+const INVALID_HANDLE: i32 = 400;
+
+pub(crate) enum OpKind {
+    /// The allocation itself: nothing to do when it runs.
+    Alloc,
+    Free {
+        addr: u64,
+        len: usize,
+        free_id: u64,
+    },
+    Kernel,
+    Record {
+        event: usize,
+        generation: u64,
+    },
+    Wait {
+        event: usize,
+        generation: u64,
+    },
+    Host(HostFn, VectorClock),
+}
+
+#[derive(Default)]
+pub(crate) struct SimStream {
+    clock: VectorClock,
+    queue: VecDeque<OpKind>,
+    busy: bool,
+}
+
+#[derive(Default)]
+struct SimEvent {
+    recorded: u64,
+    completed: u64,
+    clock: VectorClock,
+    alive: bool,
+}
+
+/// What one engine step did.
+pub(crate) enum Step {
+    /// Nothing queued anywhere.
+    Idle,
+    /// Work is queued but nothing can run now (a host function is running,
+    /// or the device faulted).
+    Blocked,
+    /// An operation ran; `kernel` tells whether it was a kernel.
+    Ran { kernel: bool },
+    /// A host function must be run, with the mutex released, then
+    /// [`State::host_done`] called.
+    Host(usize, HostFn),
+}
+
+pub(crate) struct State {
+    pub(crate) ordinal: u32,
+    streams: Vec<SimStream>,
+    events: Vec<SimEvent>,
+    free_event_slots: Vec<usize>,
+    host: VectorClock,
+    pub(crate) space: AddressSpace,
+    pub(crate) races: RaceDetector,
+    pub(crate) faults: FaultPlan,
+    rng: fastrand::Rng,
+    next_free_id: u64,
+    /// Addresses of live allocations and their sizes.
+    live: std::collections::HashMap<u64, usize>,
+}
+
+fn invalid(call: DriverCall) -> GpuError {
+    GpuError::driver(call, INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE")
+}
+
+impl State {
+    pub(crate) fn new(ordinal: u32, capacity: usize, seed: u64) -> Self {
+        State {
+            ordinal,
+            streams: Vec::new(),
+            events: Vec::new(),
+            free_event_slots: Vec::new(),
+            host: VectorClock::default(),
+            space: AddressSpace::new(capacity),
+            races: RaceDetector::default(),
+            faults: FaultPlan::default(),
+            rng: fastrand::Rng::with_seed(seed),
+            next_free_id: 1,
+            live: Default::default(),
+        }
+    }
+
+    /// Counts a call and applies the fault plan.
+    pub(crate) fn enter(&mut self, call: DriverCall) -> GpuResult<()> {
+        let injected = self.faults.on_call(call);
+        if self.faults.device_fault {
+            return Err(GpuError::driver(
+                call,
+                ILLEGAL_ADDRESS,
+                "CUDA_ERROR_ILLEGAL_ADDRESS",
+            ));
+        }
+        if injected {
+            return Err(GpuError::driver(call, INJECTED, "injected fault"));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn create_stream(&mut self) -> usize {
+        self.streams.push(SimStream::default());
+        self.streams.len() - 1
+    }
+
+    fn stream(&self, s: usize, call: DriverCall) -> GpuResult<&SimStream> {
+        self.streams.get(s).ok_or_else(|| invalid(call))
+    }
+
+    fn event(&mut self, e: usize, call: DriverCall) -> GpuResult<&mut SimEvent> {
+        match self.events.get_mut(e) {
+            Some(ev) if ev.alive => Ok(ev),
+            _ => Err(invalid(call)),
+        }
+    }
+
+    /// Queues `op` on stream `s`, ordered after everything the host has seen
+    /// complete; returns the op's epoch and the stream clock after it.
+    fn enqueue(&mut self, s: usize, op: impl FnOnce(&VectorClock) -> OpKind) -> Epoch {
+        let stream = &mut self.streams[s];
+        stream.clock.join(&self.host);
+        let tick = stream.clock.tick(s);
+        let op = op(&stream.clock);
+        stream.queue.push_back(op);
+        Epoch { stream: s, tick }
+    }
+
+    pub(crate) fn alloc(&mut self, bytes: usize, s: usize) -> GpuResult<u64> {
+        self.stream(s, DriverCall::AllocAsync)?;
+        if bytes == 0 {
+            return Ok(0);
+        }
+        let mut clock = self.streams[s].clock.clone();
+        clock.join(&self.host);
+        let addr = self
+            .space
+            .alloc(bytes, s, &clock)
+            .map_err(|available| GpuError::OutOfMemory { available })?;
+        let at = self.enqueue(s, |_| OpKind::Alloc);
+        self.races.on_alloc(addr, bytes, at);
+        self.live.insert(addr, bytes);
+        Ok(addr)
+    }
+
+    pub(crate) fn free(&mut self, addr: u64, s: usize) -> GpuResult<()> {
+        self.stream(s, DriverCall::FreeAsync)?;
+        if addr == 0 {
+            return Ok(());
+        }
+        let Some(len) = self.live.remove(&addr) else {
+            return Err(GpuError::driver(
+                DriverCall::FreeAsync,
+                1,
+                "CUDA_ERROR_INVALID_VALUE: not a live allocation",
+            ));
+        };
+        let free_id = self.next_free_id;
+        self.next_free_id += 1;
+        let at = self.enqueue(s, |_| OpKind::Free { addr, len, free_id });
+        let clock = self.streams[s].clock.clone();
+        self.races.on_access(addr, SimOp::Free, at, &clock);
+        self.space.free_queued(addr, len, free_id, at);
+        Ok(())
+    }
+
+    pub(crate) fn kernel(&mut self, s: usize, accesses: &[(u64, Access)]) -> GpuResult<()> {
+        self.stream(s, DriverCall::Launch)?;
+        let at = self.enqueue(s, |_| OpKind::Kernel);
+        let clock = self.streams[s].clock.clone();
+        for &(ptr, access) in accesses {
+            self.races.on_access(ptr, SimOp::Kernel(access), at, &clock);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn event_create(&mut self) -> usize {
+        let ev = SimEvent {
+            alive: true,
+            ..SimEvent::default()
+        };
+        match self.free_event_slots.pop() {
+            Some(slot) => {
+                self.events[slot] = ev;
+                slot
+            }
+            None => {
+                self.events.push(ev);
+                self.events.len() - 1
+            }
+        }
+    }
+
+    pub(crate) fn event_destroy(&mut self, e: usize) -> GpuResult<()> {
+        self.event(e, DriverCall::EventDestroy)?.alive = false;
+        self.free_event_slots.push(e);
+        Ok(())
+    }
+
+    pub(crate) fn record(&mut self, e: usize, s: usize) -> GpuResult<()> {
+        self.stream(s, DriverCall::EventRecord)?;
+        let ev = self.event(e, DriverCall::EventRecord)?;
+        ev.recorded += 1;
+        let generation = ev.recorded;
+        let mut captured = VectorClock::default();
+        self.enqueue(s, |clock| {
+            captured = clock.clone();
+            OpKind::Record {
+                event: e,
+                generation,
+            }
+        });
+        self.events[e].clock = captured;
+        Ok(())
+    }
+
+    pub(crate) fn wait(&mut self, s: usize, e: usize) -> GpuResult<()> {
+        self.stream(s, DriverCall::StreamWaitEvent)?;
+        let ev = self.event(e, DriverCall::StreamWaitEvent)?;
+        let generation = ev.recorded;
+        let clock = ev.clock.clone();
+        if generation == 0 {
+            return Ok(());
+        }
+        self.streams[s].clock.join(&clock);
+        self.enqueue(s, |_| OpKind::Wait {
+            event: e,
+            generation,
+        });
+        Ok(())
+    }
+
+    pub(crate) fn host_fn(&mut self, s: usize, f: HostFn) -> GpuResult<()> {
+        self.stream(s, DriverCall::LaunchHostFunc)?;
+        self.enqueue(s, |clock| OpKind::Host(f, clock.clone()));
+        Ok(())
+    }
+
+    /// `Some(done)` for a live event: whether its latest record ran.
+    pub(crate) fn query(&mut self, e: usize, call: DriverCall) -> GpuResult<bool> {
+        let ev = self.event(e, call)?;
+        let done = ev.completed >= ev.recorded;
+        if done {
+            let clock = ev.clock.clone();
+            self.host.join(&clock);
+        }
+        Ok(done)
+    }
+
+    /// The generation a synchronize on `e` must see, and its clock.
+    pub(crate) fn event_target(&mut self, e: usize) -> GpuResult<(u64, VectorClock)> {
+        let ev = self.event(e, DriverCall::EventSynchronize)?;
+        Ok((ev.recorded, ev.clock.clone()))
+    }
+
+    pub(crate) fn event_reached(&self, e: usize, generation: u64) -> bool {
+        self.events
+            .get(e)
+            .is_none_or(|ev| ev.completed >= generation)
+    }
+
+    pub(crate) fn stream_target(&self, s: usize) -> GpuResult<VectorClock> {
+        Ok(self.stream(s, DriverCall::StreamSynchronize)?.clock.clone())
+    }
+
+    pub(crate) fn stream_idle(&self, s: usize) -> bool {
+        self.streams
+            .get(s)
+            .is_none_or(|st| st.queue.is_empty() && !st.busy)
+    }
+
+    pub(crate) fn host_saw(&mut self, clock: &VectorClock) {
+        self.host.join(clock);
+    }
+
+    pub(crate) fn all_idle(&self) -> bool {
+        self.streams
+            .iter()
+            .all(|st| st.queue.is_empty() && !st.busy)
+    }
+
+    fn runnable(&self, s: usize) -> bool {
+        let st = &self.streams[s];
+        if st.busy {
+            return false;
+        }
+        match st.queue.front() {
+            None => false,
+            Some(OpKind::Wait { event, generation }) => self.event_reached(*event, *generation),
+            Some(_) => true,
+        }
+    }
+
+    /// Runs one operation of one runnable stream head.
+    pub(crate) fn step(&mut self) -> Step {
+        if self.all_idle() {
+            return Step::Idle;
+        }
+        if self.faults.device_fault {
+            return Step::Blocked;
+        }
+        let runnable: Vec<usize> = (0..self.streams.len())
+            .filter(|&s| self.runnable(s))
+            .collect();
+        if runnable.is_empty() {
+            return Step::Blocked;
+        }
+        let s = runnable[self.rng.usize(..runnable.len())];
+        let op = self.streams[s].queue.pop_front().expect("runnable");
+        match op {
+            OpKind::Alloc | OpKind::Wait { .. } => Step::Ran { kernel: false },
+            OpKind::Kernel => Step::Ran { kernel: true },
+            OpKind::Free { addr, len, free_id } => {
+                self.space.free_executed(addr, len, free_id);
+                Step::Ran { kernel: false }
+            }
+            OpKind::Record { event, generation } => {
+                if let Some(ev) = self.events.get_mut(event) {
+                    ev.completed = ev.completed.max(generation);
+                }
+                Step::Ran { kernel: false }
+            }
+            OpKind::Host(f, clock) => {
+                self.streams[s].busy = true;
+                // Whatever the host function makes happen is ordered after
+                // the work before it.
+                self.host.join(&clock);
+                Step::Host(s, f)
+            }
+        }
+    }
+
+    pub(crate) fn host_done(&mut self, s: usize) {
+        self.streams[s].busy = false;
+    }
+
+    pub(crate) fn stream_count(&self) -> usize {
+        self.streams.len()
+    }
+}

@@ -1,0 +1,544 @@
+//! `SimGpu`: a simulated CUDA device that runs on any CPU.
+//!
+//! It exists so that stream-ordered code can be tested where there is no GPU
+//! (CI, laptops) and so that the bugs a GPU would only show now and then show
+//! every time:
+//!
+//! - **Streams** execute their queued operations in order; **events**,
+//!   **cross-stream waits** and **host functions** behave as CUDA documents
+//!   them (a wait sees the latest record at the time it is queued; a host
+//!   function blocks its stream while it runs and is never called after a
+//!   device fault).
+//! - The **address space** reuses freed memory as early as CUDA's pool does:
+//!   at once on the freeing stream, on another stream once it is ordered after
+//!   the free or the free has executed.
+//! - A **race detector** reports, as [`RaceReport`]s a test can read, every
+//!   access ordered after a free, and every pair of accesses on different
+//!   streams, one a write, that no event or synchronize orders. It works on
+//!   happens-before clocks, so what it finds does not depend on timing.
+//! - **Fault injection**: [`SimGpu::fail_nth`] makes the N-th call of a kind
+//!   fail; [`SimGpu::inject_device_fault`] poisons the device as an illegal
+//!   address would.
+//! - **Progress**: in [`Progress::Threaded`] mode (the default) a device
+//!   thread executes queued work as a GPU would, and runs host functions; in
+//!   [`Progress::Manual`] mode nothing runs until the host synchronizes or
+//!   calls [`SimGpu::step`], and the order is fixed by the seed.
+//!
+//! Kernels are declared by the memory they touch ([`SimGpu::launch_kernel`]);
+//! no data is stored.
+//!
+//! # Examples
+//! ```
+//! use streamalloc::gpu::sim::{MemAccess, SimGpu};
+//! use streamalloc::{AllocTag, DeviceMemoryResource, SimResource};
+//!
+//! let gpu = SimGpu::builder().manual().build();
+//! let pool = gpu.stream_pool(2);
+//! let resource = SimResource::new(gpu.clone(), pool.clone());
+//! let (a, b) = (pool.id(0).unwrap(), pool.id(1).unwrap());
+//!
+//! let block = resource.allocate(1024, a, AllocTag::UNTAGGED)?;
+//! // Read on stream b without ordering it after the allocation on a: a race.
+//! gpu.launch_kernel(pool.raw(b)?, &[MemAccess::read(&block)])?;
+//! assert_eq!(gpu.races().len(), 1);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod address_space;
+mod clock;
+mod device;
+mod fault;
+mod race;
+
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread;
+use std::time::Duration;
+
+pub use race::{RaceKind, RaceReport, SimOp};
+
+use self::device::{State, Step};
+use crate::error::DriverCall;
+use crate::gpu::{Gpu, GpuError, GpuResult, HostFn, RawEvent, RawStream};
+use crate::types::{Access, DeviceBlock, StreamPool};
+
+/// How queued work makes progress on a [`SimGpu`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Progress {
+    /// A device thread executes work as soon as it can and runs host
+    /// functions, as a GPU and its driver thread would.
+    Threaded,
+    /// Work runs only inside [`SimGpu::step`], [`SimGpu::run_until_idle`] and
+    /// the synchronize calls, on the calling thread, in an order fixed by the
+    /// seed.
+    Manual,
+}
+
+/// One memory range a simulated kernel touches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemAccess {
+    /// Address touched (any address inside an allocation names it).
+    pub ptr: u64,
+    /// Read or write.
+    pub access: Access,
+}
+
+impl MemAccess {
+    /// The kernel reads `block`.
+    pub fn read(block: &DeviceBlock) -> Self {
+        MemAccess {
+            ptr: block.ptr(),
+            access: Access::Read,
+        }
+    }
+
+    /// The kernel writes `block`.
+    pub fn write(block: &DeviceBlock) -> Self {
+        MemAccess {
+            ptr: block.ptr(),
+            access: Access::Write,
+        }
+    }
+}
+
+/// Builds a [`SimGpu`].
+#[derive(Debug, Clone)]
+pub struct SimGpuBuilder {
+    ordinal: u32,
+    capacity: usize,
+    seed: u64,
+    progress: Progress,
+    op_latency: Duration,
+}
+
+impl SimGpuBuilder {
+    /// Device ordinal (default 0).
+    pub fn ordinal(mut self, ordinal: u32) -> Self {
+        self.ordinal = ordinal;
+        self
+    }
+
+    /// Device memory in bytes (default 16 GiB; nothing is really allocated).
+    pub fn capacity(mut self, bytes: usize) -> Self {
+        self.capacity = bytes;
+        self
+    }
+
+    /// Seed of the scheduling order (default 0).
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    /// [`Progress::Manual`]: deterministic, nothing runs by itself.
+    pub fn manual(mut self) -> Self {
+        self.progress = Progress::Manual;
+        self
+    }
+
+    /// How queued work makes progress (default [`Progress::Threaded`]).
+    pub fn progress(mut self, progress: Progress) -> Self {
+        self.progress = progress;
+        self
+    }
+
+    /// How long each simulated kernel takes in threaded mode (default 0).
+    pub fn op_latency(mut self, latency: Duration) -> Self {
+        self.op_latency = latency;
+        self
+    }
+
+    /// Creates the device (and its device thread in threaded mode).
+    pub fn build(self) -> Arc<SimGpu> {
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State::new(self.ordinal, self.capacity, self.seed)),
+            work: Condvar::new(),
+            progress_made: Condvar::new(),
+            shutdown: std::sync::atomic::AtomicBool::new(false),
+            op_latency: self.op_latency,
+        });
+        if self.progress == Progress::Threaded {
+            let thread_shared = shared.clone();
+            thread::Builder::new()
+                .name(format!("simgpu-{}", self.ordinal))
+                .spawn(move || device_thread(&thread_shared))
+                .expect("spawning the simulated device thread");
+        }
+        Arc::new(SimGpu {
+            shared,
+            progress: self.progress,
+        })
+    }
+}
+
+struct Shared {
+    state: Mutex<State>,
+    /// Signalled when work is queued (the device thread waits on it).
+    work: Condvar,
+    /// Signalled when work ran (synchronizing threads wait on it).
+    progress_made: Condvar,
+    shutdown: std::sync::atomic::AtomicBool,
+    op_latency: Duration,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic inside a host function must not wedge the device.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+fn device_thread(shared: &Shared) {
+    use std::sync::atomic::Ordering;
+    let mut state = shared.lock();
+    loop {
+        if shared.shutdown.load(Ordering::Acquire) {
+            return;
+        }
+        match state.step() {
+            Step::Idle | Step::Blocked => {
+                state = shared.work.wait(state).unwrap_or_else(|p| p.into_inner());
+            }
+            Step::Ran { kernel } => {
+                shared.progress_made.notify_all();
+                if kernel && !shared.op_latency.is_zero() {
+                    drop(state);
+                    thread::sleep(shared.op_latency);
+                    state = shared.lock();
+                }
+            }
+            Step::Host(s, f) => {
+                drop(state);
+                f();
+                state = shared.lock();
+                state.host_done(s);
+                shared.progress_made.notify_all();
+            }
+        }
+    }
+}
+
+/// A simulated CUDA device. See the [module documentation](self).
+pub struct SimGpu {
+    shared: Arc<Shared>,
+    progress: Progress,
+}
+
+impl std::fmt::Debug for SimGpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimGpu")
+            .field("ordinal", &self.shared.lock().ordinal)
+            .field("progress", &self.progress)
+            .finish()
+    }
+}
+
+impl Drop for SimGpu {
+    fn drop(&mut self) {
+        self.shared
+            .shutdown
+            .store(true, std::sync::atomic::Ordering::Release);
+        let _state = self.shared.lock();
+        self.shared.work.notify_all();
+    }
+}
+
+/// A foreign (CUDA) handle maps to an index no stream has, so the device
+/// reports an invalid handle.
+fn sim_index(stream: RawStream) -> usize {
+    stream.sim_index().unwrap_or(usize::MAX)
+}
+
+fn sim_event(event: RawEvent) -> usize {
+    event.sim_index().unwrap_or(usize::MAX)
+}
+
+impl SimGpu {
+    /// A threaded simulated device 0 with 16 GiB.
+    pub fn new() -> Arc<SimGpu> {
+        Self::builder().build()
+    }
+
+    /// A builder with the defaults: device 0, 16 GiB, seed 0, threaded.
+    pub fn builder() -> SimGpuBuilder {
+        SimGpuBuilder {
+            ordinal: 0,
+            capacity: 16 << 30,
+            seed: 0,
+            progress: Progress::Threaded,
+            op_latency: Duration::ZERO,
+        }
+    }
+
+    /// How this device makes progress.
+    pub fn progress(&self) -> Progress {
+        self.progress
+    }
+
+    /// Creates one stream.
+    pub fn create_stream(&self) -> RawStream {
+        RawStream::sim(self.shared.lock().create_stream())
+    }
+
+    /// Creates `count` streams and a pool that resolves them.
+    pub fn stream_pool(&self, count: usize) -> Arc<StreamPool> {
+        let ordinal = self.shared.lock().ordinal;
+        let raw = (0..count).map(|_| self.create_stream()).collect();
+        Arc::new(StreamPool::from_raw(ordinal, raw, Vec::new()))
+    }
+
+    /// Queues a kernel on `stream` that touches `accesses`; races are
+    /// checked now.
+    ///
+    /// # Errors
+    /// An unknown stream, an injected fault or a device fault.
+    pub fn launch_kernel(&self, stream: RawStream, accesses: &[MemAccess]) -> GpuResult<()> {
+        let list: Vec<(u64, Access)> = accesses.iter().map(|a| (a.ptr, a.access)).collect();
+        self.queue(DriverCall::Launch, |st| st.kernel(sim_index(stream), &list))
+    }
+
+    /// Runs one queued operation on the calling thread; false when nothing
+    /// could run. Meant for [`Progress::Manual`].
+    pub fn step(&self) -> bool {
+        self.step_locked(self.shared.lock()).1
+    }
+
+    /// One engine step on the calling thread; host functions run unlocked.
+    fn step_locked<'a>(
+        &'a self,
+        mut state: MutexGuard<'a, State>,
+    ) -> (MutexGuard<'a, State>, bool) {
+        let ran = match state.step() {
+            Step::Idle | Step::Blocked => false,
+            Step::Ran { .. } => true,
+            Step::Host(s, f) => {
+                drop(state);
+                f();
+                state = self.shared.lock();
+                state.host_done(s);
+                true
+            }
+        };
+        if ran {
+            self.shared.progress_made.notify_all();
+        }
+        (state, ran)
+    }
+
+    /// Runs (or, in threaded mode, waits for) everything queued.
+    pub fn run_until_idle(&self) {
+        let mut state = self.shared.lock();
+        loop {
+            if state.all_idle() || state.faults.device_fault {
+                return;
+            }
+            if self.progress == Progress::Manual {
+                let (next, ran) = self.step_locked(state);
+                if !ran {
+                    return;
+                }
+                state = next;
+            } else {
+                state = self.wait_progress(state);
+            }
+        }
+    }
+
+    /// Whether no work is queued or running.
+    pub fn is_idle(&self) -> bool {
+        self.shared.lock().all_idle()
+    }
+
+    /// Every race found so far.
+    pub fn races(&self) -> Vec<RaceReport> {
+        self.shared.lock().races.reports().to_vec()
+    }
+
+    /// Every race found so far, clearing the list.
+    pub fn take_races(&self) -> Vec<RaceReport> {
+        self.shared.lock().races.take_reports()
+    }
+
+    /// Makes the `nth` call of kind `call` from now on fail (1 = the next).
+    pub fn fail_nth(&self, call: DriverCall, nth: u64) {
+        self.shared.lock().faults.fail_nth(call, nth);
+    }
+
+    /// Faults the device as an illegal address would: every later call
+    /// fails, queued work never completes, host functions are not called.
+    pub fn inject_device_fault(&self) {
+        self.shared.lock().faults.device_fault = true;
+        self.shared.progress_made.notify_all();
+    }
+
+    /// How many calls of kind `call` were made.
+    pub fn call_count(&self, call: DriverCall) -> u64 {
+        self.shared.lock().faults.count(call)
+    }
+
+    /// Number of streams created.
+    pub fn stream_count(&self) -> usize {
+        self.shared.lock().stream_count()
+    }
+
+    /// Simulated memory not allocated and not waiting for a free.
+    pub fn free_bytes(&self) -> usize {
+        self.shared.lock().space.free_bytes()
+    }
+
+    fn queue<T>(
+        &self,
+        call: DriverCall,
+        f: impl FnOnce(&mut State) -> GpuResult<T>,
+    ) -> GpuResult<T> {
+        let mut state = self.shared.lock();
+        state.enter(call)?;
+        let out = f(&mut state)?;
+        if self.progress == Progress::Threaded {
+            self.shared.work.notify_one();
+        }
+        Ok(out)
+    }
+
+    fn wait_progress<'a>(&'a self, state: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        self.shared
+            .progress_made
+            .wait_timeout(state, Duration::from_millis(50))
+            .unwrap_or_else(|p| p.into_inner())
+            .0
+    }
+
+    /// Blocks until `done` holds, making progress in manual mode.
+    fn block_until(&self, call: DriverCall, mut done: impl FnMut(&State) -> bool) -> GpuResult<()> {
+        let mut state = self.shared.lock();
+        loop {
+            if state.faults.device_fault {
+                return Err(GpuError::driver(
+                    call,
+                    fault::ILLEGAL_ADDRESS,
+                    "CUDA_ERROR_ILLEGAL_ADDRESS",
+                ));
+            }
+            if done(&state) {
+                return Ok(());
+            }
+            if self.progress == Progress::Manual {
+                let (next, ran) = self.step_locked(state);
+                state = next;
+                if !ran {
+                    return Err(GpuError::driver(
+                        call,
+                        fault::INJECTED,
+                        "simulated deadlock: nothing can run",
+                    ));
+                }
+            } else {
+                state = self.wait_progress(state);
+            }
+        }
+    }
+}
+
+impl Gpu for SimGpu {
+    fn ordinal(&self) -> u32 {
+        self.shared.lock().ordinal
+    }
+
+    fn alloc_async(&self, bytes: usize, stream: RawStream) -> GpuResult<u64> {
+        self.queue(DriverCall::AllocAsync, |st| {
+            st.alloc(bytes, sim_index(stream))
+        })
+    }
+
+    fn free_async(&self, ptr: u64, stream: RawStream) -> GpuResult<()> {
+        self.queue(DriverCall::FreeAsync, |st| st.free(ptr, sim_index(stream)))
+    }
+
+    fn event_create(&self) -> GpuResult<RawEvent> {
+        self.queue(DriverCall::EventCreate, |st| {
+            Ok(RawEvent::sim(st.event_create()))
+        })
+    }
+
+    fn event_record(&self, event: RawEvent, stream: RawStream) -> GpuResult<()> {
+        self.queue(DriverCall::EventRecord, |st| {
+            st.record(sim_event(event), sim_index(stream))
+        })
+    }
+
+    fn event_query(&self, event: RawEvent) -> GpuResult<bool> {
+        let mut state = self.shared.lock();
+        state.enter(DriverCall::EventQuery)?;
+        state.query(sim_event(event), DriverCall::EventQuery)
+    }
+
+    fn event_synchronize(&self, event: RawEvent) -> GpuResult<()> {
+        let (generation, clock) = {
+            let mut state = self.shared.lock();
+            state.enter(DriverCall::EventSynchronize)?;
+            state.event_target(sim_event(event))?
+        };
+        let e = sim_event(event);
+        self.block_until(DriverCall::EventSynchronize, |st| {
+            st.event_reached(e, generation)
+        })?;
+        self.shared.lock().host_saw(&clock);
+        Ok(())
+    }
+
+    fn event_destroy(&self, event: RawEvent) -> GpuResult<()> {
+        let mut state = self.shared.lock();
+        state.enter(DriverCall::EventDestroy)?;
+        state.event_destroy(sim_event(event))
+    }
+
+    fn stream_wait_event(&self, stream: RawStream, event: RawEvent) -> GpuResult<()> {
+        self.queue(DriverCall::StreamWaitEvent, |st| {
+            st.wait(sim_index(stream), sim_event(event))
+        })
+    }
+
+    fn stream_synchronize(&self, stream: RawStream) -> GpuResult<()> {
+        let s = sim_index(stream);
+        let clock = {
+            let mut state = self.shared.lock();
+            state.enter(DriverCall::StreamSynchronize)?;
+            state.stream_target(s)?
+        };
+        self.block_until(DriverCall::StreamSynchronize, |st| st.stream_idle(s))?;
+        self.shared.lock().host_saw(&clock);
+        Ok(())
+    }
+
+    fn launch_host_fn(&self, stream: RawStream, f: HostFn) -> GpuResult<()> {
+        self.queue(DriverCall::LaunchHostFunc, |st| {
+            st.host_fn(sim_index(stream), f)
+        })
+    }
+
+    fn memset_async(&self, ptr: u64, _value: u8, len: usize, stream: RawStream) -> GpuResult<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        self.queue(DriverCall::MemsetAsync, |st| {
+            st.kernel(sim_index(stream), &[(ptr, Access::Write)])
+        })
+    }
+
+    fn copy_async(&self, dst: u64, src: u64, len: usize, stream: RawStream) -> GpuResult<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        self.queue(DriverCall::CopyAsync, |st| {
+            st.kernel(
+                sim_index(stream),
+                &[(src, Access::Read), (dst, Access::Write)],
+            )
+        })
+    }
+
+    fn mem_info(&self) -> GpuResult<(usize, usize)> {
+        let mut state = self.shared.lock();
+        state.enter(DriverCall::MemGetInfo)?;
+        Ok((state.space.free_bytes(), state.space.capacity()))
+    }
+}

@@ -1,0 +1,212 @@
+//! The race detector of the simulated device.
+//!
+//! Every allocation keeps the epoch of its last write and of the last read
+//! per stream (the FastTrack representation). An access is checked when it is
+//! queued, against the clock of its stream: a previous write that does not
+//! happen before it, or for a write any previous read that does not, is a
+//! race. The allocation and the free count as writes, so a use on another
+//! stream that is not ordered after the allocation, or a free that is not
+//! ordered after every use, is a race too; an access ordered after the free is
+//! a use after free.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+
+use super::clock::{Epoch, VectorClock};
+use crate::types::Access;
+
+/// What kind of bug a [`RaceReport`] describes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RaceKind {
+    /// Two accesses on different streams, at least one a write, with no
+    /// event or synchronize ordering them.
+    Unordered,
+    /// An access queued after the allocation's free, and ordered after it.
+    UseAfterFree,
+    /// An access to an address that no allocation of this device ever
+    /// covered.
+    InvalidAddress,
+}
+
+/// What touched memory: the operation kind and its stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SimOp {
+    /// The allocation (counts as a write).
+    Alloc,
+    /// The free (counts as a write).
+    Free,
+    /// A kernel, memset or copy.
+    Kernel(Access),
+}
+
+/// One race found by the simulated device's detector.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RaceReport {
+    /// What went wrong.
+    pub kind: RaceKind,
+    /// Start address of the allocation involved.
+    pub addr: u64,
+    /// The earlier operation and its simulated stream index (absent for an
+    /// invalid address).
+    pub earlier: Option<(SimOp, usize)>,
+    /// The later operation and its simulated stream index.
+    pub later: (SimOp, usize),
+}
+
+impl fmt::Display for RaceReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (op, stream) = self.later;
+        match (self.kind, self.earlier) {
+            (RaceKind::InvalidAddress, _) | (_, None) => write!(
+                f,
+                "{op:?} on sim stream {stream} touches {:#x}, which no allocation covers",
+                self.addr
+            ),
+            (RaceKind::UseAfterFree, Some((e, es))) => write!(
+                f,
+                "use after free at {:#x}: {op:?} on sim stream {stream} after {e:?} on sim stream {es}",
+                self.addr
+            ),
+            (RaceKind::Unordered, Some((e, es))) => write!(
+                f,
+                "race at {:#x}: {e:?} on sim stream {es} and {op:?} on sim stream {stream} are not ordered",
+                self.addr
+            ),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct AllocHistory {
+    len: usize,
+    last_write: (SimOp, Epoch),
+    reads: Vec<Epoch>,
+    freed: Option<Epoch>,
+}
+
+/// Access histories of every allocation, keyed by base address (the latest
+/// allocation at each base).
+#[derive(Debug, Default)]
+pub(crate) struct RaceDetector {
+    allocs: BTreeMap<u64, AllocHistory>,
+    reports: Vec<RaceReport>,
+    // Remembered so that reports are not repeated once per op of a loop.
+    seen: HashMap<(u64, usize, usize), ()>,
+}
+
+impl RaceDetector {
+    pub(crate) fn on_alloc(&mut self, addr: u64, len: usize, at: Epoch) {
+        if len == 0 {
+            return;
+        }
+        // Histories of older allocations overlapping this one are done with:
+        // their frees were ordered before this reuse by the address space.
+        let stale: Vec<u64> = self
+            .allocs
+            .range(..addr + len as u64)
+            .rev()
+            .take_while(|(a, h)| **a + h.len as u64 > addr)
+            .map(|(a, _)| *a)
+            .collect();
+        for a in stale {
+            self.allocs.remove(&a);
+        }
+        self.allocs.insert(
+            addr,
+            AllocHistory {
+                len,
+                last_write: (SimOp::Alloc, at),
+                reads: Vec::new(),
+                freed: None,
+            },
+        );
+    }
+
+    fn report(&mut self, report: RaceReport) {
+        let key = (
+            report.addr,
+            report.later.1,
+            report.earlier.map_or(usize::MAX, |e| e.1),
+        );
+        if self.seen.insert(key, ()).is_none() {
+            tracing::warn!(target: "streamalloc::sim", "{report}");
+            self.reports.push(report);
+        }
+    }
+
+    /// Checks and records one access by `op` on stream `at.stream`, whose
+    /// clock (after ticking) is `clock`.
+    pub(crate) fn on_access(&mut self, ptr: u64, op: SimOp, at: Epoch, clock: &VectorClock) {
+        let found = self
+            .allocs
+            .range(..=ptr)
+            .next_back()
+            .filter(|(a, h)| ptr < **a + h.len.max(1) as u64)
+            .map(|(a, _)| *a);
+        let Some(addr) = found else {
+            self.report(RaceReport {
+                kind: RaceKind::InvalidAddress,
+                addr: ptr,
+                earlier: None,
+                later: (op, at.stream),
+            });
+            return;
+        };
+        let mut reports = Vec::new();
+        let history = self.allocs.get_mut(&addr).expect("found above");
+        if let Some(freed) = history.freed {
+            let kind = if clock.covers(freed) {
+                RaceKind::UseAfterFree
+            } else {
+                RaceKind::Unordered
+            };
+            reports.push(RaceReport {
+                kind,
+                addr,
+                earlier: Some((SimOp::Free, freed.stream)),
+                later: (op, at.stream),
+            });
+        } else {
+            let (wop, wat) = history.last_write;
+            if !clock.covers(wat) {
+                reports.push(RaceReport {
+                    kind: RaceKind::Unordered,
+                    addr,
+                    earlier: Some((wop, wat.stream)),
+                    later: (op, at.stream),
+                });
+            }
+            let writes = !matches!(op, SimOp::Kernel(Access::Read));
+            if writes {
+                for read in history.reads.iter().filter(|r| !clock.covers(**r)) {
+                    reports.push(RaceReport {
+                        kind: RaceKind::Unordered,
+                        addr,
+                        earlier: Some((SimOp::Kernel(Access::Read), read.stream)),
+                        later: (op, at.stream),
+                    });
+                }
+                history.reads.clear();
+                history.last_write = (op, at);
+                if op == SimOp::Free {
+                    history.freed = Some(at);
+                }
+            } else {
+                history.reads.retain(|r| r.stream != at.stream);
+                history.reads.push(at);
+            }
+        }
+        for r in reports {
+            self.report(r);
+        }
+    }
+
+    pub(crate) fn reports(&self) -> &[RaceReport] {
+        &self.reports
+    }
+
+    pub(crate) fn take_reports(&mut self) -> Vec<RaceReport> {
+        self.seen.clear();
+        std::mem::take(&mut self.reports)
+    }
+}

@@ -1,0 +1,41 @@
+//! # streamalloc
+//!
+//! A stream-ordered GPU memory allocator for async Rust, on cudarc.
+//!
+//! Memory is allocated and freed *on streams*: a block is usable on its
+//! stream from the allocation on, and its memory goes back to the device once
+//! the GPU has run past the free, without the host ever synchronizing. Blocks
+//! that cross streams are tracked per use, so that a free never races with a
+//! reader on another stream.
+//!
+//! ## Layers
+//!
+//! ```text
+//!  resource     trait DeviceMemoryResource
+//!               StreamOrderedResource<G>: the bookkeeping, written once
+//!                 AsyncCudaResource = StreamOrderedResource<CudaGpu>
+//!                 SimResource       = StreamOrderedResource<SimGpu>
+//!  gpu seam     trait Gpu: the driver calls the bookkeeping needs
+//!                 CudaGpu (cudarc, libcuda loaded at run time)   SimGpu (simulated)
+//!  core types   StreamId, StreamPool, BlockId, DeviceBlock, BlockState,
+//!               AllocTag, Access, ResourceError / ResourceResult
+//! ```
+//!
+//! The simulated device, [`SimGpu`](gpu::sim::SimGpu), runs everywhere and
+//! carries a race detector: tests and users without a GPU exercise the same
+//! bookkeeping that runs on CUDA.
+
+#![deny(missing_docs)]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(missing_debug_implementations, rust_2018_idioms)]
+
+pub mod error;
+pub mod gpu;
+pub mod resource;
+pub mod types;
+
+pub use error::{DriverCall, ResourceError, ResourceResult};
+pub use resource::{AsyncCudaResource, DeviceMemoryResource, SimResource, StreamOrderedResource};
+pub use types::{
+    Access, AllocTag, BlockId, BlockState, DeviceBlock, RawStream, ResourceId, StreamId, StreamPool,
+};

@@ -1,0 +1,55 @@
+//! A pool of reusable events, so that block-use tracking creates events only
+//! while the pool is growing.
+//!
+//! Reusing an event is safe as soon as no one will *queue* a wait on its old
+//! record any more: a wait already queued keeps the record it saw.
+
+use std::sync::{Arc, Mutex};
+
+use crate::gpu::{Gpu, GpuResult, RawEvent};
+
+#[derive(Debug)]
+pub(crate) struct EventPool<G: Gpu> {
+    gpu: Arc<G>,
+    free: Mutex<Vec<RawEvent>>,
+}
+
+impl<G: Gpu> EventPool<G> {
+    pub(crate) fn new(gpu: Arc<G>) -> Self {
+        EventPool {
+            gpu,
+            free: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// A free event, created if the pool is empty.
+    pub(crate) fn take(&self) -> GpuResult<RawEvent> {
+        let reused = self.free.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        match reused {
+            Some(e) => Ok(e),
+            None => self.gpu.event_create(),
+        }
+    }
+
+    /// Returns events to the pool.
+    pub(crate) fn give(&self, events: impl IntoIterator<Item = RawEvent>) {
+        self.free
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(events);
+    }
+
+    /// Events currently pooled.
+    pub(crate) fn len(&self) -> usize {
+        self.free.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+}
+
+impl<G: Gpu> Drop for EventPool<G> {
+    fn drop(&mut self) {
+        let free = std::mem::take(self.free.get_mut().unwrap_or_else(|p| p.into_inner()));
+        for e in free {
+            let _ = self.gpu.event_destroy(e);
+        }
+    }
+}

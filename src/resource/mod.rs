@@ -1,0 +1,174 @@
+//! The resource layer: the [`DeviceMemoryResource`] trait and its
+//! stream-ordered implementation, written once over the gpu seam.
+//!
+//! [`StreamOrderedResource<G>`](StreamOrderedResource) holds the bookkeeping:
+//! which blocks are live, which uses each block has on which stream, and which
+//! frees are queued but not yet executed. [`AsyncCudaResource`] is its cudarc
+//! instance and [`SimResource`] its simulated one.
+
+mod block_uses;
+mod event_pool;
+mod pending;
+mod stream_ordered;
+
+pub use pending::PendingFrees;
+pub use stream_ordered::{AsyncCudaResource, SimResource, StreamOrderedResource};
+
+use crate::error::ResourceResult;
+use crate::types::{Access, AllocTag, BlockId, BlockState, DeviceBlock, StreamId};
+
+/// A source of device memory ordered on streams.
+///
+/// Every method is callable from any thread. Implementations are the
+/// stream-ordered resource and the decorators that wrap one.
+///
+/// # Stream ordering
+/// A block is valid on its allocation stream from the allocation on. Work on
+/// another stream must be ordered after the allocation and before the free:
+/// [`prepare_block_use`](Self::prepare_block_use) before queuing the work and
+/// [`finish_block_use`](Self::finish_block_use) after it do both, on resources
+/// that [`support`](Self::supports_block_use_tracking) it.
+pub trait DeviceMemoryResource: Send + Sync {
+    /// Allocates `bytes` bytes on the resource's device, ordered on `stream`.
+    /// The returned block is in [`BlockState::Live`].
+    ///
+    /// Zero bytes is accepted (as `cuMemAllocAsync` does): the block has
+    /// address 0, counts no bytes, and is deallocated like any other.
+    ///
+    /// # Errors
+    /// [`OutOfMemory`](crate::ResourceError::OutOfMemory),
+    /// [`UnknownStream`](crate::ResourceError::UnknownStream),
+    /// [`WrongDevice`](crate::ResourceError::WrongDevice), or a driver error;
+    /// nothing changes.
+    fn allocate(
+        &self,
+        bytes: usize,
+        stream: StreamId,
+        tag: AllocTag,
+    ) -> ResourceResult<DeviceBlock>;
+
+    /// Returns `block` to the resource. Afterwards the block is
+    /// [`BlockState::Retired`] (or [`BlockState::Quarantined`] for debug
+    /// guards). Reuse of the memory respects the stream-ordered contract.
+    ///
+    /// # Errors
+    /// [`DoubleFree`](crate::ResourceError::DoubleFree),
+    /// [`ForeignBlock`](crate::ResourceError::ForeignBlock),
+    /// [`UnknownBlock`](crate::ResourceError::UnknownBlock),
+    /// [`WrongDevice`](crate::ResourceError::WrongDevice), or a driver error;
+    /// nothing changes.
+    fn deallocate(&self, block: DeviceBlock) -> ResourceResult<()>;
+
+    /// CUDA device ordinal this resource serves; a resource is pinned to one
+    /// device.
+    fn device_ordinal(&self) -> u32;
+
+    /// Bytes outstanding: live plus retired but not yet freed.
+    fn bytes_outstanding(&self) -> usize;
+
+    /// Drains retired bytes whose free has completed. A no-op for synchronous
+    /// backends; stream-ordered ones synchronize the streams with queued
+    /// frees and re-count [`bytes_outstanding`](Self::bytes_outstanding).
+    ///
+    /// # Errors
+    /// A driver error from the synchronize; what was drained stays drained.
+    fn reap_pending(&self) -> ResourceResult<()> {
+        Ok(())
+    }
+
+    /// Whether this resource, and every resource it wraps, tracks
+    /// cross-stream uses. Decorators forward to the inner resource.
+    fn supports_block_use_tracking(&self) -> bool {
+        false
+    }
+
+    /// Records that work touching `block` has been (or is being) queued on
+    /// `use_stream`; on deallocate, the allocation stream waits for it.
+    ///
+    /// The default does nothing: resources that track uses override it and
+    /// [`supports_block_use_tracking`](Self::supports_block_use_tracking).
+    ///
+    /// # Errors
+    /// As [`prepare_block_use`](Self::prepare_block_use).
+    fn record_block_use(&self, block: &DeviceBlock, use_stream: StreamId) -> ResourceResult<()> {
+        let _ = (block, use_stream);
+        Ok(())
+    }
+
+    /// Before queuing work on `use_stream` that touches `block` with
+    /// `access`: queues the waits that work needs (on the last write from
+    /// another stream; for a write, also on other streams' reads).
+    ///
+    /// # Errors
+    /// [`UnknownBlock`](crate::ResourceError::UnknownBlock),
+    /// [`DoubleFree`](crate::ResourceError::DoubleFree) (a retired block),
+    /// an unknown stream, a driver error.
+    fn prepare_block_use(
+        &self,
+        block: BlockId,
+        use_stream: StreamId,
+        access: Access,
+    ) -> ResourceResult<()> {
+        let _ = (block, use_stream, access);
+        Ok(())
+    }
+
+    /// After queuing work on `use_stream` that touches `block`: records an
+    /// event capturing that work and updates the block's dependencies.
+    ///
+    /// # Errors
+    /// As [`prepare_block_use`](Self::prepare_block_use).
+    fn finish_block_use(
+        &self,
+        block: BlockId,
+        use_stream: StreamId,
+        access: Access,
+    ) -> ResourceResult<()> {
+        let _ = (block, use_stream, access);
+        Ok(())
+    }
+
+    /// The current state of `block`, when this resource knows it.
+    fn block_state(&self, block: BlockId) -> Option<BlockState> {
+        let _ = block;
+        None
+    }
+}
+
+impl<R: DeviceMemoryResource + ?Sized> DeviceMemoryResource for std::sync::Arc<R> {
+    fn allocate(
+        &self,
+        bytes: usize,
+        stream: StreamId,
+        tag: AllocTag,
+    ) -> ResourceResult<DeviceBlock> {
+        (**self).allocate(bytes, stream, tag)
+    }
+    fn deallocate(&self, block: DeviceBlock) -> ResourceResult<()> {
+        (**self).deallocate(block)
+    }
+    fn device_ordinal(&self) -> u32 {
+        (**self).device_ordinal()
+    }
+    fn bytes_outstanding(&self) -> usize {
+        (**self).bytes_outstanding()
+    }
+    fn reap_pending(&self) -> ResourceResult<()> {
+        (**self).reap_pending()
+    }
+    fn supports_block_use_tracking(&self) -> bool {
+        (**self).supports_block_use_tracking()
+    }
+    fn record_block_use(&self, block: &DeviceBlock, use_stream: StreamId) -> ResourceResult<()> {
+        (**self).record_block_use(block, use_stream)
+    }
+    fn prepare_block_use(&self, b: BlockId, s: StreamId, a: Access) -> ResourceResult<()> {
+        (**self).prepare_block_use(b, s, a)
+    }
+    fn finish_block_use(&self, b: BlockId, s: StreamId, a: Access) -> ResourceResult<()> {
+        (**self).finish_block_use(b, s, a)
+    }
+    fn block_state(&self, block: BlockId) -> Option<BlockState> {
+        (**self).block_state(block)
+    }
+}

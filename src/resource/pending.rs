@@ -1,0 +1,116 @@
+//! Frees queued on the GPU but not yet executed, tallied per stream.
+//!
+//! Every free gets the next sequence number of its stream. Knowing that
+//! "stream S reached sequence n" (a synchronize, or a completion notification
+//! placed after the n-th free) drains every entry of S at or below n in one
+//! cut, as wgpu-core's `triage_submissions` does with submission indices.
+//!
+//! The global total and the per-stream tallies change together under one
+//! lock, so `total() == per_stream_total()` whenever no call is in flight.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::types::StreamId;
+
+#[derive(Debug, Default)]
+struct StreamFrees {
+    next_seq: u64,
+    queue: VecDeque<(u64, usize)>,
+    bytes: usize,
+}
+
+/// Frees queued per stream, with their sequence numbers.
+#[derive(Debug, Default)]
+pub struct PendingFrees {
+    streams: Mutex<HashMap<StreamId, StreamFrees>>,
+    total: AtomicUsize,
+}
+
+impl PendingFrees {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<StreamId, StreamFrees>> {
+        self.streams.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Tallies a free of `bytes` queued on `stream`; returns its sequence
+    /// number. Call after the free was queued on the GPU.
+    pub fn push(&self, stream: StreamId, bytes: usize) -> u64 {
+        let mut streams = self.lock();
+        let entry = streams.entry(stream).or_default();
+        entry.next_seq += 1;
+        entry.queue.push_back((entry.next_seq, bytes));
+        entry.bytes += bytes;
+        self.total.fetch_add(bytes, Ordering::AcqRel);
+        entry.next_seq
+    }
+
+    /// For every stream with pending frees, the sequence number of its latest.
+    pub fn high_water(&self) -> Vec<(StreamId, u64)> {
+        self.lock()
+            .iter()
+            .filter_map(|(s, f)| f.queue.back().map(|&(seq, _)| (*s, seq)))
+            .collect()
+    }
+
+    /// The latest sequence number handed out on `stream` (0 before any).
+    pub fn last_seq(&self, stream: StreamId) -> u64 {
+        self.lock().get(&stream).map_or(0, |f| f.next_seq)
+    }
+
+    /// `stream` reached `seq`: drops every entry at or below it; returns the
+    /// bytes drained.
+    pub fn drain_through(&self, stream: StreamId, seq: u64) -> usize {
+        let mut streams = self.lock();
+        let Some(entry) = streams.get_mut(&stream) else {
+            return 0;
+        };
+        let mut drained = 0;
+        while let Some(&(s, bytes)) = entry.queue.front() {
+            if s > seq {
+                break;
+            }
+            entry.queue.pop_front();
+            drained += bytes;
+        }
+        entry.bytes -= drained;
+        self.total.fetch_sub(drained, Ordering::AcqRel);
+        drained
+    }
+
+    /// Bytes pending on all streams (one atomic load).
+    pub fn total(&self) -> usize {
+        self.total.load(Ordering::Acquire)
+    }
+
+    /// Sum of the per-stream tallies (walks them under the lock).
+    pub fn per_stream_total(&self) -> usize {
+        self.lock().values().map(|f| f.bytes).sum()
+    }
+
+    /// Bytes pending on `stream`.
+    pub fn stream_bytes(&self, stream: StreamId) -> usize {
+        self.lock().get(&stream).map_or(0, |f| f.bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drains_in_one_cut_per_stream() {
+        let p = PendingFrees::default();
+        let (a, b) = (StreamId::new(0, 0), StreamId::new(0, 1));
+        assert_eq!(p.push(a, 10), 1);
+        assert_eq!(p.push(a, 20), 2);
+        assert_eq!(p.push(b, 5), 1);
+        assert_eq!(p.push(a, 40), 3);
+        assert_eq!(p.drain_through(a, 2), 30);
+        assert_eq!(p.total(), 45);
+        assert_eq!(p.per_stream_total(), 45);
+        assert_eq!(p.drain_through(b, 1), 5);
+        assert_eq!(p.drain_through(a, 3), 40);
+        assert_eq!(p.total(), 0);
+    }
+}

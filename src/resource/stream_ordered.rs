@@ -1,0 +1,524 @@
+//! `StreamOrderedResource<G>`: stream-ordered bookkeeping, written once for
+//! every backend.
+//!
+//! # State
+//!
+//! - **Live blocks**, in shards keyed by the block's serial number. Each
+//!   record holds the block's address, size, allocation stream and its
+//!   [uses](super::block_uses): one read event per stream plus the last
+//!   write. Threads working on different blocks rarely share a shard.
+//! - **Pending frees** ([`PendingFrees`]): bytes whose free is queued on the
+//!   GPU but not known to have run, per stream, with sequence numbers.
+//! - Two counters: `live` and the pending total. A block moves from live to
+//!   pending when its free is queued, and leaves pending when a reap learns
+//!   that its stream passed the free.
+//!
+//! # Who changes it
+//!
+//! `allocate` adds a record; the block-use hooks add and re-record events in
+//! it (under the shard lock, so that a wait never sees an event being
+//! re-recorded for another use); `deallocate` makes the allocation stream
+//! wait on every recorded event, queues the free, and moves the bytes;
+//! `reap_pending` drains. Locks are never held across a driver call that
+//! blocks (only `event_record` and `stream_wait_event`, which just queue, run
+//! under a shard lock).
+//!
+//! # Failure
+//!
+//! Every method checks its input before it changes anything, and undoes its
+//! partial work when a driver call fails, so that a failed call leaves every
+//! counter and map as it was.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::DeviceMemoryResource;
+use super::block_uses::BlockUses;
+use super::event_pool::EventPool;
+use super::pending::PendingFrees;
+use crate::error::{ResourceError, ResourceResult};
+use crate::gpu::cuda::CudaGpu;
+use crate::gpu::sim::SimGpu;
+use crate::gpu::{Gpu, GpuError, RawStream};
+use crate::types::{
+    Access, AllocTag, BlockId, BlockState, DeviceBlock, ResourceId, StreamId, StreamPool,
+};
+
+const SHARDS: usize = 32;
+
+#[derive(Debug)]
+struct BlockRecord {
+    ptr: u64,
+    size: usize,
+    stream: StreamId,
+    raw_stream: RawStream,
+    uses: BlockUses,
+    /// Set while `deallocate` is queuing the free, so that a second free or a
+    /// hook on the same block is refused.
+    retiring: bool,
+}
+
+type Shard = std::collections::HashMap<u64, BlockRecord>;
+
+/// The stream-ordered resource over a backend `G`.
+///
+/// See the [module documentation](self) for the state it keeps.
+/// [`AsyncCudaResource`] and [`SimResource`] are its two instances.
+///
+/// # Examples
+/// ```
+/// use streamalloc::gpu::sim::SimGpu;
+/// use streamalloc::{AllocTag, DeviceMemoryResource, SimResource};
+///
+/// let gpu = SimGpu::new();
+/// let pool = gpu.stream_pool(1);
+/// let resource = SimResource::new(gpu, pool.clone());
+/// let stream = pool.id(0).unwrap();
+///
+/// let block = resource.allocate(1 << 20, stream, AllocTag("weights"))?;
+/// assert_eq!(resource.live_bytes(), 1 << 20);
+/// resource.deallocate(block)?;
+/// assert_eq!(resource.pending_free_bytes(), 1 << 20);
+/// resource.reap_pending()?;
+/// assert_eq!(resource.bytes_outstanding(), 0);
+/// # Ok::<(), streamalloc::ResourceError>(())
+/// ```
+pub struct StreamOrderedResource<G: Gpu> {
+    id: ResourceId,
+    gpu: Arc<G>,
+    device_ordinal: u32,
+    stream_pool: Arc<StreamPool>,
+    shards: Box<[Mutex<Shard>]>,
+    next_serial: AtomicU64,
+    live: AtomicUsize,
+    pending: PendingFrees,
+    events: EventPool<G>,
+}
+
+/// The stream-ordered resource on a CUDA device, through cudarc.
+pub type AsyncCudaResource = StreamOrderedResource<CudaGpu>;
+
+/// The stream-ordered resource on the simulated device.
+pub type SimResource = StreamOrderedResource<SimGpu>;
+
+impl<G: Gpu> std::fmt::Debug for StreamOrderedResource<G> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamOrderedResource")
+            .field("device_ordinal", &self.device_ordinal)
+            .field("live_bytes", &self.live_bytes())
+            .field("pending_free_bytes", &self.pending_free_bytes())
+            .finish()
+    }
+}
+
+impl AsyncCudaResource {
+    /// A resource bound to `device`, resolving streams through `stream_pool`.
+    /// `device_ordinal` names the device in errors and logs; streams of the
+    /// pool must belong to it.
+    ///
+    /// If the device's memory pool cannot be set up, the resource is still
+    /// built and every allocation reports the driver error.
+    pub fn new(
+        device: Arc<cudarc::driver::CudaContext>,
+        device_ordinal: u32,
+        stream_pool: Arc<StreamPool>,
+    ) -> Self {
+        Self::with_gpu(Arc::new(CudaGpu::new(device)), device_ordinal, stream_pool)
+    }
+
+    /// The cudarc context of the device.
+    pub fn device(&self) -> &Arc<cudarc::driver::CudaContext> {
+        self.gpu.context()
+    }
+}
+
+impl SimResource {
+    /// A resource on the simulated device `gpu`, resolving streams through
+    /// `stream_pool`.
+    pub fn new(gpu: Arc<SimGpu>, stream_pool: Arc<StreamPool>) -> Self {
+        let ordinal = gpu.ordinal();
+        Self::with_gpu(gpu, ordinal, stream_pool)
+    }
+}
+
+fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    shard.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl<G: Gpu> StreamOrderedResource<G> {
+    /// A resource over any backend.
+    pub fn with_gpu(gpu: Arc<G>, device_ordinal: u32, stream_pool: Arc<StreamPool>) -> Self {
+        StreamOrderedResource {
+            id: ResourceId::fresh(),
+            events: EventPool::new(gpu.clone()),
+            gpu,
+            device_ordinal,
+            stream_pool,
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::new())).collect(),
+            next_serial: AtomicU64::new(1),
+            live: AtomicUsize::new(0),
+            pending: PendingFrees::default(),
+        }
+    }
+
+    /// The backend.
+    pub fn gpu(&self) -> &Arc<G> {
+        &self.gpu
+    }
+
+    /// The stream pool streams are resolved in.
+    pub fn stream_pool(&self) -> &Arc<StreamPool> {
+        &self.stream_pool
+    }
+
+    /// This resource's identity (blocks carry it).
+    pub fn resource_id(&self) -> ResourceId {
+        self.id
+    }
+
+    /// Bytes held by live blocks (not counting pending frees). A diagnostic:
+    /// production code should use
+    /// [`bytes_outstanding`](DeviceMemoryResource::bytes_outstanding).
+    pub fn live_bytes(&self) -> usize {
+        self.live.load(Ordering::Acquire)
+    }
+
+    /// Bytes whose free is queued but not yet known to have executed.
+    pub fn pending_free_bytes(&self) -> usize {
+        self.pending.total()
+    }
+
+    /// Sum of the per-stream pending tallies; equals
+    /// [`pending_free_bytes`](Self::pending_free_bytes) whenever no call is in
+    /// flight (both change together under one lock).
+    pub fn pending_per_stream_total(&self) -> usize {
+        self.pending.per_stream_total()
+    }
+
+    /// The pending frees, per stream, for layers that drain them from
+    /// completion notifications.
+    pub fn pending_frees(&self) -> &PendingFrees {
+        &self.pending
+    }
+
+    /// Outstanding read events plus the last-write event (0 or 1) of the live
+    /// block at `ptr`; `None` when no live block starts there.
+    pub fn pending_use_event_count(&self, ptr: u64) -> Option<usize> {
+        if ptr == 0 {
+            return None;
+        }
+        self.shards.iter().find_map(|shard| {
+            lock(shard)
+                .values()
+                .find(|r| r.ptr == ptr && !r.retiring)
+                .map(|r| r.uses.event_count())
+        })
+    }
+
+    /// Number of live blocks.
+    pub fn live_blocks(&self) -> usize {
+        self.shards.iter().map(|s| lock(s).len()).sum()
+    }
+
+    /// Events pooled for reuse.
+    pub fn pooled_events(&self) -> usize {
+        self.events.len()
+    }
+
+    /// Resolves a stream of this resource's device.
+    fn raw_stream(&self, stream: StreamId) -> ResourceResult<RawStream> {
+        if stream.device() != self.device_ordinal {
+            return Err(ResourceError::WrongDevice {
+                expected: self.device_ordinal,
+                found: stream.device(),
+            });
+        }
+        self.stream_pool.raw(stream)
+    }
+
+    fn shard(&self, serial: u64) -> &Mutex<Shard> {
+        &self.shards[(serial as usize) % SHARDS]
+    }
+
+    /// Why a block id has no usable record.
+    fn missing(&self, block: BlockId) -> ResourceError {
+        if block.resource() != self.id {
+            ResourceError::ForeignBlock { block }
+        } else if block.serial() >= 1 && block.serial() < self.next_serial.load(Ordering::Acquire) {
+            ResourceError::DoubleFree { block }
+        } else {
+            ResourceError::UnknownBlock { block }
+        }
+    }
+
+    /// Runs `f` on the live record of `block` under its shard lock.
+    fn with_live<T>(
+        &self,
+        block: BlockId,
+        f: impl FnOnce(&mut BlockRecord) -> ResourceResult<T>,
+    ) -> ResourceResult<T> {
+        if block.resource() != self.id {
+            return Err(ResourceError::ForeignBlock { block });
+        }
+        let mut shard = lock(self.shard(block.serial()));
+        match shard.get_mut(&block.serial()) {
+            Some(record) if !record.retiring => f(record),
+            _ => Err(self.missing(block)),
+        }
+    }
+
+    fn gpu_err(&self, e: GpuError, requested: usize, stream: StreamId) -> ResourceError {
+        match e {
+            GpuError::OutOfMemory { available } => ResourceError::OutOfMemory {
+                requested,
+                available,
+                stream,
+            },
+            GpuError::Driver {
+                call,
+                code,
+                message,
+            } => ResourceError::Driver {
+                call,
+                code,
+                message,
+            },
+        }
+    }
+
+    fn driver(&self, e: GpuError) -> ResourceError {
+        self.gpu_err(e, 0, StreamId::new(self.device_ordinal, 0))
+    }
+
+    /// Queues the waits `use_stream` needs before `access` to `record`.
+    fn queue_waits(
+        &self,
+        record: &mut BlockRecord,
+        use_stream: StreamId,
+        raw_use: RawStream,
+        access: Access,
+    ) -> ResourceResult<()> {
+        if record.uses.last_write.is_none() && use_stream != record.stream {
+            // First use on another stream: order it after the allocation by
+            // recording where the allocation stream is now.
+            let event = self.events.take().map_err(|e| self.driver(e))?;
+            if let Err(e) = self.gpu.event_record(event, record.raw_stream) {
+                self.events.give([event]);
+                return Err(self.driver(e));
+            }
+            record.uses.last_write = Some((record.stream, event));
+        }
+        for event in record.uses.waits_for(use_stream, access) {
+            self.gpu
+                .stream_wait_event(raw_use, event)
+                .map_err(|e| self.driver(e))?;
+        }
+        Ok(())
+    }
+
+    /// Records the end of a use of `access` on `use_stream`.
+    fn record_use(
+        &self,
+        record: &mut BlockRecord,
+        use_stream: StreamId,
+        raw_use: RawStream,
+        access: Access,
+    ) -> ResourceResult<()> {
+        let (event, fresh) = match record.uses.slot(use_stream, access) {
+            Some(e) => (e, false),
+            None => (self.events.take().map_err(|e| self.driver(e))?, true),
+        };
+        if let Err(e) = self.gpu.event_record(event, raw_use) {
+            if fresh {
+                self.events.give([event]);
+            }
+            return Err(self.driver(e));
+        }
+        if let Some(old) = record.uses.store(use_stream, access, event) {
+            self.events.give([old]);
+        }
+        Ok(())
+    }
+}
+
+impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
+    fn allocate(
+        &self,
+        bytes: usize,
+        stream: StreamId,
+        tag: AllocTag,
+    ) -> ResourceResult<DeviceBlock> {
+        let raw = self.raw_stream(stream)?;
+        let ptr = self
+            .gpu
+            .alloc_async(bytes, raw)
+            .map_err(|e| self.gpu_err(e, bytes, stream))?;
+        let serial = self.next_serial.fetch_add(1, Ordering::AcqRel);
+        lock(self.shard(serial)).insert(
+            serial,
+            BlockRecord {
+                ptr,
+                size: bytes,
+                stream,
+                raw_stream: raw,
+                uses: BlockUses::default(),
+                retiring: false,
+            },
+        );
+        self.live.fetch_add(bytes, Ordering::AcqRel);
+        tracing::trace!(bytes, %stream, ptr, %tag, "allocate");
+        Ok(DeviceBlock::new(
+            BlockId::new(self.id, serial),
+            ptr,
+            bytes,
+            stream,
+            tag,
+        ))
+    }
+
+    fn deallocate(&self, block: DeviceBlock) -> ResourceResult<()> {
+        if block.device() != self.device_ordinal {
+            return Err(ResourceError::WrongDevice {
+                expected: self.device_ordinal,
+                found: block.device(),
+            });
+        }
+        let id = block.id();
+        let serial = id.serial();
+        // Take the record's events and mark it retiring; the waits and the
+        // free are queued without the lock.
+        let (ptr, size, stream, raw, uses) = self.with_live(id, |r| {
+            if r.ptr != block.ptr() || r.size != block.size() {
+                return Err(ResourceError::UnknownBlock { block: id });
+            }
+            r.retiring = true;
+            Ok((
+                r.ptr,
+                r.size,
+                r.stream,
+                r.raw_stream,
+                std::mem::take(&mut r.uses),
+            ))
+        })?;
+        // On failure the record gets its events back and is live again.
+        let restore = |uses: BlockUses| {
+            if let Some(r) = lock(self.shard(serial)).get_mut(&serial) {
+                r.retiring = false;
+                r.uses = uses;
+            }
+        };
+        let others = uses
+            .reads
+            .iter()
+            .chain(&uses.last_write)
+            .filter(|(s, _)| *s != stream)
+            .map(|&(_, e)| e);
+        for event in others {
+            if let Err(e) = self.gpu.stream_wait_event(raw, event) {
+                restore(uses);
+                return Err(self.driver(e));
+            }
+        }
+        if let Err(e) = self.gpu.free_async(ptr, raw) {
+            restore(uses);
+            return Err(self.gpu_err(e, size, stream));
+        }
+        lock(self.shard(serial)).remove(&serial);
+        // Pending first, live second: a concurrent reader of
+        // `bytes_outstanding` may over-count for an instant, never under.
+        self.pending.push(stream, size);
+        self.live.fetch_sub(size, Ordering::AcqRel);
+        let mut uses = uses;
+        self.events
+            .give(uses.take_all().into_iter().map(|(_, e)| e));
+        tracing::trace!(bytes = size, %stream, ptr, "deallocate");
+        Ok(())
+    }
+
+    fn device_ordinal(&self) -> u32 {
+        self.device_ordinal
+    }
+
+    fn bytes_outstanding(&self) -> usize {
+        // Pending is read first: a block moving from live to pending between
+        // the two loads is counted twice rather than not at all.
+        let pending = self.pending.total();
+        self.live.load(Ordering::Acquire) + pending
+    }
+
+    fn reap_pending(&self) -> ResourceResult<()> {
+        for (stream, seq) in self.pending.high_water() {
+            let raw = self.raw_stream(stream)?;
+            self.gpu
+                .stream_synchronize(raw)
+                .map_err(|e| self.driver(e))?;
+            self.pending.drain_through(stream, seq);
+        }
+        Ok(())
+    }
+
+    fn supports_block_use_tracking(&self) -> bool {
+        true
+    }
+
+    fn record_block_use(&self, block: &DeviceBlock, use_stream: StreamId) -> ResourceResult<()> {
+        let raw_use = self.raw_stream(use_stream)?;
+        self.with_live(block.id(), |r| {
+            self.record_use(r, use_stream, raw_use, Access::Read)
+        })
+    }
+
+    fn prepare_block_use(
+        &self,
+        block: BlockId,
+        use_stream: StreamId,
+        access: Access,
+    ) -> ResourceResult<()> {
+        let raw_use = self.raw_stream(use_stream)?;
+        self.with_live(block, |r| self.queue_waits(r, use_stream, raw_use, access))
+    }
+
+    fn finish_block_use(
+        &self,
+        block: BlockId,
+        use_stream: StreamId,
+        access: Access,
+    ) -> ResourceResult<()> {
+        let raw_use = self.raw_stream(use_stream)?;
+        self.with_live(block, |r| self.record_use(r, use_stream, raw_use, access))
+    }
+
+    fn block_state(&self, block: BlockId) -> Option<BlockState> {
+        if block.resource() != self.id {
+            return None;
+        }
+        let shard = lock(self.shard(block.serial()));
+        match shard.get(&block.serial()) {
+            Some(r) if !r.retiring => Some(BlockState::Live),
+            Some(_) => Some(BlockState::Retired),
+            None => matches!(self.missing(block), ResourceError::DoubleFree { .. })
+                .then_some(BlockState::Retired),
+        }
+    }
+}
+
+impl<G: Gpu> Drop for StreamOrderedResource<G> {
+    fn drop(&mut self) {
+        let mut leaked = 0usize;
+        for shard in self.shards.iter_mut() {
+            let shard = shard.get_mut().unwrap_or_else(|p| p.into_inner());
+            for (_, mut record) in shard.drain() {
+                leaked += record.size;
+                self.events
+                    .give(record.uses.take_all().into_iter().map(|(_, e)| e));
+            }
+        }
+        if leaked > 0 {
+            tracing::warn!(
+                bytes = leaked,
+                device = self.device_ordinal,
+                "resource dropped with live blocks; their memory is not freed"
+            );
+        }
+    }
+}

@@ -1,0 +1,213 @@
+//! Streams: [`StreamId`] and the [`StreamPool`] that resolves it.
+
+use std::any::Any;
+use std::fmt;
+use std::sync::Arc;
+
+use crate::error::{ResourceError, ResourceResult};
+
+/// A backend stream handle: a `CUstream` for CUDA, an index for the
+/// simulated device. Plain `Copy` data; the [`StreamPool`] keeps the stream
+/// itself alive.
+///
+/// Handles are made by the crate (a pool, or [`SimGpu`](crate::gpu::sim::SimGpu))
+/// or, for a stream created elsewhere, by the unsafe [`RawStream::from_cuda`],
+/// so that a safe call never hands the driver a made-up pointer. Simulated
+/// handles carry a tag bit, so neither backend accepts the other's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RawStream(u64);
+
+/// Marks handles of the simulated device (user-space pointers never have it).
+pub(crate) const SIM_HANDLE: u64 = 1 << 63;
+
+impl RawStream {
+    /// Wraps a `CUstream` created outside the crate.
+    ///
+    /// # Safety
+    /// 1. `stream` is a valid `CUstream` of the context of the resource or
+    ///    [`CudaGpu`](crate::gpu::cuda::CudaGpu) it is used with, or null.
+    /// 2. It stays valid as long as the handle is used.
+    pub unsafe fn from_cuda(stream: cudarc::driver::sys::CUstream) -> Self {
+        RawStream(stream as u64)
+    }
+
+    pub(crate) fn sim(index: usize) -> Self {
+        RawStream(SIM_HANDLE | index as u64)
+    }
+
+    /// The handle's bits (a `CUstream` pointer, or a tagged simulated index).
+    pub fn get(self) -> u64 {
+        self.0
+    }
+
+    /// The simulated stream index, if this is a simulated handle.
+    pub(crate) fn sim_index(self) -> Option<usize> {
+        (self.0 & SIM_HANDLE != 0).then_some((self.0 & !SIM_HANDLE) as usize)
+    }
+}
+
+/// Names one stream of one device's [`StreamPool`].
+///
+/// The device ordinal travels with the id, so that a stream of another device
+/// is refused with [`ResourceError::WrongDevice`] instead of being resolved
+/// against the wrong pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StreamId {
+    device: u32,
+    index: u32,
+}
+
+impl StreamId {
+    /// The stream at `index` of the pool of device `device`.
+    pub const fn new(device: u32, index: u32) -> Self {
+        StreamId { device, index }
+    }
+
+    /// Device ordinal of the stream.
+    pub const fn device(self) -> u32 {
+        self.device
+    }
+
+    /// Index of the stream in its pool.
+    pub const fn index(self) -> u32 {
+        self.index
+    }
+}
+
+impl fmt::Display for StreamId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "stream {}:{}", self.device, self.index)
+    }
+}
+
+/// The streams of one device, resolved by [`StreamId`].
+///
+/// A resource orders every allocation, free and wait on a stream of its pool.
+/// The pool owns its streams (for CUDA, cudarc `CudaStream`s) and keeps them
+/// alive as long as any resource holds the pool.
+pub struct StreamPool {
+    device: u32,
+    raw: Vec<RawStream>,
+    // Keeps the backend streams alive; never read, only dropped.
+    _owners: Vec<Arc<dyn Any + Send + Sync>>,
+    cuda: Vec<Arc<cudarc::driver::CudaStream>>,
+}
+
+impl StreamPool {
+    /// A pool of already-created backend streams of device `device`.
+    ///
+    /// `owners` are kept alive as long as the pool (pass the objects that own
+    /// the streams); most users call [`StreamPool::cuda`] or
+    /// [`SimGpu::stream_pool`](crate::gpu::sim::SimGpu::stream_pool) instead.
+    pub fn from_raw(
+        device: u32,
+        raw: Vec<RawStream>,
+        owners: Vec<Arc<dyn Any + Send + Sync>>,
+    ) -> Self {
+        StreamPool {
+            device,
+            raw,
+            _owners: owners,
+            cuda: Vec::new(),
+        }
+    }
+
+    /// Creates `count` new non-blocking streams on the CUDA context `ctx`.
+    ///
+    /// # Errors
+    /// [`ResourceError::Driver`] when the driver refuses to create a stream.
+    pub fn cuda(ctx: &Arc<cudarc::driver::CudaContext>, count: usize) -> ResourceResult<Arc<Self>> {
+        let mut cuda = Vec::with_capacity(count);
+        for _ in 0..count {
+            let stream = ctx
+                .new_stream()
+                .map_err(|e| crate::gpu::cuda::driver_error(crate::error::DriverCall::Init, e))?;
+            cuda.push(stream);
+        }
+        let raw = cuda
+            .iter()
+            .map(|s| RawStream(s.cu_stream() as u64))
+            .collect();
+        Ok(Arc::new(StreamPool {
+            device: ctx.ordinal() as u32,
+            raw,
+            _owners: Vec::new(),
+            cuda,
+        }))
+    }
+
+    /// The cudarc stream behind `id`, to launch work on it.
+    ///
+    /// # Errors
+    /// As [`StreamPool::raw`], and [`ResourceError::UnknownStream`] for a pool
+    /// that was not built by [`StreamPool::cuda`].
+    pub fn cuda_stream(&self, id: StreamId) -> ResourceResult<&Arc<cudarc::driver::CudaStream>> {
+        self.check(id)?;
+        self.cuda
+            .get(id.index as usize)
+            .ok_or(ResourceError::UnknownStream {
+                stream: id,
+                pool_len: self.cuda.len(),
+            })
+    }
+
+    /// Device ordinal of every stream in the pool.
+    pub fn device(&self) -> u32 {
+        self.device
+    }
+
+    /// Number of streams.
+    pub fn len(&self) -> usize {
+        self.raw.len()
+    }
+
+    /// Whether the pool holds no stream.
+    pub fn is_empty(&self) -> bool {
+        self.raw.is_empty()
+    }
+
+    /// The id of the stream at `index`, if the pool has one there.
+    pub fn id(&self, index: usize) -> Option<StreamId> {
+        (index < self.raw.len()).then(|| StreamId::new(self.device, index as u32))
+    }
+
+    /// Every stream id of the pool, in index order.
+    pub fn ids(&self) -> impl Iterator<Item = StreamId> + '_ {
+        (0..self.raw.len()).map(|i| StreamId::new(self.device, i as u32))
+    }
+
+    /// Resolves `id` to the backend handle.
+    ///
+    /// # Errors
+    /// [`ResourceError::WrongDevice`] for a stream of another device,
+    /// [`ResourceError::UnknownStream`] for an index past the pool's end.
+    pub fn raw(&self, id: StreamId) -> ResourceResult<RawStream> {
+        self.check(id)?;
+        Ok(self.raw[id.index as usize])
+    }
+
+    fn check(&self, id: StreamId) -> ResourceResult<()> {
+        if id.device != self.device {
+            return Err(ResourceError::WrongDevice {
+                expected: self.device,
+                found: id.device,
+            });
+        }
+        if id.index as usize >= self.raw.len() {
+            return Err(ResourceError::UnknownStream {
+                stream: id,
+                pool_len: self.raw.len(),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for StreamPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StreamPool")
+            .field("device", &self.device)
+            .field("streams", &self.raw.len())
+            .finish()
+    }
+}
