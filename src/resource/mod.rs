@@ -76,6 +76,23 @@ pub trait DeviceMemoryResource: Send + Sync {
         Ok(())
     }
 
+    /// The sequence number of the latest free queued on `stream` (0 if none,
+    /// or for resources that do not queue frees). A completion point recorded
+    /// on `stream` after a call of this method covers every free up to it.
+    fn pending_free_seq(&self, stream: StreamId) -> u64 {
+        let _ = stream;
+        0
+    }
+
+    /// Tells the resource that `stream` has executed every free up to
+    /// sequence number `seq` (learnt from a completion notification, without
+    /// synchronizing): drains them from the pending tallies and returns the
+    /// bytes drained. Decorators forward to the inner resource.
+    fn reap_through(&self, stream: StreamId, seq: u64) -> usize {
+        let _ = (stream, seq);
+        0
+    }
+
     /// Whether this resource, and every resource it wraps, tracks
     /// cross-stream uses. Decorators forward to the inner resource.
     fn supports_block_use_tracking(&self) -> bool {
@@ -155,6 +172,12 @@ impl<R: DeviceMemoryResource + ?Sized> DeviceMemoryResource for std::sync::Arc<R
     }
     fn reap_pending(&self) -> ResourceResult<()> {
         (**self).reap_pending()
+    }
+    fn pending_free_seq(&self, stream: StreamId) -> u64 {
+        (**self).pending_free_seq(stream)
+    }
+    fn reap_through(&self, stream: StreamId, seq: u64) -> usize {
+        (**self).reap_through(stream, seq)
     }
     fn supports_block_use_tracking(&self) -> bool {
         (**self).supports_block_use_tracking()

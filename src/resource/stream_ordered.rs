@@ -457,6 +457,14 @@ impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
         Ok(())
     }
 
+    fn pending_free_seq(&self, stream: StreamId) -> u64 {
+        self.pending.last_seq(stream)
+    }
+
+    fn reap_through(&self, stream: StreamId, seq: u64) -> usize {
+        self.pending.drain_through(stream, seq)
+    }
+
     fn supports_block_use_tracking(&self) -> bool {
         true
     }
