@@ -1,0 +1,100 @@
+//! The CUDA path on a real GPU. Run on the GPU machine with
+//! `scripts/gpu-run.sh` (these tests are ignored elsewhere).
+
+mod common;
+
+use streamalloc::gpu::Gpu;
+use streamalloc::{Access, AllocTag, DeviceMemoryResource, ResourceError};
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_allocate_free_reap() {
+    let f = common::cuda(2);
+    let r = &f.resource;
+    let s = f.stream(0);
+    let sizes = [0usize, 4, 1 << 10, 1 << 20, 1 << 30];
+    let blocks: Vec<_> = sizes
+        .iter()
+        .map(|&n| r.allocate(n, s, AllocTag("gpu")).expect("allocation"))
+        .collect();
+    assert_eq!(r.live_bytes(), sizes.iter().sum::<usize>());
+    assert_eq!(blocks[0].ptr(), 0, "zero bytes gets address 0");
+    for b in blocks {
+        r.deallocate(b).unwrap();
+    }
+    assert_eq!(r.pending_free_bytes(), r.pending_per_stream_total());
+    r.reap_pending().unwrap();
+    assert_eq!(r.bytes_outstanding(), 0);
+    println!("cuda: 0 B .. 1 GiB allocations, frees and reap: ok");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_out_of_memory_is_a_value_and_stream_stays_usable() {
+    let f = common::cuda(1);
+    let r = &f.resource;
+    let s = f.stream(0);
+    match r.allocate(1 << 50, s, AllocTag::UNTAGGED) {
+        Err(ResourceError::OutOfMemory {
+            requested,
+            available,
+            ..
+        }) => {
+            assert_eq!(requested, 1 << 50);
+            println!("cuda: 1 PiB -> OutOfMemory (available {available} B)");
+        }
+        other => panic!("expected OutOfMemory, got {other:?}"),
+    }
+    assert_eq!(r.bytes_outstanding(), 0);
+    let b = r.allocate(1 << 20, s, AllocTag::UNTAGGED).unwrap();
+    r.deallocate(b).unwrap();
+    r.reap_pending().unwrap();
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_cross_stream_write_read_read_free() {
+    let f = common::cuda(3);
+    let r = &f.resource;
+    let gpu = r.gpu().clone();
+    let (a, b, c) = (f.stream(0), f.stream(1), f.stream(2));
+    let raw = |s| f.pool.raw(s).unwrap();
+    let n = 8 << 20;
+    let block = r.allocate(n, a, AllocTag::UNTAGGED).unwrap();
+    let sink_b = r.allocate(n, b, AllocTag::UNTAGGED).unwrap();
+    let sink_c = r.allocate(n, c, AllocTag::UNTAGGED).unwrap();
+    r.prepare_block_use(block.id(), a, Access::Write).unwrap();
+    gpu.memset_async(block.ptr(), 7, n, raw(a)).unwrap();
+    r.finish_block_use(block.id(), a, Access::Write).unwrap();
+    for (s, sink) in [(b, &sink_b), (c, &sink_c)] {
+        r.prepare_block_use(block.id(), s, Access::Read).unwrap();
+        gpu.copy_async(sink.ptr(), block.ptr(), n, raw(s)).unwrap();
+        r.finish_block_use(block.id(), s, Access::Read).unwrap();
+    }
+    assert_eq!(r.pending_use_event_count(block.ptr()), Some(3));
+    r.deallocate(block).unwrap();
+    r.deallocate(sink_b).unwrap();
+    r.deallocate(sink_c).unwrap();
+    r.reap_pending().unwrap();
+    assert_eq!(r.bytes_outstanding(), 0);
+    assert!(r.pooled_events() >= 3, "events went back to the pool");
+    println!(
+        "cuda: write on A, read on B and C, free on A: ok ({} pooled events)",
+        r.pooled_events()
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_host_function_runs() {
+    let f = common::cuda(1);
+    let gpu = f.resource.gpu().clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    gpu.launch_host_fn(
+        f.pool.raw(f.stream(0)).unwrap(),
+        Box::new(move || tx.send(42).unwrap()),
+    )
+    .unwrap();
+    assert_eq!(rx.recv_timeout(std::time::Duration::from_secs(10)), Ok(42));
+    println!("cuda: host function ran");
+}
