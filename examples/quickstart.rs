@@ -5,7 +5,7 @@
 //! `cargo run --example quickstart`
 
 use streamalloc::gpu::Gpu;
-use streamalloc::gpu::cuda::{CudaGpu, cuda_present};
+use streamalloc::gpu::cuda::CudaGpu;
 use streamalloc::gpu::sim::SimGpu;
 use streamalloc::{
     Access, AllocTag, AsyncCudaResource, DeviceMemoryResource, ResourceResult, SimResource,
@@ -71,13 +71,12 @@ fn to_err(e: streamalloc::gpu::GpuError) -> streamalloc::ResourceError {
 }
 
 fn main() -> ResourceResult<()> {
-    if cuda_present() {
-        if let Ok(ctx) = CudaGpu::open(0) {
-            println!("device: CUDA {}", ctx.name().unwrap_or_default());
-            let pool = StreamPool::cuda(&ctx, 3)?;
-            let resource = AsyncCudaResource::new(ctx, 0, pool.clone());
-            return run(&resource, &pool);
-        }
+    // `open` checks that libcuda loads before touching cudarc.
+    if let Ok(ctx) = CudaGpu::open(0) {
+        println!("device: CUDA {}", ctx.name().unwrap_or_default());
+        let pool = StreamPool::cuda(&ctx, 3)?;
+        let resource = AsyncCudaResource::new(ctx, 0, pool.clone());
+        return run(&resource, &pool);
     }
     println!("device: simulated (no CUDA GPU found)");
     let gpu = SimGpu::new();
