@@ -35,7 +35,7 @@ run)
     status=0
     for t in gpu-bin/test-*; do
         echo "=== $t"
-        "$t" --include-ignored --test-threads=1 $filter || status=1
+        "$t" --include-ignored --test-threads=1 --nocapture $filter || status=1
     done
     exit $status
     ;;

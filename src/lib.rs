@@ -31,6 +31,7 @@
 
 pub mod error;
 pub mod gpu;
+pub mod registry;
 pub mod resource;
 pub mod types;
 

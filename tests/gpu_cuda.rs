@@ -98,3 +98,61 @@ fn cuda_host_function_runs() {
     assert_eq!(rx.recv_timeout(std::time::Duration::from_secs(10)), Ok(42));
     println!("cuda: host function ran");
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_registry_over_every_device_present() {
+    use std::sync::Arc;
+    use streamalloc::gpu::cuda::CudaGpu;
+    use streamalloc::registry::DeviceRegistry;
+    use streamalloc::{AsyncCudaResource, StreamId, StreamPool};
+
+    let count = cudarc::driver::CudaContext::device_count().unwrap() as u32;
+    let registry = Arc::new(DeviceRegistry::<AsyncCudaResource>::new());
+    for d in 0..count {
+        let ctx = CudaGpu::open(d).unwrap();
+        let pool = StreamPool::cuda(&ctx, 2).unwrap();
+        registry
+            .set(d, Arc::new(AsyncCudaResource::new(ctx, d, pool)))
+            .unwrap();
+    }
+    // A device that does not exist, and a stream of it, are refused.
+    assert!(matches!(
+        CudaGpu::open(count),
+        Err(ResourceError::DeviceUnavailable { .. })
+    ));
+    let r0 = registry.get(0).unwrap();
+    assert_eq!(
+        r0.allocate(64, StreamId::new(count, 0), AllocTag::UNTAGGED)
+            .unwrap_err(),
+        ResourceError::WrongDevice {
+            expected: 0,
+            found: count
+        }
+    );
+    assert_eq!(r0.bytes_outstanding(), 0);
+    let threads: Vec<_> = (0..count)
+        .flat_map(|d| (0..2).map(move |i| StreamId::new(d, i)))
+        .map(|stream| {
+            let registry = registry.clone();
+            std::thread::spawn(move || {
+                for i in 0..500usize {
+                    let b = registry
+                        .allocate(4096 + i, stream, AllocTag::UNTAGGED)
+                        .unwrap();
+                    registry.deallocate(b).unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    for d in registry.devices() {
+        registry.get(d).unwrap().reap_pending().unwrap();
+    }
+    assert_eq!(registry.bytes_outstanding(), 0);
+    println!(
+        "cuda: registry over {count} device(s): wrong ordinal refused, threads on every device ok"
+    );
+}

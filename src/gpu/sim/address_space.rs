@@ -15,8 +15,10 @@ use super::clock::{Epoch, VectorClock};
 
 /// Allocation granularity, as the driver's pools align.
 pub(crate) const ALIGN: usize = 256;
-/// Where the simulated device's addresses start.
+/// Where device 0's addresses start; device `d` starts `d` TiB above, so
+/// addresses of the devices of one simulated host never overlap.
 const BASE: u64 = 0x7f00_0000_0000;
+const DEVICE_STRIDE: u64 = 1 << 40;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct PendingFree {
@@ -42,12 +44,12 @@ fn round_up(bytes: usize) -> usize {
 }
 
 impl AddressSpace {
-    pub(crate) fn new(capacity: usize) -> Self {
-        let capacity = capacity / ALIGN * ALIGN;
+    pub(crate) fn new(ordinal: u32, capacity: usize) -> Self {
+        let capacity = (capacity.min(DEVICE_STRIDE as usize)) / ALIGN * ALIGN;
         let mut free = BTreeMap::new();
         if capacity > 0 {
             free.insert(
-                BASE,
+                BASE + u64::from(ordinal) * DEVICE_STRIDE,
                 FreeRange {
                     len: capacity,
                     pending: None,
@@ -182,7 +184,7 @@ mod tests {
 
     #[test]
     fn same_stream_reuses_at_once_other_stream_waits() {
-        let mut space = AddressSpace::new(1 << 20);
+        let mut space = AddressSpace::new(0, 1 << 20);
         let clock0 = VectorClock::default();
         let a = space.alloc(1000, 0, &clock0).unwrap();
         space.free_queued(a, 1000, 1, Epoch { stream: 0, tick: 5 });
@@ -195,7 +197,7 @@ mod tests {
 
     #[test]
     fn executed_free_is_reused_anywhere_and_coalesces() {
-        let mut space = AddressSpace::new(4096);
+        let mut space = AddressSpace::new(0, 4096);
         let clock = VectorClock::default();
         let a = space.alloc(2048, 0, &clock).unwrap();
         let b = space.alloc(2048, 0, &clock).unwrap();

@@ -26,6 +26,7 @@ pub(crate) enum OpKind {
     /// The allocation itself: nothing to do when it runs.
     Alloc,
     Free {
+        device: u32,
         addr: u64,
         len: usize,
         free_id: u64,
@@ -44,6 +45,7 @@ pub(crate) enum OpKind {
 
 #[derive(Default)]
 pub(crate) struct SimStream {
+    device: u32,
     clock: VectorClock,
     queue: VecDeque<OpKind>,
     busy: bool,
@@ -72,18 +74,18 @@ pub(crate) enum Step {
 }
 
 pub(crate) struct State {
-    pub(crate) ordinal: u32,
     streams: Vec<SimStream>,
     events: Vec<SimEvent>,
     free_event_slots: Vec<usize>,
     host: VectorClock,
-    pub(crate) space: AddressSpace,
+    /// One address space per simulated device, keyed by ordinal.
+    pub(crate) spaces: std::collections::BTreeMap<u32, AddressSpace>,
     pub(crate) races: RaceDetector,
     pub(crate) faults: FaultPlan,
     rng: fastrand::Rng,
     next_free_id: u64,
-    /// Addresses of live allocations and their sizes.
-    live: std::collections::HashMap<u64, usize>,
+    /// Addresses of live allocations: size and device.
+    live: std::collections::HashMap<u64, (usize, u32)>,
 }
 
 fn invalid(call: DriverCall) -> GpuError {
@@ -91,14 +93,17 @@ fn invalid(call: DriverCall) -> GpuError {
 }
 
 impl State {
-    pub(crate) fn new(ordinal: u32, capacity: usize, seed: u64) -> Self {
+    /// A system of devices `(ordinal, capacity)` sharing one host.
+    pub(crate) fn new(devices: &[(u32, usize)], seed: u64) -> Self {
         State {
-            ordinal,
             streams: Vec::new(),
             events: Vec::new(),
             free_event_slots: Vec::new(),
             host: VectorClock::default(),
-            space: AddressSpace::new(capacity),
+            spaces: devices
+                .iter()
+                .map(|&(ordinal, capacity)| (ordinal, AddressSpace::new(ordinal, capacity)))
+                .collect(),
             races: RaceDetector::default(),
             faults: FaultPlan::default(),
             rng: fastrand::Rng::with_seed(seed),
@@ -123,9 +128,25 @@ impl State {
         Ok(())
     }
 
-    pub(crate) fn create_stream(&mut self) -> usize {
-        self.streams.push(SimStream::default());
+    pub(crate) fn create_stream(&mut self, device: u32) -> usize {
+        self.streams.push(SimStream {
+            device,
+            ..SimStream::default()
+        });
         self.streams.len() - 1
+    }
+
+    /// Fails unless stream `s` exists and belongs to `device`.
+    pub(crate) fn own_stream(&self, s: usize, device: u32, call: DriverCall) -> GpuResult<()> {
+        match self.streams.get(s) {
+            Some(st) if st.device == device => Ok(()),
+            _ => Err(invalid(call)),
+        }
+    }
+
+    /// The address space of `device`.
+    pub(crate) fn space(&self, device: u32) -> &AddressSpace {
+        &self.spaces[&device]
     }
 
     fn stream(&self, s: usize, call: DriverCall) -> GpuResult<&SimStream> {
@@ -155,15 +176,18 @@ impl State {
         if bytes == 0 {
             return Ok(0);
         }
+        let device = self.streams[s].device;
         let mut clock = self.streams[s].clock.clone();
         clock.join(&self.host);
         let addr = self
-            .space
+            .spaces
+            .get_mut(&device)
+            .ok_or_else(|| invalid(DriverCall::AllocAsync))?
             .alloc(bytes, s, &clock)
             .map_err(|available| GpuError::OutOfMemory { available })?;
         let at = self.enqueue(s, |_| OpKind::Alloc);
         self.races.on_alloc(addr, bytes, at);
-        self.live.insert(addr, bytes);
+        self.live.insert(addr, (bytes, device));
         Ok(addr)
     }
 
@@ -172,7 +196,7 @@ impl State {
         if addr == 0 {
             return Ok(());
         }
-        let Some(len) = self.live.remove(&addr) else {
+        let Some((len, device)) = self.live.remove(&addr) else {
             return Err(GpuError::driver(
                 DriverCall::FreeAsync,
                 1,
@@ -181,10 +205,17 @@ impl State {
         };
         let free_id = self.next_free_id;
         self.next_free_id += 1;
-        let at = self.enqueue(s, |_| OpKind::Free { addr, len, free_id });
+        let at = self.enqueue(s, |_| OpKind::Free {
+            device,
+            addr,
+            len,
+            free_id,
+        });
         let clock = self.streams[s].clock.clone();
         self.races.on_access(addr, SimOp::Free, at, &clock);
-        self.space.free_queued(addr, len, free_id, at);
+        if let Some(space) = self.spaces.get_mut(&device) {
+            space.free_queued(addr, len, free_id, at);
+        }
         Ok(())
     }
 
@@ -334,8 +365,15 @@ impl State {
         match op {
             OpKind::Alloc | OpKind::Wait { .. } => Step::Ran { kernel: false },
             OpKind::Kernel => Step::Ran { kernel: true },
-            OpKind::Free { addr, len, free_id } => {
-                self.space.free_executed(addr, len, free_id);
+            OpKind::Free {
+                device,
+                addr,
+                len,
+                free_id,
+            } => {
+                if let Some(space) = self.spaces.get_mut(&device) {
+                    space.free_executed(addr, len, free_id);
+                }
                 Step::Ran { kernel: false }
             }
             OpKind::Record { event, generation } => {

@@ -149,24 +149,42 @@ impl SimGpuBuilder {
 
     /// Creates the device (and its device thread in threaded mode).
     pub fn build(self) -> Arc<SimGpu> {
+        self.build_host(1).pop().expect("one device")
+    }
+
+    /// Creates `devices` devices of one simulated host, with ordinals
+    /// `ordinal..ordinal + devices`, each with `capacity` bytes. They share
+    /// one happens-before order and race detector, so events recorded on one
+    /// device can be waited on by another's streams and copies may cross
+    /// devices (as with peer access enabled).
+    pub fn build_host(self, devices: u32) -> Vec<Arc<SimGpu>> {
+        let ordinals: Vec<u32> = (self.ordinal..self.ordinal + devices.max(1)).collect();
+        let spec: Vec<(u32, usize)> = ordinals.iter().map(|&o| (o, self.capacity)).collect();
         let shared = Arc::new(Shared {
-            state: Mutex::new(State::new(self.ordinal, self.capacity, self.seed)),
+            state: Mutex::new(State::new(&spec, self.seed)),
             work: Condvar::new(),
             progress_made: Condvar::new(),
             shutdown: std::sync::atomic::AtomicBool::new(false),
+            handles: std::sync::atomic::AtomicUsize::new(ordinals.len()),
             op_latency: self.op_latency,
         });
         if self.progress == Progress::Threaded {
             let thread_shared = shared.clone();
             thread::Builder::new()
-                .name(format!("simgpu-{}", self.ordinal))
+                .name(format!("simgpu-host-{}", self.ordinal))
                 .spawn(move || device_thread(&thread_shared))
                 .expect("spawning the simulated device thread");
         }
-        Arc::new(SimGpu {
-            shared,
-            progress: self.progress,
-        })
+        ordinals
+            .into_iter()
+            .map(|ordinal| {
+                Arc::new(SimGpu {
+                    shared: shared.clone(),
+                    ordinal,
+                    progress: self.progress,
+                })
+            })
+            .collect()
     }
 }
 
@@ -177,6 +195,8 @@ struct Shared {
     /// Signalled when work ran (synchronizing threads wait on it).
     progress_made: Condvar,
     shutdown: std::sync::atomic::AtomicBool,
+    /// Live `SimGpu` handles; the device thread stops with the last.
+    handles: std::sync::atomic::AtomicUsize,
     op_latency: Duration,
 }
 
@@ -220,13 +240,14 @@ fn device_thread(shared: &Shared) {
 /// A simulated CUDA device. See the [module documentation](self).
 pub struct SimGpu {
     shared: Arc<Shared>,
+    ordinal: u32,
     progress: Progress,
 }
 
 impl std::fmt::Debug for SimGpu {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SimGpu")
-            .field("ordinal", &self.shared.lock().ordinal)
+            .field("ordinal", &self.ordinal)
             .field("progress", &self.progress)
             .finish()
     }
@@ -234,9 +255,11 @@ impl std::fmt::Debug for SimGpu {
 
 impl Drop for SimGpu {
     fn drop(&mut self) {
-        self.shared
-            .shutdown
-            .store(true, std::sync::atomic::Ordering::Release);
+        use std::sync::atomic::Ordering;
+        if self.shared.handles.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
+        self.shared.shutdown.store(true, Ordering::Release);
         let _state = self.shared.lock();
         self.shared.work.notify_all();
     }
@@ -274,14 +297,14 @@ impl SimGpu {
         self.progress
     }
 
-    /// Creates one stream.
+    /// Creates one stream on this device.
     pub fn create_stream(&self) -> RawStream {
-        RawStream::sim(self.shared.lock().create_stream())
+        RawStream::sim(self.shared.lock().create_stream(self.ordinal))
     }
 
     /// Creates `count` streams and a pool that resolves them.
     pub fn stream_pool(&self, count: usize) -> Arc<StreamPool> {
-        let ordinal = self.shared.lock().ordinal;
+        let ordinal = self.ordinal;
         let raw = (0..count).map(|_| self.create_stream()).collect();
         Arc::new(StreamPool::from_raw(ordinal, raw, Vec::new()))
     }
@@ -293,7 +316,10 @@ impl SimGpu {
     /// An unknown stream, an injected fault or a device fault.
     pub fn launch_kernel(&self, stream: RawStream, accesses: &[MemAccess]) -> GpuResult<()> {
         let list: Vec<(u64, Access)> = accesses.iter().map(|a| (a.ptr, a.access)).collect();
-        self.queue(DriverCall::Launch, |st| st.kernel(sim_index(stream), &list))
+        self.queue(DriverCall::Launch, |st| {
+            st.own_stream(sim_index(stream), self.ordinal, DriverCall::Launch)?;
+            st.kernel(sim_index(stream), &list)
+        })
     }
 
     /// Runs one queued operation on the calling thread; false when nothing
@@ -380,9 +406,10 @@ impl SimGpu {
         self.shared.lock().stream_count()
     }
 
-    /// Simulated memory not allocated and not waiting for a free.
+    /// Simulated memory of this device not allocated and not waiting for a
+    /// free.
     pub fn free_bytes(&self) -> usize {
-        self.shared.lock().space.free_bytes()
+        self.shared.lock().space(self.ordinal).free_bytes()
     }
 
     fn queue<T>(
@@ -440,7 +467,7 @@ impl SimGpu {
 
 impl Gpu for SimGpu {
     fn ordinal(&self) -> u32 {
-        self.shared.lock().ordinal
+        self.ordinal
     }
 
     fn alloc_async(&self, bytes: usize, stream: RawStream) -> GpuResult<u64> {
@@ -450,7 +477,10 @@ impl Gpu for SimGpu {
     }
 
     fn free_async(&self, ptr: u64, stream: RawStream) -> GpuResult<()> {
-        self.queue(DriverCall::FreeAsync, |st| st.free(ptr, sim_index(stream)))
+        self.queue(DriverCall::FreeAsync, |st| {
+            st.own_stream(sim_index(stream), self.ordinal, DriverCall::FreeAsync)?;
+            st.free(ptr, sim_index(stream))
+        })
     }
 
     fn event_create(&self) -> GpuResult<RawEvent> {
@@ -461,6 +491,7 @@ impl Gpu for SimGpu {
 
     fn event_record(&self, event: RawEvent, stream: RawStream) -> GpuResult<()> {
         self.queue(DriverCall::EventRecord, |st| {
+            st.own_stream(sim_index(stream), self.ordinal, DriverCall::EventRecord)?;
             st.record(sim_event(event), sim_index(stream))
         })
     }
@@ -493,6 +524,7 @@ impl Gpu for SimGpu {
 
     fn stream_wait_event(&self, stream: RawStream, event: RawEvent) -> GpuResult<()> {
         self.queue(DriverCall::StreamWaitEvent, |st| {
+            st.own_stream(sim_index(stream), self.ordinal, DriverCall::StreamWaitEvent)?;
             st.wait(sim_index(stream), sim_event(event))
         })
     }
@@ -511,6 +543,7 @@ impl Gpu for SimGpu {
 
     fn launch_host_fn(&self, stream: RawStream, f: HostFn) -> GpuResult<()> {
         self.queue(DriverCall::LaunchHostFunc, |st| {
+            st.own_stream(sim_index(stream), self.ordinal, DriverCall::LaunchHostFunc)?;
             st.host_fn(sim_index(stream), f)
         })
     }
@@ -520,6 +553,7 @@ impl Gpu for SimGpu {
             return Ok(());
         }
         self.queue(DriverCall::MemsetAsync, |st| {
+            st.own_stream(sim_index(stream), self.ordinal, DriverCall::MemsetAsync)?;
             st.kernel(sim_index(stream), &[(ptr, Access::Write)])
         })
     }
@@ -529,6 +563,7 @@ impl Gpu for SimGpu {
             return Ok(());
         }
         self.queue(DriverCall::CopyAsync, |st| {
+            st.own_stream(sim_index(stream), self.ordinal, DriverCall::CopyAsync)?;
             st.kernel(
                 sim_index(stream),
                 &[(src, Access::Read), (dst, Access::Write)],
@@ -539,6 +574,7 @@ impl Gpu for SimGpu {
     fn mem_info(&self) -> GpuResult<(usize, usize)> {
         let mut state = self.shared.lock();
         state.enter(DriverCall::MemGetInfo)?;
-        Ok((state.space.free_bytes(), state.space.capacity()))
+        let space = state.space(self.ordinal);
+        Ok((space.free_bytes(), space.capacity()))
     }
 }
