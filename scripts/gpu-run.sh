@@ -5,6 +5,7 @@
 #
 #   scripts/gpu-run.sh build          # here
 #   scripts/gpu-run.sh run [filter]   # there: runs every test binary with --include-ignored
+#   scripts/gpu-run.sh sanitize       # there: the CUDA tests under compute-sanitizer, and a planted bug
 set -euo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-build}" in
@@ -38,5 +39,21 @@ run)
         "$t" --include-ignored --test-threads=1 --nocapture $filter || status=1
     done
     exit $status
+    ;;
+sanitize)
+    cs="compute-sanitizer --error-exitcode 86"
+    racecheck="$cs --tool memcheck --track-stream-ordered-races all"
+    echo "=== memcheck (stream-ordered races) over the CUDA tests"
+    $racecheck gpu-bin/test-gpu_cuda --include-ignored --test-threads=1 2>&1 | tail -4
+    echo "memcheck exit: ${PIPESTATUS[0]}"
+    echo "=== synccheck over the CUDA tests"
+    $cs --tool synccheck gpu-bin/test-gpu_cuda --include-ignored --test-threads=1 2>&1 | tail -4
+    echo "synccheck exit: ${PIPESTATUS[0]}"
+    echo "=== planted bug: must be reported"
+    $racecheck gpu-bin/example-planted_race bug 2>&1 | grep -E "Invalid|race|ERROR SUMMARY|planted" | head -8
+    echo "planted bug exit: ${PIPESTATUS[0]}"
+    echo "=== the same through the hooks: must be clean"
+    $racecheck gpu-bin/example-planted_race fixed 2>&1 | grep -E "Invalid|race|ERROR SUMMARY|planted" | head -8
+    echo "fixed exit: ${PIPESTATUS[0]}"
     ;;
 esac
