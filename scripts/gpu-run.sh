@@ -41,19 +41,21 @@ run)
     exit $status
     ;;
 sanitize)
-    cs="compute-sanitizer --error-exitcode 86"
+    # API errors are off: two tests provoke them on purpose (a 1 PiB request,
+    # a device that does not exist).
+    cs="compute-sanitizer --error-exitcode 86 --report-api-errors no"
     racecheck="$cs --tool memcheck --track-stream-ordered-races all"
     echo "=== memcheck (stream-ordered races) over the CUDA tests"
-    $racecheck gpu-bin/test-gpu_cuda --include-ignored --test-threads=1 2>&1 | tail -4
+    $racecheck gpu-bin/test-gpu_cuda --include-ignored --test-threads=1 2>&1 | tail -4 || true
     echo "memcheck exit: ${PIPESTATUS[0]}"
     echo "=== synccheck over the CUDA tests"
-    $cs --tool synccheck gpu-bin/test-gpu_cuda --include-ignored --test-threads=1 2>&1 | tail -4
+    $cs --tool synccheck gpu-bin/test-gpu_cuda --include-ignored --test-threads=1 2>&1 | tail -4 || true
     echo "synccheck exit: ${PIPESTATUS[0]}"
     echo "=== planted bug: must be reported"
-    $racecheck gpu-bin/example-planted_race bug 2>&1 | grep -E "Invalid|race|ERROR SUMMARY|planted" | head -8
+    $racecheck gpu-bin/example-planted_race bug 2>&1 | grep -E "Use-|ERROR SUMMARY|planted" | head -8 || true
     echo "planted bug exit: ${PIPESTATUS[0]}"
     echo "=== the same through the hooks: must be clean"
-    $racecheck gpu-bin/example-planted_race fixed 2>&1 | grep -E "Invalid|race|ERROR SUMMARY|planted" | head -8
+    $racecheck gpu-bin/example-planted_race fixed 2>&1 | grep -E "Use-|ERROR SUMMARY|planted" | head -8 || true
     echo "fixed exit: ${PIPESTATUS[0]}"
     ;;
 esac
