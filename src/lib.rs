@@ -11,6 +11,9 @@
 //! ## Layers
 //!
 //! ```text
+//!  launch       LaunchRecorder: preflight → prepare → enqueue → finish
+//!  adaptors     Budget, DebugGuard, Stats, Tracing, RetryOnOom (decorators over any
+//!               resource), stacked by builder::ResourceBuilder
 //!  resource     trait DeviceMemoryResource
 //!               StreamOrderedResource<G>: the bookkeeping, written once
 //!                 AsyncCudaResource = StreamOrderedResource<CudaGpu>
@@ -29,13 +32,19 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_debug_implementations, rust_2018_idioms)]
 
+pub mod adaptors;
+pub mod builder;
 pub mod error;
 pub mod gpu;
+pub mod launch;
 pub mod registry;
 pub mod resource;
 pub mod types;
 
+pub use adaptors::{Budget, Layer};
+pub use builder::ResourceBuilder;
 pub use error::{DriverCall, ResourceError, ResourceResult};
+pub use launch::LaunchRecorder;
 pub use resource::{AsyncCudaResource, DeviceMemoryResource, SimResource, StreamOrderedResource};
 pub use types::{
     Access, AllocTag, BlockId, BlockState, DeviceBlock, RawStream, ResourceId, StreamId, StreamPool,

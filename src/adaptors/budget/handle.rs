@@ -1,0 +1,147 @@
+//! [`Budget`]: the shared byte counter and its limit.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::error::{ResourceError, ResourceResult};
+
+#[derive(Debug)]
+struct Shared {
+    limit: usize,
+    /// Bytes reserved and not released; only ever raised by the CAS loop of
+    /// `try_reserve`, so it never exceeds `limit`.
+    in_use: AtomicUsize,
+    /// Highest `in_use` ever stored.
+    peak: AtomicUsize,
+}
+
+/// A byte budget shared by every resource (and device) that holds a clone.
+///
+/// Cloning is cheap and every clone counts against the same limit.
+///
+/// # Examples
+/// ```
+/// use streamalloc::adaptors::Budget;
+///
+/// let budget = Budget::new(1 << 20);
+/// let same = budget.clone();
+/// budget.try_reserve(1 << 19)?;
+/// assert_eq!(same.in_use(), 1 << 19);
+/// assert!(same.try_reserve(1 << 20).is_err());
+/// same.release(1 << 19);
+/// assert_eq!(budget.in_use(), 0);
+/// # Ok::<(), streamalloc::ResourceError>(())
+/// ```
+#[derive(Clone)]
+pub struct Budget {
+    shared: Arc<Shared>,
+}
+
+impl Budget {
+    /// A budget of `limit` bytes, none in use.
+    pub fn new(limit: usize) -> Self {
+        Budget {
+            shared: Arc::new(Shared {
+                limit,
+                in_use: AtomicUsize::new(0),
+                peak: AtomicUsize::new(0),
+            }),
+        }
+    }
+
+    /// The limit in bytes.
+    pub fn limit(&self) -> usize {
+        self.shared.limit
+    }
+
+    /// Bytes counted against the budget now.
+    pub fn in_use(&self) -> usize {
+        self.shared.in_use.load(Ordering::Acquire)
+    }
+
+    /// Bytes that can still be reserved.
+    pub fn available(&self) -> usize {
+        self.shared.limit.saturating_sub(self.in_use())
+    }
+
+    /// The highest [`in_use`](Self::in_use) ever reached; never above the
+    /// limit.
+    pub fn peak(&self) -> usize {
+        self.shared.peak.load(Ordering::Acquire)
+    }
+
+    /// Whether `other` is a clone of this budget (counts against the same
+    /// limit).
+    pub fn same_as(&self, other: &Budget) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
+    }
+
+    /// Counts `bytes` against the budget if they fit.
+    ///
+    /// # Errors
+    /// [`ResourceError::BudgetExceeded`] when `in_use + bytes` would pass the
+    /// limit; nothing is counted then.
+    pub fn try_reserve(&self, bytes: usize) -> ResourceResult<()> {
+        let shared = &*self.shared;
+        let mut current = shared.in_use.load(Ordering::Acquire);
+        loop {
+            let next = match current.checked_add(bytes) {
+                Some(next) if next <= shared.limit => next,
+                _ => {
+                    return Err(ResourceError::BudgetExceeded {
+                        requested: bytes,
+                        limit: shared.limit,
+                        in_use: current,
+                    });
+                }
+            };
+            // Reserve with a CAS so that two threads that both saw room
+            // cannot both take the last of it.
+            match shared.in_use.compare_exchange_weak(
+                current,
+                next,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => {
+                    shared.peak.fetch_max(next, Ordering::AcqRel);
+                    return Ok(());
+                }
+                Err(seen) => current = seen,
+            }
+        }
+    }
+
+    /// Gives `bytes` back. Releasing more than is in use is a bookkeeping
+    /// bug of the caller; the count stops at zero rather than wrapping.
+    pub fn release(&self, bytes: usize) {
+        if bytes == 0 {
+            return;
+        }
+        let before = self
+            .shared
+            .in_use
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| {
+                Some(c.saturating_sub(bytes))
+            })
+            .unwrap_or(0);
+        if before < bytes {
+            tracing::warn!(
+                released = bytes,
+                in_use = before,
+                "budget released more bytes than were in use"
+            );
+        }
+    }
+}
+
+impl fmt::Debug for Budget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Budget")
+            .field("limit", &self.limit())
+            .field("in_use", &self.in_use())
+            .field("peak", &self.peak())
+            .finish()
+    }
+}

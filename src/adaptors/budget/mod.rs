@@ -1,0 +1,41 @@
+//! Budget: one byte limit shared by several resources, on one or many
+//! devices.
+//!
+//! # State
+//!
+//! - A [`Budget`] handle (cloneable, an `Arc` inside) holds the limit and the
+//!   bytes counted against it, `in_use`, plus the highest `in_use` seen.
+//! - Each [`BudgetResource`] keeps `charged`: the bytes it has counted
+//!   against the budget and not yet given back.
+//!
+//! # Who adds, who drains
+//!
+//! [`allocate`](crate::DeviceMemoryResource::allocate) reserves the bytes
+//! with a compare-and-swap loop *before* asking the inner resource, so that
+//! racing threads can never push `in_use` past the limit, and gives the
+//! reservation back if the inner allocation fails.
+//!
+//! A block stays counted until its free has *executed*, not merely been
+//! queued: a burst of frees that the GPU has not reached yet cannot
+//! oversubscribe the device. So `deallocate` gives nothing back by itself;
+//! [`reap_pending`](crate::DeviceMemoryResource::reap_pending) and
+//! [`reap_through`](crate::DeviceMemoryResource::reap_through) (and
+//! `deallocate`, for inner resources that free at once) *settle*: they lower
+//! `charged` to the inner resource's
+//! [`bytes_outstanding`](crate::DeviceMemoryResource::bytes_outstanding) and
+//! release the difference, which is exactly what the inner drained, whoever
+//! drained it (a quarantine flush below, a reaper above).
+//!
+//! The inner resource should be reached only through its `BudgetResource`:
+//! bytes allocated around it are outstanding but not charged, and hold back
+//! the release of as many charged bytes.
+
+#![forbid(unsafe_code)]
+
+mod handle;
+mod layer;
+mod resource;
+
+pub use handle::Budget;
+pub use layer::BudgetLayer;
+pub use resource::BudgetResource;

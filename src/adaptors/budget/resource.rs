@@ -1,0 +1,192 @@
+//! [`BudgetResource`]: the decorator that charges a [`Budget`].
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::Budget;
+use crate::error::ResourceResult;
+use crate::resource::DeviceMemoryResource;
+use crate::types::{Access, AllocTag, BlockId, BlockState, DeviceBlock, StreamId};
+
+/// Charges a shared [`Budget`] for every byte of the inner resource, from
+/// the allocation until its free has executed.
+///
+/// See the [module documentation](super) for how bytes are given back.
+///
+/// # Examples
+/// ```
+/// use streamalloc::adaptors::{Budget, BudgetResource};
+/// use streamalloc::gpu::sim::SimGpu;
+/// use streamalloc::{AllocTag, DeviceMemoryResource, ResourceError, SimResource};
+///
+/// let gpu = SimGpu::new();
+/// let pool = gpu.stream_pool(1);
+/// let s = pool.id(0).unwrap();
+/// let budget = Budget::new(1000);
+/// let r = BudgetResource::new(SimResource::new(gpu, pool.clone()), &budget);
+///
+/// let block = r.allocate(800, s, AllocTag::UNTAGGED)?;
+/// assert!(matches!(
+///     r.allocate(800, s, AllocTag::UNTAGGED),
+///     Err(ResourceError::BudgetExceeded { in_use: 800, .. })
+/// ));
+/// r.deallocate(block)?;
+/// assert_eq!(budget.in_use(), 800, "the free is queued, not yet executed");
+/// r.reap_pending()?;
+/// assert_eq!(budget.in_use(), 0);
+/// # Ok::<(), ResourceError>(())
+/// ```
+///
+/// # Stream ordering
+/// Bytes are released only once the inner resource reports their free as
+/// executed, so the budget never counts memory the device still holds as
+/// available.
+#[derive(Debug)]
+pub struct BudgetResource<R> {
+    inner: R,
+    budget: Budget,
+    /// Bytes this resource counted against the budget and has not given
+    /// back; raised after a successful inner allocation, lowered by `settle`.
+    charged: AtomicUsize,
+}
+
+impl<R> BudgetResource<R> {
+    /// Wraps `inner`, charging `budget`.
+    pub fn new(inner: R, budget: &Budget) -> Self {
+        BudgetResource {
+            inner,
+            budget: budget.clone(),
+            charged: AtomicUsize::new(0),
+        }
+    }
+
+    /// The inner resource.
+    pub fn inner(&self) -> &R {
+        &self.inner
+    }
+
+    /// The budget charged.
+    pub fn budget(&self) -> &Budget {
+        &self.budget
+    }
+
+    /// Bytes this resource holds against the budget.
+    pub fn charged(&self) -> usize {
+        self.charged.load(Ordering::Acquire)
+    }
+}
+
+impl<R: DeviceMemoryResource> BudgetResource<R> {
+    /// Lowers `charged` to what the inner resource still holds and releases
+    /// the difference; returns the bytes released.
+    ///
+    /// `charged` is read before `bytes_outstanding`, and an allocation raises
+    /// the inner's count before `charged`: so whenever the `charged` read
+    /// includes an allocation, the outstanding read does too, and a race can
+    /// only delay a release (to the next settle), never release bytes that
+    /// are still held.
+    fn settle(&self) -> usize {
+        let mut charged = self.charged.load(Ordering::Acquire);
+        loop {
+            let outstanding = self.inner.bytes_outstanding();
+            if outstanding >= charged {
+                return 0;
+            }
+            match self.charged.compare_exchange(
+                charged,
+                outstanding,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => {
+                    let released = charged - outstanding;
+                    self.budget.release(released);
+                    return released;
+                }
+                Err(now) => charged = now,
+            }
+        }
+    }
+}
+
+impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> {
+    /// Reserves `bytes` in the budget, then allocates from the inner
+    /// resource.
+    ///
+    /// # Errors
+    /// [`BudgetExceeded`](crate::ResourceError::BudgetExceeded) before the
+    /// inner resource is asked; any error of the inner allocation, after the
+    /// reservation is given back. Nothing changes either way.
+    fn allocate(
+        &self,
+        bytes: usize,
+        stream: StreamId,
+        tag: AllocTag,
+    ) -> ResourceResult<DeviceBlock> {
+        self.budget.try_reserve(bytes)?;
+        match self.inner.allocate(bytes, stream, tag) {
+            Ok(block) => {
+                self.charged.fetch_add(bytes, Ordering::AcqRel);
+                Ok(block)
+            }
+            Err(e) => {
+                self.budget.release(bytes);
+                Err(e)
+            }
+        }
+    }
+
+    fn deallocate(&self, block: DeviceBlock) -> ResourceResult<()> {
+        self.inner.deallocate(block)?;
+        // A stream-ordered inner still counts the bytes (the free is only
+        // queued) and nothing is released; a synchronous one freed them.
+        self.settle();
+        Ok(())
+    }
+
+    fn device_ordinal(&self) -> u32 {
+        self.inner.device_ordinal()
+    }
+
+    fn bytes_outstanding(&self) -> usize {
+        self.inner.bytes_outstanding()
+    }
+
+    fn reap_pending(&self) -> ResourceResult<()> {
+        let result = self.inner.reap_pending();
+        // What was drained stays drained even when the reap failed part way.
+        self.settle();
+        result
+    }
+
+    fn pending_free_seq(&self, stream: StreamId) -> u64 {
+        self.inner.pending_free_seq(stream)
+    }
+
+    fn reap_through(&self, stream: StreamId, seq: u64) -> usize {
+        let drained = self.inner.reap_through(stream, seq);
+        // Settle even when this call drained nothing: a layer below may have
+        // freed on its own (a quarantine flush on a synchronous backend).
+        self.settle();
+        drained
+    }
+
+    fn supports_block_use_tracking(&self) -> bool {
+        self.inner.supports_block_use_tracking()
+    }
+
+    fn record_block_use(&self, block: &DeviceBlock, use_stream: StreamId) -> ResourceResult<()> {
+        self.inner.record_block_use(block, use_stream)
+    }
+
+    fn prepare_block_use(&self, b: BlockId, s: StreamId, a: Access) -> ResourceResult<()> {
+        self.inner.prepare_block_use(b, s, a)
+    }
+
+    fn finish_block_use(&self, b: BlockId, s: StreamId, a: Access) -> ResourceResult<()> {
+        self.inner.finish_block_use(b, s, a)
+    }
+
+    fn block_state(&self, block: BlockId) -> Option<BlockState> {
+        self.inner.block_state(block)
+    }
+}

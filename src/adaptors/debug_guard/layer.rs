@@ -1,0 +1,99 @@
+//! [`GuardConfig`] and [`DebugGuardLayer`].
+
+use std::fmt;
+use std::sync::Arc;
+
+use super::{DebugGuard, Poison};
+use crate::adaptors::Layer;
+use crate::resource::DeviceMemoryResource;
+
+/// How much a [`DebugGuard`] holds, and what it fills blocks with.
+#[derive(Clone)]
+pub struct GuardConfig {
+    pub(super) max_blocks: usize,
+    pub(super) max_bytes: usize,
+    pub(super) poison: Option<Arc<dyn Poison>>,
+}
+
+impl GuardConfig {
+    /// At most 64 blocks and 256 MiB in quarantine, no poison.
+    pub fn new() -> Self {
+        GuardConfig {
+            max_blocks: 64,
+            max_bytes: 256 << 20,
+            poison: None,
+        }
+    }
+
+    /// Caps the quarantine at `n` blocks (0 frees at once, keeping only the
+    /// double-free and foreign-block checks).
+    pub fn max_blocks(mut self, n: usize) -> Self {
+        self.max_blocks = n;
+        self
+    }
+
+    /// Caps the quarantine at `bytes`; a larger block is freed at once.
+    pub fn max_bytes(mut self, bytes: usize) -> Self {
+        self.max_bytes = bytes;
+        self
+    }
+
+    /// Fills every quarantined block with `poison`.
+    pub fn poison(mut self, poison: impl Poison) -> Self {
+        self.poison = Some(Arc::new(poison));
+        self
+    }
+
+    /// The block cap.
+    pub fn block_cap(&self) -> usize {
+        self.max_blocks
+    }
+
+    /// The byte cap.
+    pub fn byte_cap(&self) -> usize {
+        self.max_bytes
+    }
+}
+
+impl Default for GuardConfig {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for GuardConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GuardConfig")
+            .field("max_blocks", &self.max_blocks)
+            .field("max_bytes", &self.max_bytes)
+            .field("poison", &self.poison.is_some())
+            .finish()
+    }
+}
+
+/// Wraps every resource it is given in a [`DebugGuard`] configured by a
+/// [`GuardConfig`].
+#[derive(Debug, Clone, Default)]
+pub struct DebugGuardLayer {
+    config: GuardConfig,
+}
+
+impl DebugGuardLayer {
+    /// A layer with `config`.
+    pub fn new(config: GuardConfig) -> Self {
+        DebugGuardLayer { config }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &GuardConfig {
+        &self.config
+    }
+}
+
+impl<R: DeviceMemoryResource> Layer<R> for DebugGuardLayer {
+    type Resource = DebugGuard<R>;
+
+    fn layer(&self, inner: R) -> DebugGuard<R> {
+        DebugGuard::new(inner, self.config.clone())
+    }
+}

@@ -1,0 +1,101 @@
+//! Poison fills: what the guard writes into a block it quarantines.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::error::{ResourceError, ResourceResult};
+use crate::gpu::{Gpu, GpuError};
+use crate::resource::StreamOrderedResource;
+use crate::types::{DeviceBlock, StreamPool};
+
+/// Fills a block that is being quarantined, so that a reader that should no
+/// longer read it sees garbage instead of stale data.
+///
+/// The guard calls [`fill`](Self::fill) between
+/// [`prepare_block_use`](crate::DeviceMemoryResource::prepare_block_use) and
+/// [`finish_block_use`](crate::DeviceMemoryResource::finish_block_use) of a
+/// write on the block's allocation stream, so the fill is ordered after
+/// every recorded use on other streams.
+pub trait Poison: Send + Sync + 'static {
+    /// Queues the fill of `block` on its allocation stream.
+    ///
+    /// # Errors
+    /// The driver's error; the guard then leaves the block live.
+    fn fill(&self, block: &DeviceBlock) -> ResourceResult<()>;
+}
+
+/// Poisons through the gpu seam: a `memset_async` of one byte value over the
+/// whole block, on its allocation stream.
+///
+/// # Examples
+/// ```
+/// use streamalloc::adaptors::{DebugGuard, GpuPoison, GuardConfig};
+/// use streamalloc::gpu::sim::SimGpu;
+/// use streamalloc::SimResource;
+///
+/// let gpu = SimGpu::new();
+/// let pool = gpu.stream_pool(1);
+/// let resource = SimResource::new(gpu, pool);
+/// let poison = GpuPoison::for_resource(&resource, 0xA5);
+/// let guard = DebugGuard::new(resource, GuardConfig::new().poison(poison));
+/// # drop(guard);
+/// ```
+pub struct GpuPoison<G: Gpu> {
+    gpu: Arc<G>,
+    pool: Arc<StreamPool>,
+    value: u8,
+}
+
+impl<G: Gpu> GpuPoison<G> {
+    /// Fills with `value` on `gpu`, resolving streams through `pool`.
+    pub fn new(gpu: Arc<G>, pool: Arc<StreamPool>, value: u8) -> Self {
+        GpuPoison { gpu, pool, value }
+    }
+
+    /// Fills with `value` on the device and streams of `resource`.
+    pub fn for_resource(resource: &StreamOrderedResource<G>, value: u8) -> Self {
+        Self::new(
+            resource.gpu().clone(),
+            resource.stream_pool().clone(),
+            value,
+        )
+    }
+
+    /// The poison byte.
+    pub fn value(&self) -> u8 {
+        self.value
+    }
+}
+
+impl<G: Gpu> fmt::Debug for GpuPoison<G> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GpuPoison")
+            .field("device", &self.pool.device())
+            .field("value", &self.value)
+            .finish()
+    }
+}
+
+impl<G: Gpu> Poison for GpuPoison<G> {
+    fn fill(&self, block: &DeviceBlock) -> ResourceResult<()> {
+        let raw = self.pool.raw(block.stream())?;
+        self.gpu
+            .memset_async(block.ptr(), self.value, block.size(), raw)
+            .map_err(|e| match e {
+                GpuError::Driver {
+                    call,
+                    code,
+                    message,
+                } => ResourceError::Driver {
+                    call,
+                    code,
+                    message,
+                },
+                GpuError::OutOfMemory { available } => ResourceError::OutOfMemory {
+                    requested: 0,
+                    available,
+                    stream: block.stream(),
+                },
+            })
+    }
+}

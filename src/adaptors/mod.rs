@@ -1,0 +1,45 @@
+//! Adaptors: decorators over any [`DeviceMemoryResource`], stacked in the
+//! style of tower.
+//!
+//! Each adaptor is a resource that wraps another one, changes one thing and
+//! forwards everything else — the block-use hooks,
+//! [`supports_block_use_tracking`](DeviceMemoryResource::supports_block_use_tracking),
+//! [`pending_free_seq`](DeviceMemoryResource::pending_free_seq),
+//! [`reap_through`](DeviceMemoryResource::reap_through),
+//! [`reap_pending`](DeviceMemoryResource::reap_pending) and
+//! [`block_state`](DeviceMemoryResource::block_state) included — so that a
+//! stack of them behaves as the resource at its bottom, plus each feature:
+//!
+//! | adaptor | changes | module |
+//! | --- | --- | --- |
+//! | [`BudgetResource`] | refuses allocations past a shared [`Budget`] | [`budget`] |
+//! | [`DebugGuard`] | quarantines freed blocks, catches double free | [`debug_guard`] |
+//! | [`StatsResource`] | counts bytes and blocks per tag | [`stats`] |
+//! | [`TracingResource`] | emits `tracing` events | [`trace`] |
+//! | [`RetryOnOom`] | reaps and retries once when memory is short | [`retry`] |
+//!
+//! Every adaptor comes with a [`Layer`] that builds it, so that stacks are
+//! types: [`Stack`] nests two layers, [`Identity`] is the empty one, and
+//! [`ResourceBuilder`](crate::builder::ResourceBuilder) grows a stack one
+//! call at a time.
+//!
+//! A failed call of any adaptor changes nothing, in the adaptor or below.
+
+#![forbid(unsafe_code)]
+
+pub mod budget;
+pub mod debug_guard;
+mod layer;
+pub mod retry;
+pub mod stats;
+pub mod trace;
+
+pub use budget::{Budget, BudgetLayer, BudgetResource};
+pub use debug_guard::{DebugGuard, DebugGuardLayer, GpuPoison, GuardConfig, Poison};
+pub use layer::{Identity, Layer, Stack};
+pub use retry::{RetryOnOom, RetryOnOomLayer};
+pub use stats::{Counts, Stats, StatsLayer, StatsResource, StatsSnapshot};
+pub use trace::{TracingLayer, TracingResource};
+
+#[cfg(doc)]
+use crate::DeviceMemoryResource;

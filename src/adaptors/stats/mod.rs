@@ -1,0 +1,34 @@
+//! Stats: current, peak and total bytes and block counts, overall and per
+//! [`AllocTag`](crate::AllocTag).
+//!
+//! # State
+//!
+//! A [`Stats`] handle (cloneable, an `Arc` inside) holds the counters:
+//! the overall ones are atomics, so the hot path of an untagged service
+//! takes no lock; the per-tag ones sit in a map behind a mutex that is held
+//! for a few additions.
+//!
+//! # Who adds, who drains
+//!
+//! [`StatsResource`] counts a block when the inner allocation succeeds and
+//! stops counting it when the inner deallocation succeeds: "current" is what
+//! the user holds through this layer. Where the bytes go afterwards (a
+//! quarantine, a pending free) is the business of the layers below; place
+//! the stats layer below a debug guard to count quarantined blocks as held
+//! (see the [builder's `# Order`](crate::builder::ResourceBuilder#order)).
+//! Failed calls count nothing but a failure.
+//!
+//! [`Stats::snapshot`] copies every counter into a plain
+//! [`StatsSnapshot`], which prints as a table.
+
+#![forbid(unsafe_code)]
+
+mod counters;
+mod layer;
+mod resource;
+mod snapshot;
+
+pub use counters::Stats;
+pub use layer::StatsLayer;
+pub use resource::StatsResource;
+pub use snapshot::{Counts, StatsSnapshot};

@@ -1,0 +1,32 @@
+//! Tracing: [`tracing`] events for every allocation, free and block use,
+//! spans around reaps.
+//!
+//! # What is emitted
+//!
+//! Events have the target [`TARGET`] (`streamalloc::alloc`):
+//!
+//! | call | level | fields |
+//! | --- | --- | --- |
+//! | `allocate` | DEBUG | `device`, `stream`, `bytes`, `tag`, `address`, `block`, `elapsed_ns` |
+//! | `deallocate` | DEBUG | `device`, `stream`, `bytes`, `tag`, `address`, `block`, `elapsed_ns` |
+//! | `prepare_block_use` / `finish_block_use` / `record_block_use` | TRACE | `device`, `stream` (of the use), `block`, `access`, `elapsed_ns` |
+//! | `reap_through` | DEBUG | `device`, `stream`, `seq`, `bytes` (drained), `elapsed_ns` |
+//! | any failure | WARN | the call's fields and `error` |
+//!
+//! [`reap_pending`](crate::DeviceMemoryResource::reap_pending) runs in an
+//! INFO span `reap_pending` and ends with an event carrying the bytes
+//! drained and the time taken.
+//!
+//! # Cost
+//!
+//! Without a subscriber that wants the level, the hot path adds one
+//! `tracing::enabled!` check (a cached callsite interest, a load and a
+//! branch) per call, and takes no timestamp.
+
+#![forbid(unsafe_code)]
+
+mod layer;
+mod resource;
+
+pub use layer::TracingLayer;
+pub use resource::{TARGET, TracingResource};

@@ -1,0 +1,257 @@
+//! [`TracingResource`]: the decorator that emits events.
+
+use std::time::Instant;
+
+use tracing::{Level, debug, enabled, info_span, trace, warn};
+
+use crate::error::ResourceResult;
+use crate::resource::DeviceMemoryResource;
+use crate::types::{Access, AllocTag, BlockId, BlockState, DeviceBlock, StreamId};
+
+/// The target of every event and span of [`TracingResource`].
+pub const TARGET: &str = "streamalloc::alloc";
+
+/// Emits a [`tracing`] event for every call of the inner resource; forwards
+/// every call unchanged. See the [module documentation](super) for the
+/// fields.
+///
+/// # Examples
+/// ```
+/// use streamalloc::adaptors::TracingResource;
+/// use streamalloc::gpu::sim::SimGpu;
+/// use streamalloc::{AllocTag, DeviceMemoryResource, SimResource};
+///
+/// let gpu = SimGpu::new();
+/// let pool = gpu.stream_pool(1);
+/// let r = TracingResource::new(SimResource::new(gpu, pool.clone()));
+/// // With a subscriber installed, this logs `allocate` with its fields.
+/// let block = r.allocate(256, pool.id(0).unwrap(), AllocTag("kv-cache"))?;
+/// r.deallocate(block)?;
+/// # Ok::<(), streamalloc::ResourceError>(())
+/// ```
+#[derive(Debug)]
+pub struct TracingResource<R> {
+    inner: R,
+}
+
+impl<R> TracingResource<R> {
+    /// Wraps `inner`.
+    pub fn new(inner: R) -> Self {
+        TracingResource { inner }
+    }
+
+    /// The inner resource.
+    pub fn inner(&self) -> &R {
+        &self.inner
+    }
+}
+
+/// A start time, taken only when an event at `level` would be recorded.
+macro_rules! start {
+    ($level:expr) => {
+        if enabled!(target: TARGET, $level) {
+            Some(Instant::now())
+        } else {
+            None
+        }
+    };
+}
+
+fn elapsed_ns(start: Option<Instant>) -> u64 {
+    start.map_or(0, |t| t.elapsed().as_nanos() as u64)
+}
+
+fn access_name(access: Access) -> &'static str {
+    match access {
+        Access::Read => "read",
+        Access::Write => "write",
+    }
+}
+
+impl<R: DeviceMemoryResource> TracingResource<R> {
+    fn hook(
+        &self,
+        name: &'static str,
+        block: BlockId,
+        stream: StreamId,
+        access: Access,
+        call: impl FnOnce() -> ResourceResult<()>,
+    ) -> ResourceResult<()> {
+        let start = start!(Level::TRACE);
+        let result = call();
+        let device = self.inner.device_ordinal();
+        match &result {
+            Ok(()) => trace!(
+                target: TARGET,
+                device,
+                stream = %stream,
+                block = %block,
+                access = access_name(access),
+                elapsed_ns = elapsed_ns(start),
+                "{name}"
+            ),
+            Err(e) => warn!(
+                target: TARGET,
+                device,
+                stream = %stream,
+                block = %block,
+                access = access_name(access),
+                error = %e,
+                "{name} failed"
+            ),
+        }
+        result
+    }
+}
+
+impl<R: DeviceMemoryResource> DeviceMemoryResource for TracingResource<R> {
+    fn allocate(
+        &self,
+        bytes: usize,
+        stream: StreamId,
+        tag: AllocTag,
+    ) -> ResourceResult<DeviceBlock> {
+        let start = start!(Level::DEBUG);
+        let result = self.inner.allocate(bytes, stream, tag);
+        let device = self.inner.device_ordinal();
+        match &result {
+            Ok(block) => debug!(
+                target: TARGET,
+                device,
+                stream = %stream,
+                bytes,
+                tag = %tag,
+                address = block.ptr(),
+                block = %block.id(),
+                elapsed_ns = elapsed_ns(start),
+                "allocate"
+            ),
+            Err(e) => warn!(
+                target: TARGET,
+                device,
+                stream = %stream,
+                bytes,
+                tag = %tag,
+                error = %e,
+                "allocate failed"
+            ),
+        }
+        result
+    }
+
+    fn deallocate(&self, block: DeviceBlock) -> ResourceResult<()> {
+        let start = start!(Level::DEBUG);
+        let (id, ptr, bytes, stream, tag) = (
+            block.id(),
+            block.ptr(),
+            block.size(),
+            block.stream(),
+            block.tag(),
+        );
+        let result = self.inner.deallocate(block);
+        let device = self.inner.device_ordinal();
+        match &result {
+            Ok(()) => debug!(
+                target: TARGET,
+                device,
+                stream = %stream,
+                bytes,
+                tag = %tag,
+                address = ptr,
+                block = %id,
+                elapsed_ns = elapsed_ns(start),
+                "deallocate"
+            ),
+            Err(e) => warn!(
+                target: TARGET,
+                device,
+                stream = %stream,
+                bytes,
+                tag = %tag,
+                address = ptr,
+                block = %id,
+                error = %e,
+                "deallocate failed"
+            ),
+        }
+        result
+    }
+
+    fn device_ordinal(&self) -> u32 {
+        self.inner.device_ordinal()
+    }
+
+    fn bytes_outstanding(&self) -> usize {
+        self.inner.bytes_outstanding()
+    }
+
+    fn reap_pending(&self) -> ResourceResult<()> {
+        let device = self.inner.device_ordinal();
+        let span = info_span!(target: TARGET, "reap_pending", device);
+        let _entered = span.enter();
+        let start = start!(Level::INFO);
+        let before = self.inner.bytes_outstanding();
+        let result = self.inner.reap_pending();
+        let drained = before.saturating_sub(self.inner.bytes_outstanding());
+        match &result {
+            Ok(()) => tracing::info!(
+                target: TARGET,
+                device,
+                bytes = drained,
+                elapsed_ns = elapsed_ns(start),
+                "reaped"
+            ),
+            Err(e) => warn!(target: TARGET, device, bytes = drained, error = %e, "reap failed"),
+        }
+        result
+    }
+
+    fn pending_free_seq(&self, stream: StreamId) -> u64 {
+        self.inner.pending_free_seq(stream)
+    }
+
+    fn reap_through(&self, stream: StreamId, seq: u64) -> usize {
+        let start = start!(Level::DEBUG);
+        let drained = self.inner.reap_through(stream, seq);
+        debug!(
+            target: TARGET,
+            device = self.inner.device_ordinal(),
+            stream = %stream,
+            seq,
+            bytes = drained,
+            elapsed_ns = elapsed_ns(start),
+            "reap_through"
+        );
+        drained
+    }
+
+    fn supports_block_use_tracking(&self) -> bool {
+        self.inner.supports_block_use_tracking()
+    }
+
+    fn record_block_use(&self, block: &DeviceBlock, use_stream: StreamId) -> ResourceResult<()> {
+        self.hook(
+            "record_block_use",
+            block.id(),
+            use_stream,
+            Access::Read,
+            || self.inner.record_block_use(block, use_stream),
+        )
+    }
+
+    fn prepare_block_use(&self, b: BlockId, s: StreamId, a: Access) -> ResourceResult<()> {
+        self.hook("prepare_block_use", b, s, a, || {
+            self.inner.prepare_block_use(b, s, a)
+        })
+    }
+
+    fn finish_block_use(&self, b: BlockId, s: StreamId, a: Access) -> ResourceResult<()> {
+        self.hook("finish_block_use", b, s, a, || {
+            self.inner.finish_block_use(b, s, a)
+        })
+    }
+
+    fn block_state(&self, block: BlockId) -> Option<BlockState> {
+        self.inner.block_state(block)
+    }
+}

@@ -1,0 +1,152 @@
+//! [`ResourceBuilder`]: stacks adaptors around a resource, as tower's
+//! `ServiceBuilder` stacks middleware.
+
+#![forbid(unsafe_code)]
+
+use crate::adaptors::{
+    Budget, BudgetLayer, DebugGuardLayer, GuardConfig, Identity, Layer, RetryOnOomLayer, Stack,
+    Stats, StatsLayer, TracingLayer,
+};
+
+/// Builds a stack of adaptors, outermost first.
+///
+/// Each call adds one layer *inside* the ones added before: the first layer
+/// added is the one callers meet first, the last one sits right on the
+/// resource given to [`build`](Self::build). The result is a plain nested
+/// type (`A<B<C<R>>>`), with no boxing and no dynamic dispatch.
+///
+/// # Examples
+/// ```
+/// use streamalloc::adaptors::Budget;
+/// use streamalloc::builder::ResourceBuilder;
+/// use streamalloc::gpu::sim::SimGpu;
+/// use streamalloc::{AllocTag, DeviceMemoryResource, SimResource};
+///
+/// let gpu = SimGpu::new();
+/// let pool = gpu.stream_pool(1);
+/// let budget = Budget::new(1 << 30);
+/// let resource = ResourceBuilder::new()
+///     .tracing()
+///     .retry_on_oom()
+///     .budget(&budget)
+///     .stats()
+///     .build(SimResource::new(gpu, pool.clone()));
+///
+/// let block = resource.allocate(4096, pool.id(0).unwrap(), AllocTag("io"))?;
+/// assert_eq!(budget.in_use(), 4096);
+/// resource.deallocate(block)?;
+/// # Ok::<(), streamalloc::ResourceError>(())
+/// ```
+///
+/// # Order
+///
+/// The order of the calls is the order in which each allocation passes
+/// through the layers, and it changes what the stack does. Two opposite
+/// orders of the same two layers:
+///
+/// ```text
+/// ResourceBuilder::new().retry_on_oom().budget(&b)   RetryOnOom<BudgetResource<R>>
+///     A budget refusal reaches RetryOnOom, which reaps *through* the budget:
+///     frees that have executed give their bytes back, and the retry can
+///     succeed. Memory queued for freeing turns into back-pressure, not errors.
+///
+/// ResourceBuilder::new().budget(&b).retry_on_oom()   BudgetResource<RetryOnOom<R>>
+///     The budget refuses before RetryOnOom is reached: a budget refusal is
+///     final until someone reaps. RetryOnOom only helps with device
+///     out-of-memory.
+/// ```
+///
+/// The same holds for counting around a quarantine:
+///
+/// ```text
+/// .stats().debug_guard(cfg)   Stats outside: a quarantined block counts as
+///                             freed (what the user holds).
+/// .debug_guard(cfg).stats()   Stats inside: it counts until the guard
+///                             really frees it (what the device holds).
+/// ```
+///
+/// Put [`tracing`](Self::tracing) outermost to log what callers asked for
+/// and innermost to log what reached the device.
+#[derive(Debug, Clone)]
+pub struct ResourceBuilder<L> {
+    layer: L,
+}
+
+impl Default for ResourceBuilder<Identity> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ResourceBuilder<Identity> {
+    /// A builder with no layer.
+    pub fn new() -> Self {
+        ResourceBuilder { layer: Identity }
+    }
+}
+
+impl<L> ResourceBuilder<L> {
+    /// Adds `layer` inside the layers added so far.
+    pub fn layer<T>(self, layer: T) -> ResourceBuilder<Stack<T, L>> {
+        ResourceBuilder {
+            layer: Stack::new(layer, self.layer),
+        }
+    }
+
+    /// Adds a [`BudgetResource`](crate::adaptors::BudgetResource) charging
+    /// `budget`.
+    pub fn budget(self, budget: &Budget) -> ResourceBuilder<Stack<BudgetLayer, L>> {
+        self.layer(BudgetLayer::new(budget))
+    }
+
+    /// Adds a [`StatsResource`](crate::adaptors::StatsResource) with fresh
+    /// counters (reach them through the built resource's `stats()`), or use
+    /// [`stats_with`](Self::stats_with) to keep a handle.
+    pub fn stats(self) -> ResourceBuilder<Stack<StatsLayer, L>> {
+        self.layer(StatsLayer::new())
+    }
+
+    /// Adds a [`StatsResource`](crate::adaptors::StatsResource) counting into
+    /// `stats`.
+    pub fn stats_with(self, stats: &Stats) -> ResourceBuilder<Stack<StatsLayer, L>> {
+        self.layer(StatsLayer::with_stats(stats))
+    }
+
+    /// Adds a [`TracingResource`](crate::adaptors::TracingResource).
+    pub fn tracing(self) -> ResourceBuilder<Stack<TracingLayer, L>> {
+        self.layer(TracingLayer::new())
+    }
+
+    /// Adds a [`RetryOnOom`](crate::adaptors::RetryOnOom).
+    pub fn retry_on_oom(self) -> ResourceBuilder<Stack<RetryOnOomLayer, L>> {
+        self.layer(RetryOnOomLayer::new())
+    }
+
+    /// Adds a [`DebugGuard`](crate::adaptors::DebugGuard) configured by
+    /// `config`.
+    pub fn debug_guard(self, config: GuardConfig) -> ResourceBuilder<Stack<DebugGuardLayer, L>> {
+        self.layer(DebugGuardLayer::new(config))
+    }
+
+    /// The stacked layer, to wrap several resources (for instance one per
+    /// device) or to nest in another builder.
+    pub fn into_layer(self) -> L {
+        self.layer
+    }
+
+    /// Wraps `resource` in every layer.
+    pub fn build<R>(&self, resource: R) -> L::Resource
+    where
+        L: Layer<R>,
+    {
+        self.layer.layer(resource)
+    }
+}
+
+impl<R, L: Layer<R>> Layer<R> for ResourceBuilder<L> {
+    type Resource = L::Resource;
+
+    fn layer(&self, inner: R) -> Self::Resource {
+        self.layer.layer(inner)
+    }
+}

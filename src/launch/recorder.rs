@@ -1,0 +1,229 @@
+//! [`LaunchRecorder`]: preflight → prepare → enqueue → finish.
+
+use crate::error::{ResourceError, ResourceResult};
+use crate::resource::DeviceMemoryResource;
+use crate::types::{Access, BlockId, BlockState, DeviceBlock, RawStream, StreamId, StreamPool};
+
+/// One declared use of a launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockUse {
+    /// The block.
+    pub block: BlockId,
+    /// Its allocation stream.
+    pub alloc_stream: StreamId,
+    /// Its device.
+    pub device: u32,
+    /// How the launch touches it (a block both read and written is a write).
+    pub access: Access,
+}
+
+/// Declares the blocks one launch on `stream` reads and writes, and orders
+/// the launch against every other use of them.
+///
+/// Generic over any [`DeviceMemoryResource`] (a bare resource or a stack of
+/// adaptors); it borrows the resource for the launch.
+///
+/// # Examples
+/// ```
+/// use streamalloc::gpu::sim::{MemAccess, SimGpu};
+/// use streamalloc::launch::LaunchRecorder;
+/// use streamalloc::{AllocTag, DeviceMemoryResource, SimResource};
+///
+/// let gpu = SimGpu::builder().manual().build();
+/// let pool = gpu.stream_pool(2);
+/// let r = SimResource::new(gpu.clone(), pool.clone());
+/// let (a, b) = (pool.id(0).unwrap(), pool.id(1).unwrap());
+/// let input = r.allocate(1024, a, AllocTag::UNTAGGED)?;
+/// let output = r.allocate(1024, b, AllocTag::UNTAGGED)?;
+///
+/// // A kernel on stream b reads `input` (allocated on a), writes `output`.
+/// LaunchRecorder::new(&r, b)
+///     .read(&input)
+///     .write(&output)
+///     .launch(&pool, |raw| -> Result<(), Box<dyn std::error::Error>> {
+///         gpu.launch_kernel(raw, &[MemAccess::read(&input), MemAccess::write(&output)])?;
+///         Ok(())
+///     })?;
+/// r.deallocate(input)?; // waits for the kernel on b
+/// r.deallocate(output)?;
+/// gpu.run_until_idle();
+/// assert!(gpu.races().is_empty());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # Stream ordering
+/// After [`prepare`](Self::prepare) the launch stream waits for the
+/// allocation of every declared block and for the uses that conflict with
+/// this one (the last write; for a write, also the reads on other streams).
+/// After [`finish`](Self::finish), a free of any declared block, and any
+/// later conflicting use, waits for this launch.
+#[derive(Debug)]
+pub struct LaunchRecorder<'r, R: DeviceMemoryResource + ?Sized> {
+    resource: &'r R,
+    stream: StreamId,
+    uses: Vec<BlockUse>,
+}
+
+impl<'r, R: DeviceMemoryResource + ?Sized> LaunchRecorder<'r, R> {
+    /// A launch on `stream` of `resource`'s device, with nothing declared.
+    pub fn new(resource: &'r R, stream: StreamId) -> Self {
+        LaunchRecorder {
+            resource,
+            stream,
+            uses: Vec::new(),
+        }
+    }
+
+    /// Declares that the launch reads `block`.
+    pub fn read(self, block: &DeviceBlock) -> Self {
+        self.declare(block, Access::Read)
+    }
+
+    /// Declares that the launch writes (and maybe reads) `block`.
+    pub fn write(self, block: &DeviceBlock) -> Self {
+        self.declare(block, Access::Write)
+    }
+
+    /// Declares `block` with `access`; a block declared twice is used once,
+    /// as a write if either declaration is one.
+    pub fn declare(mut self, block: &DeviceBlock, access: Access) -> Self {
+        match self.uses.iter_mut().find(|u| u.block == block.id()) {
+            Some(u) => {
+                if access == Access::Write {
+                    u.access = Access::Write;
+                }
+            }
+            None => self.uses.push(BlockUse {
+                block: block.id(),
+                alloc_stream: block.stream(),
+                device: block.device(),
+                access,
+            }),
+        }
+        self
+    }
+
+    /// The launch stream.
+    pub fn stream(&self) -> StreamId {
+        self.stream
+    }
+
+    /// The resource.
+    pub fn resource(&self) -> &'r R {
+        self.resource
+    }
+
+    /// The declared uses, in declaration order.
+    pub fn uses(&self) -> &[BlockUse] {
+        &self.uses
+    }
+
+    /// Checks every declaration; queues nothing and changes nothing.
+    ///
+    /// # Errors
+    /// - [`WrongDevice`](ResourceError::WrongDevice): the stream or a block
+    ///   is of another device than the resource;
+    /// - [`DoubleFree`](ResourceError::DoubleFree): a block is retired or
+    ///   quarantined; [`UnknownBlock`](ResourceError::UnknownBlock): the
+    ///   resource does not know it;
+    /// - [`TrackingUnsupported`](ResourceError::TrackingUnsupported): a
+    ///   block is used on a stream other than its allocation stream and the
+    ///   stack does not track cross-stream use.
+    pub fn preflight(&self) -> ResourceResult<()> {
+        let device = self.resource.device_ordinal();
+        if self.stream.device() != device {
+            return Err(ResourceError::WrongDevice {
+                expected: device,
+                found: self.stream.device(),
+            });
+        }
+        let tracking = self.resource.supports_block_use_tracking();
+        for u in &self.uses {
+            if u.device != device {
+                return Err(ResourceError::WrongDevice {
+                    expected: device,
+                    found: u.device,
+                });
+            }
+            match self.resource.block_state(u.block) {
+                Some(BlockState::Live) => {}
+                Some(BlockState::Retired | BlockState::Quarantined) => {
+                    return Err(ResourceError::DoubleFree { block: u.block });
+                }
+                None => return Err(ResourceError::UnknownBlock { block: u.block }),
+            }
+            if u.alloc_stream != self.stream && !tracking {
+                return Err(ResourceError::TrackingUnsupported {
+                    block: u.block,
+                    stream: self.stream,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Queues, on the launch stream, the waits every declared use needs.
+    /// Call after [`preflight`](Self::preflight), before queuing the launch.
+    ///
+    /// # Errors
+    /// The resource's error; waits queued for earlier blocks stay queued
+    /// (an extra wait is harmless).
+    pub fn prepare(&self) -> ResourceResult<()> {
+        for u in &self.uses {
+            self.resource
+                .prepare_block_use(u.block, self.stream, u.access)?;
+        }
+        Ok(())
+    }
+
+    /// Records, for every declared block, that the launch queued since
+    /// [`prepare`](Self::prepare) uses it. Call after queuing the launch.
+    ///
+    /// Every block is recorded even when one fails, so that as many frees
+    /// as possible stay ordered after the launch.
+    ///
+    /// # Errors
+    /// The first error of the resource.
+    pub fn finish(&self) -> ResourceResult<()> {
+        let mut first = Ok(());
+        for u in &self.uses {
+            let r = self
+                .resource
+                .finish_block_use(u.block, self.stream, u.access);
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
+    }
+
+    /// Runs the whole protocol: [`preflight`](Self::preflight),
+    /// [`prepare`](Self::prepare), `enqueue` with the launch stream's raw
+    /// handle (resolved in `pool`), [`finish`](Self::finish).
+    ///
+    /// `enqueue` should only queue work. When it fails, `finish` still runs
+    /// (whatever it queued before failing is covered) and its error is
+    /// returned.
+    ///
+    /// # Errors
+    /// A preflight error or an unknown stream, before `enqueue` is called
+    /// and before anything is queued; a prepare error, before `enqueue` is
+    /// called; the error of `enqueue`; a finish error.
+    pub fn launch<T, E>(
+        self,
+        pool: &StreamPool,
+        enqueue: impl FnOnce(RawStream) -> Result<T, E>,
+    ) -> Result<T, E>
+    where
+        E: From<ResourceError>,
+    {
+        self.preflight()?;
+        let raw = pool.raw(self.stream)?;
+        self.prepare()?;
+        let out = enqueue(raw);
+        let finished = self.finish();
+        let value = out?;
+        finished?;
+        Ok(value)
+    }
+}

@@ -1,0 +1,210 @@
+//! Budget: a shared byte limit that counts blocks until their free executed.
+
+mod common;
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use streamalloc::adaptors::{Budget, BudgetResource, DebugGuard, GuardConfig};
+use streamalloc::error::DriverCall;
+use streamalloc::gpu::sim::SimGpu;
+use streamalloc::{AllocTag, DeviceMemoryResource, ResourceError};
+use support::NoTracking;
+
+const T: AllocTag = AllocTag("test");
+
+#[test]
+fn forwards_what_it_does_not_change() {
+    let budget = Budget::new(1 << 30);
+    support::check_forwarding(|inner| BudgetResource::new(inner, &budget), |_| {});
+    assert_eq!(budget.in_use(), 0, "every byte came back through the reaps");
+    let f = common::sim(1);
+    let r = BudgetResource::new(NoTracking(f.resource.clone()), &budget);
+    assert!(!r.supports_block_use_tracking());
+}
+
+#[test]
+fn over_the_limit_is_refused_and_changes_nothing() {
+    let f = common::sim(1);
+    let gpu = f.sim.clone().unwrap();
+    let budget = Budget::new(1000);
+    let r = BudgetResource::new(f.resource.clone(), &budget);
+    let _held = r.allocate(600, f.stream(0), T).unwrap();
+    let allocs = gpu.call_count(DriverCall::AllocAsync);
+
+    let err = r.allocate(600, f.stream(0), T).unwrap_err();
+    assert_eq!(
+        err,
+        ResourceError::BudgetExceeded {
+            requested: 600,
+            limit: 1000,
+            in_use: 600
+        }
+    );
+    assert_eq!(budget.in_use(), 600);
+    assert_eq!(r.charged(), 600);
+    assert_eq!(f.resource.live_bytes(), 600);
+    assert_eq!(
+        gpu.call_count(DriverCall::AllocAsync),
+        allocs,
+        "inner not asked"
+    );
+    // An overflowing request is refused the same way.
+    assert!(matches!(
+        r.allocate(usize::MAX, f.stream(0), T),
+        Err(ResourceError::BudgetExceeded { .. })
+    ));
+    assert_eq!(budget.in_use(), 600);
+    // Exactly up to the limit is fine.
+    r.allocate(400, f.stream(0), T).unwrap();
+    assert_eq!(budget.in_use(), 1000);
+}
+
+#[test]
+fn a_block_counts_until_its_free_has_executed() {
+    let f = common::sim(1);
+    let gpu = f.sim.clone().unwrap();
+    let budget = Budget::new(1000);
+    let r = BudgetResource::new(f.resource.clone(), &budget);
+    let s = f.stream(0);
+
+    let block = r.allocate(700, s, T).unwrap();
+    r.deallocate(block).unwrap();
+    assert_eq!(budget.in_use(), 700, "queued free still counts");
+    assert!(matches!(
+        r.allocate(700, s, T),
+        Err(ResourceError::BudgetExceeded { in_use: 700, .. })
+    ));
+
+    // reap_through after the stream ran the free: released by what drained.
+    let seq = r.pending_free_seq(s);
+    gpu.run_until_idle();
+    assert_eq!(r.reap_through(s, seq), 700);
+    assert_eq!(budget.in_use(), 0);
+
+    // reap_pending releases too.
+    let block = r.allocate(700, s, T).unwrap();
+    r.deallocate(block).unwrap();
+    assert_eq!(budget.in_use(), 700);
+    r.reap_pending().unwrap();
+    assert_eq!(budget.in_use(), 0);
+    assert_eq!(r.charged(), 0);
+}
+
+#[test]
+fn a_failed_inner_allocation_releases_the_reservation() {
+    let f = common::sim(1);
+    let gpu = f.sim.clone().unwrap();
+    let budget = Budget::new(1000);
+    let r = BudgetResource::new(f.resource.clone(), &budget);
+    gpu.fail_nth(DriverCall::AllocAsync, 1);
+    assert!(matches!(
+        r.allocate(500, f.stream(0), T),
+        Err(ResourceError::Driver {
+            call: DriverCall::AllocAsync,
+            ..
+        })
+    ));
+    assert_eq!(budget.in_use(), 0);
+    assert_eq!(r.charged(), 0);
+    assert_eq!(f.resource.live_bytes(), 0);
+    // An unknown stream is refused by the inner, and releases too.
+    let bad = streamalloc::StreamId::new(0, 99);
+    assert!(matches!(
+        r.allocate(500, bad, T),
+        Err(ResourceError::UnknownStream { .. })
+    ));
+    assert_eq!(budget.in_use(), 0);
+}
+
+#[test]
+fn one_budget_spans_resources_and_devices() {
+    let d0 = common::sim_with(SimGpu::builder().manual().ordinal(0).build(), 1);
+    let d1 = common::sim_with(SimGpu::builder().manual().ordinal(1).build(), 1);
+    let budget = Budget::new(1000);
+    let r0 = BudgetResource::new(d0.resource.clone(), &budget);
+    let r1 = BudgetResource::new(d1.resource.clone(), &budget);
+    let b0 = r0.allocate(600, d0.stream(0), T).unwrap();
+    assert!(matches!(
+        r1.allocate(600, d1.stream(0), T),
+        Err(ResourceError::BudgetExceeded { in_use: 600, .. })
+    ));
+    let b1 = r1.allocate(400, d1.stream(0), T).unwrap();
+    assert_eq!(budget.in_use(), 1000);
+    assert_eq!(b1.device(), 1);
+    r0.deallocate(b0).unwrap();
+    r0.reap_pending().unwrap();
+    assert_eq!(budget.in_use(), 400, "only device 0's bytes came back");
+    r1.deallocate(b1).unwrap();
+    r1.reap_pending().unwrap();
+    assert_eq!(budget.in_use(), 0);
+}
+
+#[test]
+fn a_quarantine_below_stays_counted_until_really_freed() {
+    let f = common::sim(1);
+    let budget = Budget::new(1 << 20);
+    let r = BudgetResource::new(
+        DebugGuard::new(f.resource.clone(), GuardConfig::new()),
+        &budget,
+    );
+    let block = r.allocate(4096, f.stream(0), T).unwrap();
+    r.deallocate(block).unwrap();
+    r.reap_pending().unwrap();
+    assert_eq!(budget.in_use(), 4096, "quarantined: still on the device");
+    r.inner().flush().unwrap();
+    assert_eq!(budget.in_use(), 4096, "free queued, not executed");
+    r.reap_pending().unwrap();
+    assert_eq!(budget.in_use(), 0);
+}
+
+#[test]
+fn sixteen_racing_threads_never_overshoot() {
+    const LIMIT: usize = 10 * 1000;
+    let f = common::sim_with(SimGpu::new(), 16);
+    let budget = Budget::new(LIMIT);
+    let r = Arc::new(BudgetResource::new(f.resource.clone(), &budget));
+    let refused = Arc::new(AtomicUsize::new(0));
+    let max_seen = Arc::new(AtomicUsize::new(0));
+    let threads: Vec<_> = (0..16)
+        .map(|t| {
+            let (r, budget) = (r.clone(), budget.clone());
+            let (refused, max_seen) = (refused.clone(), max_seen.clone());
+            let stream = f.stream(t);
+            std::thread::spawn(move || {
+                let mut held = Vec::new();
+                for i in 0..300 {
+                    match r.allocate(500 + (i % 7) * 100, stream, T) {
+                        Ok(b) => {
+                            max_seen.fetch_max(budget.in_use(), Ordering::AcqRel);
+                            held.push(b);
+                        }
+                        Err(ResourceError::BudgetExceeded { .. }) => {
+                            refused.fetch_add(1, Ordering::AcqRel);
+                        }
+                        Err(e) => panic!("{e}"),
+                    }
+                    if held.len() > 2 {
+                        r.deallocate(held.remove(0)).unwrap();
+                    }
+                    if i % 5 == 0 {
+                        r.reap_pending().unwrap();
+                    }
+                }
+                for b in held {
+                    r.deallocate(b).unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert!(max_seen.load(Ordering::Acquire) <= LIMIT);
+    assert!(budget.peak() <= LIMIT, "peak {}", budget.peak());
+    assert!(refused.load(Ordering::Acquire) > 0, "the test must contend");
+    r.reap_pending().unwrap();
+    assert_eq!(budget.in_use(), 0);
+    assert_eq!(f.resource.bytes_outstanding(), 0);
+}
