@@ -199,3 +199,80 @@ fn threads_on_two_devices_through_the_registry() {
     assert_eq!(registry.bytes_outstanding(), 0);
     assert!(gpus[0].races().is_empty());
 }
+
+/// One budget across the resources of two devices: threads racing on both
+/// never push the total past the limit, and the limit is really contended.
+#[test]
+fn one_budget_across_two_devices_with_racing_threads() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use streamalloc::adaptors::{Budget, BudgetResource};
+
+    // Small enough that even one thread alone reaches it (4 held blocks plus
+    // up to 3 unreaped frees), so refusals do not depend on scheduling.
+    const LIMIT: usize = 16 << 10;
+    let budget = Budget::new(LIMIT);
+    let registry = Arc::new(DeviceRegistry::<BudgetResource<SimResource>>::new());
+    let mut streams = Vec::new();
+    for gpu in SimGpu::builder().build_host(2) {
+        let pool = gpu.stream_pool(8);
+        streams.extend(pool.ids());
+        let resource = BudgetResource::new(SimResource::new(gpu.clone(), pool), &budget);
+        registry.set(gpu.ordinal(), Arc::new(resource)).unwrap();
+    }
+    let refused = Arc::new(AtomicUsize::new(0));
+    let peak_seen = Arc::new(AtomicUsize::new(0));
+    let threads: Vec<_> = streams
+        .into_iter()
+        .map(|stream| {
+            let (registry, budget) = (registry.clone(), budget.clone());
+            let (refused, peak_seen) = (refused.clone(), peak_seen.clone());
+            std::thread::spawn(move || {
+                let mut held = Vec::new();
+                for i in 0..300usize {
+                    match registry.allocate(1024 + (i % 5) * 512, stream, AllocTag::UNTAGGED) {
+                        Ok(b) => {
+                            peak_seen.fetch_max(budget.in_use(), Ordering::AcqRel);
+                            held.push(b);
+                        }
+                        Err(ResourceError::BudgetExceeded { limit, .. }) => {
+                            assert_eq!(limit, LIMIT);
+                            refused.fetch_add(1, Ordering::AcqRel);
+                        }
+                        Err(e) => panic!("{e}"),
+                    }
+                    if held.len() > 3 {
+                        registry.deallocate(held.remove(0)).unwrap();
+                    }
+                    if i % 4 == 0 {
+                        registry
+                            .get(stream.device())
+                            .unwrap()
+                            .reap_pending()
+                            .unwrap();
+                    }
+                }
+                for b in held {
+                    registry.deallocate(b).unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    for d in registry.devices() {
+        registry.get(d).unwrap().reap_pending().unwrap();
+    }
+    assert!(
+        budget.peak() <= LIMIT,
+        "peak {} over {LIMIT}",
+        budget.peak()
+    );
+    assert!(peak_seen.load(Ordering::Acquire) <= LIMIT);
+    assert!(
+        refused.load(Ordering::Acquire) > 0,
+        "the limit was never reached"
+    );
+    assert_eq!(budget.in_use(), 0);
+    assert_eq!(registry.bytes_outstanding(), 0);
+}
