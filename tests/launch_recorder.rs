@@ -236,6 +236,22 @@ fn retired_quarantined_unknown_and_foreign_blocks_fail_before_any_work() {
             found: 3
         })
     ));
+    // A block of another device.
+    let d1 = common::sim_with(SimGpu::builder().manual().ordinal(1).build(), 1);
+    let elsewhere = d1.resource.allocate(64, d1.stream(0), T).unwrap();
+    let result = LaunchRecorder::new(&guard, s)
+        .write(&live)
+        .read(&elsewhere)
+        .launch(&f.pool, |_| -> Result<(), ResourceError> {
+            panic!("enqueue must not run")
+        });
+    assert_eq!(
+        result,
+        Err(ResourceError::WrongDevice {
+            expected: 0,
+            found: 1
+        })
+    );
     assert_eq!(queued_calls(&gpu), before);
     assert_eq!(f.resource.pending_use_event_count(live.ptr()), Some(0));
 }
