@@ -2,7 +2,9 @@
 //! (`AsyncCudaResource`), with memset and copy through the gpu seam as the
 //! kernels.
 //!
-//! Run on the GPU machine with `--include-ignored`; every test needs device 0.
+//! Every scenario is one generic body run on both backends: `*_sim` on the
+//! simulated device everywhere, `*_cuda` on device 0 (ignored without a GPU;
+//! run on the GPU machine with `--include-ignored`).
 
 mod common;
 
@@ -11,6 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use streamalloc::adaptors::{Budget, BudgetResource, GpuPoison, GuardConfig, RetryOnOom, Stats};
 use streamalloc::gpu::Gpu;
+use streamalloc::gpu::sim::SimGpu;
 use streamalloc::launch::LaunchRecorder;
 use streamalloc::{AllocTag, BlockState, DeviceMemoryResource, ResourceBuilder, ResourceError};
 
@@ -19,10 +22,7 @@ const MIB: usize = 1 << 20;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn a_full_stack_fills_copies_and_frees_across_streams() {
-    let f = common::cuda(2);
+fn a_full_stack_fills_copies_and_frees_across_streams<G: Gpu>(f: common::Fixture<G>) {
     let gpu = f.resource.gpu().clone();
     let (a, b) = (f.stream(0), f.stream(1));
     let budget = Budget::new(64 * MIB);
@@ -72,16 +72,20 @@ fn a_full_stack_fills_copies_and_frees_across_streams() {
         "quarantined and pending bytes still count"
     );
     assert!(budget.peak() <= budget.limit());
+    assert!(
+        r.inner().retries() > 0,
+        "the budget ran short and a reap made room"
+    );
     r.inner().inner().inner().inner().flush().unwrap();
     r.reap_pending().unwrap();
     assert_eq!(budget.in_use(), 0);
     assert_eq!(f.resource.bytes_outstanding(), 0);
+    if let Some(sim) = &f.sim {
+        assert!(sim.races().is_empty(), "{:?}", sim.races());
+    }
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn the_budget_counts_a_free_until_the_gpu_ran_it() {
-    let f = common::cuda(1);
+fn the_budget_counts_a_free_until_the_gpu_ran_it<G: Gpu>(f: common::Fixture<G>) {
     let s = f.stream(0);
     let budget = Budget::new(16 * MIB);
     let r = BudgetResource::new(f.resource.clone(), &budget);
@@ -101,11 +105,8 @@ fn the_budget_counts_a_free_until_the_gpu_ran_it() {
     assert_eq!(budget.in_use(), 0);
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn sixteen_threads_share_a_budget_without_overshoot() {
+fn sixteen_threads_share_a_budget_without_overshoot<G: Gpu>(f: common::Fixture<G>) {
     const LIMIT: usize = 32 * MIB;
-    let f = common::cuda(16);
     let budget = Budget::new(LIMIT);
     let r = Arc::new(BudgetResource::new(f.resource.clone(), &budget));
     let max_seen = Arc::new(AtomicUsize::new(0));
@@ -135,10 +136,7 @@ fn sixteen_threads_share_a_budget_without_overshoot() {
     assert_eq!(budget.in_use(), 0);
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn retry_reports_a_real_out_of_memory_and_the_stream_stays_usable() {
-    let f = common::cuda(1);
+fn retry_reports_a_real_out_of_memory_and_the_stream_stays_usable<G: Gpu>(f: common::Fixture<G>) {
     let s = f.stream(0);
     let r = RetryOnOom::new(f.resource.clone());
     assert!(matches!(
@@ -151,4 +149,51 @@ fn retry_reports_a_real_out_of_memory_and_the_stream_stays_usable() {
     r.deallocate(block).unwrap();
     r.reap_pending().unwrap();
     assert_eq!(f.resource.bytes_outstanding(), 0);
+}
+
+#[test]
+fn a_full_stack_fills_copies_and_frees_across_streams_sim() {
+    a_full_stack_fills_copies_and_frees_across_streams(common::sim_with(SimGpu::new(), 2));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_full_stack_fills_copies_and_frees_across_streams_cuda() {
+    a_full_stack_fills_copies_and_frees_across_streams(common::cuda(2));
+}
+
+#[test]
+fn the_budget_counts_a_free_until_the_gpu_ran_it_sim() {
+    the_budget_counts_a_free_until_the_gpu_ran_it(common::sim_with(SimGpu::new(), 1));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_budget_counts_a_free_until_the_gpu_ran_it_cuda() {
+    the_budget_counts_a_free_until_the_gpu_ran_it(common::cuda(1));
+}
+
+#[test]
+fn retry_reports_a_real_out_of_memory_and_the_stream_stays_usable_sim() {
+    retry_reports_a_real_out_of_memory_and_the_stream_stays_usable(common::sim_with(
+        SimGpu::new(),
+        1,
+    ));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn retry_reports_a_real_out_of_memory_and_the_stream_stays_usable_cuda() {
+    retry_reports_a_real_out_of_memory_and_the_stream_stays_usable(common::cuda(1));
+}
+
+#[test]
+fn sixteen_threads_share_a_budget_without_overshoot_sim() {
+    sixteen_threads_share_a_budget_without_overshoot(common::sim_with(SimGpu::new(), 16));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn sixteen_threads_share_a_budget_without_overshoot_cuda() {
+    sixteen_threads_share_a_budget_without_overshoot(common::cuda(16));
 }
