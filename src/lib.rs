@@ -41,7 +41,10 @@ pub mod registry;
 pub mod resource;
 pub mod types;
 
-pub use adaptors::{Budget, Layer};
+pub use adaptors::{
+    Budget, BudgetResource, DebugGuard, GuardConfig, Identity, Layer, RetryOnOom, Stack, Stats,
+    StatsResource, StatsSnapshot, TracingResource,
+};
 pub use builder::ResourceBuilder;
 pub use error::{DriverCall, ResourceError, ResourceResult};
 pub use launch::LaunchRecorder;

@@ -15,6 +15,15 @@ use support::NoTracking;
 const T: AllocTag = AllocTag("test");
 
 #[test]
+fn bad_input_changes_nothing() {
+    let budget = Budget::new(1 << 20);
+    support::check_bad_input(
+        |inner| BudgetResource::new(inner, &budget),
+        |r| (r.budget().in_use(), r.charged(), r.budget().peak()),
+    );
+}
+
+#[test]
 fn forwards_what_it_does_not_change() {
     let budget = Budget::new(1 << 30);
     support::check_forwarding(|inner| BudgetResource::new(inner, &budget), |_| {});

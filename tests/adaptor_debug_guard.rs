@@ -15,6 +15,14 @@ use support::NoTracking;
 const T: AllocTag = AllocTag("test");
 
 #[test]
+fn bad_input_changes_nothing() {
+    support::check_bad_input(
+        |inner| DebugGuard::new(inner, GuardConfig::new()),
+        |g| (g.quarantined(), g.quarantined_bytes()),
+    );
+}
+
+#[test]
 fn forwards_what_it_does_not_change() {
     support::check_forwarding(
         |inner| DebugGuard::new(inner, GuardConfig::new()),

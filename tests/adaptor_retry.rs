@@ -17,6 +17,11 @@ fn small_device() -> common::Fixture<SimGpu> {
 }
 
 #[test]
+fn bad_input_changes_nothing() {
+    support::check_bad_input(RetryOnOom::new, |r| r.retries());
+}
+
+#[test]
 fn forwards_what_it_does_not_change() {
     support::check_forwarding(RetryOnOom::new, |_| {});
     let f = common::sim(1);

@@ -15,6 +15,20 @@ const W: AllocTag = AllocTag("weights");
 const A: AllocTag = AllocTag("activations");
 
 #[test]
+fn bad_input_changes_nothing() {
+    let stats = Stats::new();
+    // Refused allocations count as failures and nothing else.
+    support::check_bad_input(
+        |inner| StatsResource::new(inner, &stats),
+        |r| {
+            let mut o = r.stats().snapshot().overall;
+            o.failed_allocations = 0;
+            o
+        },
+    );
+}
+
+#[test]
 fn forwards_what_it_does_not_change() {
     let stats = Stats::new();
     support::check_forwarding(|inner| StatsResource::new(inner, &stats), |_| {});

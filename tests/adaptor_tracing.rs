@@ -87,6 +87,11 @@ fn find<'a>(events: &'a [Captured], message: &str) -> &'a Captured {
 }
 
 #[test]
+fn bad_input_changes_nothing() {
+    support::check_bad_input(TracingResource::new, |_| ());
+}
+
+#[test]
 fn forwards_what_it_does_not_change() {
     support::check_forwarding(TracingResource::new, |_| {});
     let f = common::sim(1);

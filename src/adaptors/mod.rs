@@ -34,7 +34,7 @@ pub mod retry;
 pub mod stats;
 pub mod trace;
 
-pub use budget::{Budget, BudgetLayer, BudgetResource};
+pub use budget::{Budget, BudgetLayer, BudgetResource, Reservation};
 pub use debug_guard::{DebugGuard, DebugGuardLayer, GpuPoison, GuardConfig, Poison};
 pub use layer::{Identity, Layer, Stack};
 pub use retry::{RetryOnOom, RetryOnOomLayer};

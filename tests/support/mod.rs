@@ -108,3 +108,78 @@ pub fn check_forwarding<A: DeviceMemoryResource>(
     assert_eq!(r.bytes_outstanding(), 0);
     assert!(gpu.races().is_empty(), "{:?}", gpu.races());
 }
+
+/// Checks that the adaptor built by `wrap` refuses bad input with the right
+/// error and changes nothing: not the inner resource's counts, not the
+/// device's queued work, not what `observe` reports about the adaptor
+/// itself (its budget, its counters, its quarantine).
+pub fn check_bad_input<A: DeviceMemoryResource, O: PartialEq + std::fmt::Debug>(
+    wrap: impl FnOnce(Arc<SimResource>) -> A,
+    observe: impl Fn(&A) -> O,
+) {
+    use streamalloc::ResourceError;
+
+    let f = crate::common::sim(2);
+    let other = crate::common::sim(1);
+    let gpu = f.sim.clone().unwrap();
+    let inner = f.resource.clone();
+    let r = wrap(inner.clone());
+    let s = f.stream(0);
+    let kept = r.allocate(128, s, AllocTag("kept")).unwrap();
+    let freed = r.allocate(64, s, AllocTag("freed")).unwrap();
+    r.deallocate(freed.clone()).unwrap();
+    let foreign = other.resource.allocate(32, other.stream(0), T).unwrap();
+
+    let state = |r: &A| {
+        (
+            inner.live_bytes(),
+            inner.pending_free_bytes(),
+            inner.live_blocks(),
+            r.bytes_outstanding(),
+            r.block_state(kept.id()),
+            inner.pending_use_event_count(kept.ptr()),
+            [
+                DriverCall::AllocAsync,
+                DriverCall::FreeAsync,
+                DriverCall::EventRecord,
+                DriverCall::StreamWaitEvent,
+                DriverCall::MemsetAsync,
+            ]
+            .map(|c| gpu.call_count(c)),
+            observe(r),
+        )
+    };
+    let before = state(&r);
+
+    assert!(matches!(
+        r.deallocate(freed.clone()),
+        Err(ResourceError::DoubleFree { .. })
+    ));
+    assert!(matches!(
+        r.deallocate(foreign.clone()),
+        Err(ResourceError::ForeignBlock { .. })
+    ));
+    let forged = DeviceBlock::new(kept.id(), kept.ptr(), 4096, s, T);
+    assert!(matches!(
+        r.deallocate(forged),
+        Err(ResourceError::UnknownBlock { .. })
+    ));
+    assert!(matches!(
+        r.allocate(64, StreamId::new(0, 99), T),
+        Err(ResourceError::UnknownStream { .. })
+    ));
+    assert!(matches!(
+        r.allocate(64, StreamId::new(5, 0), T),
+        Err(ResourceError::WrongDevice { .. })
+    ));
+    assert!(matches!(
+        r.prepare_block_use(kept.id(), StreamId::new(0, 99), Access::Read),
+        Err(ResourceError::UnknownStream { .. })
+    ));
+    assert!(r.finish_block_use(foreign.id(), s, Access::Read).is_err());
+    assert!(r.record_block_use(&freed, f.stream(1)).is_err());
+    assert_eq!(state(&r), before);
+    r.deallocate(kept).unwrap();
+}
+
+const T: AllocTag = AllocTag("bad");

@@ -12,7 +12,7 @@ struct Shared {
     /// Bytes reserved and not released; only ever raised by the CAS loop of
     /// `try_reserve`, so it never exceeds `limit`.
     in_use: AtomicUsize,
-    /// Highest `in_use` ever stored.
+    /// Highest `in_use` reached by a committed reservation.
     peak: AtomicUsize,
 }
 
@@ -26,9 +26,13 @@ struct Shared {
 ///
 /// let budget = Budget::new(1 << 20);
 /// let same = budget.clone();
-/// budget.try_reserve(1 << 19)?;
+/// budget.try_reserve(1 << 19)?.commit();
 /// assert_eq!(same.in_use(), 1 << 19);
 /// assert!(same.try_reserve(1 << 20).is_err());
+/// {
+///     let _undone = same.try_reserve(1 << 10)?; // dropped uncommitted
+/// }
+/// assert_eq!(same.in_use(), 1 << 19);
 /// same.release(1 << 19);
 /// assert_eq!(budget.in_use(), 0);
 /// # Ok::<(), streamalloc::ResourceError>(())
@@ -65,8 +69,9 @@ impl Budget {
         self.shared.limit.saturating_sub(self.in_use())
     }
 
-    /// The highest [`in_use`](Self::in_use) ever reached; never above the
-    /// limit.
+    /// The highest [`in_use`](Self::in_use) reached by a committed
+    /// reservation (a reservation given back uncommitted leaves no trace);
+    /// never above the limit.
     pub fn peak(&self) -> usize {
         self.shared.peak.load(Ordering::Acquire)
     }
@@ -77,12 +82,18 @@ impl Budget {
         Arc::ptr_eq(&self.shared, &other.shared)
     }
 
-    /// Counts `bytes` against the budget if they fit.
+    /// Counts `bytes` against the budget if they fit, and returns the
+    /// reservation: [`commit`](Reservation::commit) it once the memory is
+    /// really allocated, or drop it to give the bytes back.
     ///
     /// # Errors
     /// [`ResourceError::BudgetExceeded`] when `in_use + bytes` would pass the
     /// limit; nothing is counted then.
-    pub fn try_reserve(&self, bytes: usize) -> ResourceResult<()> {
+    ///
+    /// # Cancel safety
+    /// Dropping the reservation (an early return, a panic, a dropped future
+    /// holding it) releases the bytes.
+    pub fn try_reserve(&self, bytes: usize) -> ResourceResult<Reservation<'_>> {
         let shared = &*self.shared;
         let mut current = shared.in_use.load(Ordering::Acquire);
         loop {
@@ -105,8 +116,11 @@ impl Budget {
                 Ordering::Acquire,
             ) {
                 Ok(_) => {
-                    shared.peak.fetch_max(next, Ordering::AcqRel);
-                    return Ok(());
+                    return Ok(Reservation {
+                        budget: self,
+                        bytes,
+                        level: next,
+                    });
                 }
                 Err(seen) => current = seen,
             }
@@ -143,5 +157,41 @@ impl fmt::Debug for Budget {
             .field("in_use", &self.in_use())
             .field("peak", &self.peak())
             .finish()
+    }
+}
+
+/// Bytes counted against a [`Budget`] for an allocation in progress.
+///
+/// Dropped uncommitted, it gives the bytes back; [`commit`](Self::commit)
+/// keeps them counted (until [`Budget::release`]).
+#[must_use = "an uncommitted reservation is released when dropped"]
+#[derive(Debug)]
+pub struct Reservation<'a> {
+    budget: &'a Budget,
+    bytes: usize,
+    /// `in_use` right after this reservation was taken.
+    level: usize,
+}
+
+impl Reservation<'_> {
+    /// The bytes reserved.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Keeps the bytes counted: the allocation they were reserved for
+    /// succeeded.
+    pub fn commit(self) {
+        self.budget
+            .shared
+            .peak
+            .fetch_max(self.level, Ordering::AcqRel);
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        self.budget.release(self.bytes);
     }
 }

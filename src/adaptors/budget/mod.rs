@@ -13,7 +13,8 @@
 //! [`allocate`](crate::DeviceMemoryResource::allocate) reserves the bytes
 //! with a compare-and-swap loop *before* asking the inner resource, so that
 //! racing threads can never push `in_use` past the limit, and gives the
-//! reservation back if the inner allocation fails.
+//! reservation back if the inner allocation fails (a [`Reservation`] is
+//! released when dropped uncommitted).
 //!
 //! A block stays counted until its free has *executed*, not merely been
 //! queued: a burst of frees that the GPU has not reached yet cannot
@@ -36,6 +37,6 @@ mod handle;
 mod layer;
 mod resource;
 
-pub use handle::Budget;
+pub use handle::{Budget, Reservation};
 pub use layer::BudgetLayer;
 pub use resource::BudgetResource;

@@ -122,17 +122,12 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> {
         stream: StreamId,
         tag: AllocTag,
     ) -> ResourceResult<DeviceBlock> {
-        self.budget.try_reserve(bytes)?;
-        match self.inner.allocate(bytes, stream, tag) {
-            Ok(block) => {
-                self.charged.fetch_add(bytes, Ordering::AcqRel);
-                Ok(block)
-            }
-            Err(e) => {
-                self.budget.release(bytes);
-                Err(e)
-            }
-        }
+        // Dropped on the error path (or a panic below): the bytes go back.
+        let reservation = self.budget.try_reserve(bytes)?;
+        let block = self.inner.allocate(bytes, stream, tag)?;
+        reservation.commit();
+        self.charged.fetch_add(bytes, Ordering::AcqRel);
+        Ok(block)
     }
 
     fn deallocate(&self, block: DeviceBlock) -> ResourceResult<()> {
