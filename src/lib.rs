@@ -11,6 +11,7 @@
 //! ## Layers
 //!
 //! ```text
+//!  futures      AsyncResource<R>, EventFuture, AllocFuture, DeallocHandle, Reaper
 //!  resource     trait DeviceMemoryResource
 //!               StreamOrderedResource<G>: the bookkeeping, written once
 //!                 AsyncCudaResource = StreamOrderedResource<CudaGpu>
@@ -30,6 +31,7 @@
 #![warn(missing_debug_implementations, rust_2018_idioms)]
 
 pub mod error;
+pub mod futures;
 pub mod gpu;
 pub mod resource;
 pub mod types;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use streamalloc::gpu::Gpu;
 use streamalloc::gpu::sim::SimGpu;
-use streamalloc::{AsyncCudaResource, SimResource, StreamId, StreamPool, StreamOrderedResource};
+use streamalloc::{AsyncCudaResource, SimResource, StreamId, StreamOrderedResource, StreamPool};
 
 /// A resource, its pool's stream ids, and (on the simulated device) the
 /// device, so that tests can read races.
@@ -25,7 +25,10 @@ impl<G: Gpu> Fixture<G> {
 
 /// A manual (deterministic) simulated device with `streams` streams.
 pub fn sim(streams: usize) -> Fixture<SimGpu> {
-    sim_with(SimGpu::builder().manual().capacity(64 << 30).build(), streams)
+    sim_with(
+        SimGpu::builder().manual().capacity(64 << 30).build(),
+        streams,
+    )
 }
 
 pub fn sim_with(gpu: Arc<SimGpu>, streams: usize) -> Fixture<SimGpu> {
@@ -50,4 +53,39 @@ pub fn cuda(streams: usize) -> Fixture<streamalloc::gpu::cuda::CudaGpu> {
         pool,
         sim: None,
     }
+}
+
+/// A waker that counts its wake-ups, for polling futures by hand.
+#[derive(Default)]
+pub struct CountingWaker(pub std::sync::atomic::AtomicUsize);
+
+impl std::task::Wake for CountingWaker {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl CountingWaker {
+    pub fn new() -> (Arc<CountingWaker>, std::task::Waker) {
+        let c = Arc::new(CountingWaker::default());
+        (c.clone(), std::task::Waker::from(c))
+    }
+
+    pub fn count(&self) -> usize {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// Polls `f` once with `waker`.
+pub fn poll_once<F: std::future::Future + Unpin>(
+    f: &mut F,
+    waker: &std::task::Waker,
+) -> std::task::Poll<F::Output> {
+    let mut cx = std::task::Context::from_waker(waker);
+    std::pin::Pin::new(f).poll(&mut cx)
+}
+
+/// An async resource over a fixture's resource.
+pub fn async_resource(f: &Fixture<SimGpu>) -> streamalloc::futures::AsyncResource<SimResource> {
+    streamalloc::futures::AsyncResource::new(f.resource.clone()).expect("async resource")
 }

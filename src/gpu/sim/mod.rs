@@ -541,4 +541,10 @@ impl Gpu for SimGpu {
         state.enter(DriverCall::MemGetInfo)?;
         Ok((state.space.free_bytes(), state.space.capacity()))
     }
+
+    fn create_stream(&self) -> GpuResult<RawStream> {
+        // A faulted device refuses new streams, as a poisoned context does.
+        self.shared.lock().enter(DriverCall::Init)?;
+        Ok(SimGpu::create_stream(self))
+    }
 }
