@@ -89,3 +89,19 @@ pub fn poll_once<F: std::future::Future + Unpin>(
 pub fn async_resource(f: &Fixture<SimGpu>) -> streamalloc::futures::AsyncResource<SimResource> {
     streamalloc::futures::AsyncResource::new(f.resource.clone()).expect("async resource")
 }
+
+/// Polls `f` to completion on this thread, running the simulated device
+/// between polls (the device-thread-free way to drive a manual `SimGpu`).
+/// Panics after a generous bound: a hang guard, not a timing assertion.
+pub fn drive<F: std::future::Future + Unpin>(gpu: &SimGpu, f: &mut F) -> F::Output {
+    let (_c, waker) = CountingWaker::new();
+    let guard = std::time::Instant::now();
+    loop {
+        if let std::task::Poll::Ready(out) = poll_once(f, &waker) {
+            return out;
+        }
+        gpu.run_until_idle();
+        std::thread::yield_now();
+        assert!(guard.elapsed() < std::time::Duration::from_secs(20), "hang");
+    }
+}
