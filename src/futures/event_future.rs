@@ -29,7 +29,8 @@ pub const SPIN_BUDGET: Duration = Duration::from_micros(4);
 /// runtime's timer or reactor.
 ///
 /// Polling first queries the point's event (cheap when the work is done),
-/// then, on the first poll only, keeps querying for at most [`SPIN_BUDGET`];
+/// then, on the first poll only and unless an earlier point of the same
+/// stream is still pending, keeps querying for at most [`SPIN_BUDGET`];
 /// only then does it park, asking the stream's notifier for a notification
 /// if none is in flight. No thread spins while the future is parked.
 ///
@@ -158,6 +159,15 @@ impl Future for EventFuture {
         }
         if !self.spun {
             self.spun = true;
+            // Behind an earlier point of the same stream that is not known
+            // reached, this one cannot be reached either: park at once.
+            let behind = self
+                .core
+                .notifier(self.stream)
+                .is_ok_and(|n| n.has_earlier_waiter(self.waiter.seq()));
+            if behind {
+                return self.park(cx);
+            }
             let start = Instant::now();
             while start.elapsed() < SPIN_BUDGET {
                 std::hint::spin_loop();
@@ -166,6 +176,13 @@ impl Future for EventFuture {
                 }
             }
         }
+        self.park(cx)
+    }
+}
+
+impl EventFuture {
+    /// Registers the task and makes sure a notification will come.
+    fn park(&mut self, cx: &mut Context<'_>) -> Poll<ResourceResult<()>> {
         self.waiter.register(cx.waker());
         // A notification may have landed between the checks and the
         // registration.

@@ -217,6 +217,16 @@ impl Notifier {
         !st.waiters.is_empty() || !st.frees.is_empty() || st.reap_to > 0
     }
 
+    /// Whether a point before `seq` is not yet known reached: then, by
+    /// stream order, neither is `seq`, and querying or spinning is wasted.
+    pub(crate) fn has_earlier_waiter(&self, seq: u64) -> bool {
+        self.signal
+            .lock()
+            .waiters
+            .first_key_value()
+            .is_some_and(|(&first, _)| first < seq)
+    }
+
     /// Parked waiters (for diagnostics and tests).
     pub(crate) fn waiter_count(&self) -> usize {
         self.signal.lock().waiters.len()
