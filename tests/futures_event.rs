@@ -5,6 +5,7 @@ mod common;
 use std::task::Poll;
 
 use common::{CountingWaker, poll_once};
+use streamalloc::futures::WaitPolicy;
 use streamalloc::gpu::Gpu;
 use streamalloc::gpu::sim::{MemAccess, SimGpu};
 use streamalloc::{Access, AllocTag, DriverCall, ResourceError, StreamId};
@@ -54,6 +55,7 @@ fn a_host_function_notification_wakes_the_parked_task() {
     let f = common::sim(1);
     let gpu = f.sim.clone().unwrap();
     let res = common::async_resource(&f);
+    res.set_wait_policy(WaitPolicy::PARK_AT_ONCE);
     let s = f.stream(0);
     gpu.launch_kernel(f.pool.raw(s).unwrap(), &[]).unwrap();
     let mut futs: Vec<_> = (0..5).map(|_| res.completion(s).unwrap()).collect();
@@ -193,4 +195,33 @@ fn a_failed_event_record_is_an_error_not_a_hang() {
     let (_c, waker) = CountingWaker::new();
     gpu.run_until_idle();
     assert_eq!(poll_once(&mut fut, &waker), Poll::Ready(Ok(())));
+}
+
+#[test]
+fn the_default_policy_yields_before_queuing_a_notification() {
+    let f = common::sim(1);
+    let gpu = f.sim.clone().unwrap();
+    let res = common::async_resource(&f);
+    assert_eq!(res.wait_policy(), WaitPolicy::DEFAULT);
+    let s = f.stream(0);
+    gpu.launch_kernel(f.pool.raw(s).unwrap(), &[]).unwrap();
+    let mut first = res.completion(s).unwrap();
+    let mut second = res.completion(s).unwrap();
+    let (counter, waker) = CountingWaker::new();
+    // Yields: wakes itself to be polled again, queues no host function.
+    assert!(poll_once(&mut first, &waker).is_pending());
+    assert_eq!(counter.count(), 1);
+    assert_eq!(res.notifications(), 0);
+    // Behind a pending point of the same stream: parks at once.
+    assert!(poll_once(&mut second, &waker).is_pending());
+    assert_eq!(res.notifications(), 1);
+    assert_eq!(counter.count(), 1);
+    // Past the yield budget the first one parks too (one notification
+    // covers both).
+    std::thread::sleep(WaitPolicy::DEFAULT.yield_for * 10);
+    assert!(poll_once(&mut first, &waker).is_pending());
+    assert_eq!(res.notifications(), 1);
+    gpu.run_until_idle();
+    assert_eq!(poll_once(&mut first, &waker), Poll::Ready(Ok(())));
+    assert_eq!(poll_once(&mut second, &waker), Poll::Ready(Ok(())));
 }

@@ -6,6 +6,7 @@ use super::alloc_wait::AllocFuture;
 use super::core::Core;
 use super::dealloc::{DeallocHandle, ReapFuture};
 use super::event_future::EventFuture;
+use super::wait_policy::WaitPolicy;
 use crate::error::ResourceResult;
 use crate::gpu::Gpu;
 use crate::resource::{DeviceMemoryResource, StreamOrderedResource};
@@ -243,6 +244,17 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
     /// [`WrongDevice`](crate::ResourceError::WrongDevice), a driver error.
     pub fn completion(&self, stream: StreamId) -> ResourceResult<EventFuture> {
         self.core.point(stream)
+    }
+
+    /// How completion futures made from now on wait before parking on a
+    /// notification (default [`WaitPolicy::DEFAULT`]).
+    pub fn set_wait_policy(&self, policy: WaitPolicy) {
+        self.core.policy.set(policy);
+    }
+
+    /// The current [`WaitPolicy`].
+    pub fn wait_policy(&self) -> WaitPolicy {
+        self.core.policy.get()
     }
 
     /// Bytes outstanding in the inner resource (live plus pending frees).

@@ -21,6 +21,7 @@ use super::alloc_wait::AllocQueue;
 use super::event_future::EventFuture;
 use super::gpu_error;
 use super::notifier::Notifier;
+use super::wait_policy::SharedPolicy;
 use super::watchdog::{self, Kick};
 use crate::error::{DriverCall, ResourceError, ResourceResult};
 use crate::gpu::{Gpu, RawEvent};
@@ -38,6 +39,8 @@ pub(crate) struct Core {
     events: Mutex<Vec<RawEvent>>,
     pub(crate) allocs: AllocQueue,
     pub(crate) kick: Arc<Kick>,
+    /// How new completion points wait before parking.
+    pub(crate) policy: SharedPolicy,
     /// Total device memory, to refuse at once a request that could never fit.
     pub(crate) capacity: usize,
 }
@@ -90,6 +93,7 @@ impl Core {
             events: Mutex::new(Vec::new()),
             allocs: AllocQueue::default(),
             kick: kick.clone(),
+            policy: SharedPolicy::default(),
             capacity,
         });
         watchdog::spawn(Arc::downgrade(&core), kick).map_err(|e| ResourceError::Driver {
@@ -137,7 +141,13 @@ impl Core {
             return Err(gpu_error(e));
         }
         let waiter = notifier.mark();
-        Ok(EventFuture::new(self.clone(), stream, waiter, Some(event)))
+        Ok(EventFuture::new(
+            self.clone(),
+            stream,
+            waiter,
+            Some(event),
+            self.policy.get(),
+        ))
     }
 
     /// Applies frees known done to `stream`'s accounting up to `free_seq`.

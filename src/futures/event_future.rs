@@ -4,20 +4,15 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::core::Core;
 use super::gpu_error;
+use super::wait_policy::WaitPolicy;
 use super::waiter::Waiter;
 use crate::error::ResourceResult;
 use crate::gpu::RawEvent;
 use crate::types::StreamId;
-
-/// How long the first poll keeps querying the event before parking. A
-/// query costs about 0.25 µs and a host-function wake-up about 22 µs, so a
-/// few microseconds of queries catch short operations at a fraction of the
-/// cost, while bounding the time a worker thread is held.
-pub const SPIN_BUDGET: Duration = Duration::from_micros(4);
 
 /// A future that completes when the GPU has executed everything queued on
 /// one stream before the point it stands for.
@@ -29,9 +24,9 @@ pub const SPIN_BUDGET: Duration = Duration::from_micros(4);
 /// runtime's timer or reactor.
 ///
 /// Polling first queries the point's event (cheap when the work is done),
-/// then, on the first poll only and unless an earlier point of the same
-/// stream is still pending, keeps querying for at most [`SPIN_BUDGET`];
-/// only then does it park, asking the stream's notifier for a notification
+/// then, unless an earlier point of the same stream is still pending,
+/// queries for a bounded while as the resource's [`WaitPolicy`] says (busy
+/// on the first poll, then yielding to the executor); only then does it park, asking the stream's notifier for a notification
 /// if none is in flight. No thread spins while the future is parked.
 ///
 /// It resolves to `Ok(())`, or to the driver's error
@@ -70,7 +65,8 @@ pub struct EventFuture {
     stream: StreamId,
     waiter: Arc<Waiter>,
     event: Option<RawEvent>,
-    spun: bool,
+    policy: WaitPolicy,
+    first_poll: Option<Instant>,
     result: Option<ResourceResult<()>>,
 }
 
@@ -80,13 +76,15 @@ impl EventFuture {
         stream: StreamId,
         waiter: Arc<Waiter>,
         event: Option<RawEvent>,
+        policy: WaitPolicy,
     ) -> Self {
         EventFuture {
             core,
             stream,
             waiter,
             event,
-            spun: false,
+            policy,
+            first_poll: None,
             result: None,
         }
     }
@@ -157,24 +155,35 @@ impl Future for EventFuture {
         if let Some(r) = self.query() {
             return self.settle(r);
         }
-        if !self.spun {
-            self.spun = true;
-            // Behind an earlier point of the same stream that is not known
-            // reached, this one cannot be reached either: park at once.
-            let behind = self
-                .core
-                .notifier(self.stream)
-                .is_ok_and(|n| n.has_earlier_waiter(self.waiter.seq()));
-            if behind {
-                return self.park(cx);
-            }
-            let start = Instant::now();
-            while start.elapsed() < SPIN_BUDGET {
-                std::hint::spin_loop();
-                if let Some(r) = self.query() {
-                    return self.settle(r);
+        let first = match self.first_poll {
+            Some(first) => first,
+            None => {
+                let first = Instant::now();
+                self.first_poll = Some(first);
+                // Behind an earlier point of the same stream that is not
+                // known reached, this one cannot be reached either.
+                let behind = self
+                    .core
+                    .notifier(self.stream)
+                    .is_ok_and(|n| n.has_earlier_waiter(self.waiter.seq()));
+                if behind {
+                    return self.park(cx);
                 }
+                while first.elapsed() < self.policy.spin {
+                    std::hint::spin_loop();
+                    if let Some(r) = self.query() {
+                        return self.settle(r);
+                    }
+                }
+                first
             }
+        };
+        if first.elapsed() < self.policy.yield_for {
+            // Let other tasks run, and query again on the next poll; a
+            // notification queued by another future may still wake us.
+            self.waiter.register(cx.waker());
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
         }
         self.park(cx)
     }

@@ -27,9 +27,11 @@
 //!    work was queued. An `EventFuture` also records a pooled event at its
 //!    point.
 //! 2. **Query first.** Polling an `EventFuture` queries its event (0.25 µs on
-//!    an H200 when done) and, on the first poll, keeps querying for a few
-//!    microseconds ([`SPIN_BUDGET`]): a host-function wake-up costs about
-//!    22 µs, so short work is caught here. Only then does it park.
+//!    an H200 when done) and keeps querying for a bounded few microseconds
+//!    ([`WaitPolicy`]: spinning on the first poll, then yielding to the
+//!    executor): a host-function wake-up costs about 22 µs, so short work is
+//!    caught here. Only then does it park. A point behind an earlier pending
+//!    point of its stream parks at once.
 //! 3. **One notification in flight per stream, off the user's stream.** A
 //!    parked point (or a free) makes the notifier record an event at the end
 //!    of S, make its own lane L wait on it, and queue a host function on L
@@ -81,14 +83,16 @@ mod dealloc;
 mod event_future;
 mod notifier;
 mod reaper;
+mod wait_policy;
 mod waiter;
 pub mod watchdog;
 
 pub use alloc_wait::AllocFuture;
 pub use async_resource::AsyncResource;
 pub use dealloc::{DeallocHandle, ReapFuture};
-pub use event_future::{EventFuture, SPIN_BUDGET};
+pub use event_future::EventFuture;
 pub use reaper::Reaper;
+pub use wait_policy::WaitPolicy;
 pub use watchdog::FALLBACK_PERIOD;
 
 use crate::error::ResourceError;
