@@ -151,6 +151,7 @@ async fn memory_freed_on_another_stream_serves_a_waiter_once_executed() {
         .unwrap()
         .unwrap();
     assert_eq!(block.stream(), s1);
+    res.reap_pending().await.unwrap();
     assert_eq!(res.bytes_outstanding(), BLOCK);
     res.deallocate(block).unwrap().await.unwrap();
     assert_eq!(res.bytes_outstanding(), 0);

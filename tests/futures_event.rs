@@ -225,3 +225,32 @@ fn the_default_policy_yields_before_queuing_a_notification() {
     assert_eq!(poll_once(&mut first, &waker), Poll::Ready(Ok(())));
     assert_eq!(poll_once(&mut second, &waker), Poll::Ready(Ok(())));
 }
+
+#[test]
+fn the_next_notification_is_queued_when_one_lands_with_more_pending() {
+    let f = common::sim(1);
+    let gpu = f.sim.clone().unwrap();
+    let res = common::async_resource(&f);
+    res.set_wait_policy(WaitPolicy::PARK_AT_ONCE);
+    let s = f.stream(0);
+    let raw = f.pool.raw(s).unwrap();
+    let (_c, waker) = CountingWaker::new();
+    gpu.launch_kernel(raw, &[]).unwrap();
+    let mut first = res.completion(s).unwrap();
+    assert!(poll_once(&mut first, &waker).is_pending());
+    // Marked after the first notification was queued: not covered by it.
+    gpu.launch_kernel(raw, &[]).unwrap();
+    let mut second = res.completion(s).unwrap();
+    assert!(poll_once(&mut second, &waker).is_pending());
+    assert_eq!(res.notifications(), 1, "one in flight per stream");
+    assert_eq!(common::drive(&gpu, &mut first), Ok(()));
+    // The landing notification saw the second point pending and had the
+    // dispatcher (here the watchdog thread) queue the next one.
+    let guard = std::time::Instant::now();
+    while res.notifications() < 2 {
+        assert!(guard.elapsed() < std::time::Duration::from_secs(10), "hang");
+        std::thread::yield_now();
+    }
+    assert_eq!(common::drive(&gpu, &mut second), Ok(()));
+    assert_eq!(res.notifications(), 2);
+}

@@ -83,7 +83,7 @@ impl Future for DeallocHandle {
         }
         let Some(r) = outcome else {
             if let Ok(n) = self.core.notifier(self.stream) {
-                n.launch(&*self.core.gpu);
+                n.request(&*self.core.gpu);
             }
             self.core.kick.pending();
             return Poll::Pending;
@@ -155,7 +155,7 @@ impl Future for ReapFuture {
             match waiter.result() {
                 None => {
                     if let Ok(n) = core.notifier(*stream) {
-                        n.launch(&*core.gpu);
+                        n.request(&*core.gpu);
                     }
                     true
                 }

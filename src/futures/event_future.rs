@@ -199,7 +199,7 @@ impl EventFuture {
             return self.settle(r);
         }
         if let Ok(n) = self.core.notifier(self.stream) {
-            n.launch(&*self.core.gpu);
+            n.request(&*self.core.gpu);
         }
         self.core.kick.pending();
         Poll::Pending

@@ -12,7 +12,10 @@
 //!   the frees not yet known executed; `reap_to`: the free sequence number
 //!   through which frees are known executed but not yet applied to the
 //!   accounting.
-//! - `flight`: at most **one notification in flight** per stream.
+//! - `flight`: at most **one notification in flight** per stream; `wanted`:
+//!   a parked waiter asked for one since the last launch. Waiters that are
+//!   still querying their own event (or were never polled) do not cause a
+//!   host function.
 //!
 //! # Who adds, who drains
 //!
@@ -74,6 +77,9 @@ struct SignalState {
     waiters: BTreeMap<u64, Arc<Waiter>>,
     frees: VecDeque<(u64, u64)>,
     reap_to: u64,
+    /// A parked waiter asked for a notification since the last launch
+    /// (waiters still querying, or never polled, do not need one).
+    wanted: bool,
     launches: u64,
 }
 
@@ -114,8 +120,12 @@ impl Signal {
                     st.frees.pop_front();
                     st.reap_to = st.reap_to.max(free_seq);
                 }
+                // Whoever asked was covered, unless someone is left.
+                if st.waiters.is_empty() {
+                    st.wanted = false;
+                }
             }
-            st.reap_to > 0 || !st.waiters.is_empty() || !st.frees.is_empty()
+            st.reap_to > 0 || st.wanted || !st.frees.is_empty()
         };
         wake.into_iter().for_each(Waker::wake);
         if more {
@@ -174,6 +184,7 @@ impl Notifier {
                     waiters: BTreeMap::new(),
                     frees: VecDeque::new(),
                     reap_to: 0,
+                    wanted: false,
                     launches: 0,
                 }),
                 kick,
@@ -211,10 +222,11 @@ impl Notifier {
         self.signal.lock().waiters.remove(&waiter.seq());
     }
 
-    /// Whether anything waits on a notification of this stream.
+    /// Whether anything waits on a notification of this stream (a parked
+    /// waiter, one in flight, a free, or frees to apply).
     pub(crate) fn has_pending(&self) -> bool {
         let st = self.signal.lock();
-        !st.waiters.is_empty() || !st.frees.is_empty() || st.reap_to > 0
+        st.wanted || st.flight != Flight::Idle || !st.frees.is_empty() || st.reap_to > 0
     }
 
     /// Whether a point before `seq` is not yet known reached: then, by
@@ -254,14 +266,23 @@ impl Notifier {
         self.reaped.load(Ordering::Acquire)
     }
 
-    /// Queues a notification if none is in flight and something waits.
-    /// Never called from a host function (it calls the driver).
+    /// A parked waiter needs a notification: queues one unless one is in
+    /// flight (the landing one then has the next one queued).
+    pub(crate) fn request(&self, gpu: &dyn Gpu) {
+        self.signal.lock().wanted = true;
+        self.launch(gpu);
+    }
+
+    /// Queues a notification if none is in flight and a parked waiter or a
+    /// free needs one. Never called from a host function (it calls the
+    /// driver).
     pub(crate) fn launch(&self, gpu: &dyn Gpu) {
         let covered = {
             let mut st = self.signal.lock();
-            if st.flight != Flight::Idle || (st.waiters.is_empty() && st.frees.is_empty()) {
+            if st.flight != Flight::Idle || (!st.wanted && st.frees.is_empty()) {
                 return;
             }
+            st.wanted = false;
             st.flight = Flight::Launching;
             st.launches += 1;
             st.next_seq
@@ -313,6 +334,7 @@ impl Notifier {
         let (waiters, frees) = {
             let mut st = self.signal.lock();
             st.flight = Flight::Idle;
+            st.wanted = false;
             let frees = std::mem::take(&mut st.frees).len();
             (std::mem::take(&mut st.waiters), frees)
         };

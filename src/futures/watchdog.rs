@@ -6,7 +6,8 @@
 //!
 //! - **While nothing is pending** it is parked with no timeout: it costs no
 //!   CPU at all.
-//! - **While something is pending** (a waiter or a free on any stream) it
+//! - **While something is pending** (a parked waiter, a notification in
+//!   flight, or a free on any stream) it
 //!   wakes every [`FALLBACK_PERIOD`] and queries each stream's in-flight
 //!   notification event: a completed one is delivered as if its host
 //!   function had run (so a late or failed host function loses nothing), an
