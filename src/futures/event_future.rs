@@ -152,22 +152,28 @@ impl Future for EventFuture {
         if let Some(r) = self.waiter.result() {
             return self.settle(r);
         }
-        if let Some(r) = self.query() {
-            return self.settle(r);
-        }
         let first = match self.first_poll {
-            Some(first) => first,
+            Some(first) => {
+                if let Some(r) = self.query() {
+                    return self.settle(r);
+                }
+                first
+            }
             None => {
                 let first = Instant::now();
                 self.first_poll = Some(first);
                 // Behind an earlier point of the same stream that is not
-                // known reached, this one cannot be reached either.
+                // known reached, this one cannot be reached either: park
+                // without even a query.
                 let behind = self
                     .core
                     .notifier(self.stream)
                     .is_ok_and(|n| n.has_earlier_waiter(self.waiter.seq()));
                 if behind {
                     return self.park(cx);
+                }
+                if let Some(r) = self.query() {
+                    return self.settle(r);
                 }
                 while first.elapsed() < self.policy.spin {
                     std::hint::spin_loop();
