@@ -23,7 +23,7 @@
 //! ```
 //!
 //! 1. **Sequence numbers.** Every awaited point and every free on stream S
-//!    takes the next sequence number of S's [notifier](notifier), after its
+//!    takes the next sequence number of S's notifier, after its
 //!    work was queued. An `EventFuture` also records a pooled event at its
 //!    point.
 //! 2. **Query first.** Polling an `EventFuture` queries its event (0.25 µs on
@@ -53,7 +53,7 @@
 //! # When the device faults
 //!
 //! A host function is never called after a device fault. The
-//! [watchdog](watchdog) thread, parked with no timeout while nothing is
+//! [watchdog](mod@self::watchdog) thread, parked with no timeout while nothing is
 //! pending, wakes every [`FALLBACK_PERIOD`] while something is: it queries each
 //! stream's in-flight notification event, delivers completed ones (so a
 //! late or failed host function loses nothing) and fails every waiter of a

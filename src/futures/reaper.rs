@@ -25,7 +25,11 @@ use super::watchdog::Kick;
 use crate::error::{ResourceError, ResourceResult};
 use crate::resource::DeviceMemoryResource;
 
-/// A running background reaper. See the [module documentation](self).
+/// A running background reaper: a tokio task, woken by completion
+/// notifications, that applies completed frees to the accounting, wakes the
+/// allocations waiting for that memory and queues the next notifications
+/// (step 5 of [how a completion reaches a task](super#how-a-completion-reaches-a-task)).
+/// It holds the resource weakly: dropping the resource ends it.
 ///
 /// # Examples
 /// ```

@@ -16,7 +16,7 @@
 //!   a landed notification unparks it so that completed frees reach the
 //!   accounting and the next notification is queued.
 //!
-//! [`Kick`] is the wake-up side, shared with host functions: it owns nothing
+//! `Kick` is the wake-up side, shared with host functions: it owns nothing
 //! of the GPU, so a host function may hold and drop it. The thread holds the
 //! core only weakly, so that dropping the resource ends it (it is never
 //! joined: the core may be dropped on the watchdog thread itself).
