@@ -11,6 +11,7 @@
 //! ## Layers
 //!
 //! ```text
+//!  futures      AsyncResource<R>, EventFuture, AllocFuture, DeallocHandle, Reaper
 //!  launch       LaunchRecorder: preflight → prepare → enqueue → finish
 //!  adaptors     Budget, DebugGuard, Stats, Tracing, RetryOnOom (decorators over any
 //!               resource), stacked by builder::ResourceBuilder
@@ -35,6 +36,7 @@
 pub mod adaptors;
 pub mod builder;
 pub mod error;
+pub mod futures;
 pub mod gpu;
 pub mod launch;
 pub mod registry;

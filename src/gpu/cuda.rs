@@ -355,4 +355,23 @@ impl Gpu for CudaGpu {
         self.bind(call)?;
         cu::mem_get_info().map_err(|e| gpu_error(call, e))
     }
+
+    fn create_stream(&self) -> GpuResult<RawStream> {
+        let call = DriverCall::Init;
+        self.bind(call)?;
+        let s = cu::stream::create(cu::stream::StreamKind::NonBlocking)
+            .map_err(|e| gpu_error(call, e))?;
+        // SAFETY: `s` was just created on this context and stays valid until
+        // the caller hands it to `destroy_stream`.
+        Ok(unsafe { RawStream::from_cuda(s) })
+    }
+
+    fn destroy_stream(&self, stream: RawStream) -> GpuResult<()> {
+        let call = DriverCall::Init;
+        let s = Self::stream(stream, call)?;
+        self.bind(call)?;
+        // SAFETY: `s` came from `create_stream` and the caller gives it up;
+        // the driver releases it once work queued on it has completed.
+        unsafe { cu::stream::destroy(s) }.map_err(|e| gpu_error(call, e))
+    }
 }

@@ -137,4 +137,28 @@ pub trait Gpu: Send + Sync + 'static {
 
     /// Free and total device memory, in bytes.
     fn mem_info(&self) -> GpuResult<(usize, usize)>;
+
+    /// Creates a new non-blocking stream owned by the caller, who destroys it
+    /// with [`destroy_stream`](Gpu::destroy_stream). The futures layer uses
+    /// one per user stream to carry completion notifications without
+    /// stalling the user's stream.
+    ///
+    /// The default reports `CUDA_ERROR_NOT_SUPPORTED` (as [`DriverCall::Init`]),
+    /// so that backends written before this method keep compiling; callers
+    /// then fall back to the user's stream.
+    fn create_stream(&self) -> GpuResult<RawStream> {
+        Err(GpuError::driver(
+            DriverCall::Init,
+            801,
+            "CUDA_ERROR_NOT_SUPPORTED: this backend cannot create streams",
+        ))
+    }
+
+    /// Destroys a stream made by [`create_stream`](Gpu::create_stream). Work
+    /// still queued on it completes first (as `cuStreamDestroy` documents).
+    /// The default does nothing.
+    fn destroy_stream(&self, stream: RawStream) -> GpuResult<()> {
+        let _ = stream;
+        Ok(())
+    }
 }

@@ -54,3 +54,54 @@ pub fn cuda(streams: usize) -> Fixture<streamalloc::gpu::cuda::CudaGpu> {
         sim: None,
     }
 }
+
+/// A waker that counts its wake-ups, for polling futures by hand.
+#[derive(Default)]
+pub struct CountingWaker(pub std::sync::atomic::AtomicUsize);
+
+impl std::task::Wake for CountingWaker {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl CountingWaker {
+    pub fn new() -> (Arc<CountingWaker>, std::task::Waker) {
+        let c = Arc::new(CountingWaker::default());
+        (c.clone(), std::task::Waker::from(c))
+    }
+
+    pub fn count(&self) -> usize {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// Polls `f` once with `waker`.
+pub fn poll_once<F: std::future::Future + Unpin>(
+    f: &mut F,
+    waker: &std::task::Waker,
+) -> std::task::Poll<F::Output> {
+    let mut cx = std::task::Context::from_waker(waker);
+    std::pin::Pin::new(f).poll(&mut cx)
+}
+
+/// An async resource over a fixture's resource.
+pub fn async_resource(f: &Fixture<SimGpu>) -> streamalloc::futures::AsyncResource<SimResource> {
+    streamalloc::futures::AsyncResource::new(f.resource.clone()).expect("async resource")
+}
+
+/// Polls `f` to completion on this thread, running the simulated device
+/// between polls (the device-thread-free way to drive a manual `SimGpu`).
+/// Panics after a generous bound: a hang guard, not a timing assertion.
+pub fn drive<F: std::future::Future + Unpin>(gpu: &SimGpu, f: &mut F) -> F::Output {
+    let (_c, waker) = CountingWaker::new();
+    let guard = std::time::Instant::now();
+    loop {
+        if let std::task::Poll::Ready(out) = poll_once(f, &waker) {
+            return out;
+        }
+        gpu.run_until_idle();
+        std::thread::yield_now();
+        assert!(guard.elapsed() < std::time::Duration::from_secs(20), "hang");
+    }
+}

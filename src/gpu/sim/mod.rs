@@ -577,4 +577,10 @@ impl Gpu for SimGpu {
         let space = state.space(self.ordinal);
         Ok((space.free_bytes(), space.capacity()))
     }
+
+    fn create_stream(&self) -> GpuResult<RawStream> {
+        // A faulted device refuses new streams, as a poisoned context does.
+        self.shared.lock().enter(DriverCall::Init)?;
+        Ok(SimGpu::create_stream(self))
+    }
 }

@@ -1,0 +1,132 @@
+//! EventFuture wake latency (p50/p99 printed) and the throughput of 10,000
+//! concurrent futures over 8 streams. Runs on a CUDA device when one is
+//! present, on the simulated device otherwise (the simulated numbers measure
+//! the futures machinery only, not a GPU).
+//!
+//! ```text
+//! cargo bench --bench futures
+//! ```
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use streamalloc::futures::AsyncResource;
+use streamalloc::gpu::cuda::{CudaGpu, cuda_present};
+use streamalloc::gpu::sim::SimGpu;
+use streamalloc::{
+    AllocTag, AsyncCudaResource, DeviceBlock, DeviceMemoryResource, SimResource, StreamPool,
+};
+
+const STREAMS: usize = 8;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+fn percentiles(mut samples: Vec<Duration>) -> (f64, f64) {
+    samples.sort();
+    let at = |q: f64| samples[((samples.len() - 1) as f64 * q) as usize].as_secs_f64() * 1e6;
+    (at(0.50), at(0.99))
+}
+
+/// One tiny op (a 4-byte fill) and a future for its completion, awaited.
+async fn tiny_op<R: DeviceMemoryResource + 'static>(
+    res: &AsyncResource<R>,
+    block: &DeviceBlock,
+    i: usize,
+) {
+    let s = block.stream();
+    let raw = res.stream_pool().raw(s).unwrap();
+    res.gpu()
+        .memset_async(block.ptr(), i as u8, 4, raw)
+        .unwrap();
+    res.completion(s).unwrap().await.unwrap();
+}
+
+fn bench_on<R: DeviceMemoryResource + 'static>(
+    c: &mut Criterion,
+    device: &str,
+    res: AsyncResource<R>,
+) {
+    let rt = runtime();
+    let blocks: Arc<Vec<DeviceBlock>> = Arc::new(
+        res.stream_pool()
+            .ids()
+            .map(|s| res.try_allocate(256, s, AllocTag("bench")).unwrap())
+            .collect(),
+    );
+
+    // Wake latency percentiles, measured inside a task of the runtime.
+    let samples = rt.block_on({
+        let (res, blocks) = (res.clone(), blocks.clone());
+        async move {
+            tokio::spawn(async move {
+                let mut v = Vec::with_capacity(5000);
+                for i in 0..5000 {
+                    let t = Instant::now();
+                    tiny_op(&res, &blocks[0], i).await;
+                    v.push(t.elapsed());
+                }
+                v
+            })
+            .await
+            .unwrap()
+        }
+    });
+    let (p50, p99) = percentiles(samples);
+    println!("[{device}] EventFuture wake latency, tiny op: p50 {p50:.2} µs, p99 {p99:.2} µs");
+
+    let mut group = c.benchmark_group(format!("futures/{device}"));
+    group.bench_function("tiny_op_await", |b| {
+        let mut i = 0;
+        b.iter(|| {
+            i += 1;
+            rt.block_on(tiny_op(&res, &blocks[0], i))
+        })
+    });
+    group.sample_size(10);
+    group.bench_function("10k_futures_8_streams", |b| {
+        b.iter(|| {
+            rt.block_on(async {
+                let mut futs = Vec::with_capacity(10_000);
+                for i in 0..10_000 {
+                    let block = &blocks[i % blocks.len()];
+                    let raw = res.stream_pool().raw(block.stream()).unwrap();
+                    res.gpu().memset_async(block.ptr(), 0, 4, raw).unwrap();
+                    futs.push(tokio::spawn(res.completion(block.stream()).unwrap()));
+                }
+                for f in futs {
+                    f.await.unwrap().unwrap();
+                }
+            })
+        })
+    });
+    group.finish();
+    for b in Arc::try_unwrap(blocks).unwrap() {
+        drop(res.deallocate(b).unwrap());
+    }
+    rt.block_on(res.reap_pending()).unwrap();
+}
+
+fn benches(c: &mut Criterion) {
+    if cuda_present()
+        && let Ok(ctx) = CudaGpu::open(0)
+        && let Ok(pool) = StreamPool::cuda(&ctx, STREAMS)
+    {
+        let inner = Arc::new(AsyncCudaResource::new(ctx, 0, pool));
+        bench_on(c, "cuda", AsyncResource::new(inner).unwrap());
+        return;
+    }
+    let gpu = SimGpu::new();
+    let pool = gpu.stream_pool(STREAMS);
+    let inner = Arc::new(SimResource::new(gpu, pool));
+    bench_on(c, "sim", AsyncResource::new(inner).unwrap());
+}
+
+criterion_group!(futures_benches, benches);
+criterion_main!(futures_benches);

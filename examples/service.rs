@@ -1,0 +1,116 @@
+//! A tokio service with back-pressure: many concurrent requests each
+//! allocate device memory, launch work, await its completion and free —
+//! with more demand than memory, so requests wait for memory instead of
+//! failing.
+//!
+//! ```text
+//! cargo run --example service            # real GPU if present, else simulated
+//! cargo run --example service -- --sim   # always simulated
+//! ```
+
+mod common;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use streamalloc::futures::{AsyncResource, Reaper};
+use streamalloc::{Access, AllocTag, DeviceMemoryResource, ResourceResult};
+
+const REQUESTS: usize = 64;
+const STREAMS: usize = 8;
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 4)]
+async fn main() -> ResourceResult<()> {
+    match common::setup(STREAMS, 64 << 20)? {
+        common::Setup::Sim(res, gpu) => {
+            println!("device: simulated (64 MiB)");
+            serve(res).await?;
+            let races = gpu.races();
+            println!("race detector: {} race(s)", races.len());
+            assert!(races.is_empty(), "{races:?}");
+        }
+        common::Setup::Cuda(res) => {
+            println!("device: CUDA device 0");
+            serve(res).await?;
+        }
+    }
+    Ok(())
+}
+
+async fn serve<R: DeviceMemoryResource + 'static>(res: AsyncResource<R>) -> ResourceResult<()> {
+    let (_free, total) = res.gpu().mem_info().map_err(common::gpu_err)?;
+    // Each request wants 1/16 of the device and 64 run at once: four times
+    // more demand than memory.
+    let size = (total / 16) & !0xFFFF;
+    println!(
+        "{REQUESTS} concurrent requests of {} MiB each on a {} MiB device ({}x oversubscribed)",
+        size >> 20,
+        total >> 20,
+        REQUESTS * size / total
+    );
+    let reaper = Reaper::spawn(&res);
+    let waited = Arc::new(AtomicUsize::new(0));
+    let max_queue = Arc::new(AtomicUsize::new(0));
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..REQUESTS {
+        let res = res.clone();
+        let (waited, max_queue) = (waited.clone(), max_queue.clone());
+        tasks.push(tokio::spawn(async move {
+            let stream = res.stream_pool().id(i % STREAMS).expect("stream");
+            let raw = res.stream_pool().raw(stream)?;
+            let asked = Instant::now();
+            let mut alloc = res.allocate(size, stream, AllocTag("request"));
+            // Poll once by hand to see whether the request had to queue.
+            let first = std::future::poll_fn(|cx| {
+                std::task::Poll::Ready(std::pin::Pin::new(&mut alloc).poll(cx))
+            })
+            .await;
+            let block = match first {
+                std::task::Poll::Ready(b) => b?,
+                std::task::Poll::Pending => {
+                    waited.fetch_add(1, Ordering::Relaxed);
+                    max_queue.fetch_max(res.waiting_allocations(), Ordering::Relaxed);
+                    alloc.await?
+                }
+            };
+            let wait = asked.elapsed();
+            // The "kernel": fill the block on its stream.
+            res.gpu()
+                .memset_async(block.ptr(), i as u8, block.size(), raw)
+                .map_err(common::gpu_err)?;
+            res.finish_block_use(block.id(), stream, Access::Write)?
+                .await?;
+            // Free without waiting: the reaper returns the memory.
+            drop(res.deallocate(block)?);
+            Ok::<Duration, streamalloc::ResourceError>(wait)
+        }));
+    }
+    let mut waits = Vec::new();
+    for t in tasks {
+        waits.push(t.await.expect("request task")?);
+    }
+    let elapsed = start.elapsed();
+    reaper.shutdown().await?;
+    waits.sort();
+    println!(
+        "served {} requests in {:.1} ms; {} waited for memory (queue up to {}), \
+         wait p50 {:.2} ms / max {:.2} ms",
+        waits.len(),
+        elapsed.as_secs_f64() * 1e3,
+        waited.load(Ordering::Relaxed),
+        max_queue.load(Ordering::Relaxed),
+        waits[waits.len() / 2].as_secs_f64() * 1e3,
+        waits[waits.len() - 1].as_secs_f64() * 1e3,
+    );
+    println!(
+        "{} host-function notifications for {} awaited points and frees; outstanding after shutdown: {} B",
+        res.notifications(),
+        2 * REQUESTS,
+        res.bytes_outstanding()
+    );
+    assert_eq!(res.bytes_outstanding(), 0);
+    Ok(())
+}

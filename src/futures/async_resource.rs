@@ -1,0 +1,284 @@
+//! [`AsyncResource`]: the futures face of a [`DeviceMemoryResource`].
+
+use std::sync::Arc;
+
+use super::alloc_wait::AllocFuture;
+use super::core::Core;
+use super::dealloc::{DeallocHandle, ReapFuture};
+use super::event_future::EventFuture;
+use super::wait_policy::WaitPolicy;
+use crate::error::ResourceResult;
+use crate::gpu::Gpu;
+use crate::resource::{DeviceMemoryResource, StreamOrderedResource};
+use crate::types::{Access, AllocTag, BlockId, DeviceBlock, StreamId, StreamPool};
+
+/// A stream-ordered resource that async code can await: allocations wait for
+/// memory instead of failing, completion points and frees are futures, and
+/// frees reach the accounting as the GPU executes them, without a
+/// synchronize.
+///
+/// It wraps any [`DeviceMemoryResource`] `R` (the stream-ordered resource, or
+/// an adaptor stack over one) together with the backend and the stream pool
+/// the notifications need. Cloning is cheap and shares everything.
+///
+/// See the [module documentation](super) for how completions are delivered.
+///
+/// # Examples
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), streamalloc::ResourceError> {
+/// use std::sync::Arc;
+/// use streamalloc::futures::AsyncResource;
+/// use streamalloc::gpu::sim::SimGpu;
+/// use streamalloc::{AllocTag, SimResource};
+///
+/// let gpu = SimGpu::new();
+/// let pool = gpu.stream_pool(2);
+/// let res = AsyncResource::new(Arc::new(SimResource::new(gpu, pool.clone())))?;
+/// let s = pool.id(0).unwrap();
+///
+/// let block = res.allocate(1 << 20, s, AllocTag("activations")).await?;
+/// res.completion(s)?.await?;
+/// res.deallocate(block)?.await?;
+/// assert_eq!(res.bytes_outstanding(), 0);
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct AsyncResource<R> {
+    inner: Arc<R>,
+    core: Arc<Core>,
+}
+
+impl<R> Clone for AsyncResource<R> {
+    fn clone(&self) -> Self {
+        AsyncResource {
+            inner: self.inner.clone(),
+            core: self.core.clone(),
+        }
+    }
+}
+
+impl<G: Gpu> AsyncResource<StreamOrderedResource<G>> {
+    /// Wraps a stream-ordered resource, taking its backend and stream pool.
+    ///
+    /// Creates one notifier stream and one event per pool stream, and the
+    /// fallback thread (parked while nothing is pending).
+    ///
+    /// # Errors
+    /// A driver error creating the events; nothing is left behind.
+    pub fn new(inner: Arc<StreamOrderedResource<G>>) -> ResourceResult<Self> {
+        let gpu = inner.gpu().clone();
+        let pool = inner.stream_pool().clone();
+        Self::from_arc(inner, gpu, pool)
+    }
+}
+
+impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
+    /// Wraps any resource `inner` (for instance an adaptor stack), given the
+    /// backend `gpu` it allocates on and the `pool` that resolves its streams.
+    ///
+    /// # Errors
+    /// [`WrongDevice`](crate::ResourceError::WrongDevice) when `gpu`, `pool`
+    /// and `inner` disagree on the device; a driver error creating events.
+    pub fn with_parts<G: Gpu>(
+        inner: R,
+        gpu: Arc<G>,
+        pool: Arc<StreamPool>,
+    ) -> ResourceResult<Self> {
+        Self::from_arc(Arc::new(inner), gpu, pool)
+    }
+
+    /// As [`with_parts`](Self::with_parts), for a resource already shared.
+    ///
+    /// # Errors
+    /// As [`with_parts`](Self::with_parts).
+    pub fn from_arc<G: Gpu>(
+        inner: Arc<R>,
+        gpu: Arc<G>,
+        pool: Arc<StreamPool>,
+    ) -> ResourceResult<Self> {
+        let erased: Arc<dyn DeviceMemoryResource> = inner.clone();
+        let core = Core::new(erased, gpu, pool)?;
+        Ok(AsyncResource { inner, core })
+    }
+
+    /// The wrapped resource.
+    pub fn inner(&self) -> &Arc<R> {
+        &self.inner
+    }
+
+    /// The backend.
+    pub fn gpu(&self) -> &Arc<dyn Gpu> {
+        &self.core.gpu
+    }
+
+    /// The stream pool.
+    pub fn stream_pool(&self) -> &Arc<StreamPool> {
+        &self.core.pool
+    }
+
+    /// Allocates `bytes` on `stream`, waiting while the device or budget is
+    /// full, first come first served.
+    ///
+    /// # Errors
+    /// See [`AllocFuture`]; an unknown stream is reported when polled.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped wait loses its place, holds nothing, and
+    /// passes a wake-up it received on to the next waiter.
+    ///
+    /// # Stream ordering
+    /// The block is usable on `stream` from this point of its order.
+    pub fn allocate(&self, bytes: usize, stream: StreamId, tag: AllocTag) -> AllocFuture {
+        AllocFuture::new(self.core.clone(), bytes, stream, tag)
+    }
+
+    /// Allocates at once, failing when the device or budget is full. It
+    /// takes no place in the queue of waiting allocations.
+    ///
+    /// # Errors
+    /// As [`DeviceMemoryResource::allocate`]; nothing changes.
+    pub fn try_allocate(
+        &self,
+        bytes: usize,
+        stream: StreamId,
+        tag: AllocTag,
+    ) -> ResourceResult<DeviceBlock> {
+        self.inner.allocate(bytes, stream, tag)
+    }
+
+    /// Queues the free of `block` on its stream and returns a handle that
+    /// resolves once the bytes are back in the accounting. Dropping the
+    /// handle is fine: the free still happens and is still accounted.
+    ///
+    /// # Errors
+    /// As [`DeviceMemoryResource::deallocate`] (double free, foreign block,
+    /// unknown stream…); nothing changes.
+    ///
+    /// # Stream ordering
+    /// The memory may serve a new allocation on the same stream at once, and
+    /// on another stream once the free has executed.
+    pub fn deallocate(&self, block: DeviceBlock) -> ResourceResult<DeallocHandle> {
+        let stream = block.stream();
+        let notifier = self.core.notifier(stream)?;
+        self.inner.deallocate(block)?;
+        let free_seq = self.inner.pending_free_seq(stream);
+        let waiter = notifier.mark_free(free_seq);
+        notifier.launch(&*self.core.gpu);
+        self.core.kick.pending();
+        // Memory freed on a stream is reusable on it at once.
+        self.core.allocs.memory_returned();
+        Ok(DeallocHandle::new(
+            self.core.clone(),
+            stream,
+            free_seq,
+            waiter,
+        ))
+    }
+
+    /// A future resolving when every free pending now has executed and left
+    /// the accounting — without synchronizing a stream or parking a thread.
+    ///
+    /// # Errors
+    /// The driver's error when a stream's device faulted.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the frees are applied whether or not it is awaited.
+    pub fn reap_pending(&self) -> ReapFuture {
+        ReapFuture::new(self.core.clone())
+    }
+
+    /// Before queuing work on `use_stream` that touches `block`: queues the
+    /// waits it needs (forwards to the inner resource).
+    ///
+    /// # Errors
+    /// As [`DeviceMemoryResource::prepare_block_use`].
+    pub fn prepare_block_use(
+        &self,
+        block: BlockId,
+        use_stream: StreamId,
+        access: Access,
+    ) -> ResourceResult<()> {
+        self.inner.prepare_block_use(block, use_stream, access)
+    }
+
+    /// Records a use of `block` on `use_stream` (forwards to the inner
+    /// resource).
+    ///
+    /// # Errors
+    /// As [`DeviceMemoryResource::record_block_use`].
+    pub fn record_block_use(
+        &self,
+        block: &DeviceBlock,
+        use_stream: StreamId,
+    ) -> ResourceResult<()> {
+        self.inner.record_block_use(block, use_stream)
+    }
+
+    /// After queuing work on `use_stream` that touches `block`: records the
+    /// use in the inner resource and returns a future that completes when
+    /// the GPU has executed that work.
+    ///
+    /// # Errors
+    /// As [`DeviceMemoryResource::finish_block_use`]; an unknown stream is
+    /// refused before the inner resource is touched.
+    ///
+    /// # Stream ordering
+    /// The future covers everything queued on `use_stream` before the call.
+    pub fn finish_block_use(
+        &self,
+        block: BlockId,
+        use_stream: StreamId,
+        access: Access,
+    ) -> ResourceResult<EventFuture> {
+        self.core.notifier(use_stream)?;
+        self.inner.finish_block_use(block, use_stream, access)?;
+        self.core.point(use_stream)
+    }
+
+    /// A future that completes when the GPU has executed everything queued
+    /// on `stream` before the call.
+    ///
+    /// # Errors
+    /// [`UnknownStream`](crate::ResourceError::UnknownStream),
+    /// [`WrongDevice`](crate::ResourceError::WrongDevice), a driver error.
+    pub fn completion(&self, stream: StreamId) -> ResourceResult<EventFuture> {
+        self.core.point(stream)
+    }
+
+    /// How completion futures made from now on wait before parking on a
+    /// notification (default [`WaitPolicy::DEFAULT`]).
+    pub fn set_wait_policy(&self, policy: WaitPolicy) {
+        self.core.policy.set(policy);
+    }
+
+    /// The current [`WaitPolicy`].
+    pub fn wait_policy(&self) -> WaitPolicy {
+        self.core.policy.get()
+    }
+
+    /// Bytes outstanding in the inner resource (live plus pending frees).
+    pub fn bytes_outstanding(&self) -> usize {
+        self.inner.bytes_outstanding()
+    }
+
+    /// Allocations waiting for memory now.
+    pub fn waiting_allocations(&self) -> usize {
+        self.core.allocs.len()
+    }
+
+    /// Points (futures and awaited frees) waiting for a notification now.
+    pub fn parked_points(&self) -> usize {
+        self.core.notifiers().iter().map(|n| n.waiter_count()).sum()
+    }
+
+    /// Notifications (host functions) queued so far, on all streams. With
+    /// coalescing it stays far below the number of awaited points.
+    pub fn notifications(&self) -> u64 {
+        self.core.notifiers().iter().map(|n| n.launches()).sum()
+    }
+
+    pub(crate) fn core(&self) -> &Arc<Core> {
+        &self.core
+    }
+}

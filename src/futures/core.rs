@@ -1,0 +1,209 @@
+//! The state every future, handle and background task of one
+//! [`AsyncResource`](super::AsyncResource) shares.
+//!
+//! [`Core`] holds the wrapped resource (type-erased, so that the public
+//! futures are not generic), the backend, the stream pool, one
+//! [`Notifier`] per pool stream, a pool of events for completion points, and
+//! the [queue of waiting allocations](super::alloc_wait). Futures hold it by
+//! `Arc`; the [watchdog](super::watchdog) and the [`Reaper`](super::Reaper)
+//! hold it weakly, so that dropping the last user handle drops it.
+//!
+//! [`dispatch`](Core::dispatch) is the one place where landed notifications
+//! become accounting: it applies completed frees to the inner resource
+//! (`reap_through`), wakes the head of the allocation queue when bytes came
+//! back, and queues the next notification of every stream that still has
+//! something pending. It runs on the reaper, the watchdog, or inside a poll,
+//! never inside a host function.
+
+use std::sync::{Arc, Mutex};
+
+use super::alloc_wait::AllocQueue;
+use super::event_future::EventFuture;
+use super::gpu_error;
+use super::notifier::Notifier;
+use super::wait_policy::SharedPolicy;
+use super::watchdog::{self, Kick};
+use crate::error::{DriverCall, ResourceError, ResourceResult};
+use crate::gpu::{Gpu, RawEvent};
+use crate::resource::DeviceMemoryResource;
+use crate::types::{StreamId, StreamPool};
+
+/// Shared state of one async resource. See the [module documentation](self).
+pub(crate) struct Core {
+    pub(crate) inner: Arc<dyn DeviceMemoryResource>,
+    pub(crate) gpu: Arc<dyn Gpu>,
+    pub(crate) pool: Arc<StreamPool>,
+    notifiers: Vec<Notifier>,
+    /// Events for completion points, reused; guarded by its own lock, never
+    /// held across a driver call.
+    events: Mutex<Vec<RawEvent>>,
+    pub(crate) allocs: AllocQueue,
+    pub(crate) kick: Arc<Kick>,
+    /// How new completion points wait before parking.
+    pub(crate) policy: SharedPolicy,
+    /// Total device memory, to refuse at once a request that could never fit.
+    pub(crate) capacity: usize,
+}
+
+impl std::fmt::Debug for Core {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Core")
+            .field("streams", &self.notifiers.len())
+            .field("waiting_allocations", &self.allocs.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Core {
+    pub(crate) fn new(
+        inner: Arc<dyn DeviceMemoryResource>,
+        gpu: Arc<dyn Gpu>,
+        pool: Arc<StreamPool>,
+    ) -> ResourceResult<Arc<Core>> {
+        if pool.device() != inner.device_ordinal() || gpu.ordinal() != inner.device_ordinal() {
+            return Err(ResourceError::WrongDevice {
+                expected: inner.device_ordinal(),
+                found: if pool.device() != inner.device_ordinal() {
+                    pool.device()
+                } else {
+                    gpu.ordinal()
+                },
+            });
+        }
+        let kick = Arc::new(Kick::default());
+        let mut notifiers = Vec::with_capacity(pool.len());
+        for id in pool.ids() {
+            let made = pool
+                .raw(id)
+                .and_then(|raw| Notifier::new(&*gpu, id, raw, kick.clone()));
+            match made {
+                Ok(n) => notifiers.push(n),
+                Err(e) => {
+                    notifiers.iter().for_each(|n| n.release(&*gpu));
+                    return Err(e);
+                }
+            }
+        }
+        let capacity = gpu.mem_info().map_or(usize::MAX, |(_, total)| total);
+        let core = Arc::new(Core {
+            inner,
+            gpu,
+            pool,
+            notifiers,
+            events: Mutex::new(Vec::new()),
+            allocs: AllocQueue::default(),
+            kick: kick.clone(),
+            policy: SharedPolicy::default(),
+            capacity,
+        });
+        watchdog::spawn(Arc::downgrade(&core), kick).map_err(|e| ResourceError::Driver {
+            call: DriverCall::Init,
+            code: -1,
+            message: format!("cannot start the watchdog thread: {e}"),
+        })?;
+        Ok(core)
+    }
+
+    /// The notifier of `stream`, after checking the stream belongs to the
+    /// pool.
+    pub(crate) fn notifier(&self, stream: StreamId) -> ResourceResult<&Notifier> {
+        self.pool.raw(stream)?;
+        Ok(&self.notifiers[stream.index() as usize])
+    }
+
+    pub(crate) fn notifiers(&self) -> &[Notifier] {
+        &self.notifiers
+    }
+
+    fn take_event(&self) -> ResourceResult<RawEvent> {
+        let reused = self.events.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        match reused {
+            Some(e) => Ok(e),
+            None => self.gpu.event_create().map_err(gpu_error),
+        }
+    }
+
+    /// Returns a point's event to the pool (no driver call).
+    pub(crate) fn give_event(&self, event: RawEvent) {
+        self.events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(event);
+    }
+
+    /// A completion point at the current end of `stream`.
+    pub(crate) fn point(self: &Arc<Self>, stream: StreamId) -> ResourceResult<EventFuture> {
+        let raw = self.pool.raw(stream)?;
+        let notifier = self.notifier(stream)?;
+        let event = self.take_event()?;
+        if let Err(e) = self.gpu.event_record(event, raw) {
+            self.give_event(event);
+            return Err(gpu_error(e));
+        }
+        let waiter = notifier.mark();
+        Ok(EventFuture::new(
+            self.clone(),
+            stream,
+            waiter,
+            Some(event),
+            self.policy.get(),
+        ))
+    }
+
+    /// Applies frees known done to `stream`'s accounting up to `free_seq`.
+    pub(crate) fn reap(&self, stream: StreamId, free_seq: u64) {
+        if free_seq == 0 {
+            return;
+        }
+        let drained = self.inner.reap_through(stream, free_seq);
+        if let Ok(n) = self.notifier(stream) {
+            n.note_reaped(free_seq);
+        }
+        if drained > 0 {
+            self.allocs.memory_returned();
+        }
+    }
+
+    /// Applies landed notifications and queues the next ones.
+    pub(crate) fn dispatch(&self) {
+        for n in &self.notifiers {
+            if let Some(to) = n.take_reap() {
+                self.reap(n.stream, to);
+            }
+            n.launch(&*self.gpu);
+        }
+    }
+
+    /// The fallback query of every stream (see [`watchdog`]).
+    pub(crate) fn fallback_check(&self) {
+        let mut failed = false;
+        for n in &self.notifiers {
+            if n.has_pending() {
+                failed |= n.fallback_check(&*self.gpu);
+            }
+        }
+        if failed {
+            // Waiting allocations retry, and see the device's error.
+            self.allocs.memory_returned();
+        }
+        self.dispatch();
+    }
+
+    /// Whether any stream waits on a notification.
+    pub(crate) fn has_pending(&self) -> bool {
+        self.notifiers.iter().any(Notifier::has_pending)
+    }
+}
+
+impl Drop for Core {
+    fn drop(&mut self) {
+        self.kick.close();
+        for n in &self.notifiers {
+            n.release(&*self.gpu);
+        }
+        let events = std::mem::take(self.events.get_mut().unwrap_or_else(|p| p.into_inner()));
+        for e in events {
+            let _ = self.gpu.event_destroy(e);
+        }
+    }
+}

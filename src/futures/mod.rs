@@ -1,0 +1,119 @@
+//! The futures layer: await the GPU without blocking a thread.
+//!
+//! [`AsyncResource`] wraps any [`DeviceMemoryResource`](crate::DeviceMemoryResource)
+//! so that async code can
+//!
+//! - **allocate and wait** for memory when the device or a budget is full
+//!   ([`AsyncResource::allocate`] → [`AllocFuture`], first come first served);
+//! - **await completion** of work it queued on a stream
+//!   ([`AsyncResource::finish_block_use`], [`AsyncResource::completion`] →
+//!   [`EventFuture`]);
+//! - **free** and optionally await the memory's return to the accounting
+//!   ([`AsyncResource::deallocate`] → [`DeallocHandle`],
+//!   [`AsyncResource::reap_pending`] → [`ReapFuture`]);
+//!
+//! with a [`Reaper`] task that applies completed frees in the background.
+//!
+//! # How a completion reaches a task
+//!
+//! ```text
+//!  user stream S:   ... work ... [record E_point] ... [record E_notify] ...
+//!                                                         │ wait
+//!  notifier lane L:                                       └─► [host fn: "S reached n"]
+//! ```
+//!
+//! 1. **Sequence numbers.** Every awaited point and every free on stream S
+//!    takes the next sequence number of S's notifier, after its
+//!    work was queued. An `EventFuture` also records a pooled event at its
+//!    point.
+//! 2. **Query first.** Polling an `EventFuture` queries its event (0.25 µs on
+//!    an H200 when done) and keeps querying for a bounded few microseconds
+//!    ([`WaitPolicy`]: spinning on the first poll, then yielding to the
+//!    executor): a host-function wake-up costs about 22 µs, so short work is
+//!    caught here. Only then does it park. A point behind an earlier pending
+//!    point of its stream parks at once.
+//! 3. **One notification in flight per stream, off the user's stream.** A
+//!    parked point (or a free) makes the notifier record an event at the end
+//!    of S, make its own lane L wait on it, and queue a host function on L
+//!    that says "S reached n", n being the last sequence number handed out.
+//!    S never runs the host function, so it is not stalled (a host function
+//!    after every 8 MiB memset costs 7× on the user's stream); each S has its
+//!    own L, so a slow stream does not hold back a fast one's notifications.
+//!    While one is in flight, new points wait for the next one.
+//! 4. **One cut.** The host function locks S's waiter map, splits off every
+//!    waiter ≤ n, marks them done, unlocks, and only then wakes them. It
+//!    makes no driver call and owns no GPU state. If more is pending, it
+//!    kicks the dispatcher.
+//! 5. **Dispatch** ([`Reaper`], or the watchdog thread when no reaper runs):
+//!    applies the frees known done to the inner resource with one
+//!    `reap_through(S, seq)`, wakes the head of the allocation queue if bytes
+//!    came back, and queues the next notification of every stream with
+//!    something pending.
+//!
+//! # When the device faults
+//!
+//! A host function is never called after a device fault. The
+//! [watchdog](mod@self::watchdog) thread, parked with no timeout while nothing is
+//! pending, wakes every [`FALLBACK_PERIOD`] while something is: it queries each
+//! stream's in-flight notification event, delivers completed ones (so a
+//! late or failed host function loses nothing) and fails every waiter of a
+//! stream whose query errors with that driver error. Waiting allocations then
+//! retry and get the device's error. No future hangs forever.
+//!
+//! # Dropping
+//!
+//! Dropping any future or handle never blocks, never frees early and never
+//! leaks: the GPU work and frees it stands for go on, its waiter is removed,
+//! and a free's accounting is still applied by the dispatcher. Dropping the
+//! last [`AsyncResource`] (and every future of it) stops the watchdog and any
+//! reaper, and releases the notifier streams and events.
+//!
+//! # Auto traits
+//!
+//! Every public future and handle is `Send + Sync + Unpin + 'static`, so it
+//! can be spawned on any executor, moved between threads and polled without
+//! pinning.
+
+#![forbid(unsafe_code)]
+
+mod alloc_wait;
+mod async_resource;
+mod core;
+mod dealloc;
+mod event_future;
+mod notifier;
+mod reaper;
+mod wait_policy;
+mod waiter;
+pub mod watchdog;
+
+pub use alloc_wait::AllocFuture;
+pub use async_resource::AsyncResource;
+pub use dealloc::{DeallocHandle, ReapFuture};
+pub use event_future::EventFuture;
+pub use reaper::Reaper;
+pub use wait_policy::WaitPolicy;
+pub use watchdog::FALLBACK_PERIOD;
+
+use crate::error::ResourceError;
+use crate::gpu::GpuError;
+
+/// A backend error outside an allocation, as the crate's error.
+pub(crate) fn gpu_error(e: GpuError) -> ResourceError {
+    match e {
+        GpuError::Driver {
+            call,
+            code,
+            message,
+        } => ResourceError::Driver {
+            call,
+            code,
+            message,
+        },
+        GpuError::OutOfMemory { available } => ResourceError::Driver {
+            call: crate::error::DriverCall::Init,
+            code: 2,
+            message: format!("CUDA_ERROR_OUT_OF_MEMORY ({available} B available)"),
+        },
+    }
+}

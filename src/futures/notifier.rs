@@ -1,0 +1,364 @@
+//! Per-stream coalesced completion notifications.
+//!
+//! # State (one [`Notifier`] per user stream)
+//!
+//! - `next_seq`: the last **sequence number** handed out. Every awaited point
+//!   and every free queued through the futures layer takes the next one
+//!   ([`mark`](Notifier::mark), [`mark_free`](Notifier::mark_free)), *after*
+//!   its GPU work was queued.
+//! - `reached`: every point at or below it is known done.
+//! - `waiters`: the parked points above `reached`, keyed by sequence number;
+//!   `frees`: `(point, free sequence number of the inner resource)` pairs for
+//!   the frees not yet known executed; `reap_to`: the free sequence number
+//!   through which frees are known executed but not yet applied to the
+//!   accounting.
+//! - `flight`: at most **one notification in flight** per stream; `wanted`:
+//!   a parked waiter asked for one since the last launch. Waiters that are
+//!   still querying their own event (or were never polled) do not cause a
+//!   host function.
+//!
+//! # Who adds, who drains
+//!
+//! Futures and frees add points. [`launch`](Notifier::launch) (called from
+//! a future's poll, a free, or the dispatcher, never from a host function)
+//! reads `covered = next_seq`, records the notifier's event on the user
+//! stream, makes the **notifier lane** (a stream of its own) wait on it, and
+//! queues a host function on the lane. The user's stream never runs the host
+//! function, so it is not stalled by it, and each user stream has its own
+//! lane, so a slow stream never holds back a fast one's notifications.
+//!
+//! When the host function runs it calls [`Signal::deliver`]`(covered)`: under
+//! the lock it cuts every waiter at or below `covered` off in one
+//! `split_off` (and the frees likewise), then wakes them after unlocking. It
+//! makes no driver call and drops nothing that owns GPU state. If more is
+//! pending it kicks the dispatcher, which queues the next notification.
+//!
+//! Any point marked after `covered` was read is left for the next
+//! notification; a point marked before it had its work queued before the
+//! event was recorded, so the event covers it.
+//!
+//! # Failure
+//!
+//! If recording the event fails, every waiter of the stream fails with the
+//! driver error. If queuing the wait or the host function fails, or a device
+//! fault means the host function will never be called, the
+//! [watchdog](super::watchdog) queries the recorded event while anything is
+//! pending: done delivers, an error fails every waiter.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::Waker;
+
+use super::gpu_error;
+use super::waiter::Waiter;
+use super::watchdog::Kick;
+use crate::error::ResourceError;
+use crate::gpu::{Gpu, RawEvent, RawStream};
+use crate::types::StreamId;
+
+/// Where the stream's one notification is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flight {
+    /// None queued.
+    Idle,
+    /// A thread is queuing one (its event is not recorded yet: the fallback
+    /// must not query it).
+    Launching,
+    /// Queued; it covers every point up to the sequence number.
+    Queued(u64),
+}
+
+#[derive(Debug)]
+struct SignalState {
+    next_seq: u64,
+    reached: u64,
+    flight: Flight,
+    waiters: BTreeMap<u64, Arc<Waiter>>,
+    frees: VecDeque<(u64, u64)>,
+    reap_to: u64,
+    /// A parked waiter asked for a notification since the last launch
+    /// (waiters still querying, or never polled, do not need one).
+    wanted: bool,
+    launches: u64,
+}
+
+/// The part of a notifier that host functions touch: plain memory, no GPU
+/// handles.
+#[derive(Debug)]
+pub(crate) struct Signal {
+    state: Mutex<SignalState>,
+    kick: Arc<Kick>,
+}
+
+impl Signal {
+    fn lock(&self) -> MutexGuard<'_, SignalState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The stream reached `covered`: completes every waiter at or below it in
+    /// one cut and wakes them after unlocking. Safe to call from a host
+    /// function; a stale or repeated delivery is a no-op.
+    pub(crate) fn deliver(&self, covered: u64) {
+        let mut wake = Vec::new();
+        let more = {
+            let mut st = self.lock();
+            if let Flight::Queued(c) = st.flight
+                && c <= covered
+            {
+                st.flight = Flight::Idle;
+            }
+            if covered > st.reached {
+                st.reached = covered;
+                let rest = st.waiters.split_off(&(covered + 1));
+                let done = std::mem::replace(&mut st.waiters, rest);
+                wake.extend(done.values().filter_map(|w| w.complete()));
+                while let Some(&(point, free_seq)) = st.frees.front() {
+                    if point > covered {
+                        break;
+                    }
+                    st.frees.pop_front();
+                    st.reap_to = st.reap_to.max(free_seq);
+                }
+                // Whoever asked was covered, unless someone is left.
+                if st.waiters.is_empty() {
+                    st.wanted = false;
+                }
+            }
+            st.reap_to > 0 || st.wanted || !st.frees.is_empty()
+        };
+        wake.into_iter().for_each(Waker::wake);
+        if more {
+            self.kick.dispatch();
+        }
+    }
+}
+
+/// Completion notifications of one user stream. See the [module
+/// documentation](self).
+#[derive(Debug)]
+pub(crate) struct Notifier {
+    pub(crate) stream: StreamId,
+    user: RawStream,
+    /// The stream host functions run on: our own, or `user` when the backend
+    /// cannot create streams.
+    lane: RawStream,
+    owns_lane: bool,
+    /// Recorded on `user` for each notification; only re-recorded once the
+    /// previous notification landed, so the lane's queued wait is never
+    /// redirected.
+    event: RawEvent,
+    signal: Arc<Signal>,
+    /// Highest inner free sequence number reaped through, by any path.
+    reaped: AtomicU64,
+}
+
+impl Notifier {
+    /// A notifier for `stream` (backend handle `user`).
+    pub(crate) fn new(
+        gpu: &dyn Gpu,
+        stream: StreamId,
+        user: RawStream,
+        kick: Arc<Kick>,
+    ) -> Result<Self, ResourceError> {
+        let event = gpu.event_create().map_err(gpu_error)?;
+        let (lane, owns_lane) = match gpu.create_stream() {
+            Ok(lane) => (lane, true),
+            Err(e) => {
+                tracing::warn!(%stream, error = %e,
+                    "no notifier stream: host functions will run on the user stream");
+                (user, false)
+            }
+        };
+        Ok(Notifier {
+            stream,
+            user,
+            lane,
+            owns_lane,
+            event,
+            signal: Arc::new(Signal {
+                state: Mutex::new(SignalState {
+                    next_seq: 0,
+                    reached: 0,
+                    flight: Flight::Idle,
+                    waiters: BTreeMap::new(),
+                    frees: VecDeque::new(),
+                    reap_to: 0,
+                    wanted: false,
+                    launches: 0,
+                }),
+                kick,
+            }),
+            reaped: AtomicU64::new(0),
+        })
+    }
+
+    /// A new point at the current end of the stream (call after queuing the
+    /// work it stands for), with a waiter registered for it.
+    pub(crate) fn mark(&self) -> Arc<Waiter> {
+        let mut st = self.signal.lock();
+        st.next_seq += 1;
+        let seq = st.next_seq;
+        let waiter = Arc::new(Waiter::new(seq));
+        st.waiters.insert(seq, waiter.clone());
+        waiter
+    }
+
+    /// A new point covering the inner resource's free `free_seq` (call after
+    /// the free was queued), with a waiter registered for it. The free stays
+    /// recorded when the waiter is forgotten.
+    pub(crate) fn mark_free(&self, free_seq: u64) -> Arc<Waiter> {
+        let mut st = self.signal.lock();
+        st.next_seq += 1;
+        let seq = st.next_seq;
+        st.frees.push_back((seq, free_seq));
+        let waiter = Arc::new(Waiter::new(seq));
+        st.waiters.insert(seq, waiter.clone());
+        waiter
+    }
+
+    /// Removes a waiter whose future is gone or finished by other means.
+    pub(crate) fn forget(&self, waiter: &Waiter) {
+        self.signal.lock().waiters.remove(&waiter.seq());
+    }
+
+    /// Whether anything waits on a notification of this stream (a parked
+    /// waiter, one in flight, a free, or frees to apply).
+    pub(crate) fn has_pending(&self) -> bool {
+        let st = self.signal.lock();
+        st.wanted || st.flight != Flight::Idle || !st.frees.is_empty() || st.reap_to > 0
+    }
+
+    /// Whether a point before `seq` is not yet known reached: then, by
+    /// stream order, neither is `seq`, and querying or spinning is wasted.
+    pub(crate) fn has_earlier_waiter(&self, seq: u64) -> bool {
+        self.signal
+            .lock()
+            .waiters
+            .first_key_value()
+            .is_some_and(|(&first, _)| first < seq)
+    }
+
+    /// Parked waiters (for diagnostics and tests).
+    pub(crate) fn waiter_count(&self) -> usize {
+        self.signal.lock().waiters.len()
+    }
+
+    /// Notifications queued so far.
+    pub(crate) fn launches(&self) -> u64 {
+        self.signal.lock().launches
+    }
+
+    /// Takes the free sequence number through which frees are known done.
+    pub(crate) fn take_reap(&self) -> Option<u64> {
+        let mut st = self.signal.lock();
+        let to = std::mem::take(&mut st.reap_to);
+        (to > 0).then_some(to)
+    }
+
+    /// Notes that the inner resource was reaped through `free_seq`.
+    pub(crate) fn note_reaped(&self, free_seq: u64) {
+        self.reaped.fetch_max(free_seq, Ordering::AcqRel);
+    }
+
+    /// Highest inner free sequence number known reaped.
+    pub(crate) fn reaped(&self) -> u64 {
+        self.reaped.load(Ordering::Acquire)
+    }
+
+    /// A parked waiter needs a notification: queues one unless one is in
+    /// flight (the landing one then has the next one queued).
+    pub(crate) fn request(&self, gpu: &dyn Gpu) {
+        self.signal.lock().wanted = true;
+        self.launch(gpu);
+    }
+
+    /// Queues a notification if none is in flight and a parked waiter or a
+    /// free needs one. Never called from a host function (it calls the
+    /// driver).
+    pub(crate) fn launch(&self, gpu: &dyn Gpu) {
+        let covered = {
+            let mut st = self.signal.lock();
+            if st.flight != Flight::Idle || (!st.wanted && st.frees.is_empty()) {
+                return;
+            }
+            st.wanted = false;
+            st.flight = Flight::Launching;
+            st.launches += 1;
+            st.next_seq
+        };
+        if let Err(e) = gpu.event_record(self.event, self.user) {
+            self.fail_all(gpu_error(e));
+            return;
+        }
+        self.signal.lock().flight = Flight::Queued(covered);
+        if self.lane != self.user
+            && let Err(e) = gpu.stream_wait_event(self.lane, self.event)
+        {
+            // The event is recorded: the fallback query delivers it.
+            tracing::warn!(stream = %self.stream, error = %e, "notifier wait failed");
+            self.signal.kick.pending();
+            return;
+        }
+        let signal = self.signal.clone();
+        if let Err(e) = gpu.launch_host_fn(self.lane, Box::new(move || signal.deliver(covered))) {
+            tracing::warn!(stream = %self.stream, error = %e, "notifier host function failed");
+            self.signal.kick.pending();
+        }
+    }
+
+    /// The fallback: delivers an in-flight notification whose event is done,
+    /// fails every waiter when the query fails, launches when idle. Returns
+    /// whether the stream failed.
+    pub(crate) fn fallback_check(&self, gpu: &dyn Gpu) -> bool {
+        let flight = self.signal.lock().flight;
+        match flight {
+            Flight::Queued(covered) => match gpu.event_query(self.event) {
+                Ok(true) => self.signal.deliver(covered),
+                Ok(false) => {}
+                Err(e) => {
+                    self.fail_all(gpu_error(e));
+                    return true;
+                }
+            },
+            Flight::Idle => self.launch(gpu),
+            Flight::Launching => {}
+        }
+        false
+    }
+
+    /// Fails every waiter with `error` and forgets the pending frees (they
+    /// stay counted in the inner resource's pending bytes, since nothing
+    /// says they executed).
+    pub(crate) fn fail_all(&self, error: ResourceError) {
+        let (waiters, frees) = {
+            let mut st = self.signal.lock();
+            st.flight = Flight::Idle;
+            st.wanted = false;
+            let frees = std::mem::take(&mut st.frees).len();
+            (std::mem::take(&mut st.waiters), frees)
+        };
+        if frees > 0 || !waiters.is_empty() {
+            tracing::error!(stream = %self.stream, %error, waiters = waiters.len(), frees,
+                "completion notifications failed");
+        }
+        let wake: Vec<Waker> = waiters
+            .values()
+            .filter_map(|w| w.fail(error.clone()))
+            .collect();
+        wake.into_iter().for_each(Waker::wake);
+    }
+
+    /// Releases the notifier's GPU handles. Called once, by the owner's drop.
+    pub(crate) fn release(&self, gpu: &dyn Gpu) {
+        // An event still awaited by a queued wait is left alone (a destroyed
+        // and re-created event could redirect that wait); the driver would
+        // release it with the context.
+        if self.signal.lock().flight == Flight::Idle {
+            let _ = gpu.event_destroy(self.event);
+        }
+        if self.owns_lane {
+            let _ = gpu.destroy_stream(self.lane);
+        }
+    }
+}

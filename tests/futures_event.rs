@@ -1,0 +1,261 @@
+//! EventFuture: completion points, coalesced notifications, bad input.
+
+mod common;
+
+use std::task::Poll;
+
+use common::{CountingWaker, poll_once};
+use streamalloc::futures::WaitPolicy;
+use streamalloc::gpu::Gpu;
+use streamalloc::gpu::sim::{MemAccess, SimGpu};
+use streamalloc::{Access, AllocTag, DriverCall, ResourceError, StreamId};
+
+#[test]
+fn a_future_never_completes_before_its_point() {
+    for seed in 0..8 {
+        let f = common::sim_with(SimGpu::builder().manual().seed(seed).build(), 2);
+        let gpu = f.sim.clone().unwrap();
+        let res = common::async_resource(&f);
+        let (s, other) = (f.stream(0), f.stream(1));
+        let raw = f.pool.raw(s).unwrap();
+        let block = res.try_allocate(4096, s, AllocTag::UNTAGGED).unwrap();
+        for _ in 0..3 {
+            gpu.launch_kernel(raw, &[MemAccess::write(&block)]).unwrap();
+        }
+        // Work on another stream, so that steps interleave.
+        gpu.launch_kernel(f.pool.raw(other).unwrap(), &[]).unwrap();
+        // A probe recorded right after the kernels: the future's point is
+        // after it, so the future must not be ready before the probe is.
+        let probe = gpu.event_create().unwrap();
+        gpu.event_record(probe, raw).unwrap();
+        let mut fut = res.finish_block_use(block.id(), s, Access::Write).unwrap();
+        let (counter, waker) = CountingWaker::new();
+        assert!(poll_once(&mut fut, &waker).is_pending());
+        assert_eq!(res.parked_points(), 1);
+        let mut steps = 0;
+        loop {
+            if poll_once(&mut fut, &waker).is_ready() {
+                assert!(gpu.event_query(probe).unwrap(), "ready before its point");
+                break;
+            }
+            assert!(gpu.step(), "nothing left to run but the future is pending");
+            steps += 1;
+            assert!(steps < 100);
+        }
+        assert!(steps >= 3, "three kernels had to run first");
+        assert_eq!(res.parked_points(), 0);
+        let _ = counter.count();
+        drop(fut);
+        gpu.run_until_idle();
+    }
+}
+
+#[test]
+fn a_host_function_notification_wakes_the_parked_task() {
+    let f = common::sim(1);
+    let gpu = f.sim.clone().unwrap();
+    let res = common::async_resource(&f);
+    res.set_wait_policy(WaitPolicy::PARK_AT_ONCE);
+    let s = f.stream(0);
+    gpu.launch_kernel(f.pool.raw(s).unwrap(), &[]).unwrap();
+    let mut futs: Vec<_> = (0..5).map(|_| res.completion(s).unwrap()).collect();
+    let (counter, waker) = CountingWaker::new();
+    for fut in &mut futs {
+        assert!(poll_once(fut, &waker).is_pending());
+    }
+    // One notification covers all five points.
+    assert_eq!(res.notifications(), 1);
+    assert_eq!(gpu.call_count(DriverCall::LaunchHostFunc), 1);
+    gpu.run_until_idle();
+    // The host function ran: every parked task was woken, in one cut.
+    assert_eq!(counter.count(), 5);
+    for fut in &mut futs {
+        assert_eq!(poll_once(fut, &waker), Poll::Ready(Ok(())));
+    }
+}
+
+#[test]
+fn notifications_run_on_a_lane_of_their_own() {
+    let f = common::sim(3);
+    let gpu = f.sim.clone().unwrap();
+    let before = gpu.stream_count();
+    let res = common::async_resource(&f);
+    assert_eq!(
+        gpu.stream_count(),
+        before + 3,
+        "one notifier stream per user stream"
+    );
+    let s = f.stream(0);
+    let raw = f.pool.raw(s).unwrap();
+    gpu.launch_kernel(raw, &[]).unwrap();
+    let mut fut = res.completion(s).unwrap();
+    let (_c, waker) = CountingWaker::new();
+    assert!(poll_once(&mut fut, &waker).is_pending());
+    // The user stream can drain completely while the host function has not
+    // run: it is not queued behind the user's work on that stream.
+    gpu.stream_synchronize(raw).unwrap();
+    gpu.run_until_idle();
+    assert_eq!(poll_once(&mut fut, &waker), Poll::Ready(Ok(())));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_concurrent_futures_all_complete() {
+    let f = common::sim_with(SimGpu::new(), 8);
+    let gpu = f.sim.clone().unwrap();
+    let res = common::async_resource(&f);
+    let mut futs = Vec::with_capacity(10_000);
+    for i in 0..10_000 {
+        let s = f.stream(i % 8);
+        gpu.launch_kernel(f.pool.raw(s).unwrap(), &[]).unwrap();
+        futs.push(res.completion(s).unwrap());
+    }
+    let tasks: Vec<_> = futs.into_iter().map(tokio::spawn).collect();
+    let mut ok = 0;
+    for t in tasks {
+        let r = tokio::time::timeout(std::time::Duration::from_secs(60), t)
+            .await
+            .expect("hang guard")
+            .unwrap();
+        assert_eq!(r, Ok(()));
+        ok += 1;
+    }
+    assert_eq!(ok, 10_000);
+    assert_eq!(res.parked_points(), 0);
+    // Coalesced: far fewer host functions than futures.
+    assert!(
+        gpu.call_count(DriverCall::LaunchHostFunc) < 1_000,
+        "{} host functions for 10,000 futures",
+        gpu.call_count(DriverCall::LaunchHostFunc)
+    );
+}
+
+#[test]
+fn bad_input_is_refused_and_changes_nothing() {
+    let f = common::sim(2);
+    let gpu = f.sim.clone().unwrap();
+    let res = common::async_resource(&f);
+    let s = f.stream(0);
+    let block = res.try_allocate(4096, s, AllocTag::UNTAGGED).unwrap();
+    drop(res.finish_block_use(block.id(), s, Access::Write).unwrap());
+    let events_before = res.inner().pending_use_event_count(block.ptr());
+    let records = gpu.call_count(DriverCall::EventRecord);
+
+    let unknown = StreamId::new(0, 7);
+    let foreign = StreamId::new(3, 0);
+    assert!(matches!(
+        res.completion(unknown),
+        Err(ResourceError::UnknownStream { .. })
+    ));
+    assert!(matches!(
+        res.completion(foreign),
+        Err(ResourceError::WrongDevice { .. })
+    ));
+    assert!(matches!(
+        res.finish_block_use(block.id(), unknown, Access::Read),
+        Err(ResourceError::UnknownStream { .. })
+    ));
+    let stale = block.clone();
+    res.deallocate(block).unwrap();
+    // A second free of the same block: refused, nothing queued.
+    let pending = res.inner().pending_free_bytes();
+    let outstanding = res.bytes_outstanding();
+    assert!(matches!(
+        res.deallocate(stale.clone()),
+        Err(ResourceError::DoubleFree { .. })
+    ));
+    assert!(matches!(
+        res.finish_block_use(stale.id(), s, Access::Read),
+        Err(ResourceError::DoubleFree { .. })
+    ));
+    assert_eq!(res.inner().pending_free_bytes(), pending);
+    assert_eq!(res.bytes_outstanding(), outstanding);
+    assert_eq!(events_before, Some(1));
+    // Only the deallocate's own notification recorded an event since.
+    assert_eq!(gpu.call_count(DriverCall::EventRecord), records + 1);
+    assert_eq!(res.parked_points(), 0);
+}
+
+#[test]
+fn a_failed_event_record_is_an_error_not_a_hang() {
+    let f = common::sim(1);
+    let gpu = f.sim.clone().unwrap();
+    let res = common::async_resource(&f);
+    let s = f.stream(0);
+    gpu.fail_nth(DriverCall::EventRecord, 1);
+    assert!(matches!(
+        res.completion(s),
+        Err(ResourceError::Driver {
+            call: DriverCall::EventRecord,
+            ..
+        })
+    ));
+    assert_eq!(res.parked_points(), 0);
+    // The next one works.
+    let mut fut = res.completion(s).unwrap();
+    let (_c, waker) = CountingWaker::new();
+    gpu.run_until_idle();
+    assert_eq!(poll_once(&mut fut, &waker), Poll::Ready(Ok(())));
+}
+
+#[test]
+fn a_yielding_future_queues_no_notification_until_it_parks() {
+    let f = common::sim(1);
+    let gpu = f.sim.clone().unwrap();
+    let res = common::async_resource(&f);
+    assert_eq!(res.wait_policy(), WaitPolicy::DEFAULT);
+    // A yield budget no test run can exhaust, so that the result does not
+    // depend on the machine's speed.
+    res.set_wait_policy(WaitPolicy {
+        spin: std::time::Duration::ZERO,
+        yield_for: std::time::Duration::from_secs(3600),
+    });
+    let s = f.stream(0);
+    gpu.launch_kernel(f.pool.raw(s).unwrap(), &[]).unwrap();
+    let mut first = res.completion(s).unwrap();
+    let mut second = res.completion(s).unwrap();
+    let (counter, waker) = CountingWaker::new();
+    // Yields: wakes itself to be polled again, queues no host function.
+    assert!(poll_once(&mut first, &waker).is_pending());
+    assert_eq!(counter.count(), 1);
+    assert!(poll_once(&mut first, &waker).is_pending());
+    assert_eq!(counter.count(), 2);
+    assert_eq!(res.notifications(), 0);
+    // Behind a pending point of the same stream: parks at once, and its
+    // notification covers the first one too.
+    assert!(poll_once(&mut second, &waker).is_pending());
+    assert_eq!(res.notifications(), 1);
+    assert_eq!(counter.count(), 2);
+    gpu.run_until_idle();
+    assert_eq!(poll_once(&mut first, &waker), Poll::Ready(Ok(())));
+    assert_eq!(common::drive(&gpu, &mut second), Ok(()));
+    assert_eq!(res.notifications(), 1);
+}
+
+#[test]
+fn the_next_notification_is_queued_when_one_lands_with_more_pending() {
+    let f = common::sim(1);
+    let gpu = f.sim.clone().unwrap();
+    let res = common::async_resource(&f);
+    res.set_wait_policy(WaitPolicy::PARK_AT_ONCE);
+    let s = f.stream(0);
+    let raw = f.pool.raw(s).unwrap();
+    let (_c, waker) = CountingWaker::new();
+    gpu.launch_kernel(raw, &[]).unwrap();
+    let mut first = res.completion(s).unwrap();
+    assert!(poll_once(&mut first, &waker).is_pending());
+    // Marked after the first notification was queued: not covered by it.
+    gpu.launch_kernel(raw, &[]).unwrap();
+    let mut second = res.completion(s).unwrap();
+    assert!(poll_once(&mut second, &waker).is_pending());
+    assert_eq!(res.notifications(), 1, "one in flight per stream");
+    assert_eq!(common::drive(&gpu, &mut first), Ok(()));
+    // The landing notification saw the second point pending and had the
+    // dispatcher (here the watchdog thread) queue the next one.
+    let guard = std::time::Instant::now();
+    while res.notifications() < 2 {
+        assert!(guard.elapsed() < std::time::Duration::from_secs(10), "hang");
+        std::thread::yield_now();
+    }
+    assert_eq!(common::drive(&gpu, &mut second), Ok(()));
+    assert_eq!(res.notifications(), 2);
+}

@@ -1,0 +1,129 @@
+//! Device faults and failed notifications: every future resolves, none hangs.
+//!
+//! `tokio::time::timeout` is only a hang guard here: the fallback answers
+//! within a few of its periods.
+
+mod common;
+
+use std::time::Duration;
+
+use streamalloc::futures::{AsyncResource, Reaper};
+use streamalloc::gpu::sim::{MemAccess, SimGpu};
+use streamalloc::{AllocTag, DriverCall, ResourceError, SimResource};
+
+const BLOCK: usize = 4096;
+const TAG: AllocTag = AllocTag("fault");
+const GUARD: Duration = Duration::from_secs(10);
+
+fn slow(streams: usize) -> (common::Fixture<SimGpu>, AsyncResource<SimResource>) {
+    let gpu = SimGpu::builder()
+        .capacity(2 * BLOCK)
+        .op_latency(Duration::from_millis(20))
+        .build();
+    let f = common::sim_with(gpu, streams);
+    let res = common::async_resource(&f);
+    (f, res)
+}
+
+fn is_device_error(e: &ResourceError) -> bool {
+    matches!(
+        e,
+        ResourceError::Driver { .. } | ResourceError::DeviceUnavailable { .. }
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_fault_fails_every_waiter_instead_of_hanging() {
+    let (f, res) = slow(2);
+    let gpu = f.sim.clone().unwrap();
+    let (s0, s1) = (f.stream(0), f.stream(1));
+    let held = res.try_allocate(BLOCK, s0, TAG).unwrap();
+    let freed = res.try_allocate(BLOCK, s0, TAG).unwrap();
+    for s in [s0, s1] {
+        for _ in 0..50 {
+            gpu.launch_kernel(f.pool.raw(s).unwrap(), &[MemAccess::write(&held)])
+                .unwrap();
+        }
+    }
+    let mut points = Vec::new();
+    for _ in 0..10 {
+        for s in [s0, s1] {
+            points.push(tokio::spawn(res.completion(s).unwrap()));
+        }
+    }
+    // A free stuck behind the work, awaited.
+    let free = tokio::spawn(res.deallocate(freed).unwrap());
+    // An allocation on the other stream, waiting for that free to execute.
+    let alloc = tokio::spawn({
+        let res = res.clone();
+        async move { res.allocate(BLOCK, s1, TAG).await }
+    });
+    let reap = tokio::spawn(res.reap_pending());
+    while res.parked_points() < 22 || res.waiting_allocations() < 1 {
+        tokio::task::yield_now().await;
+    }
+    gpu.inject_device_fault();
+
+    for p in points {
+        let r = tokio::time::timeout(GUARD, p).await.expect("hang").unwrap();
+        assert!(is_device_error(&r.unwrap_err()));
+    }
+    let r = tokio::time::timeout(GUARD, free)
+        .await
+        .expect("hang")
+        .unwrap();
+    assert!(is_device_error(&r.unwrap_err()));
+    let r = tokio::time::timeout(GUARD, reap)
+        .await
+        .expect("hang")
+        .unwrap();
+    assert!(is_device_error(&r.unwrap_err()));
+    let r = tokio::time::timeout(GUARD, alloc)
+        .await
+        .expect("hang")
+        .unwrap();
+    assert!(is_device_error(&r.unwrap_err()));
+    assert_eq!(res.parked_points(), 0);
+    assert_eq!(res.waiting_allocations(), 0);
+
+    // New work fails at once.
+    assert!(is_device_error(&res.completion(s0).unwrap_err()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_host_function_is_covered_by_the_fallback_query() {
+    let f = common::sim_with(SimGpu::new(), 1);
+    let gpu = f.sim.clone().unwrap();
+    let res = common::async_resource(&f);
+    let s = f.stream(0);
+    let block = res.try_allocate(BLOCK, s, TAG).unwrap();
+    gpu.fail_nth(DriverCall::LaunchHostFunc, 1);
+    // Awaited free: its only notification's host function fails to queue.
+    let r = tokio::time::timeout(GUARD, res.deallocate(block).unwrap())
+        .await
+        .expect("hang");
+    assert_eq!(r, Ok(()));
+    assert_eq!(res.bytes_outstanding(), 0);
+    assert_eq!(gpu.call_count(DriverCall::LaunchHostFunc), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reaper_shutdown_on_a_dead_device_reports_instead_of_hanging() {
+    let (f, res) = slow(1);
+    let gpu = f.sim.clone().unwrap();
+    let s = f.stream(0);
+    let reaper = Reaper::spawn(&res);
+    let block = res.try_allocate(BLOCK, s, TAG).unwrap();
+    for _ in 0..20 {
+        gpu.launch_kernel(f.pool.raw(s).unwrap(), &[MemAccess::write(&block)])
+            .unwrap();
+    }
+    drop(res.deallocate(block).unwrap());
+    gpu.inject_device_fault();
+    let r = tokio::time::timeout(GUARD, reaper.shutdown())
+        .await
+        .expect("hang");
+    // The free was pending when the device died: the drain reports it.
+    assert!(is_device_error(&r.unwrap_err()));
+    assert_eq!(res.parked_points(), 0);
+}
