@@ -298,6 +298,7 @@ impl<G: Gpu> StreamOrderedResource<G> {
         raw_use: RawStream,
         access: Access,
     ) -> ResourceResult<()> {
+        let mut allocation_point = None;
         if record.uses.last_write.is_none() && use_stream != record.stream {
             // First use on another stream: order it after the allocation by
             // recording where the allocation stream is now.
@@ -307,13 +308,24 @@ impl<G: Gpu> StreamOrderedResource<G> {
                 return Err(self.driver(e));
             }
             record.uses.last_write = Some((record.stream, event));
+            allocation_point = Some(event);
         }
-        for event in record.uses.waits_for(use_stream, access) {
-            self.gpu
-                .stream_wait_event(raw_use, event)
-                .map_err(|e| self.driver(e))?;
+        let failed = record
+            .uses
+            .waits_for(use_stream, access)
+            .find_map(|event| self.gpu.stream_wait_event(raw_use, event).err());
+        match failed {
+            None => Ok(()),
+            Some(e) => {
+                // A failed call changes nothing: the allocation point goes
+                // back to the pool (the waits already queued only order more).
+                if let Some(event) = allocation_point {
+                    record.uses.last_write = None;
+                    self.events.give([event]);
+                }
+                Err(self.driver(e))
+            }
         }
-        Ok(())
     }
 
     /// Records the end of a use of `access` on `use_stream`.
