@@ -32,6 +32,7 @@
 pub mod error;
 pub mod gpu;
 pub mod resource;
+mod sync;
 pub mod types;
 
 pub use error::{DriverCall, ResourceError, ResourceResult};
