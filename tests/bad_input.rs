@@ -22,6 +22,8 @@ struct Scene {
     used: DeviceBlock,
     fresh: DeviceBlock,
     freed: DeviceBlock,
+    /// `EventCreate` calls that were made to fail (they created nothing).
+    failed_creates: std::cell::Cell<u64>,
 }
 
 fn scene() -> Scene {
@@ -41,6 +43,7 @@ fn scene() -> Scene {
         used,
         fresh,
         freed,
+        failed_creates: Default::default(),
     }
 }
 
@@ -66,13 +69,17 @@ impl Scene {
         assert_eq!(self.snapshot(), before, "{what}: counters changed");
     }
 
-    /// Frees what is live, reaps, and checks that nothing was lost or raced.
+    /// Frees what is live, reaps, and checks that nothing was lost or raced:
+    /// no byte outstanding, and every event created is back in the pool.
     fn clean_up(self) {
         let r = &self.f.resource;
         r.deallocate(self.used).unwrap();
         r.deallocate(self.fresh).unwrap();
         settle(&self.f);
         assert_drained(&self.f);
+        let gpu = self.f.sim.as_ref().unwrap();
+        let created = gpu.call_count(DriverCall::EventCreate) - self.failed_creates.get();
+        assert_eq!(r.pooled_events() as u64, created, "events leaked");
     }
 }
 
@@ -330,6 +337,7 @@ fn failing_event_create() {
         |r| r.record_block_use(&s.fresh, c),
         driver(DriverCall::EventCreate),
     );
+    s.failed_creates.set(3);
     s.clean_up();
 }
 
@@ -422,5 +430,34 @@ fn every_call_the_resource_makes_is_covered() {
             DriverCall::StreamWaitEvent,
             DriverCall::StreamSynchronize,
         ]
+    );
+}
+
+#[test]
+fn device_fault() {
+    // After a fault (an illegal address), every call fails with the driver's
+    // error, nothing changes, and nothing panics; the memory is lost with
+    // the device, as on CUDA.
+    let s = scene();
+    let gpu = s.f.sim.clone().unwrap();
+    gpu.inject_device_fault();
+    let (a, c) = (s.f.stream(0), s.f.stream(2));
+    let faulted = |e: &ResourceError| matches!(e, ResourceError::Driver { code: 700, .. });
+    s.refused("allocate", |r| r.allocate(64, a, TAG), faulted);
+    s.refused("deallocate", |r| r.deallocate(s.fresh.clone()), faulted);
+    s.refused(
+        "prepare",
+        |r| r.prepare_block_use(s.used.id(), c, Access::Write),
+        faulted,
+    );
+    s.refused(
+        "finish",
+        |r| r.finish_block_use(s.used.id(), c, Access::Read),
+        faulted,
+    );
+    s.refused("reap", |r| r.reap_pending(), faulted);
+    assert_eq!(
+        s.f.resource.block_state(s.fresh.id()),
+        Some(BlockState::Live)
     );
 }

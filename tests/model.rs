@@ -14,7 +14,8 @@ use std::collections::BTreeSet;
 use proptest::prelude::*;
 use streamalloc::gpu::sim::{MemAccess, SimGpu};
 use streamalloc::{
-    Access, AllocTag, DeviceBlock, DeviceMemoryResource, ResourceError, SimResource, StreamPool,
+    Access, AllocTag, DeviceBlock, DeviceMemoryResource, DriverCall, ResourceError, SimResource,
+    StreamPool,
 };
 use support::assert_quiescent_invariants;
 
@@ -280,6 +281,11 @@ fn finish(r: &SimResource, gpu: &SimGpu, models: Vec<Model>) -> Result<(), TestC
     prop_assert_eq!(r.pending_free_bytes(), 0);
     prop_assert_eq!(r.live_blocks(), 0);
     prop_assert_eq!(r.bytes_outstanding(), 0);
+    prop_assert_eq!(
+        r.pooled_events() as u64,
+        gpu.call_count(DriverCall::EventCreate),
+        "events leaked"
+    );
     let races = gpu.races();
     prop_assert!(races.is_empty(), "races: {:#?}", races);
     Ok(())
