@@ -60,3 +60,91 @@ fn a_dropped_resource_does_not_wedge_the_next_one() {
     assert!(gpu.is_idle());
     assert_eq!(r2.bytes_outstanding(), 0);
 }
+
+/// The reuse rules of DESIGN.md ("What the driver's pool does about reuse"),
+/// which the simulated address space must follow so that a missing wait the
+/// GPU would expose, the simulator exposes too.
+mod reuse_rules {
+    use streamalloc::gpu::Gpu;
+    use streamalloc::gpu::sim::{MemAccess, SimGpu};
+    use streamalloc::{AllocTag, DeviceBlock, StreamId};
+
+    fn block(ptr: u64, size: usize) -> DeviceBlock {
+        let id = streamalloc::BlockId::new(streamalloc::ResourceId::fresh(), 1);
+        DeviceBlock::new(id, ptr, size, StreamId::new(0, 0), AllocTag::UNTAGGED)
+    }
+
+    #[test]
+    fn same_stream_reuses_at_once() {
+        let gpu = SimGpu::builder().manual().build();
+        let a = gpu.create_stream();
+        let x = gpu.alloc_async(4096, a).unwrap();
+        gpu.launch_kernel(a, &[MemAccess::write(&block(x, 4096))])
+            .unwrap();
+        gpu.free_async(x, a).unwrap();
+        assert_eq!(gpu.alloc_async(4096, a).unwrap(), x);
+    }
+
+    #[test]
+    fn another_stream_does_not_take_a_free_still_queued() {
+        let gpu = SimGpu::builder().manual().build();
+        let (a, b) = (gpu.create_stream(), gpu.create_stream());
+        let x = gpu.alloc_async(4096, a).unwrap();
+        gpu.launch_kernel(a, &[MemAccess::write(&block(x, 4096))])
+            .unwrap();
+        gpu.free_async(x, a).unwrap();
+        let y = gpu.alloc_async(4096, b).unwrap();
+        assert_ne!(y, x);
+        gpu.run_until_idle();
+        assert!(gpu.races().is_empty(), "{:?}", gpu.races());
+    }
+
+    #[test]
+    fn another_stream_takes_an_executed_free() {
+        let gpu = SimGpu::builder().manual().build();
+        let (a, b) = (gpu.create_stream(), gpu.create_stream());
+        let x = gpu.alloc_async(4096, a).unwrap();
+        gpu.free_async(x, a).unwrap();
+        // The free runs; no host synchronization orders B after it.
+        while gpu.step() {}
+        assert!(gpu.is_idle());
+        assert_eq!(gpu.alloc_async(4096, b).unwrap(), x);
+    }
+
+    #[test]
+    fn another_stream_ordered_after_the_free_takes_it_while_busy() {
+        let gpu = SimGpu::builder().manual().build();
+        let (a, b) = (gpu.create_stream(), gpu.create_stream());
+        let x = gpu.alloc_async(4096, a).unwrap();
+        gpu.launch_kernel(a, &[MemAccess::write(&block(x, 4096))])
+            .unwrap();
+        gpu.free_async(x, a).unwrap();
+        let after_free = gpu.event_create().unwrap();
+        gpu.event_record(after_free, a).unwrap();
+        gpu.stream_wait_event(b, after_free).unwrap();
+        assert!(!gpu.is_idle(), "stream A is still busy");
+        let y = gpu.alloc_async(4096, b).unwrap();
+        assert_eq!(y, x);
+        gpu.launch_kernel(b, &[MemAccess::write(&block(y, 4096))])
+            .unwrap();
+        gpu.run_until_idle();
+        assert!(gpu.races().is_empty(), "{:?}", gpu.races());
+    }
+
+    #[test]
+    fn zero_bytes_is_address_zero_and_huge_is_out_of_memory() {
+        let gpu = SimGpu::builder().manual().capacity(1 << 30).build();
+        let a = gpu.create_stream();
+        assert_eq!(gpu.alloc_async(0, a).unwrap(), 0);
+        gpu.free_async(0, a).unwrap();
+        assert!(matches!(
+            gpu.alloc_async(1 << 50, a),
+            Err(streamalloc::gpu::GpuError::OutOfMemory { available }) if available == 1 << 30
+        ));
+        // The stream stays usable.
+        let x = gpu.alloc_async(256, a).unwrap();
+        gpu.free_async(x, a).unwrap();
+        gpu.stream_synchronize(a).unwrap();
+        assert_eq!(gpu.free_bytes(), 1 << 30);
+    }
+}
