@@ -12,6 +12,7 @@ mod support;
 use std::collections::BTreeSet;
 
 use proptest::prelude::*;
+use streamalloc::gpu::Gpu;
 use streamalloc::gpu::sim::{MemAccess, SimGpu};
 use streamalloc::{
     Access, AllocTag, DeviceBlock, DeviceMemoryResource, DriverCall, ResourceError, SimResource,
@@ -65,7 +66,13 @@ enum Op {
     Step {
         n: u8,
     },
+    /// `reap_pending`: synchronizes every stream with pending frees.
     Reap,
+    /// Notification-style reap of one stream: read `pending_free_seq`,
+    /// synchronize the stream, `reap_through` that sequence number.
+    ReapStream {
+        stream: usize,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -85,6 +92,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (slot.clone(), stream.clone()).prop_map(|(slot, stream)| Op::Stale { slot, stream }),
         1 => (1u8..8).prop_map(|n| Op::Step { n }),
         1 => Just(Op::Reap),
+        1 => stream.prop_map(|stream| Op::ReapStream { stream }),
     ]
 }
 
@@ -110,8 +118,9 @@ struct Model {
     live: Vec<ModelBlock>,
     freed: Vec<DeviceBlock>,
     live_bytes: usize,
-    /// Bytes freed and not yet reaped (single-threaded model only).
-    pending: usize,
+    /// Bytes freed and not yet reaped, per stream (single-threaded model
+    /// only).
+    pending: [usize; STREAMS],
 }
 
 fn access(write: bool) -> Access {
@@ -146,7 +155,7 @@ fn apply(
         Op::Free { slot } if n > 0 => {
             let m = model.live.swap_remove(slot % n);
             model.live_bytes -= m.block.size();
-            model.pending += m.block.size();
+            model.pending[m.block.stream().index() as usize] += m.block.size();
             r.deallocate(m.block.clone()).unwrap();
             model.freed.push(m.block);
         }
@@ -237,7 +246,16 @@ fn apply(
         }
         Op::Reap => {
             r.reap_pending().unwrap();
-            model.pending = 0;
+            model.pending = [0; STREAMS];
+        }
+        Op::ReapStream { stream } => {
+            let seq = r.pending_free_seq(sid(stream));
+            gpu.stream_synchronize(raw(stream)).unwrap();
+            let drained = r.reap_through(sid(stream), seq);
+            if alone {
+                prop_assert_eq!(drained, model.pending[stream]);
+            }
+            model.pending[stream] = 0;
         }
         // A block op with no block to act on.
         _ => {}
@@ -263,7 +281,11 @@ fn check_totals(r: &SimResource, model: &Model) -> Result<(), TestCaseError> {
     );
     prop_assert_eq!(r.live_bytes(), model.live_bytes);
     prop_assert_eq!(r.live_blocks(), model.live.len());
-    prop_assert_eq!(r.pending_free_bytes(), model.pending);
+    prop_assert_eq!(r.pending_free_bytes(), model.pending.iter().sum::<usize>());
+    for (s, &bytes) in model.pending.iter().enumerate() {
+        let id = r.stream_pool().id(s).unwrap();
+        prop_assert_eq!(r.pending_frees().stream_bytes(id), bytes, "stream {}", s);
+    }
     Ok(())
 }
 
