@@ -636,6 +636,30 @@ mod loom_tests {
         });
     }
 
+    /// Two threads free clones of one block: exactly one free wins, the
+    /// other is a `DoubleFree`, and the bytes are pending once.
+    #[test]
+    fn racing_double_free_frees_once() {
+        loom::model(|| {
+            let (gpu, r, block) = fixture();
+            let other = {
+                let (r, block) = (r.clone(), block.clone());
+                thread::spawn(move || r.deallocate(block))
+            };
+            let mine = r.deallocate(block.clone());
+            let theirs = other.join().unwrap();
+            let double = ResourceError::DoubleFree { block: block.id() };
+            assert!(
+                matches!((&mine, &theirs), (Ok(()), Err(e)) | (Err(e), Ok(())) if *e == double),
+                "{mine:?} / {theirs:?}"
+            );
+            assert_eq!(r.pending_free_bytes(), SIZE);
+            assert_eq!(r.pending_per_stream_total(), SIZE);
+            assert_eq!(r.live_bytes(), 0);
+            assert_eq!(gpu.call_count(DriverCall::FreeAsync), 1);
+        });
+    }
+
     /// A successful free racing a cross-stream use (prepare + finish) and a
     /// reap: the counters agree at the end, and nothing is lost.
     #[test]
