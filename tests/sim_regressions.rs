@@ -148,3 +148,37 @@ mod reuse_rules {
         assert_eq!(gpu.free_bytes(), 1 << 30);
     }
 }
+
+/// The detector reports each kind of bug between two streams on one
+/// allocation: an earlier unordered access between streams A and B did hide
+/// a later use after free between the same streams (reports were
+/// de-duplicated by address and streams alone).
+#[test]
+fn an_earlier_race_does_not_hide_a_use_after_free() {
+    use streamalloc::gpu::sim::{MemAccess, RaceKind};
+    use streamalloc::{AllocTag, BlockId, DeviceBlock, ResourceId, StreamId};
+    let gpu = SimGpu::builder().manual().build();
+    let (a, b) = (gpu.create_stream(), gpu.create_stream());
+    let x = gpu.alloc_async(4096, a).unwrap();
+    let block = DeviceBlock::new(
+        BlockId::new(ResourceId::fresh(), 1),
+        x,
+        4096,
+        StreamId::new(0, 0),
+        AllocTag::UNTAGGED,
+    );
+    // B reads without being ordered after the allocation on A: unordered.
+    gpu.launch_kernel(b, &[MemAccess::read(&block)]).unwrap();
+    // The free on A is ordered after B's read; then B, ordered after the
+    // free, reads again: a use after free.
+    let read_done = gpu.event_create().unwrap();
+    gpu.event_record(read_done, b).unwrap();
+    gpu.stream_wait_event(a, read_done).unwrap();
+    gpu.free_async(x, a).unwrap();
+    let freed = gpu.event_create().unwrap();
+    gpu.event_record(freed, a).unwrap();
+    gpu.stream_wait_event(b, freed).unwrap();
+    gpu.launch_kernel(b, &[MemAccess::read(&block)]).unwrap();
+    let kinds: Vec<RaceKind> = gpu.races().iter().map(|r| r.kind).collect();
+    assert_eq!(kinds, [RaceKind::Unordered, RaceKind::UseAfterFree]);
+}
