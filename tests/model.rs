@@ -313,9 +313,18 @@ fn finish(r: &SimResource, gpu: &SimGpu, models: Vec<Model>) -> Result<(), TestC
     Ok(())
 }
 
+/// `default` cases, or `PROPTEST_CASES` when set (for a longer hunt, or a
+/// shorter run under Miri).
+fn cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
 proptest! {
     #![proptest_config(ProptestConfig {
-        cases: 256,
+        cases: cases(256),
         max_shrink_iters: 4096,
         ..ProptestConfig::default()
     })]
@@ -339,7 +348,7 @@ proptest! {
 
 proptest! {
     #![proptest_config(ProptestConfig {
-        cases: 64,
+        cases: cases(64),
         max_shrink_iters: 512,
         ..ProptestConfig::default()
     })]
