@@ -420,3 +420,36 @@ fn write_on_b_without_prepare_races_with_reads_on_a_and_c() {
         assert_eq!(race.later, (SimOp::Kernel(Access::Write), sim_index(&f, b)));
     }
 }
+
+#[test]
+fn resource_types_are_send_and_sync() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<streamalloc::SimResource>();
+    send_sync::<streamalloc::AsyncCudaResource>();
+    send_sync::<streamalloc::StreamPool>();
+    send_sync::<streamalloc::gpu::sim::SimGpu>();
+    send_sync::<DeviceBlock>();
+    send_sync::<ResourceError>();
+    let f = common::sim(1);
+    assert!(f.resource.supports_block_use_tracking());
+}
+
+#[test]
+fn dropping_the_resource_destroys_every_event() {
+    use streamalloc::DriverCall;
+    let f = common::sim(3);
+    let gpu = f.sim.clone().unwrap();
+    written_on_b_after_reads_on_a_and_c(&f);
+    // One block left live with events attached: dropped with the resource.
+    let r = &f.resource;
+    let kept = r.allocate(256, f.stream(0), TAG).unwrap();
+    r.prepare_block_use(kept.id(), f.stream(1), Access::Write)
+        .unwrap();
+    r.finish_block_use(kept.id(), f.stream(1), Access::Write)
+        .unwrap();
+    let created = gpu.call_count(DriverCall::EventCreate);
+    assert!(created >= 4, "{created} events");
+    assert_eq!(gpu.call_count(DriverCall::EventDestroy), 0);
+    drop(f);
+    assert_eq!(gpu.call_count(DriverCall::EventDestroy), created);
+}
