@@ -2,7 +2,8 @@
 //! simulated device with the race detector on, for a bounded time; the
 //! invariants and the detector are checked at the end.
 //!
-//! The run lasts 2 s in CI. For a soak, set `STREAMALLOC_SOAK_SECS`:
+//! The runs last 2 s (and 1 s on a slow device) in CI. For a soak, set
+//! `STREAMALLOC_SOAK_SECS` (each test runs that long):
 //!
 //! ```text
 //! STREAMALLOC_SOAK_SECS=600 cargo test --release --test stress -- --nocapture
@@ -24,20 +25,35 @@ const THREADS: usize = 16;
 const STREAMS: usize = 8;
 const CAPACITY: usize = 4 << 30;
 
-fn duration() -> Duration {
+fn duration(default_secs: u64) -> Duration {
     let secs = std::env::var("STREAMALLOC_SOAK_SECS")
         .ok()
         .and_then(|s| s.parse::<u64>().ok())
-        .unwrap_or(2);
+        .unwrap_or(default_secs);
     Duration::from_secs(secs)
 }
 
 #[test]
 fn sixteen_threads_of_mixed_work() {
-    let gpu = SimGpu::builder().capacity(CAPACITY).seed(7).build();
+    stress(SimGpu::builder().capacity(CAPACITY).seed(7).build(), 2);
+}
+
+/// The same on a device whose kernels take 20 µs each: queues grow, frees
+/// stay pending longer, and cross-stream reuse meets work still running.
+#[test]
+fn sixteen_threads_on_a_slow_device() {
+    let gpu = SimGpu::builder()
+        .capacity(CAPACITY)
+        .seed(11)
+        .op_latency(Duration::from_micros(20))
+        .build();
+    stress(gpu, 1);
+}
+
+fn stress(gpu: std::sync::Arc<SimGpu>, default_secs: u64) {
     let f = common::sim_with(gpu.clone(), STREAMS);
     let (r, pool) = (&f.resource, &f.pool);
-    let deadline = Instant::now() + duration();
+    let deadline = Instant::now() + duration(default_secs);
     let ops = AtomicU64::new(0);
     let handoffs = AtomicU64::new(0);
     let (senders, receivers): (Vec<_>, Vec<_>) =
