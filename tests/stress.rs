@@ -24,6 +24,10 @@ use support::assert_quiescent_invariants;
 const THREADS: usize = 16;
 const STREAMS: usize = 8;
 const CAPACITY: usize = 4 << 30;
+/// Iterations every thread runs whatever the clock says, so that a stalled
+/// machine still exercises something (and the count below is not a timing
+/// assertion).
+const MIN_ITERATIONS: u64 = 50;
 
 fn duration(default_secs: u64) -> Duration {
     let secs = std::env::var("STREAMALLOC_SOAK_SECS")
@@ -71,7 +75,9 @@ fn stress(gpu: std::sync::Arc<SimGpu>, default_secs: u64) {
                     let sid = |s: usize| pool.id(s).unwrap();
                     let raw = |s: usize| pool.raw(sid(s)).unwrap();
                     let mut mine: Vec<DeviceBlock> = Vec::new();
-                    while Instant::now() < deadline {
+                    let mut iterations = 0;
+                    while iterations < MIN_ITERATIONS || Instant::now() < deadline {
+                        iterations += 1;
                         ops.fetch_add(1, Ordering::Relaxed);
                         match rng.u8(..10) {
                             // Allocate on some stream and write it there.
@@ -174,7 +180,10 @@ fn stress(gpu: std::sync::Arc<SimGpu>, default_secs: u64) {
         &races[..races.len().min(5)]
     );
     let ops = ops.load(Ordering::Relaxed);
-    assert!(ops >= THREADS as u64, "only {ops} operations ran");
+    assert!(
+        ops >= THREADS as u64 * MIN_ITERATIONS,
+        "only {ops} operations ran"
+    );
     eprintln!(
         "stress: {ops} operations, {} hand-overs, {} events pooled",
         handoffs.load(Ordering::Relaxed),
