@@ -182,3 +182,42 @@ fn an_earlier_race_does_not_hide_a_use_after_free() {
     let kinds: Vec<RaceKind> = gpu.races().iter().map(|r| r.kind).collect();
     assert_eq!(kinds, [RaceKind::Unordered, RaceKind::UseAfterFree]);
 }
+
+/// Dropping a threaded `SimGpu` stops its device thread before returning, so
+/// that nothing it held (here, a host function a fault kept from running)
+/// outlives it. The thread was detached: Miri reported "the main thread
+/// terminated without waiting for all remaining threads".
+#[test]
+fn dropping_a_threaded_device_stops_its_thread() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    struct SetOnDrop(Arc<AtomicBool>);
+    impl Drop for SetOnDrop {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Release);
+        }
+    }
+
+    let gpu = SimGpu::builder()
+        .op_latency(Duration::from_millis(20))
+        .build();
+    let s = gpu.create_stream();
+    let dropped = Arc::new(AtomicBool::new(false));
+    gpu.launch_kernel(s, &[]).unwrap();
+    let guard = SetOnDrop(dropped.clone());
+    gpu.launch_host_fn(
+        s,
+        Box::new(move || {
+            let _guard = guard;
+        }),
+    )
+    .unwrap();
+    gpu.inject_device_fault();
+    drop(gpu);
+    assert!(
+        dropped.load(Ordering::Acquire),
+        "the queued host function outlived the device"
+    );
+}

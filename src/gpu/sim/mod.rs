@@ -156,16 +156,17 @@ impl SimGpuBuilder {
             shutdown: std::sync::atomic::AtomicBool::new(false),
             op_latency: self.op_latency,
         });
-        if self.progress == Progress::Threaded {
+        let thread = (self.progress == Progress::Threaded).then(|| {
             let thread_shared = shared.clone();
             thread::Builder::new()
                 .name(format!("simgpu-{}", self.ordinal))
                 .spawn(move || device_thread(&thread_shared))
-                .expect("spawning the simulated device thread");
-        }
+                .expect("spawning the simulated device thread")
+        });
         Arc::new(SimGpu {
             shared,
             progress: self.progress,
+            thread,
         })
     }
 }
@@ -221,6 +222,9 @@ fn device_thread(shared: &Shared) {
 pub struct SimGpu {
     shared: Arc<Shared>,
     progress: Progress,
+    /// The device thread in threaded mode; joined on drop, so that nothing
+    /// the device holds (queued host functions) outlives it.
+    thread: Option<thread::JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for SimGpu {
@@ -237,8 +241,17 @@ impl Drop for SimGpu {
         self.shared
             .shutdown
             .store(true, std::sync::atomic::Ordering::Release);
-        let _state = self.shared.lock();
-        self.shared.work.notify_all();
+        {
+            let _state = self.shared.lock();
+            self.shared.work.notify_all();
+        }
+        if let Some(handle) = self.thread.take() {
+            // The last handle may be dropped by a host function, on the
+            // device thread itself: it exits on its own after returning.
+            if handle.thread().id() != thread::current().id() {
+                let _ = handle.join();
+            }
+        }
     }
 }
 
