@@ -12,4 +12,5 @@ cd "$(dirname "$0")/.."
 cargo +nightly miri test --lib -- sim:: resource::
 PROPTEST_CASES=4 STREAMALLOC_SOAK_SECS=1 MIRIFLAGS="${MIRIFLAGS:-} -Zmiri-disable-isolation" \
   cargo +nightly miri test --no-fail-fast \
-  --test smoke --test resource --test bad_input --test model --test sim_regressions --test stress
+  --test smoke --test resource --test bad_input --test model --test sim_regressions --test stress \
+  --test fault_sweep
