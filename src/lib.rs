@@ -41,6 +41,7 @@ pub mod gpu;
 pub mod launch;
 pub mod registry;
 pub mod resource;
+mod sync;
 pub mod types;
 
 pub use adaptors::{

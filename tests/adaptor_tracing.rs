@@ -67,6 +67,15 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> tracing_subscriber::Layer<S> for Ca
     }
 }
 
+/// Tests of this file run one at a time: tracing caches each callsite's
+/// interest globally, and a callsite first reached by a test without a
+/// subscriber, while another test installs one, can be cached as "never".
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn capture<T>(max: Level, f: impl FnOnce() -> T) -> (T, Vec<Captured>) {
     let events = Arc::new(Mutex::new(Vec::new()));
     let layer = Capture {
@@ -74,7 +83,11 @@ fn capture<T>(max: Level, f: impl FnOnce() -> T) -> (T, Vec<Captured>) {
         events: events.clone(),
     };
     let subscriber = tracing_subscriber::registry().with(layer);
-    let out = tracing::subscriber::with_default(subscriber, f);
+    let out = tracing::subscriber::with_default(subscriber, || {
+        // Forget interests cached before this subscriber existed.
+        tracing::callsite::rebuild_interest_cache();
+        f()
+    });
     let events = events.lock().unwrap().clone();
     (out, events)
 }
@@ -88,11 +101,13 @@ fn find<'a>(events: &'a [Captured], message: &str) -> &'a Captured {
 
 #[test]
 fn bad_input_changes_nothing() {
+    let _serial = serial();
     support::check_bad_input(TracingResource::new, |_| ());
 }
 
 #[test]
 fn forwards_what_it_does_not_change() {
+    let _serial = serial();
     support::check_forwarding(TracingResource::new, |_| {});
     let f = common::sim(1);
     assert!(!TracingResource::new(NoTracking(f.resource.clone())).supports_block_use_tracking());
@@ -100,6 +115,7 @@ fn forwards_what_it_does_not_change() {
 
 #[test]
 fn allocate_and_deallocate_emit_events_with_their_fields() {
+    let _serial = serial();
     let f = common::sim(2);
     let r = TracingResource::new(f.resource.clone());
     let (a, b) = (f.stream(0), f.stream(1));
@@ -140,6 +156,7 @@ fn allocate_and_deallocate_emit_events_with_their_fields() {
 
 #[test]
 fn reaps_run_in_a_span_and_report_what_drained() {
+    let _serial = serial();
     let f = common::sim(1);
     let r = TracingResource::new(f.resource.clone());
     let gpu = f.sim.clone().unwrap();
@@ -164,6 +181,7 @@ fn reaps_run_in_a_span_and_report_what_drained() {
 
 #[test]
 fn failures_are_warnings_and_successes_are_silent_at_warn() {
+    let _serial = serial();
     let f = common::sim(1);
     let gpu = f.sim.clone().unwrap();
     let r = TracingResource::new(f.resource.clone());

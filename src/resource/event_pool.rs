@@ -4,9 +4,10 @@
 //! Reusing an event is safe as soon as no one will *queue* a wait on its old
 //! record any more: a wait already queued keeps the record it saw.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use crate::gpu::{Gpu, GpuResult, RawEvent};
+use crate::sync::Mutex;
 
 #[derive(Debug)]
 pub(crate) struct EventPool<G: Gpu> {

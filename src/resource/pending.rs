@@ -9,9 +9,9 @@
 //! lock, so `total() == per_stream_total()` whenever no call is in flight.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 
+use crate::sync::{AtomicUsize, Mutex, MutexGuard};
 use crate::types::StreamId;
 
 #[derive(Debug, Default)]
@@ -29,7 +29,7 @@ pub struct PendingFrees {
 }
 
 impl PendingFrees {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<StreamId, StreamFrees>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<StreamId, StreamFrees>> {
         self.streams.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -112,5 +112,48 @@ mod tests {
         assert_eq!(p.drain_through(b, 1), 5);
         assert_eq!(p.drain_through(a, 3), 40);
         assert_eq!(p.total(), 0);
+    }
+}
+
+/// Loom models: every interleaving of pushes and drains (`--cfg loom`, see
+/// `scripts/model-check.sh`).
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+    use loom::sync::Arc;
+    use loom::thread;
+
+    /// Two pushers and a drainer that cuts at the sequence number it read:
+    /// the global total and the per-stream tallies agree at the end, and the
+    /// drain takes exactly the entries at or below its cut.
+    #[test]
+    fn push_and_drain_keep_the_tallies_together() {
+        loom::model(|| {
+            let p = Arc::new(PendingFrees::default());
+            let (a, b) = (StreamId::new(0, 0), StreamId::new(0, 1));
+            let pusher = {
+                let p = p.clone();
+                thread::spawn(move || {
+                    p.push(a, 10);
+                    p.push(b, 20);
+                })
+            };
+            let drainer = {
+                let p = p.clone();
+                thread::spawn(move || {
+                    let seq = p.last_seq(a);
+                    (seq, p.drain_through(a, seq))
+                })
+            };
+            p.push(a, 5);
+            pusher.join().unwrap();
+            let (seq, drained) = drainer.join().unwrap();
+            assert_eq!(p.total(), p.per_stream_total());
+            assert_eq!(p.total() + drained, 35);
+            assert!(seq <= 2);
+            assert!(matches!(drained, 0 | 5 | 10 | 15), "drained {drained}");
+            assert_eq!(drained == 0, seq == 0);
+            assert_eq!(p.stream_bytes(b), 20);
+        });
     }
 }

@@ -39,8 +39,16 @@ pub(crate) struct AddressSpace {
     free: BTreeMap<u64, FreeRange>,
 }
 
+/// `bytes` rounded up to the allocation granularity. Only sizes that were
+/// allocated (so that [`checked_round_up`] accepted them) may be passed.
 fn round_up(bytes: usize) -> usize {
     bytes.div_ceil(ALIGN) * ALIGN
+}
+
+/// `bytes` rounded up to the allocation granularity, or `None` when that
+/// does not fit in a `usize` (no device has that much memory anyway).
+fn checked_round_up(bytes: usize) -> Option<usize> {
+    bytes.div_ceil(ALIGN).checked_mul(ALIGN)
 }
 
 impl AddressSpace {
@@ -100,7 +108,9 @@ impl AddressSpace {
         stream: usize,
         clock: &VectorClock,
     ) -> Result<u64, usize> {
-        let len = round_up(bytes);
+        let Some(len) = checked_round_up(bytes) else {
+            return Err(self.available_to(stream, clock));
+        };
         let found = self
             .free
             .iter()
@@ -193,6 +203,16 @@ mod tests {
         assert_ne!(a, b, "another stream must not take a pending free");
         let c = space.alloc(1000, 0, &clock0).unwrap();
         assert_eq!(a, c, "the freeing stream reuses at once");
+    }
+
+    #[test]
+    fn requests_near_usize_max_fail_without_overflow() {
+        let mut space = AddressSpace::new(0, 1 << 20);
+        let clock = VectorClock::default();
+        for bytes in [usize::MAX, usize::MAX - ALIGN + 2, usize::MAX / 2 + 1] {
+            assert_eq!(space.alloc(bytes, 0, &clock), Err(1 << 20), "{bytes}");
+        }
+        assert_eq!(space.free_bytes(), 1 << 20);
     }
 
     #[test]

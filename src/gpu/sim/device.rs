@@ -55,6 +55,10 @@ pub(crate) struct SimStream {
 struct SimEvent {
     recorded: u64,
     completed: u64,
+    /// `recorded` when this event was created: a slot reused for a new event
+    /// keeps counting generations, so that waits queued on the destroyed
+    /// event still see theirs complete.
+    base: u64,
     clock: VectorClock,
     alive: bool,
 }
@@ -230,17 +234,29 @@ impl State {
     }
 
     pub(crate) fn event_create(&mut self) -> usize {
-        let ev = SimEvent {
-            alive: true,
-            ..SimEvent::default()
-        };
-        match self.free_event_slots.pop() {
-            Some(slot) => {
-                self.events[slot] = ev;
+        // A destroyed event's slot is reused only once its records have all
+        // run, and keeps its generation counters: a wait queued on the old
+        // event (CUDA allows destroying an event with waits queued) still
+        // finds its generation complete, and no new record can complete it
+        // early.
+        let reusable = self.free_event_slots.iter().position(|&slot| {
+            let ev = &self.events[slot];
+            ev.completed >= ev.recorded
+        });
+        match reusable {
+            Some(i) => {
+                let slot = self.free_event_slots.swap_remove(i);
+                let ev = &mut self.events[slot];
+                ev.alive = true;
+                ev.base = ev.recorded;
+                ev.clock = VectorClock::default();
                 slot
             }
             None => {
-                self.events.push(ev);
+                self.events.push(SimEvent {
+                    alive: true,
+                    ..SimEvent::default()
+                });
                 self.events.len() - 1
             }
         }
@@ -274,7 +290,8 @@ impl State {
         let ev = self.event(e, DriverCall::StreamWaitEvent)?;
         let generation = ev.recorded;
         let clock = ev.clock.clone();
-        if generation == 0 {
+        if generation == ev.base {
+            // Never recorded since it was created: waiting is a no-op.
             return Ok(());
         }
         self.streams[s].clock.join(&clock);

@@ -166,15 +166,17 @@ impl SimGpuBuilder {
             progress_made: Condvar::new(),
             shutdown: std::sync::atomic::AtomicBool::new(false),
             handles: std::sync::atomic::AtomicUsize::new(ordinals.len()),
+            thread: Mutex::new(None),
             op_latency: self.op_latency,
         });
-        if self.progress == Progress::Threaded {
+        let thread = (self.progress == Progress::Threaded).then(|| {
             let thread_shared = shared.clone();
             thread::Builder::new()
                 .name(format!("simgpu-host-{}", self.ordinal))
                 .spawn(move || device_thread(&thread_shared))
-                .expect("spawning the simulated device thread");
-        }
+                .expect("spawning the simulated device thread")
+        });
+        *shared.thread.lock().unwrap_or_else(|p| p.into_inner()) = thread;
         ordinals
             .into_iter()
             .map(|ordinal| {
@@ -197,6 +199,9 @@ struct Shared {
     shutdown: std::sync::atomic::AtomicBool,
     /// Live `SimGpu` handles; the device thread stops with the last.
     handles: std::sync::atomic::AtomicUsize,
+    /// The device thread in threaded mode; the last handle joins it, so that
+    /// nothing the device holds (queued host functions) outlives it.
+    thread: Mutex<Option<thread::JoinHandle<()>>>,
     op_latency: Duration,
 }
 
@@ -260,8 +265,23 @@ impl Drop for SimGpu {
             return;
         }
         self.shared.shutdown.store(true, Ordering::Release);
-        let _state = self.shared.lock();
-        self.shared.work.notify_all();
+        {
+            let _state = self.shared.lock();
+            self.shared.work.notify_all();
+        }
+        let handle = self
+            .shared
+            .thread
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(handle) = handle {
+            // The last handle may be dropped by a host function, on the
+            // device thread itself: it exits on its own after returning.
+            if handle.thread().id() != thread::current().id() {
+                let _ = handle.join();
+            }
+        }
     }
 }
 

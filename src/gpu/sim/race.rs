@@ -90,8 +90,11 @@ struct AllocHistory {
 pub(crate) struct RaceDetector {
     allocs: BTreeMap<u64, AllocHistory>,
     reports: Vec<RaceReport>,
-    // Remembered so that reports are not repeated once per op of a loop.
-    seen: HashMap<(u64, usize, usize), ()>,
+    // Remembered so that reports are not repeated once per op of a loop:
+    // (kind, address, later stream, earlier stream). The kind is part of it,
+    // so that a use after free is not hidden by an earlier race between the
+    // same two streams.
+    seen: HashMap<(u8, u64, usize, usize), ()>,
 }
 
 impl RaceDetector {
@@ -124,6 +127,7 @@ impl RaceDetector {
 
     fn report(&mut self, report: RaceReport) {
         let key = (
+            report.kind as u8,
             report.addr,
             report.later.1,
             report.earlier.map_or(usize::MAX, |e| e.1),

@@ -1,0 +1,17 @@
+//! The synchronization primitives of the bookkeeping: std's, or loom's when
+//! the crate is built with `--cfg loom`, so that the loom models next to the
+//! code (`#[cfg(all(test, loom))]`) explore every interleaving of the real
+//! implementation. See `scripts/model-check.sh`.
+//!
+//! Only the resource layer's state goes through here; the simulated device
+//! keeps std's primitives (it never blocks on a loom object while holding its
+//! own lock, so loom's scheduler cannot switch inside its critical sections).
+
+#[cfg(loom)]
+pub(crate) use loom::sync::atomic::{AtomicU64, AtomicUsize};
+#[cfg(loom)]
+pub(crate) use loom::sync::{Mutex, MutexGuard};
+#[cfg(not(loom))]
+pub(crate) use std::sync::atomic::{AtomicU64, AtomicUsize};
+#[cfg(not(loom))]
+pub(crate) use std::sync::{Mutex, MutexGuard};
