@@ -11,6 +11,7 @@
 //! ## Layers
 //!
 //! ```text
+//!  cache        CachingResource<R>: per-stream free lists by size class
 //!  resource     trait DeviceMemoryResource
 //!               StreamOrderedResource<G>: the bookkeeping, written once
 //!                 AsyncCudaResource = StreamOrderedResource<CudaGpu>
@@ -29,6 +30,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_debug_implementations, rust_2018_idioms)]
 
+pub mod cache;
 pub mod error;
 pub mod gpu;
 pub mod resource;

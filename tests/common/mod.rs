@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use streamalloc::gpu::Gpu;
 use streamalloc::gpu::sim::SimGpu;
-use streamalloc::{AsyncCudaResource, SimResource, StreamId, StreamPool, StreamOrderedResource};
+use streamalloc::{AsyncCudaResource, SimResource, StreamId, StreamOrderedResource, StreamPool};
 
 /// A resource, its pool's stream ids, and (on the simulated device) the
 /// device, so that tests can read races.
@@ -25,7 +25,10 @@ impl<G: Gpu> Fixture<G> {
 
 /// A manual (deterministic) simulated device with `streams` streams.
 pub fn sim(streams: usize) -> Fixture<SimGpu> {
-    sim_with(SimGpu::builder().manual().capacity(64 << 30).build(), streams)
+    sim_with(
+        SimGpu::builder().manual().capacity(64 << 30).build(),
+        streams,
+    )
 }
 
 pub fn sim_with(gpu: Arc<SimGpu>, streams: usize) -> Fixture<SimGpu> {
