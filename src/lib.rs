@@ -32,6 +32,7 @@
 
 pub mod cache;
 pub mod error;
+mod fast_hash;
 pub mod gpu;
 pub mod resource;
 pub mod types;

@@ -7,14 +7,13 @@
 //! reservation, is touched only when a shard needs more of the cap than it
 //! already holds (see [`CachingResource`](super::CachingResource)).
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use super::size_class::SizeClass;
 use super::stats::CacheStats;
 use crate::error::ResourceError;
+use crate::fast_hash::FastMap;
 use crate::types::{BlockId, DeviceBlock, StreamId};
 
 /// Low bits of a cache serial name the shard that handed the block out; the
@@ -46,24 +45,6 @@ pub(crate) struct Lease {
     pub(crate) cross_used: bool,
 }
 
-/// Serials are unique small integers: hashing them is a multiply.
-#[derive(Debug, Default)]
-pub(crate) struct SerialHasher(u64);
-
-impl Hasher for SerialHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-}
-
 /// The state of one stream's shard; guarded by the mutex of its [`Slot`].
 #[derive(Debug)]
 pub(crate) struct Shard {
@@ -75,7 +56,7 @@ pub(crate) struct Shard {
     pub(crate) seen: bool,
     /// Free blocks per size class, most recently freed last (the hottest).
     free: Vec<Vec<DeviceBlock>>,
-    leases: HashMap<u64, Lease, BuildHasherDefault<SerialHasher>>,
+    leases: FastMap<u64, Lease>,
     index: u64,
     next_local: u64,
     /// Bytes in the free lists (class sizes).
@@ -94,7 +75,7 @@ impl Shard {
             stream,
             seen: false,
             free: (0..classes).map(|_| Vec::new()).collect(),
-            leases: HashMap::default(),
+            leases: FastMap::default(),
             index: index as u64,
             next_local: 1,
             cached: 0,

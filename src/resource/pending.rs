@@ -8,10 +8,11 @@
 //! The global total and the per-stream tallies change together under one
 //! lock, so `total() == per_stream_total()` whenever no call is in flight.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use crate::fast_hash::FastMap;
 use crate::types::StreamId;
 
 #[derive(Debug, Default)]
@@ -24,12 +25,12 @@ struct StreamFrees {
 /// Frees queued per stream, with their sequence numbers.
 #[derive(Debug, Default)]
 pub struct PendingFrees {
-    streams: Mutex<HashMap<StreamId, StreamFrees>>,
+    streams: Mutex<FastMap<StreamId, StreamFrees>>,
     total: AtomicUsize,
 }
 
 impl PendingFrees {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<StreamId, StreamFrees>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, FastMap<StreamId, StreamFrees>> {
         self.streams.lock().unwrap_or_else(|p| p.into_inner())
     }
 
