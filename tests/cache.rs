@@ -433,3 +433,33 @@ fn threads_on_their_own_streams_share_one_cache() {
     c.inner.reap_pending().unwrap();
     assert_eq!(c.cache.bytes_outstanding(), 0);
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn on_cuda_reuse_moves_and_trim_work() {
+    let f = common::cuda(2);
+    let cache = CachingResource::new(f.resource.clone());
+    let (a, b) = (f.stream(0), f.stream(1));
+    let block = cache.allocate(100_000, a, T).unwrap();
+    let ptr = block.ptr();
+    cache.deallocate(block).unwrap();
+    let again = cache.allocate(100_000, a, T).unwrap();
+    assert_eq!(again.ptr(), ptr, "same-stream reuse");
+    cache
+        .prepare_block_use(again.id(), b, Access::Write)
+        .unwrap();
+    cache
+        .finish_block_use(again.id(), b, Access::Write)
+        .unwrap();
+    cache.deallocate(again).unwrap();
+    // b has no free block of its own: it takes a's behind an event wait.
+    let warm = cache.allocate(1 << 20, b, T).unwrap();
+    let moved = cache.allocate(100_000, b, T).unwrap();
+    assert_eq!(moved.ptr(), ptr);
+    assert_eq!(cache.stats().steals, 1);
+    cache.deallocate(moved).unwrap();
+    cache.deallocate(warm).unwrap();
+    assert!(cache.trim().unwrap() > 0);
+    f.resource.reap_pending().unwrap();
+    assert_eq!(cache.bytes_outstanding(), 0);
+}
