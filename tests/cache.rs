@@ -463,3 +463,44 @@ fn on_cuda_reuse_moves_and_trim_work() {
     f.resource.reap_pending().unwrap();
     assert_eq!(cache.bytes_outstanding(), 0);
 }
+
+#[test]
+fn a_two_stage_pipeline_through_the_cache_is_race_free() {
+    // Stage 1 writes on stream 0, stage 2 reads on stream 1 on another
+    // thread and hands the block back; stage 1 frees it into the cache and
+    // reuses it at once. Threaded progress, so the GPU runs meanwhile.
+    let c = Arc::new(Cache::on(SimGpu::new(), 2, CacheConfig::default()));
+    let (to_reader, from_writer) = std::sync::mpsc::channel::<streamalloc::DeviceBlock>();
+    let (to_writer, from_reader) = std::sync::mpsc::channel::<streamalloc::DeviceBlock>();
+    let reader = {
+        let c = c.clone();
+        std::thread::spawn(move || {
+            let b = c.s(1);
+            for block in from_writer {
+                c.cache
+                    .prepare_block_use(block.id(), b, Access::Read)
+                    .unwrap();
+                c.kernel(b, MemAccess::read(&block));
+                c.cache
+                    .finish_block_use(block.id(), b, Access::Read)
+                    .unwrap();
+                to_writer.send(block).unwrap();
+            }
+        })
+    };
+    let a = c.s(0);
+    for i in 0..300 {
+        let block = c.cache.allocate(4096 * (1 + i % 3), a, T).unwrap();
+        c.kernel(a, MemAccess::write(&block));
+        c.cache
+            .finish_block_use(block.id(), a, Access::Write)
+            .unwrap();
+        to_reader.send(block).unwrap();
+        let back = from_reader.recv().unwrap();
+        c.cache.deallocate(back).unwrap();
+    }
+    drop(to_reader);
+    reader.join().unwrap();
+    assert!(c.cache.stats().hits >= 297, "{:?}", c.cache.stats());
+    c.assert_race_free();
+}
