@@ -37,6 +37,7 @@ pub mod gpu;
 pub mod resource;
 pub mod types;
 
+pub use cache::{CacheConfig, CachingResource};
 pub use error::{DriverCall, ResourceError, ResourceResult};
 pub use resource::{AsyncCudaResource, DeviceMemoryResource, SimResource, StreamOrderedResource};
 pub use types::{
