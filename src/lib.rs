@@ -34,6 +34,7 @@ pub mod cache;
 pub mod error;
 mod fast_hash;
 pub mod gpu;
+mod padded;
 pub mod resource;
 pub mod types;
 

@@ -40,6 +40,7 @@ use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::cuda::CudaGpu;
 use crate::gpu::sim::SimGpu;
 use crate::gpu::{Gpu, GpuError, RawStream};
+use crate::padded::CachePadded;
 use crate::types::{
     Access, AllocTag, BlockId, BlockState, DeviceBlock, ResourceId, StreamId, StreamPool,
 };
@@ -85,7 +86,7 @@ pub struct StreamOrderedResource<G: Gpu> {
     gpu: Arc<G>,
     device_ordinal: u32,
     stream_pool: Arc<StreamPool>,
-    shards: Box<[Mutex<Shard>]>,
+    shards: Box<[CachePadded<Mutex<Shard>>]>,
     next_serial: AtomicU64,
     live: AtomicUsize,
     pending: PendingFrees,
@@ -151,7 +152,9 @@ impl<G: Gpu> StreamOrderedResource<G> {
             gpu,
             device_ordinal,
             stream_pool,
-            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            shards: (0..SHARDS)
+                .map(|_| CachePadded(Mutex::new(Shard::default())))
+                .collect(),
             next_serial: AtomicU64::new(1),
             live: AtomicUsize::new(0),
             pending: PendingFrees::default(),
