@@ -15,6 +15,7 @@
 //!  launch       LaunchRecorder: preflight → prepare → enqueue → finish
 //!  adaptors     Budget, DebugGuard, Stats, Tracing, RetryOnOom (decorators over any
 //!               resource), stacked by builder::ResourceBuilder
+//!  cache        CachingResource<R>: per-stream free lists by size class
 //!  resource     trait DeviceMemoryResource
 //!               StreamOrderedResource<G>: the bookkeeping, written once
 //!                 AsyncCudaResource = StreamOrderedResource<CudaGpu>
@@ -35,10 +36,13 @@
 
 pub mod adaptors;
 pub mod builder;
+pub mod cache;
 pub mod error;
+mod fast_hash;
 pub mod futures;
 pub mod gpu;
 pub mod launch;
+mod padded;
 pub mod registry;
 pub mod resource;
 mod sync;
@@ -49,6 +53,7 @@ pub use adaptors::{
     StatsResource, StatsSnapshot, TracingResource,
 };
 pub use builder::ResourceBuilder;
+pub use cache::{CacheConfig, CachingResource};
 pub use error::{DriverCall, ResourceError, ResourceResult};
 pub use launch::LaunchRecorder;
 pub use resource::{AsyncCudaResource, DeviceMemoryResource, SimResource, StreamOrderedResource};

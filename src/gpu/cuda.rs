@@ -375,3 +375,21 @@ impl Gpu for CudaGpu {
         unsafe { cu::stream::destroy(s) }.map_err(|e| gpu_error(call, e))
     }
 }
+
+/// Allocates `len` bytes through cudarc's own path (`CudaStream::alloc`, from
+/// the device's default pool, with cudarc's per-buffer event tracking), so
+/// that benchmarks can compare the crate against it. Dropping the slice frees
+/// it the cudarc way.
+///
+/// # Errors
+/// [`ResourceError::Driver`] when cudarc's allocation fails.
+pub fn cudarc_alloc(
+    stream: &Arc<cudarc::driver::CudaStream>,
+    len: usize,
+) -> ResourceResult<cudarc::driver::CudaSlice<u8>> {
+    // SAFETY: cudarc marks `alloc` unsafe only because the memory is left
+    // uninitialised; `u8` has no invalid bit patterns, and the slice is
+    // handed to the caller, who must write it before reading (benchmarks
+    // only allocate and drop it).
+    unsafe { stream.alloc::<u8>(len) }.map_err(|e| driver_error(DriverCall::AllocAsync, e))
+}

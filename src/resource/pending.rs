@@ -5,12 +5,16 @@
 //! placed after the n-th free) drains every entry of S at or below n in one
 //! cut, as wgpu-core's `triage_submissions` does with submission indices.
 //!
-//! The global total and the per-stream tallies change together under one
-//! lock, so `total() == per_stream_total()` whenever no call is in flight.
+//! Streams are spread over a few padded shards, each under its own lock, so
+//! that threads freeing on different streams do not contend. A stream's
+//! tallies and the global total change together under its shard's lock, so
+//! `total() == per_stream_total()` whenever no call is in flight.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 
+use crate::fast_hash::FastMap;
+use crate::padded::CachePadded;
 use crate::sync::{AtomicUsize, Mutex, MutexGuard};
 use crate::types::StreamId;
 
@@ -21,22 +25,41 @@ struct StreamFrees {
     bytes: usize,
 }
 
+const SHARDS: usize = 16;
+
+type Shard = CachePadded<Mutex<FastMap<StreamId, StreamFrees>>>;
+
 /// Frees queued per stream, with their sequence numbers.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct PendingFrees {
-    streams: Mutex<HashMap<StreamId, StreamFrees>>,
+    /// Stream `s` lives in shard `s.index() % SHARDS`.
+    shards: Box<[Shard]>,
     total: AtomicUsize,
 }
 
+impl Default for PendingFrees {
+    fn default() -> Self {
+        PendingFrees {
+            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
+            total: AtomicUsize::new(0),
+        }
+    }
+}
+
+fn lock(shard: &Shard) -> MutexGuard<'_, FastMap<StreamId, StreamFrees>> {
+    shard.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 impl PendingFrees {
-    fn lock(&self) -> MutexGuard<'_, HashMap<StreamId, StreamFrees>> {
-        self.streams.lock().unwrap_or_else(|p| p.into_inner())
+    /// The shard of `stream`, locked.
+    fn lock(&self, stream: StreamId) -> MutexGuard<'_, FastMap<StreamId, StreamFrees>> {
+        lock(&self.shards[stream.index() as usize % SHARDS])
     }
 
     /// Tallies a free of `bytes` queued on `stream`; returns its sequence
     /// number. Call after the free was queued on the GPU.
     pub fn push(&self, stream: StreamId, bytes: usize) -> u64 {
-        let mut streams = self.lock();
+        let mut streams = self.lock(stream);
         let entry = streams.entry(stream).or_default();
         entry.next_seq += 1;
         entry.queue.push_back((entry.next_seq, bytes));
@@ -47,21 +70,26 @@ impl PendingFrees {
 
     /// For every stream with pending frees, the sequence number of its latest.
     pub fn high_water(&self) -> Vec<(StreamId, u64)> {
-        self.lock()
+        self.shards
             .iter()
-            .filter_map(|(s, f)| f.queue.back().map(|&(seq, _)| (*s, seq)))
+            .flat_map(|shard| {
+                lock(shard)
+                    .iter()
+                    .filter_map(|(s, f)| f.queue.back().map(|&(seq, _)| (*s, seq)))
+                    .collect::<Vec<_>>()
+            })
             .collect()
     }
 
     /// The latest sequence number handed out on `stream` (0 before any).
     pub fn last_seq(&self, stream: StreamId) -> u64 {
-        self.lock().get(&stream).map_or(0, |f| f.next_seq)
+        self.lock(stream).get(&stream).map_or(0, |f| f.next_seq)
     }
 
     /// `stream` reached `seq`: drops every entry at or below it; returns the
     /// bytes drained.
     pub fn drain_through(&self, stream: StreamId, seq: u64) -> usize {
-        let mut streams = self.lock();
+        let mut streams = self.lock(stream);
         let Some(entry) = streams.get_mut(&stream) else {
             return 0;
         };
@@ -83,14 +111,17 @@ impl PendingFrees {
         self.total.load(Ordering::Acquire)
     }
 
-    /// Sum of the per-stream tallies (walks them under the lock).
+    /// Sum of the per-stream tallies (walks them under the shard locks).
     pub fn per_stream_total(&self) -> usize {
-        self.lock().values().map(|f| f.bytes).sum()
+        self.shards
+            .iter()
+            .map(|shard| lock(shard).values().map(|f| f.bytes).sum::<usize>())
+            .sum()
     }
 
     /// Bytes pending on `stream`.
     pub fn stream_bytes(&self, stream: StreamId) -> usize {
-        self.lock().get(&stream).map_or(0, |f| f.bytes)
+        self.lock(stream).get(&stream).map_or(0, |f| f.bytes)
     }
 }
 
@@ -115,8 +146,6 @@ mod tests {
     }
 }
 
-/// Loom models: every interleaving of pushes and drains (`--cfg loom`, see
-/// `scripts/model-check.sh`).
 #[cfg(all(test, loom))]
 mod loom_tests {
     use super::*;

@@ -40,6 +40,7 @@ use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::cuda::CudaGpu;
 use crate::gpu::sim::SimGpu;
 use crate::gpu::{Gpu, GpuError, RawStream};
+use crate::padded::CachePadded;
 use crate::sync::{AtomicU64, AtomicUsize, Mutex, MutexGuard};
 use crate::types::{
     Access, AllocTag, BlockId, BlockState, DeviceBlock, ResourceId, StreamId, StreamPool,
@@ -54,12 +55,9 @@ struct BlockRecord {
     stream: StreamId,
     raw_stream: RawStream,
     uses: BlockUses,
-    /// Set while `deallocate` is queuing the free, so that a second free or a
-    /// hook on the same block is refused.
-    retiring: bool,
 }
 
-type Shard = std::collections::HashMap<u64, BlockRecord>;
+type Shard = crate::fast_hash::FastMap<u64, BlockRecord>;
 
 /// The stream-ordered resource over a backend `G`.
 ///
@@ -89,7 +87,7 @@ pub struct StreamOrderedResource<G: Gpu> {
     gpu: Arc<G>,
     device_ordinal: u32,
     stream_pool: Arc<StreamPool>,
-    shards: Box<[Mutex<Shard>]>,
+    shards: Box<[CachePadded<Mutex<Shard>>]>,
     next_serial: AtomicU64,
     live: AtomicUsize,
     pending: PendingFrees,
@@ -155,7 +153,9 @@ impl<G: Gpu> StreamOrderedResource<G> {
             gpu,
             device_ordinal,
             stream_pool,
-            shards: (0..SHARDS).map(|_| Mutex::new(Shard::new())).collect(),
+            shards: (0..SHARDS)
+                .map(|_| CachePadded(Mutex::new(Shard::default())))
+                .collect(),
             next_serial: AtomicU64::new(1),
             live: AtomicUsize::new(0),
             pending: PendingFrees::default(),
@@ -211,7 +211,7 @@ impl<G: Gpu> StreamOrderedResource<G> {
         self.shards.iter().find_map(|shard| {
             lock(shard)
                 .values()
-                .find(|r| r.ptr == ptr && !r.retiring)
+                .find(|r| r.ptr == ptr)
                 .map(|r| r.uses.event_count())
         })
     }
@@ -263,7 +263,7 @@ impl<G: Gpu> StreamOrderedResource<G> {
         }
         let mut shard = lock(self.shard(block.serial()));
         match shard.get_mut(&block.serial()) {
-            Some(record) if !record.retiring => f(record),
+            Some(record) => f(record),
             _ => Err(self.missing(block)),
         }
     }
@@ -375,7 +375,6 @@ impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
                 stream,
                 raw_stream: raw,
                 uses: BlockUses::default(),
-                retiring: false,
             },
         );
         self.live.fetch_add(bytes, Ordering::AcqRel);
@@ -398,52 +397,54 @@ impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
         }
         let id = block.id();
         let serial = id.serial();
-        // Take the record's events and mark it retiring; the waits and the
-        // free are queued without the lock.
-        let (ptr, size, stream, raw, uses) = self.with_live(id, |r| {
-            if r.ptr != block.ptr() || r.size != block.size() {
+        if id.resource() != self.id {
+            return Err(ResourceError::ForeignBlock { block: id });
+        }
+        // Take the record out (one lock on the hot path); the waits and the
+        // free are queued without the lock, and on failure the record goes
+        // back as it was. While it is out, hooks and a second free see the
+        // block as freed.
+        let record = {
+            let mut shard = lock(self.shard(serial));
+            let Some(record) = shard.remove(&serial) else {
+                return Err(self.missing(id));
+            };
+            if record.ptr != block.ptr() || record.size != block.size() {
+                shard.insert(serial, record);
                 return Err(ResourceError::UnknownBlock { block: id });
             }
-            r.retiring = true;
-            Ok((
-                r.ptr,
-                r.size,
-                r.stream,
-                r.raw_stream,
-                std::mem::take(&mut r.uses),
-            ))
-        })?;
-        // On failure the record gets its events back and is live again.
-        let restore = |uses: BlockUses| {
-            if let Some(r) = lock(self.shard(serial)).get_mut(&serial) {
-                r.retiring = false;
-                r.uses = uses;
-            }
+            record
         };
-        let others = uses
+        let (ptr, size, stream, raw) = (record.ptr, record.size, record.stream, record.raw_stream);
+        let restore = |record: BlockRecord| {
+            lock(self.shard(serial)).insert(serial, record);
+        };
+        let others = record
+            .uses
             .reads
             .iter()
-            .chain(&uses.last_write)
+            .chain(&record.uses.last_write)
             .filter(|(s, _)| *s != stream)
             .map(|&(_, e)| e);
         for event in others {
             if let Err(e) = self.gpu.stream_wait_event(raw, event) {
-                restore(uses);
+                restore(record);
                 return Err(self.driver(e));
             }
         }
         if let Err(e) = self.gpu.free_async(ptr, raw) {
-            restore(uses);
+            restore(record);
             return Err(self.gpu_err(e, size, stream));
         }
-        lock(self.shard(serial)).remove(&serial);
         // Pending first, live second: a concurrent reader of
         // `bytes_outstanding` may over-count for an instant, never under.
         self.pending.push(stream, size);
         self.live.fetch_sub(size, Ordering::AcqRel);
-        let mut uses = uses;
-        self.events
-            .give(uses.take_all().into_iter().map(|(_, e)| e));
+        let mut uses = record.uses;
+        if uses.event_count() > 0 {
+            self.events
+                .give(uses.take_all().into_iter().map(|(_, e)| e));
+        }
         tracing::trace!(bytes = size, %stream, ptr, "deallocate");
         Ok(())
     }
@@ -519,8 +520,7 @@ impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
         }
         let shard = lock(self.shard(block.serial()));
         match shard.get(&block.serial()) {
-            Some(r) if !r.retiring => Some(BlockState::Live),
-            Some(_) => Some(BlockState::Retired),
+            Some(_) => Some(BlockState::Live),
             None => matches!(self.missing(block), ResourceError::DoubleFree { .. })
                 .then_some(BlockState::Retired),
         }

@@ -1,0 +1,115 @@
+//! Allocation cost: one allocate + free pair, per peer and size; the
+//! cross-stream pattern; and throughput from 1 to 16 threads, each on its own
+//! stream. On the simulated device everywhere, and on CUDA device 0 when it
+//! opens. `cargo bench --bench alloc`; `examples/bench_table.rs` prints the
+//! same comparison as one table.
+
+#[path = "support/mod.rs"]
+mod support;
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use streamalloc::gpu::Gpu;
+
+use support::{Bench, SCALING_SIZE, SIZES, THREADS};
+
+fn pairs<G: Gpu>(c: &mut Criterion, b: &Bench<G>, cudarc: bool) {
+    let mut group = c.benchmark_group(format!("pair/{}", b.name));
+    let (s, raw) = (b.stream(0), b.raw(0));
+    for (bytes, label) in SIZES {
+        group.bench_with_input(BenchmarkId::new("raw", label), &bytes, |bn, &n| {
+            bn.iter(|| b.raw_pair(raw, black_box(n)))
+        });
+        if cudarc {
+            let stream = b.pool.cuda_stream(s).unwrap().clone();
+            group.bench_with_input(BenchmarkId::new("cudarc", label), &bytes, |bn, &n| {
+                bn.iter(|| support::cudarc_pair(&stream, black_box(n)))
+            });
+        }
+        group.bench_with_input(BenchmarkId::new("resource", label), &bytes, |bn, &n| {
+            bn.iter(|| Bench::<G>::pair(&*b.resource, s, black_box(n)))
+        });
+        group.bench_with_input(BenchmarkId::new("cache", label), &bytes, |bn, &n| {
+            bn.iter(|| Bench::<G>::pair(&*b.cache, s, black_box(n)))
+        });
+        b.sync();
+    }
+    group.finish();
+}
+
+fn cross<G: Gpu>(c: &mut Criterion, b: &Bench<G>) {
+    let mut group = c.benchmark_group(format!("cross_stream/{}", b.name));
+    let (sa, sb) = (b.stream(0), b.stream(1));
+    let (ra, rb) = (b.raw(0), b.raw(1));
+    let n = SCALING_SIZE;
+    group.bench_function("raw_minimal", |bn| {
+        bn.iter(|| b.cross_raw_minimal(ra, rb, n))
+    });
+    group.bench_function("raw_full", |bn| bn.iter(|| b.cross_raw(ra, rb, n)));
+    group.bench_function("resource", |bn| {
+        bn.iter(|| Bench::<G>::cross(&*b.resource, sa, sb, n))
+    });
+    group.bench_function("cache", |bn| {
+        bn.iter(|| Bench::<G>::cross(&*b.cache, sa, sb, n))
+    });
+    b.sync();
+    group.finish();
+}
+
+fn threads<G: Gpu>(c: &mut Criterion, b: &Bench<G>) {
+    let mut group = c.benchmark_group(format!("threads/{}", b.name));
+    let n = SCALING_SIZE;
+    for threads in THREADS {
+        // One iteration is one pair on every thread.
+        group.throughput(Throughput::Elements(threads as u64));
+        group.bench_function(BenchmarkId::new("raw", threads), |bn| {
+            bn.iter_custom(|iters| {
+                support::run_threads(threads, iters, |t| b.raw_pair(b.raw(t), n))
+            })
+        });
+        group.bench_function(BenchmarkId::new("resource", threads), |bn| {
+            bn.iter_custom(|iters| {
+                support::run_threads(threads, iters, |t| {
+                    Bench::<G>::pair(&*b.resource, b.stream(t), n)
+                })
+            })
+        });
+        group.bench_function(BenchmarkId::new("cache", threads), |bn| {
+            bn.iter_custom(|iters| {
+                support::run_threads(threads, iters, |t| {
+                    Bench::<G>::pair(&*b.cache, b.stream(t), n)
+                })
+            })
+        });
+        b.sync();
+    }
+    group.finish();
+}
+
+fn all(c: &mut Criterion) {
+    let sim = support::sim();
+    pairs(c, &sim, false);
+    cross(c, &sim);
+    threads(c, &sim);
+    drop(sim);
+    match support::cuda() {
+        Some(gpu) => {
+            pairs(c, &gpu, true);
+            cross(c, &gpu);
+            threads(c, &gpu);
+        }
+        None => eprintln!("no CUDA device: only the simulated device was measured"),
+    }
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default()
+        .sample_size(20)
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(1));
+    targets = all
+}
+criterion_main!(benches);

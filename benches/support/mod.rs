@@ -1,0 +1,261 @@
+//! The peers that the allocation benchmarks compare, shared by the criterion
+//! bench (`benches/alloc.rs`) and the one-table runner
+//! (`examples/bench_table.rs`).
+//!
+//! Every peer does one allocate + free pair (or one cross-stream sequence)
+//! per call, on a backend set up once: the simulated device everywhere, a
+//! CUDA device when `libcuda` loads and device 0 opens.
+
+#![allow(dead_code)]
+
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use streamalloc::cache::CachingResource;
+use streamalloc::error::DriverCall;
+use streamalloc::gpu::cuda::CudaGpu;
+use streamalloc::gpu::sim::SimGpu;
+use streamalloc::gpu::{Gpu, GpuError, GpuResult, HostFn, RawEvent};
+use streamalloc::{
+    Access, AllocTag, DeviceMemoryResource, RawStream, StreamId, StreamOrderedResource, StreamPool,
+};
+
+/// Sizes of the single-thread pairs.
+pub const SIZES: [(usize, &str); 3] = [(256, "256 B"), (64 << 10, "64 KiB"), (4 << 20, "4 MiB")];
+/// Thread counts of the scaling rows.
+pub const THREADS: [usize; 5] = [1, 2, 4, 8, 16];
+/// Size of the cross-stream and scaling pairs.
+pub const SCALING_SIZE: usize = 64 << 10;
+
+const T: AllocTag = AllocTag("bench");
+
+/// One backend, with the raw seam, the stream-ordered resource and the cache
+/// all on the same device, memory pool and streams.
+pub struct Bench<G: Gpu> {
+    pub name: &'static str,
+    pub gpu: Arc<G>,
+    pub pool: Arc<StreamPool>,
+    pub resource: Arc<StreamOrderedResource<G>>,
+    pub cache: Arc<CachingResource<Arc<StreamOrderedResource<G>>>>,
+    events: Option<[RawEvent; 2]>,
+}
+
+impl<G: Gpu> Bench<G> {
+    fn new(name: &'static str, gpu: Arc<G>, pool: Arc<StreamPool>) -> Self {
+        let ordinal = gpu.ordinal();
+        let resource = Arc::new(StreamOrderedResource::with_gpu(
+            gpu.clone(),
+            ordinal,
+            pool.clone(),
+        ));
+        let cache = Arc::new(CachingResource::new(resource.clone()));
+        let events = gpu
+            .event_create()
+            .and_then(|a| Ok([a, gpu.event_create()?]))
+            .ok();
+        Bench {
+            name,
+            gpu,
+            pool,
+            resource,
+            cache,
+            events,
+        }
+    }
+
+    pub fn stream(&self, i: usize) -> StreamId {
+        self.pool.id(i).unwrap()
+    }
+
+    pub fn raw(&self, i: usize) -> RawStream {
+        self.pool.raw(self.stream(i)).unwrap()
+    }
+
+    /// `cuMemAllocAsync` + `cuMemFreeAsync` (or the simulated pair).
+    #[inline]
+    pub fn raw_pair(&self, raw: RawStream, bytes: usize) {
+        let ptr = std::hint::black_box(self.gpu.alloc_async(bytes, raw).unwrap());
+        self.gpu.free_async(ptr, raw).unwrap();
+    }
+
+    /// allocate + deallocate on a resource.
+    #[inline]
+    pub fn pair<R: DeviceMemoryResource>(r: &R, stream: StreamId, bytes: usize) {
+        let block = std::hint::black_box(r.allocate(bytes, stream, T).unwrap());
+        r.deallocate(block).unwrap();
+    }
+
+    /// The driver sequence the brief names: alloc on A, record on A, B waits,
+    /// free on A. (It leaves the free unordered with work on B.)
+    #[inline]
+    pub fn cross_raw_minimal(&self, a: RawStream, b: RawStream, bytes: usize) {
+        let (g, e) = (&self.gpu, self.events.unwrap());
+        let ptr = g.alloc_async(bytes, a).unwrap();
+        g.event_record(e[0], a).unwrap();
+        g.stream_wait_event(b, e[0]).unwrap();
+        g.free_async(ptr, a).unwrap();
+    }
+
+    /// The full driver sequence of a correct cross-stream use: alloc on A,
+    /// B waits for A, (work on B), A waits for B, free on A.
+    #[inline]
+    pub fn cross_raw(&self, a: RawStream, b: RawStream, bytes: usize) {
+        let (g, e) = (&self.gpu, self.events.unwrap());
+        let ptr = g.alloc_async(bytes, a).unwrap();
+        g.event_record(e[0], a).unwrap();
+        g.stream_wait_event(b, e[0]).unwrap();
+        g.event_record(e[1], b).unwrap();
+        g.stream_wait_event(a, e[1]).unwrap();
+        g.free_async(ptr, a).unwrap();
+    }
+
+    /// The same through a resource's hooks: allocate on A, prepare and
+    /// finish a use on B, deallocate.
+    #[inline]
+    pub fn cross<R: DeviceMemoryResource>(r: &R, a: StreamId, b: StreamId, bytes: usize) {
+        let block = r.allocate(bytes, a, T).unwrap();
+        r.prepare_block_use(block.id(), b, Access::Write).unwrap();
+        r.finish_block_use(block.id(), b, Access::Write).unwrap();
+        r.deallocate(block).unwrap();
+    }
+
+    /// Waits for every stream and reaps the resource's pending frees (as a
+    /// reaper would), so that nothing piles up between measurements.
+    pub fn sync(&self) {
+        for i in 0..self.pool.len() {
+            self.gpu.stream_synchronize(self.raw(i)).unwrap();
+        }
+        self.resource.reap_pending().unwrap();
+    }
+}
+
+impl<G: Gpu> Drop for Bench<G> {
+    fn drop(&mut self) {
+        self.sync();
+        for e in self.events.into_iter().flatten() {
+            let _ = self.gpu.event_destroy(e);
+        }
+    }
+}
+
+/// A backend whose calls do nothing (every allocation gets the same
+/// address): what a resource costs on top of it is the resource's own
+/// bookkeeping. It has no events, so it only runs the pair rows.
+#[derive(Debug)]
+pub struct NullGpu;
+
+impl Gpu for NullGpu {
+    fn ordinal(&self) -> u32 {
+        0
+    }
+    fn alloc_async(&self, bytes: usize, _: RawStream) -> GpuResult<u64> {
+        Ok(if bytes == 0 { 0 } else { 1 << 40 })
+    }
+    fn free_async(&self, _: u64, _: RawStream) -> GpuResult<()> {
+        Ok(())
+    }
+    fn event_create(&self) -> GpuResult<RawEvent> {
+        Err(GpuError::driver(
+            DriverCall::EventCreate,
+            801,
+            "the null backend has no events",
+        ))
+    }
+    fn event_record(&self, _: RawEvent, _: RawStream) -> GpuResult<()> {
+        Ok(())
+    }
+    fn event_query(&self, _: RawEvent) -> GpuResult<bool> {
+        Ok(true)
+    }
+    fn event_synchronize(&self, _: RawEvent) -> GpuResult<()> {
+        Ok(())
+    }
+    fn event_destroy(&self, _: RawEvent) -> GpuResult<()> {
+        Ok(())
+    }
+    fn stream_wait_event(&self, _: RawStream, _: RawEvent) -> GpuResult<()> {
+        Ok(())
+    }
+    fn stream_synchronize(&self, _: RawStream) -> GpuResult<()> {
+        Ok(())
+    }
+    fn launch_host_fn(&self, _: RawStream, f: HostFn) -> GpuResult<()> {
+        f();
+        Ok(())
+    }
+    fn memset_async(&self, _: u64, _: u8, _: usize, _: RawStream) -> GpuResult<()> {
+        Ok(())
+    }
+    fn copy_async(&self, _: u64, _: u64, _: usize, _: RawStream) -> GpuResult<()> {
+        Ok(())
+    }
+    fn mem_info(&self) -> GpuResult<(usize, usize)> {
+        Ok((usize::MAX, usize::MAX))
+    }
+}
+
+/// The null backend, on the stream handles of a (never used) simulated
+/// device.
+pub fn null() -> Bench<NullGpu> {
+    let pool = SimGpu::builder()
+        .manual()
+        .build()
+        .stream_pool(THREADS[THREADS.len() - 1]);
+    Bench::new("null", Arc::new(NullGpu), pool)
+}
+
+/// The simulated device (threaded progress, as a GPU would run).
+pub fn sim() -> Bench<SimGpu> {
+    let gpu = SimGpu::builder().capacity(64 << 30).build();
+    let pool = gpu.stream_pool(THREADS[THREADS.len() - 1]);
+    Bench::new("sim", gpu, pool)
+}
+
+/// CUDA device 0, if the driver loads and the device opens.
+pub fn cuda() -> Option<Bench<CudaGpu>> {
+    if !streamalloc::gpu::cuda::cuda_present() {
+        return None;
+    }
+    let ctx = CudaGpu::open(0).ok()?;
+    let gpu = Arc::new(CudaGpu::try_new(ctx.clone()).ok()?);
+    let pool = StreamPool::cuda(&ctx, THREADS[THREADS.len() - 1]).ok()?;
+    Some(Bench::new("cuda", gpu, pool))
+}
+
+/// cudarc's own `CudaSlice` pair: `stream.alloc::<u8>(n)` and drop.
+#[inline]
+pub fn cudarc_pair(stream: &Arc<cudarc::driver::CudaStream>, bytes: usize) {
+    let slice = streamalloc::gpu::cuda::cudarc_alloc(stream, bytes).unwrap();
+    drop(slice);
+}
+
+/// Runs `per_thread(thread)` on `threads` threads at once, each `iters`
+/// times, and returns the wall time from the first thread's start to the
+/// last thread's end (measured by the workers, so that a main thread
+/// scheduled late on a busy machine does not shorten it).
+pub fn run_threads(
+    threads: usize,
+    iters: u64,
+    per_thread: impl Fn(usize) + Send + Sync,
+) -> Duration {
+    let start = Barrier::new(threads);
+    let spans: Vec<(Instant, Instant)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let (start, f) = (&start, &per_thread);
+                scope.spawn(move || {
+                    start.wait();
+                    let t0 = Instant::now();
+                    for _ in 0..iters {
+                        f(t);
+                    }
+                    (t0, Instant::now())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let first = spans.iter().map(|s| s.0).min().unwrap();
+    let last = spans.iter().map(|s| s.1).max().unwrap();
+    last - first
+}

@@ -1,0 +1,294 @@
+//! Prints the whole allocation comparison as one table, with its own timing
+//! loop (the median of several runs), and writes it as CSV.
+//!
+//! Peers, per backend (the simulated device always; CUDA device 0 when it
+//! opens): the raw driver pair (`cuMemAllocAsync` + `cuMemFreeAsync`, or the
+//! simulated pair), cudarc's own `CudaSlice` (CUDA only), the stream-ordered
+//! resource, and the caching tier; the cross-stream pattern against the raw
+//! driver sequences; and pairs per second from 1 to 16 threads, each on its
+//! own stream. Ratios are against the raw driver measured in the same run.
+//!
+//! ```text
+//! cargo run --release --example bench_table -- [OUT_DIR]
+//! python3 scripts/plot_bench.py OUT_DIR/bench_table.csv OUT_DIR/throughput.png
+//! ```
+
+#[path = "../benches/support/mod.rs"]
+mod support;
+
+use std::fmt::Write as _;
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use streamalloc::gpu::Gpu;
+use support::{Bench, SCALING_SIZE, SIZES, THREADS};
+
+/// Runs per measurement; the median is reported.
+const RUNS: usize = 7;
+/// Wall time one run aims at.
+const RUN_TARGET: Duration = Duration::from_millis(40);
+
+/// One line of the table.
+struct Row {
+    backend: &'static str,
+    kind: &'static str,
+    peer: String,
+    size: String,
+    threads: usize,
+    ns_per_pair: f64,
+    baseline_ns: f64,
+}
+
+impl Row {
+    /// Millions of pairs per second, all threads together.
+    fn mpairs(&self) -> f64 {
+        1e3 / self.ns_per_pair
+    }
+    /// This row's time over the raw driver's, same run (< 1: faster).
+    fn ratio(&self) -> f64 {
+        self.ns_per_pair / self.baseline_ns
+    }
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
+/// Nanoseconds per call of `f`: calibrated so that a run takes about
+/// `RUN_TARGET`, median of `RUNS` runs.
+fn time(mut f: impl FnMut()) -> f64 {
+    let mut iters = 1_000u64;
+    loop {
+        let t0 = Instant::now();
+        for _ in 0..iters {
+            f();
+        }
+        let dt = t0.elapsed();
+        if dt >= RUN_TARGET / 4 || iters >= 1 << 26 {
+            let per = dt.as_secs_f64() / iters as f64;
+            iters = ((RUN_TARGET.as_secs_f64() / per) as u64).max(100);
+            break;
+        }
+        iters *= 4;
+    }
+    median(
+        (0..RUNS)
+            .map(|_| {
+                let t0 = Instant::now();
+                for _ in 0..iters {
+                    f();
+                }
+                t0.elapsed().as_nanos() as f64 / iters as f64
+            })
+            .collect(),
+    )
+}
+
+/// Nanoseconds of wall time per pair summed over all threads (so pairs per
+/// second in all is `threads / ns * 1e9`), median of `RUNS` runs.
+fn time_threads(threads: usize, f: impl Fn(usize) + Send + Sync) -> f64 {
+    let mut iters = 1_000u64;
+    loop {
+        let dt = support::run_threads(threads, iters, &f);
+        if dt >= RUN_TARGET / 4 || iters >= 1 << 24 {
+            let per = dt.as_secs_f64() / iters as f64;
+            iters = ((RUN_TARGET.as_secs_f64() / per) as u64).max(100);
+            break;
+        }
+        iters *= 4;
+    }
+    median(
+        (0..RUNS)
+            .map(|_| support::run_threads(threads, iters, &f).as_nanos() as f64 / iters as f64)
+            .collect(),
+    )
+}
+
+fn measure<G: Gpu>(b: &Bench<G>, cudarc: bool, rows: &mut Vec<Row>) {
+    measure_pairs(b, cudarc, rows);
+    measure_cross(b, rows);
+    measure_threads(b, rows);
+}
+
+fn measure_pairs<G: Gpu>(b: &Bench<G>, cudarc: bool, rows: &mut Vec<Row>) {
+    let (backend, s0, r0) = (b.name, b.stream(0), b.raw(0));
+    for (bytes, label) in SIZES {
+        let raw = time(|| b.raw_pair(r0, black_box(bytes)));
+        b.sync();
+        let mut peers = vec![("raw driver pair".to_string(), raw)];
+        if cudarc {
+            let stream = b.pool.cuda_stream(s0).unwrap().clone();
+            peers.push((
+                "cudarc CudaSlice".into(),
+                time(|| support::cudarc_pair(&stream, black_box(bytes))),
+            ));
+            b.sync();
+        }
+        peers.push((
+            "StreamOrderedResource".into(),
+            time(|| Bench::<G>::pair(&*b.resource, s0, black_box(bytes))),
+        ));
+        b.sync();
+        peers.push((
+            "CachingResource".into(),
+            time(|| Bench::<G>::pair(&*b.cache, s0, black_box(bytes))),
+        ));
+        b.sync();
+        for (peer, ns) in peers {
+            rows.push(Row {
+                backend,
+                kind: "pair",
+                peer,
+                size: label.into(),
+                threads: 1,
+                ns_per_pair: ns,
+                baseline_ns: raw,
+            });
+        }
+    }
+}
+
+fn measure_cross<G: Gpu>(b: &Bench<G>, rows: &mut Vec<Row>) {
+    let backend = b.name;
+    let (s0, s1, r0, r1) = (b.stream(0), b.stream(1), b.raw(0), b.raw(1));
+    let n = SCALING_SIZE;
+    let raw_full = time(|| b.cross_raw(r0, r1, n));
+    b.sync();
+    let raw_min = time(|| b.cross_raw_minimal(r0, r1, n));
+    b.sync();
+    let resource = time(|| Bench::<G>::cross(&*b.resource, s0, s1, n));
+    b.sync();
+    let cache = time(|| Bench::<G>::cross(&*b.cache, s0, s1, n));
+    b.sync();
+    for (peer, ns) in [
+        ("raw sequence (6 calls)", raw_full),
+        ("raw minimal (4 calls)", raw_min),
+        ("StreamOrderedResource", resource),
+        ("CachingResource", cache),
+    ] {
+        rows.push(Row {
+            backend,
+            kind: "cross-stream",
+            peer: peer.into(),
+            size: "64 KiB".into(),
+            threads: 1,
+            ns_per_pair: ns,
+            baseline_ns: raw_full,
+        });
+    }
+}
+
+fn measure_threads<G: Gpu>(b: &Bench<G>, rows: &mut Vec<Row>) {
+    let (backend, n) = (b.name, SCALING_SIZE);
+    for threads in THREADS {
+        let raw = time_threads(threads, |t| b.raw_pair(b.raw(t), n));
+        b.sync();
+        let resource = time_threads(threads, |t| Bench::<G>::pair(&*b.resource, b.stream(t), n));
+        b.sync();
+        let cache = time_threads(threads, |t| Bench::<G>::pair(&*b.cache, b.stream(t), n));
+        b.sync();
+        for (peer, ns) in [
+            ("raw driver pair", raw),
+            ("StreamOrderedResource", resource),
+            ("CachingResource", cache),
+        ] {
+            rows.push(Row {
+                backend,
+                kind: "threads",
+                peer: peer.into(),
+                size: "64 KiB".into(),
+                threads,
+                // Wall time per pair of one thread: divide by the threads to
+                // get the time per pair of the whole machine.
+                ns_per_pair: ns / threads as f64,
+                baseline_ns: raw / threads as f64,
+            });
+        }
+    }
+}
+
+fn table(rows: &[Row]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<7} {:<13} {:<24} {:>7} {:>7} {:>11} {:>11} {:>10}",
+        "backend", "kind", "peer", "size", "threads", "ns/pair", "M pairs/s", "x raw time"
+    );
+    let _ = writeln!(out, "{}", "-".repeat(98));
+    for r in rows {
+        let _ = writeln!(
+            out,
+            "{:<7} {:<13} {:<24} {:>7} {:>7} {:>11.1} {:>11.3} {:>10}",
+            r.backend,
+            r.kind,
+            r.peer,
+            r.size,
+            r.threads,
+            r.ns_per_pair,
+            r.mpairs(),
+            // The null backend's raw calls cost next to nothing: a ratio to
+            // them says nothing, its ns/pair is the bookkeeping itself.
+            if r.backend == "null" {
+                "-".to_string()
+            } else {
+                format!("{:.3}", r.ratio())
+            }
+        );
+    }
+    out.push_str(
+        "\nns/pair: wall time per pair for the whole machine (threads rows: divided by threads).\n\
+         x raw time: this peer's time / the raw driver's, same run (0.2x = 5 times faster).\n\
+         cross-stream rows are against the 6-call raw sequence.\n\
+         null backend: driver calls that do nothing, so ns/pair is the bookkeeping alone.\n",
+    );
+    out
+}
+
+fn csv(rows: &[Row]) -> String {
+    let mut out =
+        String::from("backend,kind,peer,size,threads,ns_per_pair,mpairs_per_s,ratio_vs_raw_time\n");
+    for r in rows {
+        let _ = writeln!(
+            out,
+            "{},{},{},{},{},{:.2},{:.4},{:.4}",
+            r.backend,
+            r.kind,
+            r.peer,
+            r.size,
+            r.threads,
+            r.ns_per_pair,
+            r.mpairs(),
+            r.ratio()
+        );
+    }
+    out
+}
+
+fn main() -> std::io::Result<()> {
+    let out_dir = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "target/bench-table".into());
+    let mut rows = Vec::new();
+    eprintln!("measuring the null backend (bookkeeping only)...");
+    let null = support::null();
+    measure_pairs(&null, false, &mut rows);
+    measure_threads(&null, &mut rows);
+    drop(null);
+    eprintln!("measuring the simulated device...");
+    measure(&support::sim(), false, &mut rows);
+    match support::cuda() {
+        Some(gpu) => {
+            eprintln!("measuring CUDA device 0...");
+            measure(&gpu, true, &mut rows);
+        }
+        None => eprintln!("no CUDA device: only the simulated device was measured"),
+    }
+    let table = table(&rows);
+    print!("{table}");
+    std::fs::create_dir_all(&out_dir)?;
+    std::fs::write(format!("{out_dir}/bench_table.txt"), &table)?;
+    std::fs::write(format!("{out_dir}/bench_table.csv"), csv(&rows))?;
+    eprintln!("wrote {out_dir}/bench_table.txt and {out_dir}/bench_table.csv");
+    Ok(())
+}

@@ -1,0 +1,608 @@
+//! [`CachingResource`]: the stream-ordered cache in front of a resource.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::config::CacheConfig;
+use super::shard::{Lease, SHARD_MASK, Slot, SlotGuard};
+use super::size_class::SizeClass;
+use super::stats::CacheStats;
+use crate::error::{ResourceError, ResourceResult};
+use crate::resource::DeviceMemoryResource;
+use crate::types::{Access, AllocTag, BlockId, BlockState, DeviceBlock, ResourceId, StreamId};
+
+/// A stream-ordered cache over any stream-ordered resource `R`.
+///
+/// Freed blocks stay with the cache, on a free list of the stream they were
+/// used on and of their [size class](super::SizeClass); an allocation of that
+/// class on that stream takes one back with no driver call. See the
+/// [module documentation](super) for how blocks move between streams and how
+/// block-use tracking stays correct.
+///
+/// [`bytes_outstanding`](DeviceMemoryResource::bytes_outstanding) is the
+/// inner resource's: cached blocks are still allocated from it, so they count
+/// as outstanding (a budget above the cache sees the memory the cache
+/// holds). [`cached_bytes`](Self::cached_bytes) says how much of it is idle
+/// in the cache, and [`leased_bytes`](Self::leased_bytes) how much users hold.
+///
+/// # Examples
+/// ```
+/// use streamalloc::cache::CachingResource;
+/// use streamalloc::error::DriverCall;
+/// use streamalloc::gpu::sim::SimGpu;
+/// use streamalloc::{AllocTag, DeviceMemoryResource, SimResource};
+///
+/// let gpu = SimGpu::builder().manual().build();
+/// let pool = gpu.stream_pool(1);
+/// let cache = CachingResource::new(SimResource::new(gpu.clone(), pool.clone()));
+/// let stream = pool.id(0).unwrap();
+///
+/// let block = cache.allocate(1000, stream, AllocTag::UNTAGGED)?;
+/// let ptr = block.ptr();
+/// cache.deallocate(block)?;
+/// assert_eq!(cache.cached_bytes(), 1024); // 1000 B rounded up to its class
+///
+/// let allocs = gpu.call_count(DriverCall::AllocAsync);
+/// let again = cache.allocate(900, stream, AllocTag::UNTAGGED)?;
+/// assert_eq!(again.ptr(), ptr); // the same memory, without a driver call
+/// assert_eq!(gpu.call_count(DriverCall::AllocAsync), allocs);
+/// cache.deallocate(again)?;
+/// # Ok::<(), streamalloc::ResourceError>(())
+/// ```
+///
+/// # Stream ordering
+/// A block handed out on stream `S` is valid on `S` from the allocation on,
+/// as for any resource. A cached block is reused on the stream it was freed
+/// on at once (stream order puts the new user's work after the old one's);
+/// it is moved to another stream only behind an event recorded on its old
+/// stream, which the new stream waits on.
+pub struct CachingResource<R: DeviceMemoryResource> {
+    id: ResourceId,
+    inner: R,
+    config: CacheConfig,
+    device: u32,
+    /// One slot per cached stream, plus a last one holding the leases of
+    /// streams past `config.streams` (which are never cached).
+    slots: Box<[Slot]>,
+    /// The part of the cap held by shards (each shard holds its part in
+    /// `Shard::reserved`; this is their sum).
+    reserved_total: AtomicUsize,
+    /// How much more of the cap a shard takes than it needs, so that it does
+    /// not come back for every block.
+    grain: usize,
+}
+
+impl<R: DeviceMemoryResource> std::fmt::Debug for CachingResource<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CachingResource")
+            .field("device", &self.device)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<R: DeviceMemoryResource> CachingResource<R> {
+    /// A cache with the [default configuration](CacheConfig::default) over
+    /// `inner`.
+    pub fn new(inner: R) -> Self {
+        Self::with_config(inner, CacheConfig::default())
+    }
+
+    /// A cache over `inner` configured by `config`. At most 2^20 - 1 stream
+    /// slots are made; streams past them bypass the cache.
+    pub fn with_config(inner: R, mut config: CacheConfig) -> Self {
+        config.streams = config.streams.min(SHARD_MASK as usize - 1);
+        let device = inner.device_ordinal();
+        let classes = SizeClass::count_up_to(config.max_block_size);
+        let slots = (0..=config.streams)
+            .map(|i| Slot::new(StreamId::new(device, i as u32), i, classes))
+            .collect();
+        CachingResource {
+            id: ResourceId::fresh(),
+            grain: (config.max_cached_bytes / 256).min(1 << 20),
+            inner,
+            config,
+            device,
+            slots,
+            reserved_total: AtomicUsize::new(0),
+        }
+    }
+
+    /// The resource the cache allocates from.
+    pub fn inner(&self) -> &R {
+        &self.inner
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &CacheConfig {
+        &self.config
+    }
+
+    /// This cache's identity (the blocks it hands out carry it).
+    pub fn resource_id(&self) -> ResourceId {
+        self.id
+    }
+
+    /// Bytes idle in the free lists (at class sizes). They are still
+    /// allocated from the inner resource and counted in
+    /// [`bytes_outstanding`](DeviceMemoryResource::bytes_outstanding).
+    pub fn cached_bytes(&self) -> usize {
+        self.slots.iter().map(|s| s.lock().cached).sum()
+    }
+
+    /// Number of blocks idle in the free lists.
+    pub fn cached_blocks(&self) -> usize {
+        self.slots.iter().map(|s| s.lock().cached_blocks()).sum()
+    }
+
+    /// Bytes held by users (requested sizes).
+    pub fn leased_bytes(&self) -> usize {
+        self.slots.iter().map(|s| s.lock().leased).sum()
+    }
+
+    /// Number of blocks held by users.
+    pub fn leased_blocks(&self) -> usize {
+        self.slots.iter().map(|s| s.lock().lease_count()).sum()
+    }
+
+    /// What the cache did so far, summed over its shards.
+    pub fn stats(&self) -> CacheStats {
+        let mut total = CacheStats::default();
+        for slot in self.slots.iter() {
+            total.add(&slot.lock().stats);
+        }
+        total
+    }
+
+    /// The inner resource's block behind `block`, while it is leased.
+    pub fn inner_block_id(&self, block: BlockId) -> Option<BlockId> {
+        let (slot, serial) = self.locate(block).ok()?;
+        slot.lock().lease_mut(serial).map(|l| l.inner.id())
+    }
+
+    /// Gives every cached block back to the inner resource and returns the
+    /// bytes given back.
+    ///
+    /// # Errors
+    /// The first error of the inner resource; the blocks it refused stay
+    /// cached, the others are given back.
+    ///
+    /// # Stream ordering
+    /// A block cached on a stream other than the one the inner resource
+    /// allocated it on is freed behind an event recorded on the cached
+    /// stream, so the free waits for the block's last user.
+    pub fn trim(&self) -> ResourceResult<usize> {
+        let mut released = 0;
+        let mut first_err = None;
+        for slot in self.slots.iter() {
+            let (stream, blocks) = {
+                let mut shard = slot.lock();
+                let blocks = shard.take_all();
+                self.reserved_total
+                    .fetch_sub(shard.reserved, Ordering::AcqRel);
+                shard.reserved = 0;
+                shard.stats.trimmed += blocks.len() as u64;
+                (shard.stream, blocks)
+            };
+            for (class, block) in blocks {
+                let size = block.size();
+                match self.release_to_inner(&block, stream) {
+                    Ok(()) => released += size,
+                    Err(e) => {
+                        // Keep it: the cap may be exceeded until the next
+                        // trim, but no memory is lost.
+                        let mut shard = slot.lock();
+                        shard.stats.trimmed -= 1;
+                        shard.push(class, block);
+                        shard.reserved += size;
+                        self.reserved_total.fetch_add(size, Ordering::AcqRel);
+                        first_err.get_or_insert(e);
+                    }
+                }
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(released),
+        }
+    }
+
+    /// The slot of a cached stream, or the overflow slot.
+    fn slot_index(&self, stream: StreamId) -> usize {
+        (stream.index() as usize).min(self.config.streams)
+    }
+
+    /// The slot and serial of one of this cache's blocks.
+    fn locate(&self, block: BlockId) -> ResourceResult<(&Slot, u64)> {
+        if block.resource() != self.id {
+            return Err(ResourceError::ForeignBlock { block });
+        }
+        let serial = block.serial();
+        match self.slots.get((serial & SHARD_MASK) as usize) {
+            Some(slot) => Ok((slot, serial)),
+            None => Err(ResourceError::UnknownBlock { block }),
+        }
+    }
+
+    /// Runs `f` on the lease of `block` under its shard lock (held across
+    /// the inner hooks `f` calls, so that a concurrent free cannot hand the
+    /// block to someone else in between).
+    fn with_lease<T>(
+        &self,
+        block: BlockId,
+        f: impl FnOnce(&mut Lease) -> ResourceResult<T>,
+    ) -> ResourceResult<T> {
+        let (slot, serial) = self.locate(block)?;
+        let mut shard = slot.lock();
+        if let Some(lease) = shard.lease_mut(serial) {
+            return f(lease);
+        }
+        Err(shard.missing(block))
+    }
+
+    /// Frees a block cached on `cached_on` to the inner resource. The inner
+    /// resource frees it on its own allocation stream, which must first wait
+    /// for the block's last use on `cached_on`.
+    fn release_to_inner(&self, block: &DeviceBlock, cached_on: StreamId) -> ResourceResult<()> {
+        if cached_on != block.stream() {
+            self.inner
+                .finish_block_use(block.id(), cached_on, Access::Write)?;
+        }
+        self.inner.deallocate(block.clone())
+    }
+
+    /// Makes sure the shard holds enough of the cap to cache `bytes` more.
+    fn reserve(&self, shard: &mut SlotGuard<'_>, bytes: usize) -> bool {
+        let Some(need) = shard.cached.checked_add(bytes) else {
+            return false;
+        };
+        if need <= shard.reserved {
+            return true;
+        }
+        let want = need - shard.reserved;
+        if let Some(taken) = self.take_cap(want) {
+            shard.reserved += taken;
+            return true;
+        }
+        // Under pressure: take back what other shards hold but do not use,
+        // then try once more. try_lock only, so two shards doing this at
+        // once cannot deadlock (and our own shard is locked already).
+        for slot in self.slots.iter() {
+            if let Some(mut other) = slot.try_lock() {
+                let slack = other.reserved - other.cached.min(other.reserved);
+                other.reserved -= slack;
+                self.reserved_total.fetch_sub(slack, Ordering::AcqRel);
+            }
+        }
+        match self.take_cap(want) {
+            Some(taken) => {
+                shard.reserved += taken;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Takes `want` bytes of the cap, plus the grain when it fits (so that
+    /// a shard does not come back for every block); returns what it took.
+    fn take_cap(&self, want: usize) -> Option<usize> {
+        let cap = self.config.max_cached_bytes;
+        let with_grain = |cur: usize| {
+            cur.checked_add(want)
+                .and_then(|n| n.checked_add(self.grain))
+                .filter(|&n| n <= cap)
+        };
+        let prev = self
+            .reserved_total
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
+                with_grain(cur).or_else(|| cur.checked_add(want).filter(|&n| n <= cap))
+            })
+            .ok()?;
+        Some(if with_grain(prev).is_some() {
+            want + self.grain
+        } else {
+            want
+        })
+    }
+
+    /// Takes a block of `class` cached on another stream and orders `stream`
+    /// after its last use there.
+    fn steal(&self, class: SizeClass, own: usize, stream: StreamId) -> Option<DeviceBlock> {
+        let n = self.config.streams;
+        for offset in 1..n {
+            let slot = &self.slots[(own + offset) % n];
+            if slot.looks_empty() {
+                continue;
+            }
+            let Some(mut other) = slot.try_lock() else {
+                continue;
+            };
+            let Some(block) = other.pop(class) else {
+                continue;
+            };
+            let from = other.stream;
+            drop(other);
+            // Record where `from` is now, and make `stream` wait for it.
+            let moved = self
+                .inner
+                .finish_block_use(block.id(), from, Access::Write)
+                .and_then(|()| {
+                    self.inner
+                        .prepare_block_use(block.id(), stream, Access::Write)
+                });
+            match moved {
+                Ok(()) => return Some(block),
+                Err(e) => {
+                    tracing::debug!(error = %e, %from, %stream, "moving a cached block failed");
+                    slot.lock().push(class, block);
+                    return None;
+                }
+            }
+        }
+        None
+    }
+
+    /// Allocates from the inner resource; on out-of-memory, gives the cached
+    /// blocks back and tries again: once at once (the driver reuses memory
+    /// freed on the same stream immediately), and once more after letting
+    /// the inner resource reap its queued frees (which synchronizes the
+    /// streams they were queued on, as PyTorch's allocator does before it
+    /// gives up).
+    fn inner_allocate(
+        &self,
+        bytes: usize,
+        stream: StreamId,
+        tag: AllocTag,
+    ) -> ResourceResult<DeviceBlock> {
+        let first = self.inner.allocate(bytes, stream, tag);
+        if !matches!(first, Err(ResourceError::OutOfMemory { .. })) || self.cached_bytes() == 0 {
+            return first;
+        }
+        let released = self.trim();
+        tracing::debug!(?released, bytes, %stream, "out of memory: trimmed the cache");
+        let second = self.inner.allocate(bytes, stream, tag);
+        if !matches!(second, Err(ResourceError::OutOfMemory { .. })) {
+            return second;
+        }
+        match self.inner.reap_pending() {
+            Ok(()) => self.inner.allocate(bytes, stream, tag),
+            Err(_) => second,
+        }
+    }
+
+    /// Hands `inner` to the user as a block of this cache on `stream`.
+    fn lease(
+        &self,
+        index: usize,
+        inner: DeviceBlock,
+        request: (usize, StreamId, AllocTag),
+        class: Option<SizeClass>,
+        count: impl FnOnce(&mut CacheStats),
+    ) -> DeviceBlock {
+        let (bytes, stream, tag) = request;
+        let ptr = inner.ptr();
+        let mut shard = self.slots[index].lock();
+        shard.seen |= class.is_some();
+        count(&mut shard.stats);
+        let serial = shard.lease(Lease {
+            inner,
+            stream,
+            size: bytes,
+            class,
+            home_marked: false,
+            cross_used: false,
+        });
+        DeviceBlock::new(BlockId::new(self.id, serial), ptr, bytes, stream, tag)
+    }
+}
+
+impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R> {
+    fn allocate(
+        &self,
+        bytes: usize,
+        stream: StreamId,
+        tag: AllocTag,
+    ) -> ResourceResult<DeviceBlock> {
+        if stream.device() != self.device {
+            return Err(ResourceError::WrongDevice {
+                expected: self.device,
+                found: stream.device(),
+            });
+        }
+        let index = self.slot_index(stream);
+        if bytes == 0 || bytes > self.config.max_block_size || index == self.config.streams {
+            let inner = self.inner_allocate(bytes, stream, tag)?;
+            return Ok(self.lease(index, inner, (bytes, stream, tag), None, |s| {
+                s.bypasses += 1
+            }));
+        }
+        let class = SizeClass::of(bytes);
+        let seen = {
+            let mut shard = self.slots[index].lock();
+            if let Some(inner) = shard.pop(class) {
+                // Stream order alone makes this safe: every use of the block
+                // on this stream was queued before, and uses on other streams
+                // were waited for when it was cached.
+                shard.stats.hits += 1;
+                let ptr = inner.ptr();
+                let serial = shard.lease(Lease {
+                    inner,
+                    stream,
+                    size: bytes,
+                    class: Some(class),
+                    home_marked: false,
+                    cross_used: false,
+                });
+                return Ok(DeviceBlock::new(
+                    BlockId::new(self.id, serial),
+                    ptr,
+                    bytes,
+                    stream,
+                    tag,
+                ));
+            }
+            shard.seen
+        };
+        if seen && let Some(inner) = self.steal(class, index, stream) {
+            return Ok(
+                self.lease(index, inner, (bytes, stream, tag), Some(class), |s| {
+                    s.steals += 1
+                }),
+            );
+        }
+        let inner = self.inner_allocate(class.size(), stream, tag)?;
+        Ok(
+            self.lease(index, inner, (bytes, stream, tag), Some(class), |s| {
+                s.misses += 1
+            }),
+        )
+    }
+
+    fn deallocate(&self, block: DeviceBlock) -> ResourceResult<()> {
+        if block.device() != self.device {
+            return Err(ResourceError::WrongDevice {
+                expected: self.device,
+                found: block.device(),
+            });
+        }
+        let id = block.id();
+        let (slot, serial) = self.locate(id)?;
+        let mut shard = slot.lock();
+        let Some(lease) = shard.lease_mut(serial) else {
+            return Err(shard.missing(id));
+        };
+        if lease.inner.ptr() != block.ptr()
+            || lease.size != block.size()
+            || lease.stream != block.stream()
+        {
+            return Err(ResourceError::UnknownBlock { block: id });
+        }
+        let (stream, class, inner) = (lease.stream, lease.class, lease.inner.clone());
+        let Some(class) = class else {
+            // Allocated from the inner resource on this very stream: it
+            // waits for the recorded uses itself.
+            self.inner.deallocate(inner)?;
+            shard.end_lease(serial);
+            return Ok(());
+        };
+        if lease.cross_used {
+            // The next user of the block on this stream (or the inner free)
+            // must come after every use recorded on other streams: queue
+            // those waits now.
+            self.inner
+                .prepare_block_use(inner.id(), stream, Access::Write)?;
+        }
+        if self.reserve(&mut shard, inner.size()) {
+            shard.push(class, inner);
+        } else {
+            self.release_to_inner(&inner, stream)?;
+            shard.stats.evictions += 1;
+        }
+        shard.end_lease(serial);
+        Ok(())
+    }
+
+    fn device_ordinal(&self) -> u32 {
+        self.device
+    }
+
+    fn bytes_outstanding(&self) -> usize {
+        self.inner.bytes_outstanding()
+    }
+
+    fn reap_pending(&self) -> ResourceResult<()> {
+        self.inner.reap_pending()
+    }
+
+    fn pending_free_seq(&self, stream: StreamId) -> u64 {
+        self.inner.pending_free_seq(stream)
+    }
+
+    fn reap_through(&self, stream: StreamId, seq: u64) -> usize {
+        self.inner.reap_through(stream, seq)
+    }
+
+    fn supports_block_use_tracking(&self) -> bool {
+        self.inner.supports_block_use_tracking()
+    }
+
+    fn record_block_use(&self, block: &DeviceBlock, use_stream: StreamId) -> ResourceResult<()> {
+        self.with_lease(block.id(), |lease| {
+            if lease.inner.ptr() != block.ptr() || lease.size != block.size() {
+                return Err(ResourceError::UnknownBlock { block: block.id() });
+            }
+            self.inner.record_block_use(&lease.inner, use_stream)?;
+            lease.cross_used |= use_stream != lease.stream;
+            Ok(())
+        })
+    }
+
+    fn prepare_block_use(
+        &self,
+        block: BlockId,
+        use_stream: StreamId,
+        access: Access,
+    ) -> ResourceResult<()> {
+        self.with_lease(block, |lease| {
+            let inner = lease.inner.id();
+            if use_stream != lease.stream && !lease.home_marked {
+                // The inner block may carry records of earlier leases (or of
+                // another stream it was cached on): point its last write at
+                // this lease's stream, now, so the wait below covers the
+                // work queued there so far. Uses on other streams already
+                // recorded in this lease are folded in first, so that
+                // replacing the last write loses none of them.
+                if lease.cross_used {
+                    self.inner
+                        .prepare_block_use(inner, lease.stream, Access::Write)?;
+                }
+                self.inner
+                    .finish_block_use(inner, lease.stream, Access::Write)?;
+                self.inner.prepare_block_use(inner, use_stream, access)?;
+                lease.home_marked = true;
+                return Ok(());
+            }
+            self.inner.prepare_block_use(inner, use_stream, access)
+        })
+    }
+
+    fn finish_block_use(
+        &self,
+        block: BlockId,
+        use_stream: StreamId,
+        access: Access,
+    ) -> ResourceResult<()> {
+        self.with_lease(block, |lease| {
+            self.inner
+                .finish_block_use(lease.inner.id(), use_stream, access)?;
+            lease.cross_used |= use_stream != lease.stream;
+            Ok(())
+        })
+    }
+
+    fn block_state(&self, block: BlockId) -> Option<BlockState> {
+        let (slot, serial) = self.locate(block).ok()?;
+        let mut shard = slot.lock();
+        if shard.lease_mut(serial).is_some() {
+            return Some(BlockState::Live);
+        }
+        matches!(shard.missing(block), ResourceError::DoubleFree { .. })
+            .then_some(BlockState::Retired)
+    }
+}
+
+impl<R: DeviceMemoryResource> Drop for CachingResource<R> {
+    fn drop(&mut self) {
+        // Cached blocks go back to the inner resource; leased ones cannot
+        // (their users still hold them) and stay allocated there.
+        if let Err(e) = self.trim() {
+            tracing::warn!(error = %e, "dropping the cache: some cached blocks could not be freed");
+        }
+        let leased = self.leased_bytes();
+        if leased > 0 {
+            tracing::warn!(
+                bytes = leased,
+                "cache dropped with leased blocks; they stay allocated"
+            );
+        }
+    }
+}

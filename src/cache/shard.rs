@@ -1,0 +1,227 @@
+//! One stream's shard of the cache: its free lists, the blocks leased on it,
+//! and its tallies.
+//!
+//! A shard is only ever touched under its own mutex, and a thread that works
+//! on one stream only takes that stream's mutex on the hot path, so threads
+//! on different streams do not contend. The one shared counter, the cap
+//! reservation, is touched only when a shard needs more of the cap than it
+//! already holds (see [`CachingResource`](super::CachingResource)).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use super::size_class::SizeClass;
+use super::stats::CacheStats;
+use crate::error::ResourceError;
+use crate::fast_hash::FastMap;
+use crate::types::{BlockId, DeviceBlock, StreamId};
+
+/// Low bits of a cache serial name the shard that handed the block out; the
+/// high bits count within the shard, so that serials are unique without a
+/// shared counter.
+pub(crate) const SHARD_BITS: u32 = 20;
+pub(crate) const SHARD_MASK: u64 = (1 << SHARD_BITS) - 1;
+
+/// A block handed to a user: the inner block behind it and what the user was
+/// told.
+#[derive(Debug)]
+pub(crate) struct Lease {
+    /// The inner resource's block (allocated at the class size, on the
+    /// stream it was first allocated on, where it will finally be freed).
+    pub(crate) inner: DeviceBlock,
+    /// The stream the user got the block on.
+    pub(crate) stream: StreamId,
+    /// The size the user asked for.
+    pub(crate) size: usize,
+    /// `None` for blocks that bypass the cache.
+    pub(crate) class: Option<SizeClass>,
+    /// Whether the lease stream's position has been recorded as the block's
+    /// last write in the inner resource (done before the first wait of
+    /// another stream, so that it waits for this lease's work and not for a
+    /// stale record of an earlier lease).
+    pub(crate) home_marked: bool,
+    /// Whether a use on another stream was recorded: the lease stream must
+    /// then wait for it before the block is cached again.
+    pub(crate) cross_used: bool,
+}
+
+/// The state of one stream's shard; guarded by the mutex of its [`Slot`].
+#[derive(Debug)]
+pub(crate) struct Shard {
+    /// The stream whose blocks this shard caches.
+    pub(crate) stream: StreamId,
+    /// Whether the inner resource accepted this stream (an allocation on it
+    /// succeeded): only then may blocks of other streams be moved to it,
+    /// since a move queues a wait on it before the inner resource sees it.
+    pub(crate) seen: bool,
+    /// Free blocks per size class, most recently freed last (the hottest).
+    free: Vec<Vec<DeviceBlock>>,
+    leases: FastMap<u64, Lease>,
+    index: u64,
+    next_local: u64,
+    /// Bytes in the free lists (class sizes).
+    pub(crate) cached: usize,
+    /// Bytes leased to users (requested sizes).
+    pub(crate) leased: usize,
+    /// The part of the global cap this shard holds; `cached <= reserved`
+    /// except after a failed trim put a block back.
+    pub(crate) reserved: usize,
+    pub(crate) stats: CacheStats,
+}
+
+impl Shard {
+    fn new(stream: StreamId, index: usize, classes: usize) -> Self {
+        Shard {
+            stream,
+            seen: false,
+            free: (0..classes).map(|_| Vec::new()).collect(),
+            leases: FastMap::default(),
+            index: index as u64,
+            next_local: 1,
+            cached: 0,
+            leased: 0,
+            reserved: 0,
+            stats: CacheStats::default(),
+        }
+    }
+
+    /// Takes the hottest free block of `class`.
+    pub(crate) fn pop(&mut self, class: SizeClass) -> Option<DeviceBlock> {
+        let block = self.free.get_mut(class.index())?.pop()?;
+        self.cached -= block.size();
+        Some(block)
+    }
+
+    /// Puts `block` (of `class`) on its free list.
+    pub(crate) fn push(&mut self, class: SizeClass, block: DeviceBlock) {
+        self.cached += block.size();
+        self.free[class.index()].push(block);
+    }
+
+    /// Empties every free list.
+    pub(crate) fn take_all(&mut self) -> Vec<(SizeClass, DeviceBlock)> {
+        let mut all = Vec::new();
+        for (i, list) in self.free.iter_mut().enumerate() {
+            let class = SizeClass::from_index(i);
+            all.extend(list.drain(..).map(|b| (class, b)));
+        }
+        self.cached = 0;
+        all
+    }
+
+    /// Number of blocks in the free lists.
+    pub(crate) fn cached_blocks(&self) -> usize {
+        self.free.iter().map(Vec::len).sum()
+    }
+
+    /// Records a new lease and returns its serial.
+    pub(crate) fn lease(&mut self, lease: Lease) -> u64 {
+        let serial = (self.next_local << SHARD_BITS) | self.index;
+        self.next_local += 1;
+        self.leased += lease.size;
+        self.leases.insert(serial, lease);
+        serial
+    }
+
+    pub(crate) fn lease_mut(&mut self, serial: u64) -> Option<&mut Lease> {
+        self.leases.get_mut(&serial)
+    }
+
+    /// Ends a lease.
+    pub(crate) fn end_lease(&mut self, serial: u64) -> Option<Lease> {
+        let lease = self.leases.remove(&serial)?;
+        self.leased -= lease.size;
+        Some(lease)
+    }
+
+    pub(crate) fn lease_count(&self) -> usize {
+        self.leases.len()
+    }
+
+    /// Why `block` (of this shard) has no lease: freed already, or never
+    /// handed out.
+    pub(crate) fn missing(&self, block: BlockId) -> ResourceError {
+        let local = block.serial() >> SHARD_BITS;
+        if local >= 1 && local < self.next_local {
+            ResourceError::DoubleFree { block }
+        } else {
+            ResourceError::UnknownBlock { block }
+        }
+    }
+}
+
+/// A shard and its lock, alone on their cache lines so that two streams'
+/// shards never share one.
+#[derive(Debug)]
+#[repr(align(128))]
+pub(crate) struct Slot {
+    shard: Mutex<Shard>,
+    /// Whether the free lists hold a block, readable without the lock: a
+    /// thread looking for a block to move from another stream skips empty
+    /// shards.
+    nonempty: AtomicBool,
+}
+
+impl Slot {
+    pub(crate) fn new(stream: StreamId, index: usize, classes: usize) -> Self {
+        Slot {
+            shard: Mutex::new(Shard::new(stream, index, classes)),
+            nonempty: AtomicBool::new(false),
+        }
+    }
+
+    pub(crate) fn lock(&self) -> SlotGuard<'_> {
+        SlotGuard {
+            guard: self.shard.lock().unwrap_or_else(|p| p.into_inner()),
+            nonempty: &self.nonempty,
+        }
+    }
+
+    /// The lock, if no one holds it.
+    pub(crate) fn try_lock(&self) -> Option<SlotGuard<'_>> {
+        let guard = match self.shard.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        Some(SlotGuard {
+            guard,
+            nonempty: &self.nonempty,
+        })
+    }
+
+    /// Whether the shard's free lists were empty when last unlocked.
+    pub(crate) fn looks_empty(&self) -> bool {
+        !self.nonempty.load(Ordering::Relaxed)
+    }
+}
+
+/// The locked shard; publishes its block count when unlocked.
+pub(crate) struct SlotGuard<'a> {
+    guard: MutexGuard<'a, Shard>,
+    nonempty: &'a AtomicBool,
+}
+
+impl std::ops::Deref for SlotGuard<'_> {
+    type Target = Shard;
+    fn deref(&self) -> &Shard {
+        &self.guard
+    }
+}
+
+impl std::ops::DerefMut for SlotGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Shard {
+        &mut self.guard
+    }
+}
+
+impl Drop for SlotGuard<'_> {
+    fn drop(&mut self) {
+        // A hint only (read relaxed, without the lock): a stale value costs a
+        // useless try_lock or a missed move, never a wrong one.
+        let nonempty = self.guard.cached > 0;
+        if self.nonempty.load(Ordering::Relaxed) != nonempty {
+            self.nonempty.store(nonempty, Ordering::Relaxed);
+        }
+    }
+}
