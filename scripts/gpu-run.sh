@@ -6,6 +6,9 @@
 #   scripts/gpu-run.sh build          # here
 #   scripts/gpu-run.sh run [filter]   # there: runs every test binary with --include-ignored
 #   scripts/gpu-run.sh sanitize       # there: the CUDA tests under compute-sanitizer, and a planted bug
+#   scripts/gpu-run.sh examples       # there: every example on the GPU
+#   scripts/gpu-run.sh measure DIR    # there: futures latency, then the allocation table (CSV, PNG) into DIR
+#   scripts/gpu-run.sh all DIR        # there: run, examples, measure, sanitize (one device call)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-build}" in
@@ -39,6 +42,30 @@ run)
         "$t" --include-ignored --test-threads=1 --nocapture $filter || status=1
     done
     exit $status
+    ;;
+examples)
+    for e in quickstart service pipeline reaper multi_gpu adaptor_stack; do
+        echo "=== example $e"
+        timeout 120 "gpu-bin/example-$e" || echo "example $e failed: $?"
+    done
+    ;;
+measure)
+    dir="${2:-bench-out}"
+    mkdir -p "$dir"
+    echo "=== gpu_latency"
+    timeout 240 gpu-bin/example-gpu_latency 2>&1 | tee "$dir/gpu_latency.txt" || true
+    echo "=== bench_table"
+    timeout 240 gpu-bin/example-bench_table "$dir" 2>&1 | tee "$dir/bench_table.txt" || true
+    python3 scripts/plot_bench.py "$dir/bench_table.csv" "$dir/throughput.png" || true
+    ;;
+all)
+    dir="${2:-bench-out}"
+    mkdir -p "$dir"
+    "$0" run > "$dir/tests.log" 2>&1 && echo "tests: all passed" || echo "tests: FAILURES (see tests.log)"
+    grep -E "^=== |test result|FAILED|panicked|^cuda|cuda:" "$dir/tests.log" | grep -v "^test .* ok$" | head -80
+    "$0" examples 2>&1 | tee "$dir/examples.log" || true
+    "$0" measure "$dir"
+    "$0" sanitize 2>&1 | tee "$dir/sanitize.log" || true
     ;;
 sanitize)
     # API errors are off: two tests provoke them on purpose (a 1 PiB request,
