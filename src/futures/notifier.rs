@@ -269,16 +269,20 @@ impl Notifier {
     /// A parked waiter needs a notification: queues one unless one is in
     /// flight (the landing one then has the next one queued).
     pub(crate) fn request(&self, gpu: &dyn Gpu) {
-        self.signal.lock().wanted = true;
-        self.launch(gpu);
+        self.queue(gpu, true);
     }
 
     /// Queues a notification if none is in flight and a parked waiter or a
     /// free needs one. Never called from a host function (it calls the
     /// driver).
     pub(crate) fn launch(&self, gpu: &dyn Gpu) {
+        self.queue(gpu, false);
+    }
+
+    fn queue(&self, gpu: &dyn Gpu, want: bool) {
         let covered = {
             let mut st = self.signal.lock();
+            st.wanted |= want;
             if st.flight != Flight::Idle || (!st.wanted && st.frees.is_empty()) {
                 return;
             }
