@@ -61,7 +61,13 @@ type Shard = crate::fast_hash::FastMap<u64, BlockRecord>;
 
 /// The stream-ordered resource over a backend `G`.
 ///
-/// See the [module documentation](self) for the state it keeps.
+/// # State
+///
+/// Live blocks in shards keyed by serial number, each with its uses (one
+/// read event per stream plus the last write); frees queued but not known
+/// to have run, per stream, with sequence numbers; and two counters, live
+/// and pending. A block moves from live to pending when its free is queued,
+/// and leaves pending when a reap learns its stream passed the free.
 /// [`AsyncCudaResource`] and [`SimResource`] are its two instances.
 ///
 /// # Examples
