@@ -2,7 +2,8 @@
 //!
 //! Every fallible call of the crate returns [`ResourceResult`]. A call that
 //! fails leaves every counter, map and budget exactly as it was before the
-//! call; the variants say what was wrong and with which values, so that a
+//! call (the one exception: a reap that fails part-way keeps what it had
+//! already drained, since those frees did run); the variants say what was wrong and with which values, so that a
 //! log line is enough to understand a failure.
 
 use crate::types::{BlockId, StreamId};
