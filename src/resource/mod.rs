@@ -8,6 +8,7 @@
 
 mod block_uses;
 mod event_pool;
+pub(crate) mod forward;
 mod pending;
 mod stream_ordered;
 

@@ -1,11 +1,12 @@
 //! [`BudgetResource`]: the decorator that charges a [`Budget`].
 
+use crate::resource::forward::forward_to_inner;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::Budget;
 use crate::error::ResourceResult;
 use crate::resource::DeviceMemoryResource;
-use crate::types::{Access, AllocTag, BlockId, BlockState, DeviceBlock, StreamId};
+use crate::types::{AllocTag, DeviceBlock, StreamId};
 
 /// Charges a shared [`Budget`] for every byte of the inner resource, from
 /// the allocation until its free has executed.
@@ -109,6 +110,7 @@ impl<R: DeviceMemoryResource> BudgetResource<R> {
 }
 
 impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> {
+    forward_to_inner!(inner; device_ordinal, bytes_outstanding, pending_free_seq, supports_block_use_tracking, record_block_use, prepare_block_use, finish_block_use, block_state);
     /// Reserves `bytes` in the budget, then allocates from the inner
     /// resource.
     ///
@@ -138,23 +140,11 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> {
         Ok(())
     }
 
-    fn device_ordinal(&self) -> u32 {
-        self.inner.device_ordinal()
-    }
-
-    fn bytes_outstanding(&self) -> usize {
-        self.inner.bytes_outstanding()
-    }
-
     fn reap_pending(&self) -> ResourceResult<()> {
         let result = self.inner.reap_pending();
         // What was drained stays drained even when the reap failed part way.
         self.settle();
         result
-    }
-
-    fn pending_free_seq(&self, stream: StreamId) -> u64 {
-        self.inner.pending_free_seq(stream)
     }
 
     fn reap_through(&self, stream: StreamId, seq: u64) -> usize {
@@ -163,25 +153,5 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> {
         // freed on its own (a quarantine flush on a synchronous backend).
         self.settle();
         drained
-    }
-
-    fn supports_block_use_tracking(&self) -> bool {
-        self.inner.supports_block_use_tracking()
-    }
-
-    fn record_block_use(&self, block: &DeviceBlock, use_stream: StreamId) -> ResourceResult<()> {
-        self.inner.record_block_use(block, use_stream)
-    }
-
-    fn prepare_block_use(&self, b: BlockId, s: StreamId, a: Access) -> ResourceResult<()> {
-        self.inner.prepare_block_use(b, s, a)
-    }
-
-    fn finish_block_use(&self, b: BlockId, s: StreamId, a: Access) -> ResourceResult<()> {
-        self.inner.finish_block_use(b, s, a)
-    }
-
-    fn block_state(&self, block: BlockId) -> Option<BlockState> {
-        self.inner.block_state(block)
     }
 }

@@ -1,5 +1,6 @@
 //! [`DebugGuard`]: the quarantining decorator.
 
+use crate::resource::forward::forward_to_inner;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::sync::{Mutex, MutexGuard};
@@ -179,6 +180,10 @@ impl<R: DeviceMemoryResource> DebugGuard<R> {
 }
 
 impl<R: DeviceMemoryResource> DeviceMemoryResource for DebugGuard<R> {
+    // `bytes_outstanding` is the inner resource's count, which includes
+    // quarantined blocks: they are still on the device.
+    forward_to_inner!(inner; device_ordinal, bytes_outstanding, reap_pending, pending_free_seq, reap_through, supports_block_use_tracking);
+
     fn allocate(
         &self,
         bytes: usize,
@@ -225,31 +230,6 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for DebugGuard<R> {
         state.held_bytes += size;
         state.quarantine.push_back(block);
         Ok(())
-    }
-
-    fn device_ordinal(&self) -> u32 {
-        self.inner.device_ordinal()
-    }
-
-    /// The inner resource's count, which includes quarantined blocks.
-    fn bytes_outstanding(&self) -> usize {
-        self.inner.bytes_outstanding()
-    }
-
-    fn reap_pending(&self) -> ResourceResult<()> {
-        self.inner.reap_pending()
-    }
-
-    fn pending_free_seq(&self, stream: StreamId) -> u64 {
-        self.inner.pending_free_seq(stream)
-    }
-
-    fn reap_through(&self, stream: StreamId, seq: u64) -> usize {
-        self.inner.reap_through(stream, seq)
-    }
-
-    fn supports_block_use_tracking(&self) -> bool {
-        self.inner.supports_block_use_tracking()
     }
 
     fn record_block_use(&self, block: &DeviceBlock, use_stream: StreamId) -> ResourceResult<()> {

@@ -1,10 +1,11 @@
 //! [`RetryOnOom`]: the decorator that reaps and retries once.
 
+use crate::resource::forward::forward_to_inner;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::{ResourceError, ResourceResult};
 use crate::resource::DeviceMemoryResource;
-use crate::types::{Access, AllocTag, BlockId, BlockState, DeviceBlock, StreamId};
+use crate::types::{AllocTag, DeviceBlock, StreamId};
 
 /// Retries an allocation once, after reaping, when memory is short.
 ///
@@ -69,6 +70,7 @@ fn memory_short(e: &ResourceError) -> bool {
 }
 
 impl<R: DeviceMemoryResource> DeviceMemoryResource for RetryOnOom<R> {
+    forward_to_inner!(inner; deallocate, device_ordinal, bytes_outstanding, reap_pending, pending_free_seq, reap_through, supports_block_use_tracking, record_block_use, prepare_block_use, finish_block_use, block_state);
     /// Allocates from the inner resource; when memory is short, reaps and
     /// tries once more.
     ///
@@ -92,49 +94,5 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for RetryOnOom<R> {
             }
             other => other,
         }
-    }
-
-    fn deallocate(&self, block: DeviceBlock) -> ResourceResult<()> {
-        self.inner.deallocate(block)
-    }
-
-    fn device_ordinal(&self) -> u32 {
-        self.inner.device_ordinal()
-    }
-
-    fn bytes_outstanding(&self) -> usize {
-        self.inner.bytes_outstanding()
-    }
-
-    fn reap_pending(&self) -> ResourceResult<()> {
-        self.inner.reap_pending()
-    }
-
-    fn pending_free_seq(&self, stream: StreamId) -> u64 {
-        self.inner.pending_free_seq(stream)
-    }
-
-    fn reap_through(&self, stream: StreamId, seq: u64) -> usize {
-        self.inner.reap_through(stream, seq)
-    }
-
-    fn supports_block_use_tracking(&self) -> bool {
-        self.inner.supports_block_use_tracking()
-    }
-
-    fn record_block_use(&self, block: &DeviceBlock, use_stream: StreamId) -> ResourceResult<()> {
-        self.inner.record_block_use(block, use_stream)
-    }
-
-    fn prepare_block_use(&self, b: BlockId, s: StreamId, a: Access) -> ResourceResult<()> {
-        self.inner.prepare_block_use(b, s, a)
-    }
-
-    fn finish_block_use(&self, b: BlockId, s: StreamId, a: Access) -> ResourceResult<()> {
-        self.inner.finish_block_use(b, s, a)
-    }
-
-    fn block_state(&self, block: BlockId) -> Option<BlockState> {
-        self.inner.block_state(block)
     }
 }

@@ -3,7 +3,8 @@
 use super::Stats;
 use crate::error::ResourceResult;
 use crate::resource::DeviceMemoryResource;
-use crate::types::{Access, AllocTag, BlockId, BlockState, DeviceBlock, StreamId};
+use crate::resource::forward::forward_to_inner;
+use crate::types::{AllocTag, DeviceBlock, StreamId};
 
 /// Counts allocations and deallocations of the inner resource into a
 /// [`Stats`]; forwards everything else unchanged.
@@ -36,6 +37,7 @@ impl<R> StatsResource<R> {
 }
 
 impl<R: DeviceMemoryResource> DeviceMemoryResource for StatsResource<R> {
+    forward_to_inner!(inner; device_ordinal, bytes_outstanding, reap_pending, pending_free_seq, reap_through, supports_block_use_tracking, record_block_use, prepare_block_use, finish_block_use, block_state);
     fn allocate(
         &self,
         bytes: usize,
@@ -59,45 +61,5 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for StatsResource<R> {
         self.inner.deallocate(block)?;
         self.stats.record_deallocate(bytes, tag);
         Ok(())
-    }
-
-    fn device_ordinal(&self) -> u32 {
-        self.inner.device_ordinal()
-    }
-
-    fn bytes_outstanding(&self) -> usize {
-        self.inner.bytes_outstanding()
-    }
-
-    fn reap_pending(&self) -> ResourceResult<()> {
-        self.inner.reap_pending()
-    }
-
-    fn pending_free_seq(&self, stream: StreamId) -> u64 {
-        self.inner.pending_free_seq(stream)
-    }
-
-    fn reap_through(&self, stream: StreamId, seq: u64) -> usize {
-        self.inner.reap_through(stream, seq)
-    }
-
-    fn supports_block_use_tracking(&self) -> bool {
-        self.inner.supports_block_use_tracking()
-    }
-
-    fn record_block_use(&self, block: &DeviceBlock, use_stream: StreamId) -> ResourceResult<()> {
-        self.inner.record_block_use(block, use_stream)
-    }
-
-    fn prepare_block_use(&self, b: BlockId, s: StreamId, a: Access) -> ResourceResult<()> {
-        self.inner.prepare_block_use(b, s, a)
-    }
-
-    fn finish_block_use(&self, b: BlockId, s: StreamId, a: Access) -> ResourceResult<()> {
-        self.inner.finish_block_use(b, s, a)
-    }
-
-    fn block_state(&self, block: BlockId) -> Option<BlockState> {
-        self.inner.block_state(block)
     }
 }

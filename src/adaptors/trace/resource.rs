@@ -1,12 +1,13 @@
 //! [`TracingResource`]: the decorator that emits events.
 
+use crate::resource::forward::forward_to_inner;
 use std::time::Instant;
 
 use tracing::{Level, debug, enabled, info_span, trace, warn};
 
 use crate::error::ResourceResult;
 use crate::resource::DeviceMemoryResource;
-use crate::types::{Access, AllocTag, BlockId, BlockState, DeviceBlock, StreamId};
+use crate::types::{Access, AllocTag, BlockId, DeviceBlock, StreamId};
 
 /// The target of every event and span of [`TracingResource`].
 pub const TARGET: &str = "streamalloc::alloc";
@@ -105,6 +106,7 @@ impl<R: DeviceMemoryResource> TracingResource<R> {
 }
 
 impl<R: DeviceMemoryResource> DeviceMemoryResource for TracingResource<R> {
+    forward_to_inner!(inner; device_ordinal, bytes_outstanding, pending_free_seq, supports_block_use_tracking, block_state);
     fn allocate(
         &self,
         bytes: usize,
@@ -177,14 +179,6 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for TracingResource<R> {
         result
     }
 
-    fn device_ordinal(&self) -> u32 {
-        self.inner.device_ordinal()
-    }
-
-    fn bytes_outstanding(&self) -> usize {
-        self.inner.bytes_outstanding()
-    }
-
     fn reap_pending(&self) -> ResourceResult<()> {
         let device = self.inner.device_ordinal();
         let span = info_span!(target: TARGET, "reap_pending", device);
@@ -206,10 +200,6 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for TracingResource<R> {
         result
     }
 
-    fn pending_free_seq(&self, stream: StreamId) -> u64 {
-        self.inner.pending_free_seq(stream)
-    }
-
     fn reap_through(&self, stream: StreamId, seq: u64) -> usize {
         let start = start!(Level::DEBUG);
         let drained = self.inner.reap_through(stream, seq);
@@ -223,10 +213,6 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for TracingResource<R> {
             "reap_through"
         );
         drained
-    }
-
-    fn supports_block_use_tracking(&self) -> bool {
-        self.inner.supports_block_use_tracking()
     }
 
     fn record_block_use(&self, block: &DeviceBlock, use_stream: StreamId) -> ResourceResult<()> {
@@ -249,9 +235,5 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for TracingResource<R> {
         self.hook("finish_block_use", b, s, a, || {
             self.inner.finish_block_use(b, s, a)
         })
-    }
-
-    fn block_state(&self, block: BlockId) -> Option<BlockState> {
-        self.inner.block_state(block)
     }
 }
