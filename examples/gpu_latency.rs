@@ -166,6 +166,66 @@ async fn measure<R: DeviceMemoryResource + 'static>(
     let many_plain = many_round(false).await?;
     let many = many_round(true).await?;
 
+    // Where the cost goes: the same work split into its parts.
+    // (a) `completion()` alone (event record + sequence number), futures
+    //     dropped at once, on an idle stream.
+    gpu.stream_synchronize(raw).map_err(common::gpu_err)?;
+    let point_only = {
+        let t = Instant::now();
+        for _ in 0..10_000 {
+            drop(res.completion(s)?);
+        }
+        t.elapsed() / 10_000
+    };
+    // (b) 8 MiB memsets with a future each, awaited together in this task
+    //     (no task spawned per future): the submit loop alone, then in all.
+    let (submit, joined) = {
+        let t = Instant::now();
+        let mut futs = Vec::with_capacity(n as usize);
+        for _ in 0..n {
+            gpu.memset_async(big.ptr(), 4, big.size(), raw)
+                .map_err(common::gpu_err)?;
+            futs.push(res.completion(s)?);
+        }
+        let submit = t.elapsed() / n;
+        for r in ::futures::future::join_all(futs).await {
+            r?;
+        }
+        (submit, t.elapsed() / n)
+    };
+    // (c) the spawned variant with futures that park at once (no spin).
+    let parked = {
+        let policy = res.wait_policy();
+        res.set_wait_policy(streamalloc::futures::WaitPolicy::PARK_AT_ONCE);
+        let t = Instant::now();
+        let mut tasks = Vec::with_capacity(n as usize);
+        for _ in 0..n {
+            gpu.memset_async(big.ptr(), 5, big.size(), raw)
+                .map_err(common::gpu_err)?;
+            tasks.push(tokio::spawn(res.completion(s)?));
+        }
+        for task in tasks {
+            task.await.expect("future task")?;
+        }
+        res.set_wait_policy(policy);
+        t.elapsed() / n
+    };
+    // (d) 10,000 futures over 8 streams awaited together, no task each.
+    let many_joined = {
+        let t = Instant::now();
+        let mut futs = Vec::with_capacity(10_000);
+        for i in 0..10_000 {
+            let b = &blocks[i % blocks.len()];
+            gpu.memset_async(b.ptr(), 3, 4, pool.raw(b.stream())?)
+                .map_err(common::gpu_err)?;
+            futs.push(res.completion(b.stream())?);
+        }
+        for r in ::futures::future::join_all(futs).await {
+            r?;
+        }
+        t.elapsed() / 10_000
+    };
+
     let us = |d: Duration| d.as_secs_f64() * 1e6;
     println!();
     println!("| measurement | p50 / value | p99 | target |");
@@ -189,6 +249,26 @@ async fn measure<R: DeviceMemoryResource + 'static>(
         us(many_plain),
         us(many),
         us(many) - us(many_plain)
+    );
+    println!();
+    println!("| breakdown | per op |");
+    println!("| --- | --- |");
+    println!(
+        "| `completion()` alone (record + sequence number), idle stream | {:.2} µs |",
+        us(point_only)
+    );
+    println!(
+        "| 8 MiB memset + `completion()`, submit loop only / in all, awaited together (no spawn) | {:.2} / {:.2} µs |",
+        us(submit),
+        us(joined)
+    );
+    println!(
+        "| 8 MiB memset, a spawned future each, parking at once (no spin) | {:.2} µs |",
+        us(parked)
+    );
+    println!(
+        "| 10,000 fills, futures awaited together (no spawn) | {:.3} µs |",
+        us(many_joined)
     );
     println!(
         "\n{} notifications (host functions) in all",
