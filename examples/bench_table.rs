@@ -135,6 +135,19 @@ fn measure_pairs<G: Gpu>(b: &Bench<G>, cudarc: bool, rows: &mut Vec<Row>) {
             time(|| Bench::<G>::pair(&*b.cache, s0, black_box(bytes))),
         ));
         b.sync();
+        // The adaptor stack a service would run, over the same resource (no
+        // tracing subscriber installed): compare with StreamOrderedResource.
+        let stack = streamalloc::ResourceBuilder::new()
+            .budget(&streamalloc::Budget::new(1 << 60))
+            .stats()
+            .tracing()
+            .build(b.resource.clone());
+        peers.push((
+            "Budget+Stats+Tracing".into(),
+            time(|| Bench::<G>::pair(&stack, s0, black_box(bytes))),
+        ));
+        drop(stack);
+        b.sync();
         for (peer, ns) in peers {
             rows.push(Row {
                 backend,
