@@ -11,6 +11,8 @@
 #   scripts/gpu-run.sh all DIR        # there: run, examples, measure, sanitize (one device call)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Where the binaries are (another folder can carry a subset).
+BIN="${BIN:-gpu-bin}"
 case "${1:-build}" in
 build)
     rm -rf gpu-bin && mkdir -p gpu-bin
@@ -39,7 +41,7 @@ run)
     filter="${2:-}"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
     status=0
-    for t in gpu-bin/test-*; do
+    for t in $BIN/test-*; do
         echo "=== $t"
         "$t" --include-ignored --test-threads=1 --nocapture $filter || status=1
     done
@@ -48,16 +50,16 @@ run)
 examples)
     for e in quickstart service pipeline reaper multi_gpu adaptor_stack; do
         echo "=== example $e"
-        timeout 120 "gpu-bin/example-$e" || echo "example $e failed: $?"
+        timeout 120 "$BIN/example-$e" || echo "example $e failed: $?"
     done
     ;;
 measure)
     dir="${2:-bench-out}"
     mkdir -p "$dir"
     echo "=== gpu_latency"
-    timeout 240 gpu-bin/example-gpu_latency 2>&1 | tee "$dir/gpu_latency.txt" || true
+    timeout 240 $BIN/example-gpu_latency 2>&1 | tee "$dir/gpu_latency.txt" || true
     echo "=== bench_table"
-    timeout 240 gpu-bin/example-bench_table "$dir" 2>&1 | tee "$dir/bench_table.txt" || true
+    timeout 240 $BIN/example-bench_table "$dir" 2>&1 | tee "$dir/bench_table.txt" || true
     python3 scripts/plot_bench.py "$dir/bench_table.csv" "$dir/throughput.png" || true
     ;;
 all)
@@ -74,17 +76,21 @@ sanitize)
     # a device that does not exist).
     cs="compute-sanitizer --error-exitcode 86 --report-api-errors no"
     racecheck="$cs --tool memcheck --track-stream-ordered-races all"
+    log=$(mktemp)
+    check() { # name, then the command; prints the verdict lines and the exit code
+        local name=$1 code=0
+        shift
+        "$@" >"$log" 2>&1 || code=$?
+        grep -E "Use-|ERROR SUMMARY|test result|planted" "$log" | head -8
+        echo "$name exit: $code"
+    }
     echo "=== memcheck (stream-ordered races) over the CUDA tests"
-    $racecheck gpu-bin/test-gpu_cuda --include-ignored --test-threads=1 2>&1 | tail -4 || true
-    echo "memcheck exit: ${PIPESTATUS[0]}"
+    check memcheck $racecheck $BIN/test-gpu_cuda --include-ignored --test-threads=1
     echo "=== synccheck over the CUDA tests"
-    $cs --tool synccheck gpu-bin/test-gpu_cuda --include-ignored --test-threads=1 2>&1 | tail -4 || true
-    echo "synccheck exit: ${PIPESTATUS[0]}"
-    echo "=== planted bug: must be reported"
-    $racecheck gpu-bin/example-planted_race bug 2>&1 | grep -E "Use-|ERROR SUMMARY|planted" | head -8 || true
-    echo "planted bug exit: ${PIPESTATUS[0]}"
-    echo "=== the same through the hooks: must be clean"
-    $racecheck gpu-bin/example-planted_race fixed 2>&1 | grep -E "Use-|ERROR SUMMARY|planted" | head -8 || true
-    echo "fixed exit: ${PIPESTATUS[0]}"
+    check synccheck $cs --tool synccheck $BIN/test-gpu_cuda --include-ignored --test-threads=1
+    echo "=== planted bug: must be reported (exit 86)"
+    check "planted bug" $racecheck $BIN/example-planted_race bug
+    echo "=== the same through the hooks: must be clean (exit 0)"
+    check fixed $racecheck $BIN/example-planted_race fixed
     ;;
 esac
