@@ -278,10 +278,25 @@ fn csv(rows: &[Row]) -> String {
     out
 }
 
+/// `bench_table --profile-pair N`: N allocate + free pairs of the resource on
+/// the null backend and nothing else, for an instruction profile of the
+/// bookkeeping (`valgrind --tool=callgrind`, see BENCHMARKS.md).
+fn profile_pair(n: usize) {
+    let null = support::null();
+    let s0 = null.stream(0);
+    for _ in 0..n {
+        Bench::<support::NullGpu>::pair(&*null.resource, s0, black_box(64 << 10));
+    }
+}
+
 fn main() -> std::io::Result<()> {
-    let out_dir = std::env::args()
-        .nth(1)
-        .unwrap_or_else(|| "target/bench-table".into());
+    let mut args = std::env::args().skip(1);
+    let first = args.next();
+    if first.as_deref() == Some("--profile-pair") {
+        profile_pair(args.next().and_then(|n| n.parse().ok()).unwrap_or(100_000));
+        return Ok(());
+    }
+    let out_dir = first.unwrap_or_else(|| "target/bench-table".into());
     let mut rows = Vec::new();
     eprintln!("measuring the null backend (bookkeeping only)...");
     let null = support::null();
