@@ -73,6 +73,27 @@ pub enum GpuError {
 }
 
 impl GpuError {
+    /// The crate's error for this failure of a call made for a request of
+    /// `requested` bytes on `stream` (the context an out-of-memory carries).
+    pub fn for_request(self, requested: usize, stream: crate::StreamId) -> crate::ResourceError {
+        match self {
+            GpuError::OutOfMemory { available } => crate::ResourceError::OutOfMemory {
+                requested,
+                available,
+                stream,
+            },
+            GpuError::Driver {
+                call,
+                code,
+                message,
+            } => crate::ResourceError::Driver {
+                call,
+                code,
+                message,
+            },
+        }
+    }
+
     /// A driver failure of `call` with `code` and `message`.
     pub fn driver(call: DriverCall, code: i32, message: impl Into<String>) -> Self {
         GpuError::Driver {

@@ -274,27 +274,8 @@ impl<G: Gpu> StreamOrderedResource<G> {
         }
     }
 
-    fn gpu_err(&self, e: GpuError, requested: usize, stream: StreamId) -> ResourceError {
-        match e {
-            GpuError::OutOfMemory { available } => ResourceError::OutOfMemory {
-                requested,
-                available,
-                stream,
-            },
-            GpuError::Driver {
-                call,
-                code,
-                message,
-            } => ResourceError::Driver {
-                call,
-                code,
-                message,
-            },
-        }
-    }
-
     fn driver(&self, e: GpuError) -> ResourceError {
-        self.gpu_err(e, 0, StreamId::new(self.device_ordinal, 0))
+        e.for_request(0, StreamId::new(self.device_ordinal, 0))
     }
 
     /// Queues the waits `use_stream` needs before `access` to `record`.
@@ -371,7 +352,7 @@ impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
         let ptr = self
             .gpu
             .alloc_async(bytes, raw)
-            .map_err(|e| self.gpu_err(e, bytes, stream))?;
+            .map_err(|e| e.for_request(bytes, stream))?;
         let serial = self.next_serial.fetch_add(1, Ordering::AcqRel);
         lock(self.shard(serial)).insert(
             serial,
@@ -440,7 +421,7 @@ impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
         }
         if let Err(e) = self.gpu.free_async(ptr, raw) {
             restore(record);
-            return Err(self.gpu_err(e, size, stream));
+            return Err(e.for_request(size, stream));
         }
         // Pending first, live second: a concurrent reader of
         // `bytes_outstanding` may over-count for an instant, never under.

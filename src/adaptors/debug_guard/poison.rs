@@ -3,8 +3,8 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::error::{ResourceError, ResourceResult};
-use crate::gpu::{Gpu, GpuError};
+use crate::error::ResourceResult;
+use crate::gpu::Gpu;
 use crate::resource::StreamOrderedResource;
 use crate::types::{DeviceBlock, StreamPool};
 
@@ -81,21 +81,6 @@ impl<G: Gpu> Poison for GpuPoison<G> {
         let raw = self.pool.raw(block.stream())?;
         self.gpu
             .memset_async(block.ptr(), self.value, block.size(), raw)
-            .map_err(|e| match e {
-                GpuError::Driver {
-                    call,
-                    code,
-                    message,
-                } => ResourceError::Driver {
-                    call,
-                    code,
-                    message,
-                },
-                GpuError::OutOfMemory { available } => ResourceError::OutOfMemory {
-                    requested: 0,
-                    available,
-                    stream: block.stream(),
-                },
-            })
+            .map_err(|e| e.for_request(0, block.stream()))
     }
 }
