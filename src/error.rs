@@ -159,5 +159,18 @@ pub enum ResourceError {
     Shutdown,
 }
 
+impl ResourceError {
+    /// `Ok` when `found` is the device `expected`, else
+    /// [`ResourceError::WrongDevice`]: the one check every layer makes before
+    /// touching a stream or block of a device.
+    pub fn check_device(expected: u32, found: u32) -> ResourceResult<()> {
+        if expected == found {
+            Ok(())
+        } else {
+            Err(ResourceError::WrongDevice { expected, found })
+        }
+    }
+}
+
 /// The crate's result type.
 pub type ResourceResult<T> = Result<T, ResourceError>;

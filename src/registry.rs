@@ -69,12 +69,7 @@ impl<R: DeviceMemoryResource + ?Sized> DeviceRegistry<R> {
     /// the registry is unchanged.
     pub fn set(&self, device: u32, resource: Arc<R>) -> ResourceResult<Option<Arc<R>>> {
         let serves = resource.device_ordinal();
-        if serves != device {
-            return Err(ResourceError::WrongDevice {
-                expected: device,
-                found: serves,
-            });
-        }
+        ResourceError::check_device(device, serves)?;
         Ok(self
             .resources
             .write()

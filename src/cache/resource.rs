@@ -402,12 +402,7 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R> {
         stream: StreamId,
         tag: AllocTag,
     ) -> ResourceResult<DeviceBlock> {
-        if stream.device() != self.device {
-            return Err(ResourceError::WrongDevice {
-                expected: self.device,
-                found: stream.device(),
-            });
-        }
+        ResourceError::check_device(self.device, stream.device())?;
         let index = self.slot_index(stream);
         if bytes == 0 || bytes > self.config.max_block_size || index == self.config.streams {
             let inner = self.inner_allocate(bytes, stream, tag)?;
@@ -458,12 +453,7 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R> {
     }
 
     fn deallocate(&self, block: DeviceBlock) -> ResourceResult<()> {
-        if block.device() != self.device {
-            return Err(ResourceError::WrongDevice {
-                expected: self.device,
-                found: block.device(),
-            });
-        }
+        ResourceError::check_device(self.device, block.device())?;
         let id = block.id();
         let (slot, serial) = self.locate(id)?;
         let mut shard = slot.lock();

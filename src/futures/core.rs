@@ -60,16 +60,8 @@ impl Core {
         gpu: Arc<dyn Gpu>,
         pool: Arc<StreamPool>,
     ) -> ResourceResult<Arc<Core>> {
-        if pool.device() != inner.device_ordinal() || gpu.ordinal() != inner.device_ordinal() {
-            return Err(ResourceError::WrongDevice {
-                expected: inner.device_ordinal(),
-                found: if pool.device() != inner.device_ordinal() {
-                    pool.device()
-                } else {
-                    gpu.ordinal()
-                },
-            });
-        }
+        ResourceError::check_device(inner.device_ordinal(), pool.device())?;
+        ResourceError::check_device(inner.device_ordinal(), gpu.ordinal())?;
         let kick = Arc::new(Kick::default());
         let mut notifiers = Vec::with_capacity(pool.len());
         for id in pool.ids() {

@@ -131,20 +131,10 @@ impl<'r, R: DeviceMemoryResource + ?Sized> LaunchRecorder<'r, R> {
     ///   stack does not track cross-stream use.
     pub fn preflight(&self) -> ResourceResult<()> {
         let device = self.resource.device_ordinal();
-        if self.stream.device() != device {
-            return Err(ResourceError::WrongDevice {
-                expected: device,
-                found: self.stream.device(),
-            });
-        }
+        ResourceError::check_device(device, self.stream.device())?;
         let tracking = self.resource.supports_block_use_tracking();
         for u in &self.uses {
-            if u.device != device {
-                return Err(ResourceError::WrongDevice {
-                    expected: device,
-                    found: u.device,
-                });
-            }
+            ResourceError::check_device(device, u.device)?;
             match self.resource.block_state(u.block) {
                 Some(BlockState::Live) => {}
                 Some(BlockState::Retired | BlockState::Quarantined) => {

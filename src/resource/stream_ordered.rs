@@ -234,12 +234,7 @@ impl<G: Gpu> StreamOrderedResource<G> {
 
     /// Resolves a stream of this resource's device.
     fn raw_stream(&self, stream: StreamId) -> ResourceResult<RawStream> {
-        if stream.device() != self.device_ordinal {
-            return Err(ResourceError::WrongDevice {
-                expected: self.device_ordinal,
-                found: stream.device(),
-            });
-        }
+        ResourceError::check_device(self.device_ordinal, stream.device())?;
         self.stream_pool.raw(stream)
     }
 
@@ -376,12 +371,7 @@ impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
     }
 
     fn deallocate(&self, block: DeviceBlock) -> ResourceResult<()> {
-        if block.device() != self.device_ordinal {
-            return Err(ResourceError::WrongDevice {
-                expected: self.device_ordinal,
-                found: block.device(),
-            });
-        }
+        ResourceError::check_device(self.device_ordinal, block.device())?;
         let id = block.id();
         let serial = id.serial();
         if id.resource() != self.id {

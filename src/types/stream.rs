@@ -187,12 +187,7 @@ impl StreamPool {
     }
 
     fn check(&self, id: StreamId) -> ResourceResult<()> {
-        if id.device != self.device {
-            return Err(ResourceError::WrongDevice {
-                expected: self.device,
-                found: id.device,
-            });
-        }
+        ResourceError::check_device(self.device, id.device)?;
         if id.index as usize >= self.raw.len() {
             return Err(ResourceError::UnknownStream {
                 stream: id,

@@ -136,12 +136,7 @@ impl<R: DeviceMemoryResource> DebugGuard<R> {
     /// Why `block` cannot be deallocated, if it cannot.
     fn check(&self, state: &State, block: &DeviceBlock) -> ResourceResult<()> {
         let id = block.id();
-        if block.device() != self.inner.device_ordinal() {
-            return Err(ResourceError::WrongDevice {
-                expected: self.inner.device_ordinal(),
-                found: block.device(),
-            });
-        }
+        ResourceError::check_device(self.inner.device_ordinal(), block.device())?;
         if state.held.contains(&id) {
             return Err(ResourceError::DoubleFree { block: id });
         }
