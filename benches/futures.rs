@@ -14,9 +14,11 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use streamalloc::futures::AsyncResource;
 use streamalloc::gpu::cuda::{CudaGpu, cuda_present};
 use streamalloc::gpu::sim::SimGpu;
+use streamalloc::gpu::{Gpu, GpuResult, HostFn, RawEvent};
 use streamalloc::{
     AllocTag, AsyncCudaResource, DeviceBlock, DeviceMemoryResource, SimResource, StreamPool,
 };
+use streamalloc::{RawStream, StreamOrderedResource};
 
 const STREAMS: usize = 8;
 
@@ -113,7 +115,88 @@ fn bench_on<R: DeviceMemoryResource + 'static>(
     rt.block_on(res.reap_pending()).unwrap();
 }
 
+/// Driver calls that do nothing and events that are always complete (the
+/// handles come from a never-run simulated device): what a completion point
+/// costs on top is the futures layer's own bookkeeping.
+struct NullEvents {
+    handles: Arc<SimGpu>,
+}
+
+impl Gpu for NullEvents {
+    fn ordinal(&self) -> u32 {
+        0
+    }
+    fn alloc_async(&self, _: usize, _: RawStream) -> GpuResult<u64> {
+        Ok(1 << 40)
+    }
+    fn free_async(&self, _: u64, _: RawStream) -> GpuResult<()> {
+        Ok(())
+    }
+    fn event_create(&self) -> GpuResult<RawEvent> {
+        self.handles.event_create()
+    }
+    fn event_record(&self, _: RawEvent, _: RawStream) -> GpuResult<()> {
+        Ok(())
+    }
+    fn event_query(&self, _: RawEvent) -> GpuResult<bool> {
+        Ok(true)
+    }
+    fn event_synchronize(&self, _: RawEvent) -> GpuResult<()> {
+        Ok(())
+    }
+    fn event_destroy(&self, _: RawEvent) -> GpuResult<()> {
+        Ok(())
+    }
+    fn stream_wait_event(&self, _: RawStream, _: RawEvent) -> GpuResult<()> {
+        Ok(())
+    }
+    fn stream_synchronize(&self, _: RawStream) -> GpuResult<()> {
+        Ok(())
+    }
+    fn launch_host_fn(&self, _: RawStream, f: HostFn) -> GpuResult<()> {
+        f();
+        Ok(())
+    }
+    fn memset_async(&self, _: u64, _: u8, _: usize, _: RawStream) -> GpuResult<()> {
+        Ok(())
+    }
+    fn copy_async(&self, _: u64, _: u64, _: usize, _: RawStream) -> GpuResult<()> {
+        Ok(())
+    }
+    fn mem_info(&self) -> GpuResult<(usize, usize)> {
+        Ok((usize::MAX, usize::MAX))
+    }
+}
+
+/// The bookkeeping of one completion point, on [`NullEvents`].
+fn bench_bookkeeping(c: &mut Criterion) {
+    let handles = SimGpu::builder().manual().build();
+    let pool = handles.stream_pool(STREAMS);
+    let gpu = Arc::new(NullEvents { handles });
+    let inner = Arc::new(StreamOrderedResource::with_gpu(gpu, 0, pool.clone()));
+    let res = AsyncResource::new(inner).unwrap();
+    let s = pool.id(0).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime");
+    let mut group = c.benchmark_group("futures/null");
+    group.bench_function("point_dropped", |b| {
+        b.iter(|| drop(res.completion(s).unwrap()))
+    });
+    group.bench_function("point_awaited", |b| {
+        b.iter(|| rt.block_on(res.completion(s).unwrap()).unwrap())
+    });
+    group.bench_function("100_points_joined", |b| {
+        b.iter(|| {
+            let points: Vec<_> = (0..100).map(|_| res.completion(s).unwrap()).collect();
+            rt.block_on(::futures::future::join_all(points))
+        })
+    });
+    group.finish();
+}
+
 fn benches(c: &mut Criterion) {
+    bench_bookkeeping(c);
     if cuda_present()
         && let Ok(ctx) = CudaGpu::open(0)
         && let Ok(pool) = StreamPool::cuda(&ctx, STREAMS)

@@ -131,6 +131,28 @@ async fn measure<R: DeviceMemoryResource + 'static>(
         t.elapsed() / n
     };
 
+    // The same as a pipeline: the submitting task hands each future to one
+    // consumer task that awaits them in order (no task per future).
+    let piped = {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let consumer = tokio::spawn(async move {
+            while let Some(point) = rx.recv().await {
+                let point: streamalloc::futures::EventFuture = point;
+                point.await?;
+            }
+            ResourceResult::Ok(())
+        });
+        let t = Instant::now();
+        for _ in 0..n {
+            gpu.memset_async(big.ptr(), 2, big.size(), raw)
+                .map_err(common::gpu_err)?;
+            let _ = tx.send(res.completion(s)?);
+        }
+        drop(tx);
+        consumer.await.expect("consumer task")?;
+        t.elapsed() / n
+    };
+
     // 10,000 concurrent futures over 8 streams (a 4-byte fill each).
     let blocks: Vec<_> = pool
         .ids()
@@ -210,6 +232,53 @@ async fn measure<R: DeviceMemoryResource + 'static>(
         res.set_wait_policy(policy);
         t.elapsed() / n
     };
+    // (e) the floor any event-based design pays: plain memsets, the submit
+    //     loop alone; then a raw event record after each (no futures).
+    gpu.stream_synchronize(raw).map_err(common::gpu_err)?;
+    let plain_submit = {
+        let t = Instant::now();
+        for _ in 0..n {
+            gpu.memset_async(big.ptr(), 6, big.size(), raw)
+                .map_err(common::gpu_err)?;
+        }
+        let submit = t.elapsed() / n;
+        gpu.stream_synchronize(raw).map_err(common::gpu_err)?;
+        submit
+    };
+    let raw_events: Vec<_> = (0..64)
+        .map(|_| gpu.event_create().map_err(common::gpu_err))
+        .collect::<ResourceResult<_>>()?;
+    let (record_submit, record_all) = {
+        let t = Instant::now();
+        for i in 0..n as usize {
+            gpu.memset_async(big.ptr(), 7, big.size(), raw)
+                .map_err(common::gpu_err)?;
+            gpu.event_record(raw_events[i % raw_events.len()], raw)
+                .map_err(common::gpu_err)?;
+        }
+        let submit = t.elapsed() / n;
+        gpu.stream_synchronize(raw).map_err(common::gpu_err)?;
+        (submit, t.elapsed() / n)
+    };
+    let many_record = {
+        let t = Instant::now();
+        for i in 0..10_000 {
+            let b = &blocks[i % blocks.len()];
+            let r = pool.raw(b.stream())?;
+            gpu.memset_async(b.ptr(), 3, 4, r)
+                .map_err(common::gpu_err)?;
+            gpu.event_record(raw_events[i % raw_events.len()], r)
+                .map_err(common::gpu_err)?;
+        }
+        for s in pool.ids() {
+            gpu.stream_synchronize(pool.raw(s)?)
+                .map_err(common::gpu_err)?;
+        }
+        t.elapsed() / 10_000
+    };
+    for e in raw_events {
+        let _ = gpu.event_destroy(e);
+    }
     // (d) 10,000 futures over 8 streams awaited together, no task each.
     let many_joined = {
         let t = Instant::now();
@@ -239,10 +308,16 @@ async fn measure<R: DeviceMemoryResource + 'static>(
     );
     println!("| floor: task polling cuEventQuery | {fl50:.2} µs | {fl99:.2} µs | — |");
     println!(
-        "| 8 MiB memset, plain / with a future each | {:.2} / {:.2} µs ({:.3}×) | — | ≤ 1.15× |",
+        "| 8 MiB memset, plain / a spawned task awaiting a future each | {:.2} / {:.2} µs ({:.3}×) | — | ≤ 1.15× |",
         us(plain),
         us(with_futures),
         us(with_futures) / us(plain)
+    );
+    println!(
+        "| 8 MiB memset, plain / a future each handed to one consumer task | {:.2} / {:.2} µs ({:.3}×) | — | ≤ 1.15× |",
+        us(plain),
+        us(piped),
+        us(piped) / us(plain)
     );
     println!(
         "| 10,000 concurrent 4-byte fills on 8 streams, plain / with a future each | {:.3} / {:.3} µs per op | overhead {:.3} µs per future | ≤ 1 µs |",
@@ -269,6 +344,19 @@ async fn measure<R: DeviceMemoryResource + 'static>(
     println!(
         "| 10,000 fills, futures awaited together (no spawn) | {:.3} µs |",
         us(many_joined)
+    );
+    println!(
+        "| 8 MiB memset plain, submit loop only | {:.2} µs |",
+        us(plain_submit)
+    );
+    println!(
+        "| 8 MiB memset + a raw event record each (no futures), submit loop only / in all | {:.2} / {:.2} µs |",
+        us(record_submit),
+        us(record_all)
+    );
+    println!(
+        "| 10,000 fills + a raw event record each (no futures), in all | {:.3} µs |",
+        us(many_record)
     );
     println!(
         "\n{} notifications (host functions) in all",

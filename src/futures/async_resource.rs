@@ -163,7 +163,7 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
         let notifier = self.core.notifier(stream)?;
         self.inner.deallocate(block)?;
         let free_seq = self.inner.pending_free_seq(stream);
-        let waiter = notifier.mark_free(free_seq);
+        let point = notifier.mark_free(free_seq);
         notifier.launch(&*self.core.gpu);
         self.core.kick.pending();
         // Memory freed on a stream is reusable on it at once.
@@ -172,7 +172,7 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
             self.core.clone(),
             stream,
             free_seq,
-            waiter,
+            point,
         ))
     }
 

@@ -3,8 +3,8 @@
 //!
 //! [`Core`] holds the wrapped resource (type-erased, so that the public
 //! futures are not generic), the backend, the stream pool, one
-//! [`Notifier`] per pool stream, a pool of events for completion points, and
-//! the [queue of waiting allocations](super::alloc_wait). Futures hold it by
+//! [`Notifier`] per pool stream (each with the spare events of its
+//! completion points), and the [queue of waiting allocations](super::alloc_wait). Futures hold it by
 //! `Arc`; the [watchdog](super::watchdog) and the [`Reaper`](super::Reaper)
 //! hold it weakly, so that dropping the last user handle drops it.
 //!
@@ -15,7 +15,7 @@
 //! something pending. It runs on the reaper, the watchdog, or inside a poll,
 //! never inside a host function.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use super::alloc_wait::AllocQueue;
 use super::event_future::EventFuture;
@@ -24,7 +24,7 @@ use super::notifier::Notifier;
 use super::wait_policy::SharedPolicy;
 use super::watchdog::{self, Kick};
 use crate::error::{DriverCall, ResourceError, ResourceResult};
-use crate::gpu::{Gpu, RawEvent};
+use crate::gpu::Gpu;
 use crate::resource::DeviceMemoryResource;
 use crate::types::{StreamId, StreamPool};
 
@@ -34,9 +34,6 @@ pub(crate) struct Core {
     pub(crate) gpu: Arc<dyn Gpu>,
     pub(crate) pool: Arc<StreamPool>,
     notifiers: Vec<Notifier>,
-    /// Events for completion points, reused; guarded by its own lock, never
-    /// held across a driver call.
-    events: Mutex<Vec<RawEvent>>,
     pub(crate) allocs: AllocQueue,
     pub(crate) kick: Arc<Kick>,
     /// How new completion points wait before parking.
@@ -71,7 +68,7 @@ impl Core {
             match made {
                 Ok(n) => notifiers.push(n),
                 Err(e) => {
-                    notifiers.iter().for_each(|n| n.release(&*gpu));
+                    notifiers.iter().for_each(|n| n.release_handles(&*gpu));
                     return Err(e);
                 }
             }
@@ -82,7 +79,6 @@ impl Core {
             gpu,
             pool,
             notifiers,
-            events: Mutex::new(Vec::new()),
             allocs: AllocQueue::default(),
             kick: kick.clone(),
             policy: SharedPolicy::default(),
@@ -103,40 +99,41 @@ impl Core {
         Ok(&self.notifiers[stream.index() as usize])
     }
 
+    /// The notifier of a stream already checked by [`notifier`](Self::notifier)
+    /// (the pool never shrinks).
+    pub(crate) fn checked_notifier(&self, stream: StreamId) -> Option<&Notifier> {
+        self.notifiers.get(stream.index() as usize)
+    }
+
     pub(crate) fn notifiers(&self) -> &[Notifier] {
         &self.notifiers
     }
 
-    fn take_event(&self) -> ResourceResult<RawEvent> {
-        let reused = self.events.lock().unwrap_or_else(|p| p.into_inner()).pop();
-        match reused {
-            Some(e) => Ok(e),
-            None => self.gpu.event_create().map_err(gpu_error),
-        }
-    }
-
-    /// Returns a point's event to the pool (no driver call).
-    pub(crate) fn give_event(&self, event: RawEvent) {
-        self.events
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(event);
-    }
-
     /// A completion point at the current end of `stream`.
     pub(crate) fn point(self: &Arc<Self>, stream: StreamId) -> ResourceResult<EventFuture> {
-        let raw = self.pool.raw(stream)?;
         let notifier = self.notifier(stream)?;
-        let event = self.take_event()?;
-        if let Err(e) = self.gpu.event_record(event, raw) {
-            self.give_event(event);
+        let (seq, spare) = notifier.mark_with_event();
+        let event = match spare {
+            Some(e) => e,
+            None => match self.gpu.event_create() {
+                Ok(e) => e,
+                Err(e) => {
+                    notifier.release(seq, None);
+                    return Err(gpu_error(e));
+                }
+            },
+        };
+        // The point's work was queued before `mark`, so an event recorded
+        // after it covers that work (and possibly a little more, never
+        // less).
+        if let Err(e) = self.gpu.event_record(event, notifier.user_stream()) {
+            notifier.release(seq, Some(event));
             return Err(gpu_error(e));
         }
-        let waiter = notifier.mark();
         Ok(EventFuture::new(
             self.clone(),
             stream,
-            waiter,
+            seq,
             Some(event),
             self.policy.get(),
         ))
@@ -191,11 +188,7 @@ impl Drop for Core {
     fn drop(&mut self) {
         self.kick.close();
         for n in &self.notifiers {
-            n.release(&*self.gpu);
-        }
-        let events = std::mem::take(self.events.get_mut().unwrap_or_else(|p| p.into_inner()));
-        for e in events {
-            let _ = self.gpu.event_destroy(e);
+            n.release_handles(&*self.gpu);
         }
     }
 }

@@ -13,7 +13,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use super::core::Core;
-use super::waiter::Waiter;
 use crate::error::ResourceResult;
 use crate::types::StreamId;
 
@@ -38,24 +37,26 @@ pub struct DeallocHandle {
     core: Arc<Core>,
     stream: StreamId,
     free_seq: u64,
-    waiter: Arc<Waiter>,
+    /// The point covering the free on the notifier of `stream`.
+    point: u64,
     result: Option<ResourceResult<()>>,
 }
 
 impl DeallocHandle {
-    pub(crate) fn new(
-        core: Arc<Core>,
-        stream: StreamId,
-        free_seq: u64,
-        waiter: Arc<Waiter>,
-    ) -> Self {
+    pub(crate) fn new(core: Arc<Core>, stream: StreamId, free_seq: u64, point: u64) -> Self {
         DeallocHandle {
             core,
             stream,
             free_seq,
-            waiter,
+            point,
             result: None,
         }
+    }
+
+    fn outcome(&self) -> Option<ResourceResult<()>> {
+        self.core
+            .checked_notifier(self.stream)
+            .and_then(|n| n.outcome(self.point))
     }
 
     /// The stream the free is queued on.
@@ -65,7 +66,7 @@ impl DeallocHandle {
 
     /// Whether the free is known executed and applied, without waiting.
     pub fn is_complete(&self) -> bool {
-        matches!(self.waiter.result(), Some(Ok(())))
+        matches!(self.result, Some(Ok(()))) || matches!(self.outcome(), Some(Ok(())))
     }
 }
 
@@ -76,18 +77,15 @@ impl Future for DeallocHandle {
         if let Some(r) = &self.result {
             return Poll::Ready(r.clone());
         }
-        let mut outcome = self.waiter.result();
-        if outcome.is_none() {
-            self.waiter.register(cx.waker());
-            outcome = self.waiter.result();
-        }
-        let Some(r) = outcome else {
-            if let Ok(n) = self.core.notifier(self.stream) {
-                n.request(&*self.core.gpu);
-            }
+        let Some(n) = self.core.checked_notifier(self.stream) else {
+            return Poll::Ready(Err(crate::ResourceError::Shutdown));
+        };
+        let Some(r) = n.register(self.point, cx.waker()) else {
+            n.request(&*self.core.gpu);
             self.core.kick.pending();
             return Poll::Pending;
         };
+        n.release(self.point, None);
         if r.is_ok() {
             // Idempotent: the dispatcher may have applied it already.
             self.core.reap(self.stream, self.free_seq);
@@ -99,11 +97,11 @@ impl Future for DeallocHandle {
 
 impl Drop for DeallocHandle {
     fn drop(&mut self) {
-        if self.waiter.result().is_none()
-            && let Ok(n) = self.core.notifier(self.stream)
+        if self.result.is_none()
+            && let Some(n) = self.core.checked_notifier(self.stream)
         {
             // The free itself stays queued in the notifier.
-            n.forget(&self.waiter);
+            n.release(self.point, None);
         }
     }
 }
@@ -123,7 +121,7 @@ impl Drop for DeallocHandle {
 pub struct ReapFuture {
     core: Arc<Core>,
     /// `(stream, inner free sequence number, point)` per stream with frees.
-    parts: Vec<(StreamId, u64, Arc<Waiter>)>,
+    parts: Vec<(StreamId, u64, u64)>,
 }
 
 impl ReapFuture {
@@ -150,24 +148,23 @@ impl Future for ReapFuture {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let core = self.core.clone();
         let mut error = None;
-        self.parts.retain(|(stream, free_seq, waiter)| {
-            waiter.register(cx.waker());
-            match waiter.result() {
-                None => {
-                    if let Ok(n) = core.notifier(*stream) {
-                        n.request(&*core.gpu);
-                    }
-                    true
-                }
-                Some(Ok(())) => {
-                    core.reap(*stream, *free_seq);
-                    false
-                }
+        self.parts.retain(|&(stream, free_seq, point)| {
+            let Some(n) = core.checked_notifier(stream) else {
+                return false;
+            };
+            let outcome = n.register(point, cx.waker());
+            if outcome.is_none() {
+                n.request(&*core.gpu);
+                return true;
+            }
+            n.release(point, None);
+            match outcome {
                 Some(Err(e)) => {
                     error.get_or_insert(e);
-                    false
                 }
+                _ => core.reap(stream, free_seq),
             }
+            false
         });
         if let Some(e) = error {
             return Poll::Ready(Err(e));
@@ -182,11 +179,9 @@ impl Future for ReapFuture {
 
 impl Drop for ReapFuture {
     fn drop(&mut self) {
-        for (stream, _, waiter) in &self.parts {
-            if waiter.result().is_none()
-                && let Ok(n) = self.core.notifier(*stream)
-            {
-                n.forget(waiter);
+        for &(stream, _, point) in &self.parts {
+            if let Some(n) = self.core.checked_notifier(stream) {
+                n.release(point, None);
             }
         }
     }

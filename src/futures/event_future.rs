@@ -9,7 +9,6 @@ use std::time::Instant;
 use super::core::Core;
 use super::gpu_error;
 use super::wait_policy::WaitPolicy;
-use super::waiter::Waiter;
 use crate::error::ResourceResult;
 use crate::gpu::RawEvent;
 use crate::types::StreamId;
@@ -23,8 +22,9 @@ use crate::types::StreamId;
 /// a host function or from the [fallback](super::watchdog), never from a
 /// runtime's timer or reactor.
 ///
-/// Polling first queries the point's event (cheap when the work is done),
-/// then, unless an earlier point of the same stream is still pending,
+/// Polling first queries the point's event (cheap when the work is done; a
+/// done query also settles every earlier point of the stream), then, unless
+/// an earlier point of the same stream is still pending,
 /// queries for a bounded while as the resource's [`WaitPolicy`] says (busy
 /// on the first poll, then yielding to the executor); only then does it park, asking the stream's notifier for a notification
 /// if none is in flight. No thread spins while the future is parked.
@@ -56,35 +56,46 @@ use crate::types::StreamId;
 ///
 /// # Cancel safety
 /// Dropping it never blocks and changes nothing on the GPU: the work it
-/// stands for still runs; its waiter is removed and its event returned to the
-/// pool.
+/// stands for still runs; its point is released and its event returned to
+/// the stream's spares.
 #[must_use = "an EventFuture does nothing unless awaited; dropping it does not cancel GPU work"]
 #[derive(Debug)]
 pub struct EventFuture {
     core: Arc<Core>,
     stream: StreamId,
-    waiter: Arc<Waiter>,
+    seq: u64,
     event: Option<RawEvent>,
     policy: WaitPolicy,
-    first_poll: Option<Instant>,
+    phase: Phase,
     result: Option<ResourceResult<()>>,
+}
+
+/// How far polling got.
+#[derive(Debug, Clone, Copy)]
+enum Phase {
+    /// Never polled.
+    New,
+    /// Querying since the instant (spinning, then yielding).
+    Querying(Instant),
+    /// Parked on a notification.
+    Parked,
 }
 
 impl EventFuture {
     pub(crate) fn new(
         core: Arc<Core>,
         stream: StreamId,
-        waiter: Arc<Waiter>,
+        seq: u64,
         event: Option<RawEvent>,
         policy: WaitPolicy,
     ) -> Self {
         EventFuture {
             core,
             stream,
-            waiter,
+            seq,
             event,
             policy,
-            first_poll: None,
+            phase: Phase::New,
             result: None,
         }
     }
@@ -96,7 +107,7 @@ impl EventFuture {
 
     /// The point's sequence number on its stream (monotonic per stream).
     pub fn seq(&self) -> u64 {
-        self.waiter.seq()
+        self.seq
     }
 
     /// Whether the point is known reached, without waiting: queries the
@@ -105,20 +116,30 @@ impl EventFuture {
     /// # Errors
     /// The driver's error when the query fails (a device fault).
     pub fn is_complete(&self) -> ResourceResult<bool> {
-        if let Some(r) = self.waiter.result() {
+        if let Some(r) = &self.result {
+            return r.clone().map(|()| true);
+        }
+        if let Some(r) = self
+            .core
+            .checked_notifier(self.stream)
+            .and_then(|n| n.outcome(self.seq))
+        {
             return r.map(|()| true);
         }
-        match self.event {
-            Some(e) => self.core.gpu.event_query(e).map_err(gpu_error),
-            None => Ok(false),
-        }
+        Ok(self.query().transpose()?.is_some())
     }
 
-    /// One query of the event: `Some` when it settles the outcome.
+    /// One query of the event: `Some` when it settles the outcome. A done
+    /// query settles every earlier point of the stream too.
     fn query(&self) -> Option<ResourceResult<()>> {
         let event = self.event?;
         match self.core.gpu.event_query(event) {
-            Ok(true) => Some(Ok(())),
+            Ok(true) => {
+                if let Some(n) = self.core.checked_notifier(self.stream) {
+                    n.observe(self.seq);
+                }
+                Some(Ok(()))
+            }
             Ok(false) => None,
             Err(e) => Some(Err(gpu_error(e))),
         }
@@ -130,15 +151,30 @@ impl EventFuture {
         Poll::Ready(result)
     }
 
+    /// Lets go of the point and returns the event (once).
     fn release(&mut self) {
-        if let Some(event) = self.event.take() {
-            self.core.give_event(event);
+        if self.result.is_some() {
+            return;
         }
-        if self.waiter.result().is_none()
-            && let Ok(n) = self.core.notifier(self.stream)
-        {
-            n.forget(&self.waiter);
+        if let Some(n) = self.core.checked_notifier(self.stream) {
+            n.release(self.seq, self.event.take());
         }
+    }
+
+    /// Registers the task and makes sure a notification will come.
+    fn park(&mut self, cx: &mut Context<'_>) -> Poll<ResourceResult<()>> {
+        self.phase = Phase::Parked;
+        let Some(n) = self.core.checked_notifier(self.stream) else {
+            return self.settle(Err(crate::ResourceError::Shutdown));
+        };
+        // A notification may have landed since the last check: `register`
+        // says so under the same lock the notification takes.
+        if let Some(r) = n.register(self.seq, cx.waker()) {
+            return self.settle(r);
+        }
+        n.request(&*self.core.gpu);
+        self.core.kick.pending();
+        Poll::Pending
     }
 }
 
@@ -149,66 +185,54 @@ impl Future for EventFuture {
         if let Some(r) = &self.result {
             return Poll::Ready(r.clone());
         }
-        if let Some(r) = self.waiter.result() {
-            return self.settle(r);
-        }
-        let first = match self.first_poll {
-            Some(first) => {
+        let behind = match self.core.checked_notifier(self.stream) {
+            Some(n) => match n.check(self.seq) {
+                Ok(r) => return self.settle(r),
+                Err(behind) => behind,
+            },
+            None => return self.settle(Err(crate::ResourceError::Shutdown)),
+        };
+        let since = match self.phase {
+            Phase::Parked if behind => return self.park(cx),
+            Phase::Parked => {
+                // Polled again while parked (a spurious or a foreign wake):
+                // one query is cheaper than waiting for the notification.
                 if let Some(r) = self.query() {
                     return self.settle(r);
                 }
-                first
+                return self.park(cx);
             }
-            None => {
-                let first = Instant::now();
-                self.first_poll = Some(first);
-                // Behind an earlier point of the same stream that is not
-                // known reached, this one cannot be reached either: park
-                // without even a query.
-                let behind = self
-                    .core
-                    .notifier(self.stream)
-                    .is_ok_and(|n| n.has_earlier_waiter(self.waiter.seq()));
-                if behind {
-                    return self.park(cx);
-                }
+            // Behind an earlier pending point of the same stream, this one
+            // cannot be reached either: park without even a query.
+            Phase::New if behind => return self.park(cx),
+            Phase::New => {
                 if let Some(r) = self.query() {
                     return self.settle(r);
                 }
-                while first.elapsed() < self.policy.spin {
+                let since = Instant::now();
+                self.phase = Phase::Querying(since);
+                while since.elapsed() < self.policy.spin {
                     std::hint::spin_loop();
                     if let Some(r) = self.query() {
                         return self.settle(r);
                     }
                 }
-                first
+                since
+            }
+            Phase::Querying(since) => {
+                if let Some(r) = self.query() {
+                    return self.settle(r);
+                }
+                since
             }
         };
-        if first.elapsed() < self.policy.yield_for {
-            // Let other tasks run, and query again on the next poll; a
-            // notification queued by another future may still wake us.
-            self.waiter.register(cx.waker());
+        if since.elapsed() < self.policy.yield_for {
+            // Let other tasks run and query again on the next poll; a
+            // notification or another future's query may settle it first.
             cx.waker().wake_by_ref();
             return Poll::Pending;
         }
         self.park(cx)
-    }
-}
-
-impl EventFuture {
-    /// Registers the task and makes sure a notification will come.
-    fn park(&mut self, cx: &mut Context<'_>) -> Poll<ResourceResult<()>> {
-        self.waiter.register(cx.waker());
-        // A notification may have landed between the checks and the
-        // registration.
-        if let Some(r) = self.waiter.result() {
-            return self.settle(r);
-        }
-        if let Ok(n) = self.core.notifier(self.stream) {
-            n.request(&*self.core.gpu);
-        }
-        self.core.kick.pending();
-        Poll::Pending
     }
 }
 

@@ -40,8 +40,8 @@
 //!    after every 8 MiB memset costs 7× on the user's stream); each S has its
 //!    own L, so a slow stream does not hold back a fast one's notifications.
 //!    While one is in flight, new points wait for the next one.
-//! 4. **One cut.** The host function locks S's waiter map, splits off every
-//!    waiter ≤ n, marks them done, unlocks, and only then wakes them. It
+//! 4. **One cut.** The host function locks S's points, settles every point
+//!    ≤ n, unlocks, and only then wakes the parked ones. It
 //!    makes no driver call and owns no GPU state. If more is pending, it
 //!    kicks the dispatcher.
 //! 5. **Dispatch** ([`Reaper`], or the watchdog thread when no reaper runs):
@@ -82,9 +82,9 @@ mod core;
 mod dealloc;
 mod event_future;
 mod notifier;
+mod points;
 mod reaper;
 mod wait_policy;
-mod waiter;
 pub mod watchdog;
 
 pub use alloc_wait::AllocFuture;

@@ -7,15 +7,17 @@
 //!   ([`mark`](Notifier::mark), [`mark_free`](Notifier::mark_free)), *after*
 //!   its GPU work was queued.
 //! - `reached`: every point at or below it is known done.
-//! - `waiters`: the parked points above `reached`, keyed by sequence number;
+//! - `points`: the [points](super::points) not yet settled, in a ring;
 //!   `frees`: `(point, free sequence number of the inner resource)` pairs for
 //!   the frees not yet known executed; `reap_to`: the free sequence number
 //!   through which frees are known executed but not yet applied to the
 //!   accounting.
 //! - `flight`: at most **one notification in flight** per stream; `wanted`:
-//!   a parked waiter asked for one since the last launch. Waiters that are
+//!   a parked point asked for one since the last launch. Points that are
 //!   still querying their own event (or were never polled) do not cause a
 //!   host function.
+//! - `spare`: events for new points, reused (no driver call to create one
+//!   after warm-up, no lock other than this one).
 //!
 //! # Who adds, who drains
 //!
@@ -45,15 +47,15 @@
 //! [watchdog](super::watchdog) queries the recorded event while anything is
 //! pending: done delivers, an error fails every waiter.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Waker;
 
 use super::gpu_error;
-use super::waiter::Waiter;
+use super::points::Points;
 use super::watchdog::Kick;
-use crate::error::ResourceError;
+use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::{Gpu, RawEvent, RawStream};
 use crate::types::StreamId;
 
@@ -74,13 +76,43 @@ struct SignalState {
     next_seq: u64,
     reached: u64,
     flight: Flight,
-    waiters: BTreeMap<u64, Arc<Waiter>>,
+    points: Points,
     frees: VecDeque<(u64, u64)>,
     reap_to: u64,
-    /// A parked waiter asked for a notification since the last launch
-    /// (waiters still querying, or never polled, do not need one).
+    /// A parked point asked for a notification since the last launch
+    /// (points still querying, or never polled, do not need one).
     wanted: bool,
     launches: u64,
+    spare: Vec<RawEvent>,
+}
+
+impl SignalState {
+    /// The stream reached `covered`: settles the points and frees at or
+    /// below it. Returns whether anything is left for a notification.
+    fn reach(&mut self, covered: u64, wake: &mut Vec<Waker>) -> bool {
+        if covered > self.reached {
+            self.reached = covered;
+            self.points.reach(covered, wake);
+            while let Some(&(point, free_seq)) = self.frees.front() {
+                if point > covered {
+                    break;
+                }
+                self.frees.pop_front();
+                self.reap_to = self.reap_to.max(free_seq);
+            }
+            // Whoever asked was covered, unless a point is left.
+            if !self.points.any_pending() {
+                self.wanted = false;
+            }
+        }
+        self.reap_to > 0 || self.wanted || !self.frees.is_empty()
+    }
+
+    fn mark(&mut self) -> u64 {
+        self.next_seq += 1;
+        self.points.push(self.next_seq);
+        self.next_seq
+    }
 }
 
 /// The part of a notifier that host functions touch: plain memory, no GPU
@@ -96,8 +128,8 @@ impl Signal {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The stream reached `covered`: completes every waiter at or below it in
-    /// one cut and wakes them after unlocking. Safe to call from a host
+    /// The stream reached `covered`: settles every point at or below it and
+    /// wakes the parked ones after unlocking. Safe to call from a host
     /// function; a stale or repeated delivery is a no-op.
     pub(crate) fn deliver(&self, covered: u64) {
         let mut wake = Vec::new();
@@ -108,24 +140,7 @@ impl Signal {
             {
                 st.flight = Flight::Idle;
             }
-            if covered > st.reached {
-                st.reached = covered;
-                let rest = st.waiters.split_off(&(covered + 1));
-                let done = std::mem::replace(&mut st.waiters, rest);
-                wake.extend(done.values().filter_map(|w| w.complete()));
-                while let Some(&(point, free_seq)) = st.frees.front() {
-                    if point > covered {
-                        break;
-                    }
-                    st.frees.pop_front();
-                    st.reap_to = st.reap_to.max(free_seq);
-                }
-                // Whoever asked was covered, unless someone is left.
-                if st.waiters.is_empty() {
-                    st.wanted = false;
-                }
-            }
-            st.reap_to > 0 || st.wanted || !st.frees.is_empty()
+            st.reach(covered, &mut wake)
         };
         wake.into_iter().for_each(Waker::wake);
         if more {
@@ -181,11 +196,12 @@ impl Notifier {
                     next_seq: 0,
                     reached: 0,
                     flight: Flight::Idle,
-                    waiters: BTreeMap::new(),
+                    points: Points::default(),
                     frees: VecDeque::new(),
                     reap_to: 0,
                     wanted: false,
                     launches: 0,
+                    spare: Vec::new(),
                 }),
                 kick,
             }),
@@ -193,55 +209,85 @@ impl Notifier {
         })
     }
 
+    /// The backend handle of the user stream.
+    pub(crate) fn user_stream(&self) -> RawStream {
+        self.user
+    }
+
     /// A new point at the current end of the stream (call after queuing the
-    /// work it stands for), with a waiter registered for it.
-    pub(crate) fn mark(&self) -> Arc<Waiter> {
+    /// work it stands for).
+    pub(crate) fn mark(&self) -> u64 {
+        self.signal.lock().mark()
+    }
+
+    /// [`mark`](Self::mark), also taking a spare event for the point (`None`
+    /// when there is none: the caller creates one).
+    pub(crate) fn mark_with_event(&self) -> (u64, Option<RawEvent>) {
         let mut st = self.signal.lock();
-        st.next_seq += 1;
-        let seq = st.next_seq;
-        let waiter = Arc::new(Waiter::new(seq));
-        st.waiters.insert(seq, waiter.clone());
-        waiter
+        let event = st.spare.pop();
+        (st.mark(), event)
     }
 
     /// A new point covering the inner resource's free `free_seq` (call after
-    /// the free was queued), with a waiter registered for it. The free stays
-    /// recorded when the waiter is forgotten.
-    pub(crate) fn mark_free(&self, free_seq: u64) -> Arc<Waiter> {
+    /// the free was queued). The free stays recorded when the point is
+    /// released.
+    pub(crate) fn mark_free(&self, free_seq: u64) -> u64 {
         let mut st = self.signal.lock();
-        st.next_seq += 1;
-        let seq = st.next_seq;
+        let seq = st.mark();
         st.frees.push_back((seq, free_seq));
-        let waiter = Arc::new(Waiter::new(seq));
-        st.waiters.insert(seq, waiter.clone());
-        waiter
+        seq
     }
 
-    /// Removes a waiter whose future is gone or finished by other means.
-    pub(crate) fn forget(&self, waiter: &Waiter) {
-        self.signal.lock().waiters.remove(&waiter.seq());
+    /// The outcome of point `seq` if it is settled, and otherwise whether an
+    /// earlier point of the stream is pending too (then, by stream order,
+    /// querying `seq` is wasted).
+    pub(crate) fn check(&self, seq: u64) -> Result<ResourceResult<()>, bool> {
+        let st = self.signal.lock();
+        match st.points.outcome(seq) {
+            Some(outcome) => Ok(outcome),
+            None => Err(st.points.has_pending_before(seq)),
+        }
+    }
+
+    /// The outcome of point `seq` if it is settled.
+    pub(crate) fn outcome(&self, seq: u64) -> Option<ResourceResult<()>> {
+        self.signal.lock().points.outcome(seq)
+    }
+
+    /// Parks `waker` on point `seq`, or returns its outcome if settled.
+    pub(crate) fn register(&self, seq: u64, waker: &Waker) -> Option<ResourceResult<()>> {
+        self.signal.lock().points.register(seq, waker)
+    }
+
+    /// Point `seq` is known reached (its own event said so): settles it and
+    /// every earlier point, as a notification would.
+    pub(crate) fn observe(&self, seq: u64) {
+        let mut wake = Vec::new();
+        let more = self.signal.lock().reach(seq, &mut wake);
+        wake.into_iter().for_each(Waker::wake);
+        if more {
+            self.signal.kick.dispatch();
+        }
+    }
+
+    /// The owner of point `seq` let go of it; its event, if any, goes back
+    /// to the spares.
+    pub(crate) fn release(&self, seq: u64, event: Option<RawEvent>) {
+        let mut st = self.signal.lock();
+        st.points.release(seq);
+        st.spare.extend(event);
     }
 
     /// Whether anything waits on a notification of this stream (a parked
-    /// waiter, one in flight, a free, or frees to apply).
+    /// point, one in flight, a free, or frees to apply).
     pub(crate) fn has_pending(&self) -> bool {
         let st = self.signal.lock();
         st.wanted || st.flight != Flight::Idle || !st.frees.is_empty() || st.reap_to > 0
     }
 
-    /// Whether a point before `seq` is not yet known reached: then, by
-    /// stream order, neither is `seq`, and querying or spinning is wasted.
-    pub(crate) fn has_earlier_waiter(&self, seq: u64) -> bool {
-        self.signal
-            .lock()
-            .waiters
-            .first_key_value()
-            .is_some_and(|(&first, _)| first < seq)
-    }
-
-    /// Parked waiters (for diagnostics and tests).
+    /// Points not known reached (for diagnostics and tests).
     pub(crate) fn waiter_count(&self) -> usize {
-        self.signal.lock().waiters.len()
+        self.signal.lock().points.pending()
     }
 
     /// Notifications queued so far.
@@ -266,13 +312,13 @@ impl Notifier {
         self.reaped.load(Ordering::Acquire)
     }
 
-    /// A parked waiter needs a notification: queues one unless one is in
+    /// A parked point needs a notification: queues one unless one is in
     /// flight (the landing one then has the next one queued).
     pub(crate) fn request(&self, gpu: &dyn Gpu) {
         self.queue(gpu, true);
     }
 
-    /// Queues a notification if none is in flight and a parked waiter or a
+    /// Queues a notification if none is in flight and a parked point or a
     /// free needs one. Never called from a host function (it calls the
     /// driver).
     pub(crate) fn launch(&self, gpu: &dyn Gpu) {
@@ -312,7 +358,7 @@ impl Notifier {
     }
 
     /// The fallback: delivers an in-flight notification whose event is done,
-    /// fails every waiter when the query fails, launches when idle. Returns
+    /// fails every point when the query fails, launches when idle. Returns
     /// whether the stream failed.
     pub(crate) fn fallback_check(&self, gpu: &dyn Gpu) -> bool {
         let flight = self.signal.lock().flight;
@@ -331,34 +377,38 @@ impl Notifier {
         false
     }
 
-    /// Fails every waiter with `error` and forgets the pending frees (they
-    /// stay counted in the inner resource's pending bytes, since nothing
-    /// says they executed).
+    /// Fails every pending point with `error` and forgets the pending frees
+    /// (they stay counted in the inner resource's pending bytes, since
+    /// nothing says they executed).
     pub(crate) fn fail_all(&self, error: ResourceError) {
-        let (waiters, frees) = {
+        let mut wake = Vec::new();
+        let (points, frees) = {
             let mut st = self.signal.lock();
             st.flight = Flight::Idle;
             st.wanted = false;
             let frees = std::mem::take(&mut st.frees).len();
-            (std::mem::take(&mut st.waiters), frees)
+            (st.points.fail_pending(&error, &mut wake), frees)
         };
-        if frees > 0 || !waiters.is_empty() {
-            tracing::error!(stream = %self.stream, %error, waiters = waiters.len(), frees,
+        if frees > 0 || points > 0 {
+            tracing::error!(stream = %self.stream, %error, points, frees,
                 "completion notifications failed");
         }
-        let wake: Vec<Waker> = waiters
-            .values()
-            .filter_map(|w| w.fail(error.clone()))
-            .collect();
         wake.into_iter().for_each(Waker::wake);
     }
 
     /// Releases the notifier's GPU handles. Called once, by the owner's drop.
-    pub(crate) fn release(&self, gpu: &dyn Gpu) {
+    pub(crate) fn release_handles(&self, gpu: &dyn Gpu) {
+        let (idle, spare) = {
+            let mut st = self.signal.lock();
+            (st.flight == Flight::Idle, std::mem::take(&mut st.spare))
+        };
+        for e in spare {
+            let _ = gpu.event_destroy(e);
+        }
         // An event still awaited by a queued wait is left alone (a destroyed
         // and re-created event could redirect that wait); the driver would
         // release it with the context.
-        if self.signal.lock().flight == Flight::Idle {
+        if idle {
             let _ = gpu.event_destroy(self.event);
         }
         if self.owns_lane {

@@ -1,0 +1,237 @@
+//! The awaited points of one stream, in sequence order.
+//!
+//! Points are handed out in increasing sequence numbers and end in any
+//! order, but the stream reaches them in order: knowing that point `n` is
+//! reached settles every point at or below it. So the points live in a ring
+//! ([`VecDeque`]) indexed by `seq - base`, with no allocation per point and
+//! no map: a new point is a `push_back`, reaching `n` walks the front, and
+//! the front is popped as soon as nobody needs its slot.
+//!
+//! A slot outlives its point's completion only as long as its owner may
+//! still read it: a **done** slot at the front is popped (its owner reads
+//! "below `base`" as done), a **failed** slot stays until its owner has
+//! read the error and let go of it.
+
+use std::collections::VecDeque;
+use std::task::Waker;
+
+use crate::error::{ResourceError, ResourceResult};
+
+#[derive(Debug)]
+enum State {
+    /// Not known reached.
+    Pending,
+    /// Reached; kept only while an earlier slot is still kept.
+    Done,
+    /// The stream failed before the point was known reached.
+    Failed(Box<ResourceError>),
+    /// Its owner is gone.
+    Gone,
+}
+
+#[derive(Debug)]
+struct Slot {
+    state: State,
+    /// Set only by a parked owner.
+    waker: Option<Waker>,
+}
+
+/// The points of one stream. Not synchronized: the notifier keeps it under
+/// its lock.
+#[derive(Debug)]
+pub(crate) struct Points {
+    /// Sequence number of `slots[0]`; everything below it is done or gone.
+    base: u64,
+    slots: VecDeque<Slot>,
+}
+
+impl Default for Points {
+    fn default() -> Self {
+        Points {
+            base: 1,
+            slots: VecDeque::new(),
+        }
+    }
+}
+
+impl Points {
+    fn slot_mut(&mut self, seq: u64) -> Option<&mut Slot> {
+        let at = usize::try_from(seq.checked_sub(self.base)?).ok()?;
+        self.slots.get_mut(at)
+    }
+
+    /// Adds point `seq`, which must be the next sequence number of the
+    /// stream (one above every point added before).
+    pub(crate) fn push(&mut self, seq: u64) {
+        debug_assert_eq!(seq, self.base + self.slots.len() as u64);
+        self.slots.push_back(Slot {
+            state: State::Pending,
+            waker: None,
+        });
+    }
+
+    fn pop_settled(&mut self) {
+        while let Some(front) = self.slots.front() {
+            if !matches!(front.state, State::Done | State::Gone) {
+                break;
+            }
+            self.slots.pop_front();
+            self.base += 1;
+        }
+    }
+
+    /// The outcome of `seq` if it is settled.
+    pub(crate) fn outcome(&self, seq: u64) -> Option<ResourceResult<()>> {
+        let Some(at) = seq.checked_sub(self.base) else {
+            return Some(Ok(()));
+        };
+        match self.slots.get(usize::try_from(at).ok()?)?.state {
+            State::Pending => None,
+            State::Failed(ref e) => Some(Err((**e).clone())),
+            State::Done | State::Gone => Some(Ok(())),
+        }
+    }
+
+    /// Whether a point before `seq` is not known reached (then, by stream
+    /// order, neither is `seq`).
+    pub(crate) fn has_pending_before(&self, seq: u64) -> bool {
+        self.slots
+            .iter()
+            .take(usize::try_from(seq.saturating_sub(self.base)).unwrap_or(usize::MAX))
+            .any(|s| matches!(s.state, State::Pending))
+    }
+
+    /// Parks `waker` on `seq` unless it is settled; returns the outcome if
+    /// it is.
+    pub(crate) fn register(&mut self, seq: u64, waker: &Waker) -> Option<ResourceResult<()>> {
+        if let Some(outcome) = self.outcome(seq) {
+            return Some(outcome);
+        }
+        let slot = self.slot_mut(seq)?;
+        match &mut slot.waker {
+            Some(w) if w.will_wake(waker) => {}
+            w => *w = Some(waker.clone()),
+        }
+        None
+    }
+
+    /// The stream reached `through`: settles every pending point at or below
+    /// it and hands back the wakers of the parked ones.
+    pub(crate) fn reach(&mut self, through: u64, wake: &mut Vec<Waker>) {
+        let count = through.saturating_add(1).saturating_sub(self.base);
+        let count = usize::try_from(count).map_or(self.slots.len(), |c| c.min(self.slots.len()));
+        for slot in self.slots.iter_mut().take(count) {
+            if matches!(slot.state, State::Pending) {
+                slot.state = State::Done;
+                wake.extend(slot.waker.take());
+            }
+        }
+        self.pop_settled();
+    }
+
+    /// Fails every pending point with `error`; hands back the parked wakers.
+    pub(crate) fn fail_pending(&mut self, error: &ResourceError, wake: &mut Vec<Waker>) -> usize {
+        let mut failed = 0;
+        for slot in self.slots.iter_mut() {
+            if matches!(slot.state, State::Pending) {
+                slot.state = State::Failed(Box::new(error.clone()));
+                wake.extend(slot.waker.take());
+                failed += 1;
+            }
+        }
+        failed
+    }
+
+    /// The owner of `seq` let go of it.
+    pub(crate) fn release(&mut self, seq: u64) {
+        if let Some(slot) = self.slot_mut(seq) {
+            slot.state = State::Gone;
+            slot.waker = None;
+            self.pop_settled();
+        }
+    }
+
+    /// Points not known reached.
+    pub(crate) fn pending(&self) -> usize {
+        self.slots
+            .iter()
+            .filter(|s| matches!(s.state, State::Pending))
+            .count()
+    }
+
+    /// Whether any point is not known reached.
+    pub(crate) fn any_pending(&self) -> bool {
+        self.slots.iter().any(|s| matches!(s.state, State::Pending))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::task::Wake;
+
+    use super::*;
+    use crate::error::DriverCall;
+
+    struct Flag;
+    impl Wake for Flag {
+        fn wake(self: Arc<Self>) {}
+    }
+
+    fn waker() -> Waker {
+        Arc::new(Flag).into()
+    }
+
+    fn points(n: u64) -> Points {
+        let mut p = Points::default();
+        (1..=n).for_each(|s| p.push(s));
+        p
+    }
+
+    #[test]
+    fn reaching_settles_in_order_and_wakes_only_parked_points() {
+        let mut p = points(4);
+        assert!(p.register(2, &waker()).is_none());
+        let mut wake = Vec::new();
+        p.reach(2, &mut wake);
+        assert_eq!(wake.len(), 1);
+        assert_eq!(p.outcome(1), Some(Ok(())));
+        assert_eq!(p.outcome(2), Some(Ok(())));
+        assert_eq!(p.outcome(3), None);
+        assert!(!p.has_pending_before(3));
+        assert!(p.has_pending_before(4));
+        assert_eq!(p.pending(), 2);
+        assert_eq!(p.slots.len(), 2, "reached slots are popped");
+    }
+
+    #[test]
+    fn a_failed_slot_stays_until_released() {
+        let mut p = points(3);
+        let e = ResourceError::Driver {
+            call: DriverCall::EventQuery,
+            code: 700,
+            message: "fault".into(),
+        };
+        let mut wake = Vec::new();
+        assert_eq!(p.fail_pending(&e, &mut wake), 3);
+        p.reach(3, &mut wake);
+        assert_eq!(p.outcome(1), Some(Err(e.clone())));
+        p.release(1);
+        p.release(2);
+        assert_eq!(p.outcome(3), Some(Err(e)));
+        p.release(3);
+        assert!(p.slots.is_empty());
+        assert_eq!(p.base, 4);
+    }
+
+    #[test]
+    fn a_released_point_does_not_hold_back_later_ones() {
+        let mut p = points(3);
+        p.release(1);
+        assert!(!p.has_pending_before(2));
+        assert!(p.has_pending_before(3));
+        p.release(2);
+        assert_eq!(p.slots.len(), 1);
+        assert_eq!(p.outcome(3), None);
+    }
+}
