@@ -80,6 +80,14 @@ pub enum ResourceError {
         /// Stream the allocation was ordered on.
         stream: StreamId,
     },
+    /// A [`try_allocate`](crate::futures::AsyncResource::try_allocate) found
+    /// allocations waiting for memory: memory that comes back is theirs
+    /// first (first come first served), so it does not try.
+    #[error("{waiting} allocations are waiting for memory first")]
+    AllocationsWaiting {
+        /// Allocations in the queue at the call.
+        waiting: usize,
+    },
     /// A byte budget shared by several resources would be exceeded.
     #[error("budget exceeded: requested {requested} B, limit {limit} B, {in_use} B in use")]
     BudgetExceeded {

@@ -64,6 +64,14 @@ fn waiters_are_served_first_come_first_served() {
     drop(res.deallocate(a).unwrap());
     assert_eq!(wakers[0].0.count(), 1);
     assert_eq!(wakers[2].0.count(), 0);
+    // Memory that came back is the head's: a try_allocate may not take it.
+    let before = res.bytes_outstanding();
+    assert_eq!(
+        res.try_allocate(BLOCK, s, TAG).unwrap_err(),
+        ResourceError::AllocationsWaiting { waiting: 3 }
+    );
+    assert_eq!(res.bytes_outstanding(), before);
+    assert_eq!(res.waiting_allocations(), 3);
     let first = match poll_once(&mut waiters[0], &wakers[0].1) {
         Poll::Ready(Ok(block)) => block,
         other => panic!("head not served: {other:?}"),

@@ -259,3 +259,47 @@ fn the_next_notification_is_queued_when_one_lands_with_more_pending() {
     assert_eq!(common::drive(&gpu, &mut second), Ok(()));
     assert_eq!(res.notifications(), 2);
 }
+
+/// A done query of one point settles every earlier point, and one more
+/// query of the stream's newest point settles the rest: awaiting many
+/// finished points costs two queries, not one each.
+#[test]
+fn one_done_query_settles_the_rest_of_the_stream() {
+    let f = common::sim_with(SimGpu::builder().manual().build(), 1);
+    let gpu = f.sim.clone().unwrap();
+    let res = common::async_resource(&f);
+    let s = f.stream(0);
+    let raw = f.pool.raw(s).unwrap();
+    let mut futs = Vec::new();
+    for _ in 0..4 {
+        gpu.launch_kernel(raw, &[]).unwrap();
+        futs.push(res.completion(s).unwrap());
+    }
+    // Only the first two points run (a kernel and a record each).
+    for _ in 0..4 {
+        assert!(gpu.step());
+    }
+    let (_counter, waker) = CountingWaker::new();
+    let queries = gpu.call_count(DriverCall::EventQuery);
+    // The second point is done: it settles the first one as well; the
+    // newest (fourth) is not, so the third and fourth stay pending.
+    assert!(matches!(futs[1].is_complete(), Ok(true)));
+    assert_eq!(gpu.call_count(DriverCall::EventQuery), queries + 2);
+    assert!(matches!(futs[0].is_complete(), Ok(true)));
+    assert_eq!(
+        gpu.call_count(DriverCall::EventQuery),
+        queries + 2,
+        "settled without a query"
+    );
+    assert_eq!(res.parked_points(), 2);
+    gpu.run_until_idle();
+    let queries = gpu.call_count(DriverCall::EventQuery);
+    // Now the third point's query is done and the frontier's too: the
+    // fourth is settled without a query of its own.
+    assert!(poll_once(&mut futs[2], &waker).is_ready());
+    assert!(poll_once(&mut futs[1], &waker).is_ready());
+    assert!(poll_once(&mut futs[3], &waker).is_ready());
+    assert!(poll_once(&mut futs[0], &waker).is_ready());
+    assert_eq!(gpu.call_count(DriverCall::EventQuery), queries + 2);
+    assert_eq!(res.parked_points(), 0);
+}

@@ -7,7 +7,7 @@ use super::core::Core;
 use super::dealloc::{DeallocHandle, ReapFuture};
 use super::event_future::EventFuture;
 use super::wait_policy::WaitPolicy;
-use crate::error::ResourceResult;
+use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::Gpu;
 use crate::resource::{DeviceMemoryResource, StreamOrderedResource};
 use crate::types::{Access, AllocTag, BlockId, DeviceBlock, StreamId, StreamPool};
@@ -134,17 +134,23 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
     }
 
     /// Allocates at once, failing when the device or budget is full. It
-    /// takes no place in the queue of waiting allocations.
+    /// takes no place in the queue of waiting allocations, and never
+    /// overtakes it: while allocations wait, it fails without trying.
     ///
     /// # Errors
-    /// As [`DeviceMemoryResource::allocate`]; nothing changes.
+    /// [`AllocationsWaiting`](crate::ResourceError::AllocationsWaiting)
+    /// while the queue is not empty; otherwise as
+    /// [`DeviceMemoryResource::allocate`]. Nothing changes.
     pub fn try_allocate(
         &self,
         bytes: usize,
         stream: StreamId,
         tag: AllocTag,
     ) -> ResourceResult<DeviceBlock> {
-        self.inner.allocate(bytes, stream, tag)
+        match self.core.allocs.len() {
+            0 => self.inner.allocate(bytes, stream, tag),
+            waiting => Err(ResourceError::AllocationsWaiting { waiting }),
+        }
     }
 
     /// Queues the free of `block` on its stream and returns a handle that

@@ -130,6 +130,7 @@ impl Core {
             notifier.release(seq, Some(event));
             return Err(gpu_error(e));
         }
+        notifier.recorded(seq, event);
         Ok(EventFuture::new(
             self.clone(),
             stream,

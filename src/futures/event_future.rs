@@ -136,7 +136,7 @@ impl EventFuture {
         match self.core.gpu.event_query(event) {
             Ok(true) => {
                 if let Some(n) = self.core.checked_notifier(self.stream) {
-                    n.observe(self.seq);
+                    n.observe(&*self.core.gpu, self.seq);
                 }
                 Some(Ok(()))
             }

@@ -84,6 +84,9 @@ struct SignalState {
     wanted: bool,
     launches: u64,
     spare: Vec<RawEvent>,
+    /// The newest point with its own recorded event: one query of it can
+    /// settle every point of the stream at once.
+    frontier: Option<(u64, RawEvent)>,
 }
 
 impl SignalState {
@@ -202,6 +205,7 @@ impl Notifier {
                     wanted: false,
                     launches: 0,
                     spare: Vec::new(),
+                    frontier: None,
                 }),
                 kick,
             }),
@@ -259,11 +263,32 @@ impl Notifier {
         self.signal.lock().points.register(seq, waker)
     }
 
+    /// The event of point `seq` is recorded: it becomes the frontier.
+    /// Events are only ever re-recorded on this stream, later, so a done
+    /// query of the frontier's event proves its point reached even after the
+    /// event was recycled.
+    pub(crate) fn recorded(&self, seq: u64, event: RawEvent) {
+        let mut st = self.signal.lock();
+        if st.frontier.is_none_or(|(f, _)| f < seq) {
+            st.frontier = Some((seq, event));
+        }
+    }
+
     /// Point `seq` is known reached (its own event said so): settles it and
-    /// every earlier point, as a notification would.
-    pub(crate) fn observe(&self, seq: u64) {
+    /// every earlier point, as a notification would. If a later point has
+    /// an event, one more query of it may settle the rest of the stream.
+    pub(crate) fn observe(&self, gpu: &dyn Gpu, seq: u64) {
         let mut wake = Vec::new();
-        let more = self.signal.lock().reach(seq, &mut wake);
+        let (mut more, frontier) = {
+            let mut st = self.signal.lock();
+            let more = st.reach(seq, &mut wake);
+            (more, st.frontier.filter(|&(f, _)| f > seq))
+        };
+        if let Some((f, event)) = frontier
+            && gpu.event_query(event) == Ok(true)
+        {
+            more = self.signal.lock().reach(f, &mut wake);
+        }
         wake.into_iter().for_each(Waker::wake);
         if more {
             self.signal.kick.dispatch();
