@@ -88,13 +88,17 @@ impl Shard {
     }
 
     /// Moves the block `seq`, whose free was queued on its stream (local
-    /// index `local`), from live to pending; returns its record.
-    pub(crate) fn retire(&mut self, seq: u64, local: usize) -> Option<BlockRecord> {
-        let record = self.blocks.remove(seq)?;
-        self.live -= record.size;
-        self.pending += record.size;
-        self.streams[local].push(record.size);
-        Some(record)
+    /// index `local`), from live to pending; returns whether it was there.
+    pub(crate) fn retire(&mut self, seq: u64, local: usize) -> bool {
+        // The caller took the uses out: dropping the record frees nothing,
+        // and not handing it back saves moving it.
+        let Some(size) = self.blocks.remove(seq).map(|r| r.size) else {
+            return false;
+        };
+        self.live -= size;
+        self.pending += size;
+        self.streams[local].push(size);
+        true
     }
 
     /// The queued frees of the stream of local index `local`.

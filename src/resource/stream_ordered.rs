@@ -463,7 +463,7 @@ impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
         // does not change, so no reader can miss the block meanwhile.
         let (_, local) = self.place(stream);
         let retired = slot.lock().retire(seq, local);
-        debug_assert!(retired.is_some(), "a record marked as being freed vanished");
+        debug_assert!(retired, "a record marked as being freed vanished");
         let mut uses = uses;
         if uses.event_count() > 0 {
             self.events
