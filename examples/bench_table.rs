@@ -8,8 +8,13 @@
 //! driver sequences; and pairs per second from 1 to 16 threads, each on its
 //! own stream. Ratios are against the raw driver measured in the same run.
 //!
+//! `--null-only` measures the null backend alone (the bookkeeping, in
+//! seconds rather than minutes), for before/after comparisons of the
+//! resource's hot path.
+//!
 //! ```text
 //! cargo run --release --example bench_table -- [OUT_DIR]
+//! cargo run --release --example bench_table -- --null-only [OUT_DIR]
 //! python3 scripts/plot_bench.py OUT_DIR/bench_table.csv OUT_DIR/throughput.png
 //! ```
 
@@ -296,6 +301,8 @@ fn main() -> std::io::Result<()> {
         profile_pair(args.next().and_then(|n| n.parse().ok()).unwrap_or(100_000));
         return Ok(());
     }
+    let null_only = first.as_deref() == Some("--null-only");
+    let first = if null_only { args.next() } else { first };
     let out_dir = first.unwrap_or_else(|| "target/bench-table".into());
     let mut rows = Vec::new();
     eprintln!("measuring the null backend (bookkeeping only)...");
@@ -303,14 +310,16 @@ fn main() -> std::io::Result<()> {
     measure_pairs(&null, false, &mut rows);
     measure_threads(&null, &mut rows);
     drop(null);
-    eprintln!("measuring the simulated device...");
-    measure(&support::sim(), false, &mut rows);
-    match support::cuda() {
-        Some(gpu) => {
-            eprintln!("measuring CUDA device 0...");
-            measure(&gpu, true, &mut rows);
+    if !null_only {
+        eprintln!("measuring the simulated device...");
+        measure(&support::sim(), false, &mut rows);
+        match support::cuda() {
+            Some(gpu) => {
+                eprintln!("measuring CUDA device 0...");
+                measure(&gpu, true, &mut rows);
+            }
+            None => eprintln!("no CUDA device: only the simulated device was measured"),
         }
-        None => eprintln!("no CUDA device: only the simulated device was measured"),
     }
     let table = table(&rows);
     print!("{table}");

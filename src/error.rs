@@ -134,6 +134,15 @@ pub enum ResourceError {
         /// The block that was passed.
         block: BlockId,
     },
+    /// A block-use hook raced a `deallocate` of the same block on another
+    /// thread: the free is being queued and may still fail. If it succeeds
+    /// the block is retired; if it fails the block is live again, exactly as
+    /// it was. The hook changed nothing either way.
+    #[error("{block} is being deallocated by a concurrent call")]
+    FreeInFlight {
+        /// The block that was passed.
+        block: BlockId,
+    },
     /// The resource stack does not track cross-stream block use, so a launch
     /// that needs it was refused before any work was queued.
     #[error("{block} is used on {stream} but the resource stack does not track block use")]

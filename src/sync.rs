@@ -8,10 +8,10 @@
 //! own lock, so loom's scheduler cannot switch inside its critical sections).
 
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{AtomicU64, AtomicUsize};
+pub(crate) use loom::sync::atomic::AtomicUsize;
 #[cfg(loom)]
 pub(crate) use loom::sync::{Mutex, MutexGuard};
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{AtomicU64, AtomicUsize};
+pub(crate) use std::sync::atomic::AtomicUsize;
 #[cfg(not(loom))]
 pub(crate) use std::sync::{Mutex, MutexGuard};

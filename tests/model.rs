@@ -284,7 +284,7 @@ fn check_totals(r: &SimResource, model: &Model) -> Result<(), TestCaseError> {
     prop_assert_eq!(r.pending_free_bytes(), model.pending.iter().sum::<usize>());
     for (s, &bytes) in model.pending.iter().enumerate() {
         let id = r.stream_pool().id(s).unwrap();
-        prop_assert_eq!(r.pending_frees().stream_bytes(id), bytes, "stream {}", s);
+        prop_assert_eq!(r.pending_stream_bytes(id), bytes, "stream {}", s);
     }
     Ok(())
 }

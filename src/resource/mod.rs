@@ -9,10 +9,11 @@
 mod block_uses;
 mod event_pool;
 pub(crate) mod forward;
+mod live_table;
 mod pending;
+mod shard;
 mod stream_ordered;
 
-pub use pending::PendingFrees;
 pub use stream_ordered::{AsyncCudaResource, SimResource, StreamOrderedResource};
 
 use crate::error::ResourceResult;
@@ -89,6 +90,11 @@ pub trait DeviceMemoryResource: Send + Sync {
     /// sequence number `seq` (learnt from a completion notification, without
     /// synchronizing): drains them from the pending tallies and returns the
     /// bytes drained. Decorators forward to the inner resource.
+    ///
+    /// `seq` is meant to be a number [`pending_free_seq`](Self::pending_free_seq)
+    /// returned: the stream-ordered resource tallies the frees queued between
+    /// two such reads together, so a cut at a number it never returned may
+    /// leave some frees below it pending (it never drains one above it).
     fn reap_through(&self, stream: StreamId, seq: u64) -> usize {
         let _ = (stream, seq);
         0
@@ -120,7 +126,9 @@ pub trait DeviceMemoryResource: Send + Sync {
     /// # Errors
     /// [`UnknownBlock`](crate::ResourceError::UnknownBlock),
     /// [`DoubleFree`](crate::ResourceError::DoubleFree) (a retired block),
-    /// an unknown stream, a driver error.
+    /// [`FreeInFlight`](crate::ResourceError::FreeInFlight) (a `deallocate`
+    /// of the block is running on another thread), an unknown stream, a
+    /// driver error; nothing changes.
     fn prepare_block_use(
         &self,
         block: BlockId,

@@ -1,127 +1,92 @@
-//! Frees queued on the GPU but not yet executed, tallied per stream.
+//! [`StreamFrees`]: the frees of one stream that are queued on the GPU but
+//! not yet known to have run, with sequence numbers.
 //!
 //! Every free gets the next sequence number of its stream. Knowing that
 //! "stream S reached sequence n" (a synchronize, or a completion notification
 //! placed after the n-th free) drains every entry of S at or below n in one
 //! cut, as wgpu-core's `triage_submissions` does with submission indices.
 //!
-//! Streams are spread over a few padded shards, each under its own lock, so
-//! that threads freeing on different streams do not contend. A stream's
-//! tallies and the global total change together under its shard's lock, so
-//! `total() == per_stream_total()` whenever no call is in flight.
+//! # Bounded without a reaper
+//!
+//! A cut is only ever made at a number someone read ([`observe`] or
+//! [`high_water`]): a completion point covers "every free up to the number I
+//! read before recording it". So frees queued since the last read are kept
+//! as one entry (the newest number, the bytes summed), and the queue holds
+//! one entry per read rather than one per free: a program that frees and
+//! never reaps keeps one entry per stream instead of growing without bound.
+//! A cut at a number nobody read drains the entries at or below it, which
+//! may leave a few frees below it pending (never drains one above it).
+//!
+//! The tallies are plain fields: the resource keeps each stream's frees in
+//! the shard of its live blocks, under that shard's lock.
+//!
+//! [`observe`]: StreamFrees::observe
+//! [`high_water`]: StreamFrees::high_water
 
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
 
-use crate::fast_hash::FastMap;
-use crate::padded::CachePadded;
-use crate::sync::{AtomicUsize, Mutex, MutexGuard};
-use crate::types::StreamId;
-
+/// One stream's queued frees; see the module documentation.
 #[derive(Debug, Default)]
-struct StreamFrees {
-    next_seq: u64,
+pub(crate) struct StreamFrees {
+    /// The number of the latest free (0 before any).
+    last_seq: u64,
+    /// The highest number read out; entries above it may be merged.
+    observed: u64,
+    /// `(number of the newest free in the entry, bytes)`, oldest first.
     queue: VecDeque<(u64, usize)>,
     bytes: usize,
 }
 
-const SHARDS: usize = 16;
-
-type Shard = CachePadded<Mutex<FastMap<StreamId, StreamFrees>>>;
-
-/// Frees queued per stream, with their sequence numbers.
-#[derive(Debug)]
-pub struct PendingFrees {
-    /// Stream `s` lives in shard `s.index() % SHARDS`.
-    shards: Box<[Shard]>,
-    total: AtomicUsize,
-}
-
-impl Default for PendingFrees {
-    fn default() -> Self {
-        PendingFrees {
-            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
-            total: AtomicUsize::new(0),
-        }
-    }
-}
-
-fn lock(shard: &Shard) -> MutexGuard<'_, FastMap<StreamId, StreamFrees>> {
-    shard.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-impl PendingFrees {
-    /// The shard of `stream`, locked.
-    fn lock(&self, stream: StreamId) -> MutexGuard<'_, FastMap<StreamId, StreamFrees>> {
-        lock(&self.shards[stream.index() as usize % SHARDS])
-    }
-
-    /// Tallies a free of `bytes` queued on `stream`; returns its sequence
+impl StreamFrees {
+    /// Tallies a free of `bytes` queued on the stream; returns its sequence
     /// number. Call after the free was queued on the GPU.
-    pub fn push(&self, stream: StreamId, bytes: usize) -> u64 {
-        let mut streams = self.lock(stream);
-        let entry = streams.entry(stream).or_default();
-        entry.next_seq += 1;
-        entry.queue.push_back((entry.next_seq, bytes));
-        entry.bytes += bytes;
-        self.total.fetch_add(bytes, Ordering::AcqRel);
-        entry.next_seq
+    pub(crate) fn push(&mut self, bytes: usize) -> u64 {
+        self.last_seq += 1;
+        self.bytes += bytes;
+        match self.queue.back_mut() {
+            // No one read the newest entry's number: no cut can fall on it.
+            Some(entry) if entry.0 > self.observed => {
+                entry.0 = self.last_seq;
+                entry.1 += bytes;
+            }
+            _ => self.queue.push_back((self.last_seq, bytes)),
+        }
+        self.last_seq
     }
 
-    /// For every stream with pending frees, the sequence number of its latest.
-    pub fn high_water(&self) -> Vec<(StreamId, u64)> {
-        self.shards
-            .iter()
-            .flat_map(|shard| {
-                lock(shard)
-                    .iter()
-                    .filter_map(|(s, f)| f.queue.back().map(|&(seq, _)| (*s, seq)))
-                    .collect::<Vec<_>>()
-            })
-            .collect()
+    /// The latest sequence number handed out (0 before any); a cut may fall
+    /// on it from now on.
+    pub(crate) fn observe(&mut self) -> u64 {
+        self.observed = self.last_seq;
+        self.last_seq
     }
 
-    /// The latest sequence number handed out on `stream` (0 before any).
-    pub fn last_seq(&self, stream: StreamId) -> u64 {
-        self.lock(stream).get(&stream).map_or(0, |f| f.next_seq)
+    /// The number of the latest pending free, when any is pending (observed,
+    /// as by [`observe`](Self::observe)).
+    pub(crate) fn high_water(&mut self) -> Option<u64> {
+        let seq = self.queue.back()?.0;
+        self.observed = self.observed.max(seq);
+        Some(seq)
     }
 
-    /// `stream` reached `seq`: drops every entry at or below it; returns the
-    /// bytes drained.
-    pub fn drain_through(&self, stream: StreamId, seq: u64) -> usize {
-        let mut streams = self.lock(stream);
-        let Some(entry) = streams.get_mut(&stream) else {
-            return 0;
-        };
+    /// The stream reached `seq`: drops every entry at or below it; returns
+    /// the bytes drained.
+    pub(crate) fn drain_through(&mut self, seq: u64) -> usize {
         let mut drained = 0;
-        while let Some(&(s, bytes)) = entry.queue.front() {
+        while let Some(&(s, bytes)) = self.queue.front() {
             if s > seq {
                 break;
             }
-            entry.queue.pop_front();
+            self.queue.pop_front();
             drained += bytes;
         }
-        entry.bytes -= drained;
-        self.total.fetch_sub(drained, Ordering::AcqRel);
+        self.bytes -= drained;
         drained
     }
 
-    /// Bytes pending on all streams (one atomic load).
-    pub fn total(&self) -> usize {
-        self.total.load(Ordering::Acquire)
-    }
-
-    /// Sum of the per-stream tallies (walks them under the shard locks).
-    pub fn per_stream_total(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|shard| lock(shard).values().map(|f| f.bytes).sum::<usize>())
-            .sum()
-    }
-
-    /// Bytes pending on `stream`.
-    pub fn stream_bytes(&self, stream: StreamId) -> usize {
-        self.lock(stream).get(&stream).map_or(0, |f| f.bytes)
+    /// Bytes pending on the stream.
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
     }
 }
 
@@ -130,59 +95,37 @@ mod tests {
     use super::*;
 
     #[test]
-    fn drains_in_one_cut_per_stream() {
-        let p = PendingFrees::default();
-        let (a, b) = (StreamId::new(0, 0), StreamId::new(0, 1));
-        assert_eq!(p.push(a, 10), 1);
-        assert_eq!(p.push(a, 20), 2);
-        assert_eq!(p.push(b, 5), 1);
-        assert_eq!(p.push(a, 40), 3);
-        assert_eq!(p.drain_through(a, 2), 30);
-        assert_eq!(p.total(), 45);
-        assert_eq!(p.per_stream_total(), 45);
-        assert_eq!(p.drain_through(b, 1), 5);
-        assert_eq!(p.drain_through(a, 3), 40);
-        assert_eq!(p.total(), 0);
+    fn drains_in_one_cut_at_every_number_read() {
+        let mut p = StreamFrees::default();
+        assert_eq!(p.observe(), 0);
+        assert_eq!(p.push(10), 1);
+        assert_eq!(p.observe(), 1);
+        assert_eq!(p.push(20), 2);
+        assert_eq!(p.observe(), 2);
+        assert_eq!(p.push(40), 3);
+        assert_eq!(p.drain_through(2), 30);
+        assert_eq!(p.bytes(), 40);
+        assert_eq!(p.high_water(), Some(3));
+        assert_eq!(p.drain_through(3), 40);
+        assert_eq!(p.bytes(), 0);
+        assert_eq!(p.high_water(), None);
     }
-}
 
-#[cfg(all(test, loom))]
-mod loom_tests {
-    use super::*;
-    use loom::sync::Arc;
-    use loom::thread;
-
-    /// Two pushers and a drainer that cuts at the sequence number it read:
-    /// the global total and the per-stream tallies agree at the end, and the
-    /// drain takes exactly the entries at or below its cut.
     #[test]
-    fn push_and_drain_keep_the_tallies_together() {
-        loom::model(|| {
-            let p = Arc::new(PendingFrees::default());
-            let (a, b) = (StreamId::new(0, 0), StreamId::new(0, 1));
-            let pusher = {
-                let p = p.clone();
-                thread::spawn(move || {
-                    p.push(a, 10);
-                    p.push(b, 20);
-                })
-            };
-            let drainer = {
-                let p = p.clone();
-                thread::spawn(move || {
-                    let seq = p.last_seq(a);
-                    (seq, p.drain_through(a, seq))
-                })
-            };
-            p.push(a, 5);
-            pusher.join().unwrap();
-            let (seq, drained) = drainer.join().unwrap();
-            assert_eq!(p.total(), p.per_stream_total());
-            assert_eq!(p.total() + drained, 35);
-            assert!(seq <= 2);
-            assert!(matches!(drained, 0 | 5 | 10 | 15), "drained {drained}");
-            assert_eq!(drained == 0, seq == 0);
-            assert_eq!(p.stream_bytes(b), 20);
-        });
+    fn frees_between_reads_share_one_entry() {
+        let mut p = StreamFrees::default();
+        for i in 1..=1000 {
+            assert_eq!(p.push(1), i);
+        }
+        assert_eq!(p.queue.len(), 1);
+        assert_eq!(p.observe(), 1000);
+        p.push(5);
+        p.push(5);
+        assert_eq!(p.queue.len(), 2);
+        // A cut below the first read drains nothing (never too much).
+        assert_eq!(p.drain_through(999), 0);
+        assert_eq!(p.drain_through(1000), 1000);
+        assert_eq!(p.drain_through(1002), 10);
+        assert_eq!(p.bytes(), 0);
     }
 }

@@ -39,7 +39,9 @@ impl BlockId {
         self.resource
     }
 
-    /// The block's serial number within its resource (starts at 1).
+    /// The block's serial number within its resource: unique, never 0, not
+    /// necessarily consecutive (resources may encode where they keep the
+    /// block in it).
     pub const fn serial(self) -> u64 {
         self.serial
     }
