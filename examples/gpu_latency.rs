@@ -40,13 +40,22 @@ fn main() -> ResourceResult<()> {
     match common::setup(STREAMS, 1 << 30)? {
         common::Setup::Cuda(res) => {
             println!("device: CUDA device 0");
-            rt.block_on(measure(res, SAMPLES))
+            rt.block_on(in_a_task(measure(res, SAMPLES)))
         }
         common::Setup::Sim(res, _) => {
             println!("device: SIMULATED — numbers measure the futures layer only");
-            rt.block_on(measure(res, SAMPLES / 10))
+            rt.block_on(in_a_task(measure(res, SAMPLES / 10)))
         }
     }
+}
+
+/// Runs `work` in a task of the runtime (on a worker thread), as a
+/// service's request handler would run: tasks it spawns go to that worker's
+/// own queue.
+async fn in_a_task(
+    work: impl std::future::Future<Output = ResourceResult<()>> + Send + 'static,
+) -> ResourceResult<()> {
+    tokio::spawn(work).await.expect("measuring task")
 }
 
 fn pct(mut v: Vec<Duration>) -> (f64, f64) {
