@@ -208,6 +208,7 @@ fn a_yielding_future_queues_no_notification_until_it_parks() {
     res.set_wait_policy(WaitPolicy {
         spin: std::time::Duration::ZERO,
         yield_for: std::time::Duration::from_secs(3600),
+        query_every: std::time::Duration::ZERO,
     });
     let s = f.stream(0);
     gpu.launch_kernel(f.pool.raw(s).unwrap(), &[]).unwrap();
@@ -262,7 +263,9 @@ fn the_next_notification_is_queued_when_one_lands_with_more_pending() {
 
 /// A done query of one point settles every earlier point, and one more
 /// query of the stream's newest point settles the rest: awaiting many
-/// finished points costs two queries, not one each.
+/// finished points costs two queries, not one each. After a query of the
+/// newest point that said "not yet", the next one waits for eight more
+/// points.
 #[test]
 fn one_done_query_settles_the_rest_of_the_stream() {
     let f = common::sim_with(SimGpu::builder().manual().build(), 1);
@@ -271,35 +274,65 @@ fn one_done_query_settles_the_rest_of_the_stream() {
     let s = f.stream(0);
     let raw = f.pool.raw(s).unwrap();
     let mut futs = Vec::new();
-    for _ in 0..4 {
+    for _ in 0..20 {
         gpu.launch_kernel(raw, &[]).unwrap();
         futs.push(res.completion(s).unwrap());
     }
+    let queries = || gpu.call_count(DriverCall::EventQuery);
     // Only the first two points run (a kernel and a record each).
     for _ in 0..4 {
         assert!(gpu.step());
     }
-    let (_counter, waker) = CountingWaker::new();
-    let queries = gpu.call_count(DriverCall::EventQuery);
-    // The second point is done: it settles the first one as well; the
-    // newest (fourth) is not, so the third and fourth stay pending.
+    let before = queries();
+    // The second point is done and settles the first; the newest is not.
     assert!(matches!(futs[1].is_complete(), Ok(true)));
-    assert_eq!(gpu.call_count(DriverCall::EventQuery), queries + 2);
+    assert_eq!(queries(), before + 2);
     assert!(matches!(futs[0].is_complete(), Ok(true)));
+    assert_eq!(queries(), before + 2, "settled without a query");
+    assert_eq!(res.parked_points(), 18);
+
+    gpu.run_until_idle();
+    // Right after a miss, a done point does not try the newest again...
+    let before = queries();
+    assert!(matches!(futs[2].is_complete(), Ok(true)));
+    assert_eq!(queries(), before + 1);
+    assert_eq!(res.parked_points(), 17);
+    // ...eight points later it does, and that settles the whole stream.
+    assert!(matches!(futs[10].is_complete(), Ok(true)));
+    assert_eq!(queries(), before + 3);
+    assert_eq!(res.parked_points(), 0);
+    let (_counter, waker) = CountingWaker::new();
+    for fut in &mut futs {
+        assert!(poll_once(fut, &waker).is_ready());
+    }
+    assert_eq!(queries(), before + 3, "every point settled without a query");
+}
+
+/// While spinning or yielding, the event is queried at most once per
+/// `query_every` (a tight loop of queries would contend with the threads
+/// submitting work).
+#[test]
+fn queries_are_spaced_by_query_every() {
+    let f = common::sim_with(SimGpu::builder().manual().build(), 1);
+    let gpu = f.sim.clone().unwrap();
+    let res = common::async_resource(&f);
+    res.set_wait_policy(WaitPolicy {
+        spin: std::time::Duration::from_millis(2),
+        yield_for: std::time::Duration::from_secs(3600),
+        query_every: std::time::Duration::from_secs(3600),
+    });
+    let s = f.stream(0);
+    gpu.launch_kernel(f.pool.raw(s).unwrap(), &[]).unwrap();
+    let mut fut = res.completion(s).unwrap();
+    let (_counter, waker) = CountingWaker::new();
+    let before = gpu.call_count(DriverCall::EventQuery);
+    assert!(poll_once(&mut fut, &waker).is_pending());
+    assert!(poll_once(&mut fut, &waker).is_pending());
     assert_eq!(
         gpu.call_count(DriverCall::EventQuery),
-        queries + 2,
-        "settled without a query"
+        before + 1,
+        "one query, then none for 2 ms of spinning and a yield"
     );
-    assert_eq!(res.parked_points(), 2);
     gpu.run_until_idle();
-    let queries = gpu.call_count(DriverCall::EventQuery);
-    // Now the third point's query is done and the frontier's too: the
-    // fourth is settled without a query of its own.
-    assert!(poll_once(&mut futs[2], &waker).is_ready());
-    assert!(poll_once(&mut futs[1], &waker).is_ready());
-    assert!(poll_once(&mut futs[3], &waker).is_ready());
-    assert!(poll_once(&mut futs[0], &waker).is_ready());
-    assert_eq!(gpu.call_count(DriverCall::EventQuery), queries + 2);
-    assert_eq!(res.parked_points(), 0);
+    res.set_wait_policy(WaitPolicy::DEFAULT);
 }

@@ -75,8 +75,9 @@ pub struct EventFuture {
 enum Phase {
     /// Never polled.
     New,
-    /// Querying since the instant (spinning, then yielding).
-    Querying(Instant),
+    /// Querying (spinning, then yielding) since `since`; last queried at
+    /// `last`.
+    Querying { since: Instant, last: Instant },
     /// Parked on a notification.
     Parked,
 }
@@ -210,18 +211,30 @@ impl Future for EventFuture {
                     return self.settle(r);
                 }
                 let since = Instant::now();
-                self.phase = Phase::Querying(since);
-                while since.elapsed() < self.policy.spin {
+                let mut last = since;
+                loop {
                     std::hint::spin_loop();
+                    let now = Instant::now();
+                    if now - since >= self.policy.spin {
+                        break;
+                    }
+                    if now - last >= self.policy.query_every {
+                        last = now;
+                        if let Some(r) = self.query() {
+                            return self.settle(r);
+                        }
+                    }
+                }
+                self.phase = Phase::Querying { since, last };
+                since
+            }
+            Phase::Querying { since, last } => {
+                let now = Instant::now();
+                if now - last >= self.policy.query_every {
+                    self.phase = Phase::Querying { since, last: now };
                     if let Some(r) = self.query() {
                         return self.settle(r);
                     }
-                }
-                since
-            }
-            Phase::Querying(since) => {
-                if let Some(r) = self.query() {
-                    return self.settle(r);
                 }
                 since
             }

@@ -87,7 +87,16 @@ struct SignalState {
     /// The newest point with its own recorded event: one query of it can
     /// settle every point of the stream at once.
     frontier: Option<(u64, RawEvent)>,
+    /// The observed point at which the last query of the frontier said "not
+    /// yet" (0: none did).
+    frontier_missed_at: u64,
 }
+
+/// A query of the frontier is tried only when it would settle at least this
+/// many points, and again only this many points after one that missed: in
+/// a pipeline that keeps the stream busy it mostly misses, and each query
+/// takes the driver's locks.
+const FRONTIER_GAP: u64 = 8;
 
 impl SignalState {
     /// The stream reached `covered`: settles the points and frees at or
@@ -206,6 +215,7 @@ impl Notifier {
                     launches: 0,
                     spare: Vec::new(),
                     frontier: None,
+                    frontier_missed_at: 0,
                 }),
                 kick,
             }),
@@ -282,12 +292,18 @@ impl Notifier {
         let (mut more, frontier) = {
             let mut st = self.signal.lock();
             let more = st.reach(seq, &mut wake);
-            (more, st.frontier.filter(|&(f, _)| f > seq))
+            let missed_at = st.frontier_missed_at;
+            let worth = |&(f, _): &(u64, RawEvent)| {
+                f >= seq + FRONTIER_GAP && (missed_at == 0 || seq >= missed_at + FRONTIER_GAP)
+            };
+            (more, st.frontier.filter(worth))
         };
-        if let Some((f, event)) = frontier
-            && gpu.event_query(event) == Ok(true)
-        {
-            more = self.signal.lock().reach(f, &mut wake);
+        if let Some((f, event)) = frontier {
+            if gpu.event_query(event) == Ok(true) {
+                more = self.signal.lock().reach(f, &mut wake);
+            } else {
+                self.signal.lock().frontier_missed_at = seq;
+            }
         }
         wake.into_iter().for_each(Waker::wake);
         if more {

@@ -17,21 +17,28 @@ use std::time::Duration;
 /// it cannot be done either.
 ///
 /// Both phases are bounded, and nothing spins while no future is being
-/// polled.
+/// polled. Within them the event is queried at most once per
+/// `query_every`: every query takes the driver's locks, and a tight loop of
+/// them slows the threads that are submitting work (the 8 MiB memset
+/// stream in BENCHMARKS.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WaitPolicy {
     /// Busy-querying on the first poll.
     pub spin: Duration,
     /// Yield-and-query until this long after the first poll.
     pub yield_for: Duration,
+    /// Least time between two queries of the event while spinning or
+    /// yielding.
+    pub query_every: Duration,
 }
 
 impl WaitPolicy {
-    /// 4 µs of spinning, then yielding up to 20 µs: covers a tiny operation
-    /// on an idle stream without a host function.
+    /// 4 µs of spinning, then yielding up to 20 µs, querying every 0.5 µs:
+    /// covers a tiny operation on an idle stream without a host function.
     pub const DEFAULT: WaitPolicy = WaitPolicy {
         spin: Duration::from_micros(4),
         yield_for: Duration::from_micros(20),
+        query_every: Duration::from_nanos(500),
     };
 
     /// Park on a notification right after one query: least CPU, most
@@ -39,6 +46,7 @@ impl WaitPolicy {
     pub const PARK_AT_ONCE: WaitPolicy = WaitPolicy {
         spin: Duration::ZERO,
         yield_for: Duration::ZERO,
+        query_every: Duration::ZERO,
     };
 }
 
@@ -53,6 +61,7 @@ impl Default for WaitPolicy {
 pub(crate) struct SharedPolicy {
     spin_ns: AtomicU64,
     yield_ns: AtomicU64,
+    every_ns: AtomicU64,
 }
 
 impl Default for SharedPolicy {
@@ -60,6 +69,7 @@ impl Default for SharedPolicy {
         let p = SharedPolicy {
             spin_ns: AtomicU64::new(0),
             yield_ns: AtomicU64::new(0),
+            every_ns: AtomicU64::new(0),
         };
         p.set(WaitPolicy::DEFAULT);
         p
@@ -71,12 +81,15 @@ impl SharedPolicy {
         let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
         self.spin_ns.store(ns(policy.spin), Ordering::Relaxed);
         self.yield_ns.store(ns(policy.yield_for), Ordering::Relaxed);
+        self.every_ns
+            .store(ns(policy.query_every), Ordering::Relaxed);
     }
 
     pub(crate) fn get(&self) -> WaitPolicy {
         WaitPolicy {
             spin: Duration::from_nanos(self.spin_ns.load(Ordering::Relaxed)),
             yield_for: Duration::from_nanos(self.yield_ns.load(Ordering::Relaxed)),
+            query_every: Duration::from_nanos(self.every_ns.load(Ordering::Relaxed)),
         }
     }
 }
