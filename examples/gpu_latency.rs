@@ -134,11 +134,13 @@ async fn measure<R: DeviceMemoryResource + 'static>(
                 .map_err(common::gpu_err)?;
             tasks.push(tokio::spawn(res.completion(s)?));
         }
+        let submit = t.elapsed() / n;
         for task in tasks {
             task.await.expect("future task")?;
         }
-        t.elapsed() / n
+        (submit, t.elapsed() / n)
     };
+    let (spawned_submit, with_futures) = with_futures;
 
     // The same as a pipeline: the submitting task hands each future to one
     // consumer task that awaits them in order (no task per future).
@@ -288,6 +290,75 @@ async fn measure<R: DeviceMemoryResource + 'static>(
     for e in raw_events {
         let _ = gpu.event_destroy(e);
     }
+    // Controls: what the runtime and the driver cost without the futures
+    // layer. (f) a spawned empty task per op; (g) a raw record per op, each
+    // on an event of its own (10,000 events, as 10,000 live futures hold);
+    // (h) `completion()` per op with the futures dropped at once.
+    let spawn_big = {
+        let t = Instant::now();
+        let mut tasks = Vec::with_capacity(n as usize);
+        for _ in 0..n {
+            gpu.memset_async(big.ptr(), 8, big.size(), raw)
+                .map_err(common::gpu_err)?;
+            tasks.push(tokio::spawn(async {}));
+        }
+        for task in tasks {
+            task.await.expect("empty task");
+        }
+        gpu.stream_synchronize(raw).map_err(common::gpu_err)?;
+        t.elapsed() / n
+    };
+    let sync_all = || -> ResourceResult<()> {
+        for s in pool.ids() {
+            gpu.stream_synchronize(pool.raw(s)?)
+                .map_err(common::gpu_err)?;
+        }
+        Ok(())
+    };
+    let spawn_many = {
+        let t = Instant::now();
+        let mut tasks = Vec::with_capacity(10_000);
+        for i in 0..10_000 {
+            let b = &blocks[i % blocks.len()];
+            gpu.memset_async(b.ptr(), 3, 4, pool.raw(b.stream())?)
+                .map_err(common::gpu_err)?;
+            tasks.push(tokio::spawn(async {}));
+        }
+        for task in tasks {
+            task.await.expect("empty task");
+        }
+        sync_all()?;
+        t.elapsed() / 10_000
+    };
+    let own_events: Vec<_> = (0..10_000)
+        .map(|_| gpu.event_create().map_err(common::gpu_err))
+        .collect::<ResourceResult<_>>()?;
+    let many_own_record = {
+        let t = Instant::now();
+        for (i, &e) in own_events.iter().enumerate() {
+            let b = &blocks[i % blocks.len()];
+            let r = pool.raw(b.stream())?;
+            gpu.memset_async(b.ptr(), 3, 4, r)
+                .map_err(common::gpu_err)?;
+            gpu.event_record(e, r).map_err(common::gpu_err)?;
+        }
+        sync_all()?;
+        t.elapsed() / 10_000
+    };
+    for e in own_events {
+        let _ = gpu.event_destroy(e);
+    }
+    let many_dropped = {
+        let t = Instant::now();
+        for i in 0..10_000 {
+            let b = &blocks[i % blocks.len()];
+            gpu.memset_async(b.ptr(), 3, 4, pool.raw(b.stream())?)
+                .map_err(common::gpu_err)?;
+            drop(res.completion(b.stream())?);
+        }
+        sync_all()?;
+        t.elapsed() / 10_000
+    };
     // (d) 10,000 futures over 8 streams awaited together, no task each.
     let many_joined = {
         let t = Instant::now();
@@ -366,6 +437,26 @@ async fn measure<R: DeviceMemoryResource + 'static>(
     println!(
         "| 10,000 fills + a raw event record each (no futures), in all | {:.3} µs |",
         us(many_record)
+    );
+    println!(
+        "| 8 MiB memset, a spawned task awaiting a future each: submit loop only | {:.2} µs |",
+        us(spawned_submit)
+    );
+    println!(
+        "| control: 8 MiB memset + a spawned empty task each, in all | {:.2} µs |",
+        us(spawn_big)
+    );
+    println!(
+        "| control: 10,000 fills + a spawned empty task each, in all | {:.3} µs |",
+        us(spawn_many)
+    );
+    println!(
+        "| control: 10,000 fills + a raw record each on its own event (10,000 events), in all | {:.3} µs |",
+        us(many_own_record)
+    );
+    println!(
+        "| 10,000 fills + `completion()` each, futures dropped at once, in all | {:.3} µs |",
+        us(many_dropped)
     );
     println!(
         "\n{} notifications (host functions) in all",

@@ -16,6 +16,12 @@ fn a_future_never_completes_before_its_point() {
         let f = common::sim_with(SimGpu::builder().manual().seed(seed).build(), 2);
         let gpu = f.sim.clone().unwrap();
         let res = common::async_resource(&f);
+        // Every poll queries (the loop below steps the device between
+        // polls and must see each step).
+        res.set_wait_policy(WaitPolicy {
+            query_every: std::time::Duration::ZERO,
+            ..WaitPolicy::DEFAULT
+        });
         let (s, other) = (f.stream(0), f.stream(1));
         let raw = f.pool.raw(s).unwrap();
         let block = res.try_allocate(4096, s, AllocTag::UNTAGGED).unwrap();
