@@ -342,3 +342,42 @@ fn queries_are_spaced_by_query_every() {
     gpu.run_until_idle();
     res.set_wait_policy(WaitPolicy::DEFAULT);
 }
+
+/// A notification for points that all have their own events waits on the
+/// newest one: nothing more is recorded on the user's stream (the thread
+/// that parks is often not the one submitting to it). A free has no event
+/// of its own, so its notification records the notifier's.
+#[test]
+fn a_notification_reuses_the_newest_points_event() {
+    let f = common::sim_with(SimGpu::builder().manual().build(), 1);
+    let gpu = f.sim.clone().unwrap();
+    let res = common::async_resource(&f);
+    res.set_wait_policy(WaitPolicy::PARK_AT_ONCE);
+    let s = f.stream(0);
+    gpu.launch_kernel(f.pool.raw(s).unwrap(), &[]).unwrap();
+    let mut futs: Vec<_> = (0..3).map(|_| res.completion(s).unwrap()).collect();
+    let records = gpu.call_count(DriverCall::EventRecord);
+    assert_eq!(records, 3, "one per point");
+    let (counter, waker) = CountingWaker::new();
+    for fut in &mut futs {
+        assert!(poll_once(fut, &waker).is_pending());
+    }
+    assert_eq!(res.notifications(), 1);
+    assert_eq!(gpu.call_count(DriverCall::EventRecord), records);
+    gpu.run_until_idle();
+    assert_eq!(counter.count(), 3);
+    for fut in &mut futs {
+        assert_eq!(poll_once(fut, &waker), Poll::Ready(Ok(())));
+    }
+
+    // A free after the last point: the notification must cover it, so it
+    // records an event of its own.
+    let block = res.try_allocate(4096, s, AllocTag::UNTAGGED).unwrap();
+    let records = gpu.call_count(DriverCall::EventRecord);
+    let mut freed = res.deallocate(block).unwrap();
+    assert!(poll_once(&mut freed, &waker).is_pending());
+    assert_eq!(gpu.call_count(DriverCall::EventRecord), records + 1);
+    gpu.run_until_idle();
+    assert_eq!(poll_once(&mut freed, &waker), Poll::Ready(Ok(())));
+    assert_eq!(res.bytes_outstanding(), 0);
+}

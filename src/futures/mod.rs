@@ -37,8 +37,9 @@
 //!    of them: awaiting many finished points costs two queries, not one
 //!    each.
 //! 3. **One notification in flight per stream, off the user's stream.** A
-//!    parked point (or a free) makes the notifier record an event at the end
-//!    of S, make its own lane L wait on it, and queue a host function on L
+//!    parked point (or a free) makes the notifier take an event at the end
+//!    of S (the newest point's own, or one it records), make its own lane L
+//!    wait on it, and queue a host function on L
 //!    that says "S reached n", n being the last sequence number handed out.
 //!    S never runs the host function, so it is not stalled (a host function
 //!    after every 8 MiB memset costs 7× on the user's stream); each S has its

@@ -23,8 +23,10 @@
 //!
 //! Futures and frees add points. [`launch`](Notifier::launch) (called from
 //! a future's poll, a free, or the dispatcher, never from a host function)
-//! reads `covered = next_seq`, records the notifier's event on the user
-//! stream, makes the **notifier lane** (a stream of its own) wait on it, and
+//! reads `covered = next_seq`, takes the event of the point `covered` if it
+//! has one (already recorded by whoever made that point) or else records the
+//! notifier's own event on the user stream, makes the **notifier lane** (a
+//! stream of its own) wait on it, and
 //! queues a host function on the lane. The user's stream never runs the host
 //! function, so it is not stalled by it, and each user stream has its own
 //! lane, so a slow stream never holds back a fast one's notifications.
@@ -67,8 +69,9 @@ enum Flight {
     /// A thread is queuing one (its event is not recorded yet: the fallback
     /// must not query it).
     Launching,
-    /// Queued; it covers every point up to the sequence number.
-    Queued(u64),
+    /// Queued; it covers every point up to the sequence number, and the
+    /// lane waits on the event (the notifier's own, or the newest point's).
+    Queued(u64, RawEvent),
 }
 
 #[derive(Debug)]
@@ -147,7 +150,7 @@ impl Signal {
         let mut wake = Vec::new();
         let more = {
             let mut st = self.lock();
-            if let Flight::Queued(c) = st.flight
+            if let Flight::Queued(c, _) = st.flight
                 && c <= covered
             {
                 st.flight = Flight::Idle;
@@ -367,7 +370,7 @@ impl Notifier {
     }
 
     fn queue(&self, gpu: &dyn Gpu, want: bool) {
-        let covered = {
+        let (covered, newest) = {
             let mut st = self.signal.lock();
             st.wanted |= want;
             if st.flight != Flight::Idle || (!st.wanted && st.frees.is_empty()) {
@@ -376,15 +379,31 @@ impl Notifier {
             st.wanted = false;
             st.flight = Flight::Launching;
             st.launches += 1;
-            st.next_seq
+            // When the newest point has its own recorded event, the lane
+            // waits on that one: no call on the user's stream from this
+            // thread, which may not be the one submitting to it. (A wait
+            // binds to the event's latest record at the call; a recycled
+            // event is only re-recorded later on this stream, so it can
+            // only cover more.)
+            let newest = st
+                .frontier
+                .filter(|&(f, _)| f == st.next_seq)
+                .map(|(_, e)| e);
+            (st.next_seq, newest)
         };
-        if let Err(e) = gpu.event_record(self.event, self.user) {
-            self.fail_all(gpu_error(e));
-            return;
-        }
-        self.signal.lock().flight = Flight::Queued(covered);
+        let event = match newest {
+            Some(e) => e,
+            None => {
+                if let Err(e) = gpu.event_record(self.event, self.user) {
+                    self.fail_all(gpu_error(e));
+                    return;
+                }
+                self.event
+            }
+        };
+        self.signal.lock().flight = Flight::Queued(covered, event);
         if self.lane != self.user
-            && let Err(e) = gpu.stream_wait_event(self.lane, self.event)
+            && let Err(e) = gpu.stream_wait_event(self.lane, event)
         {
             // The event is recorded: the fallback query delivers it.
             tracing::warn!(stream = %self.stream, error = %e, "notifier wait failed");
@@ -404,7 +423,7 @@ impl Notifier {
     pub(crate) fn fallback_check(&self, gpu: &dyn Gpu) -> bool {
         let flight = self.signal.lock().flight;
         match flight {
-            Flight::Queued(covered) => match gpu.event_query(self.event) {
+            Flight::Queued(covered, event) => match gpu.event_query(event) {
                 Ok(true) => self.signal.deliver(covered),
                 Ok(false) => {}
                 Err(e) => {
@@ -439,18 +458,22 @@ impl Notifier {
 
     /// Releases the notifier's GPU handles. Called once, by the owner's drop.
     pub(crate) fn release_handles(&self, gpu: &dyn Gpu) {
-        let (idle, spare) = {
-            let mut st = self.signal.lock();
-            (st.flight == Flight::Idle, std::mem::take(&mut st.spare))
-        };
-        for e in spare {
-            let _ = gpu.event_destroy(e);
-        }
         // An event still awaited by a queued wait is left alone (a destroyed
-        // and re-created event could redirect that wait); the driver would
-        // release it with the context.
-        if idle {
-            let _ = gpu.event_destroy(self.event);
+        // and re-created event could redirect that wait); the driver
+        // releases it with the context.
+        let (awaited, spare) = {
+            let mut st = self.signal.lock();
+            let awaited = match st.flight {
+                Flight::Queued(_, e) => Some(e),
+                Flight::Launching => Some(self.event),
+                Flight::Idle => None,
+            };
+            (awaited, std::mem::take(&mut st.spare))
+        };
+        for e in spare.into_iter().chain([self.event]) {
+            if Some(e) != awaited {
+                let _ = gpu.event_destroy(e);
+            }
         }
         if self.owns_lane {
             let _ = gpu.destroy_stream(self.lane);
