@@ -56,8 +56,15 @@ examples)
 measure)
     dir="${2:-bench-out}"
     mkdir -p "$dir"
-    echo "=== gpu_latency"
-    timeout 240 $BIN/example-gpu_latency 2>&1 | tee "$dir/gpu_latency.txt" || true
+    # Three runs: the host's timing moves by tens of percent between
+    # processes, so the ratios are read across runs.
+    : > "$dir/gpu_latency.txt"
+    for run in 1 2 3; do
+        echo "=== gpu_latency run $run" | tee -a "$dir/gpu_latency.txt"
+        timeout 240 $BIN/example-gpu_latency 2>&1 | tee -a "$dir/gpu_latency.txt" || true
+    done
+    echo "=== driver_costs" | tee -a "$dir/gpu_latency.txt"
+    timeout 120 $BIN/example-driver_costs 2>&1 | tee -a "$dir/gpu_latency.txt" || true
     echo "=== bench_table"
     timeout 240 $BIN/example-bench_table "$dir" 2>&1 | tee "$dir/bench_table.txt" || true
     python3 scripts/plot_bench.py "$dir/bench_table.csv" "$dir/throughput.png" || true
