@@ -103,7 +103,10 @@ impl Tally {
         &mut self.per_tag[slot].1
     }
 
-    /// The slot of `tag`, found by address, else by text, else new.
+    /// The slot of `tag`, found by address, else by text, else new. Out of
+    /// line: kept apart, the maps' code does not weigh on `tag`'s fast path.
+    #[cold]
+    #[inline(never)]
     fn slot(&mut self, tag: AllocTag, key: Address) -> usize {
         if let Some(&slot) = self.by_address.get(&key) {
             return slot;
