@@ -15,6 +15,8 @@
 //! ```text
 //! cargo run --release --example bench_table -- [OUT_DIR]
 //! cargo run --release --example bench_table -- --null-only [OUT_DIR]
+//! cargo run --release --example bench_table -- --profile-pair N
+//! cargo run --release --example bench_table -- --profile-stack N
 //! python3 scripts/plot_bench.py OUT_DIR/bench_table.csv OUT_DIR/throughput.png
 //! ```
 
@@ -294,11 +296,32 @@ fn profile_pair(n: usize) {
     }
 }
 
+/// `bench_table --profile-stack N`: as `--profile-pair`, through the
+/// Budget + Stats + Tracing stack of the table (no subscriber), for a
+/// profile of what the adaptors add over the resource.
+fn profile_stack(n: usize) {
+    let null = support::null();
+    let s0 = null.stream(0);
+    let stack = streamalloc::ResourceBuilder::new()
+        .budget(&streamalloc::Budget::new(1 << 60))
+        .stats()
+        .tracing()
+        .build(null.resource.clone());
+    for _ in 0..n {
+        Bench::<support::NullGpu>::pair(&stack, s0, black_box(64 << 10));
+    }
+}
+
 fn main() -> std::io::Result<()> {
     let mut args = std::env::args().skip(1);
     let first = args.next();
+    let count = |n: Option<String>| n.and_then(|n| n.parse().ok()).unwrap_or(100_000);
     if first.as_deref() == Some("--profile-pair") {
-        profile_pair(args.next().and_then(|n| n.parse().ok()).unwrap_or(100_000));
+        profile_pair(count(args.next()));
+        return Ok(());
+    }
+    if first.as_deref() == Some("--profile-stack") {
+        profile_stack(count(args.next()));
         return Ok(());
     }
     let null_only = first.as_deref() == Some("--null-only");

@@ -160,7 +160,10 @@ impl ShardSlot {
         self.state.get_mut().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Bytes outstanding in the shard (one load).
+    /// Bytes outstanding in the shard (one load). Inlined: the resource's
+    /// `bytes_outstanding` sums every shard, and a budget above it asks on
+    /// each deallocate, so a call per shard would cost more than the loads.
+    #[inline]
     pub(crate) fn outstanding(&self) -> usize {
         self.outstanding.load(Ordering::Acquire)
     }

@@ -182,10 +182,12 @@ impl Reservation<'_> {
     /// Keeps the bytes counted: the allocation they were reserved for
     /// succeeded.
     pub fn commit(self) {
-        self.budget
-            .shared
-            .peak
-            .fetch_max(self.level, Ordering::AcqRel);
+        let peak = &self.budget.shared.peak;
+        // Once the budget has been as full as this, the peak only needs a
+        // load: the read-modify-write is for new highs.
+        if self.level > peak.load(Ordering::Acquire) {
+            peak.fetch_max(self.level, Ordering::AcqRel);
+        }
         std::mem::forget(self);
     }
 }

@@ -3,10 +3,10 @@
 //!
 //! # State
 //!
-//! A [`Stats`] handle (cloneable, an `Arc` inside) holds the counters:
-//! the overall ones are atomics, so the hot path of an untagged service
-//! takes no lock; the per-tag ones sit in a map behind a mutex that is held
-//! for a few additions.
+//! A [`Stats`] handle (cloneable, an `Arc` inside) holds the counters,
+//! overall and per tag, behind one mutex that each call holds for a few
+//! additions. A tag is found by the address of its string (the last one
+//! used first), so a call hashes no string (see `table.rs`).
 //!
 //! # Who adds, who drains
 //!
@@ -27,6 +27,7 @@ mod counters;
 mod layer;
 mod resource;
 mod snapshot;
+mod table;
 
 pub use counters::Stats;
 pub use layer::StatsLayer;

@@ -1,0 +1,148 @@
+//! [`Tally`]: the overall and per-tag counts behind one lock, and the tag
+//! look-up that keeps the per-call cost of a tag to a comparison of two
+//! words.
+//!
+//! An [`AllocTag`] is a `&'static str` compared by content, so a hash map
+//! keyed by tags hashes the whole string (SipHash) and compares it on every
+//! call. But a program names its tags with a handful of literals, each with
+//! one fixed address: the table keys its slots by the string's address and
+//! length, remembers the last slot used, and compares contents only the
+//! first time it meets an address (two literals of the same text, from two
+//! crates say, share one slot).
+
+use std::collections::HashMap;
+
+use super::Counts;
+use crate::fast_hash::FastMap;
+use crate::types::AllocTag;
+
+/// A tag's string as two words: its address and its length.
+type Address = (usize, usize);
+
+fn address(tag: AllocTag) -> Address {
+    (tag.0.as_ptr() as usize, tag.0.len())
+}
+
+impl Counts {
+    /// Counts an allocation of `bytes`.
+    fn count_allocation(&mut self, bytes: usize) {
+        self.current_bytes += bytes;
+        self.peak_bytes = self.peak_bytes.max(self.current_bytes);
+        self.total_bytes += bytes as u64;
+        self.current_blocks += 1;
+        self.peak_blocks = self.peak_blocks.max(self.current_blocks);
+        self.total_blocks += 1;
+    }
+
+    /// Stops counting a block of `bytes`. Saturating: a block allocated
+    /// before the stats layer wrapped the resource must not wrap the
+    /// counters around.
+    fn count_deallocation(&mut self, bytes: usize) {
+        self.current_bytes = self.current_bytes.saturating_sub(bytes);
+        self.current_blocks = self.current_blocks.saturating_sub(1);
+    }
+}
+
+/// Every count of a [`Stats`](super::Stats): overall and per tag.
+#[derive(Debug, Default)]
+pub(super) struct Tally {
+    overall: Counts,
+    /// Per-tag counts, in the order the tags were first seen.
+    per_tag: Vec<(AllocTag, Counts)>,
+    /// Slot in `per_tag` of each tag address met so far.
+    by_address: FastMap<Address, usize>,
+    /// Slot in `per_tag` of each tag text, for a new address.
+    by_text: HashMap<AllocTag, usize>,
+    /// The address and slot of the last tag counted: a service allocating
+    /// with one tag at a time skips even the map.
+    last: Option<(Address, usize)>,
+}
+
+impl Tally {
+    /// Counts an allocation of `bytes` tagged `tag`.
+    pub(super) fn allocation(&mut self, bytes: usize, tag: AllocTag) {
+        self.overall.count_allocation(bytes);
+        self.tag(tag).count_allocation(bytes);
+    }
+
+    /// Counts the deallocation of a block of `bytes` tagged `tag`.
+    pub(super) fn deallocation(&mut self, bytes: usize, tag: AllocTag) {
+        self.overall.count_deallocation(bytes);
+        self.tag(tag).count_deallocation(bytes);
+    }
+
+    /// Counts a failed allocation tagged `tag`.
+    pub(super) fn failure(&mut self, tag: AllocTag) {
+        self.overall.failed_allocations += 1;
+        self.tag(tag).failed_allocations += 1;
+    }
+
+    /// The overall counts.
+    pub(super) fn overall(&self) -> Counts {
+        self.overall
+    }
+
+    /// The per-tag counts, sorted by tag.
+    pub(super) fn per_tag(&self) -> Vec<(AllocTag, Counts)> {
+        let mut per_tag = self.per_tag.clone();
+        per_tag.sort_by_key(|a| a.0);
+        per_tag
+    }
+
+    /// The counts of `tag`, made (all zero) on first use.
+    fn tag(&mut self, tag: AllocTag) -> &mut Counts {
+        let key = address(tag);
+        let slot = match self.last {
+            Some((last, slot)) if last == key => slot,
+            _ => {
+                let slot = self.slot(tag, key);
+                self.last = Some((key, slot));
+                slot
+            }
+        };
+        &mut self.per_tag[slot].1
+    }
+
+    /// The slot of `tag`, found by address, else by text, else new. Out of
+    /// line: kept apart, the maps' code does not weigh on `tag`'s fast path.
+    #[cold]
+    #[inline(never)]
+    fn slot(&mut self, tag: AllocTag, key: Address) -> usize {
+        if let Some(&slot) = self.by_address.get(&key) {
+            return slot;
+        }
+        let slot = *self.by_text.entry(tag).or_insert_with(|| {
+            self.per_tag.push((tag, Counts::default()));
+            self.per_tag.len() - 1
+        });
+        self.by_address.insert(key, slot);
+        slot
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tags_of_equal_text_at_two_addresses_share_counts() {
+        // Build the same text at a second address (leaked: tags are static).
+        let other: &'static str = Box::leak(String::from("weights").into_boxed_str());
+        assert_ne!(other.as_ptr(), "weights".as_ptr());
+        let mut t = Tally::default();
+        t.allocation(10, AllocTag("weights"));
+        t.allocation(20, AllocTag(other));
+        t.allocation(5, AllocTag("kv"));
+        t.deallocation(10, AllocTag(other));
+        t.failure(AllocTag("weights"));
+        let per_tag = t.per_tag();
+        assert_eq!(per_tag.len(), 2);
+        let (tag, w) = per_tag[1];
+        assert_eq!(tag, AllocTag("weights"));
+        assert_eq!((w.current_bytes, w.peak_bytes, w.total_bytes), (20, 30, 30));
+        assert_eq!((w.current_blocks, w.total_blocks), (1, 2));
+        assert_eq!(w.failed_allocations, 1);
+        assert_eq!(t.overall().current_bytes, 25);
+        assert_eq!(t.overall().peak_bytes, 35);
+    }
+}
