@@ -7,7 +7,7 @@ use std::time::Duration;
 /// How an [`EventFuture`](super::EventFuture) waits before relying on a
 /// host-function notification.
 ///
-/// A completed event answers a query in about 0.25 µs, while a wake-up by
+/// A completed event answers a query in about 0.13–0.25 µs, while a wake-up by
 /// host function costs about 22 µs (p50, H200). So a short operation is
 /// best caught by querying: first by busy-querying for `spin` on the first
 /// poll, then by yielding to the executor and querying on each poll until
