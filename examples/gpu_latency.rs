@@ -68,6 +68,17 @@ async fn measure<R: DeviceMemoryResource + 'static>(
     res: AsyncResource<R>,
     samples: usize,
 ) -> ResourceResult<()> {
+    // `QUERY_EVERY_NS=…` measures another query spacing than the default.
+    if let Some(ns) = std::env::var("QUERY_EVERY_NS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        res.set_wait_policy(streamalloc::futures::WaitPolicy {
+            query_every: Duration::from_nanos(ns),
+            ..res.wait_policy()
+        });
+    }
+    println!("wait policy: {:?}", res.wait_policy());
     let pool = res.stream_pool().clone();
     let s = pool.id(0).expect("stream");
     let raw = pool.raw(s)?;
@@ -308,6 +319,89 @@ async fn measure<R: DeviceMemoryResource + 'static>(
         gpu.stream_synchronize(raw).map_err(common::gpu_err)?;
         t.elapsed() / n
     };
+    // (i) spawned tasks that only take the notifier locks (no driver call),
+    // and (j) tasks that only query a finished event three times (no lock):
+    // which of the two slows a thread submitting to the same stream.
+    let done = gpu.event_create().map_err(common::gpu_err)?;
+    gpu.event_record(done, raw).map_err(common::gpu_err)?;
+    gpu.stream_synchronize(raw).map_err(common::gpu_err)?;
+    let spawn_locks = {
+        let t = Instant::now();
+        let mut tasks = Vec::with_capacity(n as usize);
+        for _ in 0..n {
+            gpu.memset_async(big.ptr(), 8, big.size(), raw)
+                .map_err(common::gpu_err)?;
+            let res = res.clone();
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..4 {
+                    std::hint::black_box(res.parked_points());
+                    tokio::task::yield_now().await;
+                }
+            }));
+        }
+        let submit = t.elapsed() / n;
+        for task in tasks {
+            task.await.expect("lock task");
+        }
+        gpu.stream_synchronize(raw).map_err(common::gpu_err)?;
+        submit
+    };
+    let spawn_queries = {
+        let t = Instant::now();
+        let mut tasks = Vec::with_capacity(n as usize);
+        for _ in 0..n {
+            gpu.memset_async(big.ptr(), 8, big.size(), raw)
+                .map_err(common::gpu_err)?;
+            let gpu = gpu.clone();
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..3 {
+                    let _ = std::hint::black_box(gpu.event_query(done));
+                    tokio::task::yield_now().await;
+                }
+            }));
+        }
+        let submit = t.elapsed() / n;
+        for task in tasks {
+            task.await.expect("query task");
+        }
+        gpu.stream_synchronize(raw).map_err(common::gpu_err)?;
+        submit
+    };
+    let _ = gpu.event_destroy(done);
+    // (k) spawned tasks woken from a thread outside the runtime about 5 µs
+    // after they are spawned, as a completion notification wakes a parked
+    // future: no GPU or lock involved.
+    let remote_woken = {
+        let (to_waker, inbox) = std::sync::mpsc::channel::<tokio::sync::oneshot::Sender<()>>();
+        let waker = std::thread::spawn(move || {
+            for reply in inbox {
+                let t = Instant::now();
+                while t.elapsed() < Duration::from_micros(5) {
+                    std::hint::spin_loop();
+                }
+                let _ = reply.send(());
+            }
+        });
+        let t = Instant::now();
+        let mut tasks = Vec::with_capacity(n as usize);
+        for _ in 0..n {
+            gpu.memset_async(big.ptr(), 8, big.size(), raw)
+                .map_err(common::gpu_err)?;
+            let (reply, woken) = tokio::sync::oneshot::channel();
+            let _ = to_waker.send(reply);
+            tasks.push(tokio::spawn(async move {
+                let _ = woken.await;
+            }));
+        }
+        let submit = t.elapsed() / n;
+        for task in tasks {
+            task.await.expect("woken task");
+        }
+        drop(to_waker);
+        let _ = waker.join();
+        gpu.stream_synchronize(raw).map_err(common::gpu_err)?;
+        submit
+    };
     let sync_all = || -> ResourceResult<()> {
         for s in pool.ids() {
             gpu.stream_synchronize(pool.raw(s)?)
@@ -445,6 +539,18 @@ async fn measure<R: DeviceMemoryResource + 'static>(
     println!(
         "| control: 8 MiB memset + a spawned empty task each, in all | {:.2} µs |",
         us(spawn_big)
+    );
+    println!(
+        "| control: 8 MiB memset + a spawned task taking the notifier locks 4 times (no driver call): submit loop | {:.2} µs |",
+        us(spawn_locks)
+    );
+    println!(
+        "| control: 8 MiB memset + a spawned task querying a finished event 3 times (no lock): submit loop | {:.2} µs |",
+        us(spawn_queries)
+    );
+    println!(
+        "| control: 8 MiB memset + a spawned task woken from another thread 5 µs later (no GPU, no lock): submit loop | {:.2} µs |",
+        us(remote_woken)
     );
     println!(
         "| control: 10,000 fills + a spawned empty task each, in all | {:.3} µs |",
