@@ -402,6 +402,58 @@ async fn measure<R: DeviceMemoryResource + 'static>(
         gpu.stream_synchronize(raw).map_err(common::gpu_err)?;
         submit
     };
+    // (l) spawned tasks woken by a host function on a second stream that
+    // waits on an event recorded after each memset (our notifier's shape,
+    // one per op, none of our code): waking inside the host function, and
+    // (m) the host function handing the wake to a thread of ours.
+    let lane = gpu.create_stream().map_err(common::gpu_err)?;
+    let lane_events: Vec<_> = (0..n)
+        .map(|_| gpu.event_create().map_err(common::gpu_err))
+        .collect::<ResourceResult<_>>()?;
+    let mut host_fn_woken = [Duration::ZERO; 2];
+    for (handoff, slot) in host_fn_woken.iter_mut().enumerate() {
+        let (to_waker, inbox) = std::sync::mpsc::channel::<tokio::sync::oneshot::Sender<()>>();
+        let helper = std::thread::spawn(move || {
+            for reply in inbox {
+                let _ = reply.send(());
+            }
+        });
+        let t = Instant::now();
+        let mut tasks = Vec::with_capacity(n as usize);
+        for e in &lane_events {
+            gpu.memset_async(big.ptr(), 8, big.size(), raw)
+                .map_err(common::gpu_err)?;
+            gpu.event_record(*e, raw).map_err(common::gpu_err)?;
+            gpu.stream_wait_event(lane, *e).map_err(common::gpu_err)?;
+            let (reply, woken) = tokio::sync::oneshot::channel();
+            let to_waker = to_waker.clone();
+            gpu.launch_host_fn(
+                lane,
+                Box::new(move || {
+                    if handoff == 1 {
+                        let _ = to_waker.send(reply);
+                    } else {
+                        let _ = reply.send(());
+                    }
+                }),
+            )
+            .map_err(common::gpu_err)?;
+            tasks.push(tokio::spawn(async move {
+                let _ = woken.await;
+            }));
+        }
+        *slot = t.elapsed() / n;
+        for task in tasks {
+            task.await.expect("host-fn task");
+        }
+        drop(to_waker);
+        gpu.stream_synchronize(lane).map_err(common::gpu_err)?;
+        let _ = helper.join();
+    }
+    for e in lane_events {
+        let _ = gpu.event_destroy(e);
+    }
+    let _ = gpu.destroy_stream(lane);
     let sync_all = || -> ResourceResult<()> {
         for s in pool.ids() {
             gpu.stream_synchronize(pool.raw(s)?)
@@ -551,6 +603,11 @@ async fn measure<R: DeviceMemoryResource + 'static>(
     println!(
         "| control: 8 MiB memset + a spawned task woken from another thread 5 µs later (no GPU, no lock): submit loop | {:.2} µs |",
         us(remote_woken)
+    );
+    println!(
+        "| control: 8 MiB memset + record + a host function on a second stream waking a spawned task, in the host function / handed to a thread: submit loop | {:.2} / {:.2} µs |",
+        us(host_fn_woken[0]),
+        us(host_fn_woken[1])
     );
     println!(
         "| control: 10,000 fills + a spawned empty task each, in all | {:.3} µs |",
