@@ -134,10 +134,11 @@ pub enum ResourceError {
         /// The block that was passed.
         block: BlockId,
     },
-    /// A block-use hook raced a `deallocate` of the same block on another
-    /// thread: the free is being queued and may still fail. If it succeeds
-    /// the block is retired; if it fails the block is live again, exactly as
-    /// it was. The hook changed nothing either way.
+    /// A block-use hook or a second `deallocate` raced a `deallocate` of the
+    /// same block on another thread: the free is being queued and may still
+    /// fail. If it succeeds the block is retired; if it fails the block is
+    /// live again, exactly as it was. The racing call changed nothing either
+    /// way.
     #[error("{block} is being deallocated by a concurrent call")]
     FreeInFlight {
         /// The block that was passed.

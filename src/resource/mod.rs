@@ -55,6 +55,8 @@ pub trait DeviceMemoryResource: Send + Sync {
     ///
     /// # Errors
     /// [`DoubleFree`](crate::ResourceError::DoubleFree),
+    /// [`FreeInFlight`](crate::ResourceError::FreeInFlight) (another thread
+    /// is freeing the same block right now),
     /// [`ForeignBlock`](crate::ResourceError::ForeignBlock),
     /// [`UnknownBlock`](crate::ResourceError::UnknownBlock),
     /// [`WrongDevice`](crate::ResourceError::WrongDevice), or a driver error;
