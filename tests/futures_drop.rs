@@ -180,3 +180,36 @@ async fn dropping_the_resource_or_the_reaper_ends_the_task() {
     assert_eq!(r.expect("hang"), Ok(()));
     assert_eq!(res.bytes_outstanding(), 0);
 }
+
+/// One point kept and never polled while thousands of later ones are made
+/// and dropped: the points behind it cannot all be kept, so a notification
+/// is asked for them, and it settles the kept one too.
+#[test]
+fn points_dropped_behind_an_unpolled_one_do_not_pile_up() {
+    let f = common::sim_with(SimGpu::builder().manual().build(), 1);
+    let gpu = f.sim.clone().unwrap();
+    let res = common::async_resource(&f);
+    let s = f.stream(0);
+    gpu.launch_kernel(f.pool.raw(s).unwrap(), &[]).unwrap();
+    let kept = res.completion(s).unwrap();
+    for _ in 0..5000 {
+        drop(res.completion(s).unwrap());
+    }
+    // The watchdog queues the notification (a hang guard, not a timing
+    // assertion).
+    let start = std::time::Instant::now();
+    while res.notifications() == 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "no notification asked for"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    gpu.run_until_idle();
+    let start = std::time::Instant::now();
+    while res.parked_points() > 0 {
+        assert!(start.elapsed() < Duration::from_secs(20), "not settled");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(matches!(kept.is_complete(), Ok(true)));
+}

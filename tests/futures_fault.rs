@@ -127,3 +127,23 @@ async fn a_reaper_shutdown_on_a_dead_device_reports_instead_of_hanging() {
     assert!(is_device_error(&r.unwrap_err()));
     assert_eq!(res.parked_points(), 0);
 }
+
+/// A free whose notification failed is not reported complete: its bytes
+/// are still counted as pending.
+#[test]
+fn a_failed_free_is_not_complete() {
+    let f = common::sim_with(SimGpu::builder().manual().build(), 1);
+    let gpu = f.sim.clone().unwrap();
+    let res = common::async_resource(&f);
+    let s = f.stream(0);
+    let block = res.try_allocate(BLOCK, s, TAG).unwrap();
+    gpu.launch_kernel(f.pool.raw(s).unwrap(), &[]).unwrap();
+    // The notifier's own record (no point has an event) fails.
+    gpu.fail_nth(DriverCall::EventRecord, 1);
+    let mut freed = res.deallocate(block).unwrap();
+    let (_c, waker) = common::CountingWaker::new();
+    let r = common::poll_once(&mut freed, &waker);
+    assert!(matches!(r, std::task::Poll::Ready(Err(_))), "{r:?}");
+    assert!(!freed.is_complete(), "a failed free reports complete");
+    assert_eq!(res.bytes_outstanding(), BLOCK);
+}

@@ -66,7 +66,10 @@ impl DeallocHandle {
 
     /// Whether the free is known executed and applied, without waiting.
     pub fn is_complete(&self) -> bool {
-        matches!(self.result, Some(Ok(()))) || matches!(self.outcome(), Some(Ok(())))
+        match &self.result {
+            Some(r) => r.is_ok(),
+            None => matches!(self.outcome(), Some(Ok(()))),
+        }
     }
 }
 

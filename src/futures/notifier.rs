@@ -101,6 +101,10 @@ struct SignalState {
 /// takes the driver's locks.
 const FRONTIER_GAP: u64 = 8;
 
+/// Points kept behind an unsettled one before a notification is asked for
+/// them.
+const LONG_SPAN: usize = 4096;
+
 impl SignalState {
     /// The stream reached `covered`: settles the points and frees at or
     /// below it. Returns whether anything is left for a notification.
@@ -123,10 +127,19 @@ impl SignalState {
         self.reap_to > 0 || self.wanted || !self.frees.is_empty()
     }
 
-    fn mark(&mut self) -> u64 {
+    /// A new point. When the points since the oldest pending one grow past
+    /// [`LONG_SPAN`] (that one is never polled while later ones are made
+    /// and dropped), a notification is wanted: it settles them all, so the
+    /// ring cannot grow without bound. Returns the point and whether the
+    /// dispatcher must be kicked for that.
+    fn mark(&mut self) -> (u64, bool) {
         self.next_seq += 1;
         self.points.push(self.next_seq);
-        self.next_seq
+        let long = self.points.span() > LONG_SPAN && !self.wanted;
+        if long {
+            self.wanted = true;
+        }
+        (self.next_seq, long)
     }
 }
 
@@ -234,24 +247,41 @@ impl Notifier {
     /// A new point at the current end of the stream (call after queuing the
     /// work it stands for).
     pub(crate) fn mark(&self) -> u64 {
-        self.signal.lock().mark()
+        let (seq, long) = self.signal.lock().mark();
+        self.kick_if(long);
+        seq
+    }
+
+    fn kick_if(&self, long: bool) {
+        if long {
+            self.signal.kick.pending();
+        }
     }
 
     /// [`mark`](Self::mark), also taking a spare event for the point (`None`
     /// when there is none: the caller creates one).
     pub(crate) fn mark_with_event(&self) -> (u64, Option<RawEvent>) {
-        let mut st = self.signal.lock();
-        let event = st.spare.pop();
-        (st.mark(), event)
+        let (seq, long, event) = {
+            let mut st = self.signal.lock();
+            let event = st.spare.pop();
+            let (seq, long) = st.mark();
+            (seq, long, event)
+        };
+        self.kick_if(long);
+        (seq, event)
     }
 
     /// A new point covering the inner resource's free `free_seq` (call after
     /// the free was queued). The free stays recorded when the point is
     /// released.
     pub(crate) fn mark_free(&self, free_seq: u64) -> u64 {
-        let mut st = self.signal.lock();
-        let seq = st.mark();
-        st.frees.push_back((seq, free_seq));
+        let (seq, long) = {
+            let mut st = self.signal.lock();
+            let (seq, long) = st.mark();
+            st.frees.push_back((seq, free_seq));
+            (seq, long)
+        };
+        self.kick_if(long);
         seq
     }
 

@@ -7,12 +7,14 @@
 //! no map: a new point is a `push_back`, reaching `n` walks the front, and
 //! the front is popped as soon as nobody needs its slot.
 //!
-//! A slot outlives its point's completion only as long as its owner may
-//! still read it: a **done** slot at the front is popped (its owner reads
-//! "below `base`" as done), a **failed** slot stays until its owner has
-//! read the error and let go of it.
+//! A slot outlives its point's completion only while an earlier slot is
+//! still pending: a **done** slot at the front is popped (its owner reads
+//! "below `base`" as done), and a **failed** one too, its error moving to a
+//! side map until its owner lets go of it. So the ring holds no more than
+//! the points from the oldest pending one on; the [notifier](super::notifier)
+//! asks for a notification when that span grows long.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::task::Waker;
 
 use crate::error::{ResourceError, ResourceResult};
@@ -40,9 +42,12 @@ struct Slot {
 /// its lock.
 #[derive(Debug)]
 pub(crate) struct Points {
-    /// Sequence number of `slots[0]`; everything below it is done or gone.
+    /// Sequence number of `slots[0]`; everything below it is done, gone,
+    /// or failed with its error in `failed`.
     base: u64,
     slots: VecDeque<Slot>,
+    /// Errors of failed points below `base` whose owners have not let go.
+    failed: BTreeMap<u64, ResourceError>,
 }
 
 impl Default for Points {
@@ -50,6 +55,7 @@ impl Default for Points {
         Points {
             base: 1,
             slots: VecDeque::new(),
+            failed: BTreeMap::new(),
         }
     }
 }
@@ -72,24 +78,36 @@ impl Points {
 
     fn pop_settled(&mut self) {
         while let Some(front) = self.slots.front() {
-            if !matches!(front.state, State::Done | State::Gone) {
+            if matches!(front.state, State::Pending) {
                 break;
             }
-            self.slots.pop_front();
+            if let Some(Slot {
+                state: State::Failed(e),
+                ..
+            }) = self.slots.pop_front()
+            {
+                self.failed.insert(self.base, *e);
+            }
             self.base += 1;
         }
     }
 
     /// The outcome of `seq` if it is settled.
     pub(crate) fn outcome(&self, seq: u64) -> Option<ResourceResult<()>> {
-        let Some(at) = seq.checked_sub(self.base) else {
-            return Some(Ok(()));
-        };
-        match self.slots.get(usize::try_from(at).ok()?)?.state {
+        if seq < self.base {
+            return Some(self.failed.get(&seq).map_or(Ok(()), |e| Err(e.clone())));
+        }
+        let at = usize::try_from(seq - self.base).ok()?;
+        match self.slots.get(at)?.state {
             State::Pending => None,
             State::Failed(ref e) => Some(Err((**e).clone())),
             State::Done | State::Gone => Some(Ok(())),
         }
+    }
+
+    /// Slots in the ring: the points from the oldest pending one on.
+    pub(crate) fn span(&self) -> usize {
+        self.slots.len()
     }
 
     /// Whether a point before `seq` is not known reached (then, by stream
@@ -139,12 +157,15 @@ impl Points {
                 failed += 1;
             }
         }
+        self.pop_settled();
         failed
     }
 
     /// The owner of `seq` let go of it.
     pub(crate) fn release(&mut self, seq: u64) {
-        if let Some(slot) = self.slot_mut(seq) {
+        if seq < self.base {
+            self.failed.remove(&seq);
+        } else if let Some(slot) = self.slot_mut(seq) {
             slot.state = State::Gone;
             slot.waker = None;
             self.pop_settled();
@@ -205,7 +226,7 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_slot_stays_until_released() {
+    fn a_failed_point_keeps_its_error_until_released_but_not_its_slot() {
         let mut p = points(3);
         let e = ResourceError::Driver {
             call: DriverCall::EventQuery,
@@ -215,12 +236,15 @@ mod tests {
         let mut wake = Vec::new();
         assert_eq!(p.fail_pending(&e, &mut wake), 3);
         p.reach(3, &mut wake);
+        p.push(4);
+        assert_eq!(p.slots.len(), 1, "failed slots leave the ring");
         assert_eq!(p.outcome(1), Some(Err(e.clone())));
         p.release(1);
-        p.release(2);
+        assert_eq!(p.outcome(1), Some(Ok(())));
         assert_eq!(p.outcome(3), Some(Err(e)));
+        p.release(2);
         p.release(3);
-        assert!(p.slots.is_empty());
+        assert!(p.failed.is_empty());
         assert_eq!(p.base, 4);
     }
 
