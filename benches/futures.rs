@@ -11,14 +11,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
+
+mod support;
+use streamalloc::StreamOrderedResource;
 use streamalloc::futures::AsyncResource;
 use streamalloc::gpu::cuda::{CudaGpu, cuda_present};
 use streamalloc::gpu::sim::SimGpu;
-use streamalloc::gpu::{Gpu, GpuResult, HostFn, RawEvent};
 use streamalloc::{
     AllocTag, AsyncCudaResource, DeviceBlock, DeviceMemoryResource, SimResource, StreamPool,
 };
-use streamalloc::{RawStream, StreamOrderedResource};
 
 const STREAMS: usize = 8;
 
@@ -115,64 +116,11 @@ fn bench_on<R: DeviceMemoryResource + 'static>(
     rt.block_on(res.reap_pending()).unwrap();
 }
 
-/// Driver calls that do nothing and events that are always complete (the
-/// handles come from a never-run simulated device): what a completion point
-/// costs on top is the futures layer's own bookkeeping.
-struct NullEvents {
-    handles: Arc<SimGpu>,
-}
-
-impl Gpu for NullEvents {
-    fn ordinal(&self) -> u32 {
-        0
-    }
-    fn alloc_async(&self, _: usize, _: RawStream) -> GpuResult<u64> {
-        Ok(1 << 40)
-    }
-    fn free_async(&self, _: u64, _: RawStream) -> GpuResult<()> {
-        Ok(())
-    }
-    fn event_create(&self) -> GpuResult<RawEvent> {
-        self.handles.event_create()
-    }
-    fn event_record(&self, _: RawEvent, _: RawStream) -> GpuResult<()> {
-        Ok(())
-    }
-    fn event_query(&self, _: RawEvent) -> GpuResult<bool> {
-        Ok(true)
-    }
-    fn event_synchronize(&self, _: RawEvent) -> GpuResult<()> {
-        Ok(())
-    }
-    fn event_destroy(&self, _: RawEvent) -> GpuResult<()> {
-        Ok(())
-    }
-    fn stream_wait_event(&self, _: RawStream, _: RawEvent) -> GpuResult<()> {
-        Ok(())
-    }
-    fn stream_synchronize(&self, _: RawStream) -> GpuResult<()> {
-        Ok(())
-    }
-    fn launch_host_fn(&self, _: RawStream, f: HostFn) -> GpuResult<()> {
-        f();
-        Ok(())
-    }
-    fn memset_async(&self, _: u64, _: u8, _: usize, _: RawStream) -> GpuResult<()> {
-        Ok(())
-    }
-    fn copy_async(&self, _: u64, _: u64, _: usize, _: RawStream) -> GpuResult<()> {
-        Ok(())
-    }
-    fn mem_info(&self) -> GpuResult<(usize, usize)> {
-        Ok((usize::MAX, usize::MAX))
-    }
-}
-
-/// The bookkeeping of one completion point, on [`NullEvents`].
+/// The bookkeeping of one completion point, on the null backend with
+/// events that are always complete.
 fn bench_bookkeeping(c: &mut Criterion) {
-    let handles = SimGpu::builder().manual().build();
-    let pool = handles.stream_pool(STREAMS);
-    let gpu = Arc::new(NullEvents { handles });
+    let pool = SimGpu::builder().manual().build().stream_pool(STREAMS);
+    let gpu = Arc::new(support::NullGpu::with_events());
     let inner = Arc::new(StreamOrderedResource::with_gpu(gpu, 0, pool.clone()));
     let res = AsyncResource::new(inner).unwrap();
     let s = pool.id(0).unwrap();

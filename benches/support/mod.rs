@@ -140,9 +140,23 @@ impl<G: Gpu> Drop for Bench<G> {
 
 /// A backend whose calls do nothing (every allocation gets the same
 /// address): what a resource costs on top of it is the resource's own
-/// bookkeeping. It has no events, so it only runs the pair rows.
-#[derive(Debug)]
-pub struct NullGpu;
+/// bookkeeping. By default it has no events, so it only runs the pair rows;
+/// [`NullGpu::with_events`] gives it events that are always complete (their
+/// handles come from a never-run simulated device), for the bookkeeping of
+/// completion points.
+#[derive(Debug, Default)]
+pub struct NullGpu {
+    events: Option<Arc<SimGpu>>,
+}
+
+impl NullGpu {
+    /// A null backend whose events exist and are always complete.
+    pub fn with_events() -> Self {
+        NullGpu {
+            events: Some(SimGpu::builder().manual().build()),
+        }
+    }
+}
 
 impl Gpu for NullGpu {
     fn ordinal(&self) -> u32 {
@@ -155,11 +169,14 @@ impl Gpu for NullGpu {
         Ok(())
     }
     fn event_create(&self) -> GpuResult<RawEvent> {
-        Err(GpuError::driver(
-            DriverCall::EventCreate,
-            801,
-            "the null backend has no events",
-        ))
+        match &self.events {
+            Some(handles) => handles.event_create(),
+            None => Err(GpuError::driver(
+                DriverCall::EventCreate,
+                801,
+                "the null backend has no events",
+            )),
+        }
     }
     fn event_record(&self, _: RawEvent, _: RawStream) -> GpuResult<()> {
         Ok(())
@@ -201,7 +218,7 @@ pub fn null() -> Bench<NullGpu> {
         .manual()
         .build()
         .stream_pool(THREADS[THREADS.len() - 1]);
-    Bench::new("null", Arc::new(NullGpu), pool)
+    Bench::new("null", Arc::new(NullGpu::default()), pool)
 }
 
 /// The simulated device (threaded progress, as a GPU would run).
