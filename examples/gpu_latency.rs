@@ -25,8 +25,11 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use std::sync::Arc;
+
 use streamalloc::futures::AsyncResource;
-use streamalloc::{AllocTag, DeviceMemoryResource, ResourceResult};
+use streamalloc::gpu::Gpu;
+use streamalloc::{AllocTag, DeviceBlock, DeviceMemoryResource, RawStream, ResourceResult};
 
 const SAMPLES: usize = 20_000;
 const STREAMS: usize = 8;
@@ -56,6 +59,33 @@ async fn in_a_task(
     work: impl std::future::Future<Output = ResourceResult<()>> + Send + 'static,
 ) -> ResourceResult<()> {
     tokio::spawn(work).await.expect("measuring task")
+}
+
+/// `n` 8 MiB memsets on `raw`, each followed by whatever `after` queues and
+/// the task it spawns. Per op: the submit loop alone, and in all (every task
+/// joined, the stream synchronized). The tasks' outputs come back for the
+/// caller to check.
+async fn memsets_with_tasks<T: Send + 'static>(
+    gpu: &Arc<dyn Gpu>,
+    big: &DeviceBlock,
+    raw: RawStream,
+    n: u32,
+    mut after: impl FnMut() -> ResourceResult<tokio::task::JoinHandle<T>>,
+) -> ResourceResult<(Duration, Duration, Vec<T>)> {
+    let t = Instant::now();
+    let mut tasks = Vec::with_capacity(n as usize);
+    for _ in 0..n {
+        gpu.memset_async(big.ptr(), 8, big.size(), raw)
+            .map_err(common::gpu_err)?;
+        tasks.push(after()?);
+    }
+    let submit = t.elapsed() / n;
+    let mut outputs = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        outputs.push(task.await.expect("measured task"));
+    }
+    gpu.stream_synchronize(raw).map_err(common::gpu_err)?;
+    Ok((submit, t.elapsed() / n, outputs))
 }
 
 fn pct(mut v: Vec<Duration>) -> (f64, f64) {
@@ -137,21 +167,9 @@ async fn measure<R: DeviceMemoryResource + 'static>(
         gpu.stream_synchronize(raw).map_err(common::gpu_err)?;
         t.elapsed() / n
     };
-    let with_futures = {
-        let t = Instant::now();
-        let mut tasks = Vec::with_capacity(n as usize);
-        for _ in 0..n {
-            gpu.memset_async(big.ptr(), 2, big.size(), raw)
-                .map_err(common::gpu_err)?;
-            tasks.push(tokio::spawn(res.completion(s)?));
-        }
-        let submit = t.elapsed() / n;
-        for task in tasks {
-            task.await.expect("future task")?;
-        }
-        (submit, t.elapsed() / n)
-    };
-    let (spawned_submit, with_futures) = with_futures;
+    let (spawned_submit, with_futures, outputs) =
+        memsets_with_tasks(&gpu, &big, raw, n, || Ok(tokio::spawn(res.completion(s)?))).await?;
+    outputs.into_iter().collect::<ResourceResult<()>>()?;
 
     // The same as a pipeline: the submitting task hands each future to one
     // consumer task that awaits them in order (no task per future).
@@ -241,18 +259,11 @@ async fn measure<R: DeviceMemoryResource + 'static>(
     let parked = {
         let policy = res.wait_policy();
         res.set_wait_policy(streamalloc::futures::WaitPolicy::PARK_AT_ONCE);
-        let t = Instant::now();
-        let mut tasks = Vec::with_capacity(n as usize);
-        for _ in 0..n {
-            gpu.memset_async(big.ptr(), 5, big.size(), raw)
-                .map_err(common::gpu_err)?;
-            tasks.push(tokio::spawn(res.completion(s)?));
-        }
-        for task in tasks {
-            task.await.expect("future task")?;
-        }
+        let (_, parked, outputs) =
+            memsets_with_tasks(&gpu, &big, raw, n, || Ok(tokio::spawn(res.completion(s)?))).await?;
         res.set_wait_policy(policy);
-        t.elapsed() / n
+        outputs.into_iter().collect::<ResourceResult<()>>()?;
+        parked
     };
     // (e) the floor any event-based design pays: plain memsets, the submit
     //     loop alone; then a raw event record after each (no futures).
@@ -305,68 +316,34 @@ async fn measure<R: DeviceMemoryResource + 'static>(
     // layer. (f) a spawned empty task per op; (g) a raw record per op, each
     // on an event of its own (10,000 events, as 10,000 live futures hold);
     // (h) `completion()` per op with the futures dropped at once.
-    let spawn_big = {
-        let t = Instant::now();
-        let mut tasks = Vec::with_capacity(n as usize);
-        for _ in 0..n {
-            gpu.memset_async(big.ptr(), 8, big.size(), raw)
-                .map_err(common::gpu_err)?;
-            tasks.push(tokio::spawn(async {}));
-        }
-        for task in tasks {
-            task.await.expect("empty task");
-        }
-        gpu.stream_synchronize(raw).map_err(common::gpu_err)?;
-        t.elapsed() / n
-    };
+    let (_, spawn_big, _) =
+        memsets_with_tasks(&gpu, &big, raw, n, || Ok(tokio::spawn(async {}))).await?;
     // (i) spawned tasks that only take the notifier locks (no driver call),
     // and (j) tasks that only query a finished event three times (no lock):
     // which of the two slows a thread submitting to the same stream.
     let done = gpu.event_create().map_err(common::gpu_err)?;
     gpu.event_record(done, raw).map_err(common::gpu_err)?;
     gpu.stream_synchronize(raw).map_err(common::gpu_err)?;
-    let spawn_locks = {
-        let t = Instant::now();
-        let mut tasks = Vec::with_capacity(n as usize);
-        for _ in 0..n {
-            gpu.memset_async(big.ptr(), 8, big.size(), raw)
-                .map_err(common::gpu_err)?;
-            let res = res.clone();
-            tasks.push(tokio::spawn(async move {
-                for _ in 0..4 {
-                    std::hint::black_box(res.parked_points());
-                    tokio::task::yield_now().await;
-                }
-            }));
-        }
-        let submit = t.elapsed() / n;
-        for task in tasks {
-            task.await.expect("lock task");
-        }
-        gpu.stream_synchronize(raw).map_err(common::gpu_err)?;
-        submit
-    };
-    let spawn_queries = {
-        let t = Instant::now();
-        let mut tasks = Vec::with_capacity(n as usize);
-        for _ in 0..n {
-            gpu.memset_async(big.ptr(), 8, big.size(), raw)
-                .map_err(common::gpu_err)?;
-            let gpu = gpu.clone();
-            tasks.push(tokio::spawn(async move {
-                for _ in 0..3 {
-                    let _ = std::hint::black_box(gpu.event_query(done));
-                    tokio::task::yield_now().await;
-                }
-            }));
-        }
-        let submit = t.elapsed() / n;
-        for task in tasks {
-            task.await.expect("query task");
-        }
-        gpu.stream_synchronize(raw).map_err(common::gpu_err)?;
-        submit
-    };
+    let (spawn_locks, _, _) = memsets_with_tasks(&gpu, &big, raw, n, || {
+        let res = res.clone();
+        Ok(tokio::spawn(async move {
+            for _ in 0..4 {
+                std::hint::black_box(res.parked_points());
+                tokio::task::yield_now().await;
+            }
+        }))
+    })
+    .await?;
+    let (spawn_queries, _, _) = memsets_with_tasks(&gpu, &big, raw, n, || {
+        let gpu = gpu.clone();
+        Ok(tokio::spawn(async move {
+            for _ in 0..3 {
+                let _ = std::hint::black_box(gpu.event_query(done));
+                tokio::task::yield_now().await;
+            }
+        }))
+    })
+    .await?;
     let _ = gpu.event_destroy(done);
     // (k) spawned tasks woken from a thread outside the runtime about 5 µs
     // after they are spawned, as a completion notification wakes a parked
@@ -382,24 +359,16 @@ async fn measure<R: DeviceMemoryResource + 'static>(
                 let _ = reply.send(());
             }
         });
-        let t = Instant::now();
-        let mut tasks = Vec::with_capacity(n as usize);
-        for _ in 0..n {
-            gpu.memset_async(big.ptr(), 8, big.size(), raw)
-                .map_err(common::gpu_err)?;
+        let (submit, _, _) = memsets_with_tasks(&gpu, &big, raw, n, || {
             let (reply, woken) = tokio::sync::oneshot::channel();
             let _ = to_waker.send(reply);
-            tasks.push(tokio::spawn(async move {
+            Ok(tokio::spawn(async move {
                 let _ = woken.await;
-            }));
-        }
-        let submit = t.elapsed() / n;
-        for task in tasks {
-            task.await.expect("woken task");
-        }
+            }))
+        })
+        .await?;
         drop(to_waker);
         let _ = waker.join();
-        gpu.stream_synchronize(raw).map_err(common::gpu_err)?;
         submit
     };
     // (l) spawned tasks woken by a host function on a second stream that
@@ -418,13 +387,11 @@ async fn measure<R: DeviceMemoryResource + 'static>(
                 let _ = reply.send(());
             }
         });
-        let t = Instant::now();
-        let mut tasks = Vec::with_capacity(n as usize);
-        for e in &lane_events {
-            gpu.memset_async(big.ptr(), 8, big.size(), raw)
-                .map_err(common::gpu_err)?;
-            gpu.event_record(*e, raw).map_err(common::gpu_err)?;
-            gpu.stream_wait_event(lane, *e).map_err(common::gpu_err)?;
+        let mut events = lane_events.iter();
+        (*slot, _, _) = memsets_with_tasks(&gpu, &big, raw, n, || {
+            let e = *events.next().expect("an event per memset");
+            gpu.event_record(e, raw).map_err(common::gpu_err)?;
+            gpu.stream_wait_event(lane, e).map_err(common::gpu_err)?;
             let (reply, woken) = tokio::sync::oneshot::channel();
             let to_waker = to_waker.clone();
             gpu.launch_host_fn(
@@ -438,14 +405,11 @@ async fn measure<R: DeviceMemoryResource + 'static>(
                 }),
             )
             .map_err(common::gpu_err)?;
-            tasks.push(tokio::spawn(async move {
+            Ok(tokio::spawn(async move {
                 let _ = woken.await;
-            }));
-        }
-        *slot = t.elapsed() / n;
-        for task in tasks {
-            task.await.expect("host-fn task");
-        }
+            }))
+        })
+        .await?;
         drop(to_waker);
         gpu.stream_synchronize(lane).map_err(common::gpu_err)?;
         let _ = helper.join();
