@@ -10,6 +10,13 @@
 //! 5. 10,000 concurrent 4-byte fills over 8 streams with a future on each,
 //!    against none: the cost per future.
 //!
+//! Rows 4 and 5 are measured for several [`WaitPolicy`] choices in the same
+//! process, interleaved and repeated (medians of `ROUNDS`), with the
+//! [`WaitStats`] of each row per op: how the futures waited. Row 2 is
+//! measured for the default policy and a longer spin, interleaved sample
+//! by sample with the floor. `--controls` adds a breakdown of where the time
+//! goes and controls without the futures layer.
+//!
 //! Targets on an H200: idle p50 ≤ 5 µs / p99 ≤ 15 µs; tiny op p50 ≤ 1.1× the
 //! polling floor and p99 ≤ 10 µs; memsets with futures ≤ 1.15× plain; 10k
 //! futures ≤ 1 µs each.
@@ -17,6 +24,7 @@
 //! ```text
 //! cargo run --release --example gpu_latency          # needs a CUDA GPU
 //! cargo run --release --example gpu_latency -- --sim # smoke run, simulated
+//! cargo run --release --example gpu_latency -- --controls # and the breakdown
 //! ```
 //! Without a GPU it runs on the simulated device: the numbers then measure
 //! only the futures machinery and are not comparable to the targets.
@@ -27,12 +35,14 @@ use std::time::{Duration, Instant};
 
 use std::sync::Arc;
 
-use streamalloc::futures::AsyncResource;
+use streamalloc::futures::{AsyncResource, Behind, WaitPolicy, WaitStats};
 use streamalloc::gpu::Gpu;
 use streamalloc::{AllocTag, DeviceBlock, DeviceMemoryResource, RawStream, ResourceResult};
 
 const SAMPLES: usize = 20_000;
 const STREAMS: usize = 8;
+/// Rounds of the throughput rows; each row reports its median.
+const ROUNDS: usize = 9;
 
 fn main() -> ResourceResult<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -62,21 +72,25 @@ async fn in_a_task(
 }
 
 /// `n` 8 MiB memsets on `raw`, each followed by whatever `after` queues and
-/// the task it spawns. Per op: the submit loop alone, and in all (every task
-/// joined, the stream synchronized). The tasks' outputs come back for the
-/// caller to check.
+/// the task it spawns. Per op: the submit loop alone, in all (every task
+/// joined, the stream synchronized), and the part of the submit loop spent
+/// inside `memset_async` (the rest is `after`). The tasks' outputs come back
+/// for the caller to check.
 async fn memsets_with_tasks<T: Send + 'static>(
     gpu: &Arc<dyn Gpu>,
     big: &DeviceBlock,
     raw: RawStream,
     n: u32,
     mut after: impl FnMut() -> ResourceResult<tokio::task::JoinHandle<T>>,
-) -> ResourceResult<(Duration, Duration, Vec<T>)> {
+) -> ResourceResult<(Duration, Duration, Vec<T>, Duration)> {
     let t = Instant::now();
+    let mut in_memset = Duration::ZERO;
     let mut tasks = Vec::with_capacity(n as usize);
     for _ in 0..n {
+        let m = Instant::now();
         gpu.memset_async(big.ptr(), 8, big.size(), raw)
             .map_err(common::gpu_err)?;
+        in_memset += m.elapsed();
         tasks.push(after()?);
     }
     let submit = t.elapsed() / n;
@@ -85,7 +99,7 @@ async fn memsets_with_tasks<T: Send + 'static>(
         outputs.push(task.await.expect("measured task"));
     }
     gpu.stream_synchronize(raw).map_err(common::gpu_err)?;
-    Ok((submit, t.elapsed() / n, outputs))
+    Ok((submit, t.elapsed() / n, outputs, in_memset / n))
 }
 
 fn pct(mut v: Vec<Duration>) -> (f64, f64) {
@@ -94,35 +108,143 @@ fn pct(mut v: Vec<Duration>) -> (f64, f64) {
     (at(0.50), at(0.99))
 }
 
+/// The policies the throughput rows are measured with, the default first.
+fn policies() -> Vec<(&'static str, WaitPolicy)> {
+    let d = WaitPolicy::DEFAULT;
+    vec![
+        ("default", d),
+        (
+            "park behind",
+            WaitPolicy {
+                behind: Behind::Park,
+                ..d
+            },
+        ),
+        (
+            "no spin",
+            WaitPolicy {
+                spin: Duration::ZERO,
+                ..d
+            },
+        ),
+        (
+            "query every 2 µs",
+            WaitPolicy {
+                query_every: Duration::from_micros(2),
+                ..d
+            },
+        ),
+        ("park at once", WaitPolicy::PARK_AT_ONCE),
+    ]
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// One throughput row: µs per op in each round, the plain loop measured
+/// right before it (its pair: the host's speed drifts between rounds), and
+/// the wait counts per op of the last round.
+#[derive(Default)]
+struct Row {
+    us: Vec<f64>,
+    base: Vec<f64>,
+    stats: WaitStats,
+    ops: u64,
+}
+
+impl Row {
+    fn push(&mut self, per_op: Duration, stats: WaitStats, ops: u64) {
+        self.us.push(per_op.as_secs_f64() * 1e6);
+        self.stats = stats;
+        self.ops = ops;
+    }
+
+    /// As `push`, with the plain loop measured right before.
+    fn push_paired(&mut self, per_op: Duration, plain: Duration, stats: WaitStats, ops: u64) {
+        self.base.push(plain.as_secs_f64() * 1e6);
+        self.push(per_op, stats, ops);
+    }
+
+    fn value(&self) -> f64 {
+        median(self.us.clone())
+    }
+
+    /// Median over the rounds of this row over its paired plain loop.
+    fn ratio(&self) -> f64 {
+        median(self.us.iter().zip(&self.base).map(|(v, b)| v / b).collect())
+    }
+
+    /// Median over the rounds of this row minus its paired plain loop.
+    fn overhead(&self) -> f64 {
+        median(self.us.iter().zip(&self.base).map(|(v, b)| v - b).collect())
+    }
+
+    /// Queries / parks / notifications / yields per op.
+    fn counts(&self) -> String {
+        let per = |n: u64| n as f64 / self.ops.max(1) as f64;
+        format!(
+            "{:.2} q, {:.2} fq, {:.2} park, {:.3} notif, {:.1} yield",
+            per(self.stats.queries),
+            per(self.stats.frontier_queries),
+            per(self.stats.parks),
+            per(self.stats.notifications),
+            per(self.stats.yields)
+        )
+    }
+}
+
+/// The wait counts since `before` (every future of a row is dropped by its
+/// end, so its counts are folded in).
+fn stats_since<R: DeviceMemoryResource + 'static>(
+    res: &AsyncResource<R>,
+    before: &WaitStats,
+) -> WaitStats {
+    res.wait_stats().since(before)
+}
+
 async fn measure<R: DeviceMemoryResource + 'static>(
     res: AsyncResource<R>,
     samples: usize,
 ) -> ResourceResult<()> {
     // `QUERY_EVERY_NS=…` measures another query spacing than the default.
-    if let Some(ns) = std::env::var("QUERY_EVERY_NS")
+    let every = std::env::var("QUERY_EVERY_NS")
         .ok()
         .and_then(|v| v.parse().ok())
-    {
-        res.set_wait_policy(streamalloc::futures::WaitPolicy {
-            query_every: Duration::from_nanos(ns),
-            ..res.wait_policy()
-        });
-    }
-    println!("wait policy: {:?}", res.wait_policy());
+        .map(Duration::from_nanos);
+    let with_every = |p: WaitPolicy| WaitPolicy {
+        query_every: if p == WaitPolicy::PARK_AT_ONCE {
+            p.query_every
+        } else {
+            every.unwrap_or(p.query_every)
+        },
+        ..p
+    };
+    let default_policy = with_every(WaitPolicy::DEFAULT);
+    res.set_wait_policy(default_policy);
+    println!("wait policy: {default_policy:?}");
     let pool = res.stream_pool().clone();
     let s = pool.id(0).expect("stream");
     let raw = pool.raw(s)?;
     let tiny = res.try_allocate(256, s, AllocTag("tiny"))?;
     let gpu = res.gpu().clone();
 
-    // Everything runs inside a spawned task, as a service's request would.
-    let (idle, op, floor) = {
+    // Latency, in a spawned task as a service's request would run. The
+    // default policy, a longer spin, and the floor take turns sample by
+    // sample, so that the host's drift hits all three alike.
+    let long_spin = WaitPolicy {
+        spin: Duration::from_micros(10),
+        ..default_policy
+    };
+    let (idle, op, op_long, floor) = {
         let res = res.clone();
         let gpu = gpu.clone();
         let tiny = tiny.clone();
         tokio::spawn(async move {
             let mut idle = Vec::with_capacity(samples);
             let mut op = Vec::with_capacity(samples);
+            let mut op_long = Vec::with_capacity(samples);
             let mut floor = Vec::with_capacity(samples);
             let event = gpu.event_create().map_err(common::gpu_err)?;
             for i in 0..samples {
@@ -130,11 +252,15 @@ async fn measure<R: DeviceMemoryResource + 'static>(
                 res.completion(s)?.await?;
                 idle.push(t.elapsed());
 
-                let t = Instant::now();
-                gpu.memset_async(tiny.ptr(), i as u8, 4, raw)
-                    .map_err(common::gpu_err)?;
-                res.completion(s)?.await?;
-                op.push(t.elapsed());
+                for (policy, out) in [(default_policy, &mut op), (long_spin, &mut op_long)] {
+                    res.set_wait_policy(policy);
+                    let t = Instant::now();
+                    gpu.memset_async(tiny.ptr(), i as u8, 4, raw)
+                        .map_err(common::gpu_err)?;
+                    res.completion(s)?.await?;
+                    out.push(t.elapsed());
+                }
+                res.set_wait_policy(default_policy);
 
                 let t = Instant::now();
                 gpu.memset_async(tiny.ptr(), i as u8, 4, raw)
@@ -146,58 +272,53 @@ async fn measure<R: DeviceMemoryResource + 'static>(
                 floor.push(t.elapsed());
             }
             let _ = gpu.event_destroy(event);
-            ResourceResult::Ok((idle, op, floor))
+            ResourceResult::Ok((idle, op, op_long, floor))
         })
         .await
         .expect("latency task")?
     };
     let (idle50, idle99) = pct(idle);
     let (op50, op99) = pct(op);
+    let (long50, long99) = pct(op_long);
     let (fl50, fl99) = pct(floor);
 
-    // Stream throughput: 8 MiB memsets, plain vs a future on each.
     let big = res.try_allocate(8 << 20, s, AllocTag("big"))?;
     let n = 400;
-    let plain = {
-        let t = Instant::now();
-        for _ in 0..n {
-            gpu.memset_async(big.ptr(), 1, big.size(), raw)
-                .map_err(common::gpu_err)?;
-        }
-        gpu.stream_synchronize(raw).map_err(common::gpu_err)?;
-        t.elapsed() / n
-    };
-    let (spawned_submit, with_futures, outputs) =
-        memsets_with_tasks(&gpu, &big, raw, n, || Ok(tokio::spawn(res.completion(s)?))).await?;
-    outputs.into_iter().collect::<ResourceResult<()>>()?;
-
-    // The same as a pipeline: the submitting task hands each future to one
-    // consumer task that awaits them in order (no task per future).
-    let piped = {
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let consumer = tokio::spawn(async move {
-            while let Some(point) = rx.recv().await {
-                let point: streamalloc::futures::EventFuture = point;
-                point.await?;
-            }
-            ResourceResult::Ok(())
-        });
-        let t = Instant::now();
-        for _ in 0..n {
-            gpu.memset_async(big.ptr(), 2, big.size(), raw)
-                .map_err(common::gpu_err)?;
-            let _ = tx.send(res.completion(s)?);
-        }
-        drop(tx);
-        consumer.await.expect("consumer task")?;
-        t.elapsed() / n
-    };
-
-    // 10,000 concurrent futures over 8 streams (a 4-byte fill each).
     let blocks: Vec<_> = pool
         .ids()
         .map(|s| res.try_allocate(256, s, AllocTag("10k")))
         .collect::<ResourceResult<_>>()?;
+    let sync_all = || -> ResourceResult<()> {
+        for s in pool.ids() {
+            gpu.stream_synchronize(pool.raw(s)?)
+                .map_err(common::gpu_err)?;
+        }
+        Ok(())
+    };
+
+    // Throughput rows, per policy, interleaved over the rounds.
+    let policies: Vec<_> = policies()
+        .into_iter()
+        .map(|(name, p)| (name, with_every(p)))
+        .collect();
+    const ROWS: usize = 5;
+    let row_names = [
+        "8 MiB memsets, a spawned task awaiting a future each",
+        "8 MiB memsets, a future each handed to one consumer task",
+        "8 MiB memsets, the futures awaited together (no spawn)",
+        "10,000 fills on 8 streams, a spawned task awaiting a future each",
+        "10,000 fills on 8 streams, the futures awaited together (no spawn)",
+    ];
+    let mut rows: Vec<[Row; ROWS]> = policies.iter().map(|_| Default::default()).collect();
+    let mut spawned_submit: Vec<Row> = policies.iter().map(|_| Row::default()).collect();
+    let mut spawned_in_memset: Vec<Row> = policies.iter().map(|_| Row::default()).collect();
+    let mut spawned_in_completion: Vec<Row> = policies.iter().map(|_| Row::default()).collect();
+    let mut spawn_empty_split: [Row; 2] = Default::default();
+    let mut plain_in_memset = Row::default();
+    let mut plain = Row::default();
+    let mut many_plain = Row::default();
+    let mut spawn_empty = Row::default();
+    let mut many_spawn_empty = Row::default();
     let many_round = |with_futures: bool| {
         let res = res.clone();
         let pool = pool.clone();
@@ -224,11 +345,284 @@ async fn measure<R: DeviceMemoryResource + 'static>(
             ResourceResult::Ok(t.elapsed() / 10_000)
         }
     };
+    // The plain 8 MiB loop: per op in all, and inside memset_async.
+    let plain_loop = || -> ResourceResult<(Duration, Duration)> {
+        gpu.stream_synchronize(raw).map_err(common::gpu_err)?;
+        let t = Instant::now();
+        let mut in_memset = Duration::ZERO;
+        for _ in 0..n {
+            let m = Instant::now();
+            gpu.memset_async(big.ptr(), 1, big.size(), raw)
+                .map_err(common::gpu_err)?;
+            in_memset += m.elapsed();
+        }
+        gpu.stream_synchronize(raw).map_err(common::gpu_err)?;
+        Ok((t.elapsed() / n, in_memset / n))
+    };
+    // A raw event record after each 8 MiB memset, no futures: the floor of
+    // any design with an event per point.
+    let record_events: Vec<_> = (0..64)
+        .map(|_| gpu.event_create().map_err(common::gpu_err))
+        .collect::<ResourceResult<_>>()?;
+    let mut record_each = Row::default();
     many_round(true).await?; // warm-up: grows the event pool
-    let many_plain = many_round(false).await?;
-    let many = many_round(true).await?;
+    for _round in 0..ROUNDS {
+        let (base, _) = plain_loop()?;
+        let t = Instant::now();
+        for i in 0..n as usize {
+            gpu.memset_async(big.ptr(), 7, big.size(), raw)
+                .map_err(common::gpu_err)?;
+            gpu.event_record(record_events[i % record_events.len()], raw)
+                .map_err(common::gpu_err)?;
+        }
+        gpu.stream_synchronize(raw).map_err(common::gpu_err)?;
+        record_each.push_paired(t.elapsed() / n, base, WaitStats::default(), 1);
 
-    // Where the cost goes: the same work split into its parts.
+        let (plain_all, in_memset) = plain_loop()?;
+        plain.push(plain_all, WaitStats::default(), 1);
+        plain_in_memset.push(in_memset, WaitStats::default(), 1);
+        let many_base = many_round(false).await?;
+        many_plain.push(many_base, WaitStats::default(), 1);
+        // Controls: a spawned empty task per op (what tokio alone costs).
+        let (submit, all, _, in_memset) =
+            memsets_with_tasks(&gpu, &big, raw, n, || Ok(tokio::spawn(async {}))).await?;
+        spawn_empty.push_paired(all, plain_all, WaitStats::default(), 1);
+        spawn_empty_split[0].push(submit, WaitStats::default(), 1);
+        spawn_empty_split[1].push(in_memset, WaitStats::default(), 1);
+        let t = Instant::now();
+        let mut tasks = Vec::with_capacity(10_000);
+        for i in 0..10_000 {
+            let b = &blocks[i % blocks.len()];
+            gpu.memset_async(b.ptr(), 3, 4, pool.raw(b.stream())?)
+                .map_err(common::gpu_err)?;
+            tasks.push(tokio::spawn(async {}));
+        }
+        for task in tasks {
+            task.await.expect("empty task");
+        }
+        sync_all()?;
+        many_spawn_empty.push_paired(t.elapsed() / 10_000, many_base, WaitStats::default(), 1);
+
+        for (k, &(_, policy)) in policies.iter().enumerate() {
+            res.set_wait_policy(policy);
+            let row = &mut rows[k];
+
+            let (base, _) = plain_loop()?;
+            let before = res.wait_stats();
+            // Nanoseconds inside `completion()` (an atomic only so that the
+            // measuring future stays `Send`).
+            let in_completion = std::sync::atomic::AtomicU64::new(0);
+            let (submit, all, outputs, in_memset) = memsets_with_tasks(&gpu, &big, raw, n, || {
+                let c = Instant::now();
+                let point = res.completion(s)?;
+                in_completion.fetch_add(
+                    c.elapsed().as_nanos() as u64,
+                    std::sync::atomic::Ordering::Relaxed,
+                );
+                Ok(tokio::spawn(point))
+            })
+            .await?;
+            let in_completion = Duration::from_nanos(in_completion.into_inner());
+            spawned_in_completion[k].push(in_completion / n, WaitStats::default(), 1);
+            outputs.into_iter().collect::<ResourceResult<()>>()?;
+            row[0].push_paired(all, base, stats_since(&res, &before), n.into());
+            spawned_submit[k].push(submit, WaitStats::default(), 1);
+            spawned_in_memset[k].push(in_memset, WaitStats::default(), 1);
+
+            // A pipeline: the submitting task hands each future to one
+            // consumer task that awaits them in order.
+            let (base, _) = plain_loop()?;
+            let before = res.wait_stats();
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+            let consumer = tokio::spawn(async move {
+                while let Some(point) = rx.recv().await {
+                    let point: streamalloc::futures::EventFuture = point;
+                    point.await?;
+                }
+                ResourceResult::Ok(())
+            });
+            let t = Instant::now();
+            for _ in 0..n {
+                gpu.memset_async(big.ptr(), 2, big.size(), raw)
+                    .map_err(common::gpu_err)?;
+                let _ = tx.send(res.completion(s)?);
+            }
+            drop(tx);
+            consumer.await.expect("consumer task")?;
+            row[1].push_paired(t.elapsed() / n, base, stats_since(&res, &before), n.into());
+
+            let (base, _) = plain_loop()?;
+            let before = res.wait_stats();
+            let t = Instant::now();
+            let mut futs = Vec::with_capacity(n as usize);
+            for _ in 0..n {
+                gpu.memset_async(big.ptr(), 4, big.size(), raw)
+                    .map_err(common::gpu_err)?;
+                futs.push(res.completion(s)?);
+            }
+            for r in ::futures::future::join_all(futs).await {
+                r?;
+            }
+            row[2].push_paired(t.elapsed() / n, base, stats_since(&res, &before), n.into());
+
+            let base = many_round(false).await?;
+            let before = res.wait_stats();
+            let spawned_many = many_round(true).await?;
+            row[3].push_paired(spawned_many, base, stats_since(&res, &before), 10_000);
+
+            let base = many_round(false).await?;
+            let before = res.wait_stats();
+            let t = Instant::now();
+            let mut futs = Vec::with_capacity(10_000);
+            for i in 0..10_000 {
+                let b = &blocks[i % blocks.len()];
+                gpu.memset_async(b.ptr(), 3, 4, pool.raw(b.stream())?)
+                    .map_err(common::gpu_err)?;
+                futs.push(res.completion(b.stream())?);
+            }
+            for r in ::futures::future::join_all(futs).await {
+                r?;
+            }
+            sync_all()?;
+            row[4].push_paired(
+                t.elapsed() / 10_000,
+                base,
+                stats_since(&res, &before),
+                10_000,
+            );
+        }
+    }
+    res.set_wait_policy(default_policy);
+    for e in record_events {
+        let _ = gpu.event_destroy(e);
+    }
+
+    let plain_us = plain.value();
+    let many_plain_us = many_plain.value();
+    println!();
+    println!("| measurement | p50 / value | p99 | target |");
+    println!("| --- | --- | --- | --- |");
+    println!(
+        "| EventFuture, idle stream | {idle50:.2} µs | {idle99:.2} µs | p50 ≤ 5 µs, p99 ≤ 15 µs |"
+    );
+    println!(
+        "| EventFuture, 4-byte memset | {op50:.2} µs | {op99:.2} µs | p50 ≤ {:.2} µs (1.1× floor), p99 ≤ 10 µs |",
+        1.1 * fl50
+    );
+    println!(
+        "| the same, spinning 10 µs on the first poll | {long50:.2} µs | {long99:.2} µs | — |"
+    );
+    println!("| floor: task polling cuEventQuery | {fl50:.2} µs | {fl99:.2} µs | — |");
+    let default_rows = &rows[0];
+    for (i, name) in row_names.iter().enumerate() {
+        let row = &default_rows[i];
+        let v = row.value();
+        if i < 3 {
+            println!(
+                "| {name} | {v:.2} µs per op, {:.3}× plain | — | ≤ 1.15× |",
+                row.ratio()
+            );
+        } else {
+            println!(
+                "| {name} | {v:.3} µs per op, overhead {:.3} µs per future | — | ≤ 1 µs |",
+                row.overhead()
+            );
+        }
+    }
+
+    println!();
+    println!(
+        "Throughput per wait policy: medians of {ROUNDS} interleaved rounds, each row against the plain loop run right before it (plain 8 MiB {plain_us:.2} µs, plain 10k fills {many_plain_us:.3} µs per op, medians). Counts per op: q = own-event queries, fq = frontier queries, park, notif = host functions, yield."
+    );
+    println!();
+    println!("| row | policy | per op | vs plain | waits per op |");
+    println!("| --- | --- | --- | --- | --- |");
+    for (i, name) in row_names.iter().enumerate() {
+        for (k, (policy, _)) in policies.iter().enumerate() {
+            let row = &rows[k][i];
+            let v = row.value();
+            let versus = if i < 3 {
+                format!("{:.3}×", row.ratio())
+            } else {
+                format!("+{:.3} µs", row.overhead())
+            };
+            println!(
+                "| {name} | {policy} | {v:.3} µs | {versus} | {} |",
+                row.counts()
+            );
+        }
+    }
+    println!(
+        "| control: 8 MiB memsets, a raw event record each (no futures) | — | {:.3} µs | {:.3}× | — |",
+        record_each.value(),
+        record_each.ratio()
+    );
+    println!(
+        "| control: 8 MiB memsets, a spawned empty task each | — | {:.3} µs | {:.3}× | — |",
+        spawn_empty.value(),
+        spawn_empty.ratio()
+    );
+    println!(
+        "| control: 10,000 fills on 8 streams, a spawned empty task each | — | {:.3} µs | +{:.3} µs | — |",
+        many_spawn_empty.value(),
+        many_spawn_empty.overhead()
+    );
+    println!();
+    println!(
+        "| 8 MiB memset loop, per op | policy | submit loop | of which in memset_async | in `completion()` | the rest (spawn) |"
+    );
+    println!("| --- | --- | --- | --- | --- | --- |");
+    println!(
+        "| plain | — | — | {:.3} µs | — | — |",
+        plain_in_memset.value()
+    );
+    println!(
+        "| a spawned empty task each | — | {:.3} µs | {:.3} µs | — | {:.3} µs |",
+        spawn_empty_split[0].value(),
+        spawn_empty_split[1].value(),
+        spawn_empty_split[0].value() - spawn_empty_split[1].value()
+    );
+    for (k, (policy, _)) in policies.iter().enumerate() {
+        println!(
+            "| a spawned task awaiting a future each | {policy} | {:.3} µs ({:.3}× plain) | {:.3} µs | {:.3} µs | {:.3} µs |",
+            spawned_submit[k].value(),
+            spawned_submit[k].value() / plain_us,
+            spawned_in_memset[k].value(),
+            spawned_in_completion[k].value(),
+            spawned_submit[k].value()
+                - spawned_in_memset[k].value()
+                - spawned_in_completion[k].value()
+        );
+    }
+
+    if std::env::args().any(|a| a == "--controls") {
+        breakdown(&res, &big, &blocks, n).await?;
+    }
+    println!(
+        "\n{} notifications (host functions) in all",
+        res.notifications()
+    );
+
+    for b in blocks.into_iter().chain([tiny, big]) {
+        drop(res.deallocate(b)?);
+    }
+    res.reap_pending().await?;
+    assert_eq!(res.bytes_outstanding(), 0);
+    Ok(())
+}
+
+/// Where the cost goes: the same work split into its parts, and controls
+/// without the futures layer (`--controls`).
+async fn breakdown<R: DeviceMemoryResource + 'static>(
+    res: &AsyncResource<R>,
+    big: &DeviceBlock,
+    blocks: &[DeviceBlock],
+    n: u32,
+) -> ResourceResult<()> {
+    let pool = res.stream_pool().clone();
+    let s = pool.id(0).expect("stream");
+    let raw = pool.raw(s)?;
+    let gpu = res.gpu().clone();
     // (a) `completion()` alone (event record + sequence number), futures
     //     dropped at once, on an idle stream.
     gpu.stream_synchronize(raw).map_err(common::gpu_err)?;
@@ -259,8 +653,8 @@ async fn measure<R: DeviceMemoryResource + 'static>(
     let parked = {
         let policy = res.wait_policy();
         res.set_wait_policy(streamalloc::futures::WaitPolicy::PARK_AT_ONCE);
-        let (_, parked, outputs) =
-            memsets_with_tasks(&gpu, &big, raw, n, || Ok(tokio::spawn(res.completion(s)?))).await?;
+        let (_, parked, outputs, _) =
+            memsets_with_tasks(&gpu, big, raw, n, || Ok(tokio::spawn(res.completion(s)?))).await?;
         res.set_wait_policy(policy);
         outputs.into_iter().collect::<ResourceResult<()>>()?;
         parked
@@ -316,15 +710,15 @@ async fn measure<R: DeviceMemoryResource + 'static>(
     // layer. (f) a spawned empty task per op; (g) a raw record per op, each
     // on an event of its own (10,000 events, as 10,000 live futures hold);
     // (h) `completion()` per op with the futures dropped at once.
-    let (_, spawn_big, _) =
-        memsets_with_tasks(&gpu, &big, raw, n, || Ok(tokio::spawn(async {}))).await?;
+    let (_, spawn_big, _, _) =
+        memsets_with_tasks(&gpu, big, raw, n, || Ok(tokio::spawn(async {}))).await?;
     // (i) spawned tasks that only take the notifier locks (no driver call),
     // and (j) tasks that only query a finished event three times (no lock):
     // which of the two slows a thread submitting to the same stream.
     let done = gpu.event_create().map_err(common::gpu_err)?;
     gpu.event_record(done, raw).map_err(common::gpu_err)?;
     gpu.stream_synchronize(raw).map_err(common::gpu_err)?;
-    let (spawn_locks, _, _) = memsets_with_tasks(&gpu, &big, raw, n, || {
+    let (spawn_locks, _, _, _) = memsets_with_tasks(&gpu, big, raw, n, || {
         let res = res.clone();
         Ok(tokio::spawn(async move {
             for _ in 0..4 {
@@ -334,7 +728,7 @@ async fn measure<R: DeviceMemoryResource + 'static>(
         }))
     })
     .await?;
-    let (spawn_queries, _, _) = memsets_with_tasks(&gpu, &big, raw, n, || {
+    let (spawn_queries, _, _, _) = memsets_with_tasks(&gpu, big, raw, n, || {
         let gpu = gpu.clone();
         Ok(tokio::spawn(async move {
             for _ in 0..3 {
@@ -359,7 +753,7 @@ async fn measure<R: DeviceMemoryResource + 'static>(
                 let _ = reply.send(());
             }
         });
-        let (submit, _, _) = memsets_with_tasks(&gpu, &big, raw, n, || {
+        let (submit, _, _, _) = memsets_with_tasks(&gpu, big, raw, n, || {
             let (reply, woken) = tokio::sync::oneshot::channel();
             let _ = to_waker.send(reply);
             Ok(tokio::spawn(async move {
@@ -388,7 +782,7 @@ async fn measure<R: DeviceMemoryResource + 'static>(
             }
         });
         let mut events = lane_events.iter();
-        (*slot, _, _) = memsets_with_tasks(&gpu, &big, raw, n, || {
+        (*slot, _, _, _) = memsets_with_tasks(&gpu, big, raw, n, || {
             let e = *events.next().expect("an event per memset");
             gpu.event_record(e, raw).map_err(common::gpu_err)?;
             gpu.stream_wait_event(lane, e).map_err(common::gpu_err)?;
@@ -487,35 +881,6 @@ async fn measure<R: DeviceMemoryResource + 'static>(
 
     let us = |d: Duration| d.as_secs_f64() * 1e6;
     println!();
-    println!("| measurement | p50 / value | p99 | target |");
-    println!("| --- | --- | --- | --- |");
-    println!(
-        "| EventFuture, idle stream | {idle50:.2} µs | {idle99:.2} µs | p50 ≤ 5 µs, p99 ≤ 15 µs |"
-    );
-    println!(
-        "| EventFuture, 4-byte memset | {op50:.2} µs | {op99:.2} µs | p50 ≤ {:.2} µs (1.1× floor), p99 ≤ 10 µs |",
-        1.1 * fl50
-    );
-    println!("| floor: task polling cuEventQuery | {fl50:.2} µs | {fl99:.2} µs | — |");
-    println!(
-        "| 8 MiB memset, plain / a spawned task awaiting a future each | {:.2} / {:.2} µs ({:.3}×) | — | ≤ 1.15× |",
-        us(plain),
-        us(with_futures),
-        us(with_futures) / us(plain)
-    );
-    println!(
-        "| 8 MiB memset, plain / a future each handed to one consumer task | {:.2} / {:.2} µs ({:.3}×) | — | ≤ 1.15× |",
-        us(plain),
-        us(piped),
-        us(piped) / us(plain)
-    );
-    println!(
-        "| 10,000 concurrent 4-byte fills on 8 streams, plain / with a future each | {:.3} / {:.3} µs per op | overhead {:.3} µs per future | ≤ 1 µs |",
-        us(many_plain),
-        us(many),
-        us(many) - us(many_plain)
-    );
-    println!();
     println!("| breakdown | per op |");
     println!("| --- | --- |");
     println!(
@@ -547,10 +912,6 @@ async fn measure<R: DeviceMemoryResource + 'static>(
     println!(
         "| 10,000 fills + a raw event record each (no futures), in all | {:.3} µs |",
         us(many_record)
-    );
-    println!(
-        "| 8 MiB memset, a spawned task awaiting a future each: submit loop only | {:.2} µs |",
-        us(spawned_submit)
     );
     println!(
         "| control: 8 MiB memset + a spawned empty task each, in all | {:.2} µs |",
@@ -585,15 +946,5 @@ async fn measure<R: DeviceMemoryResource + 'static>(
         "| 10,000 fills + `completion()` each, futures dropped at once, in all | {:.3} µs |",
         us(many_dropped)
     );
-    println!(
-        "\n{} notifications (host functions) in all",
-        res.notifications()
-    );
-
-    for b in blocks.into_iter().chain([tiny, big]) {
-        drop(res.deallocate(b)?);
-    }
-    res.reap_pending().await?;
-    assert_eq!(res.bytes_outstanding(), 0);
     Ok(())
 }

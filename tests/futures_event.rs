@@ -5,7 +5,7 @@ mod common;
 use std::task::Poll;
 
 use common::{CountingWaker, poll_once};
-use streamalloc::futures::WaitPolicy;
+use streamalloc::futures::{Behind, WaitPolicy, WaitStats};
 use streamalloc::gpu::Gpu;
 use streamalloc::gpu::sim::{MemAccess, SimGpu};
 use streamalloc::{Access, AllocTag, DriverCall, ResourceError, StreamId};
@@ -215,6 +215,7 @@ fn a_yielding_future_queues_no_notification_until_it_parks() {
         spin: std::time::Duration::ZERO,
         yield_for: std::time::Duration::from_secs(3600),
         query_every: std::time::Duration::ZERO,
+        behind: Behind::Park,
     });
     let s = f.stream(0);
     gpu.launch_kernel(f.pool.raw(s).unwrap(), &[]).unwrap();
@@ -326,6 +327,7 @@ fn queries_are_spaced_by_query_every() {
         spin: std::time::Duration::from_millis(2),
         yield_for: std::time::Duration::from_secs(3600),
         query_every: std::time::Duration::from_secs(3600),
+        ..WaitPolicy::DEFAULT
     });
     let s = f.stream(0);
     gpu.launch_kernel(f.pool.raw(s).unwrap(), &[]).unwrap();
@@ -380,4 +382,127 @@ fn a_notification_reuses_the_newest_points_event() {
     gpu.run_until_idle();
     assert_eq!(poll_once(&mut freed, &waker), Poll::Ready(Ok(())));
     assert_eq!(res.bytes_outstanding(), 0);
+}
+
+/// With [`Behind::Yield`], a point behind a pending one neither queries nor
+/// parks: it yields until the earlier point settles (here by its own
+/// future's query), then queries. No host function is queued at all.
+#[test]
+fn a_point_behind_a_pending_one_yields_without_querying() {
+    let f = common::sim_with(SimGpu::builder().manual().build(), 1);
+    let gpu = f.sim.clone().unwrap();
+    let res = common::async_resource(&f);
+    res.set_wait_policy(WaitPolicy {
+        spin: std::time::Duration::ZERO,
+        yield_for: std::time::Duration::from_secs(3600),
+        query_every: std::time::Duration::ZERO,
+        behind: Behind::Yield,
+    });
+    let s = f.stream(0);
+    let raw = f.pool.raw(s).unwrap();
+    gpu.launch_kernel(raw, &[]).unwrap();
+    let mut first = res.completion(s).unwrap();
+    gpu.launch_kernel(raw, &[]).unwrap();
+    let mut second = res.completion(s).unwrap();
+    let queries = || gpu.call_count(DriverCall::EventQuery);
+    let (counter, waker) = CountingWaker::new();
+    let before = res.wait_stats();
+    // The first point queries (pending) and yields.
+    assert!(poll_once(&mut first, &waker).is_pending());
+    let after_first = queries();
+    // The second is behind it: it yields without a query.
+    for polls in 1..=3 {
+        assert!(poll_once(&mut second, &waker).is_pending());
+        assert_eq!(
+            queries(),
+            after_first,
+            "a point behind a pending one queried"
+        );
+        assert_eq!(counter.count(), 1 + polls, "it yields: wakes its own task");
+    }
+    assert_eq!(res.notifications(), 0);
+    assert_eq!(res.parked_points(), 2);
+    // The first kernel and record run: the first point's query settles it.
+    assert!(gpu.step() && gpu.step());
+    assert_eq!(poll_once(&mut first, &waker), Poll::Ready(Ok(())));
+    // No longer behind: the second queries, pending until its kernel ran.
+    let q = queries();
+    assert!(poll_once(&mut second, &waker).is_pending());
+    assert_eq!(queries(), q + 1);
+    gpu.run_until_idle();
+    assert_eq!(poll_once(&mut second, &waker), Poll::Ready(Ok(())));
+    assert_eq!(res.notifications(), 0, "no host function: nothing parked");
+    drop((first, second));
+    let stats = res.wait_stats().since(&before);
+    assert_eq!(stats.parks, 0);
+    assert_eq!(stats.notifications, 0);
+    assert_eq!(
+        stats.yields, 5,
+        "one yield of the first, three behind, one after"
+    );
+    assert_eq!(
+        stats.queries,
+        queries() - before.queries - stats.frontier_queries
+    );
+}
+
+/// A point yielding behind a pending one still parks when its yield budget
+/// ends: the earlier point may never be polled.
+#[test]
+fn a_yielding_point_behind_parks_when_its_budget_ends() {
+    let f = common::sim_with(SimGpu::builder().manual().build(), 1);
+    let gpu = f.sim.clone().unwrap();
+    let res = common::async_resource(&f);
+    res.set_wait_policy(WaitPolicy {
+        spin: std::time::Duration::ZERO,
+        yield_for: std::time::Duration::from_millis(5),
+        query_every: std::time::Duration::ZERO,
+        behind: Behind::Yield,
+    });
+    let s = f.stream(0);
+    gpu.launch_kernel(f.pool.raw(s).unwrap(), &[]).unwrap();
+    let never_polled = res.completion(s).unwrap();
+    let mut behind = res.completion(s).unwrap();
+    let (_counter, waker) = CountingWaker::new();
+    assert!(poll_once(&mut behind, &waker).is_pending());
+    assert_eq!(res.notifications(), 0);
+    std::thread::sleep(std::time::Duration::from_millis(10));
+    assert!(poll_once(&mut behind, &waker).is_pending());
+    assert_eq!(
+        res.notifications(),
+        1,
+        "out of budget: parked and asked for one"
+    );
+    assert_eq!(common::drive(&gpu, &mut behind), Ok(()));
+    drop(never_polled);
+}
+
+/// `wait_stats` counts what futures did: here one query and park for the
+/// first point, parks at once for the four behind it, one notification.
+#[test]
+fn wait_stats_count_points_queries_parks_and_notifications() {
+    let f = common::sim_with(SimGpu::builder().manual().build(), 1);
+    let gpu = f.sim.clone().unwrap();
+    let res = common::async_resource(&f);
+    res.set_wait_policy(WaitPolicy::PARK_AT_ONCE);
+    let s = f.stream(0);
+    let before = res.wait_stats();
+    gpu.launch_kernel(f.pool.raw(s).unwrap(), &[]).unwrap();
+    let mut futs: Vec<_> = (0..5).map(|_| res.completion(s).unwrap()).collect();
+    let (_counter, waker) = CountingWaker::new();
+    for fut in &mut futs {
+        assert!(poll_once(fut, &waker).is_pending());
+    }
+    gpu.run_until_idle();
+    for fut in &mut futs {
+        assert_eq!(poll_once(fut, &waker), Poll::Ready(Ok(())));
+    }
+    drop(futs);
+    let stats = res.wait_stats().since(&before);
+    let mut expected = WaitStats::default();
+    expected.points = 5;
+    expected.queries = 1;
+    expected.parks = 5;
+    expected.notifications = 1;
+    assert_eq!(stats, expected);
 }

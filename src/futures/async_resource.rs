@@ -7,6 +7,7 @@ use super::core::Core;
 use super::dealloc::{DeallocHandle, ReapFuture};
 use super::event_future::EventFuture;
 use super::wait_policy::WaitPolicy;
+use super::wait_stats::WaitStats;
 use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::Gpu;
 use crate::resource::{DeviceMemoryResource, StreamOrderedResource};
@@ -282,6 +283,16 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
     /// coalescing it stays far below the number of awaited points.
     pub fn notifications(&self) -> u64 {
         self.core.notifiers().iter().map(|n| n.launches()).sum()
+    }
+
+    /// How this resource's completion futures waited so far, summed over
+    /// its streams (see [`WaitStats`]).
+    pub fn wait_stats(&self) -> WaitStats {
+        let mut total = WaitStats::default();
+        for n in self.core.notifiers() {
+            total.add(&n.stats());
+        }
+        total
     }
 
     pub(crate) fn core(&self) -> &Arc<Core> {

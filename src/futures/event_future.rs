@@ -8,7 +8,8 @@ use std::time::Instant;
 
 use super::core::Core;
 use super::gpu_error;
-use super::wait_policy::WaitPolicy;
+use super::wait_policy::{Behind, WaitPolicy};
+use super::wait_stats::FutureTally;
 use crate::error::ResourceResult;
 use crate::gpu::RawEvent;
 use crate::types::StreamId;
@@ -23,11 +24,13 @@ use crate::types::StreamId;
 /// runtime's timer or reactor.
 ///
 /// Polling first queries the point's event (cheap when the work is done; a
-/// done query also settles every earlier point of the stream), then, unless
-/// an earlier point of the same stream is still pending,
+/// done query also settles every earlier point of the stream), then
 /// queries for a bounded while as the resource's [`WaitPolicy`] says (busy
-/// on the first poll, then yielding to the executor); only then does it park, asking the stream's notifier for a notification
-/// if none is in flight. No thread spins while the future is parked.
+/// on the first poll, then yielding to the executor); only then does it
+/// park, asking the stream's notifier for a notification if none is in
+/// flight. While an earlier point of the same stream is pending it does not
+/// query at all: it parks or yields, as [`WaitPolicy::behind`] says. No
+/// thread spins while the future is parked.
 ///
 /// It resolves to `Ok(())`, or to the driver's error
 /// ([`ResourceError::Driver`](crate::ResourceError::Driver)) when the device
@@ -68,6 +71,7 @@ pub struct EventFuture {
     policy: WaitPolicy,
     phase: Phase,
     result: Option<ResourceResult<()>>,
+    tally: FutureTally,
 }
 
 /// How far polling got.
@@ -75,6 +79,9 @@ pub struct EventFuture {
 enum Phase {
     /// Never polled.
     New,
+    /// Yielding without queries behind an earlier pending point since
+    /// `since` ([`Behind::Yield`]).
+    Behind { since: Instant },
     /// Querying (spinning, then yielding) since `since`; last queried at
     /// `last`.
     Querying { since: Instant, last: Instant },
@@ -98,6 +105,7 @@ impl EventFuture {
             policy,
             phase: Phase::New,
             result: None,
+            tally: FutureTally::default(),
         }
     }
 
@@ -127,12 +135,20 @@ impl EventFuture {
         {
             return r.map(|()| true);
         }
-        Ok(self.query().transpose()?.is_some())
+        Ok(self.query_event().transpose()?.is_some())
     }
 
     /// One query of the event: `Some` when it settles the outcome. A done
     /// query settles every earlier point of the stream too.
-    fn query(&self) -> Option<ResourceResult<()>> {
+    fn query(&mut self) -> Option<ResourceResult<()>> {
+        self.tally.queries = self
+            .tally
+            .queries
+            .saturating_add(u32::from(self.event.is_some()));
+        self.query_event()
+    }
+
+    fn query_event(&self) -> Option<ResourceResult<()>> {
         let event = self.event?;
         match self.core.gpu.event_query(event) {
             Ok(true) => {
@@ -179,6 +195,44 @@ impl EventFuture {
     }
 }
 
+impl EventFuture {
+    /// First poll, not behind: one query, then busy-querying for
+    /// [`WaitPolicy::spin`].
+    fn first_query(&mut self) -> Result<Instant, Poll<ResourceResult<()>>> {
+        if let Some(r) = self.query() {
+            return Err(self.settle(r));
+        }
+        let since = Instant::now();
+        let mut last = since;
+        if !self.policy.spin.is_zero() {
+            self.tally.spins = self.tally.spins.saturating_add(1);
+        }
+        while !self.policy.spin.is_zero() {
+            std::hint::spin_loop();
+            let now = Instant::now();
+            if now - since >= self.policy.spin {
+                break;
+            }
+            if now - last >= self.policy.query_every {
+                last = now;
+                if let Some(r) = self.query() {
+                    return Err(self.settle(r));
+                }
+            }
+        }
+        self.phase = Phase::Querying { since, last };
+        Ok(since)
+    }
+
+    /// Lets other tasks run and polls again soon; a notification or another
+    /// future's query may settle this one first.
+    fn yield_now(&mut self, cx: &mut Context<'_>) -> Poll<ResourceResult<()>> {
+        self.tally.yields = self.tally.yields.saturating_add(1);
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+}
+
 impl Future for EventFuture {
     type Output = ResourceResult<()>;
 
@@ -204,28 +258,27 @@ impl Future for EventFuture {
                 return self.park(cx);
             }
             // Behind an earlier pending point of the same stream, this one
-            // cannot be reached either: park without even a query.
-            Phase::New if behind => return self.park(cx),
-            Phase::New => {
+            // cannot be reached either: no query.
+            Phase::New if behind => match self.policy.behind {
+                Behind::Park => return self.park(cx),
+                Behind::Yield => {
+                    let since = Instant::now();
+                    self.phase = Phase::Behind { since };
+                    since
+                }
+            },
+            Phase::New => match self.first_query() {
+                Ok(since) => since,
+                Err(ready) => return ready,
+            },
+            Phase::Behind { since } if behind => since,
+            // The points before it settled: query as from now on.
+            Phase::Behind { since } => {
+                let now = Instant::now();
+                self.phase = Phase::Querying { since, last: now };
                 if let Some(r) = self.query() {
                     return self.settle(r);
                 }
-                let since = Instant::now();
-                let mut last = since;
-                loop {
-                    std::hint::spin_loop();
-                    let now = Instant::now();
-                    if now - since >= self.policy.spin {
-                        break;
-                    }
-                    if now - last >= self.policy.query_every {
-                        last = now;
-                        if let Some(r) = self.query() {
-                            return self.settle(r);
-                        }
-                    }
-                }
-                self.phase = Phase::Querying { since, last };
                 since
             }
             Phase::Querying { since, last } => {
@@ -240,10 +293,7 @@ impl Future for EventFuture {
             }
         };
         if since.elapsed() < self.policy.yield_for {
-            // Let other tasks run and query again on the next poll; a
-            // notification or another future's query may settle it first.
-            cx.waker().wake_by_ref();
-            return Poll::Pending;
+            return self.yield_now(cx);
         }
         self.park(cx)
     }
@@ -252,5 +302,8 @@ impl Future for EventFuture {
 impl Drop for EventFuture {
     fn drop(&mut self) {
         self.release();
+        if let Some(n) = self.core.checked_notifier(self.stream) {
+            n.tally.fold(self.tally);
+        }
     }
 }

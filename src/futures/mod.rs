@@ -31,7 +31,9 @@
 //!    few microseconds ([`WaitPolicy`]: spinning on the first poll, then
 //!    yielding to the executor): a host-function wake-up costs about 22 µs,
 //!    so short work is caught here. Only then does it park. A point behind
-//!    an earlier pending point of its stream parks at once. A done query
+//!    an earlier pending point of its stream does not query (it cannot be
+//!    reached first): by default it yields until that point settles, or
+//!    parks at once ([`Behind`]). A done query
 //!    settles every earlier point of the stream too (stream order), and one
 //!    more query of the stream's newest point with an event may settle all
 //!    of them: awaiting many finished points costs two queries, not one
@@ -90,6 +92,7 @@ mod notifier;
 mod points;
 mod reaper;
 mod wait_policy;
+mod wait_stats;
 pub mod watchdog;
 
 pub use alloc_wait::AllocFuture;
@@ -97,7 +100,8 @@ pub use async_resource::AsyncResource;
 pub use dealloc::{DeallocHandle, ReapFuture};
 pub use event_future::EventFuture;
 pub use reaper::Reaper;
-pub use wait_policy::WaitPolicy;
+pub use wait_policy::{Behind, WaitPolicy};
+pub use wait_stats::WaitStats;
 pub use watchdog::FALLBACK_PERIOD;
 
 use crate::error::ResourceError;

@@ -50,12 +50,13 @@
 //! pending: done delivers, an error fails every waiter.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Waker;
 
 use super::gpu_error;
 use super::points::Points;
+use super::wait_stats::{Tally, WaitStats};
 use super::watchdog::Kick;
 use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::{Gpu, RawEvent, RawStream};
@@ -93,6 +94,8 @@ struct SignalState {
     /// The observed point at which the last query of the frontier said "not
     /// yet" (0: none did).
     frontier_missed_at: u64,
+    frontier_queries: u64,
+    parks: u64,
 }
 
 /// A query of the frontier is tried only when it would settle at least this
@@ -148,12 +151,56 @@ impl SignalState {
 #[derive(Debug)]
 pub(crate) struct Signal {
     state: Mutex<SignalState>,
+    /// Every point below it is settled: a copy of the points' base,
+    /// published when the lock is released, so that a poll can tell
+    /// "settled", "behind a pending point" and "the stream's oldest pending
+    /// point" without the lock (the submitting thread takes it for every
+    /// new point).
+    settled_below: AtomicU64,
+    /// A point failed: the copy above no longer says "done" for everything
+    /// below it, so polls take the lock. Stored before `settled_below`.
+    any_failed: AtomicBool,
     kick: Arc<Kick>,
 }
 
+/// The state lock; releasing it publishes the points' base (see
+/// [`Signal::settled_below`]).
+struct StateGuard<'a> {
+    state: MutexGuard<'a, SignalState>,
+    signal: &'a Signal,
+}
+
+impl std::ops::Deref for StateGuard<'_> {
+    type Target = SignalState;
+    fn deref(&self) -> &SignalState {
+        &self.state
+    }
+}
+
+impl std::ops::DerefMut for StateGuard<'_> {
+    fn deref_mut(&mut self) -> &mut SignalState {
+        &mut self.state
+    }
+}
+
+impl Drop for StateGuard<'_> {
+    fn drop(&mut self) {
+        if self.state.points.any_failed() && !self.signal.any_failed.load(Ordering::Relaxed) {
+            self.signal.any_failed.store(true, Ordering::Release);
+        }
+        let base = self.state.points.base();
+        if self.signal.settled_below.load(Ordering::Relaxed) != base {
+            self.signal.settled_below.store(base, Ordering::Release);
+        }
+    }
+}
+
 impl Signal {
-    fn lock(&self) -> MutexGuard<'_, SignalState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> StateGuard<'_> {
+        StateGuard {
+            state: self.state.lock().unwrap_or_else(|p| p.into_inner()),
+            signal: self,
+        }
     }
 
     /// The stream reached `covered`: settles every point at or below it and
@@ -194,6 +241,8 @@ pub(crate) struct Notifier {
     signal: Arc<Signal>,
     /// Highest inner free sequence number reaped through, by any path.
     reaped: AtomicU64,
+    /// What the stream's futures did, folded in as they end.
+    pub(crate) tally: Tally,
 }
 
 impl Notifier {
@@ -220,6 +269,8 @@ impl Notifier {
             owns_lane,
             event,
             signal: Arc::new(Signal {
+                settled_below: AtomicU64::new(Points::default().base()),
+                any_failed: AtomicBool::new(false),
                 state: Mutex::new(SignalState {
                     next_seq: 0,
                     reached: 0,
@@ -232,10 +283,13 @@ impl Notifier {
                     spare: Vec::new(),
                     frontier: None,
                     frontier_missed_at: 0,
+                    frontier_queries: 0,
+                    parks: 0,
                 }),
                 kick,
             }),
             reaped: AtomicU64::new(0),
+            tally: Tally::default(),
         })
     }
 
@@ -289,6 +343,17 @@ impl Notifier {
     /// earlier point of the stream is pending too (then, by stream order,
     /// querying `seq` is wasted).
     pub(crate) fn check(&self, seq: u64) -> Result<ResourceResult<()>, bool> {
+        // Without the lock while no point failed: the base is read first, so
+        // a failure published before it is seen below.
+        let base = self.signal.settled_below.load(Ordering::Acquire);
+        if !self.signal.any_failed.load(Ordering::Acquire) {
+            return match seq.cmp(&base) {
+                std::cmp::Ordering::Less => Ok(Ok(())),
+                // The point at the base is pending whenever one exists.
+                std::cmp::Ordering::Greater => Err(true),
+                std::cmp::Ordering::Equal => Err(false),
+            };
+        }
         let st = self.signal.lock();
         match st.points.outcome(seq) {
             Some(outcome) => Ok(outcome),
@@ -303,7 +368,12 @@ impl Notifier {
 
     /// Parks `waker` on point `seq`, or returns its outcome if settled.
     pub(crate) fn register(&self, seq: u64, waker: &Waker) -> Option<ResourceResult<()>> {
-        self.signal.lock().points.register(seq, waker)
+        let mut st = self.signal.lock();
+        let settled = st.points.register(seq, waker);
+        if settled.is_none() {
+            st.parks += 1;
+        }
+        settled
     }
 
     /// The event of point `seq` is recorded: it becomes the frontier.
@@ -332,10 +402,13 @@ impl Notifier {
             (more, st.frontier.filter(worth))
         };
         if let Some((f, event)) = frontier {
-            if gpu.event_query(event) == Ok(true) {
-                more = self.signal.lock().reach(f, &mut wake);
+            let done = gpu.event_query(event) == Ok(true);
+            let mut st = self.signal.lock();
+            st.frontier_queries += 1;
+            if done {
+                more = st.reach(f, &mut wake);
             } else {
-                self.signal.lock().frontier_missed_at = seq;
+                st.frontier_missed_at = seq;
             }
         }
         wake.into_iter().for_each(Waker::wake);
@@ -367,6 +440,21 @@ impl Notifier {
     /// Notifications queued so far.
     pub(crate) fn launches(&self) -> u64 {
         self.signal.lock().launches
+    }
+
+    /// How this stream's futures waited so far.
+    pub(crate) fn stats(&self) -> WaitStats {
+        let (queries, spins, yields) = self.tally.read();
+        let st = self.signal.lock();
+        WaitStats {
+            points: st.next_seq,
+            queries,
+            frontier_queries: st.frontier_queries,
+            spins,
+            yields,
+            parks: st.parks,
+            notifications: st.launches,
+        }
     }
 
     /// Takes the free sequence number through which frees are known done.

@@ -48,6 +48,8 @@ pub(crate) struct Points {
     slots: VecDeque<Slot>,
     /// Errors of failed points below `base` whose owners have not let go.
     failed: BTreeMap<u64, ResourceError>,
+    /// A point ever failed (sticky: the stream is dead after a fault).
+    ever_failed: bool,
 }
 
 impl Default for Points {
@@ -56,6 +58,7 @@ impl Default for Points {
             base: 1,
             slots: VecDeque::new(),
             failed: BTreeMap::new(),
+            ever_failed: false,
         }
     }
 }
@@ -103,6 +106,18 @@ impl Points {
             State::Failed(ref e) => Some(Err((**e).clone())),
             State::Done | State::Gone => Some(Ok(())),
         }
+    }
+
+    /// Every point below it is settled (done, released, or failed with its
+    /// error kept aside); the point at it, if any, is pending.
+    pub(crate) fn base(&self) -> u64 {
+        self.base
+    }
+
+    /// Whether a point ever failed: then "below the base" no longer means
+    /// "done".
+    pub(crate) fn any_failed(&self) -> bool {
+        self.ever_failed
     }
 
     /// Slots in the ring: the points from the oldest pending one on.
@@ -157,6 +172,7 @@ impl Points {
                 failed += 1;
             }
         }
+        self.ever_failed |= failed > 0;
         self.pop_settled();
         failed
     }

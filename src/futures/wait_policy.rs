@@ -1,7 +1,7 @@
 //! [`WaitPolicy`]: how an [`EventFuture`](super::EventFuture) waits before
 //! it parks on a notification.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 /// How an [`EventFuture`](super::EventFuture) waits before relying on a
@@ -13,8 +13,9 @@ use std::time::Duration;
 /// poll, then by yielding to the executor and querying on each poll until
 /// `yield_for` after the first poll (other tasks run meanwhile). Only then
 /// does the future queue a notification and park. A future queued behind an
-/// earlier, still pending point of its stream parks at once: by stream order
-/// it cannot be done either.
+/// earlier, still pending point of its stream cannot be done either (stream
+/// order), so it never queries while it is behind; [`behind`](Self::behind)
+/// says whether it parks at once or yields until the earlier point settles.
 ///
 /// Both phases are bounded, and nothing spins while no future is being
 /// polled. Within them the event is queried at most once per
@@ -30,15 +31,41 @@ pub struct WaitPolicy {
     /// Least time between two queries of the event while spinning or
     /// yielding.
     pub query_every: Duration,
+    /// What a future does while an earlier point of its stream is pending.
+    pub behind: Behind,
+}
+
+/// What an [`EventFuture`](super::EventFuture) does while an earlier point of
+/// its stream is still pending (it cannot be reached first, so querying its
+/// own event would be wasted).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Behind {
+    /// Park at once and ask for a host-function notification: least CPU,
+    /// but every such future can cost a notification, and queuing host
+    /// functions slows threads that submit to the same context.
+    Park,
+    /// Yield to the executor without querying until the earlier point
+    /// settles (usually by its own future's query, which settles every
+    /// point up to it), then query as a first poll would; park only when
+    /// [`yield_for`](WaitPolicy::yield_for) since the first poll has passed.
+    Yield,
 }
 
 impl WaitPolicy {
-    /// 4 µs of spinning, then yielding up to 20 µs, querying every 0.5 µs:
-    /// covers a tiny operation on an idle stream without a host function.
+    /// 4 µs of spinning, then yielding up to 20 µs, querying every 0.5 µs,
+    /// and yielding behind a pending point: covers a tiny operation on an
+    /// idle stream, and a stream of operations awaited one task each,
+    /// without host functions.
+    ///
+    /// Yielding behind rather than parking: with a spawned task awaiting
+    /// each 8 MiB memset on an H200, the submitting loop ran at 1.45–1.52×
+    /// plain with [`Behind::Yield`] and 1.77–2.02× with [`Behind::Park`],
+    /// whose parked futures queue host functions (BENCHMARKS.md).
     pub const DEFAULT: WaitPolicy = WaitPolicy {
         spin: Duration::from_micros(4),
         yield_for: Duration::from_micros(20),
         query_every: Duration::from_nanos(500),
+        behind: Behind::Yield,
     };
 
     /// Park on a notification right after one query: least CPU, most
@@ -47,6 +74,7 @@ impl WaitPolicy {
         spin: Duration::ZERO,
         yield_for: Duration::ZERO,
         query_every: Duration::ZERO,
+        behind: Behind::Park,
     };
 }
 
@@ -62,6 +90,7 @@ pub(crate) struct SharedPolicy {
     spin_ns: AtomicU64,
     yield_ns: AtomicU64,
     every_ns: AtomicU64,
+    behind_yields: AtomicBool,
 }
 
 impl Default for SharedPolicy {
@@ -70,6 +99,7 @@ impl Default for SharedPolicy {
             spin_ns: AtomicU64::new(0),
             yield_ns: AtomicU64::new(0),
             every_ns: AtomicU64::new(0),
+            behind_yields: AtomicBool::new(true),
         };
         p.set(WaitPolicy::DEFAULT);
         p
@@ -83,6 +113,8 @@ impl SharedPolicy {
         self.yield_ns.store(ns(policy.yield_for), Ordering::Relaxed);
         self.every_ns
             .store(ns(policy.query_every), Ordering::Relaxed);
+        self.behind_yields
+            .store(policy.behind == Behind::Yield, Ordering::Relaxed);
     }
 
     pub(crate) fn get(&self) -> WaitPolicy {
@@ -90,6 +122,11 @@ impl SharedPolicy {
             spin: Duration::from_nanos(self.spin_ns.load(Ordering::Relaxed)),
             yield_for: Duration::from_nanos(self.yield_ns.load(Ordering::Relaxed)),
             query_every: Duration::from_nanos(self.every_ns.load(Ordering::Relaxed)),
+            behind: if self.behind_yields.load(Ordering::Relaxed) {
+                Behind::Yield
+            } else {
+                Behind::Park
+            },
         }
     }
 }
