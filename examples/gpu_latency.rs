@@ -41,7 +41,8 @@ use streamalloc::{AllocTag, DeviceBlock, DeviceMemoryResource, RawStream, Resour
 
 const SAMPLES: usize = 20_000;
 const STREAMS: usize = 8;
-/// Rounds of the throughput rows; each row reports its median.
+/// Rounds of the throughput rows on a GPU; each row reports its median (one
+/// round on the simulated device, which runs one operation at a time).
 const ROUNDS: usize = 9;
 
 fn main() -> ResourceResult<()> {
@@ -53,11 +54,11 @@ fn main() -> ResourceResult<()> {
     match common::setup(STREAMS, 1 << 30)? {
         common::Setup::Cuda(res) => {
             println!("device: CUDA device 0");
-            rt.block_on(in_a_task(measure(res, SAMPLES)))
+            rt.block_on(in_a_task(measure(res, SAMPLES, ROUNDS)))
         }
         common::Setup::Sim(res, _) => {
             println!("device: SIMULATED — numbers measure the futures layer only");
-            rt.block_on(in_a_task(measure(res, SAMPLES / 10)))
+            rt.block_on(in_a_task(measure(res, SAMPLES / 10, 1)))
         }
     }
 }
@@ -207,6 +208,7 @@ fn stats_since<R: DeviceMemoryResource + 'static>(
 async fn measure<R: DeviceMemoryResource + 'static>(
     res: AsyncResource<R>,
     samples: usize,
+    rounds: usize,
 ) -> ResourceResult<()> {
     // `QUERY_EVERY_NS=…` measures another query spacing than the default.
     let every = std::env::var("QUERY_EVERY_NS")
@@ -365,8 +367,16 @@ async fn measure<R: DeviceMemoryResource + 'static>(
         .map(|_| gpu.event_create().map_err(common::gpu_err))
         .collect::<ResourceResult<_>>()?;
     let mut record_each = Row::default();
+    // 10,000 fills with a raw record each, re-recording events at different
+    // distances: one event per stream (re-recorded every 8 ops, often while
+    // its last record is still pending), 8 per stream cycling, or 10,000
+    // (each used once per round); and `completion()` dropped at once.
+    let mut record_reuse: [Row; 4] = Default::default();
+    let many_events: Vec<_> = (0..10_000)
+        .map(|_| gpu.event_create().map_err(common::gpu_err))
+        .collect::<ResourceResult<_>>()?;
     many_round(true).await?; // warm-up: grows the event pool
-    for _round in 0..ROUNDS {
+    for _round in 0..rounds {
         let (base, _) = plain_loop()?;
         let t = Instant::now();
         for i in 0..n as usize {
@@ -377,6 +387,31 @@ async fn measure<R: DeviceMemoryResource + 'static>(
         }
         gpu.stream_synchronize(raw).map_err(common::gpu_err)?;
         record_each.push_paired(t.elapsed() / n, base, WaitStats::default(), 1);
+        for (k, events_in_use) in [8usize, 64, 10_000].into_iter().enumerate() {
+            let base = many_round(false).await?;
+            let t = Instant::now();
+            for i in 0..10_000 {
+                let b = &blocks[i % blocks.len()];
+                let r = pool.raw(b.stream())?;
+                gpu.memset_async(b.ptr(), 3, 4, r)
+                    .map_err(common::gpu_err)?;
+                // Event `i % events_in_use` is always on stream `i % 8`.
+                gpu.event_record(many_events[i % events_in_use], r)
+                    .map_err(common::gpu_err)?;
+            }
+            sync_all()?;
+            record_reuse[k].push_paired(t.elapsed() / 10_000, base, WaitStats::default(), 1);
+        }
+        let base = many_round(false).await?;
+        let t = Instant::now();
+        for i in 0..10_000 {
+            let b = &blocks[i % blocks.len()];
+            gpu.memset_async(b.ptr(), 3, 4, pool.raw(b.stream())?)
+                .map_err(common::gpu_err)?;
+            drop(res.completion(b.stream())?);
+        }
+        sync_all()?;
+        record_reuse[3].push_paired(t.elapsed() / 10_000, base, WaitStats::default(), 1);
 
         let (plain_all, in_memset) = plain_loop()?;
         plain.push(plain_all, WaitStats::default(), 1);
@@ -493,7 +528,7 @@ async fn measure<R: DeviceMemoryResource + 'static>(
         }
     }
     res.set_wait_policy(default_policy);
-    for e in record_events {
+    for e in record_events.into_iter().chain(many_events) {
         let _ = gpu.event_destroy(e);
     }
 
@@ -532,7 +567,7 @@ async fn measure<R: DeviceMemoryResource + 'static>(
 
     println!();
     println!(
-        "Throughput per wait policy: medians of {ROUNDS} interleaved rounds, each row against the plain loop run right before it (plain 8 MiB {plain_us:.2} µs, plain 10k fills {many_plain_us:.3} µs per op, medians). Counts per op: q = own-event queries, fq = frontier queries, park, notif = host functions, yield."
+        "Throughput per wait policy: medians of {rounds} interleaved rounds, each row against the plain loop run right before it (plain 8 MiB {plain_us:.2} µs, plain 10k fills {many_plain_us:.3} µs per op, medians). Counts per op: q = own-event queries, fq = frontier queries, park, notif = host functions, yield."
     );
     println!();
     println!("| row | policy | per op | vs plain | waits per op |");
@@ -557,6 +592,18 @@ async fn measure<R: DeviceMemoryResource + 'static>(
         record_each.value(),
         record_each.ratio()
     );
+    for (row, what) in record_reuse.iter().zip([
+        "a raw record each, one event per stream",
+        "a raw record each, 8 events per stream cycling",
+        "a raw record each, 10,000 events",
+        "`completion()` each, dropped at once",
+    ]) {
+        println!(
+            "| control: 10,000 fills on 8 streams, {what} | — | {:.3} µs | +{:.3} µs | — |",
+            row.value(),
+            row.overhead()
+        );
+    }
     println!(
         "| control: 8 MiB memsets, a spawned empty task each | — | {:.3} µs | {:.3}× | — |",
         spawn_empty.value(),
