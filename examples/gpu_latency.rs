@@ -196,15 +196,6 @@ impl Row {
     }
 }
 
-/// The wait counts since `before` (every future of a row is dropped by its
-/// end, so its counts are folded in).
-fn stats_since<R: DeviceMemoryResource + 'static>(
-    res: &AsyncResource<R>,
-    before: &WaitStats,
-) -> WaitStats {
-    res.wait_stats().since(before)
-}
-
 async fn measure<R: DeviceMemoryResource + 'static>(
     res: AsyncResource<R>,
     samples: usize,
@@ -460,7 +451,7 @@ async fn measure<R: DeviceMemoryResource + 'static>(
             let in_completion = Duration::from_nanos(in_completion.into_inner());
             spawned_in_completion[k].push(in_completion / n, WaitStats::default(), 1);
             outputs.into_iter().collect::<ResourceResult<()>>()?;
-            row[0].push_paired(all, base, stats_since(&res, &before), n.into());
+            row[0].push_paired(all, base, res.wait_stats().since(&before), n.into());
             spawned_submit[k].push(submit, WaitStats::default(), 1);
             spawned_in_memset[k].push(in_memset, WaitStats::default(), 1);
 
@@ -484,7 +475,12 @@ async fn measure<R: DeviceMemoryResource + 'static>(
             }
             drop(tx);
             consumer.await.expect("consumer task")?;
-            row[1].push_paired(t.elapsed() / n, base, stats_since(&res, &before), n.into());
+            row[1].push_paired(
+                t.elapsed() / n,
+                base,
+                res.wait_stats().since(&before),
+                n.into(),
+            );
 
             let (base, _) = plain_loop()?;
             let before = res.wait_stats();
@@ -498,12 +494,17 @@ async fn measure<R: DeviceMemoryResource + 'static>(
             for r in ::futures::future::join_all(futs).await {
                 r?;
             }
-            row[2].push_paired(t.elapsed() / n, base, stats_since(&res, &before), n.into());
+            row[2].push_paired(
+                t.elapsed() / n,
+                base,
+                res.wait_stats().since(&before),
+                n.into(),
+            );
 
             let base = many_round(false).await?;
             let before = res.wait_stats();
             let spawned_many = many_round(true).await?;
-            row[3].push_paired(spawned_many, base, stats_since(&res, &before), 10_000);
+            row[3].push_paired(spawned_many, base, res.wait_stats().since(&before), 10_000);
 
             let base = many_round(false).await?;
             let before = res.wait_stats();
@@ -522,7 +523,7 @@ async fn measure<R: DeviceMemoryResource + 'static>(
             row[4].push_paired(
                 t.elapsed() / 10_000,
                 base,
-                stats_since(&res, &before),
+                res.wait_stats().since(&before),
                 10_000,
             );
         }

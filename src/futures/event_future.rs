@@ -206,17 +206,17 @@ impl EventFuture {
         let mut last = since;
         if !self.policy.spin.is_zero() {
             self.tally.spins = self.tally.spins.saturating_add(1);
-        }
-        while !self.policy.spin.is_zero() {
-            std::hint::spin_loop();
-            let now = Instant::now();
-            if now - since >= self.policy.spin {
-                break;
-            }
-            if now - last >= self.policy.query_every {
-                last = now;
-                if let Some(r) = self.query() {
-                    return Err(self.settle(r));
+            loop {
+                std::hint::spin_loop();
+                let now = Instant::now();
+                if now - since >= self.policy.spin {
+                    break;
+                }
+                if now - last >= self.policy.query_every {
+                    last = now;
+                    if let Some(r) = self.query() {
+                        return Err(self.settle(r));
+                    }
                 }
             }
         }
