@@ -140,6 +140,28 @@ fn bench_bookkeeping(c: &mut Criterion) {
             rt.block_on(::futures::future::join_all(points))
         })
     });
+    // 10,000 points over the streams, awaited together: by `join_all`
+    // (which allocates a task node per future) against one after another
+    // (they are all complete, so in order costs nothing extra).
+    let streams: Vec<_> = pool.ids().collect();
+    let make = || -> Vec<_> {
+        (0..10_000)
+            .map(|i| res.completion(streams[i % streams.len()]).unwrap())
+            .collect()
+    };
+    group.sample_size(20);
+    group.bench_function("10k_points_join_all", |b| {
+        b.iter(|| rt.block_on(::futures::future::join_all(make())))
+    });
+    group.bench_function("10k_points_in_order", |b| {
+        b.iter(|| {
+            rt.block_on(async {
+                for point in make() {
+                    point.await.unwrap();
+                }
+            })
+        })
+    });
     group.finish();
 }
 

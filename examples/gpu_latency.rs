@@ -14,8 +14,11 @@
 //! process, interleaved and repeated (medians of `ROUNDS`), with the
 //! [`WaitStats`] of each row per op: how the futures waited. Row 2 is
 //! measured for the default policy and a longer spin, interleaved sample
-//! by sample with the floor. `--controls` adds a breakdown of where the time
-//! goes and controls without the futures layer.
+//! by sample with the floor. Controls without the futures layer (a raw
+//! event record, an empty spawned task, a `()` sent to a consumer task,
+//! `join_all` instead of awaiting in order) run in the same rounds;
+//! `--controls` adds a few more that say which work in a spawned task slows
+//! the submitting thread.
 //!
 //! Targets on an H200: idle p50 ≤ 5 µs / p99 ≤ 15 µs; tiny op p50 ≤ 1.1× the
 //! polling floor and p99 ≤ 10 µs; memsets with futures ≤ 1.15× plain; 10k
@@ -41,6 +44,8 @@ use streamalloc::{AllocTag, DeviceBlock, DeviceMemoryResource, RawStream, Resour
 
 const SAMPLES: usize = 20_000;
 const STREAMS: usize = 8;
+/// Fills in the many-futures rows.
+const FILLS: usize = 10_000;
 /// Rounds of the throughput rows on a GPU; each row reports its median (one
 /// round on the simulated device, which runs one operation at a time).
 const ROUNDS: usize = 9;
@@ -101,6 +106,66 @@ async fn memsets_with_tasks<T: Send + 'static>(
     }
     gpu.stream_synchronize(raw).map_err(common::gpu_err)?;
     Ok((submit, t.elapsed() / n, outputs, in_memset / n))
+}
+
+/// 10,000 4-byte fills round-robin over `blocks` (one per stream), each
+/// followed by whatever `after` queues (it may hand back something to wait
+/// for); then `finish` waits for those and every stream is synchronized.
+/// Per op, in all.
+async fn fills<T>(
+    gpu: &Arc<dyn Gpu>,
+    blocks: &[DeviceBlock],
+    raws: &[RawStream],
+    mut after: impl FnMut(usize, &DeviceBlock, RawStream) -> ResourceResult<Option<T>>,
+    finish: impl AsyncFnOnce(Vec<T>) -> ResourceResult<()>,
+) -> ResourceResult<Duration> {
+    let t = Instant::now();
+    let mut waits = Vec::with_capacity(FILLS);
+    for i in 0..FILLS {
+        let (b, raw) = (&blocks[i % blocks.len()], raws[i % raws.len()]);
+        gpu.memset_async(b.ptr(), 3, 4, raw)
+            .map_err(common::gpu_err)?;
+        waits.extend(after(i, b, raw)?);
+    }
+    finish(waits).await?;
+    for &raw in raws {
+        gpu.stream_synchronize(raw).map_err(common::gpu_err)?;
+    }
+    Ok(t.elapsed() / FILLS as u32)
+}
+
+/// `fills` with nothing after each fill.
+async fn plain_fills(
+    gpu: &Arc<dyn Gpu>,
+    blocks: &[DeviceBlock],
+    raws: &[RawStream],
+) -> ResourceResult<Duration> {
+    fills(
+        gpu,
+        blocks,
+        raws,
+        |_, _, _| Ok(None::<()>),
+        async |_| Ok(()),
+    )
+    .await
+}
+
+/// Awaits `futures` one after another.
+async fn in_order<F: std::future::Future<Output = ResourceResult<()>>>(
+    futures: Vec<F>,
+) -> ResourceResult<()> {
+    for f in futures {
+        f.await?;
+    }
+    Ok(())
+}
+
+/// Awaits spawned tasks that each return a result.
+async fn joined(tasks: Vec<tokio::task::JoinHandle<ResourceResult<()>>>) -> ResourceResult<()> {
+    for task in tasks {
+        task.await.expect("spawned task")?;
+    }
+    Ok(())
 }
 
 fn pct(mut v: Vec<Duration>) -> (f64, f64) {
@@ -281,13 +346,11 @@ async fn measure<R: DeviceMemoryResource + 'static>(
         .ids()
         .map(|s| res.try_allocate(256, s, AllocTag("10k")))
         .collect::<ResourceResult<_>>()?;
-    let sync_all = || -> ResourceResult<()> {
-        for s in pool.ids() {
-            gpu.stream_synchronize(pool.raw(s)?)
-                .map_err(common::gpu_err)?;
-        }
-        Ok(())
-    };
+    let raws: Vec<_> = pool
+        .ids()
+        .map(|s| pool.raw(s))
+        .collect::<ResourceResult<_>>()?;
+    let (gpu, blocks, raws) = (&gpu, &blocks[..], &raws[..]);
 
     // Throughput rows, per policy, interleaved over the rounds.
     let policies: Vec<_> = policies()
@@ -298,9 +361,9 @@ async fn measure<R: DeviceMemoryResource + 'static>(
     let row_names = [
         "8 MiB memsets, a spawned task awaiting a future each",
         "8 MiB memsets, a future each handed to one consumer task",
-        "8 MiB memsets, the futures awaited together (no spawn)",
+        "8 MiB memsets, the futures awaited in order (no spawn)",
         "10,000 fills on 8 streams, a spawned task awaiting a future each",
-        "10,000 fills on 8 streams, the futures awaited together (no spawn)",
+        "10,000 fills on 8 streams, the futures awaited in order (no spawn)",
     ];
     let mut rows: Vec<[Row; ROWS]> = policies.iter().map(|_| Default::default()).collect();
     let mut spawned_submit: Vec<Row> = policies.iter().map(|_| Row::default()).collect();
@@ -312,31 +375,18 @@ async fn measure<R: DeviceMemoryResource + 'static>(
     let mut many_plain = Row::default();
     let mut spawn_empty = Row::default();
     let mut many_spawn_empty = Row::default();
-    let many_round = |with_futures: bool| {
+    let mut unit_to_consumer = Row::default();
+    let mut many_join_all = Row::default();
+    let spawned_futures = |res: &AsyncResource<R>| {
         let res = res.clone();
-        let pool = pool.clone();
-        let gpu = gpu.clone();
-        let blocks = blocks.clone();
-        async move {
-            let t = Instant::now();
-            let mut tasks = Vec::with_capacity(10_000);
-            for i in 0..10_000 {
-                let b = &blocks[i % blocks.len()];
-                gpu.memset_async(b.ptr(), 3, 4, pool.raw(b.stream())?)
-                    .map_err(common::gpu_err)?;
-                if with_futures {
-                    tasks.push(tokio::spawn(res.completion(b.stream())?));
-                }
-            }
-            for task in tasks {
-                task.await.expect("future task")?;
-            }
-            for s in pool.ids() {
-                gpu.stream_synchronize(pool.raw(s)?)
-                    .map_err(common::gpu_err)?;
-            }
-            ResourceResult::Ok(t.elapsed() / 10_000)
+        move |_: usize, b: &DeviceBlock, _: RawStream| {
+            let point = res.completion(b.stream())?;
+            Ok(Some(tokio::spawn(point)))
         }
+    };
+    let futures_each = |res: &AsyncResource<R>| {
+        let res = res.clone();
+        move |_: usize, b: &DeviceBlock, _: RawStream| res.completion(b.stream()).map(Some)
     };
     // The plain 8 MiB loop: per op in all, and inside memset_async.
     let plain_loop = || -> ResourceResult<(Duration, Duration)> {
@@ -363,10 +413,11 @@ async fn measure<R: DeviceMemoryResource + 'static>(
     // its last record is still pending), 8 per stream cycling, or 10,000
     // (each used once per round); and `completion()` dropped at once.
     let mut record_reuse: [Row; 4] = Default::default();
-    let many_events: Vec<_> = (0..10_000)
+    let many_events: Vec<_> = (0..FILLS)
         .map(|_| gpu.event_create().map_err(common::gpu_err))
         .collect::<ResourceResult<_>>()?;
-    many_round(true).await?; // warm-up: grows the event pool
+    // Warm-up: grows the event pool.
+    fills(gpu, blocks, raws, spawned_futures(&res), joined).await?;
     for _round in 0..rounds {
         let (base, _) = plain_loop()?;
         let t = Instant::now();
@@ -378,56 +429,71 @@ async fn measure<R: DeviceMemoryResource + 'static>(
         }
         gpu.stream_synchronize(raw).map_err(common::gpu_err)?;
         record_each.push_paired(t.elapsed() / n, base, WaitStats::default(), 1);
-        for (k, events_in_use) in [8usize, 64, 10_000].into_iter().enumerate() {
-            let base = many_round(false).await?;
-            let t = Instant::now();
-            for i in 0..10_000 {
-                let b = &blocks[i % blocks.len()];
-                let r = pool.raw(b.stream())?;
-                gpu.memset_async(b.ptr(), 3, 4, r)
+        for (k, events_in_use) in [8usize, 64, FILLS].into_iter().enumerate() {
+            let base = plain_fills(gpu, blocks, raws).await?;
+            // Event `i % events_in_use` is always on stream `i % 8`.
+            let record = |i: usize, _: &DeviceBlock, raw: RawStream| {
+                gpu.event_record(many_events[i % events_in_use], raw)
                     .map_err(common::gpu_err)?;
-                // Event `i % events_in_use` is always on stream `i % 8`.
-                gpu.event_record(many_events[i % events_in_use], r)
-                    .map_err(common::gpu_err)?;
-            }
-            sync_all()?;
-            record_reuse[k].push_paired(t.elapsed() / 10_000, base, WaitStats::default(), 1);
+                Ok(None::<()>)
+            };
+            let with = fills(gpu, blocks, raws, record, async |_| Ok(())).await?;
+            record_reuse[k].push_paired(with, base, WaitStats::default(), 1);
         }
-        let base = many_round(false).await?;
-        let t = Instant::now();
-        for i in 0..10_000 {
-            let b = &blocks[i % blocks.len()];
-            gpu.memset_async(b.ptr(), 3, 4, pool.raw(b.stream())?)
-                .map_err(common::gpu_err)?;
+        let base = plain_fills(gpu, blocks, raws).await?;
+        let dropped = |_: usize, b: &DeviceBlock, _: RawStream| {
             drop(res.completion(b.stream())?);
-        }
-        sync_all()?;
-        record_reuse[3].push_paired(t.elapsed() / 10_000, base, WaitStats::default(), 1);
+            Ok(None::<()>)
+        };
+        let with = fills(gpu, blocks, raws, dropped, async |_| Ok(())).await?;
+        record_reuse[3].push_paired(with, base, WaitStats::default(), 1);
 
         let (plain_all, in_memset) = plain_loop()?;
         plain.push(plain_all, WaitStats::default(), 1);
         plain_in_memset.push(in_memset, WaitStats::default(), 1);
-        let many_base = many_round(false).await?;
+        let many_base = plain_fills(gpu, blocks, raws).await?;
         many_plain.push(many_base, WaitStats::default(), 1);
         // Controls: a spawned empty task per op (what tokio alone costs).
         let (submit, all, _, in_memset) =
-            memsets_with_tasks(&gpu, &big, raw, n, || Ok(tokio::spawn(async {}))).await?;
+            memsets_with_tasks(gpu, &big, raw, n, || Ok(tokio::spawn(async {}))).await?;
         spawn_empty.push_paired(all, plain_all, WaitStats::default(), 1);
         spawn_empty_split[0].push(submit, WaitStats::default(), 1);
         spawn_empty_split[1].push(in_memset, WaitStats::default(), 1);
+        let spawn = |_: usize, _: &DeviceBlock, _: RawStream| Ok(Some(tokio::spawn(async {})));
+        let with = fills(gpu, blocks, raws, spawn, async |tasks| {
+            for task in tasks {
+                task.await.expect("empty task");
+            }
+            Ok(())
+        })
+        .await?;
+        many_spawn_empty.push_paired(with, many_base, WaitStats::default(), 1);
+        // What the channel to a consumer task costs alone: a `()` per op.
+        let (base, _) = plain_loop()?;
         let t = Instant::now();
-        let mut tasks = Vec::with_capacity(10_000);
-        for i in 0..10_000 {
-            let b = &blocks[i % blocks.len()];
-            gpu.memset_async(b.ptr(), 3, 4, pool.raw(b.stream())?)
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let consumer = tokio::spawn(async move { while let Some(()) = rx.recv().await {} });
+        for _ in 0..n {
+            gpu.memset_async(big.ptr(), 2, big.size(), raw)
                 .map_err(common::gpu_err)?;
-            tasks.push(tokio::spawn(async {}));
+            let _ = tx.send(());
         }
-        for task in tasks {
-            task.await.expect("empty task");
-        }
-        sync_all()?;
-        many_spawn_empty.push_paired(t.elapsed() / 10_000, many_base, WaitStats::default(), 1);
+        drop(tx);
+        consumer.await.expect("consumer task");
+        gpu.stream_synchronize(raw).map_err(common::gpu_err)?;
+        unit_to_consumer.push_paired(t.elapsed() / n, base, WaitStats::default(), 1);
+        // The futures of the in-order row awaited by `join_all` instead,
+        // which allocates a task node per future.
+        let base = plain_fills(gpu, blocks, raws).await?;
+        let before = res.wait_stats();
+        let with = fills(gpu, blocks, raws, futures_each(&res), async |futs| {
+            ::futures::future::join_all(futs)
+                .await
+                .into_iter()
+                .collect()
+        })
+        .await?;
+        many_join_all.push_paired(with, base, res.wait_stats().since(&before), FILLS as u64);
 
         for (k, &(_, policy)) in policies.iter().enumerate() {
             res.set_wait_policy(policy);
@@ -438,7 +504,7 @@ async fn measure<R: DeviceMemoryResource + 'static>(
             // Nanoseconds inside `completion()` (an atomic only so that the
             // measuring future stays `Send`).
             let in_completion = std::sync::atomic::AtomicU64::new(0);
-            let (submit, all, outputs, in_memset) = memsets_with_tasks(&gpu, &big, raw, n, || {
+            let (submit, all, outputs, in_memset) = memsets_with_tasks(gpu, &big, raw, n, || {
                 let c = Instant::now();
                 let point = res.completion(s)?;
                 in_completion.fetch_add(
@@ -475,6 +541,7 @@ async fn measure<R: DeviceMemoryResource + 'static>(
             }
             drop(tx);
             consumer.await.expect("consumer task")?;
+            gpu.stream_synchronize(raw).map_err(common::gpu_err)?;
             row[1].push_paired(
                 t.elapsed() / n,
                 base,
@@ -491,9 +558,8 @@ async fn measure<R: DeviceMemoryResource + 'static>(
                     .map_err(common::gpu_err)?;
                 futs.push(res.completion(s)?);
             }
-            for r in ::futures::future::join_all(futs).await {
-                r?;
-            }
+            in_order(futs).await?;
+            gpu.stream_synchronize(raw).map_err(common::gpu_err)?;
             row[2].push_paired(
                 t.elapsed() / n,
                 base,
@@ -501,31 +567,15 @@ async fn measure<R: DeviceMemoryResource + 'static>(
                 n.into(),
             );
 
-            let base = many_round(false).await?;
+            let base = plain_fills(gpu, blocks, raws).await?;
             let before = res.wait_stats();
-            let spawned_many = many_round(true).await?;
-            row[3].push_paired(spawned_many, base, res.wait_stats().since(&before), 10_000);
+            let with = fills(gpu, blocks, raws, spawned_futures(&res), joined).await?;
+            row[3].push_paired(with, base, res.wait_stats().since(&before), FILLS as u64);
 
-            let base = many_round(false).await?;
+            let base = plain_fills(gpu, blocks, raws).await?;
             let before = res.wait_stats();
-            let t = Instant::now();
-            let mut futs = Vec::with_capacity(10_000);
-            for i in 0..10_000 {
-                let b = &blocks[i % blocks.len()];
-                gpu.memset_async(b.ptr(), 3, 4, pool.raw(b.stream())?)
-                    .map_err(common::gpu_err)?;
-                futs.push(res.completion(b.stream())?);
-            }
-            for r in ::futures::future::join_all(futs).await {
-                r?;
-            }
-            sync_all()?;
-            row[4].push_paired(
-                t.elapsed() / 10_000,
-                base,
-                res.wait_stats().since(&before),
-                10_000,
-            );
+            let with = fills(gpu, blocks, raws, futures_each(&res), in_order).await?;
+            row[4].push_paired(with, base, res.wait_stats().since(&before), FILLS as u64);
         }
     }
     res.set_wait_policy(default_policy);
@@ -606,6 +656,17 @@ async fn measure<R: DeviceMemoryResource + 'static>(
         );
     }
     println!(
+        "| control: 10,000 fills on 8 streams, the futures awaited by `join_all` (default policy) | — | {:.3} µs | +{:.3} µs | {} |",
+        many_join_all.value(),
+        many_join_all.overhead(),
+        many_join_all.counts()
+    );
+    println!(
+        "| control: 8 MiB memsets, a `()` handed to one consumer task each (no futures) | — | {:.3} µs | {:.3}× | — |",
+        unit_to_consumer.value(),
+        unit_to_consumer.ratio()
+    );
+    println!(
         "| control: 8 MiB memsets, a spawned empty task each | — | {:.3} µs | {:.3}× | — |",
         spawn_empty.value(),
         spawn_empty.ratio()
@@ -644,14 +705,14 @@ async fn measure<R: DeviceMemoryResource + 'static>(
     }
 
     if std::env::args().any(|a| a == "--controls") {
-        breakdown(&res, &big, &blocks, n).await?;
+        breakdown(&res, &big, n).await?;
     }
     println!(
         "\n{} notifications (host functions) in all",
         res.notifications()
     );
 
-    for b in blocks.into_iter().chain([tiny, big]) {
+    for b in blocks.iter().cloned().chain([tiny, big]) {
         drop(res.deallocate(b)?);
     }
     res.reap_pending().await?;
@@ -659,12 +720,12 @@ async fn measure<R: DeviceMemoryResource + 'static>(
     Ok(())
 }
 
-/// Where the cost goes: the same work split into its parts, and controls
-/// without the futures layer (`--controls`).
+/// Controls that the main rounds do not repeat (`--controls`): what one
+/// `completion()` costs on an idle stream, and which kind of work in a
+/// spawned task slows a thread submitting to the same stream.
 async fn breakdown<R: DeviceMemoryResource + 'static>(
     res: &AsyncResource<R>,
     big: &DeviceBlock,
-    blocks: &[DeviceBlock],
     n: u32,
 ) -> ResourceResult<()> {
     let pool = res.stream_pool().clone();
@@ -676,93 +737,13 @@ async fn breakdown<R: DeviceMemoryResource + 'static>(
     gpu.stream_synchronize(raw).map_err(common::gpu_err)?;
     let point_only = {
         let t = Instant::now();
-        for _ in 0..10_000 {
+        for _ in 0..FILLS {
             drop(res.completion(s)?);
         }
-        t.elapsed() / 10_000
+        t.elapsed() / FILLS as u32
     };
-    // (b) 8 MiB memsets with a future each, awaited together in this task
-    //     (no task spawned per future): the submit loop alone, then in all.
-    let (submit, joined) = {
-        let t = Instant::now();
-        let mut futs = Vec::with_capacity(n as usize);
-        for _ in 0..n {
-            gpu.memset_async(big.ptr(), 4, big.size(), raw)
-                .map_err(common::gpu_err)?;
-            futs.push(res.completion(s)?);
-        }
-        let submit = t.elapsed() / n;
-        for r in ::futures::future::join_all(futs).await {
-            r?;
-        }
-        (submit, t.elapsed() / n)
-    };
-    // (c) the spawned variant with futures that park at once (no spin).
-    let parked = {
-        let policy = res.wait_policy();
-        res.set_wait_policy(streamalloc::futures::WaitPolicy::PARK_AT_ONCE);
-        let (_, parked, outputs, _) =
-            memsets_with_tasks(&gpu, big, raw, n, || Ok(tokio::spawn(res.completion(s)?))).await?;
-        res.set_wait_policy(policy);
-        outputs.into_iter().collect::<ResourceResult<()>>()?;
-        parked
-    };
-    // (e) the floor any event-based design pays: plain memsets, the submit
-    //     loop alone; then a raw event record after each (no futures).
-    gpu.stream_synchronize(raw).map_err(common::gpu_err)?;
-    let plain_submit = {
-        let t = Instant::now();
-        for _ in 0..n {
-            gpu.memset_async(big.ptr(), 6, big.size(), raw)
-                .map_err(common::gpu_err)?;
-        }
-        let submit = t.elapsed() / n;
-        gpu.stream_synchronize(raw).map_err(common::gpu_err)?;
-        submit
-    };
-    let raw_events: Vec<_> = (0..64)
-        .map(|_| gpu.event_create().map_err(common::gpu_err))
-        .collect::<ResourceResult<_>>()?;
-    let (record_submit, record_all) = {
-        let t = Instant::now();
-        for i in 0..n as usize {
-            gpu.memset_async(big.ptr(), 7, big.size(), raw)
-                .map_err(common::gpu_err)?;
-            gpu.event_record(raw_events[i % raw_events.len()], raw)
-                .map_err(common::gpu_err)?;
-        }
-        let submit = t.elapsed() / n;
-        gpu.stream_synchronize(raw).map_err(common::gpu_err)?;
-        (submit, t.elapsed() / n)
-    };
-    let many_record = {
-        let t = Instant::now();
-        for i in 0..10_000 {
-            let b = &blocks[i % blocks.len()];
-            let r = pool.raw(b.stream())?;
-            gpu.memset_async(b.ptr(), 3, 4, r)
-                .map_err(common::gpu_err)?;
-            gpu.event_record(raw_events[i % raw_events.len()], r)
-                .map_err(common::gpu_err)?;
-        }
-        for s in pool.ids() {
-            gpu.stream_synchronize(pool.raw(s)?)
-                .map_err(common::gpu_err)?;
-        }
-        t.elapsed() / 10_000
-    };
-    for e in raw_events {
-        let _ = gpu.event_destroy(e);
-    }
-    // Controls: what the runtime and the driver cost without the futures
-    // layer. (f) a spawned empty task per op; (g) a raw record per op, each
-    // on an event of its own (10,000 events, as 10,000 live futures hold);
-    // (h) `completion()` per op with the futures dropped at once.
-    let (_, spawn_big, _, _) =
-        memsets_with_tasks(&gpu, big, raw, n, || Ok(tokio::spawn(async {}))).await?;
-    // (i) spawned tasks that only take the notifier locks (no driver call),
-    // and (j) tasks that only query a finished event three times (no lock):
-    // which of the two slows a thread submitting to the same stream.
+    // (b) spawned tasks that only take the notifier locks (no driver call),
+    // and (c) tasks that only query a finished event three times (no lock).
     let done = gpu.event_create().map_err(common::gpu_err)?;
     gpu.event_record(done, raw).map_err(common::gpu_err)?;
     gpu.stream_synchronize(raw).map_err(common::gpu_err)?;
@@ -787,7 +768,7 @@ async fn breakdown<R: DeviceMemoryResource + 'static>(
     })
     .await?;
     let _ = gpu.event_destroy(done);
-    // (k) spawned tasks woken from a thread outside the runtime about 5 µs
+    // (d) spawned tasks woken from a thread outside the runtime about 5 µs
     // after they are spawned, as a completion notification wakes a parked
     // future: no GPU or lock involved.
     let remote_woken = {
@@ -813,10 +794,10 @@ async fn breakdown<R: DeviceMemoryResource + 'static>(
         let _ = waker.join();
         submit
     };
-    // (l) spawned tasks woken by a host function on a second stream that
+    // (e) spawned tasks woken by a host function on a second stream that
     // waits on an event recorded after each memset (our notifier's shape,
     // one per op, none of our code): waking inside the host function, and
-    // (m) the host function handing the wake to a thread of ours.
+    // (f) the host function handing the wake to a thread of ours.
     let lane = gpu.create_stream().map_err(common::gpu_err)?;
     let lane_events: Vec<_> = (0..n)
         .map(|_| gpu.event_create().map_err(common::gpu_err))
@@ -860,139 +841,31 @@ async fn breakdown<R: DeviceMemoryResource + 'static>(
         let _ = gpu.event_destroy(e);
     }
     let _ = gpu.destroy_stream(lane);
-    let sync_all = || -> ResourceResult<()> {
-        for s in pool.ids() {
-            gpu.stream_synchronize(pool.raw(s)?)
-                .map_err(common::gpu_err)?;
-        }
-        Ok(())
-    };
-    let spawn_many = {
-        let t = Instant::now();
-        let mut tasks = Vec::with_capacity(10_000);
-        for i in 0..10_000 {
-            let b = &blocks[i % blocks.len()];
-            gpu.memset_async(b.ptr(), 3, 4, pool.raw(b.stream())?)
-                .map_err(common::gpu_err)?;
-            tasks.push(tokio::spawn(async {}));
-        }
-        for task in tasks {
-            task.await.expect("empty task");
-        }
-        sync_all()?;
-        t.elapsed() / 10_000
-    };
-    let own_events: Vec<_> = (0..10_000)
-        .map(|_| gpu.event_create().map_err(common::gpu_err))
-        .collect::<ResourceResult<_>>()?;
-    let many_own_record = {
-        let t = Instant::now();
-        for (i, &e) in own_events.iter().enumerate() {
-            let b = &blocks[i % blocks.len()];
-            let r = pool.raw(b.stream())?;
-            gpu.memset_async(b.ptr(), 3, 4, r)
-                .map_err(common::gpu_err)?;
-            gpu.event_record(e, r).map_err(common::gpu_err)?;
-        }
-        sync_all()?;
-        t.elapsed() / 10_000
-    };
-    for e in own_events {
-        let _ = gpu.event_destroy(e);
-    }
-    let many_dropped = {
-        let t = Instant::now();
-        for i in 0..10_000 {
-            let b = &blocks[i % blocks.len()];
-            gpu.memset_async(b.ptr(), 3, 4, pool.raw(b.stream())?)
-                .map_err(common::gpu_err)?;
-            drop(res.completion(b.stream())?);
-        }
-        sync_all()?;
-        t.elapsed() / 10_000
-    };
-    // (d) 10,000 futures over 8 streams awaited together, no task each.
-    let many_joined = {
-        let t = Instant::now();
-        let mut futs = Vec::with_capacity(10_000);
-        for i in 0..10_000 {
-            let b = &blocks[i % blocks.len()];
-            gpu.memset_async(b.ptr(), 3, 4, pool.raw(b.stream())?)
-                .map_err(common::gpu_err)?;
-            futs.push(res.completion(b.stream())?);
-        }
-        for r in ::futures::future::join_all(futs).await {
-            r?;
-        }
-        t.elapsed() / 10_000
-    };
 
     let us = |d: Duration| d.as_secs_f64() * 1e6;
     println!();
-    println!("| breakdown | per op |");
+    println!("| control (`--controls`) | per op |");
     println!("| --- | --- |");
     println!(
         "| `completion()` alone (record + sequence number), idle stream | {:.2} µs |",
         us(point_only)
     );
     println!(
-        "| 8 MiB memset + `completion()`, submit loop only / in all, awaited together (no spawn) | {:.2} / {:.2} µs |",
-        us(submit),
-        us(joined)
-    );
-    println!(
-        "| 8 MiB memset, a spawned future each, parking at once (no spin) | {:.2} µs |",
-        us(parked)
-    );
-    println!(
-        "| 10,000 fills, futures awaited together (no spawn) | {:.3} µs |",
-        us(many_joined)
-    );
-    println!(
-        "| 8 MiB memset plain, submit loop only | {:.2} µs |",
-        us(plain_submit)
-    );
-    println!(
-        "| 8 MiB memset + a raw event record each (no futures), submit loop only / in all | {:.2} / {:.2} µs |",
-        us(record_submit),
-        us(record_all)
-    );
-    println!(
-        "| 10,000 fills + a raw event record each (no futures), in all | {:.3} µs |",
-        us(many_record)
-    );
-    println!(
-        "| control: 8 MiB memset + a spawned empty task each, in all | {:.2} µs |",
-        us(spawn_big)
-    );
-    println!(
-        "| control: 8 MiB memset + a spawned task taking the notifier locks 4 times (no driver call): submit loop | {:.2} µs |",
+        "| 8 MiB memset + a spawned task taking the notifier locks 4 times (no driver call): submit loop | {:.2} µs |",
         us(spawn_locks)
     );
     println!(
-        "| control: 8 MiB memset + a spawned task querying a finished event 3 times (no lock): submit loop | {:.2} µs |",
+        "| 8 MiB memset + a spawned task querying a finished event 3 times (no lock): submit loop | {:.2} µs |",
         us(spawn_queries)
     );
     println!(
-        "| control: 8 MiB memset + a spawned task woken from another thread 5 µs later (no GPU, no lock): submit loop | {:.2} µs |",
+        "| 8 MiB memset + a spawned task woken from another thread 5 µs later (no GPU, no lock): submit loop | {:.2} µs |",
         us(remote_woken)
     );
     println!(
-        "| control: 8 MiB memset + record + a host function on a second stream waking a spawned task, in the host function / handed to a thread: submit loop | {:.2} / {:.2} µs |",
+        "| 8 MiB memset + record + a host function on a second stream waking a spawned task, in the host function / handed to a thread: submit loop | {:.2} / {:.2} µs |",
         us(host_fn_woken[0]),
         us(host_fn_woken[1])
-    );
-    println!(
-        "| control: 10,000 fills + a spawned empty task each, in all | {:.3} µs |",
-        us(spawn_many)
-    );
-    println!(
-        "| control: 10,000 fills + a raw record each on its own event (10,000 events), in all | {:.3} µs |",
-        us(many_own_record)
-    );
-    println!(
-        "| 10,000 fills + `completion()` each, futures dropped at once, in all | {:.3} µs |",
-        us(many_dropped)
     );
     Ok(())
 }
