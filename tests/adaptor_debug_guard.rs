@@ -3,12 +3,17 @@
 mod common;
 mod support;
 
-use streamalloc::adaptors::{DebugGuard, GpuPoison, GuardConfig};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::thread;
+use std::time::Duration;
+
+use streamalloc::adaptors::{DebugGuard, GpuPoison, GuardConfig, Poison};
 use streamalloc::error::DriverCall;
 use streamalloc::gpu::sim::MemAccess;
 use streamalloc::{
     Access, AllocTag, BlockId, BlockState, DeviceBlock, DeviceMemoryResource, ResourceError,
-    ResourceId,
+    ResourceId, ResourceResult, SimResource, StreamId,
 };
 use support::NoTracking;
 
@@ -238,4 +243,335 @@ fn dropping_the_guard_frees_the_quarantine() {
     drop(g);
     assert_eq!(f.resource.live_bytes(), 0);
     assert_eq!(f.resource.pending_free_bytes(), 512);
+}
+
+/// Runs `f` on its own thread and waits at most 10 s for its answer, so a
+/// deadlock fails the test instead of hanging the suite.
+fn within<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(Duration::from_secs(10)) {
+        Ok(out) => out,
+        Err(RecvTimeoutError::Timeout) => panic!("{what}: no answer within 10 s (deadlock?)"),
+        Err(RecvTimeoutError::Disconnected) => panic!("{what}: panicked"),
+    }
+}
+
+/// A poison that runs a closure: user code that may call back into the
+/// guard.
+struct FnPoison<F>(F);
+
+impl<F: Fn(&DeviceBlock) -> ResourceResult<()> + Send + Sync + 'static> Poison for FnPoison<F> {
+    fn fill(&self, block: &DeviceBlock) -> ResourceResult<()> {
+        (self.0)(block)
+    }
+}
+
+type SimGuard = DebugGuard<Arc<SimResource>>;
+
+/// A place for the guard that its own poison (or inner resource) can reach
+/// once the guard is built; weak, so the guard is still dropped (and
+/// flushed) at the end of the test.
+type GuardCell<G> = Arc<OnceLock<Weak<G>>>;
+
+fn reach<G>(cell: &GuardCell<G>) -> Arc<G> {
+    cell.get().and_then(Weak::upgrade).expect("the guard")
+}
+
+#[test]
+fn a_poison_may_call_back_into_the_guard() {
+    let f = common::sim(2);
+    let (a, b) = (f.stream(0), f.stream(1));
+    let cell: GuardCell<SimGuard> = Arc::default();
+    let other: Arc<OnceLock<DeviceBlock>> = Arc::default();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let poison = {
+        let (cell, other, seen) = (cell.clone(), other.clone(), seen.clone());
+        FnPoison(move |block: &DeviceBlock| {
+            let g = reach(&cell);
+            let other = other.get().expect("the other block");
+            seen.lock().unwrap().push((
+                g.block_state(block.id()),
+                g.block_state(other.id()),
+                g.prepare_block_use(block.id(), b, Access::Read),
+                g.prepare_block_use(other.id(), b, Access::Read)
+                    .and_then(|()| g.finish_block_use(other.id(), b, Access::Read)),
+                g.record_block_use(other, b),
+                g.quarantined_bytes(),
+            ));
+            Ok(())
+        })
+    };
+    let g = Arc::new(DebugGuard::new(
+        f.resource.clone(),
+        GuardConfig::new().poison(poison),
+    ));
+    cell.set(Arc::downgrade(&g)).unwrap();
+    let block = g.allocate(256, a, T).unwrap();
+    other.set(g.allocate(128, a, T).unwrap()).unwrap();
+
+    let freed = {
+        let (g, block) = (g.clone(), block.clone());
+        within("deallocate with a re-entrant poison", move || {
+            g.deallocate(block)
+        })
+    };
+    assert_eq!(freed, Ok(()));
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(
+        seen,
+        vec![(
+            // Being freed into the quarantine: reported where it goes, and
+            // a hook on it is refused as racing its free.
+            Some(BlockState::Quarantined),
+            Some(BlockState::Live),
+            Err(ResourceError::FreeInFlight { block: block.id() }),
+            Ok(()),
+            Ok(()),
+            0,
+        )]
+    );
+    assert_eq!(g.block_state(block.id()), Some(BlockState::Quarantined));
+    assert_eq!(g.quarantined_bytes(), 256);
+}
+
+#[test]
+fn hooks_and_a_racing_free_do_not_wait_for_a_fill() {
+    let f = common::sim(2);
+    let (a, b) = (f.stream(0), f.stream(1));
+    let (entered_tx, entered) = mpsc::channel();
+    let (go, go_rx) = mpsc::channel::<()>();
+    let go_rx = Mutex::new(go_rx);
+    let poison = FnPoison(move |block: &DeviceBlock| {
+        entered_tx.send(block.id()).unwrap();
+        go_rx.lock().unwrap().recv().unwrap();
+        Ok(())
+    });
+    let g = Arc::new(DebugGuard::new(
+        f.resource.clone(),
+        GuardConfig::new().poison(poison),
+    ));
+    let blk_a = g.allocate(256, a, T).unwrap();
+    let blk_b = g.allocate(128, a, T).unwrap();
+
+    let freer = {
+        let (g, blk_a) = (g.clone(), blk_a.clone());
+        thread::spawn(move || g.deallocate(blk_a))
+    };
+    // The fill of A is running (and blocked) on the freer's thread.
+    let filling = entered.recv_timeout(Duration::from_secs(10));
+    assert_eq!(filling, Ok(blk_a.id()));
+
+    let probed = {
+        let (g, blk_a, blk_b) = (g.clone(), blk_a.clone(), blk_b.clone());
+        within("hooks while a fill runs", move || {
+            (
+                g.block_state(blk_b.id()),
+                g.prepare_block_use(blk_b.id(), b, Access::Read),
+                g.finish_block_use(blk_b.id(), b, Access::Read),
+                g.record_block_use(&blk_b, b),
+                g.block_state(blk_a.id()),
+                g.finish_block_use(blk_a.id(), b, Access::Read),
+                g.deallocate(blk_a.clone()),
+                g.quarantined(),
+            )
+        })
+    };
+    go.send(()).unwrap();
+    assert_eq!(
+        probed,
+        (
+            Some(BlockState::Live),
+            Ok(()),
+            Ok(()),
+            Ok(()),
+            Some(BlockState::Quarantined),
+            Err(ResourceError::FreeInFlight { block: blk_a.id() }),
+            Err(ResourceError::FreeInFlight { block: blk_a.id() }),
+            vec![],
+        )
+    );
+    assert_eq!(freer.join().unwrap(), Ok(()));
+    assert_eq!(g.quarantined(), vec![blk_a.clone()]);
+    // The racing free changed nothing: now it is a plain double free.
+    assert_eq!(
+        g.deallocate(blk_a.clone()),
+        Err(ResourceError::DoubleFree { block: blk_a.id() })
+    );
+}
+
+#[test]
+fn a_failed_poison_fill_changes_nothing() {
+    let f = common::sim(2);
+    let gpu = f.sim.clone().unwrap();
+    let (a, b) = (f.stream(0), f.stream(1));
+    let poison = GpuPoison::for_resource(&f.resource, 0x5A);
+    let g = DebugGuard::new(f.resource.clone(), GuardConfig::new().poison(poison));
+    let held = g.allocate(100, a, T).unwrap();
+    let block = g.allocate(300, a, T).unwrap();
+    g.deallocate(held.clone()).unwrap();
+    // A recorded read on another stream, so the block has uses to keep.
+    g.prepare_block_use(block.id(), b, Access::Read).unwrap();
+    gpu.launch_kernel(f.pool.raw(b).unwrap(), &[MemAccess::read(&block)])
+        .unwrap();
+    g.finish_block_use(block.id(), b, Access::Read).unwrap();
+
+    let snapshot = |g: &SimGuard| {
+        (
+            g.quarantined(),
+            g.quarantined_bytes(),
+            g.block_state(block.id()),
+            g.block_state(held.id()),
+            g.bytes_outstanding(),
+            f.resource.live_bytes(),
+            f.resource.pending_free_bytes(),
+            f.resource.pending_use_event_count(block.ptr()),
+            gpu.call_count(DriverCall::FreeAsync),
+        )
+    };
+    let before = snapshot(&g);
+    gpu.fail_nth(DriverCall::MemsetAsync, 1);
+    assert!(matches!(
+        g.deallocate(block.clone()),
+        Err(ResourceError::Driver {
+            call: DriverCall::MemsetAsync,
+            ..
+        })
+    ));
+    assert_eq!(snapshot(&g), before);
+    assert_eq!(before.2, Some(BlockState::Live));
+
+    // The mark came off: hooks work and the block frees.
+    g.prepare_block_use(block.id(), b, Access::Read).unwrap();
+    g.finish_block_use(block.id(), b, Access::Read).unwrap();
+    g.deallocate(block.clone()).unwrap();
+    assert_eq!(g.quarantined(), vec![held, block.clone()]);
+    assert_eq!(g.quarantined_bytes(), 400);
+    assert_eq!(g.block_state(block.id()), Some(BlockState::Quarantined));
+    g.flush().unwrap();
+    gpu.run_until_idle();
+    assert!(gpu.races().is_empty(), "{:?}", gpu.races());
+}
+
+/// What [`Spy`] saw of its guard while the guard freed a block in it.
+type Sighting = (
+    Vec<DeviceBlock>,
+    usize,
+    Option<BlockState>,
+    ResourceResult<()>,
+);
+
+/// Forwards to a simulated resource; in `deallocate` (an eviction, for a
+/// guard above it), first looks at the guard above through its public API.
+/// A `Spy` is the guard's inner resource, so it reaches the guard weakly.
+struct Spy {
+    inner: Arc<SimResource>,
+    guard: GuardCell<DebugGuard<Spy>>,
+    seen: Mutex<Vec<Sighting>>,
+}
+
+impl DeviceMemoryResource for Spy {
+    fn allocate(&self, bytes: usize, s: StreamId, tag: AllocTag) -> ResourceResult<DeviceBlock> {
+        self.inner.allocate(bytes, s, tag)
+    }
+    fn deallocate(&self, block: DeviceBlock) -> ResourceResult<()> {
+        // Not while the guard is being dropped (its final flush).
+        if let Some(g) = self.guard.get().and_then(Weak::upgrade) {
+            let sighting = (
+                g.quarantined(),
+                g.quarantined_bytes(),
+                g.block_state(block.id()),
+                g.prepare_block_use(block.id(), block.stream(), Access::Read),
+            );
+            self.seen.lock().unwrap().push(sighting);
+        }
+        self.inner.deallocate(block)
+    }
+    fn device_ordinal(&self) -> u32 {
+        self.inner.device_ordinal()
+    }
+    fn bytes_outstanding(&self) -> usize {
+        self.inner.bytes_outstanding()
+    }
+    fn supports_block_use_tracking(&self) -> bool {
+        self.inner.supports_block_use_tracking()
+    }
+    fn prepare_block_use(&self, b: BlockId, s: StreamId, a: Access) -> ResourceResult<()> {
+        self.inner.prepare_block_use(b, s, a)
+    }
+    fn finish_block_use(&self, b: BlockId, s: StreamId, a: Access) -> ResourceResult<()> {
+        self.inner.finish_block_use(b, s, a)
+    }
+    fn block_state(&self, block: BlockId) -> Option<BlockState> {
+        self.inner.block_state(block)
+    }
+}
+
+#[test]
+fn an_eviction_keeps_its_victim_quarantined_until_freed_and_a_failed_one_changes_nothing() {
+    let f = common::sim(2);
+    let gpu = f.sim.clone().unwrap();
+    let spy = Spy {
+        inner: f.resource.clone(),
+        guard: Arc::default(),
+        seen: Mutex::default(),
+    };
+    let g = Arc::new(DebugGuard::new(spy, GuardConfig::new().max_blocks(1)));
+    g.inner().guard.set(Arc::downgrade(&g)).unwrap();
+    let old = g.allocate(64, f.stream(0), T).unwrap();
+    let new = g.allocate(96, f.stream(0), T).unwrap();
+    g.deallocate(old.clone()).unwrap();
+
+    let snapshot = |g: &DebugGuard<Spy>| {
+        (
+            g.quarantined(),
+            g.quarantined_bytes(),
+            g.block_state(old.id()),
+            g.block_state(new.id()),
+            g.bytes_outstanding(),
+            f.resource.live_bytes(),
+            f.resource.pending_free_bytes(),
+        )
+    };
+    let before = snapshot(&g);
+    let free_new = |g: &Arc<DebugGuard<Spy>>| {
+        let (g, new) = (g.clone(), new.clone());
+        within("deallocate with an eviction", move || g.deallocate(new))
+    };
+    // While the inner free of the victim runs, the victim is still in the
+    // quarantine (peeked, not popped): its hooks are use after free.
+    let during = (
+        vec![old.clone()],
+        64,
+        Some(BlockState::Quarantined),
+        Err(ResourceError::DoubleFree { block: old.id() }),
+    );
+
+    gpu.fail_nth(DriverCall::FreeAsync, 1);
+    assert!(matches!(
+        free_new(&g),
+        Err(ResourceError::Driver {
+            call: DriverCall::FreeAsync,
+            ..
+        })
+    ));
+    assert_eq!(snapshot(&g), before);
+    assert_eq!(
+        std::mem::take(&mut *g.inner().seen.lock().unwrap()),
+        vec![during.clone()]
+    );
+    assert_eq!(g.block_state(new.id()), Some(BlockState::Live));
+    g.prepare_block_use(new.id(), f.stream(1), Access::Read)
+        .unwrap();
+    g.finish_block_use(new.id(), f.stream(1), Access::Read)
+        .unwrap();
+
+    assert_eq!(free_new(&g), Ok(()));
+    assert_eq!(*g.inner().seen.lock().unwrap(), vec![during]);
+    assert_eq!(g.quarantined(), vec![new.clone()]);
+    assert_eq!(g.quarantined_bytes(), 96);
+    assert_eq!(g.block_state(old.id()), Some(BlockState::Retired));
+    assert_eq!(f.resource.pending_free_bytes(), 64);
 }

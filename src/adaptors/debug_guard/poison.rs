@@ -16,6 +16,11 @@ use crate::types::{DeviceBlock, StreamPool};
 /// [`finish_block_use`](crate::DeviceMemoryResource::finish_block_use) of a
 /// write on the block's allocation stream, so the fill is ordered after
 /// every recorded use on other streams.
+///
+/// The guard calls `fill` without its state lock, holding only the lock
+/// that orders deallocations: a fill may call the guard's block-use hooks
+/// and [`block_state`](crate::DeviceMemoryResource::block_state), but must
+/// not deallocate through, or flush, the same guard (that would deadlock).
 pub trait Poison: Send + Sync + 'static {
     /// Queues the fill of `block` on its allocation stream.
     ///

@@ -3,19 +3,25 @@
 use crate::resource::forward::forward_to_inner;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
-use std::sync::{Mutex, MutexGuard};
 
 use super::GuardConfig;
 use crate::error::{ResourceError, ResourceResult};
 use crate::resource::DeviceMemoryResource;
+use crate::sync::{Mutex, MutexGuard};
 use crate::types::{Access, AllocTag, BlockId, BlockState, DeviceBlock, ResourceId, StreamId};
 
 #[derive(Debug, Default)]
 struct State {
     /// Blocks handed out through the guard and not deallocated: address and
-    /// size, to refuse a forged descriptor.
+    /// size, to refuse a forged descriptor. A block being freed stays here
+    /// until its free has succeeded.
     live: HashMap<BlockId, (u64, usize)>,
-    /// Quarantined blocks, oldest first.
+    /// Blocks whose `deallocate` is in flight, with the state they will be
+    /// in if it succeeds ([`Quarantined`](BlockState::Quarantined), or
+    /// [`Retired`](BlockState::Retired) for one that goes straight through).
+    freeing: HashMap<BlockId, BlockState>,
+    /// Quarantined blocks, oldest first. An eviction frees the oldest in
+    /// the inner resource first and removes it only once that succeeded.
     quarantine: VecDeque<DeviceBlock>,
     /// Ids of `quarantine`, for the hooks' look-up.
     held: HashSet<BlockId>,
@@ -24,6 +30,67 @@ struct State {
     /// that the guard does not know is unknown, any other is foreign.
     resources: Vec<ResourceId>,
 }
+
+/// What the guard's state says of a block passed to `deallocate` that it
+/// does not refuse outright.
+enum Known {
+    /// Live through the guard, and the descriptor matches.
+    Live,
+    /// Neither live, freeing nor quarantined: an id of a resource whose
+    /// blocks came through the guard (`ours`), or of another one.
+    Absent { ours: bool },
+}
+
+impl State {
+    /// Checks a `deallocate` of `block` against the bookkeeping alone.
+    fn check(&self, block: &DeviceBlock) -> ResourceResult<Known> {
+        let id = block.id();
+        if self.held.contains(&id) {
+            return Err(ResourceError::DoubleFree { block: id });
+        }
+        if self.freeing.contains_key(&id) {
+            return Err(ResourceError::FreeInFlight { block: id });
+        }
+        match self.live.get(&id) {
+            Some(&(ptr, size)) if ptr == block.ptr() && size == block.size() => Ok(Known::Live),
+            Some(_) => Err(ResourceError::UnknownBlock { block: id }),
+            None => Ok(Known::Absent {
+                ours: self.resources.contains(&id.resource()),
+            }),
+        }
+    }
+}
+
+/// A block marked as being freed (in [`State::freeing`]): a racing
+/// `deallocate` of it hears [`FreeInFlight`](ResourceError::FreeInFlight),
+/// and so does a hook. Dropping the mark takes it off again, so every early
+/// return leaves the block live and unchanged; [`complete`](Self::complete)
+/// takes it off in the same state section that records the free.
+struct FreeMark<'a, R: DeviceMemoryResource> {
+    guard: &'a DebugGuard<R>,
+    id: BlockId,
+    armed: bool,
+}
+
+impl<R: DeviceMemoryResource> FreeMark<'_, R> {
+    /// The free succeeded: unmarks the block under `state`, which the caller
+    /// updates in the same section.
+    fn complete(mut self, state: &mut State) {
+        state.freeing.remove(&self.id);
+        self.armed = false;
+    }
+}
+
+impl<R: DeviceMemoryResource> Drop for FreeMark<'_, R> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.guard.lock().freeing.remove(&self.id);
+        }
+    }
+}
+
+/// Proof that the caller holds the order lock.
+type Order<'a> = MutexGuard<'a, ()>;
 
 /// Quarantines deallocated blocks before the real free. See the
 /// [module documentation](super).
@@ -55,6 +122,12 @@ struct State {
 pub struct DebugGuard<R: DeviceMemoryResource> {
     inner: R,
     config: GuardConfig,
+    /// Serialises `deallocate` and `flush` (quarantine order, caps); held
+    /// across their inner calls and the poison fill. Taken before `state`,
+    /// never while holding it.
+    order: Mutex<()>,
+    /// The bookkeeping; held only for short sections, never across a call
+    /// into the inner resource or the poison.
     state: Mutex<State>,
 }
 
@@ -75,6 +148,7 @@ impl<R: DeviceMemoryResource> DebugGuard<R> {
         DebugGuard {
             inner,
             config,
+            order: Mutex::new(()),
             state: Mutex::new(State::default()),
         }
     }
@@ -106,10 +180,10 @@ impl<R: DeviceMemoryResource> DebugGuard<R> {
     /// The inner resource's error; the block that failed and every younger
     /// one stay quarantined.
     pub fn flush(&self) -> ResourceResult<usize> {
-        let mut state = self.lock();
+        let order = self.order();
         let mut freed = 0;
-        while !state.quarantine.is_empty() {
-            freed += self.evict_oldest(&mut state)?;
+        while let Some(size) = self.evict_oldest(&order)? {
+            freed += size;
         }
         Ok(freed)
     }
@@ -118,52 +192,78 @@ impl<R: DeviceMemoryResource> DebugGuard<R> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Frees the oldest quarantined block in the inner resource.
-    fn evict_oldest(&self, state: &mut State) -> ResourceResult<usize> {
-        let Some(victim) = state.quarantine.pop_front() else {
-            return Ok(0);
+    /// The order lock; the caller must not hold the state lock.
+    fn order(&self) -> Order<'_> {
+        self.order.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Frees the oldest quarantined block in the inner resource, then (only
+    /// once that succeeded) takes it out of the quarantine; returns its size,
+    /// or `None` if the quarantine is empty. On failure nothing changes.
+    ///
+    /// Under the order lock nothing else adds to or drains the quarantine, so
+    /// the block peeked at is still the oldest when it is removed; meanwhile
+    /// it stays quarantined for the hooks and a second free.
+    fn evict_oldest(&self, _order: &Order<'_>) -> ResourceResult<Option<usize>> {
+        let Some(victim) = self.lock().quarantine.front().cloned() else {
+            return Ok(None);
         };
         let (id, size) = (victim.id(), victim.size());
-        if let Err(e) = self.inner.deallocate(victim.clone()) {
-            state.quarantine.push_front(victim);
-            return Err(e);
-        }
+        self.inner.deallocate(victim)?;
+        let mut state = self.lock();
+        let evicted = state.quarantine.pop_front();
+        debug_assert_eq!(evicted.map(|b| b.id()), Some(id), "quarantine reordered");
         state.held.remove(&id);
         state.held_bytes -= size;
-        Ok(size)
+        Ok(Some(size))
     }
 
-    /// Why `block` cannot be deallocated, if it cannot.
-    fn check(&self, state: &State, block: &DeviceBlock) -> ResourceResult<()> {
-        let id = block.id();
-        ResourceError::check_device(self.inner.device_ordinal(), block.device())?;
-        if state.held.contains(&id) {
-            return Err(ResourceError::DoubleFree { block: id });
-        }
-        match state.live.get(&id) {
-            Some(&(ptr, size)) if ptr == block.ptr() && size == block.size() => Ok(()),
-            Some(_) => Err(ResourceError::UnknownBlock { block: id }),
-            None if self.inner.block_state(id) == Some(BlockState::Retired) => {
-                Err(ResourceError::DoubleFree { block: id })
+    /// Evicts until a block of `size` fits under both caps (which it can:
+    /// `size` is at most the byte cap and the block cap is not zero).
+    fn make_room(&self, size: usize, order: &Order<'_>) -> ResourceResult<()> {
+        let full = || {
+            let state = self.lock();
+            state.quarantine.len() >= self.config.max_blocks
+                || state.held_bytes + size > self.config.max_bytes
+        };
+        while full() {
+            if self.evict_oldest(order)?.is_none() {
+                break;
             }
-            None if state.resources.contains(&id.resource()) => {
-                Err(ResourceError::UnknownBlock { block: id })
-            }
-            None => Err(ResourceError::ForeignBlock { block: id }),
-        }
-    }
-
-    /// Refuses a block-use hook on a quarantined block: that is a use after
-    /// free.
-    fn check_hook(&self, block: BlockId) -> ResourceResult<()> {
-        if self.lock().held.contains(&block) {
-            return Err(ResourceError::DoubleFree { block });
         }
         Ok(())
     }
 
-    /// Queues the poison fill, ordered after every recorded use.
-    fn poison(&self, block: &DeviceBlock) -> ResourceResult<()> {
+    /// Why a block the guard does not know (`ours`: of a resource whose
+    /// blocks came through it) cannot be deallocated. Asks the inner
+    /// resource, so the caller must not hold the state lock.
+    fn refuse_absent(&self, block: BlockId, ours: bool) -> ResourceError {
+        if self.inner.block_state(block) == Some(BlockState::Retired) {
+            ResourceError::DoubleFree { block }
+        } else if ours {
+            ResourceError::UnknownBlock { block }
+        } else {
+            ResourceError::ForeignBlock { block }
+        }
+    }
+
+    /// Refuses a block-use hook on a quarantined block (a use after free)
+    /// or on one whose `deallocate` is in flight.
+    fn check_hook(&self, block: BlockId) -> ResourceResult<()> {
+        let state = self.lock();
+        if state.held.contains(&block) {
+            return Err(ResourceError::DoubleFree { block });
+        }
+        if state.freeing.contains_key(&block) {
+            return Err(ResourceError::FreeInFlight { block });
+        }
+        Ok(())
+    }
+
+    /// Queues the poison fill, ordered after every recorded use. Runs under
+    /// the order lock only: the fill is user code, and may call the guard's
+    /// hooks or [`block_state`](DeviceMemoryResource::block_state).
+    fn poison(&self, block: &DeviceBlock, _order: &Order<'_>) -> ResourceResult<()> {
         let Some(poison) = &self.config.poison else {
             return Ok(());
         };
@@ -198,32 +298,62 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for DebugGuard<R> {
     /// until it fits under both caps. A block larger than the byte cap is
     /// freed at once.
     ///
+    /// The block is marked as being freed first (a short section under the
+    /// state lock); then, under the order lock, come the evictions, the
+    /// poison fill and the append, none of them under the state lock.
+    ///
     /// # Errors
     /// [`DoubleFree`](ResourceError::DoubleFree) for a quarantined or freed
-    /// block, [`UnknownBlock`](ResourceError::UnknownBlock) for a forged
+    /// block, [`FreeInFlight`](ResourceError::FreeInFlight) for one that
+    /// another thread is deallocating right now,
+    /// [`UnknownBlock`](ResourceError::UnknownBlock) for a forged
     /// descriptor, [`ForeignBlock`](ResourceError::ForeignBlock),
     /// [`WrongDevice`](ResourceError::WrongDevice): nothing changes. The
-    /// inner resource's error from an eviction or the poison fill: `block`
-    /// stays live (blocks already evicted stay freed).
+    /// inner resource's error from an eviction or the poison fill, or the
+    /// fill's own: `block` stays live and unchanged (blocks already evicted
+    /// stay freed).
     fn deallocate(&self, block: DeviceBlock) -> ResourceResult<()> {
-        let mut state = self.lock();
-        self.check(&state, &block)?;
+        ResourceError::check_device(self.inner.device_ordinal(), block.device())?;
         let (id, size) = (block.id(), block.size());
-        if self.config.max_blocks == 0 || size > self.config.max_bytes {
+        let straight = self.config.max_blocks == 0 || size > self.config.max_bytes;
+        let known = {
+            let mut state = self.lock();
+            let known = state.check(&block)?;
+            if let Known::Live = known {
+                let to = if straight {
+                    BlockState::Retired
+                } else {
+                    BlockState::Quarantined
+                };
+                state.freeing.insert(id, to);
+            }
+            known
+        };
+        if let Known::Absent { ours } = known {
+            return Err(self.refuse_absent(id, ours));
+        }
+        let mark = FreeMark {
+            guard: self,
+            id,
+            armed: true,
+        };
+
+        let order = self.order();
+        if straight {
             self.inner.deallocate(block)?;
+            let mut state = self.lock();
             state.live.remove(&id);
+            mark.complete(&mut state);
             return Ok(());
         }
-        while state.quarantine.len() >= self.config.max_blocks
-            || state.held_bytes + size > self.config.max_bytes
-        {
-            self.evict_oldest(&mut state)?;
-        }
-        self.poison(&block)?;
+        self.make_room(size, &order)?;
+        self.poison(&block, &order)?;
+        let mut state = self.lock();
         state.live.remove(&id);
         state.held.insert(id);
         state.held_bytes += size;
         state.quarantine.push_back(block);
+        mark.complete(&mut state);
         Ok(())
     }
 
@@ -242,9 +372,19 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for DebugGuard<R> {
         self.inner.finish_block_use(b, s, a)
     }
 
+    /// [`Quarantined`](BlockState::Quarantined) for a quarantined block; for
+    /// one whose `deallocate` is in flight, the state it will be in if that
+    /// succeeds (as the stream-ordered resource reports a free in flight);
+    /// otherwise the inner resource's answer.
     fn block_state(&self, block: BlockId) -> Option<BlockState> {
-        if self.lock().held.contains(&block) {
-            return Some(BlockState::Quarantined);
+        {
+            let state = self.lock();
+            if state.held.contains(&block) {
+                return Some(BlockState::Quarantined);
+            }
+            if let Some(&to) = state.freeing.get(&block) {
+                return Some(to);
+            }
         }
         self.inner.block_state(block)
     }
