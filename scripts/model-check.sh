@@ -2,7 +2,7 @@
 # Model checking of the bookkeeping core with loom: every interleaving (no
 # preemption bound unless LOOM_MAX_PREEMPTIONS is set) of the loom models
 # that sit next to the code they check (`#[cfg(all(test, loom))] mod loom_tests` in
-# src/resource/stream_ordered.rs).
+# src/resource/stream_ordered.rs and src/adaptors/debug_guard/resource.rs).
 #
 # Builds into its own target dir (the cfg changes every crate's build), in
 # release mode; about 40 s on 2 cores from cold, under a second to run.

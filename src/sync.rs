@@ -3,9 +3,10 @@
 //! code (`#[cfg(all(test, loom))]`) explore every interleaving of the real
 //! implementation. See `scripts/model-check.sh`.
 //!
-//! Only the resource layer's state goes through here; the simulated device
-//! keeps std's primitives (it never blocks on a loom object while holding its
-//! own lock, so loom's scheduler cannot switch inside its critical sections).
+//! Only the resource layer's state (and the debug guard's two locks) goes
+//! through here; the simulated device keeps std's primitives (it never
+//! blocks on a loom object while holding its own lock, so loom's scheduler
+//! cannot switch inside its critical sections).
 
 #[cfg(loom)]
 pub(crate) use loom::sync::atomic::AtomicUsize;

@@ -399,3 +399,93 @@ impl<R: DeviceMemoryResource> Drop for DebugGuard<R> {
         }
     }
 }
+
+/// Loom models of the guard's two locks: a free racing a second free of the
+/// same block, and readers racing a failing eviction (`--cfg loom`, see
+/// `scripts/model-check.sh`).
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use std::sync::Arc;
+
+    use loom::thread;
+
+    use super::*;
+    use crate::error::DriverCall;
+    use crate::gpu::sim::SimGpu;
+    use crate::resource::SimResource;
+
+    type Guard = DebugGuard<Arc<SimResource>>;
+
+    fn fixture(config: GuardConfig) -> (Arc<SimGpu>, Arc<SimResource>, Arc<Guard>, StreamId) {
+        let gpu = SimGpu::builder().manual().build();
+        let pool = gpu.stream_pool(2);
+        let r = Arc::new(SimResource::new(gpu.clone(), pool.clone()));
+        let g = Arc::new(DebugGuard::new(r.clone(), config));
+        (gpu, r, g, pool.id(0).unwrap())
+    }
+
+    /// Two threads free clones of one block through the guard: exactly one
+    /// quarantines it, the other hears `FreeInFlight` or `DoubleFree`, and
+    /// the quarantine holds it once.
+    #[test]
+    fn racing_frees_through_the_guard_quarantine_once() {
+        loom::model(|| {
+            let (_gpu, r, g, s) = fixture(GuardConfig::new());
+            let block = g.allocate(64, s, AllocTag::UNTAGGED).unwrap();
+            let other = {
+                let (g, block) = (g.clone(), block.clone());
+                thread::spawn(move || g.deallocate(block))
+            };
+            let mine = g.deallocate(block.clone());
+            let theirs = other.join().unwrap();
+            let lost = |e: &ResourceError| {
+                *e == ResourceError::DoubleFree { block: block.id() }
+                    || *e == ResourceError::FreeInFlight { block: block.id() }
+            };
+            assert!(
+                matches!((&mine, &theirs), (Ok(()), Err(e)) | (Err(e), Ok(())) if lost(e)),
+                "{mine:?} / {theirs:?}"
+            );
+            assert_eq!(g.quarantined(), vec![block.clone()]);
+            assert_eq!(g.quarantined_bytes(), 64);
+            assert_eq!(r.live_bytes(), 64);
+        });
+    }
+
+    /// A failing eviction raced by readers: the victim reads as quarantined
+    /// throughout, the bytes never drop, a hook on the block being freed is
+    /// refused as `FreeInFlight` or passes, and afterwards nothing changed.
+    #[test]
+    fn readers_never_see_a_failing_eviction() {
+        loom::model(|| {
+            let (gpu, r, g, s) = fixture(GuardConfig::new().max_blocks(1));
+            let old = g.allocate(64, s, AllocTag::UNTAGGED).unwrap();
+            let new = g.allocate(32, s, AllocTag::UNTAGGED).unwrap();
+            g.deallocate(old.clone()).unwrap();
+            gpu.fail_nth(DriverCall::FreeAsync, 1);
+            let freer = {
+                let (g, new) = (g.clone(), new.clone());
+                thread::spawn(move || g.deallocate(new))
+            };
+            assert_eq!(g.block_state(old.id()), Some(BlockState::Quarantined));
+            assert_eq!(g.quarantined_bytes(), 64);
+            let hook = g.finish_block_use(new.id(), s, Access::Read);
+            assert!(
+                matches!(hook, Ok(()) | Err(ResourceError::FreeInFlight { .. })),
+                "{hook:?}"
+            );
+            let freed = freer.join().unwrap();
+            assert!(
+                matches!(freed, Err(ResourceError::Driver { .. })),
+                "{freed:?}"
+            );
+            assert_eq!(g.quarantined(), vec![old.clone()]);
+            assert_eq!(g.quarantined_bytes(), 64);
+            assert_eq!(g.block_state(new.id()), Some(BlockState::Live));
+            assert_eq!(r.live_bytes(), 96);
+            g.deallocate(new.clone()).unwrap();
+            assert_eq!(g.quarantined(), vec![new]);
+            assert_eq!(g.block_state(old.id()), Some(BlockState::Retired));
+        });
+    }
+}
