@@ -13,6 +13,8 @@ mod live_table;
 mod pending;
 mod shard;
 mod stream_ordered;
+#[cfg(all(test, loom))]
+pub(crate) use stream_ordered::loom_tests::race_two_frees;
 
 pub use stream_ordered::{AsyncCudaResource, SimResource, StreamOrderedResource};
 

@@ -591,7 +591,7 @@ impl<G: Gpu> Drop for StreamOrderedResource<G> {
 /// sees, and the pending tallies under concurrent frees and a notified reap
 /// (`--cfg loom`, see `scripts/model-check.sh`).
 #[cfg(all(test, loom))]
-mod loom_tests {
+pub(crate) mod loom_tests {
     use std::sync::Arc;
 
     use loom::thread;
@@ -609,6 +609,29 @@ mod loom_tests {
             .allocate(SIZE, pool.id(0).unwrap(), AllocTag::UNTAGGED)
             .unwrap();
         (gpu, r, block)
+    }
+
+    /// Frees `block` through `r` from this thread and another at once:
+    /// exactly one free wins, and the loser sees the winner's free either in
+    /// flight (`FreeInFlight`) or done (`DoubleFree`).
+    pub(crate) fn race_two_frees<R: DeviceMemoryResource + 'static>(
+        r: &Arc<R>,
+        block: &DeviceBlock,
+    ) {
+        let other = {
+            let (r, block) = (r.clone(), block.clone());
+            thread::spawn(move || r.deallocate(block))
+        };
+        let mine = r.deallocate(block.clone());
+        let theirs = other.join().unwrap();
+        let lost = |e: &ResourceError| {
+            *e == ResourceError::DoubleFree { block: block.id() }
+                || *e == ResourceError::FreeInFlight { block: block.id() }
+        };
+        assert!(
+            matches!((&mine, &theirs), (Ok(()), Err(e)) | (Err(e), Ok(())) if lost(e)),
+            "{mine:?} / {theirs:?}"
+        );
     }
 
     /// Events created = events pooled + events attached to live blocks.
@@ -684,21 +707,7 @@ mod loom_tests {
     fn racing_double_free_frees_once() {
         loom::model(|| {
             let (gpu, r, block) = fixture();
-            let other = {
-                let (r, block) = (r.clone(), block.clone());
-                thread::spawn(move || r.deallocate(block))
-            };
-            let mine = r.deallocate(block.clone());
-            let theirs = other.join().unwrap();
-            // The loser sees the winner's free either in flight or done.
-            let lost = |e: &ResourceError| {
-                *e == ResourceError::DoubleFree { block: block.id() }
-                    || *e == ResourceError::FreeInFlight { block: block.id() }
-            };
-            assert!(
-                matches!((&mine, &theirs), (Ok(()), Err(e)) | (Err(e), Ok(())) if lost(e)),
-                "{mine:?} / {theirs:?}"
-            );
+            race_two_frees(&r, &block);
             assert_eq!(r.pending_free_bytes(), SIZE);
             assert_eq!(r.pending_per_stream_total(), SIZE);
             assert_eq!(r.live_bytes(), 0);

@@ -413,6 +413,7 @@ mod loom_tests {
     use crate::error::DriverCall;
     use crate::gpu::sim::SimGpu;
     use crate::resource::SimResource;
+    use crate::resource::race_two_frees;
 
     type Guard = DebugGuard<Arc<SimResource>>;
 
@@ -432,20 +433,7 @@ mod loom_tests {
         loom::model(|| {
             let (_gpu, r, g, s) = fixture(GuardConfig::new());
             let block = g.allocate(64, s, AllocTag::UNTAGGED).unwrap();
-            let other = {
-                let (g, block) = (g.clone(), block.clone());
-                thread::spawn(move || g.deallocate(block))
-            };
-            let mine = g.deallocate(block.clone());
-            let theirs = other.join().unwrap();
-            let lost = |e: &ResourceError| {
-                *e == ResourceError::DoubleFree { block: block.id() }
-                    || *e == ResourceError::FreeInFlight { block: block.id() }
-            };
-            assert!(
-                matches!((&mine, &theirs), (Ok(()), Err(e)) | (Err(e), Ok(())) if lost(e)),
-                "{mine:?} / {theirs:?}"
-            );
+            race_two_frees(&g, &block);
             assert_eq!(g.quarantined(), vec![block.clone()]);
             assert_eq!(g.quarantined_bytes(), 64);
             assert_eq!(r.live_bytes(), 64);
