@@ -58,9 +58,10 @@ impl WaitPolicy {
     /// without host functions.
     ///
     /// Yielding behind rather than parking: with a spawned task awaiting
-    /// each 8 MiB memset on an H200, the submitting loop ran at 1.45–1.52×
-    /// plain with [`Behind::Yield`] and 1.77–2.02× with [`Behind::Park`],
-    /// whose parked futures queue host functions (BENCHMARKS.md).
+    /// each 8 MiB memset on an H200, the loop ran at 1.41–1.80× plain with
+    /// [`Behind::Yield`] and 1.78–2.13× with [`Behind::Park`] (the same
+    /// processes, on two days), whose parked futures queue host functions
+    /// (BENCHMARKS.md).
     pub const DEFAULT: WaitPolicy = WaitPolicy {
         spin: Duration::from_micros(4),
         yield_for: Duration::from_micros(20),
