@@ -95,8 +95,19 @@ impl Core {
     /// The notifier of `stream`, after checking the stream belongs to the
     /// pool.
     pub(crate) fn notifier(&self, stream: StreamId) -> ResourceResult<&Notifier> {
-        self.pool.raw(stream)?;
-        Ok(&self.notifiers[stream.index() as usize])
+        // Each notifier knows its stream, so a stream of the pool is
+        // recognised without reading the pool (one cache line fewer on
+        // every `completion()`); the pool names what is wrong otherwise.
+        match self.notifiers.get(stream.index() as usize) {
+            Some(n) if n.stream == stream => Ok(n),
+            _ => {
+                self.pool.raw(stream)?;
+                Err(ResourceError::UnknownStream {
+                    stream,
+                    pool_len: self.notifiers.len(),
+                })
+            }
+        }
     }
 
     /// The notifier of a stream already checked by [`notifier`](Self::notifier)

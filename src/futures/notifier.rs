@@ -75,22 +75,26 @@ enum Flight {
     Queued(u64, RawEvent),
 }
 
+/// In declaration order (`repr(C)`): what every new point touches first,
+/// so that it shares the lock word's cache line and the next one. A point
+/// is usually made right after a driver call that evicted all of this.
 #[derive(Debug)]
+#[repr(C)]
 struct SignalState {
     next_seq: u64,
-    reached: u64,
-    flight: Flight,
-    points: Points,
-    frees: VecDeque<(u64, u64)>,
-    reap_to: u64,
-    /// A parked point asked for a notification since the last launch
-    /// (points still querying, or never polled, do not need one).
-    wanted: bool,
-    launches: u64,
     spare: Vec<RawEvent>,
     /// The newest point with its own recorded event: one query of it can
     /// settle every point of the stream at once.
     frontier: Option<(u64, RawEvent)>,
+    points: Points,
+    /// A parked point asked for a notification since the last launch
+    /// (points still querying, or never polled, do not need one).
+    wanted: bool,
+    reached: u64,
+    flight: Flight,
+    frees: VecDeque<(u64, u64)>,
+    reap_to: u64,
+    launches: u64,
     /// The observed point at which the last query of the frontier said "not
     /// yet" (0: none did).
     frontier_missed_at: u64,

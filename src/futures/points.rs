@@ -39,17 +39,19 @@ struct Slot {
 }
 
 /// The points of one stream. Not synchronized: the notifier keeps it under
-/// its lock.
+/// its lock. Laid out in declaration order (`repr(C)`): the fields a new
+/// point touches come first (see the notifier's state).
 #[derive(Debug)]
+#[repr(C)]
 pub(crate) struct Points {
     /// Sequence number of `slots[0]`; everything below it is done, gone,
     /// or failed with its error in `failed`.
     base: u64,
     slots: VecDeque<Slot>,
-    /// Errors of failed points below `base` whose owners have not let go.
-    failed: BTreeMap<u64, ResourceError>,
     /// A point ever failed (sticky: the stream is dead after a fault).
     ever_failed: bool,
+    /// Errors of failed points below `base` whose owners have not let go.
+    failed: BTreeMap<u64, ResourceError>,
 }
 
 impl Default for Points {
