@@ -3,7 +3,7 @@
 //! futures layer; see BENCHMARKS.md.
 //!
 //! ```text
-//! cargo run --release --example driver_costs   # needs a CUDA GPU
+//! cargo run --release -p streamalloc-measure --bin driver_costs   # needs a CUDA GPU
 //! ```
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -25,14 +25,14 @@
 //! futures ≤ 1 µs each.
 //!
 //! ```text
-//! cargo run --release --example gpu_latency          # needs a CUDA GPU
-//! cargo run --release --example gpu_latency -- --sim # smoke run, simulated
-//! cargo run --release --example gpu_latency -- --controls # and the breakdown
+//! cargo run --release -p streamalloc-measure --bin gpu_latency          # needs a CUDA GPU
+//! cargo run --release -p streamalloc-measure --bin gpu_latency -- --sim # smoke run, simulated
+//! cargo run --release -p streamalloc-measure --bin gpu_latency -- --controls # and the breakdown
 //! ```
 //! Without a GPU it runs on the simulated device: the numbers then measure
 //! only the futures machinery and are not comparable to the targets.
 
-mod common;
+use streamalloc_measure::open as common;
 
 use std::time::{Duration, Instant};
 

@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 
-mod support;
 use streamalloc::StreamOrderedResource;
 use streamalloc::futures::AsyncResource;
 use streamalloc::gpu::cuda::{CudaGpu, cuda_present};
@@ -20,6 +19,7 @@ use streamalloc::gpu::sim::SimGpu;
 use streamalloc::{
     AllocTag, AsyncCudaResource, DeviceBlock, DeviceMemoryResource, SimResource, StreamPool,
 };
+use streamalloc_measure::support;
 
 const STREAMS: usize = 8;
 

@@ -13,15 +13,14 @@
 //! resource's hot path.
 //!
 //! ```text
-//! cargo run --release --example bench_table -- [OUT_DIR]
-//! cargo run --release --example bench_table -- --null-only [OUT_DIR]
-//! cargo run --release --example bench_table -- --profile-pair N
-//! cargo run --release --example bench_table -- --profile-stack N
+//! cargo run --release -p streamalloc-measure --bin bench_table -- [OUT_DIR]
+//! cargo run --release -p streamalloc-measure --bin bench_table -- --null-only [OUT_DIR]
+//! cargo run --release -p streamalloc-measure --bin bench_table -- --profile-pair N
+//! cargo run --release -p streamalloc-measure --bin bench_table -- --profile-stack N
 //! python3 scripts/plot_bench.py OUT_DIR/bench_table.csv OUT_DIR/throughput.png
 //! ```
 
-#[path = "../benches/support/mod.rs"]
-mod support;
+use streamalloc_measure::support;
 
 use std::fmt::Write as _;
 use std::hint::black_box;

@@ -11,15 +11,14 @@
 //! point:
 //!
 //! ```text
-//! cargo build --release --example cold_points
+//! cargo build --release -p streamalloc-measure --bin cold_points
 //! valgrind --tool=cachegrind --cache-sim=yes --LL=2097152,16,64 \
-//!     target/release/examples/cold_points 5
+//!     target/release/cold_points 5
 //! cg_annotate --show=Ir,DLmr,DLmw --sort=DLmr --threshold=0 cachegrind.out.*
 //! ```
 //! A second argument (any) leaves the buffer alone: the same run warm.
 
-#[path = "../benches/support/mod.rs"]
-mod support;
+use streamalloc_measure::support;
 
 use std::sync::Arc;
 

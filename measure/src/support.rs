@@ -1,6 +1,6 @@
 //! The peers that the allocation benchmarks compare, shared by the criterion
 //! bench (`benches/alloc.rs`) and the one-table runner
-//! (`examples/bench_table.rs`).
+//! (`measure/src/bin/bench_table.rs`).
 //!
 //! Every peer does one allocate + free pair (or one cross-stream sequence)
 //! per call, on a backend set up once: the simulated device everywhere, a

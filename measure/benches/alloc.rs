@@ -4,8 +4,7 @@
 //! opens. `cargo bench --bench alloc`; `examples/bench_table.rs` prints the
 //! same comparison as one table.
 
-#[path = "support/mod.rs"]
-mod support;
+use streamalloc_measure::support;
 
 use std::hint::black_box;
 use std::time::Duration;
