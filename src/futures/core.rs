@@ -19,7 +19,6 @@ use std::sync::Arc;
 
 use super::alloc_wait::AllocQueue;
 use super::event_future::EventFuture;
-use super::gpu_error;
 use super::notifier::Notifier;
 use super::wait_policy::SharedPolicy;
 use super::watchdog::{self, Kick};
@@ -130,7 +129,7 @@ impl Core {
                 Ok(e) => e,
                 Err(e) => {
                     notifier.release(seq, None);
-                    return Err(gpu_error(e));
+                    return Err(ResourceError::from(e));
                 }
             },
         };
@@ -139,7 +138,7 @@ impl Core {
         // less).
         if let Err(e) = self.gpu.event_record(event, notifier.user_stream()) {
             notifier.release(seq, Some(event));
-            return Err(gpu_error(e));
+            return Err(ResourceError::from(e));
         }
         notifier.recorded(seq, event);
         Ok(EventFuture::new(

@@ -7,10 +7,9 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use super::core::Core;
-use super::gpu_error;
 use super::wait_policy::{Behind, WaitPolicy};
 use super::wait_stats::FutureTally;
-use crate::error::ResourceResult;
+use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::RawEvent;
 use crate::types::StreamId;
 
@@ -158,7 +157,7 @@ impl EventFuture {
                 Some(Ok(()))
             }
             Ok(false) => None,
-            Err(e) => Some(Err(gpu_error(e))),
+            Err(e) => Some(Err(ResourceError::from(e))),
         }
     }
 

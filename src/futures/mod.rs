@@ -103,26 +103,3 @@ pub use reaper::Reaper;
 pub use wait_policy::{Behind, WaitPolicy};
 pub use wait_stats::WaitStats;
 pub use watchdog::FALLBACK_PERIOD;
-
-use crate::error::ResourceError;
-use crate::gpu::GpuError;
-
-/// A backend error outside an allocation, as the crate's error.
-pub(crate) fn gpu_error(e: GpuError) -> ResourceError {
-    match e {
-        GpuError::Driver {
-            call,
-            code,
-            message,
-        } => ResourceError::Driver {
-            call,
-            code,
-            message,
-        },
-        GpuError::OutOfMemory { available } => ResourceError::Driver {
-            call: crate::error::DriverCall::Init,
-            code: 2,
-            message: format!("CUDA_ERROR_OUT_OF_MEMORY ({available} B available)"),
-        },
-    }
-}
