@@ -135,33 +135,33 @@ async fn an_eviction_on_another_stream_is_reaped_like_any_free() {
     assert_eq!(budget.in_use(), 8192);
 }
 
-/// The stacks the property test drives, innermost last. `B` is the budget,
-/// `C` a cache, `G` a debug guard keeping one block, `Rt` a retry, `S` stats.
+/// The stacks the property test drives, outermost first; the guard keeps one
+/// block.
 #[derive(Debug, Clone, Copy)]
 enum Shape {
-    B,
-    BC,
-    CB,
-    BG,
-    GB,
-    RtBC,
-    CRtB,
-    SBGC,
-    GCB,
-    BRtC,
+    Budget,
+    BudgetCache,
+    CacheBudget,
+    BudgetGuard,
+    GuardBudget,
+    RetryBudgetCache,
+    CacheRetryBudget,
+    StatsBudgetGuardCache,
+    GuardCacheBudget,
+    BudgetRetryCache,
 }
 
 const SHAPES: [Shape; 10] = [
-    Shape::B,
-    Shape::BC,
-    Shape::CB,
-    Shape::BG,
-    Shape::GB,
-    Shape::RtBC,
-    Shape::CRtB,
-    Shape::SBGC,
-    Shape::GCB,
-    Shape::BRtC,
+    Shape::Budget,
+    Shape::BudgetCache,
+    Shape::CacheBudget,
+    Shape::BudgetGuard,
+    Shape::GuardBudget,
+    Shape::RetryBudgetCache,
+    Shape::CacheRetryBudget,
+    Shape::StatsBudgetGuardCache,
+    Shape::GuardCacheBudget,
+    Shape::BudgetRetryCache,
 ];
 
 fn stack(shape: Shape, bottom: Arc<SimResource>, budget: &Budget) -> Box<dyn DeviceMemoryResource> {
@@ -173,17 +173,21 @@ fn stack(shape: Shape, bottom: Arc<SimResource>, budget: &Budget) -> Box<dyn Dev
         DebugGuard::new(r, GuardConfig::new().max_blocks(1))
     }
     match shape {
-        Shape::B => Box::new(b(bottom, budget)),
-        Shape::BC => Box::new(b(CachingResource::new(bottom), budget)),
-        Shape::CB => Box::new(CachingResource::new(b(bottom, budget))),
-        Shape::BG => Box::new(b(guard(bottom), budget)),
-        Shape::GB => Box::new(DebugGuard::new(
+        Shape::Budget => Box::new(b(bottom, budget)),
+        Shape::BudgetCache => Box::new(b(CachingResource::new(bottom), budget)),
+        Shape::CacheBudget => Box::new(CachingResource::new(b(bottom, budget))),
+        Shape::BudgetGuard => Box::new(b(guard(bottom), budget)),
+        Shape::GuardBudget => Box::new(DebugGuard::new(
             b(bottom, budget),
             GuardConfig::new().max_blocks(1),
         )),
-        Shape::RtBC => Box::new(RetryOnOom::new(b(CachingResource::new(bottom), budget))),
-        Shape::CRtB => Box::new(CachingResource::new(RetryOnOom::new(b(bottom, budget)))),
-        Shape::SBGC => Box::new(StatsResource::new(
+        Shape::RetryBudgetCache => {
+            Box::new(RetryOnOom::new(b(CachingResource::new(bottom), budget)))
+        }
+        Shape::CacheRetryBudget => {
+            Box::new(CachingResource::new(RetryOnOom::new(b(bottom, budget))))
+        }
+        Shape::StatsBudgetGuardCache => Box::new(StatsResource::new(
             BudgetResource::new(
                 DebugGuard::new(
                     CachingResource::new(bottom),
@@ -193,11 +197,13 @@ fn stack(shape: Shape, bottom: Arc<SimResource>, budget: &Budget) -> Box<dyn Dev
             ),
             &streamalloc::adaptors::Stats::new(),
         )),
-        Shape::GCB => Box::new(DebugGuard::new(
+        Shape::GuardCacheBudget => Box::new(DebugGuard::new(
             CachingResource::new(b(bottom, budget)),
             GuardConfig::new().max_blocks(1),
         )),
-        Shape::BRtC => Box::new(b(RetryOnOom::new(CachingResource::new(bottom)), budget)),
+        Shape::BudgetRetryCache => {
+            Box::new(b(RetryOnOom::new(CachingResource::new(bottom)), budget))
+        }
     }
 }
 
