@@ -119,9 +119,12 @@ impl StreamPool {
     pub fn cuda(ctx: &Arc<cudarc::driver::CudaContext>, count: usize) -> ResourceResult<Arc<Self>> {
         let mut cuda = Vec::with_capacity(count);
         for _ in 0..count {
-            let stream = ctx
-                .new_stream()
-                .map_err(|e| crate::gpu::cuda::driver_error(crate::error::DriverCall::Init, e))?;
+            let stream = ctx.new_stream().map_err(|e| {
+                ResourceError::from(crate::gpu::cuda::cuda_error(
+                    crate::error::DriverCall::Init,
+                    e,
+                ))
+            })?;
             cuda.push(stream);
         }
         let raw = cuda
