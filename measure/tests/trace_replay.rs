@@ -75,13 +75,26 @@ fn held_is_the_devices_high_water_mark_and_samples_follow_it() {
         run.held.current, 0,
         "the never-freed block is freed at the end"
     );
+    // Each point is the most held since the previous one (the mark restarts
+    // from what is held at each sample), then the end after its frees.
     let held: Vec<usize> = run.samples.iter().map(|&(_, b)| b).collect();
-    assert_eq!(
-        held,
-        [256, 768, 512, 768, 0],
-        "the last point after the end's frees"
-    );
-    assert_eq!(run.samples.last().unwrap().0, 5);
+    assert_eq!(held, [256, 768, 768, 768, 768, 0]);
+    let done: Vec<usize> = run.samples.iter().map(|&(d, _)| d).collect();
+    assert_eq!(done, [1, 2, 3, 4, 5, 5]);
+
+    // Every third operation: the peak of op 2 is not lost between samples.
+    let gpu = sim(1 << 20);
+    let pool = gpu.stream_pool(2);
+    let resource = SimResource::new(gpu.clone(), pool.clone());
+    let target = Target {
+        resource: &resource,
+        gpu: &*gpu,
+        pool: &pool,
+        housekeeping: None,
+    };
+    let run = replay(&trace, &target, Some(3)).unwrap();
+    assert_eq!(run.samples, [(3, 768), (5, 768), (5, 0)]);
+    assert_eq!(run.held.high, 768);
 }
 
 #[test]

@@ -68,7 +68,9 @@ pub struct Replay {
     /// Device memory held: `high` over the replay, `current` after it (the
     /// stack still alive, every block freed).
     pub held: HeldMemory,
-    /// `(operations done, bytes held then)`, when sampling was asked for.
+    /// When sampling was asked for: `(operations done, the most bytes held
+    /// since the previous sample)`, so that no peak falls between two
+    /// samples; the last is `(ops, bytes held after the end's frees)`.
     pub samples: Vec<(usize, usize)>,
 }
 
@@ -121,9 +123,9 @@ impl From<GpuError> for ReplayError {
 
 /// Replays `trace` through `target` once, then runs the control loop.
 ///
-/// With `sample_every = Some(n)`, the held bytes are read after every
-/// `n`-th operation (for plots; the reads cost a driver call each, so timed
-/// figures are taken without).
+/// With `sample_every = Some(n)`, the held bytes are read (and their
+/// high-water mark restarted) after every `n`-th operation, for plots; the
+/// reads cost driver calls, so timed figures are taken without.
 ///
 /// # Errors
 /// [`ReplayError`]; the blocks allocated before a failure are freed.
@@ -152,7 +154,10 @@ where
         if let Some(n) = sample_every
             && done % n == 0
         {
-            samples.push((done, target.gpu.memory_held().map(|h| h.current)?));
+            // The mark restarts at each sample: each point is its stretch's
+            // peak.
+            samples.push((done, target.gpu.memory_held()?.high));
+            target.gpu.reset_memory_held_high()?;
         }
         Ok(())
     });
@@ -178,15 +183,17 @@ where
     let elapsed = start.elapsed();
     run?;
     leftover?;
-    let held = target.gpu.memory_held()?;
+    let mut held = target.gpu.memory_held()?;
     if sample_every.is_some() {
-        // The last point is after the leftover blocks were freed.
+        // The stretch since the last sample, then the state after the
+        // leftover blocks were freed.
         if samples
             .last()
-            .is_some_and(|&(done, _)| done == trace.ops.len())
+            .is_none_or(|&(done, _)| done != trace.ops.len())
         {
-            samples.pop();
+            samples.push((trace.ops.len(), held.high));
         }
+        held.high = samples.iter().map(|&(_, b)| b).max().unwrap_or(0);
         samples.push((trace.ops.len(), held.current));
     }
 
@@ -247,15 +254,20 @@ where
     Ok(())
 }
 
+/// A stand-in for a block in the control loop: the same size, so that the
+/// map moves as many bytes as the timed loop's.
+type StandIn = [u8; std::mem::size_of::<DeviceBlock>()];
+
 /// The control: the same bookkeeping with a stand-in for each block, no
 /// allocation.
 fn control_loop(trace: &Trace) -> std::time::Duration {
     let start = Instant::now();
-    let mut live: HashMap<u64, usize> = HashMap::with_capacity(1 << 16);
+    let mut live: HashMap<u64, StandIn> = HashMap::with_capacity(1 << 16);
     for op in &trace.ops {
         match op.kind {
             OpKind::Alloc => {
-                live.insert(op.id, std::hint::black_box(op.size + 1));
+                let stand_in: StandIn = [op.size as u8; std::mem::size_of::<DeviceBlock>()];
+                live.insert(op.id, std::hint::black_box(stand_in));
             }
             OpKind::Free => {
                 std::hint::black_box(live.remove(&op.id));
