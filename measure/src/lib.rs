@@ -5,5 +5,4 @@
 
 #![allow(missing_docs)]
 
-pub mod open;
 pub mod support;
