@@ -41,7 +41,9 @@ pub enum DriverCall {
     CopyAsync,
     /// A kernel launch (on the simulated device: [`SimGpu::launch_kernel`](crate::gpu::sim::SimGpu::launch_kernel)).
     Launch,
-    /// `cuMemGetInfo`.
+    /// `cuMemGetInfo`, and the queries of the memory a backend holds
+    /// (`cuMemPoolGetAttribute`, `cuMemPoolSetAttribute` on the usage
+    /// attributes).
     MemGetInfo,
 }
 
@@ -204,6 +206,32 @@ pub enum ResourceError {
     /// The resource (or its background task) has shut down.
     #[error("the resource has shut down")]
     Shutdown,
+    /// A range of elements lies outside a buffer (or is reversed).
+    #[error("range {start}..{end} is outside a buffer of {len} elements")]
+    OutOfBounds {
+        /// First element asked for.
+        start: usize,
+        /// One past the last element asked for.
+        end: usize,
+        /// The buffer's length, in elements.
+        len: usize,
+    },
+    /// A buffer of `len` elements of `elem_size` bytes does not fit in
+    /// `usize` bytes.
+    #[error("{len} elements of {elem_size} B overflow the address space")]
+    SizeOverflow {
+        /// Elements asked for.
+        len: usize,
+        /// Bytes per element.
+        elem_size: usize,
+    },
+    /// A CUDA stream that no stream pool of this device registers was used
+    /// with a buffer, so its uses could not be ordered.
+    #[error("a stream of device {device} that its stream pool does not register")]
+    UnregisteredStream {
+        /// The device of the buffer.
+        device: u32,
+    },
 }
 
 impl ResourceError {

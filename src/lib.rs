@@ -11,6 +11,7 @@
 //! ## Layers
 //!
 //! ```text
+//!  buffer       Buffer<T>: owned, frees on drop; views, guards; CudaBuffer for cudarc
 //!  futures      AsyncResource<R>, EventFuture, AllocFuture, DeallocHandle, Reaper
 //!  launch       LaunchRecorder: preflight → prepare → enqueue → finish
 //!  adaptors     Budget, DebugGuard, Stats, Tracing, RetryOnOom (decorators over any
@@ -37,6 +38,7 @@
 #![warn(missing_debug_implementations, rust_2018_idioms)]
 
 pub mod adaptors;
+pub mod buffer;
 pub mod builder;
 pub mod cache;
 pub mod device;
@@ -55,6 +57,7 @@ pub use adaptors::{
     Budget, BudgetResource, DebugGuard, GuardConfig, Identity, Layer, RetryOnOom, Stack, Stats,
     StatsResource, StatsSnapshot, TracingResource,
 };
+pub use buffer::{Buffer, CudaBuffer};
 pub use builder::ResourceBuilder;
 pub use cache::{CacheConfig, CachingResource};
 pub use device::{Backend, Device, StreamPool};

@@ -146,3 +146,22 @@ fn a_stack_over_the_device_is_awaitable_with_the_same_device() {
         Err(ResourceError::WrongDevice { .. })
     ));
 }
+
+/// `Backend` forwards every call, the ones with a default included (a
+/// missed forward would answer `NOT_SUPPORTED` from the default).
+#[test]
+fn the_backend_forwards_the_calls_that_have_defaults() {
+    use streamalloc::gpu::Gpu;
+    let sim = SimGpu::builder().manual().build();
+    let device = Device::sim(&sim, 1);
+    let resource = StreamOrderedResource::new(&device);
+    let block = resource
+        .allocate(1 << 20, device.stream(0).unwrap(), T)
+        .unwrap();
+    let held = device.gpu().memory_held().expect("forwarded");
+    assert_eq!(held, Gpu::memory_held(&*sim).unwrap());
+    device.gpu().reset_memory_held_high().expect("forwarded");
+    let lane = device.gpu().create_stream().expect("forwarded");
+    device.gpu().destroy_stream(lane).unwrap();
+    resource.deallocate(block).unwrap();
+}

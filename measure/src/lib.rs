@@ -6,3 +6,4 @@
 #![allow(missing_docs)]
 
 pub mod support;
+pub mod trace;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use crate::gpu::cuda::CudaGpu;
 use crate::gpu::sim::SimGpu;
-use crate::gpu::{Gpu, GpuResult, HostFn, RawEvent, RawStream};
+use crate::gpu::{Gpu, GpuResult, HeldMemory, HostFn, RawEvent, RawStream};
 
 /// The backend of a [`Device`](crate::Device) opened at run time: a CUDA
 /// device, or the simulated one.
@@ -109,6 +109,14 @@ impl Gpu for Backend {
 
     fn create_stream(&self) -> GpuResult<RawStream> {
         forward!(self.create_stream())
+    }
+
+    fn memory_held(&self) -> GpuResult<HeldMemory> {
+        forward!(self.memory_held())
+    }
+
+    fn reset_memory_held_high(&self) -> GpuResult<()> {
+        forward!(self.reset_memory_held_high())
     }
 
     fn destroy_stream(&self, stream: RawStream) -> GpuResult<()> {

@@ -20,7 +20,7 @@ use cudarc::driver::CudaContext;
 use cudarc::driver::result::{self as cu, DriverError};
 use cudarc::driver::sys;
 
-use super::{Gpu, GpuError, GpuResult, HostFn, RawEvent, RawStream};
+use super::{Gpu, GpuError, GpuResult, HeldMemory, HostFn, RawEvent, RawStream};
 use crate::error::{DriverCall, ResourceError, ResourceResult, driver_code};
 
 /// A cudarc driver error of `call` as the seam's error, with the driver's
@@ -325,6 +325,43 @@ impl Gpu for CudaGpu {
         let call = DriverCall::MemGetInfo;
         self.bind(call)?;
         cu::mem_get_info().map_err(|e| cuda_error(call, e))
+    }
+
+    fn memory_held(&self) -> GpuResult<HeldMemory> {
+        let call = DriverCall::MemGetInfo;
+        let pool = self.pool.clone()?;
+        self.bind(call)?;
+        let read = |attr| {
+            let mut value: u64 = 0;
+            // SAFETY: the pool is alive (owned); the RESERVED_MEM attributes
+            // are cuuint64_t values, written into `value`.
+            unsafe { cu::mem_pool::get_attribute(pool, attr, (&mut value as *mut u64).cast()) }
+                .map(|()| usize::try_from(value).unwrap_or(usize::MAX))
+                .map_err(|e| cuda_error(call, e))
+        };
+        Ok(HeldMemory {
+            current: read(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?,
+            high: read(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)?,
+        })
+    }
+
+    fn reset_memory_held_high(&self) -> GpuResult<()> {
+        let call = DriverCall::MemGetInfo;
+        let pool = self.pool.clone()?;
+        self.bind(call)?;
+        // The driver accepts only 0, which restarts the mark from the
+        // current value.
+        let mut zero: u64 = 0;
+        // SAFETY: the pool is alive (owned); RESERVED_MEM_HIGH takes a
+        // cuuint64_t, read from `zero`.
+        unsafe {
+            cu::mem_pool::set_attribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH,
+                (&mut zero as *mut u64).cast(),
+            )
+        }
+        .map_err(|e| cuda_error(call, e))
     }
 
     fn create_stream(&self) -> GpuResult<RawStream> {
