@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use streamalloc::gpu::Gpu;
 use streamalloc::gpu::sim::SimGpu;
 use streamalloc::{
-    AllocTag, DeviceBlock, DeviceMemoryResource, ResourceError, ResourceResult, SimResource,
-    StreamId,
+    AllocTag, Device, DeviceBlock, DeviceMemoryResource, ResourceError, ResourceResult,
+    SimResource, StreamId,
 };
 use streamalloc_measure::trace::{ReplayError, Target, Trace, replay};
 
@@ -58,8 +58,9 @@ fn sim(capacity: usize) -> Arc<SimGpu> {
 #[test]
 fn held_is_the_devices_high_water_mark_and_samples_follow_it() {
     let gpu = sim(1 << 20);
-    let pool = gpu.stream_pool(2);
-    let resource = SimResource::new(gpu.clone(), pool.clone());
+    let device = Device::simulated(&gpu, 2);
+    let pool = device.streams().clone();
+    let resource = SimResource::new(&device);
     let target = Target {
         resource: &resource,
         gpu: &*gpu,
@@ -100,9 +101,10 @@ fn held_is_the_devices_high_water_mark_and_samples_follow_it() {
 #[test]
 fn a_free_from_another_stream_declares_the_use_then_frees_on_the_home_stream() {
     let gpu = sim(1 << 20);
-    let pool = gpu.stream_pool(2);
+    let device = Device::simulated(&gpu, 2);
+    let pool = device.streams().clone();
     let resource = CountUses {
-        inner: SimResource::new(gpu.clone(), pool.clone()),
+        inner: SimResource::new(&device),
         uses: AtomicUsize::new(0),
     };
     let target = Target {
@@ -122,8 +124,9 @@ fn a_free_from_another_stream_declares_the_use_then_frees_on_the_home_stream() {
 fn a_refused_allocation_names_its_operation_and_leaves_nothing_allocated() {
     // 1 KiB of device: the third allocation (1 KiB more) does not fit.
     let gpu = sim(1024);
-    let pool = gpu.stream_pool(1);
-    let resource = SimResource::new(gpu.clone(), pool.clone());
+    let device = Device::simulated(&gpu, 1);
+    let pool = device.streams().clone();
+    let resource = SimResource::new(&device);
     let target = Target {
         resource: &resource,
         gpu: &*gpu,
@@ -148,8 +151,9 @@ fn a_refused_allocation_names_its_operation_and_leaves_nothing_allocated() {
 #[test]
 fn a_pool_with_too_few_streams_is_refused_before_anything_runs() {
     let gpu = sim(1 << 20);
-    let pool = gpu.stream_pool(1);
-    let resource = SimResource::new(gpu.clone(), pool.clone());
+    let device = Device::simulated(&gpu, 1);
+    let pool = device.streams().clone();
+    let resource = SimResource::new(&device);
     let target = Target {
         resource: &resource,
         gpu: &*gpu,

@@ -17,7 +17,7 @@ use streamalloc::gpu::Gpu;
 use streamalloc::gpu::cuda::CudaGpu;
 use streamalloc::gpu::sim::SimGpu;
 use streamalloc::{
-    Budget, BudgetResource, CachingResource, DeviceMemoryResource, StreamOrderedResource,
+    Budget, BudgetResource, CachingResource, Device, DeviceMemoryResource, StreamOrderedResource,
     StreamPool,
 };
 
@@ -143,7 +143,8 @@ fn replay_on<G: Gpu>(
     peak_requested: usize,
     config: &ReplayConfig,
 ) -> Result<Replay, ReplayError> {
-    let resource = StreamOrderedResource::with_gpu(gpu.clone(), gpu.ordinal(), pool.clone());
+    let device = Device::new(gpu.clone(), pool.clone()).map_err(ReplayError::Setup)?;
+    let resource = StreamOrderedResource::new(&device);
     let go = |resource: &dyn DeviceMemoryResource| {
         let target = Target {
             resource,
