@@ -32,27 +32,24 @@ use std::fmt;
 use std::time::Instant;
 
 use streamalloc::gpu::{Gpu, GpuError, HeldMemory};
-use streamalloc::{
-    AllocTag, DeviceBlock, DeviceMemoryResource, ResourceError, StreamId, StreamPool,
-};
+use streamalloc::{AllocTag, Device, DeviceBlock, DeviceMemoryResource, ResourceError, StreamId};
 
 use super::format::{OpKind, Trace};
 
 const TAG: AllocTag = AllocTag("trace");
 
-/// What a trace is replayed through: a resource stack, the backend under it
-/// (where held memory is read), and the pool whose streams stand for the
-/// trace's streams.
-pub struct Target<'a, R: ?Sized, G: ?Sized> {
+/// What a trace is replayed through: a resource stack and the device under
+/// it (its backend, where held memory is read, and its streams, which stand
+/// for the trace's streams).
+pub struct Target<'a, R: ?Sized, G: Gpu> {
     /// The stack (any [`DeviceMemoryResource`]).
     pub resource: &'a R,
-    /// The backend the stack allocates from.
-    pub gpu: &'a G,
-    /// At least as many streams as the trace uses.
-    pub pool: &'a StreamPool,
-    /// Called after every `n`-th operation of the replay (outside nothing:
-    /// inside the timed loop): the simulated device in manual mode runs its
-    /// queued work there, so that executed frees coalesce. `None` on CUDA.
+    /// The device the stack allocates from, with at least as many streams
+    /// as the trace uses.
+    pub device: &'a Device<G>,
+    /// Called after every `n`-th operation, inside the timed loop: the
+    /// simulated device in manual mode runs its queued work there, so that
+    /// executed frees coalesce. `None` on CUDA.
     pub housekeeping: Option<(usize, &'a dyn Fn())>,
 }
 
@@ -136,17 +133,17 @@ pub fn replay<R, G>(
 ) -> Result<Replay, ReplayError>
 where
     R: DeviceMemoryResource + ?Sized,
-    G: Gpu + ?Sized,
+    G: Gpu,
 {
-    if target.pool.len() < trace.streams {
+    if target.device.streams().len() < trace.streams {
         return Err(ReplayError::TooFewStreams {
             trace: trace.streams,
-            pool: target.pool.len(),
+            pool: target.device.streams().len(),
         });
     }
-    let streams: Vec<StreamId> = target.pool.ids().collect();
+    let streams: Vec<StreamId> = target.device.streams().ids().collect();
     let mut samples = Vec::new();
-    target.gpu.reset_memory_held_high()?;
+    target.device.gpu().reset_memory_held_high()?;
 
     let start = Instant::now();
     let mut live: HashMap<u64, DeviceBlock> = HashMap::with_capacity(1 << 16);
@@ -156,8 +153,8 @@ where
         {
             // The mark restarts at each sample: each point is its stretch's
             // peak.
-            samples.push((done, target.gpu.memory_held()?.high));
-            target.gpu.reset_memory_held_high()?;
+            samples.push((done, target.device.gpu().memory_held()?.high));
+            target.device.gpu().reset_memory_held_high()?;
         }
         Ok(())
     });
@@ -172,18 +169,18 @@ where
     }
     for &stream in &streams {
         let raw = target
-            .pool
+            .device
             .raw(stream)
             .map_err(|error| ReplayError::Resource {
                 op: trace.ops.len(),
                 error,
             })?;
-        target.gpu.stream_synchronize(raw)?;
+        target.device.gpu().stream_synchronize(raw)?;
     }
     let elapsed = start.elapsed();
     run?;
     leftover?;
-    let mut held = target.gpu.memory_held()?;
+    let mut held = target.device.gpu().memory_held()?;
     if sample_every.is_some() {
         // The stretch since the last sample, then the state after the
         // leftover blocks were freed.
@@ -221,7 +218,7 @@ fn run_ops<R, G>(
 ) -> Result<(), ReplayError>
 where
     R: DeviceMemoryResource + ?Sized,
-    G: Gpu + ?Sized,
+    G: Gpu,
 {
     let resource = target.resource;
     for (i, op) in trace.ops.iter().enumerate() {
