@@ -11,8 +11,7 @@ use std::error::Error;
 use std::sync::Arc;
 
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys::cublasOperation_t};
-use streamalloc::gpu::cuda::CudaGpu;
-use streamalloc::{AllocTag, AsyncCudaResource, CudaBuffer, StreamPool};
+use streamalloc::{AllocTag, CudaBuffer, Device, StreamOrderedResource};
 
 const M: usize = 64;
 
@@ -21,9 +20,9 @@ fn main() -> Result<(), Box<dyn Error>> {
     if !unsafe { cudarc::cublas::sys::is_culib_present() } {
         return Err("libcublas could not be loaded".into());
     }
-    let ctx = CudaGpu::open(0)?;
-    let pool = StreamPool::cuda(&ctx, 2)?;
-    let res = Arc::new(AsyncCudaResource::new(ctx, 0, pool.clone()));
+    let device = Device::open_cuda(0, 2)?;
+    let pool = device.streams().clone();
+    let res = Arc::new(StreamOrderedResource::new(&device));
     let (io, compute) = (pool.id(0).unwrap(), pool.id(1).unwrap());
     let (io_s, compute_s) = (pool.cuda_stream(io)?.clone(), pool.cuda_stream(compute)?);
     let blas = CudaBlas::new(compute_s.clone())?;

@@ -13,8 +13,6 @@
 //! cargo run --example kernel -- plant     # a read that escapes the ordering: caught
 //! ```
 
-mod common;
-
 use std::error::Error;
 use std::sync::{Arc, Mutex};
 
@@ -23,7 +21,9 @@ use cudarc::nvrtc::Ptx;
 use streamalloc::futures::AsyncResource;
 use streamalloc::gpu::Gpu;
 use streamalloc::gpu::sim::{MemAccess, SimGpu};
-use streamalloc::{AllocTag, AsyncCudaResource, CudaBuffer, RawStream, SimResource};
+use streamalloc::{
+    AllocTag, Backend, CudaBuffer, Device, RawStream, ResourceError, StreamOrderedResource,
+};
 
 const PTX: &str = include_str!("kernels/saxpy.ptx");
 const N: usize = 1 << 20;
@@ -42,24 +42,24 @@ fn check(y: &[f32]) {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<(), Box<dyn Error>> {
     let plant = std::env::args().any(|a| a == "plant");
-    match common::setup(2, 64 << 20)? {
-        common::Setup::Sim(res, gpu) => {
-            println!("device: simulated");
-            on_sim(&res, &gpu, plant).await?;
-            let races = gpu.races();
+    // CUDA device 0 when there is one, else a simulated device.
+    let device = Device::open_or_sim(0, 2, SimGpu::builder().capacity(64 << 20));
+    println!("device: {device}");
+    let res = AsyncResource::on(&device)?;
+    match device.simulator() {
+        Some(sim) => {
+            on_sim(&res, sim, plant).await?;
+            let races = sim.races();
             println!("race detector: {} race(s)", races.len());
             assert_eq!(races.is_empty(), !plant, "{races:?}");
         }
-        common::Setup::Cuda(res) => {
-            println!("device: CUDA device 0");
-            on_cuda(&res, plant).await?;
-        }
+        None => on_cuda(&res, plant).await?,
     }
     Ok(())
 }
 
 async fn on_cuda(
-    res: &AsyncResource<AsyncCudaResource>,
+    res: &AsyncResource<StreamOrderedResource<Backend>>,
     plant: bool,
 ) -> Result<(), Box<dyn Error>> {
     let pool = res.stream_pool().clone();
@@ -120,13 +120,14 @@ fn sim_kernel(
     accesses: &[MemAccess],
     body: impl FnOnce() + Send + 'static,
 ) -> streamalloc::ResourceResult<()> {
-    gpu.launch_kernel(raw, accesses).map_err(common::gpu_err)?;
+    gpu.launch_kernel(raw, accesses)
+        .map_err(ResourceError::from)?;
     gpu.launch_host_fn(raw, Box::new(body))
-        .map_err(common::gpu_err)
+        .map_err(ResourceError::from)
 }
 
 async fn on_sim(
-    res: &AsyncResource<SimResource>,
+    res: &AsyncResource<StreamOrderedResource<Backend>>,
     gpu: &SimGpu,
     plant: bool,
 ) -> Result<(), Box<dyn Error>> {

@@ -4,16 +4,15 @@
 //! the simulated device the race detector checks it.
 //!
 //! ```text
-//! cargo run --example pipeline            # real GPU if present, else simulated
-//! cargo run --example pipeline -- --sim
+//! cargo run --example pipeline                         # real GPU if present, else simulated
+//! STREAMALLOC_DEVICE=sim cargo run --example pipeline  # always simulated
 //! ```
 
-mod common;
-
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use streamalloc::futures::{AsyncResource, Reaper};
-use streamalloc::{Access, AllocTag, DeviceBlock, DeviceMemoryResource, ResourceResult};
+use streamalloc::gpu::sim::SimGpu;
+use streamalloc::{Access, AllocTag, Device, DeviceBlock, DeviceMemoryResource, ResourceResult};
 use tokio::sync::mpsc;
 
 const ITEMS: usize = 256;
@@ -21,18 +20,21 @@ const SIZE: usize = 1 << 20;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 3)]
 async fn main() -> ResourceResult<()> {
-    match common::setup(3, 64 << 20)? {
-        common::Setup::Sim(res, gpu) => {
-            println!("device: simulated");
-            run(res).await?;
-            let races = gpu.races();
-            println!("race detector: {} race(s) — silent", races.len());
-            assert!(races.is_empty(), "{races:?}");
-        }
-        common::Setup::Cuda(res) => {
-            println!("device: CUDA device 0");
-            run(res).await?;
-        }
+    // CUDA device 0 when there is one, else a simulated device of
+    // 64 MiB whose kernels take 50 µs.
+    let device = Device::open_or_sim(
+        0,
+        3,
+        SimGpu::builder()
+            .capacity(64 << 20)
+            .op_latency(Duration::from_micros(50)),
+    );
+    println!("device: {device}");
+    run(AsyncResource::on(&device)?).await?;
+    if let Some(sim) = device.simulator() {
+        let races = sim.races();
+        println!("race detector: {} race(s)", races.len());
+        assert!(races.is_empty(), "{races:?}");
     }
     Ok(())
 }
@@ -56,9 +58,7 @@ async fn run<R: DeviceMemoryResource + 'static>(res: AsyncResource<R>) -> Resour
             let raw = res.stream_pool().raw(copy_in)?;
             for i in 0..ITEMS {
                 let input = res.allocate(SIZE, copy_in, AllocTag("input")).await?;
-                res.gpu()
-                    .memset_async(input.ptr(), i as u8, SIZE, raw)
-                    .map_err(common::gpu_err)?;
+                res.gpu().memset_async(input.ptr(), i as u8, SIZE, raw)?;
                 // Not awaited: stage B orders itself after it on the GPU.
                 drop(res.finish_block_use(input.id(), copy_in, Access::Write)?);
                 if to_compute.send(input).await.is_err() {
@@ -77,9 +77,7 @@ async fn run<R: DeviceMemoryResource + 'static>(res: AsyncResource<R>) -> Resour
             while let Some(input) = compute_rx.recv().await {
                 let output = res.allocate(SIZE, compute, AllocTag("output")).await?;
                 res.prepare_block_use(input.id(), compute, Access::Read)?;
-                res.gpu()
-                    .copy_async(output.ptr(), input.ptr(), SIZE, raw)
-                    .map_err(common::gpu_err)?;
+                res.gpu().copy_async(output.ptr(), input.ptr(), SIZE, raw)?;
                 drop(res.finish_block_use(input.id(), compute, Access::Read)?);
                 drop(res.finish_block_use(output.id(), compute, Access::Write)?);
                 // Freed on stream 1, after stream 2's read: the hooks order it.
@@ -102,8 +100,7 @@ async fn run<R: DeviceMemoryResource + 'static>(res: AsyncResource<R>) -> Resour
                 let staging = res.allocate(SIZE, copy_out, AllocTag("staging")).await?;
                 res.prepare_block_use(output.id(), copy_out, Access::Read)?;
                 res.gpu()
-                    .copy_async(staging.ptr(), output.ptr(), SIZE, raw)
-                    .map_err(common::gpu_err)?;
+                    .copy_async(staging.ptr(), output.ptr(), SIZE, raw)?;
                 // The result is on the "host" once this resolves.
                 res.finish_block_use(output.id(), copy_out, Access::Read)?
                     .await?;

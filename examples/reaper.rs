@@ -4,32 +4,36 @@
 //! allocation waiting for that memory.
 //!
 //! ```text
-//! cargo run --example reaper            # real GPU if present, else simulated
-//! cargo run --example reaper -- --sim
+//! cargo run --example reaper                         # real GPU if present, else simulated
+//! STREAMALLOC_DEVICE=sim cargo run --example reaper  # always simulated
 //! ```
-
-mod common;
 
 use std::time::{Duration, Instant};
 
 use streamalloc::futures::{AsyncResource, Reaper};
-use streamalloc::{AllocTag, DeviceMemoryResource, ResourceResult};
+use streamalloc::gpu::sim::SimGpu;
+use streamalloc::{AllocTag, Device, DeviceMemoryResource, ResourceResult};
 
 const FREES: usize = 1000;
 const STREAMS: usize = 4;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> ResourceResult<()> {
-    match common::setup(STREAMS, 256 << 20)? {
-        common::Setup::Sim(res, gpu) => {
-            println!("device: simulated");
-            run(res).await?;
-            assert!(gpu.races().is_empty(), "{:?}", gpu.races());
-        }
-        common::Setup::Cuda(res) => {
-            println!("device: CUDA device 0");
-            run(res).await?;
-        }
+    // CUDA device 0 when there is one, else a simulated device of
+    // 256 MiB whose kernels take 50 µs.
+    let device = Device::open_or_sim(
+        0,
+        STREAMS,
+        SimGpu::builder()
+            .capacity(256 << 20)
+            .op_latency(Duration::from_micros(50)),
+    );
+    println!("device: {device}");
+    run(AsyncResource::on(&device)?).await?;
+    if let Some(sim) = device.simulator() {
+        let races = sim.races();
+        println!("race detector: {} race(s)", races.len());
+        assert!(races.is_empty(), "{races:?}");
     }
     Ok(())
 }
@@ -44,9 +48,7 @@ async fn run<R: DeviceMemoryResource + 'static>(res: AsyncResource<R>) -> Resour
     for i in 0..FREES {
         let s = pool.id(i % STREAMS).expect("stream");
         let block = res.try_allocate(size, s, AllocTag("scratch"))?;
-        res.gpu()
-            .memset_async(block.ptr(), 0, size, pool.raw(s)?)
-            .map_err(common::gpu_err)?;
+        res.gpu().memset_async(block.ptr(), 0, size, pool.raw(s)?)?;
         drop(res.deallocate(block)?); // nobody awaits it
     }
     println!(
@@ -70,7 +72,7 @@ async fn run<R: DeviceMemoryResource + 'static>(res: AsyncResource<R>) -> Resour
 
     // 2. An allocation waiting for memory that a free on another stream
     //    returns: the reaper applies the free and wakes it.
-    let total = res.gpu().mem_info().map_err(common::gpu_err)?.1;
+    let total = res.gpu().mem_info()?.1;
     let (s0, s1) = (pool.id(0).expect("s0"), pool.id(1).expect("s1"));
     let big = (total / 2) & !0xFFFF;
     let first = res.try_allocate(big, s0, AllocTag("big"))?;

@@ -9,7 +9,7 @@ use cudarc::nvrtc::Ptx;
 use streamalloc::buffer::{drop_error_count, take_drop_error};
 use streamalloc::futures::AsyncResource;
 use streamalloc::gpu::cuda::CudaGpu;
-use streamalloc::{AllocTag, AsyncCudaResource, CudaBuffer, ResourceError, StreamPool};
+use streamalloc::{AllocTag, AsyncCudaResource, CudaBuffer, Device, ResourceError, StreamPool};
 
 const PTX: &str = include_str!("../examples/kernels/saxpy.ptx");
 const N: usize = 1 << 16;
@@ -22,10 +22,10 @@ fn open(
     Arc<StreamPool>,
     AsyncResource<AsyncCudaResource>,
 ) {
-    let ctx = CudaGpu::open(0).expect("a CUDA device");
-    let pool = StreamPool::cuda(&ctx, streams).expect("streams");
-    let inner = Arc::new(AsyncCudaResource::new(ctx.clone(), 0, pool.clone()));
-    (ctx, pool.clone(), AsyncResource::new(inner).expect("async"))
+    let device = Device::open_cuda(0, streams).expect("a CUDA device");
+    let ctx = device.gpu().context().clone();
+    let res = AsyncResource::on(&device).expect("async");
+    (ctx, device.streams().clone(), res)
 }
 
 fn stream(pool: &StreamPool, i: usize) -> Arc<CudaStream> {
@@ -130,8 +130,8 @@ async fn registered_user_streams_order_and_unregistered_ones_fail() {
     let mine = vec![ctx.new_stream().unwrap(), ctx.new_stream().unwrap()];
     let pool = StreamPool::from_cuda_streams(mine.clone()).unwrap();
     assert_eq!(pool.find_cuda(&mine[1]), pool.id(1));
-    let inner = Arc::new(AsyncCudaResource::new(ctx.clone(), 0, pool.clone()));
-    let res = AsyncResource::new(inner).unwrap();
+    let gpu = Arc::new(CudaGpu::try_new(ctx.clone()).unwrap());
+    let res = AsyncResource::on(&Device::new(gpu, pool.clone()).unwrap()).unwrap();
     let host: Vec<f32> = (0..N).map(|i| i as f32 * 0.5).collect();
     let mut x = CudaBuffer::new(
         res.allocate_buffer::<f32>(N, pool.id(0).unwrap(), TAG)

@@ -103,22 +103,21 @@ fn cuda_host_function_runs() {
 #[ignore = "needs a CUDA GPU"]
 fn cuda_registry_over_every_device_present() {
     use std::sync::Arc;
-    use streamalloc::gpu::cuda::CudaGpu;
     use streamalloc::registry::DeviceRegistry;
-    use streamalloc::{AsyncCudaResource, StreamId, StreamPool};
+    use streamalloc::{AsyncCudaResource, Device, StreamId};
 
-    let count = cudarc::driver::CudaContext::device_count().unwrap() as u32;
+    let count = Device::cuda_count();
+    assert!(count > 0, "a CUDA device");
     let registry = Arc::new(DeviceRegistry::<AsyncCudaResource>::new());
     for d in 0..count {
-        let ctx = CudaGpu::open(d).unwrap();
-        let pool = StreamPool::cuda(&ctx, 2).unwrap();
+        let device = Device::open_cuda(d, 2).unwrap();
         registry
-            .set(d, Arc::new(AsyncCudaResource::new(ctx, d, pool)))
+            .set(d, Arc::new(AsyncCudaResource::new(&device)))
             .unwrap();
     }
     // A device that does not exist, and a stream of it, are refused.
     assert!(matches!(
-        CudaGpu::open(count),
+        Device::cuda(count, 1),
         Err(ResourceError::DeviceUnavailable { .. })
     ));
     let r0 = registry.get(0).unwrap();
@@ -155,4 +154,25 @@ fn cuda_registry_over_every_device_present() {
     println!(
         "cuda: registry over {count} device(s): wrong ordinal refused, threads on every device ok"
     );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_memory_held_is_the_pools_reservation() {
+    let f = common::cuda(1);
+    let (r, gpu, s) = (&f.resource, f.resource.gpu(), f.stream(0));
+    let before = gpu.memory_held().expect("pool attributes");
+    assert_eq!(before.current, 0, "a fresh pool holds nothing");
+    let block = r.allocate(64 << 20, s, AllocTag("held")).unwrap();
+    let held = gpu.memory_held().unwrap();
+    assert!(held.current >= 64 << 20, "{held:?}");
+    assert!(held.high >= held.current, "{held:?}");
+    r.deallocate(block).unwrap();
+    r.reap_pending().unwrap();
+    // The release threshold is raised: the pool keeps what it reserved.
+    let kept = gpu.memory_held().unwrap();
+    assert_eq!(kept.current, held.current, "{kept:?}");
+    gpu.reset_memory_held_high().unwrap();
+    assert_eq!(gpu.memory_held().unwrap().high, kept.current);
+    println!("cuda: memory_held {held:?}, after free {kept:?}: ok");
 }

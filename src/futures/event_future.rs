@@ -7,10 +7,9 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use super::core::Core;
-use super::gpu_error::gpu_error;
 use super::wait_policy::{Behind, WaitPolicy};
 use super::wait_stats::FutureTally;
-use crate::error::ResourceResult;
+use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::RawEvent;
 use crate::types::StreamId;
 
@@ -41,17 +40,16 @@ use crate::types::StreamId;
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), streamalloc::ResourceError> {
-/// use std::sync::Arc;
 /// use streamalloc::futures::AsyncResource;
 /// use streamalloc::gpu::sim::{MemAccess, SimGpu};
-/// use streamalloc::{Access, AllocTag, SimResource};
+/// use streamalloc::{Device, Access, AllocTag, SimResource};
 ///
 /// let gpu = SimGpu::new();
-/// let pool = gpu.stream_pool(1);
-/// let res = AsyncResource::new(Arc::new(SimResource::new(gpu.clone(), pool.clone())))?;
-/// let s = pool.id(0).unwrap();
+/// let device = Device::simulated(&gpu, 1);
+/// let res = AsyncResource::on(&device)?;
+/// let s = device.stream(0)?;
 /// let block = res.allocate(4096, s, AllocTag("x")).await?;
-/// gpu.launch_kernel(pool.raw(s)?, &[MemAccess::write(&block)]).unwrap();
+/// gpu.launch_kernel(device.raw(s)?, &[MemAccess::write(&block)]).unwrap();
 /// res.finish_block_use(block.id(), s, Access::Write)?.await?;
 /// res.deallocate(block)?.await?;
 /// # Ok(()) }
@@ -100,7 +98,7 @@ impl EventFuture {
                 Ok(e) => e,
                 Err(e) => {
                     notifier.release(seq, None);
-                    return Err(gpu_error(e));
+                    return Err(ResourceError::from(e));
                 }
             },
         };
@@ -109,7 +107,7 @@ impl EventFuture {
         // less).
         if let Err(e) = core.gpu.event_record(event, notifier.user_stream()) {
             notifier.release(seq, Some(event));
-            return Err(gpu_error(e));
+            return Err(ResourceError::from(e));
         }
         notifier.recorded(seq, event);
         Ok(EventFuture::new(
@@ -189,7 +187,7 @@ impl EventFuture {
                 Some(Ok(()))
             }
             Ok(false) => None,
-            Err(e) => Some(Err(gpu_error(e))),
+            Err(e) => Some(Err(ResourceError::from(e))),
         }
     }
 

@@ -99,12 +99,12 @@ type Order<'a> = MutexGuard<'a, ()>;
 /// ```
 /// use streamalloc::adaptors::{DebugGuard, GuardConfig};
 /// use streamalloc::gpu::sim::SimGpu;
-/// use streamalloc::{AllocTag, BlockState, DeviceMemoryResource, ResourceError, SimResource};
+/// use streamalloc::{Device, AllocTag, BlockState, DeviceMemoryResource, ResourceError, SimResource};
 ///
 /// let gpu = SimGpu::new();
-/// let pool = gpu.stream_pool(1);
-/// let s = pool.id(0).unwrap();
-/// let guard = DebugGuard::new(SimResource::new(gpu, pool.clone()), GuardConfig::new());
+/// let device = Device::simulated(&gpu, 1);
+/// let s = device.stream(0)?;
+/// let guard = DebugGuard::new(SimResource::new(&device), GuardConfig::new());
 ///
 /// let block = guard.allocate(512, s, AllocTag::UNTAGGED)?;
 /// guard.deallocate(block.clone())?;
@@ -277,7 +277,7 @@ impl<R: DeviceMemoryResource> DebugGuard<R> {
 impl<R: DeviceMemoryResource> DeviceMemoryResource for DebugGuard<R> {
     // `bytes_outstanding` is the inner resource's count, which includes
     // quarantined blocks: they are still on the device.
-    forward_to_inner!(inner; device_ordinal, bytes_outstanding, reap_pending, pending_free_seq, reap_through, supports_block_use_tracking);
+    forward_to_inner!(inner; device_ordinal, bytes_outstanding, reap_pending, pending_free_seq, reap_through, supports_block_use_tracking, allocation_cost);
 
     fn allocate(
         &self,
@@ -357,6 +357,19 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for DebugGuard<R> {
         Ok(())
     }
 
+    /// Flushes the quarantine (no caller holds those blocks), then passes
+    /// the call on.
+    fn release_idle(&self) -> ResourceResult<usize> {
+        let flushed = self.flush()?;
+        Ok(flushed + self.inner.release_idle()?)
+    }
+
+    /// `true`: freeing one block may evict an older one, whose free is
+    /// queued on that block's own stream.
+    fn frees_across_streams(&self) -> bool {
+        true
+    }
+
     fn record_block_use(&self, block: &DeviceBlock, use_stream: StreamId) -> ResourceResult<()> {
         self.check_hook(block.id())?;
         self.inner.record_block_use(block, use_stream)
@@ -410,6 +423,7 @@ mod loom_tests {
     use loom::thread;
 
     use super::*;
+    use crate::device::Device;
     use crate::error::DriverCall;
     use crate::gpu::sim::SimGpu;
     use crate::resource::SimResource;
@@ -419,10 +433,10 @@ mod loom_tests {
 
     fn fixture(config: GuardConfig) -> (Arc<SimGpu>, Arc<SimResource>, Arc<Guard>, StreamId) {
         let gpu = SimGpu::builder().manual().build();
-        let pool = gpu.stream_pool(2);
-        let r = Arc::new(SimResource::new(gpu.clone(), pool.clone()));
+        let device = Device::simulated(&gpu, 2);
+        let r = Arc::new(SimResource::new(&device));
         let g = Arc::new(DebugGuard::new(r.clone(), config));
-        (gpu, r, g, pool.id(0).unwrap())
+        (gpu, r, g, device.stream(0).unwrap())
     }
 
     /// Two threads free clones of one block through the guard: exactly one

@@ -15,13 +15,13 @@ use crate::types::{AllocTag, DeviceBlock, StreamId};
 /// ```
 /// use streamalloc::adaptors::RetryOnOom;
 /// use streamalloc::gpu::sim::SimGpu;
-/// use streamalloc::{AllocTag, DeviceMemoryResource, SimResource};
+/// use streamalloc::{Device, AllocTag, DeviceMemoryResource, SimResource};
 ///
 /// // A 1 MiB device whose work runs only when the host synchronizes.
 /// let gpu = SimGpu::builder().manual().capacity(1 << 20).build();
-/// let pool = gpu.stream_pool(2);
-/// let (a, b) = (pool.id(0).unwrap(), pool.id(1).unwrap());
-/// let r = RetryOnOom::new(SimResource::new(gpu, pool.clone()));
+/// let device = Device::simulated(&gpu, 2);
+/// let (a, b) = (device.stream(0)?, device.stream(1)?);
+/// let r = RetryOnOom::new(SimResource::new(&device));
 ///
 /// let block = r.allocate(768 << 10, a, AllocTag::UNTAGGED)?;
 /// r.deallocate(block)?; // queued on `a`, not yet executed
@@ -70,7 +70,7 @@ fn memory_short(e: &ResourceError) -> bool {
 }
 
 impl<R: DeviceMemoryResource> DeviceMemoryResource for RetryOnOom<R> {
-    forward_to_inner!(inner; deallocate, device_ordinal, bytes_outstanding, reap_pending, pending_free_seq, reap_through, supports_block_use_tracking, record_block_use, prepare_block_use, finish_block_use, block_state);
+    forward_to_inner!(inner; deallocate, device_ordinal, bytes_outstanding, reap_pending, pending_free_seq, reap_through, supports_block_use_tracking, record_block_use, prepare_block_use, finish_block_use, block_state, allocation_cost, frees_across_streams, release_idle);
     /// Allocates from the inner resource; when memory is short, reaps and
     /// tries once more.
     ///
