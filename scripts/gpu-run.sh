@@ -76,6 +76,10 @@ measure)
     done
     echo "=== driver_costs" | tee -a "$dir/gpu_latency.txt"
     timeout 120 $BIN/bin-driver_costs 2>&1 | tee -a "$dir/gpu_latency.txt" || true
+    echo "=== buffer_costs (three runs)" | tee "$dir/buffer_costs.txt"
+    for run in 1 2 3; do
+        timeout 120 $BIN/bin-buffer_costs 2>&1 | tee -a "$dir/buffer_costs.txt" || true
+    done
     echo "=== bench_table"
     timeout 240 $BIN/bin-bench_table "$dir" 2>&1 | tee "$dir/bench_table.txt" || true
     python3 measure/scripts/plot_bench.py "$dir/bench_table.csv" "$dir/throughput.png" || true
