@@ -5,7 +5,6 @@
 
 #![allow(missing_docs)]
 
-pub mod open;
 pub mod service;
 pub mod support;
 pub mod trace;

@@ -7,8 +7,7 @@
 use std::sync::Arc;
 
 use streamalloc::futures::AsyncResource;
-use streamalloc::gpu::cuda::CudaGpu;
-use streamalloc::{AsyncCudaResource, CachingResource, DeviceMemoryResource, StreamPool};
+use streamalloc::{CachingResource, Device, DeviceMemoryResource, StreamOrderedResource};
 use streamalloc_measure::service::cuda_model::CudaModel;
 use streamalloc_measure::service::{Dims, cudarc_way, streamalloc_way};
 
@@ -18,18 +17,22 @@ const PER_CLIENT: usize = 4;
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs a CUDA GPU"]
 async fn both_ways_answer_every_request_right_on_cuda() {
-    let ctx = CudaGpu::open(0).expect("CUDA device 0");
+    let device = Device::cuda(0, 4).expect("CUDA device 0");
+    let ctx = device
+        .gpu()
+        .cuda()
+        .expect("a CUDA backend")
+        .context()
+        .clone();
     let model = Arc::new(
         CudaModel::new(&ctx, Dims::BENCH, CLIENTS).expect("the model (is libcublas loadable?)"),
     );
     let expected = model.expected_output();
     assert!(expected.is_finite() && expected > 0.0);
 
-    let pool = StreamPool::cuda(&ctx, 4).expect("streams");
-    let inner = Arc::new(AsyncCudaResource::new(ctx.clone(), 0, pool.clone()));
-    let gpu = inner.gpu().clone();
+    let inner = Arc::new(StreamOrderedResource::new(&device));
     let res =
-        AsyncResource::with_parts(CachingResource::new(inner), gpu, pool).expect("async resource");
+        AsyncResource::with_device(CachingResource::new(inner), &device).expect("async resource");
     let row = streamalloc_way::run_level(&res, &model, Dims::BENCH, CLIENTS, PER_CLIENT, 3)
         .await
         .expect("streamalloc level");

@@ -8,7 +8,9 @@ use std::sync::Arc;
 use streamalloc::futures::AsyncResource;
 use streamalloc::gpu::GpuResult;
 use streamalloc::gpu::sim::{MemAccess, SimGpu};
-use streamalloc::{CachingResource, DeviceMemoryResource, RawStream, SimResource, StreamPool};
+use streamalloc::{
+    CachingResource, Device, DeviceMemoryResource, RawStream, SimResource, StreamPool,
+};
 use streamalloc_measure::service::streamalloc_way::run_level;
 use streamalloc_measure::service::{Dims, RequestIo, RequestKernels, SimKernels};
 
@@ -23,10 +25,10 @@ fn service(seed: u64) -> (Service, Arc<SimGpu>) {
         .seed(seed)
         .op_latency(std::time::Duration::from_micros(2))
         .build();
-    let pool = gpu.stream_pool(STREAMS);
-    let inner = Arc::new(SimResource::new(gpu.clone(), pool.clone()));
-    let res = AsyncResource::with_parts(CachingResource::new(inner), gpu.clone(), pool)
-        .expect("async resource");
+    let device = Device::simulated(&gpu, STREAMS);
+    let inner = Arc::new(SimResource::new(&device));
+    let res =
+        AsyncResource::with_device(CachingResource::new(inner), &device).expect("async resource");
     (res, gpu)
 }
 

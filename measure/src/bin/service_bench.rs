@@ -32,10 +32,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use streamalloc::futures::AsyncResource;
-use streamalloc::gpu::cuda::{CudaGpu, cuda_present};
+use streamalloc::gpu::cuda::cuda_present;
 use streamalloc::gpu::sim::SimGpu;
 use streamalloc::{
-    AsyncCudaResource, CachingResource, DeviceMemoryResource, SimResource, StreamPool,
+    CachingResource, Device, DeviceMemoryResource, SimResource, StreamOrderedResource,
 };
 use streamalloc_measure::service::cuda_model::CudaModel;
 use streamalloc_measure::service::{
@@ -128,9 +128,9 @@ async fn on_sim(args: &Args) -> BoxResult<()> {
     let gpu = SimGpu::builder()
         .op_latency(Duration::from_micros(5))
         .build();
-    let pool = gpu.stream_pool(STREAMS);
-    let inner = Arc::new(SimResource::new(gpu.clone(), pool.clone()));
-    let res = AsyncResource::with_parts(CachingResource::new(inner), gpu.clone(), pool)?;
+    let device = Device::simulated(&gpu, STREAMS);
+    let inner = Arc::new(SimResource::new(&device));
+    let res = AsyncResource::with_device(CachingResource::new(inner), &device)?;
     let kernels = Arc::new(SimKernels::new(gpu.clone()));
     let mut rows = Vec::new();
     for &clients in &args.clients {
@@ -169,16 +169,20 @@ const WAYS: &[Way] = &[
 ];
 
 async fn on_cuda(args: &Args) -> BoxResult<()> {
-    let ctx = CudaGpu::open(0)?;
-    println!("device: CUDA device 0");
+    let device = Device::cuda(0, STREAMS)?;
+    let ctx = device
+        .gpu()
+        .cuda()
+        .ok_or("Device::cuda gave no CUDA backend")?
+        .context()
+        .clone();
+    println!("device: {device}");
     let max_clients = args.clients.iter().copied().max().unwrap_or(1);
     let model = Arc::new(CudaModel::new(&ctx, Dims::BENCH, max_clients)?);
     println!("every output element must be {}", model.expected_output());
     // (a) streamalloc: the caching tier over the stream-ordered resource.
-    let pool = StreamPool::cuda(&ctx, STREAMS)?;
-    let inner = Arc::new(AsyncCudaResource::new(ctx.clone(), 0, pool.clone()));
-    let gpu = inner.gpu().clone();
-    let res = AsyncResource::with_parts(CachingResource::new(inner), gpu, pool)?;
+    let inner = Arc::new(StreamOrderedResource::new(&device));
+    let res = AsyncResource::with_device(CachingResource::new(inner), &device)?;
     // (b) cudarc: its own streams.
     let streams = (0..STREAMS)
         .map(|_| ctx.new_stream())
