@@ -113,6 +113,11 @@ impl Future for AllocFuture {
             match self.core.inner.allocate(self.bytes, self.stream, self.tag) {
                 Ok(block) => return self.finish(Ok(block)),
                 Err(e) if self.worth_waiting(&e) => {
+                    // A cache below may have given its idle blocks back on
+                    // their own streams, a decorator or the user may have
+                    // freed on the inner resource: every free queued below
+                    // this layer gets a point, and its notification reaps it.
+                    self.core.adopt_frees();
                     if self.ticket.is_none() {
                         let (t, head) = self.core.allocs.enqueue(cx.waker());
                         self.ticket = Some(t);
@@ -126,9 +131,6 @@ impl Future for AllocFuture {
                         continue;
                     }
                     if self.core.allocs.epoch() == epoch {
-                        // Frees queued below this layer (a cache giving
-                        // blocks back on this very try) get notified.
-                        self.core.adopt_frees();
                         return Poll::Pending;
                     }
                 }

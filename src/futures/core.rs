@@ -44,6 +44,9 @@ pub(crate) struct Core {
     /// Total device memory, to refuse at once a request that could never
     /// fit; asked again when the query at construction failed.
     capacity: OnceLock<usize>,
+    /// Whether a free through `inner` may queue frees on other streams
+    /// (see [`DeviceMemoryResource::frees_across_streams`]).
+    frees_across: bool,
 }
 
 impl std::fmt::Debug for Core {
@@ -83,6 +86,7 @@ impl Core {
         }
         let allocs = Arc::new(AllocQueue::default());
         let as_waiters: std::sync::Weak<dyn waiters::Waiters> = Arc::downgrade(&allocs) as _;
+        let inner_across = inner.frees_across_streams();
         let core = Arc::new(Core {
             inner,
             gpu,
@@ -93,6 +97,7 @@ impl Core {
             kick: kick.clone(),
             policy: SharedPolicy::default(),
             capacity,
+            frees_across: inner_across,
         });
         let patrolled: std::sync::Weak<dyn Patrolled> = Arc::downgrade(&core) as _;
         watchdog::spawn(patrolled, kick).map_err(|e| ResourceError::Driver {
@@ -170,13 +175,27 @@ impl Core {
     /// call.
     pub(crate) fn adopt_frees(&self) {
         for n in &self.notifiers {
-            let free_seq = self.inner.pending_free_seq(n.stream);
-            if free_seq > n.highest_free() {
-                n.mark_free(free_seq);
+            if n.mark_free_if_new(self.inner.pending_free_seq(n.stream)) {
                 n.launch(&*self.gpu);
             }
         }
         self.kick.pending();
+    }
+
+    /// After a call of the inner resource that may have queued frees on
+    /// streams other than `except` (an eviction, a cache giving its blocks
+    /// back on memory pressure): when the inner resource does that at all,
+    /// gives each such free a point on its own stream, so that its
+    /// notification reaps it like any other.
+    pub(crate) fn mark_frees_elsewhere(&self, except: Option<StreamId>) {
+        if !self.frees_across {
+            return;
+        }
+        for n in self.notifiers.iter().filter(|n| Some(n.stream) != except) {
+            if n.mark_free_if_new(self.inner.pending_free_seq(n.stream)) {
+                n.launch(&*self.gpu);
+            }
+        }
     }
 
     /// Applies frees known done to `stream`'s accounting up to `free_seq`.

@@ -55,7 +55,6 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::task::Waker;
 
-use super::gpu_error::gpu_error;
 use super::kick::Kick;
 use super::points::Points;
 use super::wait_stats::{Tally, WaitStats};
@@ -102,8 +101,6 @@ struct SignalState {
     frontier_missed_at: u64,
     frontier_queries: u64,
     parks: u64,
-    /// The highest inner free sequence number a point covers.
-    highest_free: u64,
     /// Notifications that could not be queued in a row (their event could
     /// not be recorded); after [`RECORD_RETRIES`] the stream is failed.
     record_failures: u32,
@@ -263,6 +260,8 @@ pub(crate) struct Notifier {
     signal: Arc<Signal>,
     /// Highest inner free sequence number reaped through, by any path.
     reaped: AtomicU64,
+    /// Highest inner free sequence number a point was marked for.
+    marked_free: AtomicU64,
     /// What the stream's futures did, folded in as they end.
     pub(crate) tally: Tally,
 }
@@ -275,7 +274,7 @@ impl Notifier {
         user: RawStream,
         kick: Arc<Kick>,
     ) -> Result<Self, ResourceError> {
-        let event = gpu.event_create().map_err(gpu_error)?;
+        let event = gpu.event_create().map_err(ResourceError::from)?;
         let (lane, owns_lane) = match gpu.create_stream() {
             Ok(lane) => (lane, true),
             Err(e) => {
@@ -308,13 +307,13 @@ impl Notifier {
                     frontier_missed_at: 0,
                     frontier_queries: 0,
                     parks: 0,
-                    highest_free: 0,
                     record_failures: 0,
                     failed: None,
                 }),
                 kick,
             }),
             reaped: AtomicU64::new(0),
+            marked_free: AtomicU64::new(0),
             tally: Tally::default(),
         })
     }
@@ -355,15 +354,26 @@ impl Notifier {
     /// the free was queued). The free stays recorded when the point is
     /// released.
     pub(crate) fn mark_free(&self, free_seq: u64) -> u64 {
+        self.marked_free.fetch_max(free_seq, Ordering::AcqRel);
         let (seq, long) = {
             let mut st = self.signal.lock();
             let (seq, long) = st.mark();
             st.frees.push_back((seq, free_seq));
-            st.highest_free = st.highest_free.max(free_seq);
             (seq, long)
         };
         self.kick_if(long);
         seq
+    }
+
+    /// [`mark_free`](Self::mark_free) for a free queued on this stream by
+    /// someone else's call (an eviction, a cache giving a block back), unless
+    /// a point covers `free_seq` already; whether it marked one.
+    pub(crate) fn mark_free_if_new(&self, free_seq: u64) -> bool {
+        if free_seq == 0 || self.marked_free.fetch_max(free_seq, Ordering::AcqRel) >= free_seq {
+            return false;
+        }
+        self.mark_free(free_seq);
+        true
     }
 
     /// The outcome of point `seq` if it is settled, and otherwise whether an
@@ -496,12 +506,6 @@ impl Notifier {
         self.reaped.fetch_max(free_seq, Ordering::AcqRel);
     }
 
-    /// The highest inner free sequence number a point of this notifier
-    /// covers (frees above it were queued without this layer).
-    pub(crate) fn highest_free(&self) -> u64 {
-        self.signal.lock().highest_free.max(self.reaped())
-    }
-
     /// The stream's error, once its device failed.
     pub(crate) fn failure(&self) -> Option<ResourceError> {
         if !self.signal.dead.load(Ordering::Acquire) {
@@ -517,7 +521,7 @@ impl Notifier {
         match gpu.event_query(self.event) {
             Ok(_) => false,
             Err(e) => {
-                self.fail_all(gpu_error(e));
+                self.fail_all(ResourceError::from(e));
                 true
             }
         }
@@ -567,7 +571,7 @@ impl Notifier {
             Some(e) => e,
             None => {
                 if let Err(e) = gpu.event_record(self.event, self.user) {
-                    self.record_failed(gpu_error(e));
+                    self.record_failed(ResourceError::from(e));
                     return;
                 }
                 self.event
@@ -623,7 +627,7 @@ impl Notifier {
                 Ok(true) => self.signal.deliver(covered),
                 Ok(false) => {}
                 Err(e) => {
-                    self.fail_all(gpu_error(e));
+                    self.fail_all(ResourceError::from(e));
                     return true;
                 }
             },
