@@ -17,7 +17,7 @@ use streamalloc::cache::CachingResource;
 use streamalloc::futures::{AsyncResource, WaitPolicy};
 use streamalloc::gpu::sim::{MemAccess, SimGpu};
 use streamalloc::{
-    AllocTag, DeviceBlock, DeviceMemoryResource, DriverCall, ResourceError, ResourceResult,
+    AllocTag, Device, DeviceBlock, DeviceMemoryResource, DriverCall, ResourceError, ResourceResult,
     SimResource, StreamId,
 };
 
@@ -65,10 +65,8 @@ fn a_current_thread_timeout_returns_at_once_with_cache_retry_and_budget() {
         let stack = ResourceBuilder::new()
             .retry_on_oom()
             .budget(&budget)
-            .build(SimResource::new(gpu.clone(), f.pool.clone()));
-        let res =
-            AsyncResource::with_parts(CachingResource::new(stack), gpu.clone(), f.pool.clone())
-                .unwrap();
+            .build(SimResource::new(&f.device));
+        let res = AsyncResource::with_device(CachingResource::new(stack), &f.device).unwrap();
         let a = res.try_allocate(BLOCK, s0, TAG).unwrap();
         let b = res.try_allocate(BLOCK, s0, TAG).unwrap();
         busy(&gpu, &f, s0, &a, 3);
@@ -113,8 +111,8 @@ fn retry_on_oom_under_an_awaiting_allocation_does_not_synchronize() {
         let (s0, s1) = (f.stream(0), f.stream(1));
         let stack = ResourceBuilder::new()
             .retry_on_oom()
-            .build(SimResource::new(gpu.clone(), f.pool.clone()));
-        let res = AsyncResource::with_parts(stack, gpu.clone(), f.pool.clone()).unwrap();
+            .build(SimResource::new(&f.device));
+        let res = AsyncResource::with_device(stack, &f.device).unwrap();
         let a = res.try_allocate(BLOCK, s0, TAG).unwrap();
         busy(&gpu, &f, s0, &a, 3);
         // Freed on the inner resource directly: the async layer never saw it.
@@ -153,10 +151,10 @@ fn a_shared_budget_waiter_on_device_0_is_woken_by_a_free_on_device_1() {
     let devices: Vec<_> = gpus
         .iter()
         .map(|gpu| {
-            let pool = gpu.stream_pool(1);
-            let stack = BudgetResource::new(SimResource::new(gpu.clone(), pool.clone()), &budget);
-            let res = AsyncResource::with_parts(stack, gpu.clone(), pool.clone()).unwrap();
-            (res, pool.id(0).unwrap())
+            let device = Device::simulated(gpu, 1);
+            let stack = BudgetResource::new(SimResource::new(&device), &budget);
+            let res = AsyncResource::with_device(stack, &device).unwrap();
+            (res, device.stream(0).unwrap())
         })
         .collect();
     let (res0, s0) = &devices[0];
@@ -183,10 +181,10 @@ fn a_shared_budget_waiter_on_device_0_is_woken_by_a_free_on_device_1() {
 #[test]
 fn memory_freed_by_another_resource_on_the_device_serves_a_waiter() {
     let gpu = SimGpu::builder().manual().capacity(BLOCK).build();
-    let pool = gpu.stream_pool(1);
-    let s = pool.id(0).unwrap();
-    let mine = AsyncResource::new(Arc::new(SimResource::new(gpu.clone(), pool.clone()))).unwrap();
-    let theirs = AsyncResource::new(Arc::new(SimResource::new(gpu.clone(), pool.clone()))).unwrap();
+    let device = Device::simulated(&gpu, 1);
+    let s = device.stream(0).unwrap();
+    let mine = AsyncResource::new(Arc::new(SimResource::new(&device))).unwrap();
+    let theirs = AsyncResource::new(Arc::new(SimResource::new(&device))).unwrap();
     let held = theirs.try_allocate(BLOCK, s, TAG).unwrap();
 
     let mut waiting = mine.allocate(BLOCK, s, TAG).bounded("allocate");
@@ -241,8 +239,8 @@ async fn a_budget_waiter_fails_after_a_fault() {
     let gpu = SimGpu::builder().op_latency(KERNEL).build();
     let f = common::sim_with(gpu.clone(), 2);
     let budget = Budget::new(BLOCK);
-    let stack = BudgetResource::new(SimResource::new(gpu.clone(), f.pool.clone()), &budget);
-    let res = AsyncResource::with_parts(stack, gpu.clone(), f.pool.clone()).unwrap();
+    let stack = BudgetResource::new(SimResource::new(&f.device), &budget);
+    let res = AsyncResource::with_device(stack, &f.device).unwrap();
     let held = res.try_allocate(BLOCK, f.stream(0), TAG).unwrap();
     busy(&gpu, &f, f.stream(0), &held, 3);
     drop(res.deallocate(held).unwrap());
@@ -357,8 +355,8 @@ async fn a_panicking_decorator_does_not_kill_the_watchdog() {
     let gpu = SimGpu::builder().op_latency(KERNEL).build();
     let f = common::sim_with(gpu.clone(), 1);
     let s = f.stream(0);
-    let inner = PanicsOnReap(SimResource::new(gpu.clone(), f.pool.clone()));
-    let res = AsyncResource::with_parts(inner, gpu.clone(), f.pool.clone()).unwrap();
+    let inner = PanicsOnReap(SimResource::new(&f.device));
+    let res = AsyncResource::with_device(inner, &f.device).unwrap();
     res.set_wait_policy(WaitPolicy::PARK_AT_ONCE);
     // A free whose notification makes the watchdog call the decorator.
     let block = res.try_allocate(BLOCK, s, TAG).unwrap();

@@ -22,11 +22,12 @@ use super::notifier::Notifier;
 use super::wait_policy::SharedPolicy;
 use super::wait_queue::AllocQueue;
 use super::watchdog::{self, Patrolled};
+use crate::device::StreamPool;
 use crate::error::{DriverCall, ResourceError, ResourceResult};
 use crate::gpu::Gpu;
 use crate::poll_scope::PollScope;
 use crate::resource::DeviceMemoryResource;
-use crate::types::{StreamId, StreamPool};
+use crate::types::StreamId;
 use crate::waiters;
 
 /// Shared state of one async resource. See the [module documentation](self).
