@@ -170,6 +170,7 @@ impl SimGpuBuilder {
             handles: std::sync::atomic::AtomicUsize::new(ordinals.len()),
             thread: Mutex::new(None),
             op_latency: self.op_latency,
+            blocking_in_polls: std::sync::atomic::AtomicU64::new(0),
         });
         let thread = (self.progress == Progress::Threaded).then(|| {
             let thread_shared = shared.clone();
@@ -205,6 +206,8 @@ struct Shared {
     /// nothing the device holds (queued host functions) outlives it.
     thread: Mutex<Option<thread::JoinHandle<()>>>,
     op_latency: Duration,
+    /// Synchronizes called inside a poll of the crate's futures.
+    blocking_in_polls: std::sync::atomic::AtomicU64,
 }
 
 impl Shared {
@@ -434,6 +437,16 @@ impl SimGpu {
         self.shared.lock().space(self.ordinal).free_bytes()
     }
 
+    /// Synchronizes (of streams or events) called inside a poll of the
+    /// crate's futures, where nothing may block: a test asserts it stays 0.
+    /// A poll that synchronizes parks the executor thread (a current-thread
+    /// runtime stops altogether) for as long as the GPU work takes.
+    pub fn blocking_calls_in_polls(&self) -> u64 {
+        self.shared
+            .blocking_in_polls
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     fn queue<T>(
         &self,
         call: DriverCall,
@@ -458,6 +471,12 @@ impl SimGpu {
 
     /// Blocks until `done` holds, making progress in manual mode.
     fn block_until(&self, call: DriverCall, mut done: impl FnMut(&State) -> bool) -> GpuResult<()> {
+        if crate::poll_scope::in_poll() {
+            self.shared
+                .blocking_in_polls
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            tracing::error!(?call, "a synchronize inside a poll of the crate's futures");
+        }
         let mut state = self.shared.lock();
         loop {
             if state.faults.device_fault {
