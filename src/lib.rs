@@ -56,7 +56,9 @@ pub use builder::ResourceBuilder;
 pub use cache::{CacheConfig, CachingResource};
 pub use error::{DriverCall, ResourceError, ResourceResult};
 pub use launch::LaunchRecorder;
-pub use resource::{AsyncCudaResource, DeviceMemoryResource, SimResource, StreamOrderedResource};
+pub use resource::{
+    AsyncCudaResource, DeviceAccess, DeviceMemoryResource, SimResource, StreamOrderedResource,
+};
 pub use types::{
     Access, AllocTag, BlockId, BlockState, DeviceBlock, RawStream, ResourceId, StreamId, StreamPool,
 };

@@ -20,7 +20,7 @@ use cudarc::driver::CudaContext;
 use cudarc::driver::result::{self as cu, DriverError};
 use cudarc::driver::sys;
 
-use super::{Gpu, GpuError, GpuResult, HostFn, RawEvent, RawStream};
+use super::{Gpu, GpuError, GpuResult, HostFn, RawEvent, RawPhysical, RawStream};
 use crate::error::{DriverCall, ResourceError, ResourceResult};
 
 /// Converts a driver error into the crate's error.
@@ -189,6 +189,25 @@ impl CudaGpu {
     }
 }
 
+impl CudaGpu {
+    /// Physical memory pinned on this device, no export handles.
+    fn allocation_prop(&self) -> sys::CUmemAllocationProp {
+        // SAFETY: all-zero is the documented "no options" value of every
+        // field (null metadata pointer, no flags); the type and location
+        // are set below.
+        let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+        prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.requestedHandleTypes = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE;
+        prop.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = self.ctx.ordinal() as i32;
+        prop
+    }
+
+    fn check(call: DriverCall, r: sys::CUresult) -> GpuResult<()> {
+        r.result().map_err(|e| gpu_error(call, e))
+    }
+}
+
 /// Whether `libcuda` can be loaded on this machine.
 pub fn cuda_present() -> bool {
     // SAFETY: only tries to dlopen the library by its usual names.
@@ -354,6 +373,96 @@ impl Gpu for CudaGpu {
         let call = DriverCall::MemGetInfo;
         self.bind(call)?;
         cu::mem_get_info().map_err(|e| gpu_error(call, e))
+    }
+
+    fn vm_granularity(&self) -> GpuResult<usize> {
+        let call = DriverCall::AddressReserve;
+        self.bind(call)?;
+        let prop = self.allocation_prop();
+        let mut granularity = 0usize;
+        // SAFETY: both pointers are valid for the call; `prop` is initialised.
+        let r = unsafe {
+            sys::cuMemGetAllocationGranularity(
+                &mut granularity,
+                &prop,
+                sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+            )
+        };
+        Self::check(call, r)?;
+        Ok(granularity)
+    }
+
+    fn address_reserve(&self, bytes: usize) -> GpuResult<u64> {
+        let call = DriverCall::AddressReserve;
+        self.bind(call)?;
+        let mut addr: sys::CUdeviceptr = 0;
+        // SAFETY: `addr` is a valid out-pointer; no fixed address, default
+        // alignment (the granularity), no flags.
+        let r = unsafe { sys::cuMemAddressReserve(&mut addr, bytes, 0, 0, 0) };
+        Self::check(call, r)?;
+        Ok(addr)
+    }
+
+    unsafe fn address_free(&self, addr: u64, bytes: usize) -> GpuResult<()> {
+        let call = DriverCall::AddressFree;
+        self.bind(call)?;
+        // SAFETY: the caller passes a whole live reservation with nothing
+        // mapped (this method's contract).
+        Self::check(call, unsafe { sys::cuMemAddressFree(addr, bytes) })
+    }
+
+    fn mem_create(&self, bytes: usize) -> GpuResult<RawPhysical> {
+        let call = DriverCall::MemCreate;
+        self.bind(call)?;
+        let prop = self.allocation_prop();
+        let mut handle: sys::CUmemGenericAllocationHandle = 0;
+        // SAFETY: `handle` is a valid out-pointer and `prop` is initialised.
+        match unsafe { sys::cuMemCreate(&mut handle, bytes, &prop, 0) }.result() {
+            Ok(()) => Ok(RawPhysical::new(handle)),
+            Err(e) if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+                let available = cu::mem_get_info().map(|(free, _)| free).unwrap_or(0);
+                Err(GpuError::OutOfMemory { available })
+            }
+            Err(e) => Err(gpu_error(call, e)),
+        }
+    }
+
+    unsafe fn mem_release(&self, handle: RawPhysical) -> GpuResult<()> {
+        let call = DriverCall::MemRelease;
+        self.bind(call)?;
+        // SAFETY: the handle came from `mem_create` and is released once
+        // (this method's contract).
+        Self::check(call, unsafe { sys::cuMemRelease(handle.get()) })
+    }
+
+    unsafe fn mem_map(&self, addr: u64, bytes: usize, handle: RawPhysical) -> GpuResult<()> {
+        let call = DriverCall::MemMap;
+        self.bind(call)?;
+        // SAFETY: the range is reserved, aligned and unmapped, and the handle
+        // is live and of `bytes` bytes (this method's contract).
+        Self::check(call, unsafe {
+            sys::cuMemMap(addr, bytes, 0, handle.get(), 0)
+        })
+    }
+
+    unsafe fn mem_set_access(&self, addr: u64, bytes: usize) -> GpuResult<()> {
+        let call = DriverCall::MemSetAccess;
+        self.bind(call)?;
+        let desc = sys::CUmemAccessDesc {
+            location: self.allocation_prop().location,
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        // SAFETY: the range is mapped (this method's contract); `desc` is one
+        // valid descriptor.
+        Self::check(call, unsafe { sys::cuMemSetAccess(addr, bytes, &desc, 1) })
+    }
+
+    unsafe fn mem_unmap(&self, addr: u64, bytes: usize) -> GpuResult<()> {
+        let call = DriverCall::MemUnmap;
+        self.bind(call)?;
+        // SAFETY: the range covers whole mappings that no queued work uses
+        // any more (this method's contract).
+        Self::check(call, unsafe { sys::cuMemUnmap(addr, bytes) })
     }
 
     fn create_stream(&self) -> GpuResult<RawStream> {

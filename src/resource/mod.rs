@@ -18,8 +18,32 @@ pub(crate) use stream_ordered::loom_tests::race_two_frees;
 
 pub use stream_ordered::{AsyncCudaResource, SimResource, StreamOrderedResource};
 
+use std::sync::Arc;
+
 use crate::error::ResourceResult;
-use crate::types::{Access, AllocTag, BlockId, BlockState, DeviceBlock, StreamId};
+use crate::gpu::Gpu;
+use crate::types::{Access, AllocTag, BlockId, BlockState, DeviceBlock, StreamId, StreamPool};
+
+/// The device behind a resource: its backend and the streams the resource
+/// orders work on. A tier above that manages device memory itself (the
+/// cache's virtual-memory arena) gets it from
+/// [`DeviceMemoryResource::device_access`].
+#[derive(Clone)]
+pub struct DeviceAccess {
+    /// The backend.
+    pub gpu: Arc<dyn Gpu>,
+    /// The streams, resolved as the resource resolves them.
+    pub streams: Arc<StreamPool>,
+}
+
+impl std::fmt::Debug for DeviceAccess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceAccess")
+            .field("device", &self.gpu.ordinal())
+            .field("streams", &self.streams.len())
+            .finish()
+    }
+}
 
 /// A source of device memory ordered on streams.
 ///
@@ -163,6 +187,18 @@ pub trait DeviceMemoryResource: Send + Sync {
         let _ = block;
         None
     }
+
+    /// The backend and streams behind this resource, for a tier above it
+    /// that manages device memory itself (the cache's virtual-memory arena
+    /// maps physical memory with it instead of allocating through this
+    /// resource).
+    ///
+    /// The default is `None`, and decorators keep it: a budget, a debug
+    /// guard or a statistics layer must see every byte, so a tier above
+    /// them allocates through them.
+    fn device_access(&self) -> Option<DeviceAccess> {
+        None
+    }
 }
 
 impl<R: DeviceMemoryResource + ?Sized> DeviceMemoryResource for std::sync::Arc<R> {
@@ -206,5 +242,8 @@ impl<R: DeviceMemoryResource + ?Sized> DeviceMemoryResource for std::sync::Arc<R
     }
     fn block_state(&self, block: BlockId) -> Option<BlockState> {
         (**self).block_state(block)
+    }
+    fn device_access(&self) -> Option<DeviceAccess> {
+        (**self).device_access()
     }
 }
