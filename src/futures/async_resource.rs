@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use super::alloc_wait::AllocFuture;
+use super::alloc_future::AllocFuture;
 use super::core::Core;
 use super::dealloc::{DeallocHandle, ReapFuture};
 use super::event_future::EventFuture;
@@ -240,7 +240,7 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
     ) -> ResourceResult<EventFuture> {
         self.core.notifier(use_stream)?;
         self.inner.finish_block_use(block, use_stream, access)?;
-        self.core.point(use_stream)
+        EventFuture::point(&self.core, use_stream)
     }
 
     /// A future that completes when the GPU has executed everything queued
@@ -250,7 +250,7 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
     /// [`UnknownStream`](crate::ResourceError::UnknownStream),
     /// [`WrongDevice`](crate::ResourceError::WrongDevice), a driver error.
     pub fn completion(&self, stream: StreamId) -> ResourceResult<EventFuture> {
-        self.core.point(stream)
+        EventFuture::point(&self.core, stream)
     }
 
     /// How completion futures made from now on wait before parking on a

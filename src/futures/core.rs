@@ -4,7 +4,7 @@
 //! [`Core`] holds the wrapped resource (type-erased, so that the public
 //! futures are not generic), the backend, the stream pool, one
 //! [`Notifier`] per pool stream (each with the spare events of its
-//! completion points), and the [queue of waiting allocations](super::alloc_wait). Futures hold it by
+//! completion points), and the [queue of waiting allocations](super::wait_queue). Futures hold it by
 //! `Arc`; the [watchdog](super::watchdog) and the [`Reaper`](super::Reaper)
 //! hold it weakly, so that dropping the last user handle drops it.
 //!
@@ -17,12 +17,11 @@
 
 use std::sync::Arc;
 
-use super::alloc_wait::AllocQueue;
-use super::event_future::EventFuture;
-use super::gpu_error;
+use super::kick::Kick;
 use super::notifier::Notifier;
 use super::wait_policy::SharedPolicy;
-use super::watchdog::{self, Kick};
+use super::wait_queue::AllocQueue;
+use super::watchdog::{self, Patrolled};
 use crate::error::{DriverCall, ResourceError, ResourceResult};
 use crate::gpu::Gpu;
 use crate::resource::DeviceMemoryResource;
@@ -84,7 +83,8 @@ impl Core {
             policy: SharedPolicy::default(),
             capacity,
         });
-        watchdog::spawn(Arc::downgrade(&core), kick).map_err(|e| ResourceError::Driver {
+        let patrolled: std::sync::Weak<dyn Patrolled> = Arc::downgrade(&core) as _;
+        watchdog::spawn(patrolled, kick).map_err(|e| ResourceError::Driver {
             call: DriverCall::Init,
             code: -1,
             message: format!("cannot start the watchdog thread: {e}"),
@@ -120,37 +120,6 @@ impl Core {
         &self.notifiers
     }
 
-    /// A completion point at the current end of `stream`.
-    pub(crate) fn point(self: &Arc<Self>, stream: StreamId) -> ResourceResult<EventFuture> {
-        let notifier = self.notifier(stream)?;
-        let (seq, spare) = notifier.mark_with_event();
-        let event = match spare {
-            Some(e) => e,
-            None => match self.gpu.event_create() {
-                Ok(e) => e,
-                Err(e) => {
-                    notifier.release(seq, None);
-                    return Err(gpu_error(e));
-                }
-            },
-        };
-        // The point's work was queued before `mark`, so an event recorded
-        // after it covers that work (and possibly a little more, never
-        // less).
-        if let Err(e) = self.gpu.event_record(event, notifier.user_stream()) {
-            notifier.release(seq, Some(event));
-            return Err(gpu_error(e));
-        }
-        notifier.recorded(seq, event);
-        Ok(EventFuture::new(
-            self.clone(),
-            stream,
-            seq,
-            Some(event),
-            self.policy.get(),
-        ))
-    }
-
     /// Applies frees known done to `stream`'s accounting up to `free_seq`.
     pub(crate) fn reap(&self, stream: StreamId, free_seq: u64) {
         if free_seq == 0 {
@@ -174,9 +143,14 @@ impl Core {
             n.launch(&*self.gpu);
         }
     }
+}
 
-    /// The fallback query of every stream (see [`watchdog`]).
-    pub(crate) fn fallback_check(&self) {
+impl Patrolled for Core {
+    fn patrol(&self, fallback: bool) {
+        self.dispatch();
+        if !fallback {
+            return;
+        }
         let mut failed = false;
         for n in &self.notifiers {
             if n.has_pending() {
@@ -191,7 +165,7 @@ impl Core {
     }
 
     /// Whether any stream waits on a notification.
-    pub(crate) fn has_pending(&self) -> bool {
+    fn has_pending(&self) -> bool {
         self.notifiers.iter().any(Notifier::has_pending)
     }
 }

@@ -7,7 +7,7 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use super::core::Core;
-use super::gpu_error;
+use super::gpu_error::gpu_error;
 use super::wait_policy::{Behind, WaitPolicy};
 use super::wait_stats::FutureTally;
 use crate::error::ResourceResult;
@@ -90,7 +90,38 @@ enum Phase {
 }
 
 impl EventFuture {
-    pub(crate) fn new(
+    /// A completion point at the current end of `stream`.
+    pub(crate) fn point(core: &Arc<Core>, stream: StreamId) -> ResourceResult<EventFuture> {
+        let notifier = core.notifier(stream)?;
+        let (seq, spare) = notifier.mark_with_event();
+        let event = match spare {
+            Some(e) => e,
+            None => match core.gpu.event_create() {
+                Ok(e) => e,
+                Err(e) => {
+                    notifier.release(seq, None);
+                    return Err(gpu_error(e));
+                }
+            },
+        };
+        // The point's work was queued before `mark`, so an event recorded
+        // after it covers that work (and possibly a little more, never
+        // less).
+        if let Err(e) = core.gpu.event_record(event, notifier.user_stream()) {
+            notifier.release(seq, Some(event));
+            return Err(gpu_error(e));
+        }
+        notifier.recorded(seq, event);
+        Ok(EventFuture::new(
+            core.clone(),
+            stream,
+            seq,
+            Some(event),
+            core.policy.get(),
+        ))
+    }
+
+    fn new(
         core: Arc<Core>,
         stream: StreamId,
         seq: u64,

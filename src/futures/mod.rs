@@ -83,19 +83,33 @@
 
 #![forbid(unsafe_code)]
 
-mod alloc_wait;
-mod async_resource;
+// Floors from the bottom; each file imports only from floors below it.
+//
+// 0. Plain data: the points ring, the wait policy and stats, the allocation
+//    wait queue, the kick (the dispatcher's wake-up callback), the error
+//    conversion.
+mod gpu_error;
+mod kick;
+mod points;
+mod wait_policy;
+mod wait_queue;
+mod wait_stats;
+// 1. The notifier: per-stream state; it kicks, it does not name `Core`.
+mod notifier;
+// 2. The watchdog: patrols what it is handed (`watchdog::Patrolled`).
+pub mod watchdog;
+// 3. `Core`: owns the notifiers, the wait queue and the watchdog's kick.
 mod core;
+// 4. The futures and handles, made over `Core`.
+mod alloc_future;
 mod dealloc;
 mod event_future;
-mod notifier;
-mod points;
+// 5. `AsyncResource`, which makes them.
+mod async_resource;
+// 6. `Reaper`, the background dispatcher of an `AsyncResource`.
 mod reaper;
-mod wait_policy;
-mod wait_stats;
-pub mod watchdog;
 
-pub use alloc_wait::AllocFuture;
+pub use alloc_future::AllocFuture;
 pub use async_resource::AsyncResource;
 pub use dealloc::{DeallocHandle, ReapFuture};
 pub use event_future::EventFuture;
@@ -103,26 +117,3 @@ pub use reaper::Reaper;
 pub use wait_policy::{Behind, WaitPolicy};
 pub use wait_stats::WaitStats;
 pub use watchdog::FALLBACK_PERIOD;
-
-use crate::error::ResourceError;
-use crate::gpu::GpuError;
-
-/// A backend error outside an allocation, as the crate's error.
-pub(crate) fn gpu_error(e: GpuError) -> ResourceError {
-    match e {
-        GpuError::Driver {
-            call,
-            code,
-            message,
-        } => ResourceError::Driver {
-            call,
-            code,
-            message,
-        },
-        GpuError::OutOfMemory { available } => ResourceError::Driver {
-            call: crate::error::DriverCall::Init,
-            code: 2,
-            message: format!("CUDA_ERROR_OUT_OF_MEMORY ({available} B available)"),
-        },
-    }
-}

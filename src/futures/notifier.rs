@@ -35,7 +35,9 @@
 //! the lock it cuts every waiter at or below `covered` off in one
 //! `split_off` (and the frees likewise), then wakes them after unlocking. It
 //! makes no driver call and drops nothing that owns GPU state. If more is
-//! pending it kicks the dispatcher, which queues the next notification.
+//! pending it kicks the dispatcher (through the [`Kick`] it was given: the
+//! notifier does not know who dispatches), which queues the next
+//! notification.
 //!
 //! Any point marked after `covered` was read is left for the next
 //! notification; a point marked before it had its work queued before the
@@ -54,10 +56,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Waker;
 
-use super::gpu_error;
+use super::gpu_error::gpu_error;
+use super::kick::Kick;
 use super::points::Points;
 use super::wait_stats::{Tally, WaitStats};
-use super::watchdog::Kick;
 use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::{Gpu, RawEvent, RawStream};
 use crate::types::StreamId;

@@ -21,7 +21,7 @@ use tokio::task::JoinHandle;
 use super::async_resource::AsyncResource;
 use super::core::Core;
 use super::dealloc::ReapFuture;
-use super::watchdog::Kick;
+use super::kick::Kick;
 use crate::error::{ResourceError, ResourceResult};
 use crate::resource::DeviceMemoryResource;
 

@@ -13,88 +13,49 @@
 //!   function had run (so a late or failed host function loses nothing), an
 //!   error fails every waiter of that stream.
 //! - **When no [`Reaper`](super::Reaper) runs** it is also the dispatcher:
-//!   a landed notification unparks it so that completed frees reach the
-//!   accounting and the next notification is queued.
+//!   a landed notification unparks it (through the dispatcher's kick) so that
+//!   completed frees reach the accounting and the next notification is
+//!   queued.
 //!
-//! `Kick` is the wake-up side, shared with host functions: it owns nothing
-//! of the GPU, so a host function may hold and drop it. The thread holds the
-//! core only weakly, so that dropping the resource ends it (it is never
-//! joined: the core may be dropped on the watchdog thread itself).
+//! It patrols whatever it is handed (a `Patrolled` target): it names nothing
+//! above it. It holds that only weakly, so that dropping the resource ends
+//! the thread (it is never joined: the resource may be dropped on the
+//! watchdog thread itself).
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{OnceLock, Weak};
-use std::thread::{self, Thread};
+use std::sync::{Arc, Weak};
+use std::thread;
 use std::time::{Duration, Instant};
 
-use tokio::sync::Notify;
-
-use super::core::Core;
+use super::kick::Kick;
 
 /// How often the fallback queries in-flight notifications while something is
 /// pending.
 pub const FALLBACK_PERIOD: Duration = Duration::from_millis(20);
 
-/// The wake-up side of the dispatcher, shared with host functions.
-#[derive(Debug, Default)]
-pub(crate) struct Kick {
-    /// Running reapers; while there is one, it is the dispatcher.
-    pub(crate) reapers: AtomicUsize,
-    /// Wakes a reaper (a permit is stored when none waits, so no wake-up is
-    /// lost).
-    pub(crate) notify: Notify,
-    watchdog: OnceLock<Thread>,
-    /// Set by the watchdog before it parks with no timeout.
-    idle: AtomicBool,
-    /// The core is gone: every dispatcher stops.
-    closed: AtomicBool,
+/// What the watchdog patrols: the dispatcher's work, and the fallback
+/// queries.
+pub(crate) trait Patrolled: Send + Sync {
+    /// Applies landed notifications and queues the next ones; with
+    /// `fallback`, first queries every in-flight notification (done:
+    /// delivered; an error: the stream's waiters fail).
+    fn patrol(&self, fallback: bool);
+
+    /// Whether anything waits on a notification or on the fallback (then
+    /// the watchdog keeps waking every [`FALLBACK_PERIOD`]).
+    fn has_pending(&self) -> bool;
 }
 
-impl Kick {
-    /// Asks the dispatcher to apply landed notifications and queue the next.
-    pub(crate) fn dispatch(&self) {
-        if self.reapers.load(Ordering::Acquire) > 0 {
-            self.notify.notify_one();
-        } else {
-            self.unpark();
-        }
-    }
-
-    /// Something became pending: make sure the fallback is armed.
-    pub(crate) fn pending(&self) {
-        if self.idle.swap(false, Ordering::SeqCst) {
-            self.unpark();
-        }
-    }
-
-    pub(crate) fn close(&self) {
-        self.closed.store(true, Ordering::SeqCst);
-        self.notify.notify_waiters();
-        self.notify.notify_one();
-        self.unpark();
-    }
-
-    pub(crate) fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::SeqCst)
-    }
-
-    fn unpark(&self) {
-        if let Some(t) = self.watchdog.get() {
-            t.unpark();
-        }
-    }
-}
-
-/// Starts the watchdog thread of `core`.
-pub(crate) fn spawn(core: Weak<Core>, kick: std::sync::Arc<Kick>) -> std::io::Result<()> {
+/// Starts the watchdog thread patrolling `target`, woken through `kick`.
+pub(crate) fn spawn(target: Weak<dyn Patrolled>, kick: Arc<Kick>) -> std::io::Result<()> {
     let thread_kick = kick.clone();
     let handle = thread::Builder::new()
         .name("streamalloc-watchdog".into())
-        .spawn(move || run(core, &thread_kick))?;
-    let _ = kick.watchdog.set(handle.thread().clone());
+        .spawn(move || run(target, &thread_kick))?;
+    kick.set_watchdog(handle.thread().clone());
     Ok(())
 }
 
-fn run(core: Weak<Core>, kick: &Kick) {
+fn run(target: Weak<dyn Patrolled>, kick: &Kick) {
     let mut last_check = Instant::now();
     loop {
         if kick.is_closed() {
@@ -103,26 +64,28 @@ fn run(core: Weak<Core>, kick: &Kick) {
         // The strong reference is dropped before parking: holding it would
         // keep the resource alive.
         let pending = {
-            let Some(core) = core.upgrade() else { return };
-            core.dispatch();
-            if last_check.elapsed() >= FALLBACK_PERIOD {
-                core.fallback_check();
+            let Some(target) = target.upgrade() else {
+                return;
+            };
+            let fallback = last_check.elapsed() >= FALLBACK_PERIOD;
+            target.patrol(fallback);
+            if fallback {
                 last_check = Instant::now();
             }
-            core.has_pending()
+            target.has_pending()
         };
         if pending {
             thread::park_timeout(FALLBACK_PERIOD);
             continue;
         }
-        kick.idle.store(true, Ordering::SeqCst);
+        kick.set_idle(true);
         // Re-check after announcing idleness: a registration that raced with
         // the check above either is seen now or sees `idle` and unparks us.
-        let still_idle = core.upgrade().is_some_and(|c| !c.has_pending());
+        let still_idle = target.upgrade().is_some_and(|t| !t.has_pending());
         if still_idle && !kick.is_closed() {
             thread::park();
             last_check = Instant::now();
         }
-        kick.idle.store(false, Ordering::SeqCst);
+        kick.set_idle(false);
     }
 }

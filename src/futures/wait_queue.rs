@@ -1,0 +1,114 @@
+//! The FIFO queue of allocations waiting for memory.
+//!
+//! # State
+//!
+//! [`AllocQueue`] holds one ticket per waiting
+//! [`AllocFuture`](super::AllocFuture), in arrival
+//! order, with the waker of its task, and an `epoch` counter that moves
+//! every time memory may have come back.
+//!
+//! # Who adds, who drains
+//!
+//! An allocation that finds the device full (or a budget exhausted) takes a
+//! ticket at the tail. A newcomer never overtakes: while anyone waits, it
+//! queues without trying. Only the **head** tries again, when it is woken by
+//! [`memory_returned`](AllocQueue::memory_returned) (a reap drained bytes, a
+//! free was queued — memory freed on a stream is reusable on that stream at
+//! once — or a stream failed). When the head succeeds, it leaves and wakes
+//! the next head, which tries in turn: one return of memory can serve several
+//! waiters, in order.
+//!
+//! # Cancellation
+//!
+//! A dropped waiter removes its ticket. If it was the head, it passes the
+//! wake-up on to the next head, so that a wake delivered to a task that was
+//! cancelled before it ran is never lost (tokio's `Acquire::drop` does the
+//! same for semaphore permits). A waiter holds no memory while it waits, so
+//! dropping it leaks nothing.
+//!
+//! A lost wake-up between a failed try and taking the ticket is prevented by
+//! the epoch: the waiter reads it before trying, and tries again at once if
+//! it moved.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::task::Waker;
+
+#[derive(Debug, Default)]
+struct QueueState {
+    next_ticket: u64,
+    waiting: VecDeque<(u64, Waker)>,
+}
+
+/// Allocations waiting for memory, first come first served. See the
+/// [module documentation](self).
+#[derive(Debug, Default)]
+pub(crate) struct AllocQueue {
+    state: Mutex<QueueState>,
+    epoch: AtomicU64,
+}
+
+impl AllocQueue {
+    fn lock(&self) -> MutexGuard<'_, QueueState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Number of waiting allocations.
+    pub(crate) fn len(&self) -> usize {
+        self.lock().waiting.len()
+    }
+
+    /// Moves whenever memory may have come back: read before a try, and
+    /// compared after it fails, so that no wake-up is lost in between.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::SeqCst)
+    }
+
+    /// Memory may have come back: wakes the head (after unlocking).
+    pub(crate) fn memory_returned(&self) {
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+        let head = self.lock().waiting.front().map(|(_, w)| w.clone());
+        if let Some(w) = head {
+            w.wake();
+        }
+    }
+
+    /// Queues a ticket at the tail; returns it and whether it is the head.
+    pub(crate) fn enqueue(&self, waker: &Waker) -> (u64, bool) {
+        let mut st = self.lock();
+        st.next_ticket += 1;
+        let ticket = st.next_ticket;
+        st.waiting.push_back((ticket, waker.clone()));
+        (ticket, st.waiting.len() == 1)
+    }
+
+    /// Refreshes the ticket's waker; whether it is the head.
+    pub(crate) fn refresh(&self, ticket: u64, waker: &Waker) -> bool {
+        let mut st = self.lock();
+        let head = st.waiting.front().is_some_and(|(t, _)| *t == ticket);
+        if let Some((_, w)) = st.waiting.iter_mut().find(|(t, _)| *t == ticket)
+            && !w.will_wake(waker)
+        {
+            *w = waker.clone();
+        }
+        head
+    }
+
+    /// Removes the ticket; if it was the head, wakes the next head.
+    pub(crate) fn leave(&self, ticket: u64) {
+        let next = {
+            let mut st = self.lock();
+            let Some(i) = st.waiting.iter().position(|(t, _)| *t == ticket) else {
+                return;
+            };
+            st.waiting.remove(i);
+            (i == 0)
+                .then(|| st.waiting.front().map(|(_, w)| w.clone()))
+                .flatten()
+        };
+        if let Some(w) = next {
+            w.wake();
+        }
+    }
+}
