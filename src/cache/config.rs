@@ -17,16 +17,27 @@ pub struct CacheConfig {
     pub(crate) max_cached_bytes: usize,
     pub(crate) max_block_size: usize,
     pub(crate) streams: usize,
+    pub(crate) virtual_memory: bool,
+    pub(crate) page_multiple: usize,
+    pub(crate) max_mapping_bytes: usize,
+    pub(crate) slack_percent: usize,
 }
 
 impl Default for CacheConfig {
     /// No cap on cached bytes (memory is still given back before an
-    /// out-of-memory error), blocks up to 64 MiB cached, 64 stream slots.
+    /// out-of-memory error), 64 stream slots, the virtual-memory arena
+    /// where the device has it (pages of the device's granularity, up to
+    /// 32 MiB mapped per driver call, 5% slack over the live high-water
+    /// mark), else size classes for blocks up to 64 MiB.
     fn default() -> Self {
         CacheConfig {
             max_cached_bytes: usize::MAX,
             max_block_size: 64 << 20,
             streams: 64,
+            virtual_memory: true,
+            page_multiple: 1,
+            max_mapping_bytes: 32 << 20,
+            slack_percent: 5,
         }
     }
 }
@@ -50,6 +61,43 @@ impl CacheConfig {
     /// Blocks on streams past them bypass the cache.
     pub fn streams(mut self, streams: usize) -> Self {
         self.streams = streams;
+        self
+    }
+
+    /// Whether to use the virtual-memory arena where the inner resource
+    /// lends its device ([`device_access`]) and the device has virtual
+    /// memory management (default true). Without it, or when it is
+    /// unavailable, blocks are cached in exact size classes.
+    ///
+    /// [`device_access`]: crate::DeviceMemoryResource::device_access
+    pub fn virtual_memory(mut self, on: bool) -> Self {
+        self.virtual_memory = on;
+        self
+    }
+
+    /// The arena's page, in multiples of the device's mapping granularity
+    /// (default 1: 2 MiB on the H200). Memory is held and given back by
+    /// whole pages.
+    pub fn page_multiple(mut self, multiple: usize) -> Self {
+        self.page_multiple = multiple.max(1);
+        self
+    }
+
+    /// The most bytes one physical allocation covers (default 32 MiB): a
+    /// block that needs more new pages than that gets several. Larger
+    /// means fewer driver calls for large blocks; smaller means idle
+    /// memory is given back in finer pieces.
+    pub fn max_mapping_bytes(mut self, bytes: usize) -> Self {
+        self.max_mapping_bytes = bytes;
+        self
+    }
+
+    /// How far, in percent of the high-water mark of live bytes, the arena
+    /// may hold memory before it gives idle memory back to make room for
+    /// new memory (default 5). More slack means fewer driver calls, less
+    /// means less memory held.
+    pub fn slack_percent(mut self, percent: usize) -> Self {
+        self.slack_percent = percent;
         self
     }
 

@@ -76,13 +76,17 @@
 //! anything changes. A driver error in a hook or a free leaves the lease as
 //! it was.
 
-#![forbid(unsafe_code)]
 
+mod arena;
 mod config;
+mod fences;
+mod mapped;
+mod pages;
 mod resource;
 mod shard;
 mod size_class;
 mod stats;
+mod vmm;
 
 pub use config::CacheConfig;
 pub use resource::CachingResource;

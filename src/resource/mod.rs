@@ -6,8 +6,8 @@
 //! frees are queued but not yet executed. [`AsyncCudaResource`] is its cudarc
 //! instance and [`SimResource`] its simulated one.
 
-mod block_uses;
-mod event_pool;
+pub(crate) mod block_uses;
+pub(crate) mod event_pool;
 pub(crate) mod forward;
 mod live_table;
 mod pending;
