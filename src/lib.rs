@@ -15,7 +15,7 @@
 //!  launch       LaunchRecorder: preflight → prepare → enqueue → finish
 //!  adaptors     Budget, DebugGuard, Stats, Tracing, RetryOnOom (decorators over any
 //!               resource), stacked by builder::ResourceBuilder
-//!  cache        CachingResource<R>: per-stream free lists by size class
+//!  cache        CachingResource<R>: per-stream virtual-memory arenas (size classes without VMM)
 //!  resource     trait DeviceMemoryResource
 //!               StreamOrderedResource<G>: the bookkeeping, written once
 //!                 AsyncCudaResource = StreamOrderedResource<CudaGpu>

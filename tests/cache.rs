@@ -441,8 +441,10 @@ fn threads_on_their_own_streams_share_one_cache() {
 #[ignore = "needs a CUDA GPU"]
 fn on_cuda_reuse_moves_and_trim_work() {
     let f = common::cuda(2);
-    let cache =
-        CachingResource::with_config(f.resource.clone(), CacheConfig::default().virtual_memory(false));
+    let cache = CachingResource::with_config(
+        f.resource.clone(),
+        CacheConfig::default().virtual_memory(false),
+    );
     let (a, b) = (f.stream(0), f.stream(1));
     let block = cache.allocate(100_000, a, T).unwrap();
     let ptr = block.ptr();

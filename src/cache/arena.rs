@@ -208,7 +208,7 @@ impl Arena {
     /// has memory behind it (the start when neither or both do), so that
     /// an allocation lands on memory already mapped where it can.
     pub(crate) fn alloc(&mut self, len: u64, backed: impl Fn(u64) -> bool) -> Option<Placed> {
-        debug_assert!(len > 0 && len % UNIT == 0);
+        debug_assert!(len > 0 && len.is_multiple_of(UNIT));
         let b = bucket(len);
         let found = self.best_in(b, len).or_else(|| {
             let above = self.next_bucket(b + 1)?;

@@ -50,8 +50,9 @@ impl CacheConfig {
         self
     }
 
-    /// Requests above this size bypass the cache: they are allocated from
-    /// and freed to the inner resource directly, at their exact size.
+    /// With size classes, requests above this size bypass the cache: they
+    /// are allocated from and freed to the inner resource directly, at
+    /// their exact size. The arena takes requests of any size.
     pub fn max_block_size(mut self, bytes: usize) -> Self {
         self.max_block_size = bytes;
         self

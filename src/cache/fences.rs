@@ -76,12 +76,7 @@ impl Fences {
     ///
     /// # Errors
     /// A failed event creation or record; nothing changes.
-    pub(crate) fn cover(
-        &mut self,
-        gpu: &dyn Gpu,
-        stream: RawStream,
-        wanted: u64,
-    ) -> GpuResult<()> {
+    pub(crate) fn cover(&mut self, gpu: &dyn Gpu, stream: RawStream, wanted: u64) -> GpuResult<()> {
         let covered = self.done.max(self.in_flight.back().map_or(0, |f| f.1));
         if wanted <= covered || self.in_flight.len() >= MAX_IN_FLIGHT {
             return Ok(());
@@ -112,7 +107,11 @@ impl Fences {
 
     /// Destroys every event (when the arena goes away).
     pub(crate) fn destroy(&mut self, gpu: &dyn Gpu) {
-        let events = self.in_flight.drain(..).map(|f| f.0).chain(self.spare.drain(..));
+        let events = self
+            .in_flight
+            .drain(..)
+            .map(|f| f.0)
+            .chain(self.spare.drain(..));
         for e in events.collect::<Vec<_>>() {
             let _ = gpu.event_destroy(e);
         }

@@ -38,11 +38,20 @@ impl OtherArenas for Others<'_> {
             }
         }
     }
+
+    fn live_total(&self) -> usize {
+        self.slots
+            .iter()
+            .map(|s| s.arena_live.load(std::sync::atomic::Ordering::Relaxed))
+            .sum()
+    }
 }
 
 impl<R: DeviceMemoryResource> CachingResource<R> {
     fn tier(&self) -> &VmTier {
-        self.vm.as_ref().expect("called only with the virtual-memory tier")
+        self.vm
+            .as_ref()
+            .expect("called only with the virtual-memory tier")
     }
 
     fn driver(e: GpuError, stream: StreamId) -> ResourceError {
@@ -63,7 +72,8 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         let Some(len) = round(bytes) else {
             return Ok(None);
         };
-        let mut shard = self.slots[index].lock();
+        let slot = &self.slots[index];
+        let mut shard = slot.lock();
         if shard.arena.is_none() && !shard.arena_failed {
             match tier.open(stream) {
                 Ok(arena) => shard.arena = Some(arena),
@@ -81,8 +91,13 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
             slots: &self.slots,
             own: index,
         };
-        let Some(placed) = tier.alloc(arena, len, bytes, stream, &others)? else {
-            return Ok(None);
+        slot.add_arena_live(bytes as isize);
+        let placed = match tier.alloc(arena, len, bytes, stream, &others) {
+            Ok(Some(placed)) => placed,
+            other => {
+                slot.add_arena_live(-(bytes as isize));
+                return other.map(|_| None);
+            }
         };
         let ptr = arena.base + placed.off;
         if tier.held() > held {
@@ -114,7 +129,12 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
     /// Ends the arena lease `serial` of the locked `shard`: the stream
     /// waits for the block's uses on other streams, then the range goes
     /// back to its arena.
-    pub(super) fn free_mapped(&self, mut shard: SlotGuard<'_>, serial: u64) -> ResourceResult<()> {
+    pub(super) fn free_mapped(
+        &self,
+        slot: &Slot,
+        mut shard: SlotGuard<'_>,
+        serial: u64,
+    ) -> ResourceResult<()> {
         let tier = self.tier();
         let gpu = &*tier.access.gpu;
         let Some(raw) = shard.arena.as_ref().map(|a| a.raw) else {
@@ -150,7 +170,8 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         let Some(arena) = shard.arena.as_mut() else {
             unreachable!("checked above");
         };
-        tier.free(arena, m.placed, lease.size);
+        tier.free(arena, m.placed);
+        slot.add_arena_live(-(lease.size as isize));
         if cap != usize::MAX && arena.pages.idle_bytes() > cap {
             tier.trim_arena(arena, cap);
         }

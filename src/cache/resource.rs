@@ -4,9 +4,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::config::CacheConfig;
 use super::shard::{Backing, Lease, SHARD_MASK, Slot, SlotGuard};
-use super::vmm::VmTier;
 use super::size_class::SizeClass;
 use super::stats::CacheStats;
+use super::vmm::VmTier;
 use crate::error::{ResourceError, ResourceResult};
 use crate::resource::DeviceMemoryResource;
 use crate::resource::event_pool::EventPool;
@@ -14,17 +14,21 @@ use crate::types::{Access, AllocTag, BlockId, BlockState, DeviceBlock, ResourceI
 
 /// A stream-ordered cache over any stream-ordered resource `R`.
 ///
-/// Freed blocks stay with the cache, on a free list of the stream they were
-/// used on and of their [size class](super::SizeClass); an allocation of that
-/// class on that stream takes one back with no driver call. See the
-/// [module documentation](super) for how blocks move between streams and how
-/// block-use tracking stays correct.
+/// Where the inner resource lends its device
+/// ([`device_access`](DeviceMemoryResource::device_access)) and the device
+/// has virtual memory management (CUDA, [`SimGpu`](crate::gpu::sim::SimGpu)),
+/// each stream allocates from its own reserved address range, with best
+/// fit, splitting and merging, and physical memory is mapped only where a
+/// live block needs it: the cache holds little more than what is live.
+/// Elsewhere, freed blocks are kept in exact size classes per stream. See
+/// the [module documentation](super) for both, and for how blocks move
+/// between streams.
 ///
 /// [`bytes_outstanding`](DeviceMemoryResource::bytes_outstanding) is the
-/// inner resource's: cached blocks are still allocated from it, so they count
-/// as outstanding (a budget above the cache sees the memory the cache
-/// holds). [`cached_bytes`](Self::cached_bytes) says how much of it is idle
-/// in the cache, and [`leased_bytes`](Self::leased_bytes) how much users hold.
+/// physical memory the arena holds plus the inner resource's outstanding
+/// bytes: a budget above the cache sees the memory it holds.
+/// [`cached_bytes`](Self::cached_bytes) says how much of it is idle, and
+/// [`leased_bytes`](Self::leased_bytes) how much users hold.
 ///
 /// # Examples
 /// ```
@@ -40,23 +44,25 @@ use crate::types::{Access, AllocTag, BlockId, BlockState, DeviceBlock, ResourceI
 ///
 /// let block = cache.allocate(1000, stream, AllocTag::UNTAGGED)?;
 /// let ptr = block.ptr();
+/// assert_eq!(cache.bytes_outstanding(), 2 << 20); // one 2 MiB page mapped
 /// cache.deallocate(block)?;
-/// assert_eq!(cache.cached_bytes(), 1024); // 1000 B rounded up to its class
 ///
-/// let allocs = gpu.call_count(DriverCall::AllocAsync);
+/// let creates = gpu.call_count(DriverCall::MemCreate);
 /// let again = cache.allocate(900, stream, AllocTag::UNTAGGED)?;
 /// assert_eq!(again.ptr(), ptr); // the same memory, without a driver call
-/// assert_eq!(gpu.call_count(DriverCall::AllocAsync), allocs);
+/// assert_eq!(gpu.call_count(DriverCall::MemCreate), creates);
 /// cache.deallocate(again)?;
 /// # Ok::<(), streamalloc::ResourceError>(())
 /// ```
 ///
 /// # Stream ordering
 /// A block handed out on stream `S` is valid on `S` from the allocation on,
-/// as for any resource. A cached block is reused on the stream it was freed
-/// on at once (stream order puts the new user's work after the old one's);
-/// it is moved to another stream only behind an event recorded on its old
-/// stream, which the new stream waits on.
+/// as for any resource. Memory freed on `S` is reused on `S` at once
+/// (stream order puts the new user's work after the old one's). It reaches
+/// another stream only behind an event: a size-class block through an
+/// event recorded on `S` that the new stream waits on; arena memory only
+/// once a fence recorded on `S` after its last free has completed, when it
+/// is unmapped and mapped again where the other stream needs it.
 pub struct CachingResource<R: DeviceMemoryResource> {
     pub(super) id: ResourceId,
     pub(super) inner: R,
@@ -511,7 +517,7 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R> {
         }
         let inner = match &lease.backing {
             Backing::Inner(inner) => inner.clone(),
-            Backing::Mapped(_) => return self.free_mapped(shard, serial),
+            Backing::Mapped(_) => return self.free_mapped(slot, shard, serial),
         };
         let (stream, class) = (lease.stream, lease.class);
         let Some(class) = class else {

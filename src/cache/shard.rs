@@ -7,7 +7,7 @@
 //! reservation, is touched only when a shard needs more of the cap than it
 //! already holds (see [`CachingResource`](super::CachingResource)).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use super::arena::Placed;
@@ -194,6 +194,10 @@ pub(crate) struct Slot {
     /// thread looking for a block to move from another stream skips empty
     /// shards.
     nonempty: AtomicBool,
+    /// Bytes users hold in the stream's arena; written under the shard
+    /// lock only (a load and a store, no shared read-modify-write on the
+    /// hot path), read without it when the tier sums them.
+    pub(crate) arena_live: AtomicUsize,
 }
 
 impl Slot {
@@ -201,6 +205,7 @@ impl Slot {
         Slot {
             shard: Mutex::new(Shard::new(stream, index, classes)),
             nonempty: AtomicBool::new(false),
+            arena_live: AtomicUsize::new(0),
         }
     }
 
@@ -222,6 +227,14 @@ impl Slot {
             guard,
             nonempty: &self.nonempty,
         })
+    }
+
+    /// Adds `delta` bytes (negative: subtracts) to the arena's live bytes;
+    /// call under the shard lock.
+    pub(crate) fn add_arena_live(&self, delta: isize) {
+        let now = self.arena_live.load(Ordering::Relaxed);
+        self.arena_live
+            .store(now.wrapping_add_signed(delta), Ordering::Relaxed);
     }
 
     /// Whether the shard's free lists were empty when last unlocked.
@@ -253,8 +266,12 @@ impl Drop for SlotGuard<'_> {
     fn drop(&mut self) {
         // A hint only (read relaxed, without the lock): a stale value costs a
         // useless try_lock or a missed move, never a wrong one.
-        let nonempty =
-            self.guard.cached > 0 || self.guard.arena.as_ref().is_some_and(|a| a.pages.idle_bytes() > 0);
+        let nonempty = self.guard.cached > 0
+            || self
+                .guard
+                .arena
+                .as_ref()
+                .is_some_and(|a| a.pages.idle_bytes() > 0);
         if self.nonempty.load(Ordering::Relaxed) != nonempty {
             self.nonempty.store(nonempty, Ordering::Relaxed);
         }

@@ -78,7 +78,10 @@ pub(crate) struct VmTier {
     max_run_pages: u32,
     slack_percent: usize,
     held: AtomicUsize,
-    live: AtomicUsize,
+    /// The highest sum of the streams' live bytes seen where memory was
+    /// wanted (live bytes are kept per stream, so that the hot path
+    /// touches no shared counter; a peak between two such moments was
+    /// covered by memory held already).
     live_peak: AtomicUsize,
 }
 
@@ -87,6 +90,9 @@ pub(crate) struct VmTier {
 pub(crate) trait OtherArenas {
     /// Calls `f` on each other stream's arena that is not locked now.
     fn each_other(&self, f: &mut dyn FnMut(&mut StreamArena) -> bool);
+
+    /// Bytes users hold in every stream's arena, this one included.
+    fn live_total(&self) -> usize;
 }
 
 impl VmTier {
@@ -111,7 +117,6 @@ impl VmTier {
             max_run_pages: (max_run_bytes as u64 / page).clamp(1, u32::MAX as u64) as u32,
             slack_percent,
             held: AtomicUsize::new(0),
-            live: AtomicUsize::new(0),
             live_peak: AtomicUsize::new(0),
         })
     }
@@ -156,8 +161,6 @@ impl VmTier {
         let Some(placed) = sa.arena.alloc(len, |off| pages.backed(off)) else {
             return Ok(None);
         };
-        let live = self.live.fetch_add(requested, Ordering::AcqRel) + requested;
-        self.live_peak.fetch_max(live, Ordering::AcqRel);
         let unbacked = sa.pages.touch(placed.off, placed.len);
         for (first, count) in unbacked {
             let mut at = first;
@@ -167,7 +170,6 @@ impl VmTier {
                     let stamp = sa.fences.next_stamp();
                     sa.pages.untouch_failed(placed.off, placed.len, stamp);
                     sa.arena.free(placed);
-                    self.live.fetch_sub(requested, Ordering::AcqRel);
                     return Err(e);
                 }
                 at += n;
@@ -180,12 +182,11 @@ impl VmTier {
 
     /// Gives back the block at `placed`, freed at the current end of the
     /// stream (after the waits for its uses elsewhere were queued).
-    pub(crate) fn free(&self, sa: &mut StreamArena, placed: Placed, requested: usize) {
+    pub(crate) fn free(&self, sa: &mut StreamArena, placed: Placed) {
         self.gpu().note_subfree(sa.base + placed.off, sa.raw);
         let stamp = sa.fences.next_stamp();
         sa.pages.untouch(placed.off, placed.len, stamp);
         sa.arena.free(placed);
-        self.live.fetch_sub(requested, Ordering::AcqRel);
     }
 
     /// The most the tier means to hold: `slack` over the live high-water
@@ -205,12 +206,16 @@ impl VmTier {
         others: &dyn OtherArenas,
     ) -> ResourceResult<()> {
         let bytes = n as usize * self.page as usize;
+        self.live_peak
+            .fetch_max(others.live_total(), Ordering::AcqRel);
         if self.held() + bytes > self.target() {
             self.reclaim(sa, others, |tier| tier.held() + bytes <= tier.target());
         }
         let handle = match self.gpu().mem_create(bytes) {
             Ok(h) => h,
-            Err(GpuError::OutOfMemory { .. }) => self.create_when_short(sa, bytes, stream, others)?,
+            Err(GpuError::OutOfMemory { .. }) => {
+                self.create_when_short(sa, bytes, stream, others)?
+            }
             Err(e) => return Err(e.for_request(bytes, stream)),
         };
         let addr = sa.base + u64::from(first) * self.page;
@@ -250,7 +255,12 @@ impl VmTier {
         let mut last = GpuError::OutOfMemory { available: 0 };
         for wait in [false, true] {
             let released = self.reclaim_all(sa, others, wait);
-            tracing::debug!(released, bytes, wait, "out of memory: gave idle mappings back");
+            tracing::debug!(
+                released,
+                bytes,
+                wait,
+                "out of memory: gave idle mappings back"
+            );
             match gpu.mem_create(bytes) {
                 Ok(h) => return Ok(h),
                 Err(e @ GpuError::OutOfMemory { .. }) => last = e,
