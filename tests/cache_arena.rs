@@ -411,3 +411,26 @@ proptest! {
         prop_assert_eq!(c.cache.bytes_outstanding(), 0);
     }
 }
+
+/// `Budget(Cache(R))`: the budget counts the pages the arena maps, and a
+/// request the arena serves from idle mapped memory costs it nothing.
+#[test]
+fn a_budget_above_the_arena_counts_mapped_pages() {
+    use streamalloc::adaptors::{Budget, BudgetResource};
+    let f = common::sim(1);
+    let s = f.stream(0);
+    let budget = Budget::new(2 * P);
+    let r = BudgetResource::new(CachingResource::new(f.resource.clone()), &budget);
+    let a = r.allocate(1000, s, T).unwrap();
+    assert_eq!(budget.in_use(), P);
+    let b = r.allocate(P / 2, s, T).unwrap();
+    assert_eq!(budget.in_use(), P, "the same page");
+    r.deallocate(a).unwrap();
+    r.deallocate(b).unwrap();
+    let c = r
+        .allocate(P, s, T)
+        .expect("idle mapped memory fits a full budget");
+    assert!(budget.in_use() <= 2 * P);
+    assert_eq!(budget.in_use(), r.inner().bytes_outstanding());
+    r.deallocate(c).unwrap();
+}

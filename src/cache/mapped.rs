@@ -251,6 +251,18 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         }
     }
 
+    /// An estimate of the new memory an arena allocation of `bytes` on slot
+    /// `index` maps: nothing when the stream's idle mappings could hold it,
+    /// else the pages it spans.
+    pub(super) fn mapped_cost(&self, tier: &VmTier, bytes: usize, index: usize) -> usize {
+        let pages = bytes.div_ceil(tier.page()) * tier.page();
+        let shard = self.slots[index].lock();
+        match shard.arena.as_ref() {
+            Some(arena) if arena.pages.idle_bytes() >= pages => 0,
+            _ => pages,
+        }
+    }
+
     /// Gives back every idle mapping of every arena the GPU is done with
     /// (fences are recorded for the others, so that a later trim finds
     /// them done); returns the bytes given back.

@@ -372,8 +372,10 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         None
     }
 
-    /// Allocates from the inner resource; on out-of-memory, gives the cached
-    /// blocks back and tries again: once at once (the driver reuses memory
+    /// Allocates from the inner resource; when memory is full (the device's
+    /// out-of-memory, or a budget's refusal below the cache: the idle cached
+    /// bytes count against both), gives the cached blocks back and tries
+    /// again: once at once (the driver reuses memory
     /// freed on the same stream immediately), and once more after letting
     /// the inner resource reap its queued frees (which synchronizes the
     /// streams they were queued on, as PyTorch's allocator does before it
@@ -385,7 +387,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         tag: AllocTag,
     ) -> ResourceResult<DeviceBlock> {
         let first = self.inner.allocate(bytes, stream, tag);
-        if !matches!(first, Err(ResourceError::OutOfMemory { .. })) || self.cached_bytes() == 0 {
+        if !first.as_ref().is_err_and(memory_full) || self.cached_bytes() == 0 {
             return first;
         }
         if self.vm.is_some() {
@@ -399,9 +401,9 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
             }
         }
         let released = self.trim();
-        tracing::debug!(?released, bytes, %stream, "out of memory: trimmed the cache");
+        tracing::debug!(?released, bytes, %stream, "memory full: trimmed the cache");
         let second = self.inner.allocate(bytes, stream, tag);
-        if !matches!(second, Err(ResourceError::OutOfMemory { .. })) {
+        if !second.as_ref().is_err_and(memory_full) {
             return second;
         }
         match self.inner.reap_pending() {
@@ -434,6 +436,15 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         });
         DeviceBlock::new(BlockId::new(self.id, serial), ptr, bytes, stream, tag)
     }
+}
+
+/// Whether `e` says memory is full: the device's out-of-memory, or a
+/// budget's refusal. Idle cached blocks count against both.
+fn memory_full(e: &ResourceError) -> bool {
+    matches!(
+        e,
+        ResourceError::OutOfMemory { .. } | ResourceError::BudgetExceeded { .. }
+    )
 }
 
 impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R> {
@@ -566,6 +577,59 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R> {
 
     fn supports_block_use_tracking(&self) -> bool {
         self.inner.supports_block_use_tracking()
+    }
+
+    /// Nothing when a block of the request's class is cached on `stream`
+    /// (or on another stream it may take one from); otherwise what the inner
+    /// resource takes for the class size (or for `bytes`, for a request that
+    /// bypasses the cache).
+    fn allocation_cost(&self, bytes: usize, stream: StreamId) -> usize {
+        let index = self.slot_index(stream);
+        if let Some(tier) = &self.vm
+            && stream.device() == self.device
+            && bytes > 0
+            && index < self.config.streams
+        {
+            return self.mapped_cost(tier, bytes, index);
+        }
+        if stream.device() != self.device
+            || bytes == 0
+            || bytes > self.config.max_block_size
+            || index == self.config.streams
+        {
+            return self.inner.allocation_cost(bytes, stream);
+        }
+        let class = SizeClass::of(bytes);
+        let seen = {
+            let shard = self.slots[index].lock();
+            if shard.holds(class) {
+                return 0;
+            }
+            shard.seen
+        };
+        let n = self.config.streams;
+        let elsewhere = seen
+            && (1..n).any(|offset| {
+                let slot = &self.slots[(index + offset) % n];
+                !slot.looks_empty() && slot.try_lock().is_some_and(|s| s.holds(class))
+            });
+        if elsewhere {
+            0
+        } else {
+            self.inner.allocation_cost(class.size(), stream)
+        }
+    }
+
+    /// Trims the cache (its idle blocks), then passes the call on.
+    fn release_idle(&self) -> ResourceResult<usize> {
+        let trimmed = self.trim()?;
+        Ok(trimmed + self.inner.release_idle()?)
+    }
+
+    /// `true`: a block cached on one stream is given back to the inner
+    /// resource on the stream it was allocated on.
+    fn frees_across_streams(&self) -> bool {
+        true
     }
 
     fn record_block_use(&self, block: &DeviceBlock, use_stream: StreamId) -> ResourceResult<()> {

@@ -126,6 +126,13 @@ impl Shard {
         Some(block)
     }
 
+    /// Whether a free block of `class` is cached here.
+    pub(crate) fn holds(&self, class: SizeClass) -> bool {
+        self.free
+            .get(class.index())
+            .is_some_and(|list| !list.is_empty())
+    }
+
     /// Puts `block` (of `class`) on its free list.
     pub(crate) fn push(&mut self, class: SizeClass, block: DeviceBlock) {
         self.cached += block.size();

@@ -130,6 +130,11 @@ impl VmTier {
         self.held.load(Ordering::Acquire)
     }
 
+    /// The page size.
+    pub(crate) fn page(&self) -> usize {
+        self.page as usize
+    }
+
     /// Reserves the arena of `stream`.
     pub(crate) fn open(&self, stream: StreamId) -> ResourceResult<StreamArena> {
         let raw = self.access.streams.raw(stream)?;

@@ -97,6 +97,9 @@ impl Future for AllocFuture {
             match self.core.inner.allocate(self.bytes, self.stream, self.tag) {
                 Ok(block) => return self.finish(Ok(block)),
                 Err(e) if self.worth_waiting(&e) => {
+                    // A cache below may have given its idle blocks back,
+                    // on their own streams: their notifications reap them.
+                    self.core.mark_frees_elsewhere(None);
                     if self.ticket.is_none() {
                         let (t, head) = self.core.allocs.enqueue(cx.waker());
                         self.ticket = Some(t);

@@ -172,6 +172,7 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
         let free_seq = self.inner.pending_free_seq(stream);
         let point = notifier.mark_free(free_seq);
         notifier.launch(&*self.core.gpu);
+        self.core.mark_frees_elsewhere(Some(stream));
         self.core.kick.pending();
         // Memory freed on a stream is reusable on it at once.
         self.core.allocs.memory_returned();

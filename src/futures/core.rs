@@ -39,6 +39,9 @@ pub(crate) struct Core {
     pub(crate) policy: SharedPolicy,
     /// Total device memory, to refuse at once a request that could never fit.
     pub(crate) capacity: usize,
+    /// Whether a free through `inner` may queue frees on other streams
+    /// (see [`DeviceMemoryResource::frees_across_streams`]).
+    frees_across: bool,
 }
 
 impl std::fmt::Debug for Core {
@@ -73,6 +76,7 @@ impl Core {
             }
         }
         let capacity = gpu.mem_info().map_or(usize::MAX, |(_, total)| total);
+        let inner_across = inner.frees_across_streams();
         let core = Arc::new(Core {
             inner,
             gpu,
@@ -82,6 +86,7 @@ impl Core {
             kick: kick.clone(),
             policy: SharedPolicy::default(),
             capacity,
+            frees_across: inner_across,
         });
         let patrolled: std::sync::Weak<dyn Patrolled> = Arc::downgrade(&core) as _;
         watchdog::spawn(patrolled, kick).map_err(|e| ResourceError::Driver {
@@ -118,6 +123,22 @@ impl Core {
 
     pub(crate) fn notifiers(&self) -> &[Notifier] {
         &self.notifiers
+    }
+
+    /// After a call of the inner resource that may have queued frees on
+    /// streams other than `except` (an eviction, a cache giving its blocks
+    /// back on memory pressure): when the inner resource does that at all,
+    /// gives each such free a point on its own stream, so that its
+    /// notification reaps it like any other.
+    pub(crate) fn mark_frees_elsewhere(&self, except: Option<StreamId>) {
+        if !self.frees_across {
+            return;
+        }
+        for n in self.notifiers.iter().filter(|n| Some(n.stream) != except) {
+            if n.mark_free_if_new(self.inner.pending_free_seq(n.stream)) {
+                n.launch(&*self.gpu);
+            }
+        }
     }
 
     /// Applies frees known done to `stream`'s accounting up to `free_seq`.

@@ -56,7 +56,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Waker;
 
-use super::gpu_error::gpu_error;
 use super::kick::Kick;
 use super::points::Points;
 use super::wait_stats::{Tally, WaitStats};
@@ -247,6 +246,8 @@ pub(crate) struct Notifier {
     signal: Arc<Signal>,
     /// Highest inner free sequence number reaped through, by any path.
     reaped: AtomicU64,
+    /// Highest inner free sequence number a point was marked for.
+    marked_free: AtomicU64,
     /// What the stream's futures did, folded in as they end.
     pub(crate) tally: Tally,
 }
@@ -259,7 +260,7 @@ impl Notifier {
         user: RawStream,
         kick: Arc<Kick>,
     ) -> Result<Self, ResourceError> {
-        let event = gpu.event_create().map_err(gpu_error)?;
+        let event = gpu.event_create().map_err(ResourceError::from)?;
         let (lane, owns_lane) = match gpu.create_stream() {
             Ok(lane) => (lane, true),
             Err(e) => {
@@ -295,6 +296,7 @@ impl Notifier {
                 kick,
             }),
             reaped: AtomicU64::new(0),
+            marked_free: AtomicU64::new(0),
             tally: Tally::default(),
         })
     }
@@ -335,6 +337,7 @@ impl Notifier {
     /// the free was queued). The free stays recorded when the point is
     /// released.
     pub(crate) fn mark_free(&self, free_seq: u64) -> u64 {
+        self.marked_free.fetch_max(free_seq, Ordering::AcqRel);
         let (seq, long) = {
             let mut st = self.signal.lock();
             let (seq, long) = st.mark();
@@ -343,6 +346,17 @@ impl Notifier {
         };
         self.kick_if(long);
         seq
+    }
+
+    /// [`mark_free`](Self::mark_free) for a free queued on this stream by
+    /// someone else's call (an eviction, a cache giving a block back), unless
+    /// a point covers `free_seq` already; whether it marked one.
+    pub(crate) fn mark_free_if_new(&self, free_seq: u64) -> bool {
+        if free_seq == 0 || self.marked_free.fetch_max(free_seq, Ordering::AcqRel) >= free_seq {
+            return false;
+        }
+        self.mark_free(free_seq);
+        true
     }
 
     /// The outcome of point `seq` if it is settled, and otherwise whether an
@@ -519,7 +533,7 @@ impl Notifier {
             Some(e) => e,
             None => {
                 if let Err(e) = gpu.event_record(self.event, self.user) {
-                    self.fail_all(gpu_error(e));
+                    self.fail_all(ResourceError::from(e));
                     return;
                 }
                 self.event
@@ -551,7 +565,7 @@ impl Notifier {
                 Ok(true) => self.signal.deliver(covered),
                 Ok(false) => {}
                 Err(e) => {
-                    self.fail_all(gpu_error(e));
+                    self.fail_all(ResourceError::from(e));
                     return true;
                 }
             },

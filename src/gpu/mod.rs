@@ -14,10 +14,12 @@
 //! and the unsafe FFI stays inside [`cuda`].
 
 pub mod cuda;
+mod error;
 pub mod sim;
 
-use crate::error::DriverCall;
+use crate::error::{DriverCall, driver_code};
 pub use crate::types::RawStream;
+pub use error::{GpuError, GpuResult};
 
 /// A backend event handle (a `CUevent`, or a tagged index on the simulated
 /// device), made only by [`Gpu::event_create`]. Events are created with
@@ -75,62 +77,6 @@ fn vm_unsupported(call: DriverCall) -> GpuError {
 /// It runs on a driver thread: it must not call the driver, and should only
 /// flip a flag and wake someone.
 pub type HostFn = Box<dyn FnOnce() + Send + 'static>;
-
-/// What a backend call can fail with.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum GpuError {
-    /// The allocation does not fit; `available` bytes were free.
-    #[error("out of device memory ({available} B available)")]
-    OutOfMemory {
-        /// Bytes the device reported free.
-        available: usize,
-    },
-    /// Any other driver failure.
-    #[error("driver call {call:?} failed: {message} (code {code})")]
-    Driver {
-        /// The failing call.
-        call: DriverCall,
-        /// The driver's code (`CUresult`).
-        code: i32,
-        /// The driver's name for the code.
-        message: String,
-    },
-}
-
-impl GpuError {
-    /// The crate's error for this failure of a call made for a request of
-    /// `requested` bytes on `stream` (the context an out-of-memory carries).
-    pub fn for_request(self, requested: usize, stream: crate::StreamId) -> crate::ResourceError {
-        match self {
-            GpuError::OutOfMemory { available } => crate::ResourceError::OutOfMemory {
-                requested,
-                available,
-                stream,
-            },
-            GpuError::Driver {
-                call,
-                code,
-                message,
-            } => crate::ResourceError::Driver {
-                call,
-                code,
-                message,
-            },
-        }
-    }
-
-    /// A driver failure of `call` with `code` and `message`.
-    pub fn driver(call: DriverCall, code: i32, message: impl Into<String>) -> Self {
-        GpuError::Driver {
-            call,
-            code,
-            message: message.into(),
-        }
-    }
-}
-
-/// A backend result.
-pub type GpuResult<T> = Result<T, GpuError>;
 
 /// The driver calls that stream-ordered bookkeeping needs.
 ///
@@ -195,7 +141,7 @@ pub trait Gpu: Send + Sync + 'static {
     fn create_stream(&self) -> GpuResult<RawStream> {
         Err(GpuError::driver(
             DriverCall::Init,
-            801,
+            driver_code::NOT_SUPPORTED,
             "CUDA_ERROR_NOT_SUPPORTED: this backend cannot create streams",
         ))
     }

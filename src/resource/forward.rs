@@ -77,6 +77,21 @@ macro_rules! forward_to_inner {
             self.$f.finish_block_use(block, use_stream, access)
         }
     };
+    (@one $f:ident allocation_cost) => {
+        fn allocation_cost(&self, bytes: usize, stream: $crate::StreamId) -> usize {
+            self.$f.allocation_cost(bytes, stream)
+        }
+    };
+    (@one $f:ident release_idle) => {
+        fn release_idle(&self) -> $crate::ResourceResult<usize> {
+            self.$f.release_idle()
+        }
+    };
+    (@one $f:ident frees_across_streams) => {
+        fn frees_across_streams(&self) -> bool {
+            self.$f.frees_across_streams()
+        }
+    };
     (@one $f:ident block_state) => {
         fn block_state(&self, block: $crate::BlockId) -> Option<$crate::BlockState> {
             self.$f.block_state(block)

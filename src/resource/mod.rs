@@ -199,6 +199,46 @@ pub trait DeviceMemoryResource: Send + Sync {
     fn device_access(&self) -> Option<DeviceAccess> {
         None
     }
+
+    /// How much [`bytes_outstanding`](Self::bytes_outstanding) would grow if
+    /// `bytes` were allocated on `stream` now: the new memory the allocation
+    /// takes from the device.
+    ///
+    /// `bytes` for a resource that allocates every request as asked (the
+    /// default); a cache answers 0 when it holds a block that serves the
+    /// request, and the rounded size when it does not. A
+    /// [`BudgetResource`](crate::adaptors::BudgetResource) reserves this much,
+    /// so that it counts what the layers below really take. Decorators
+    /// forward to the inner resource. Between threads it is an estimate: the
+    /// budget settles the difference after the allocation.
+    fn allocation_cost(&self, bytes: usize, stream: StreamId) -> usize {
+        let _ = stream;
+        bytes
+    }
+
+    /// Gives memory that no caller holds back to the layer below: a cache
+    /// frees its idle blocks, a debug guard its quarantine. Returns the bytes
+    /// given back (their frees may still be queued: reap to see them leave
+    /// [`bytes_outstanding`](Self::bytes_outstanding)). Decorators pass the
+    /// call on; the default gives nothing back.
+    ///
+    /// # Errors
+    /// The first error of a free; what was given back before stays given
+    /// back.
+    fn release_idle(&self) -> ResourceResult<usize> {
+        Ok(0)
+    }
+
+    /// Whether a call of this resource (or one below it) may queue a free
+    /// on a stream other than the one of the block it was given: a debug
+    /// guard's eviction, a cache giving back a block cached on another
+    /// stream. The futures layer then looks at every stream's
+    /// [`pending_free_seq`](Self::pending_free_seq) after a free, so that
+    /// those frees are reaped by notifications too. Decorators answer for
+    /// themselves or their inner resource; the default is `false`.
+    fn frees_across_streams(&self) -> bool {
+        false
+    }
 }
 
 impl<R: DeviceMemoryResource + ?Sized> DeviceMemoryResource for std::sync::Arc<R> {
@@ -245,5 +285,15 @@ impl<R: DeviceMemoryResource + ?Sized> DeviceMemoryResource for std::sync::Arc<R
     }
     fn device_access(&self) -> Option<DeviceAccess> {
         (**self).device_access()
+    }
+
+    fn allocation_cost(&self, bytes: usize, stream: StreamId) -> usize {
+        (**self).allocation_cost(bytes, stream)
+    }
+    fn frees_across_streams(&self) -> bool {
+        (**self).frees_across_streams()
+    }
+    fn release_idle(&self) -> ResourceResult<usize> {
+        (**self).release_idle()
     }
 }

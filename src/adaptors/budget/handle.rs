@@ -9,8 +9,9 @@ use crate::error::{ResourceError, ResourceResult};
 #[derive(Debug)]
 struct Shared {
     limit: usize,
-    /// Bytes reserved and not released; only ever raised by the CAS loop of
-    /// `try_reserve`, so it never exceeds `limit`.
+    /// Bytes reserved and not released; raised by the CAS loop of
+    /// `try_reserve`, which never passes `limit`, and by `charge` (a race
+    /// over a cached block, caught up with after the fact).
     in_use: AtomicUsize,
     /// Highest `in_use` reached by a committed reservation.
     peak: AtomicUsize,
@@ -71,7 +72,8 @@ impl Budget {
 
     /// The highest [`in_use`](Self::in_use) reached by a committed
     /// reservation (a reservation given back uncommitted leaves no trace);
-    /// never above the limit.
+    /// above the limit only by what a budget resource caught up with after a
+    /// race over a cached block.
     pub fn peak(&self) -> usize {
         self.shared.peak.load(Ordering::Acquire)
     }
@@ -125,6 +127,21 @@ impl Budget {
                 Err(seen) => current = seen,
             }
         }
+    }
+
+    /// Counts `bytes` that are already allocated, even past the limit (a
+    /// [`BudgetResource`](super::BudgetResource) catching up with what a
+    /// racing allocation below it really took).
+    pub(crate) fn charge(&self, bytes: usize) {
+        if bytes == 0 {
+            return;
+        }
+        let level = self
+            .shared
+            .in_use
+            .fetch_add(bytes, Ordering::AcqRel)
+            .saturating_add(bytes);
+        self.shared.peak.fetch_max(level, Ordering::AcqRel);
     }
 
     /// Gives `bytes` back. Releasing more than is in use is a bookkeeping

@@ -10,11 +10,23 @@
 //!
 //! # Who adds, who drains
 //!
-//! [`allocate`](crate::DeviceMemoryResource::allocate) reserves the bytes
-//! with a compare-and-swap loop *before* asking the inner resource, so that
-//! racing threads can never push `in_use` past the limit, and gives the
-//! reservation back if the inner allocation fails (a [`Reservation`] is
-//! released when dropped uncommitted).
+//! [`allocate`](crate::DeviceMemoryResource::allocate) reserves what the
+//! allocation will take from the device — the inner resource's
+//! [`allocation_cost`](crate::DeviceMemoryResource::allocation_cost): the
+//! request for a plain resource, the rounded size below a cache, nothing for
+//! a cache hit — with a compare-and-swap loop *before* asking the inner
+//! resource, so that racing threads can never push `in_use` past the limit,
+//! and gives the reservation back if the inner allocation fails (a
+//! [`Reservation`] is released when dropped uncommitted). Afterwards it
+//! counts what the inner resource really holds: if a racing thread took the
+//! cached block this one expected, the difference is charged even past the
+//! limit, and released with the block.
+//!
+//! So a budget composes with the layers below it in any order: it counts
+//! what the device holds for them (live blocks, a cache's idle blocks, a
+//! quarantine, frees not yet executed), and a dropped `BudgetResource`
+//! gives the idle memory below it back, reaps, and releases all it charged
+//! but blocks still live.
 //!
 //! A block stays counted until its free has *executed*, not merely been
 //! queued: a burst of frees that the GPU has not reached yet cannot

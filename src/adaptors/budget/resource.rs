@@ -4,7 +4,7 @@ use crate::resource::forward::forward_to_inner;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::Budget;
-use crate::error::ResourceResult;
+use crate::error::{ResourceError, ResourceResult};
 use crate::resource::DeviceMemoryResource;
 use crate::types::{AllocTag, DeviceBlock, StreamId};
 
@@ -42,7 +42,7 @@ use crate::types::{AllocTag, DeviceBlock, StreamId};
 /// executed, so the budget never counts memory the device still holds as
 /// available.
 #[derive(Debug)]
-pub struct BudgetResource<R> {
+pub struct BudgetResource<R: DeviceMemoryResource> {
     inner: R,
     budget: Budget,
     /// Bytes this resource counted against the budget and has not given
@@ -50,7 +50,7 @@ pub struct BudgetResource<R> {
     charged: AtomicUsize,
 }
 
-impl<R> BudgetResource<R> {
+impl<R: DeviceMemoryResource> BudgetResource<R> {
     /// Wraps `inner`, charging `budget`.
     pub fn new(inner: R, budget: &Budget) -> Self {
         BudgetResource {
@@ -109,10 +109,40 @@ impl<R: DeviceMemoryResource> BudgetResource<R> {
     }
 }
 
+impl<R: DeviceMemoryResource> BudgetResource<R> {
+    /// Raises `charged` to what the inner resource holds when an allocation
+    /// took more than its estimated cost (a race over a cached block), so
+    /// that the budget never counts less than the device holds. It may pass
+    /// the limit by that difference until the blocks are freed.
+    fn top_up(&self) {
+        let mut charged = self.charged.load(Ordering::Acquire);
+        loop {
+            let outstanding = self.inner.bytes_outstanding();
+            if outstanding <= charged {
+                return;
+            }
+            match self.charged.compare_exchange(
+                charged,
+                outstanding,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => {
+                    self.budget.charge(outstanding - charged);
+                    return;
+                }
+                Err(now) => charged = now,
+            }
+        }
+    }
+}
+
 impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> {
-    forward_to_inner!(inner; device_ordinal, bytes_outstanding, pending_free_seq, supports_block_use_tracking, record_block_use, prepare_block_use, finish_block_use, block_state);
-    /// Reserves `bytes` in the budget, then allocates from the inner
-    /// resource.
+    forward_to_inner!(inner; device_ordinal, bytes_outstanding, pending_free_seq, supports_block_use_tracking, record_block_use, prepare_block_use, finish_block_use, block_state, allocation_cost, frees_across_streams, release_idle);
+    /// Reserves what the allocation will take from the device (the inner
+    /// resource's [`allocation_cost`](DeviceMemoryResource::allocation_cost):
+    /// `bytes`, the rounded size below a cache, nothing for a cache hit),
+    /// then allocates from the inner resource.
     ///
     /// # Errors
     /// [`BudgetExceeded`](crate::ResourceError::BudgetExceeded) before the
@@ -124,11 +154,25 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> {
         stream: StreamId,
         tag: AllocTag,
     ) -> ResourceResult<DeviceBlock> {
+        let cost = self.inner.allocation_cost(bytes, stream);
         // Dropped on the error path (or a panic below): the bytes go back.
-        let reservation = self.budget.try_reserve(bytes)?;
+        let reservation = self.budget.try_reserve(cost).map_err(|e| match e {
+            // Report the caller's request, not the layer below's cost.
+            ResourceError::BudgetExceeded { limit, in_use, .. } => ResourceError::BudgetExceeded {
+                requested: bytes,
+                limit,
+                in_use,
+            },
+            other => other,
+        })?;
         let block = self.inner.allocate(bytes, stream, tag)?;
         reservation.commit();
-        self.charged.fetch_add(bytes, Ordering::AcqRel);
+        self.charged.fetch_add(cost, Ordering::AcqRel);
+        // The cost was read before the allocation: another thread may have
+        // taken the cached block this one expected (it took more) or left
+        // one (it took less). Count what the inner resource holds now.
+        self.top_up();
+        self.settle();
         Ok(block)
     }
 
@@ -153,5 +197,24 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> {
         // freed on its own (a quarantine flush on a synchronous backend).
         self.settle();
         drained
+    }
+}
+
+impl<R: DeviceMemoryResource> Drop for BudgetResource<R> {
+    /// Gives back what the stack below holds for no caller (a cache's idle
+    /// blocks, a quarantine), reaps, and releases every byte that left the
+    /// device: nothing stays charged for a resource that is gone, except
+    /// blocks still live below it (leaked by a caller, or held through
+    /// another handle of the inner resource).
+    fn drop(&mut self) {
+        if self.charged() == 0 {
+            return;
+        }
+        let given_back = self.inner.release_idle();
+        let reaped = self.inner.reap_pending();
+        if let Err(e) = given_back.and(reaped) {
+            tracing::warn!(error = %e, "budget resource dropped: some bytes stay charged");
+        }
+        self.settle();
     }
 }

@@ -277,7 +277,7 @@ impl<R: DeviceMemoryResource> DebugGuard<R> {
 impl<R: DeviceMemoryResource> DeviceMemoryResource for DebugGuard<R> {
     // `bytes_outstanding` is the inner resource's count, which includes
     // quarantined blocks: they are still on the device.
-    forward_to_inner!(inner; device_ordinal, bytes_outstanding, reap_pending, pending_free_seq, reap_through, supports_block_use_tracking);
+    forward_to_inner!(inner; device_ordinal, bytes_outstanding, reap_pending, pending_free_seq, reap_through, supports_block_use_tracking, allocation_cost);
 
     fn allocate(
         &self,
@@ -355,6 +355,19 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for DebugGuard<R> {
         state.quarantine.push_back(block);
         mark.complete(&mut state);
         Ok(())
+    }
+
+    /// Flushes the quarantine (no caller holds those blocks), then passes
+    /// the call on.
+    fn release_idle(&self) -> ResourceResult<usize> {
+        let flushed = self.flush()?;
+        Ok(flushed + self.inner.release_idle()?)
+    }
+
+    /// `true`: freeing one block may evict an older one, whose free is
+    /// queued on that block's own stream.
+    fn frees_across_streams(&self) -> bool {
+        true
     }
 
     fn record_block_use(&self, block: &DeviceBlock, use_stream: StreamId) -> ResourceResult<()> {
