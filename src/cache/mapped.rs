@@ -151,10 +151,12 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         let Backing::Mapped(m) = &lease.backing else {
             unreachable!("free_mapped is called for arena leases only");
         };
-        for (s, event) in m.uses.reads.iter().chain(&m.uses.last_write) {
-            if *s != stream {
-                gpu.stream_wait_event(raw, *event)
-                    .map_err(|e| Self::driver(e, stream))?;
+        if m.uses.event_count() > 0 {
+            for (s, event) in m.uses.reads.iter().chain(&m.uses.last_write) {
+                if *s != stream {
+                    gpu.stream_wait_event(raw, *event)
+                        .map_err(|e| Self::driver(e, stream))?;
+                }
             }
         }
         let Some(lease) = shard.end_lease(serial) else {
@@ -163,7 +165,9 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         let Backing::Mapped(mut m) = lease.backing else {
             unreachable!("checked above");
         };
-        if let Some(events) = &self.events {
+        if m.uses.event_count() > 0
+            && let Some(events) = &self.events
+        {
             events.give(m.uses.take_all().into_iter().map(|(_, e)| e));
         }
         let cap = self.config.max_cached_bytes;
@@ -256,7 +260,10 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
     /// else the pages it spans.
     pub(super) fn mapped_cost(&self, tier: &VmTier, bytes: usize, index: usize) -> usize {
         let pages = bytes.div_ceil(tier.page()) * tier.page();
-        let shard = self.slots[index].lock();
+        let mut shard = self.slots[index].lock();
+        if let Some(arena) = shard.arena.as_mut() {
+            tier.flush_recent(arena);
+        }
         match shard.arena.as_ref() {
             Some(arena) if arena.pages.idle_bytes() >= pages => 0,
             _ => pages,
@@ -283,9 +290,18 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
 
     /// Bytes of idle mappings in the arenas.
     pub(super) fn idle_mapped_bytes(&self) -> usize {
+        let Some(tier) = &self.vm else {
+            return 0;
+        };
         self.slots
             .iter()
-            .map(|s| s.lock().arena.as_ref().map_or(0, |a| a.pages.idle_bytes()))
+            .map(|s| {
+                let mut shard = s.lock();
+                shard.arena.as_mut().map_or(0, |a| {
+                    tier.flush_recent(a);
+                    a.pages.idle_bytes()
+                })
+            })
             .sum()
     }
 

@@ -149,6 +149,17 @@ impl PageTable {
                 self.idle.push_back((hi, stamp));
             }
         }
+        if self.idle.len() > 64 + 2 * self.handles.len() {
+            // Entries of handles that became busy again are skipped when
+            // popped; drop them here so that a loop that idles and reuses
+            // one mapping does not grow the queue (amortised: at least half
+            // the entries go).
+            let handles = &self.handles;
+            self.idle.retain(|&(hi, stamp)| {
+                let h = &handles[hi as usize];
+                h.live && h.busy == 0 && h.idle_stamp == stamp
+            });
+        }
     }
 
     /// Records that `raw` is mapped over pages `first..first + pages`,

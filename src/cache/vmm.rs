@@ -67,6 +67,12 @@ pub(crate) struct StreamArena {
     pub(crate) arena: Arena,
     pub(crate) pages: PageTable,
     pub(crate) fences: Fences,
+    /// The block freed last, not yet given back to the arena: an
+    /// allocation of the same rounded size right after takes it as it is
+    /// (the allocate/free loop costs no placement at all), and any other
+    /// call on the arena gives it back first, so it never keeps memory
+    /// from an allocation that needs it.
+    recent: Option<Placed>,
 }
 
 /// What the tier shares between streams.
@@ -106,7 +112,9 @@ impl VmTier {
     ) -> Option<Self> {
         let granularity = access.gpu.vm_granularity().ok()?.max(1);
         let page = (granularity * page_multiple.max(1)) as u64;
-        let total = access.gpu.mem_info().ok()?.1 as u64;
+        // Capped, so that a backend reporting no limit (a null backend)
+        // does not get a page table the size of its claim.
+        let total = (access.gpu.mem_info().ok()?.1 as u64).min(256 << 30);
         // Twice the device, so that scattered free ranges never run the
         // arena out of addresses before the device runs out of memory.
         let arena_len = (2 * total.max(page)).next_multiple_of(page);
@@ -149,6 +157,7 @@ impl VmTier {
             arena: Arena::new(self.arena_len),
             pages: PageTable::new(self.arena_len, self.page),
             fences: Fences::default(),
+            recent: None,
         })
     }
 
@@ -162,6 +171,15 @@ impl VmTier {
         stream: StreamId,
         others: &dyn OtherArenas,
     ) -> ResourceResult<Option<Placed>> {
+        if let Some(recent) = sa.recent {
+            if recent.len == len {
+                sa.recent = None;
+                self.gpu()
+                    .note_suballocation(sa.base + recent.off, requested.max(1), sa.raw);
+                return Ok(Some(recent));
+            }
+            self.flush_recent(sa);
+        }
         let pages = &sa.pages;
         let Some(placed) = sa.arena.alloc(len, |off| pages.backed(off)) else {
             return Ok(None);
@@ -189,6 +207,22 @@ impl VmTier {
     /// stream (after the waits for its uses elsewhere were queued).
     pub(crate) fn free(&self, sa: &mut StreamArena, placed: Placed) {
         self.gpu().note_subfree(sa.base + placed.off, sa.raw);
+        if let Some(previous) = sa.recent.replace(placed) {
+            Self::give_to_arena(sa, previous);
+        }
+    }
+
+    /// Gives the block kept as `recent` back to the arena.
+    pub(crate) fn flush_recent(&self, sa: &mut StreamArena) {
+        if let Some(recent) = sa.recent.take() {
+            Self::give_to_arena(sa, recent);
+        }
+    }
+
+    /// The range goes back to the arena; pages it leaves untouched go idle,
+    /// stamped with this free (queued after the block's last use, so a
+    /// fence after the stamp covers it).
+    fn give_to_arena(sa: &mut StreamArena, placed: Placed) {
         let stamp = sa.fences.next_stamp();
         sa.pages.untouch(placed.off, placed.len, stamp);
         sa.arena.free(placed);
@@ -292,6 +326,7 @@ impl VmTier {
 
     /// From one arena; true once `enough` holds.
     fn reclaim_from(&self, sa: &mut StreamArena, enough: &dyn Fn(&Self) -> bool) -> bool {
+        self.flush_recent(sa);
         if sa.pages.idle_bytes() == 0 {
             return enough(self);
         }
@@ -342,6 +377,7 @@ impl VmTier {
     ) -> usize {
         let before = self.held();
         let mut one = |a: &mut StreamArena| {
+            self.flush_recent(a);
             if a.pages.idle_bytes() > 0 {
                 let gpu = self.gpu();
                 let _ = a.fences.cover(gpu, a.raw, a.pages.newest_idle_stamp());
@@ -368,6 +404,7 @@ impl VmTier {
     /// for the GPU first, and the reservation too when nothing is live in
     /// it; returns whether the reservation went.
     pub(crate) fn close(&self, sa: &mut StreamArena) -> bool {
+        self.flush_recent(sa);
         let gpu = self.gpu();
         let _ = sa.fences.cover(gpu, sa.raw, sa.pages.newest_idle_stamp());
         let _ = sa.fences.wait_all(gpu);

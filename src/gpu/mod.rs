@@ -54,7 +54,10 @@ impl RawEvent {
 pub struct RawPhysical(u64);
 
 impl RawPhysical {
-    pub(crate) fn new(bits: u64) -> Self {
+    /// A handle of a backend outside the crate, from its bits. Passing one
+    /// to another backend's calls is refused by their safety contracts
+    /// (every call taking a handle is `unsafe fn`).
+    pub fn new(bits: u64) -> Self {
         RawPhysical(bits)
     }
 
