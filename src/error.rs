@@ -41,7 +41,9 @@ pub enum DriverCall {
     CopyAsync,
     /// A kernel launch (on the simulated device: [`SimGpu::launch_kernel`](crate::gpu::sim::SimGpu::launch_kernel)).
     Launch,
-    /// `cuMemGetInfo`.
+    /// `cuMemGetInfo`, and the queries of the memory a backend holds
+    /// (`cuMemPoolGetAttribute`, `cuMemPoolSetAttribute` on the usage
+    /// attributes).
     MemGetInfo,
     /// `cuMemAddressReserve` (and `cuMemGetAllocationGranularity`).
     AddressReserve,

@@ -27,8 +27,8 @@ impl Default for CacheConfig {
     /// No cap on cached bytes (memory is still given back before an
     /// out-of-memory error), 64 stream slots, the virtual-memory arena
     /// where the device has it (pages of the device's granularity, up to
-    /// 32 MiB mapped per driver call, 5% slack over the live high-water
-    /// mark), else size classes for blocks up to 64 MiB.
+    /// 1 GiB mapped per physical allocation, 5% slack over the live
+    /// high-water mark), else size classes for blocks up to 64 MiB.
     fn default() -> Self {
         CacheConfig {
             max_cached_bytes: usize::MAX,
@@ -36,7 +36,7 @@ impl Default for CacheConfig {
             streams: 64,
             virtual_memory: true,
             page_multiple: 1,
-            max_mapping_bytes: 32 << 20,
+            max_mapping_bytes: 1 << 30,
             slack_percent: 5,
         }
     }
@@ -84,10 +84,13 @@ impl CacheConfig {
         self
     }
 
-    /// The most bytes one physical allocation covers (default 32 MiB): a
-    /// block that needs more new pages than that gets several. Larger
-    /// means fewer driver calls for large blocks; smaller means idle
-    /// memory is given back in finer pieces.
+    /// The most bytes one physical allocation covers (default 1 GiB): a
+    /// block that needs more new pages than that gets several. On the H200
+    /// creating, mapping and granting access to one allocation costs about
+    /// 60 µs whatever its size (`notes/vmm-costs.md`), so larger means
+    /// fewer, cheaper growths; smaller means idle memory is given back in
+    /// finer pieces (an allocation goes back only when no live block
+    /// touches any of its pages).
     pub fn max_mapping_bytes(mut self, bytes: usize) -> Self {
         self.max_mapping_bytes = bytes;
         self

@@ -20,7 +20,7 @@ use cudarc::driver::CudaContext;
 use cudarc::driver::result::{self as cu, DriverError};
 use cudarc::driver::sys;
 
-use super::{Gpu, GpuError, GpuResult, HostFn, RawEvent, RawPhysical, RawStream};
+use super::{Gpu, GpuError, GpuResult, HeldMemory, HostFn, RawEvent, RawPhysical, RawStream};
 use crate::error::{DriverCall, ResourceError, ResourceResult, driver_code};
 
 /// A cudarc driver error of `call` as the seam's error, with the driver's
@@ -40,6 +40,41 @@ pub struct CudaGpu {
     // Owned: created in `try_new`, destroyed in `Drop`. An `Err` is the
     // sticky set-up error, reported by every allocation.
     pool: Result<sys::CUmemoryPool, GpuError>,
+    /// Physical memory made by `mem_create` and not released: counted in
+    /// [`memory_held`](Gpu::memory_held) beside the pool.
+    physical: PhysicalTally,
+}
+
+/// Bytes of live physical handles, now and at most.
+#[derive(Debug, Default)]
+struct PhysicalTally {
+    sizes: std::sync::Mutex<std::collections::HashMap<u64, usize>>,
+    current: std::sync::atomic::AtomicUsize,
+    high: std::sync::atomic::AtomicUsize,
+}
+
+impl PhysicalTally {
+    fn created(&self, handle: u64, bytes: usize) {
+        use std::sync::atomic::Ordering;
+        self.sizes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(handle, bytes);
+        let now = self.current.fetch_add(bytes, Ordering::AcqRel) + bytes;
+        self.high.fetch_max(now, Ordering::AcqRel);
+    }
+
+    fn released(&self, handle: u64) {
+        use std::sync::atomic::Ordering;
+        let bytes = self
+            .sizes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&handle);
+        if let Some(bytes) = bytes {
+            self.current.fetch_sub(bytes, Ordering::AcqRel);
+        }
+    }
 }
 
 // SAFETY: `pool` is a driver handle; the driver API is thread-safe for memory
@@ -76,7 +111,11 @@ impl CudaGpu {
         if let Err(e) = &pool {
             tracing::error!(device = ctx.ordinal(), error = ?e, "memory pool set-up failed");
         }
-        CudaGpu { ctx, pool }
+        CudaGpu {
+            ctx,
+            pool,
+            physical: PhysicalTally::default(),
+        }
     }
 
     /// As [`CudaGpu::new`], failing at once when the pool cannot be set up.
@@ -89,6 +128,7 @@ impl CudaGpu {
         Ok(CudaGpu {
             ctx,
             pool: Ok(pool),
+            physical: PhysicalTally::default(),
         })
     }
 
@@ -389,7 +429,10 @@ impl Gpu for CudaGpu {
         let mut handle: sys::CUmemGenericAllocationHandle = 0;
         // SAFETY: `handle` is a valid out-pointer and `prop` is initialised.
         match unsafe { sys::cuMemCreate(&mut handle, bytes, &prop, 0) }.result() {
-            Ok(()) => Ok(RawPhysical::new(handle)),
+            Ok(()) => {
+                self.physical.created(handle, bytes);
+                Ok(RawPhysical::new(handle))
+            }
             Err(e) if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
                 let available = cu::mem_get_info().map(|(free, _)| free).unwrap_or(0);
                 Err(GpuError::OutOfMemory { available })
@@ -403,7 +446,9 @@ impl Gpu for CudaGpu {
         self.bind(call)?;
         // SAFETY: the handle came from `mem_create` and is released once
         // (this method's contract).
-        Self::check(call, unsafe { sys::cuMemRelease(handle.get()) })
+        Self::check(call, unsafe { sys::cuMemRelease(handle.get()) })?;
+        self.physical.released(handle.get());
+        Ok(())
     }
 
     unsafe fn mem_map(&self, addr: u64, bytes: usize, handle: RawPhysical) -> GpuResult<()> {
@@ -434,6 +479,53 @@ impl Gpu for CudaGpu {
         // SAFETY: the range covers whole mappings that no queued work uses
         // any more (this method's contract).
         Self::check(call, unsafe { sys::cuMemUnmap(addr, bytes) })
+    }
+
+    fn memory_held(&self) -> GpuResult<HeldMemory> {
+        let call = DriverCall::MemGetInfo;
+        let pool = self.pool.clone()?;
+        self.bind(call)?;
+        let read = |attr| {
+            let mut value: u64 = 0;
+            // SAFETY: the pool is alive (owned); the RESERVED_MEM attributes
+            // are cuuint64_t values, written into `value`.
+            unsafe { cu::mem_pool::get_attribute(pool, attr, (&mut value as *mut u64).cast()) }
+                .map(|()| usize::try_from(value).unwrap_or(usize::MAX))
+                .map_err(|e| cuda_error(call, e))
+        };
+        // Physical handles (the cache's arena) count beside the pool. The
+        // high mark is the sum of the two marks: exact when one of them is
+        // idle (a replay through the arena, or through the pool alone), an
+        // upper bound otherwise.
+        use std::sync::atomic::Ordering;
+        Ok(HeldMemory {
+            current: read(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?
+                + self.physical.current.load(Ordering::Acquire),
+            high: read(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)?
+                + self.physical.high.load(Ordering::Acquire),
+        })
+    }
+
+    fn reset_memory_held_high(&self) -> GpuResult<()> {
+        let call = DriverCall::MemGetInfo;
+        let pool = self.pool.clone()?;
+        self.bind(call)?;
+        use std::sync::atomic::Ordering;
+        let now = self.physical.current.load(Ordering::Acquire);
+        self.physical.high.store(now, Ordering::Release);
+        // The driver accepts only 0, which restarts the mark from the
+        // current value.
+        let mut zero: u64 = 0;
+        // SAFETY: the pool is alive (owned); RESERVED_MEM_HIGH takes a
+        // cuuint64_t, read from `zero`.
+        unsafe {
+            cu::mem_pool::set_attribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH,
+                (&mut zero as *mut u64).cast(),
+            )
+        }
+        .map_err(|e| cuda_error(call, e))
     }
 
     fn create_stream(&self) -> GpuResult<RawStream> {

@@ -15,7 +15,10 @@
 
 pub mod cuda;
 mod error;
+mod held;
 pub mod sim;
+
+pub use held::HeldMemory;
 
 use crate::error::{DriverCall, driver_code};
 pub use crate::types::RawStream;
@@ -249,6 +252,35 @@ pub trait Gpu: Send + Sync + 'static {
     /// CUDA and the default do nothing.
     fn note_subfree(&self, addr: u64, stream: RawStream) {
         let _ = (addr, stream);
+    }
+
+    /// How much device memory this backend holds for the process now and at
+    /// most (see [`HeldMemory`]). CUDA: the reserved memory of the backend's
+    /// memory pool (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT` and `_HIGH`); a
+    /// backend that also holds memory outside its pool (virtual-memory pages)
+    /// counts it here too. The simulated device: the bytes it has handed out
+    /// and not had back, and their high-water mark.
+    ///
+    /// The default reports `CUDA_ERROR_NOT_SUPPORTED` (as
+    /// [`DriverCall::MemGetInfo`]), so that backends written before this
+    /// method keep compiling.
+    fn memory_held(&self) -> GpuResult<HeldMemory> {
+        Err(GpuError::driver(
+            DriverCall::MemGetInfo,
+            driver_code::NOT_SUPPORTED,
+            "CUDA_ERROR_NOT_SUPPORTED: this backend does not report the memory it holds",
+        ))
+    }
+
+    /// Starts the high-water mark of [`memory_held`](Gpu::memory_held) again
+    /// from the memory held now. The default reports
+    /// `CUDA_ERROR_NOT_SUPPORTED`, as `memory_held` does.
+    fn reset_memory_held_high(&self) -> GpuResult<()> {
+        Err(GpuError::driver(
+            DriverCall::MemGetInfo,
+            driver_code::NOT_SUPPORTED,
+            "CUDA_ERROR_NOT_SUPPORTED: this backend does not report the memory it holds",
+        ))
     }
 
     /// Destroys a stream made by [`create_stream`](Gpu::create_stream). Work
