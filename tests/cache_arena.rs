@@ -434,3 +434,48 @@ fn a_budget_above_the_arena_counts_mapped_pages() {
     assert_eq!(budget.in_use(), r.inner().bytes_outstanding());
     r.deallocate(c).unwrap();
 }
+
+/// On a real GPU: blocks of the arena are written by the device (a memset
+/// through the resource's backend), reused on their stream, used and
+/// freed across streams, and everything goes back to the device on trim
+/// and drop; the backend counts the physical memory it holds.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn on_cuda_the_arena_maps_reuses_and_gives_back() {
+    use streamalloc::gpu::Gpu;
+    let f = common::cuda(2);
+    let gpu = f.resource.gpu().clone();
+    let cache = CachingResource::new(f.resource.clone());
+    let (a, b) = (f.stream(0), f.stream(1));
+    let (raw_a, raw_b) = (f.pool.raw(a).unwrap(), f.pool.raw(b).unwrap());
+    let held_before = gpu.memory_held().unwrap().current;
+
+    let small = cache.allocate(1000, a, T).unwrap();
+    let big = cache.allocate(40 << 20, a, T).unwrap();
+    assert!(cache.bytes_outstanding() >= (40 << 20) + 1000);
+    assert!(gpu.memory_held().unwrap().current >= held_before + (40 << 20));
+    gpu.memset_async(big.ptr(), 7, big.size(), raw_a).unwrap();
+    gpu.memset_async(small.ptr(), 1, small.size(), raw_a).unwrap();
+    let (ptr, creates) = (big.ptr(), cache.stats().misses);
+    cache.deallocate(big).unwrap();
+    let again = cache.allocate(40 << 20, a, T).unwrap();
+    assert_eq!(again.ptr(), ptr, "reused on its stream");
+    assert_eq!(cache.stats().misses, creates, "without new memory");
+
+    // Used on b behind the hooks, then freed: a waits for b.
+    cache.prepare_block_use(again.id(), b, Access::Write).unwrap();
+    gpu.memset_async(again.ptr(), 3, again.size(), raw_b).unwrap();
+    cache.finish_block_use(again.id(), b, Access::Write).unwrap();
+    cache.deallocate(again).unwrap();
+    cache.deallocate(small).unwrap();
+
+    gpu.stream_synchronize(raw_a).unwrap();
+    gpu.stream_synchronize(raw_b).unwrap();
+    cache.trim().unwrap(); // records fences
+    gpu.stream_synchronize(raw_a).unwrap();
+    gpu.stream_synchronize(raw_b).unwrap();
+    cache.trim().unwrap(); // they are complete: everything goes
+    assert_eq!(cache.bytes_outstanding(), f.resource.bytes_outstanding());
+    drop(cache);
+    assert_eq!(gpu.memory_held().unwrap().current, held_before);
+}
