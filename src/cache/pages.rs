@@ -95,6 +95,17 @@ impl PageTable {
             .is_some_and(|p| p.handle != NONE)
     }
 
+    /// How many pages from `first` on (at most `max`) have no memory
+    /// behind them and no block on them: room to map ahead of a block.
+    pub(crate) fn free_unbacked_from(&self, first: u32, max: u32) -> u32 {
+        self.pages
+            .iter()
+            .skip(first as usize)
+            .take(max as usize)
+            .take_while(|p| p.handle == NONE && p.refs == 0)
+            .count() as u32
+    }
+
     /// Bytes of idle handles.
     pub(crate) fn idle_bytes(&self) -> usize {
         self.idle_pages * self.page as usize

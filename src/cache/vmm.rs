@@ -244,17 +244,27 @@ impl VmTier {
         stream: StreamId,
         others: &dyn OtherArenas,
     ) -> ResourceResult<()> {
-        let bytes = n as usize * self.page as usize;
+        let need = n as usize * self.page as usize;
         self.live_peak
             .fetch_max(others.live_total(), Ordering::AcqRel);
-        if self.held() + bytes > self.target() {
-            self.reclaim(sa, others, |tier| tier.held() + bytes <= tier.target());
+        if self.held() + need > self.target() {
+            self.reclaim(sa, others, |tier| tier.held() + need <= tier.target());
         }
+        // Map ahead, within the slack: up to as many free pages again right
+        // after the block, where the next block placed at the end of the
+        // arena lands. Growing costs about the same per call whatever the
+        // size, so this halves the calls of a growing workload without
+        // taking the cache past its target.
+        let room = self.target().saturating_sub(self.held() + need) / self.page as usize;
+        let ahead_max = (room as u32)
+            .min(n)
+            .min(self.max_run_pages.saturating_sub(n));
+        let ahead = sa.pages.free_unbacked_from(first + n, ahead_max);
+        let n = n + ahead;
+        let bytes = n as usize * self.page as usize;
         let handle = match self.gpu().mem_create(bytes) {
             Ok(h) => h,
-            Err(GpuError::OutOfMemory { .. }) => {
-                self.create_when_short(sa, bytes, stream, others)?
-            }
+            Err(GpuError::OutOfMemory { .. }) => self.create_when_short(sa, bytes, stream, others)?,
             Err(e) => return Err(e.for_request(bytes, stream)),
         };
         let addr = sa.base + u64::from(first) * self.page;
