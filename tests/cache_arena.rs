@@ -455,7 +455,8 @@ fn on_cuda_the_arena_maps_reuses_and_gives_back() {
     assert!(cache.bytes_outstanding() >= (40 << 20) + 1000);
     assert!(gpu.memory_held().unwrap().current >= held_before + (40 << 20));
     gpu.memset_async(big.ptr(), 7, big.size(), raw_a).unwrap();
-    gpu.memset_async(small.ptr(), 1, small.size(), raw_a).unwrap();
+    gpu.memset_async(small.ptr(), 1, small.size(), raw_a)
+        .unwrap();
     let (ptr, creates) = (big.ptr(), cache.stats().misses);
     cache.deallocate(big).unwrap();
     let again = cache.allocate(40 << 20, a, T).unwrap();
@@ -463,9 +464,14 @@ fn on_cuda_the_arena_maps_reuses_and_gives_back() {
     assert_eq!(cache.stats().misses, creates, "without new memory");
 
     // Used on b behind the hooks, then freed: a waits for b.
-    cache.prepare_block_use(again.id(), b, Access::Write).unwrap();
-    gpu.memset_async(again.ptr(), 3, again.size(), raw_b).unwrap();
-    cache.finish_block_use(again.id(), b, Access::Write).unwrap();
+    cache
+        .prepare_block_use(again.id(), b, Access::Write)
+        .unwrap();
+    gpu.memset_async(again.ptr(), 3, again.size(), raw_b)
+        .unwrap();
+    cache
+        .finish_block_use(again.id(), b, Access::Write)
+        .unwrap();
     cache.deallocate(again).unwrap();
     cache.deallocate(small).unwrap();
 

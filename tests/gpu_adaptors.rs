@@ -43,21 +43,21 @@ fn a_full_stack_fills_copies_and_frees_across_streams<G: Gpu>(f: common::Fixture
         // Fill src on a, copy it into dst on b, read dst back on a.
         LaunchRecorder::new(&r, a)
             .write(&src)
-            .launch(&f.pool, |raw| -> Result<(), BoxError> {
+            .launch(&f.device, |raw| -> Result<(), BoxError> {
                 Ok(gpu.memset_async(src.ptr(), 1, src.size(), raw)?)
             })
             .unwrap();
         LaunchRecorder::new(&r, b)
             .read(&src)
             .write(&dst)
-            .launch(&f.pool, |raw| -> Result<(), BoxError> {
+            .launch(&f.device, |raw| -> Result<(), BoxError> {
                 Ok(gpu.copy_async(dst.ptr(), src.ptr(), src.size(), raw)?)
             })
             .unwrap();
         LaunchRecorder::new(&r, a)
             .read(&dst)
             .write(&src)
-            .launch(&f.pool, |raw| -> Result<(), BoxError> {
+            .launch(&f.device, |raw| -> Result<(), BoxError> {
                 Ok(gpu.copy_async(src.ptr(), dst.ptr(), dst.size(), raw)?)
             })
             .unwrap();

@@ -5,7 +5,7 @@
 
 use streamalloc::gpu::Gpu;
 use streamalloc::gpu::sim::{MemAccess, RaceKind, SimGpu};
-use streamalloc::{Access, AllocTag, DeviceMemoryResource, SimResource};
+use streamalloc::{Access, AllocTag, Device, DeviceMemoryResource, SimResource};
 
 const G: usize = 2 << 20;
 
@@ -17,9 +17,9 @@ fn at(ptr: u64, access: Access) -> MemAccess {
 fn physical_memory_shares_the_capacity_and_counts_in_the_peak() {
     let gpu = SimGpu::builder().manual().capacity(8 * G).build();
     assert_eq!(gpu.vm_granularity().unwrap(), G);
-    let pool = gpu.stream_pool(1);
-    let resource = SimResource::new(gpu.clone(), pool.clone());
-    let s = pool.id(0).unwrap();
+    let device = Device::simulated(&gpu, 1);
+    let resource = SimResource::new(&device);
+    let s = device.stream(0).unwrap();
     let block = resource.allocate(4 * G, s, AllocTag::UNTAGGED).unwrap();
     let a = gpu.mem_create(2 * G).unwrap();
     let b = gpu.mem_create(2 * G).unwrap();

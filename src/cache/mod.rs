@@ -2,7 +2,7 @@
 //! resource, holding little more than what is live.
 //!
 //! The driver's pool costs 0.65–0.88 µs per allocate + free pair on one
-//! thread and gets *slower* as threads are added (see DESIGN.md, "What the
+//! thread and gets *slower* as threads are added (see `docs/DESIGN.md`, "What the
 //! hardware costs"). [`CachingResource`] hands memory out again with no
 //! driver call at all, per stream, which is what makes allocation scale
 //! with threads. It has two ways of holding memory.

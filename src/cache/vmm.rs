@@ -185,11 +185,12 @@ impl VmTier {
             return Ok(None);
         };
         let unbacked = sa.pages.touch(placed.off, placed.len);
-        for (first, count) in unbacked {
+        let live = (!unbacked.is_empty()).then(|| others.live_total());
+        for &(first, count) in &unbacked {
             let mut at = first;
             while at < first + count {
                 let n = (first + count - at).min(self.max_run_pages);
-                if let Err(e) = self.back(sa, at, n, stream, others) {
+                if let Err(e) = self.back(sa, at, n, live.unwrap_or(0), stream, others) {
                     let stamp = sa.fences.next_stamp();
                     sa.pages.untouch_failed(placed.off, placed.len, stamp);
                     sa.arena.free(placed);
@@ -197,6 +198,9 @@ impl VmTier {
                 }
                 at += n;
             }
+        }
+        if let Some(live) = live {
+            self.live_peak.fetch_max(live, Ordering::AcqRel);
         }
         self.gpu()
             .note_suballocation(sa.base + placed.off, requested.max(1), sa.raw);
@@ -229,9 +233,10 @@ impl VmTier {
     }
 
     /// The most the tier means to hold: `slack` over the live high-water
-    /// mark, and never less than one page.
-    fn target(&self) -> usize {
-        let peak = self.live_peak.load(Ordering::Acquire);
+    /// mark (counting `live`, the live bytes with the block being backed),
+    /// and never less than one page.
+    fn target(&self, live: usize) -> usize {
+        let peak = self.live_peak.load(Ordering::Acquire).max(live);
         (peak + peak / 100 * self.slack_percent).max(self.page as usize)
     }
 
@@ -241,32 +246,40 @@ impl VmTier {
         sa: &mut StreamArena,
         first: u32,
         n: u32,
+        live: usize,
         stream: StreamId,
         others: &dyn OtherArenas,
     ) -> ResourceResult<()> {
         let need = n as usize * self.page as usize;
-        self.live_peak
-            .fetch_max(others.live_total(), Ordering::AcqRel);
-        if self.held() + need > self.target() {
-            self.reclaim(sa, others, |tier| tier.held() + need <= tier.target());
+        if self.held() + need > self.target(live) {
+            self.reclaim(sa, others, |tier| tier.held() + need <= tier.target(live));
         }
         // Map ahead, within the slack: up to as many free pages again right
         // after the block, where the next block placed at the end of the
         // arena lands. Growing costs about the same per call whatever the
         // size, so this halves the calls of a growing workload without
         // taking the cache past its target.
-        let room = self.target().saturating_sub(self.held() + need) / self.page as usize;
+        let room = self.target(live).saturating_sub(self.held() + need) / self.page as usize;
         let ahead_max = (room as u32)
             .min(n)
             .min(self.max_run_pages.saturating_sub(n));
         let ahead = sa.pages.free_unbacked_from(first + n, ahead_max);
-        let n = n + ahead;
-        let bytes = n as usize * self.page as usize;
-        let handle = match self.gpu().mem_create(bytes) {
-            Ok(h) => h,
-            Err(GpuError::OutOfMemory { .. }) => self.create_when_short(sa, bytes, stream, others)?,
-            Err(e) => return Err(e.for_request(bytes, stream)),
+        let (handle, n) = match self
+            .gpu()
+            .mem_create(need + ahead as usize * self.page as usize)
+        {
+            Ok(h) => (h, n + ahead),
+            // Short of memory: what the block needs, nothing ahead.
+            Err(GpuError::OutOfMemory { .. }) => match self.gpu().mem_create(need) {
+                Ok(h) => (h, n),
+                Err(GpuError::OutOfMemory { .. }) => {
+                    (self.create_when_short(sa, need, stream, others)?, n)
+                }
+                Err(e) => return Err(e.for_request(need, stream)),
+            },
+            Err(e) => return Err(e.for_request(need, stream)),
         };
+        let bytes = n as usize * self.page as usize;
         let addr = sa.base + u64::from(first) * self.page;
         // SAFETY: `addr` is page-aligned inside `sa`'s live reservation and
         // the page table says nothing is mapped over these pages; `handle`

@@ -20,9 +20,10 @@ pub use stream_ordered::{AsyncCudaResource, SimResource, StreamOrderedResource};
 
 use std::sync::Arc;
 
+use crate::device::stream_pool::StreamPool;
 use crate::error::ResourceResult;
 use crate::gpu::Gpu;
-use crate::types::{Access, AllocTag, BlockId, BlockState, DeviceBlock, StreamId, StreamPool};
+use crate::types::{Access, AllocTag, BlockId, BlockState, DeviceBlock, StreamId};
 
 /// The device behind a resource: its backend and the streams the resource
 /// orders work on. A tier above that manages device memory itself (the

@@ -1,12 +1,12 @@
 //! Poison fills: what the guard writes into a block it quarantines.
 
 use std::fmt;
-use std::sync::Arc;
 
+use crate::device::Device;
 use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::Gpu;
 use crate::resource::StreamOrderedResource;
-use crate::types::{DeviceBlock, StreamPool};
+use crate::types::DeviceBlock;
 
 /// Fills a block that is being quarantined, so that a reader that should no
 /// longer read it sees garbage instead of stale data.
@@ -35,35 +35,31 @@ pub trait Poison: Send + Sync + 'static {
 /// # Examples
 /// ```
 /// use streamalloc::adaptors::{DebugGuard, GpuPoison, GuardConfig};
-/// use streamalloc::gpu::sim::SimGpu;
-/// use streamalloc::SimResource;
+/// use streamalloc::{Device, StreamOrderedResource};
 ///
-/// let gpu = SimGpu::new();
-/// let pool = gpu.stream_pool(1);
-/// let resource = SimResource::new(gpu, pool);
-/// let poison = GpuPoison::for_resource(&resource, 0xA5);
+/// let device = Device::open(0, 1);
+/// let resource = StreamOrderedResource::new(&device);
+/// let poison = GpuPoison::new(&device, 0xA5);
 /// let guard = DebugGuard::new(resource, GuardConfig::new().poison(poison));
 /// # drop(guard);
 /// ```
 pub struct GpuPoison<G: Gpu> {
-    gpu: Arc<G>,
-    pool: Arc<StreamPool>,
+    device: Device<G>,
     value: u8,
 }
 
 impl<G: Gpu> GpuPoison<G> {
-    /// Fills with `value` on `gpu`, resolving streams through `pool`.
-    pub fn new(gpu: Arc<G>, pool: Arc<StreamPool>, value: u8) -> Self {
-        GpuPoison { gpu, pool, value }
+    /// Fills with `value` on `device`.
+    pub fn new(device: &Device<G>, value: u8) -> Self {
+        GpuPoison {
+            device: device.clone(),
+            value,
+        }
     }
 
-    /// Fills with `value` on the device and streams of `resource`.
+    /// Fills with `value` on the device of `resource`.
     pub fn for_resource(resource: &StreamOrderedResource<G>, value: u8) -> Self {
-        Self::new(
-            resource.gpu().clone(),
-            resource.stream_pool().clone(),
-            value,
-        )
+        Self::new(&resource.device(), value)
     }
 
     /// The poison byte.
@@ -75,7 +71,7 @@ impl<G: Gpu> GpuPoison<G> {
 impl<G: Gpu> fmt::Debug for GpuPoison<G> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("GpuPoison")
-            .field("device", &self.pool.device())
+            .field("device", &self.device.ordinal())
             .field("value", &self.value)
             .finish()
     }
@@ -83,8 +79,9 @@ impl<G: Gpu> fmt::Debug for GpuPoison<G> {
 
 impl<G: Gpu> Poison for GpuPoison<G> {
     fn fill(&self, block: &DeviceBlock) -> ResourceResult<()> {
-        let raw = self.pool.raw(block.stream())?;
-        self.gpu
+        let raw = self.device.raw(block.stream())?;
+        self.device
+            .gpu()
             .memset_async(block.ptr(), self.value, block.size(), raw)
             .map_err(ResourceError::from)
     }
