@@ -485,3 +485,37 @@ fn on_cuda_the_arena_maps_reuses_and_gives_back() {
     drop(cache);
     assert_eq!(gpu.memory_held().unwrap().current, held_before);
 }
+
+/// Under the futures layer, an allocation that needs memory the GPU still
+/// uses does not wait for it inside a poll (no synchronize in a poll); the
+/// same allocation outside a poll waits as the last resort.
+#[test]
+fn an_async_allocation_never_synchronizes_in_a_poll() {
+    use std::time::Duration;
+    use streamalloc::futures::AsyncResource;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let gpu = SimGpu::builder()
+            .capacity(8 * P)
+            .op_latency(Duration::from_millis(100))
+            .build();
+        let f = common::sim_with(gpu.clone(), 2);
+        let (s0, s1) = (f.stream(0), f.stream(1));
+        let cache = CachingResource::new(f.resource.clone());
+        let res = AsyncResource::with_device(cache, &f.device).unwrap();
+        let x = res.try_allocate(6 * P, s0, T).unwrap();
+        for _ in 0..3 {
+            gpu.launch_kernel(f.pool.raw(s0).unwrap(), &[MemAccess::write(&x)])
+                .unwrap();
+        }
+        drop(res.deallocate(x).unwrap());
+        let _ = tokio::time::timeout(Duration::from_millis(1), res.allocate(6 * P, s1, T)).await;
+        assert_eq!(gpu.blocking_calls_in_polls(), 0);
+        // Outside a poll the last resort waits for the GPU and succeeds.
+        let y = res.try_allocate(6 * P, s1, T).unwrap();
+        drop(res.deallocate(y).unwrap());
+    });
+}
