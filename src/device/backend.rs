@@ -3,6 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+#[cfg(feature = "cuda")]
 use crate::gpu::cuda::CudaGpu;
 use crate::gpu::sim::SimGpu;
 use crate::gpu::{Gpu, GpuResult, HeldMemory, HostFn, RawEvent, RawStream};
@@ -15,6 +16,7 @@ use crate::gpu::{Gpu, GpuResult, HeldMemory, HostFn, RawEvent, RawStream};
 #[non_exhaustive]
 pub enum Backend {
     /// A CUDA device, through cudarc.
+    #[cfg(feature = "cuda")]
     Cuda(CudaGpu),
     /// The simulated device (shared: its race detector and fault injection
     /// are read through the same `Arc`).
@@ -26,15 +28,17 @@ impl Backend {
     pub fn simulator(&self) -> Option<&Arc<SimGpu>> {
         match self {
             Backend::Sim(sim) => Some(sim),
-            _ => None,
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(_) => None,
         }
     }
 
     /// The CUDA device, when this is one.
+    #[cfg(feature = "cuda")]
     pub fn cuda(&self) -> Option<&CudaGpu> {
         match self {
             Backend::Cuda(cuda) => Some(cuda),
-            _ => None,
+            Backend::Sim(_) => None,
         }
     }
 }
@@ -44,6 +48,7 @@ impl Backend {
 macro_rules! forward {
     ($self:ident.$method:ident($($arg:expr),*)) => {
         match $self {
+            #[cfg(feature = "cuda")]
             Backend::Cuda(gpu) => Gpu::$method(gpu, $($arg),*),
             Backend::Sim(gpu) => Gpu::$method(gpu.as_ref(), $($arg),*),
         }
@@ -127,6 +132,7 @@ impl Gpu for Backend {
 impl fmt::Debug for Backend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            #[cfg(feature = "cuda")]
             Backend::Cuda(gpu) => f.debug_tuple("Cuda").field(gpu).finish(),
             Backend::Sim(gpu) => f.debug_tuple("Sim").field(gpu).finish(),
         }
@@ -136,6 +142,7 @@ impl fmt::Debug for Backend {
 impl fmt::Display for Backend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            #[cfg(feature = "cuda")]
             Backend::Cuda(gpu) => {
                 let name = gpu.context().name().unwrap_or_default();
                 write!(f, "CUDA device {} {name}", gpu.ordinal())
