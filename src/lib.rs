@@ -16,7 +16,7 @@
 //!  launch       LaunchRecorder: preflight → prepare → enqueue → finish
 //!  adaptors     Budget, DebugGuard, Stats, Tracing, RetryOnOom (decorators over any
 //!               resource), stacked by builder::ResourceBuilder
-//!  cache        CachingResource<R>: per-stream free lists by size class
+//!  cache        CachingResource<R>: per-stream virtual-memory arenas (size classes without VMM)
 //!  resource     trait DeviceMemoryResource
 //!               StreamOrderedResource<G>: the bookkeeping, written once
 //!                 AsyncCudaResource = StreamOrderedResource<CudaGpu>
@@ -73,7 +73,7 @@ pub use gpu::sim::SimGpu;
 pub use launch::LaunchRecorder;
 #[cfg(feature = "cuda")]
 pub use resource::AsyncCudaResource;
-pub use resource::{DeviceMemoryResource, SimResource, StreamOrderedResource};
+pub use resource::{DeviceAccess, DeviceMemoryResource, SimResource, StreamOrderedResource};
 pub use types::{
     Access, AllocTag, BlockId, BlockState, DeviceBlock, RawStream, ResourceId, StreamId,
 };

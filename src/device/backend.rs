@@ -6,7 +6,7 @@ use std::sync::Arc;
 #[cfg(feature = "cuda")]
 use crate::gpu::cuda::CudaGpu;
 use crate::gpu::sim::SimGpu;
-use crate::gpu::{Gpu, GpuResult, HeldMemory, HostFn, RawEvent, RawStream};
+use crate::gpu::{Gpu, GpuResult, HeldMemory, HostFn, RawEvent, RawPhysical, RawStream};
 
 /// The backend of a [`Device`](crate::Device) opened at run time: a CUDA
 /// device, or the simulated one.
@@ -114,6 +114,52 @@ impl Gpu for Backend {
 
     fn create_stream(&self) -> GpuResult<RawStream> {
         forward!(self.create_stream())
+    }
+
+    fn vm_granularity(&self) -> GpuResult<usize> {
+        forward!(self.vm_granularity())
+    }
+
+    fn address_reserve(&self, bytes: usize) -> GpuResult<u64> {
+        forward!(self.address_reserve(bytes))
+    }
+
+    unsafe fn address_free(&self, addr: u64, bytes: usize) -> GpuResult<()> {
+        // SAFETY: the caller keeps `Gpu::address_free`'s contract, which is
+        // the backend's own (the same call on the same device).
+        unsafe { forward!(self.address_free(addr, bytes)) }
+    }
+
+    fn mem_create(&self, bytes: usize) -> GpuResult<RawPhysical> {
+        forward!(self.mem_create(bytes))
+    }
+
+    unsafe fn mem_release(&self, handle: RawPhysical) -> GpuResult<()> {
+        // SAFETY: as in `address_free`, for `Gpu::mem_release`.
+        unsafe { forward!(self.mem_release(handle)) }
+    }
+
+    unsafe fn mem_map(&self, addr: u64, bytes: usize, handle: RawPhysical) -> GpuResult<()> {
+        // SAFETY: as in `address_free`, for `Gpu::mem_map`.
+        unsafe { forward!(self.mem_map(addr, bytes, handle)) }
+    }
+
+    unsafe fn mem_set_access(&self, addr: u64, bytes: usize) -> GpuResult<()> {
+        // SAFETY: as in `address_free`, for `Gpu::mem_set_access`.
+        unsafe { forward!(self.mem_set_access(addr, bytes)) }
+    }
+
+    unsafe fn mem_unmap(&self, addr: u64, bytes: usize) -> GpuResult<()> {
+        // SAFETY: as in `address_free`, for `Gpu::mem_unmap`.
+        unsafe { forward!(self.mem_unmap(addr, bytes)) }
+    }
+
+    fn note_suballocation(&self, addr: u64, bytes: usize, stream: RawStream) {
+        forward!(self.note_suballocation(addr, bytes, stream))
+    }
+
+    fn note_subfree(&self, addr: u64, stream: RawStream) {
+        forward!(self.note_subfree(addr, stream))
     }
 
     fn memory_held(&self) -> GpuResult<HeldMemory> {

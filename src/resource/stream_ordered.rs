@@ -515,6 +515,13 @@ impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
         Ok(())
     }
 
+    fn device_access(&self) -> Option<super::DeviceAccess> {
+        Some(super::DeviceAccess {
+            gpu: self.gpu.clone(),
+            streams: self.stream_pool.clone(),
+        })
+    }
+
     fn pending_free_seq(&self, stream: StreamId) -> u64 {
         self.in_pool(stream).map_or(0, |(shard, local)| {
             self.shards[shard].lock().stream(local).observe()
