@@ -519,3 +519,29 @@ fn an_async_allocation_never_synchronizes_in_a_poll() {
         drop(res.deallocate(y).unwrap());
     });
 }
+
+/// The cap on idle memory: past it, a free gives back the stream's idle
+/// mappings the GPU is done with (and records a fence for the others).
+#[test]
+fn the_cap_gives_idle_memory_back_once_the_gpu_is_done() {
+    let config = CacheConfig::default()
+        .max_cached_bytes(P)
+        .max_mapping_bytes(P)
+        .slack_percent(0);
+    let c = Cache::new(1, config);
+    let a = c.s(0);
+    let x = c.cache.allocate(4 * P, a, T).unwrap();
+    c.kernel(a, MemAccess::write(&x));
+    c.cache.deallocate(x).unwrap();
+    assert_eq!(c.cache.bytes_outstanding(), 4 * P, "the GPU still uses it");
+    c.gpu.run_until_idle();
+    let y = c.cache.allocate(1000, a, T).unwrap();
+    c.kernel(a, MemAccess::write(&y));
+    c.cache.deallocate(y).unwrap();
+    assert_eq!(
+        c.cache.bytes_outstanding(),
+        P,
+        "three idle pages went back; the one y used is newer than the fence"
+    );
+    c.assert_race_free();
+}

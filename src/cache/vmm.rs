@@ -424,11 +424,10 @@ impl VmTier {
         before.saturating_sub(self.held())
     }
 
-    /// Gives back idle mappings of `sa` the GPU is done with until at most
-    /// `cap` bytes stay idle (the cache's cap).
-    pub(crate) fn trim_arena(&self, sa: &mut StreamArena, cap: usize) {
+    /// Gives back the idle mappings of `sa` the GPU is done with, and
+    /// records a fence over the others (the cache's cap was passed).
+    pub(crate) fn trim_arena(&self, sa: &mut StreamArena) {
         self.reclaim_from(sa, &|_| false);
-        let _ = cap;
     }
 
     /// Gives back everything of an arena no block uses any more, waiting
