@@ -34,9 +34,7 @@ use std::time::Duration;
 use streamalloc::futures::AsyncResource;
 use streamalloc::gpu::cuda::cuda_present;
 use streamalloc::gpu::sim::SimGpu;
-use streamalloc::{
-    Backend, CachingResource, Device, DeviceMemoryResource, SimResource, StreamOrderedResource,
-};
+use streamalloc::{Backend, CachingResource, Device, SimResource, StreamOrderedResource};
 use streamalloc_measure::service::cuda_model::CudaModel;
 use streamalloc_measure::service::{
     Dims, LevelResult, SimKernels, csv_header, cudarc_way, fills, plot, streamalloc_way,
@@ -142,11 +140,10 @@ async fn on_sim(args: &Args) -> BoxResult<()> {
     }
     let races = gpu.races();
     println!("race detector: {} race(s)", races.len());
-    res.inner().release_idle()?;
-    res.reap_pending().await?;
-    println!("outstanding at the end: {} B", res.bytes_outstanding());
+    let left = streamalloc_way::release_all(&res).await?;
+    println!("outstanding at the end: {left} B");
     write_outputs(args, &rows, &[], "simulated device")?;
-    if !races.is_empty() || res.bytes_outstanding() != 0 {
+    if !races.is_empty() || left != 0 {
         return Err("races or outstanding bytes on the simulated device".into());
     }
     Ok(())
@@ -209,12 +206,10 @@ async fn on_cuda(args: &Args) -> BoxResult<()> {
                 let row =
                     streamalloc_way::run_level(&res, &model, Dims::BENCH, clients, per, args.seed)
                         .await?;
-                res.inner().release_idle()?;
-                res.reap_pending().await?;
-                if res.bytes_outstanding() != 0 {
+                let left = streamalloc_way::release_all(&res).await?;
+                if left != 0 {
                     return Err(format!(
-                        "streamalloc at {clients} clients: {} B outstanding after the level",
-                        res.bytes_outstanding()
+                        "streamalloc at {clients} clients: {left} B outstanding after the level"
                     )
                     .into());
                 }
