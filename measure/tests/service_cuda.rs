@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use streamalloc::futures::AsyncResource;
-use streamalloc::{CachingResource, Device, DeviceMemoryResource, StreamOrderedResource};
+use streamalloc::{CachingResource, Device, StreamOrderedResource};
 use streamalloc_measure::service::cuda_model::CudaModel;
 use streamalloc_measure::service::{Dims, cudarc_way, streamalloc_way};
 
@@ -44,9 +44,8 @@ async fn both_ways_answer_every_request_right_on_cuda() {
             "streamalloc, client {client}: wrong output"
         );
     }
-    res.inner().release_idle().expect("release idle");
-    res.reap_pending().await.expect("reap");
-    assert_eq!(res.bytes_outstanding(), 0);
+    let left = streamalloc_way::release_all(&res).await.expect("release");
+    assert_eq!(left, 0, "0 B outstanding at the end");
 
     let streams: Vec<_> = (0..4).map(|_| ctx.new_stream().expect("stream")).collect();
     let row = cudarc_way::run_level(&ctx, &streams, &model, CLIENTS, PER_CLIENT, 4)

@@ -34,9 +34,7 @@ use std::time::Duration;
 use streamalloc::futures::AsyncResource;
 use streamalloc::gpu::cuda::cuda_present;
 use streamalloc::gpu::sim::SimGpu;
-use streamalloc::{
-    CachingResource, Device, DeviceMemoryResource, SimResource, StreamOrderedResource,
-};
+use streamalloc::{Backend, CachingResource, Device, SimResource, StreamOrderedResource};
 use streamalloc_measure::service::cuda_model::CudaModel;
 use streamalloc_measure::service::{
     Dims, LevelResult, SimKernels, csv_header, cudarc_way, fills, plot, streamalloc_way,
@@ -142,11 +140,10 @@ async fn on_sim(args: &Args) -> BoxResult<()> {
     }
     let races = gpu.races();
     println!("race detector: {} race(s)", races.len());
-    res.inner().release_idle()?;
-    res.reap_pending().await?;
-    println!("outstanding at the end: {} B", res.bytes_outstanding());
+    let left = streamalloc_way::release_all(&res).await?;
+    println!("outstanding at the end: {left} B");
     write_outputs(args, &rows, &[], "simulated device")?;
-    if !races.is_empty() || res.bytes_outstanding() != 0 {
+    if !races.is_empty() || left != 0 {
         return Err("races or outstanding bytes on the simulated device".into());
     }
     Ok(())
@@ -169,20 +166,20 @@ const WAYS: &[Way] = &[
 ];
 
 async fn on_cuda(args: &Args) -> BoxResult<()> {
-    let device = Device::cuda(0, STREAMS)?;
-    let ctx = device
-        .gpu()
-        .cuda()
-        .ok_or("Device::cuda gave no CUDA backend")?
-        .context()
-        .clone();
-    println!("device: {device}");
+    // The first device gives the cudarc context (the primary context, which
+    // every way shares); the streamalloc way opens a fresh one per level.
+    let ctx = {
+        let device = Device::cuda(0, 1)?;
+        println!("device: {device}");
+        let gpu = device
+            .gpu()
+            .cuda()
+            .ok_or("Device::cuda gave no CUDA backend")?;
+        gpu.context().clone()
+    };
     let max_clients = args.clients.iter().copied().max().unwrap_or(1);
     let model = Arc::new(CudaModel::new(&ctx, Dims::BENCH, max_clients)?);
     println!("every output element must be {}", model.expected_output());
-    // (a) streamalloc: the caching tier over the stream-ordered resource.
-    let inner = Arc::new(StreamOrderedResource::new(&device));
-    let res = AsyncResource::with_device(CachingResource::new(inner), &device)?;
     // (b) cudarc: its own streams.
     let streams = (0..STREAMS)
         .map(|_| ctx.new_stream())
@@ -202,8 +199,21 @@ async fn on_cuda(args: &Args) -> BoxResult<()> {
     let level = async |way: Way, clients: usize, per: usize| -> BoxResult<LevelResult> {
         let row = match way {
             Way::Streamalloc => {
-                streamalloc_way::run_level(&res, &model, Dims::BENCH, clients, per, args.seed)
-                    .await?
+                // A fresh device (its own memory pool) per level: the pool
+                // keeps what it reserved (release threshold: all), so a level
+                // run on the last one's would report that level's memory.
+                let res = streamalloc_stack(&model)?;
+                let row =
+                    streamalloc_way::run_level(&res, &model, Dims::BENCH, clients, per, args.seed)
+                        .await?;
+                let left = streamalloc_way::release_all(&res).await?;
+                if left != 0 {
+                    return Err(format!(
+                        "streamalloc at {clients} clients: {left} B outstanding after the level"
+                    )
+                    .into());
+                }
+                row
             }
             Way::Cudarc => {
                 cudarc_way::run_level(&ctx, &streams, &model, clients, per, args.seed).await?
@@ -234,14 +244,9 @@ async fn on_cuda(args: &Args) -> BoxResult<()> {
             }
         }
     }
-    res.inner().release_idle()?;
-    res.reap_pending().await?;
-    println!(
-        "streamalloc: {} B outstanding at the end",
-        res.bytes_outstanding()
-    );
 
     // 10,000 fills with a spawned task awaiting each.
+    let res = streamalloc_stack(&model)?;
     let targets = fills::fill_targets(&res)?;
     let mut fill_rows: Vec<(&str, Vec<Duration>)> = vec![
         ("plain loop (no future)", Vec::new()),
@@ -306,6 +311,25 @@ async fn on_cuda(args: &Args) -> BoxResult<()> {
     }
     write_outputs(args, &rows, &fill_medians, "H200")?;
     Ok(())
+}
+
+/// The streamalloc way's stack on a fresh CUDA device 0: the caching tier
+/// over the stream-ordered resource, futures on top; the model's cuBLAS
+/// handles for its streams made beforehand.
+fn streamalloc_stack(
+    model: &CudaModel,
+) -> BoxResult<AsyncResource<CachingResource<Arc<StreamOrderedResource<Backend>>>>> {
+    let device = Device::cuda(0, STREAMS)?;
+    for id in device.streams().ids() {
+        let raw = device.raw(id)?.get() as cudarc::driver::sys::CUstream;
+        // SAFETY: a live stream of device 0's primary context, the model's.
+        unsafe { model.prepare_stream(raw)? };
+    }
+    let inner = Arc::new(StreamOrderedResource::new(&device));
+    Ok(AsyncResource::with_device(
+        CachingResource::new(inner),
+        &device,
+    )?)
 }
 
 fn median_us(v: &[Duration]) -> f64 {

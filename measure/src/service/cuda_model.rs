@@ -243,6 +243,21 @@ impl CudaModel {
         self.dims
     }
 
+    /// Makes the cuBLAS handle of `stream` now (it is otherwise made on the
+    /// stream's first request, inside a measurement).
+    ///
+    /// # Errors
+    /// A cuBLAS error.
+    ///
+    /// # Safety
+    /// `stream` is a live stream of this model's context.
+    pub unsafe fn prepare_stream(&self, stream: CUstream) -> GpuResult<()> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| driver(DriverCall::Init, e))?;
+        self.handle(stream).map(drop)
+    }
+
     /// The cuBLAS handle of `stream`, made and bound to it on first use.
     fn handle(&self, stream: CUstream) -> GpuResult<Arc<Mutex<Blas>>> {
         let mut map = self.handles.lock().unwrap_or_else(|p| p.into_inner());

@@ -36,8 +36,7 @@ where
     R: DeviceMemoryResource + 'static,
     K: RequestKernels,
 {
-    res.inner().release_idle()?;
-    res.reap_pending().await?;
+    release_all(res).await?;
     res.gpu().reset_memory_held_high()?;
     let reaper = Reaper::spawn(res);
     let rec = Arc::new(Recorder::default());
@@ -72,9 +71,32 @@ where
         return Err(e);
     }
     let held = res.gpu().memory_held()?.high;
-    res.inner().release_idle()?;
-    res.reap_pending().await?;
+    release_all(res).await?;
     Ok(rec.finish(NAME, clients, elapsed, held, threads))
+}
+
+/// Gives every idle byte back to the device, and returns the bytes still
+/// outstanding (0 once every buffer is dropped): pending frees are reaped
+/// into the cache, the cache releases what it holds, those frees are
+/// reaped. Idle pages of the cache's virtual-memory arena are released only
+/// once the arena has seen their last use complete, which no future
+/// awaits: this retries, 5 ms apart, for up to a second.
+///
+/// # Errors
+/// A reap's or release's error.
+pub async fn release_all<R: DeviceMemoryResource + 'static>(
+    res: &AsyncResource<R>,
+) -> ResourceResult<usize> {
+    for _ in 0..200 {
+        res.reap_pending().await?;
+        res.inner().release_idle()?;
+        res.reap_pending().await?;
+        if res.bytes_outstanding() == 0 {
+            return Ok(0);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    Ok(res.bytes_outstanding())
 }
 
 /// One request: three buffers, one launch (copy in, model, copy out), its
