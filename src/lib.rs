@@ -59,17 +59,21 @@ pub use adaptors::{
     Budget, BudgetResource, DebugGuard, GuardConfig, Identity, Layer, RetryOnOom, Stack, Stats,
     StatsResource, StatsSnapshot, TracingResource,
 };
-pub use buffer::{Buffer, CudaBuffer};
+pub use buffer::Buffer;
+#[cfg(feature = "cuda")]
+pub use buffer::CudaBuffer;
 pub use builder::ResourceBuilder;
 pub use cache::{CacheConfig, CachingResource};
 pub use device::{Backend, Device, StreamPool};
 pub use error::{DriverCall, ResourceError, ResourceResult};
-pub use futures::{AsyncResource, Reaper};
+pub use futures::AsyncResource;
+#[cfg(feature = "tokio")]
+pub use futures::Reaper;
 pub use gpu::sim::SimGpu;
 pub use launch::LaunchRecorder;
-pub use resource::{
-    AsyncCudaResource, DeviceAccess, DeviceMemoryResource, SimResource, StreamOrderedResource,
-};
+#[cfg(feature = "cuda")]
+pub use resource::AsyncCudaResource;
+pub use resource::{DeviceAccess, DeviceMemoryResource, SimResource, StreamOrderedResource};
 pub use types::{
     Access, AllocTag, BlockId, BlockState, DeviceBlock, RawStream, ResourceId, StreamId,
 };

@@ -13,6 +13,7 @@
 //! values. The trait is safe to call: every backend checks its own handles,
 //! and the unsafe FFI stays inside [`cuda`].
 
+#[cfg(feature = "cuda")]
 pub mod cuda;
 mod error;
 mod held;
@@ -31,6 +32,7 @@ pub use error::{GpuError, GpuResult};
 pub struct RawEvent(u64);
 
 impl RawEvent {
+    #[cfg(feature = "cuda")]
     pub(crate) fn cuda(event: u64) -> Self {
         RawEvent(event)
     }

@@ -16,7 +16,9 @@ mod stream_ordered;
 #[cfg(all(test, loom))]
 pub(crate) use stream_ordered::loom_tests::race_two_frees;
 
-pub use stream_ordered::{AsyncCudaResource, SimResource, StreamOrderedResource};
+#[cfg(feature = "cuda")]
+pub use stream_ordered::AsyncCudaResource;
+pub use stream_ordered::{SimResource, StreamOrderedResource};
 
 use std::sync::Arc;
 

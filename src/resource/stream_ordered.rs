@@ -47,6 +47,7 @@ use super::event_pool::EventPool;
 use super::shard::{self, BlockRecord, MAX_SHARDS, Shard, ShardSlot};
 use crate::device::{Device, StreamPool};
 use crate::error::{ResourceError, ResourceResult};
+#[cfg(feature = "cuda")]
 use crate::gpu::cuda::CudaGpu;
 use crate::gpu::sim::SimGpu;
 use crate::gpu::{Gpu, RawStream};
@@ -95,6 +96,7 @@ pub struct StreamOrderedResource<G: Gpu> {
     events: EventPool<G>,
 }
 
+#[cfg(feature = "cuda")]
 /// The stream-ordered resource on a CUDA device, through cudarc.
 pub type AsyncCudaResource = StreamOrderedResource<CudaGpu>;
 
@@ -111,6 +113,7 @@ impl<G: Gpu> std::fmt::Debug for StreamOrderedResource<G> {
     }
 }
 
+#[cfg(feature = "cuda")]
 impl AsyncCudaResource {
     /// The cudarc context of the device.
     pub fn context(&self) -> &Arc<cudarc::driver::CudaContext> {
