@@ -69,3 +69,8 @@ pub use resource::{AsyncCudaResource, DeviceMemoryResource, SimResource, StreamO
 pub use types::{
     Access, AllocTag, BlockId, BlockState, DeviceBlock, RawStream, ResourceId, StreamId,
 };
+
+/// The README's examples, compiled and run as doctests (`cargo test --doc`).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -62,7 +62,7 @@ fn a_dropped_resource_does_not_wedge_the_next_one() {
     assert_eq!(r2.bytes_outstanding(), 0);
 }
 
-/// The reuse rules of DESIGN.md ("What the driver's pool does about reuse"),
+/// The reuse rules of docs/DESIGN.md ("What the driver's pool does about reuse"),
 /// which the simulated address space must follow so that a missing wait the
 /// GPU would expose, the simulator exposes too.
 mod reuse_rules {

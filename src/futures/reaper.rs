@@ -50,6 +50,7 @@ use crate::resource::DeviceMemoryResource;
 /// # Ok(()) }
 /// ```
 #[derive(Debug)]
+#[must_use = "dropping the Reaper stops it at once: bind it, and `shutdown().await` it to drain the pending frees"]
 pub struct Reaper {
     stop: Arc<Notify>,
     task: Option<JoinHandle<ResourceResult<()>>>,

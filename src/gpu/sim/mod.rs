@@ -64,6 +64,7 @@ use crate::types::{Access, DeviceBlock};
 
 /// How queued work makes progress on a [`SimGpu`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Progress {
     /// A device thread executes work as soon as it can and runs host
     /// functions, as a GPU and its driver thread would.
