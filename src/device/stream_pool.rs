@@ -17,6 +17,7 @@ pub struct StreamPool {
     raw: Vec<RawStream>,
     // Keeps the backend streams alive; never read, only dropped.
     _owners: Vec<Arc<dyn Any + Send + Sync>>,
+    #[cfg(feature = "cuda")]
     cuda: Vec<Arc<cudarc::driver::CudaStream>>,
 }
 
@@ -35,10 +36,12 @@ impl StreamPool {
             device,
             raw,
             _owners: owners,
+            #[cfg(feature = "cuda")]
             cuda: Vec::new(),
         }
     }
 
+    #[cfg(feature = "cuda")]
     /// Creates `count` new non-blocking streams on the CUDA context `ctx`.
     ///
     /// # Errors
@@ -66,6 +69,7 @@ impl StreamPool {
         }))
     }
 
+    #[cfg(feature = "cuda")]
     /// A pool of CUDA streams the caller already has (registration of user
     /// streams): the resource then orders its allocations, frees and the
     /// uses of buffers on them, and cudarc calls given one of them resolve
@@ -104,6 +108,7 @@ impl StreamPool {
         }))
     }
 
+    #[cfg(feature = "cuda")]
     /// The id of the cudarc stream `stream`, when this pool holds it (same
     /// `CUstream` handle and context).
     pub fn find_cuda(&self, stream: &cudarc::driver::CudaStream) -> Option<StreamId> {
@@ -116,6 +121,7 @@ impl StreamPool {
             .map(|i| StreamId::new(self.device, i as u32))
     }
 
+    #[cfg(feature = "cuda")]
     /// The cudarc stream behind `id`, to launch work on it.
     ///
     /// # Errors

@@ -52,8 +52,7 @@
 //! pending: done delivers, an error fails every waiter.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::task::Waker;
 
 use super::kick::Kick;
@@ -61,6 +60,7 @@ use super::points::Points;
 use super::wait_stats::{Tally, WaitStats};
 use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::{Gpu, RawEvent, RawStream};
+use crate::sync::{AtomicBool, AtomicU64, Mutex, MutexGuard, Ordering};
 use crate::types::StreamId;
 
 /// Where the stream's one notification is.
@@ -101,7 +101,18 @@ struct SignalState {
     frontier_missed_at: u64,
     frontier_queries: u64,
     parks: u64,
+    /// Notifications that could not be queued in a row (their event could
+    /// not be recorded); after [`RECORD_RETRIES`] the stream is failed.
+    record_failures: u32,
+    /// The stream's error once its device failed: nothing it waits for will
+    /// be reported any more.
+    failed: Option<ResourceError>,
 }
+
+/// Failed records of a notification's event in a row before the stream's
+/// waiters fail: one failed call is retried (by the watchdog), a dead
+/// device fails every try.
+const RECORD_RETRIES: u32 = 3;
 
 /// A query of the frontier is tried only when it would settle at least this
 /// many points, and again only this many points after one that missed: in
@@ -165,6 +176,9 @@ pub(crate) struct Signal {
     /// A point failed: the copy above no longer says "done" for everything
     /// below it, so polls take the lock. Stored before `settled_below`.
     any_failed: AtomicBool,
+    /// The stream failed (`SignalState::failed` is set): read without the
+    /// lock by every waiting allocation's poll.
+    dead: AtomicBool,
     kick: Arc<Kick>,
 }
 
@@ -278,6 +292,7 @@ impl Notifier {
             signal: Arc::new(Signal {
                 settled_below: AtomicU64::new(Points::default().base()),
                 any_failed: AtomicBool::new(false),
+                dead: AtomicBool::new(false),
                 state: Mutex::new(SignalState {
                     next_seq: 0,
                     reached: 0,
@@ -292,6 +307,8 @@ impl Notifier {
                     frontier_missed_at: 0,
                     frontier_queries: 0,
                     parks: 0,
+                    record_failures: 0,
+                    failed: None,
                 }),
                 kick,
             }),
@@ -489,6 +506,27 @@ impl Notifier {
         self.reaped.fetch_max(free_seq, Ordering::AcqRel);
     }
 
+    /// The stream's error, once its device failed.
+    pub(crate) fn failure(&self) -> Option<ResourceError> {
+        if !self.signal.dead.load(Ordering::Acquire) {
+            return None;
+        }
+        self.signal.lock().failed.clone()
+    }
+
+    /// Asks the device whether it still works (one query of the notifier's
+    /// own event); fails every waiter of the stream when it does not.
+    /// Returns whether the stream failed.
+    pub(crate) fn probe(&self, gpu: &dyn Gpu) -> bool {
+        match gpu.event_query(self.event) {
+            Ok(_) => false,
+            Err(e) => {
+                self.fail_all(ResourceError::from(e));
+                true
+            }
+        }
+    }
+
     /// Highest inner free sequence number known reaped.
     pub(crate) fn reaped(&self) -> u64 {
         self.reaped.load(Ordering::Acquire)
@@ -533,13 +571,17 @@ impl Notifier {
             Some(e) => e,
             None => {
                 if let Err(e) = gpu.event_record(self.event, self.user) {
-                    self.fail_all(ResourceError::from(e));
+                    self.record_failed(ResourceError::from(e));
                     return;
                 }
                 self.event
             }
         };
-        self.signal.lock().flight = Flight::Queued(covered, event);
+        {
+            let mut st = self.signal.lock();
+            st.flight = Flight::Queued(covered, event);
+            st.record_failures = 0;
+        }
         if self.lane != self.user
             && let Err(e) = gpu.stream_wait_event(self.lane, event)
         {
@@ -551,6 +593,26 @@ impl Notifier {
         let signal = self.signal.clone();
         if let Err(e) = gpu.launch_host_fn(self.lane, Box::new(move || signal.deliver(covered))) {
             tracing::warn!(stream = %self.stream, error = %e, "notifier host function failed");
+            self.signal.kick.pending();
+        }
+    }
+
+    /// The notification's event could not be recorded: nothing was queued.
+    /// Once is retried by the watchdog (the frees and parked points stay,
+    /// and a notification stays wanted); [`RECORD_RETRIES`] in a row fail
+    /// the stream.
+    fn record_failed(&self, error: ResourceError) {
+        let give_up = {
+            let mut st = self.signal.lock();
+            st.flight = Flight::Idle;
+            st.wanted = true;
+            st.record_failures += 1;
+            st.record_failures >= RECORD_RETRIES
+        };
+        if give_up {
+            self.fail_all(error);
+        } else {
+            tracing::warn!(stream = %self.stream, %error, "notification not queued; retried");
             self.signal.kick.pending();
         }
     }
@@ -575,15 +637,19 @@ impl Notifier {
         false
     }
 
-    /// Fails every pending point with `error` and forgets the pending frees
+    /// Fails every pending point with `error`, forgets the pending frees
     /// (they stay counted in the inner resource's pending bytes, since
-    /// nothing says they executed).
+    /// nothing says they executed) and marks the stream failed, so that the
+    /// allocations waiting on this resource fail too (see
+    /// [`failure`](Self::failure)).
     pub(crate) fn fail_all(&self, error: ResourceError) {
         let mut wake = Vec::new();
         let (points, frees) = {
             let mut st = self.signal.lock();
             st.flight = Flight::Idle;
             st.wanted = false;
+            st.failed.get_or_insert_with(|| error.clone());
+            self.signal.dead.store(true, Ordering::Release);
             let frees = std::mem::take(&mut st.frees).len();
             (st.points.fail_pending(&error, &mut wake), frees)
         };

@@ -47,6 +47,7 @@ use super::event_pool::EventPool;
 use super::shard::{self, BlockRecord, MAX_SHARDS, Shard, ShardSlot};
 use crate::device::{Device, StreamPool};
 use crate::error::{ResourceError, ResourceResult};
+#[cfg(feature = "cuda")]
 use crate::gpu::cuda::CudaGpu;
 use crate::gpu::sim::SimGpu;
 use crate::gpu::{Gpu, RawStream};
@@ -95,6 +96,7 @@ pub struct StreamOrderedResource<G: Gpu> {
     events: EventPool<G>,
 }
 
+#[cfg(feature = "cuda")]
 /// The stream-ordered resource on a CUDA device, through cudarc.
 pub type AsyncCudaResource = StreamOrderedResource<CudaGpu>;
 
@@ -111,6 +113,7 @@ impl<G: Gpu> std::fmt::Debug for StreamOrderedResource<G> {
     }
 }
 
+#[cfg(feature = "cuda")]
 impl AsyncCudaResource {
     /// The cudarc context of the device.
     pub fn context(&self) -> &Arc<cudarc::driver::CudaContext> {
@@ -292,6 +295,12 @@ impl<G: Gpu> StreamOrderedResource<G> {
         let mut guard = slot.lock();
         let drained = guard.drain_through(local, seq);
         slot.sub_outstanding(&guard, drained);
+        drop(guard);
+        if drained > 0 {
+            // The device has these bytes back: an allocation waiting in any
+            // queue of the process may fit now.
+            crate::waiters::memory_returned();
+        }
         drained
     }
 
@@ -471,7 +480,18 @@ impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
         self.shards.iter().map(|s| s.outstanding()).sum()
     }
 
+    /// Synchronizes each stream with queued frees, then drains them.
+    ///
+    /// Inside a poll of the crate's futures (see `AsyncResource`), where
+    /// nothing may block, it synchronizes nothing and drains nothing: the
+    /// completion notifications apply those frees as the GPU runs them, and
+    /// a waiting allocation is woken then. So a decorator that reaps on its
+    /// out-of-memory path (`RetryOnOom`, the cache) never parks the
+    /// executor thread.
     fn reap_pending(&self) -> ResourceResult<()> {
+        if crate::poll_scope::in_poll() {
+            return Ok(());
+        }
         let mut marks = Vec::new();
         for (index, slot) in self.shards.iter().enumerate() {
             let mut shard = slot.lock();
@@ -493,6 +513,13 @@ impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
             self.drain(index, local, seq);
         }
         Ok(())
+    }
+
+    fn device_access(&self) -> Option<super::DeviceAccess> {
+        Some(super::DeviceAccess {
+            gpu: self.gpu.clone(),
+            streams: self.stream_pool.clone(),
+        })
     }
 
     fn pending_free_seq(&self, stream: StreamId) -> u64 {
