@@ -415,13 +415,15 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R> {
     ) -> ResourceResult<DeviceBlock> {
         ResourceError::check_device(self.device, stream.device())?;
         let index = self.slot_index(stream);
-        if bytes == 0 || bytes > self.config.max_block_size || index == self.config.streams {
+        let class = SizeClass::of(bytes)
+            .filter(|_| bytes != 0 && bytes <= self.config.max_block_size)
+            .filter(|_| index != self.config.streams);
+        let Some(class) = class else {
             let inner = self.inner_allocate(bytes, stream, tag)?;
             return Ok(self.lease(index, inner, (bytes, stream, tag), None, |s| {
                 s.bypasses += 1
             }));
-        }
-        let class = SizeClass::of(bytes);
+        };
         let seen = {
             let mut shard = self.slots[index].lock();
             if let Some(inner) = shard.pop(class) {
@@ -532,14 +534,12 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R> {
     /// bypasses the cache).
     fn allocation_cost(&self, bytes: usize, stream: StreamId) -> usize {
         let index = self.slot_index(stream);
-        if stream.device() != self.device
-            || bytes == 0
-            || bytes > self.config.max_block_size
-            || index == self.config.streams
-        {
+        let class = SizeClass::of(bytes)
+            .filter(|_| bytes != 0 && bytes <= self.config.max_block_size)
+            .filter(|_| stream.device() == self.device && index != self.config.streams);
+        let Some(class) = class else {
             return self.inner.allocation_cost(bytes, stream);
-        }
-        let class = SizeClass::of(bytes);
+        };
         let seen = {
             let shard = self.slots[index].lock();
             if shard.holds(class) {

@@ -250,8 +250,7 @@ impl<G: Gpu> StreamOrderedResource<G> {
 
     /// The shard and local index of `stream`, if it is in the pool.
     fn in_pool(&self, stream: StreamId) -> Option<(usize, usize)> {
-        let known = stream.device() == self.device_ordinal
-            && (stream.index() as usize) < self.stream_pool.len();
+        let known = stream.device() == self.device_ordinal && self.stream_pool.contains(stream);
         known.then(|| self.place(stream))
     }
 
@@ -427,7 +426,10 @@ impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
             let Some(record) = shard.blocks.get_mut(seq) else {
                 return Err(Self::missing(shard, seq, id));
             };
-            if record.ptr != block.ptr() || record.size != block.size() {
+            if record.ptr != block.ptr()
+                || record.size != block.size()
+                || record.stream != block.stream()
+            {
                 return Err(ResourceError::UnknownBlock { block: id });
             }
             // That free may still fail and leave the block live: not a

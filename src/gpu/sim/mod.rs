@@ -326,7 +326,7 @@ impl SimGpu {
     pub fn stream_pool(&self, count: usize) -> Arc<StreamPool> {
         let ordinal = self.ordinal;
         let raw = (0..count).map(|_| self.create_stream()).collect();
-        Arc::new(StreamPool::from_raw(ordinal, raw, Vec::new()))
+        Arc::new(StreamPool::from_checked(ordinal, raw, Vec::new()))
     }
 
     /// Queues a kernel on `stream` that touches `accesses`; races are
@@ -492,6 +492,7 @@ impl Gpu for SimGpu {
 
     fn alloc_async(&self, bytes: usize, stream: RawStream) -> GpuResult<u64> {
         self.queue(DriverCall::AllocAsync, |st| {
+            st.own_stream(sim_index(stream), self.ordinal, DriverCall::AllocAsync)?;
             st.alloc(bytes, sim_index(stream))
         })
     }
