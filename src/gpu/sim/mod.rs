@@ -421,9 +421,15 @@ impl SimGpu {
         self.shared.lock().faults.count(call)
     }
 
-    /// Number of streams created.
+    /// Number of stream slots the device holds: streams created, less the
+    /// destroyed ones whose slot a new stream took over.
     pub fn stream_count(&self) -> usize {
         self.shared.lock().stream_count()
+    }
+
+    /// Number of streams created and not destroyed.
+    pub fn live_stream_count(&self) -> usize {
+        self.shared.lock().live_stream_count()
     }
 
     /// Simulated memory of this device not allocated and not waiting for a
@@ -603,5 +609,13 @@ impl Gpu for SimGpu {
         // A faulted device refuses new streams, as a poisoned context does.
         self.shared.lock().enter(DriverCall::Init)?;
         Ok(SimGpu::create_stream(self))
+    }
+
+    fn destroy_stream(&self, stream: RawStream) -> GpuResult<()> {
+        // Like `cuStreamDestroy`: work still queued runs; the handle is
+        // refused from now on. Allowed on a faulted device (tear-down).
+        self.shared
+            .lock()
+            .destroy_stream(sim_index(stream), self.ordinal, DriverCall::Init)
     }
 }
