@@ -332,8 +332,10 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
             match moved {
                 Ok(()) => return Some(block),
                 Err(e) => {
-                    tracing::debug!(error = %e, %from, %stream, "moving a cached block failed");
+                    // Back on its list before the log line (a subscriber
+                    // may panic).
                     slot.lock().push(class, block);
+                    tracing::debug!(error = %e, %from, %stream, "moving a cached block failed");
                     return None;
                 }
             }

@@ -478,6 +478,14 @@ impl Notifier {
         }
     }
 
+    /// Puts back a number [`take_reap`](Self::take_reap) returned, when
+    /// applying it did not complete (a decorator's `reap_through` panicked):
+    /// the next dispatch applies it again.
+    pub(crate) fn restore_reap(&self, to: u64) {
+        let mut st = self.signal.lock();
+        st.reap_to = st.reap_to.max(to);
+    }
+
     /// Takes the free sequence number through which frees are known done.
     pub(crate) fn take_reap(&self) -> Option<u64> {
         let mut st = self.signal.lock();
@@ -544,15 +552,16 @@ impl Notifier {
         if self.lane != self.user
             && let Err(e) = gpu.stream_wait_event(self.lane, event)
         {
-            // The event is recorded: the fallback query delivers it.
-            tracing::warn!(stream = %self.stream, error = %e, "notifier wait failed");
+            // The event is recorded: the fallback query delivers it. (The
+            // watchdog is told before the log line: a subscriber may panic.)
             self.signal.kick.pending();
+            tracing::warn!(stream = %self.stream, error = %e, "notifier wait failed");
             return;
         }
         let signal = self.signal.clone();
         if let Err(e) = gpu.launch_host_fn(self.lane, Box::new(move || signal.deliver(covered))) {
-            tracing::warn!(stream = %self.stream, error = %e, "notifier host function failed");
             self.signal.kick.pending();
+            tracing::warn!(stream = %self.stream, error = %e, "notifier host function failed");
         }
     }
 
@@ -588,11 +597,13 @@ impl Notifier {
             let frees = std::mem::take(&mut st.frees).len();
             (st.points.fail_pending(&error, &mut wake), frees)
         };
+        // Woken before the log line: a subscriber that panics must not
+        // leave the failed points' tasks asleep.
+        wake.into_iter().for_each(Waker::wake);
         if frees > 0 || points > 0 {
             tracing::error!(stream = %self.stream, %error, points, frees,
                 "completion notifications failed");
         }
-        wake.into_iter().for_each(Waker::wake);
     }
 
     /// Releases the notifier's GPU handles. Called once, by the owner's drop.

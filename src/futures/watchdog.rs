@@ -68,7 +68,14 @@ fn run(target: Weak<dyn Patrolled>, kick: &Kick) {
                 return;
             };
             let fallback = last_check.elapsed() >= FALLBACK_PERIOD;
-            target.patrol(fallback);
+            // The patrol calls the inner resource, user decorators included:
+            // one that panics must not end the thread every completion
+            // relies on. What it was applying is put back (see
+            // `Core::dispatch`) and retried on the next round. (The panic
+            // hook has reported it; a log line here could reach a panicking
+            // subscriber again.)
+            let _ =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| target.patrol(fallback)));
             if fallback {
                 last_check = Instant::now();
             }

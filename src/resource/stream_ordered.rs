@@ -45,6 +45,7 @@ use super::DeviceMemoryResource;
 use super::block_uses::BlockUses;
 use super::event_pool::EventPool;
 use super::shard::{self, BlockRecord, MAX_SHARDS, Shard, ShardSlot};
+use super::unwind::ReturnOnUnwind;
 use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::cuda::CudaGpu;
 use crate::gpu::sim::SimGpu;
@@ -401,14 +402,18 @@ impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
             slot.add_outstanding(&shard, bytes);
             seq
         };
-        tracing::trace!(bytes, %stream, ptr, %tag, "allocate");
-        Ok(DeviceBlock::new(
+        let block = DeviceBlock::new(
             BlockId::new(self.id, shard::serial(index, seq)),
             ptr,
             bytes,
             stream,
             tag,
-        ))
+        );
+        // A subscriber that panics must not leave the block live with no
+        // descriptor: the guard frees it as the panic unwinds.
+        let guard = ReturnOnUnwind::new(self, block);
+        tracing::trace!(bytes, %stream, ptr, %tag, "allocate");
+        Ok(guard.hand_out())
     }
 
     fn deallocate(&self, block: DeviceBlock) -> ResourceResult<()> {

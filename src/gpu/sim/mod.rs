@@ -168,6 +168,7 @@ impl SimGpuBuilder {
             handles: std::sync::atomic::AtomicUsize::new(ordinals.len()),
             thread: Mutex::new(None),
             op_latency: self.op_latency,
+            host_fn_panics: std::sync::atomic::AtomicU64::new(0),
         });
         let thread = (self.progress == Progress::Threaded).then(|| {
             let thread_shared = shared.clone();
@@ -203,12 +204,25 @@ struct Shared {
     /// nothing the device holds (queued host functions) outlives it.
     thread: Mutex<Option<thread::JoinHandle<()>>>,
     op_latency: Duration,
+    /// Host functions that panicked (caught).
+    host_fn_panics: std::sync::atomic::AtomicU64,
 }
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic inside a host function must not wedge the device.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs a host function (user code) without the state lock. A panic in
+    /// it is caught and counted: it must not kill the device thread (or, in
+    /// manual mode, unwind out of a synchronize and leave the stream busy),
+    /// as it must not unwind into the driver on a real GPU.
+    fn run_host_fn(&self, f: HostFn) {
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err() {
+            self.host_fn_panics
+                .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        }
     }
 }
 
@@ -233,7 +247,7 @@ fn device_thread(shared: &Shared) {
             }
             Step::Host(s, f) => {
                 drop(state);
-                f();
+                shared.run_host_fn(f);
                 state = shared.lock();
                 state.host_done(s);
                 shared.progress_made.notify_all();
@@ -358,7 +372,7 @@ impl SimGpu {
             Step::Ran { .. } => true,
             Step::Host(s, f) => {
                 drop(state);
-                f();
+                self.shared.run_host_fn(f);
                 state = self.shared.lock();
                 state.host_done(s);
                 true
@@ -425,6 +439,15 @@ impl SimGpu {
     /// destroyed ones whose slot a new stream took over.
     pub fn stream_count(&self) -> usize {
         self.shared.lock().stream_count()
+    }
+
+    /// Host functions that panicked so far. The panic is caught where the
+    /// function ran (the device thread, or the thread that made progress in
+    /// manual mode); the stream goes on.
+    pub fn host_fn_panics(&self) -> u64 {
+        self.shared
+            .host_fn_panics
+            .load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Number of streams created and not destroyed.
