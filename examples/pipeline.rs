@@ -56,9 +56,7 @@ async fn run<R: DeviceMemoryResource + 'static>(res: AsyncResource<R>) -> Resour
             let raw = res.stream_pool().raw(copy_in)?;
             for i in 0..ITEMS {
                 let input = res.allocate(SIZE, copy_in, AllocTag("input")).await?;
-                res.gpu()
-                    .memset_async(input.ptr(), i as u8, SIZE, raw)
-                    .map_err(common::gpu_err)?;
+                res.gpu().memset_async(input.ptr(), i as u8, SIZE, raw)?;
                 // Not awaited: stage B orders itself after it on the GPU.
                 drop(res.finish_block_use(input.id(), copy_in, Access::Write)?);
                 if to_compute.send(input).await.is_err() {
@@ -77,9 +75,7 @@ async fn run<R: DeviceMemoryResource + 'static>(res: AsyncResource<R>) -> Resour
             while let Some(input) = compute_rx.recv().await {
                 let output = res.allocate(SIZE, compute, AllocTag("output")).await?;
                 res.prepare_block_use(input.id(), compute, Access::Read)?;
-                res.gpu()
-                    .copy_async(output.ptr(), input.ptr(), SIZE, raw)
-                    .map_err(common::gpu_err)?;
+                res.gpu().copy_async(output.ptr(), input.ptr(), SIZE, raw)?;
                 drop(res.finish_block_use(input.id(), compute, Access::Read)?);
                 drop(res.finish_block_use(output.id(), compute, Access::Write)?);
                 // Freed on stream 1, after stream 2's read: the hooks order it.
@@ -102,8 +98,7 @@ async fn run<R: DeviceMemoryResource + 'static>(res: AsyncResource<R>) -> Resour
                 let staging = res.allocate(SIZE, copy_out, AllocTag("staging")).await?;
                 res.prepare_block_use(output.id(), copy_out, Access::Read)?;
                 res.gpu()
-                    .copy_async(staging.ptr(), output.ptr(), SIZE, raw)
-                    .map_err(common::gpu_err)?;
+                    .copy_async(staging.ptr(), output.ptr(), SIZE, raw)?;
                 // The result is on the "host" once this resolves.
                 res.finish_block_use(output.id(), copy_out, Access::Read)?
                     .await?;

@@ -25,26 +25,20 @@ fn plant<G: Gpu>(
     let (a, b) = (pool.id(0).unwrap(), pool.id(1).unwrap());
     let (raw_a, raw_b) = (pool.raw(a)?, pool.raw(b)?);
     let gpu = r.gpu();
-    let err = |e: streamalloc::gpu::GpuError| streamalloc::ResourceError::DeviceUnavailable {
-        device: 0,
-        reason: e.to_string(),
-    };
     let n = 64 << 20;
     let victim = r.allocate(n, a, AllocTag("victim"))?;
     let busy = r.allocate(1 << 30, b, AllocTag("busy"))?;
     let sink = r.allocate(n, b, AllocTag("sink"))?;
-    gpu.memset_async(victim.ptr(), 1, n, raw_a).map_err(err)?;
+    gpu.memset_async(victim.ptr(), 1, n, raw_a)?;
     r.finish_block_use(victim.id(), a, Access::Write)?;
     // Keep stream B busy so that A's free runs before B's read.
     for _ in 0..8 {
-        gpu.memset_async(busy.ptr(), 2, 1 << 30, raw_b)
-            .map_err(err)?;
+        gpu.memset_async(busy.ptr(), 2, 1 << 30, raw_b)?;
     }
     if fixed {
         r.prepare_block_use(victim.id(), b, Access::Read)?;
     }
-    gpu.copy_async(sink.ptr(), victim.ptr(), n, raw_b)
-        .map_err(err)?;
+    gpu.copy_async(sink.ptr(), victim.ptr(), n, raw_b)?;
     if fixed {
         r.finish_block_use(victim.id(), b, Access::Read)?;
     }

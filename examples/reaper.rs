@@ -44,9 +44,7 @@ async fn run<R: DeviceMemoryResource + 'static>(res: AsyncResource<R>) -> Resour
     for i in 0..FREES {
         let s = pool.id(i % STREAMS).expect("stream");
         let block = res.try_allocate(size, s, AllocTag("scratch"))?;
-        res.gpu()
-            .memset_async(block.ptr(), 0, size, pool.raw(s)?)
-            .map_err(common::gpu_err)?;
+        res.gpu().memset_async(block.ptr(), 0, size, pool.raw(s)?)?;
         drop(res.deallocate(block)?); // nobody awaits it
     }
     println!(
@@ -70,7 +68,7 @@ async fn run<R: DeviceMemoryResource + 'static>(res: AsyncResource<R>) -> Resour
 
     // 2. An allocation waiting for memory that a free on another stream
     //    returns: the reaper applies the free and wakes it.
-    let total = res.gpu().mem_info().map_err(common::gpu_err)?.1;
+    let total = res.gpu().mem_info()?.1;
     let (s0, s1) = (pool.id(0).expect("s0"), pool.id(1).expect("s1"));
     let big = (total / 2) & !0xFFFF;
     let first = res.try_allocate(big, s0, AllocTag("big"))?;

@@ -40,7 +40,7 @@ async fn main() -> ResourceResult<()> {
 }
 
 async fn serve<R: DeviceMemoryResource + 'static>(res: AsyncResource<R>) -> ResourceResult<()> {
-    let (_free, total) = res.gpu().mem_info().map_err(common::gpu_err)?;
+    let (_free, total) = res.gpu().mem_info()?;
     // Each request wants 1/16 of the device and 64 run at once: four times
     // more demand than memory.
     let size = (total / 16) & !0xFFFF;
@@ -79,8 +79,7 @@ async fn serve<R: DeviceMemoryResource + 'static>(res: AsyncResource<R>) -> Reso
             let wait = asked.elapsed();
             // The "kernel": fill the block on its stream.
             res.gpu()
-                .memset_async(block.ptr(), i as u8, block.size(), raw)
-                .map_err(common::gpu_err)?;
+                .memset_async(block.ptr(), i as u8, block.size(), raw)?;
             res.finish_block_use(block.id(), stream, Access::Write)?
                 .await?;
             // Free without waiting: the reaper returns the memory.

@@ -9,6 +9,8 @@
 #   scripts/gpu-run.sh examples       # there: every example on the GPU
 #   scripts/gpu-run.sh measure DIR    # there: futures latency, then the allocation table (CSV, PNG) into DIR
 #   scripts/gpu-run.sh all DIR        # there: run, examples, measure, sanitize (one device call)
+#   scripts/gpu-run.sh traces DIR     # there: the GPT-2 traces through the driver pool, the cache
+#                                     # and PyTorch (needs gpu-traces/, see the traces mode)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Where the binaries are (another folder can carry a subset).
@@ -32,6 +34,15 @@ for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and "example" in m["target"]["kind"]:
         shutil.copy(m["executable"], os.path.join("gpu-bin", "example-" + m["target"]["name"]))
+'
+    # The measurement binaries (measure/src/bin/*), as bin-NAME.
+    cargo build --release --bins --message-format=json 2>/dev/null |
+        python3 -c '
+import json, sys, shutil, os
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["bin"]:
+        shutil.copy(m["executable"], os.path.join("gpu-bin", "bin-" + m["target"]["name"]))
 '
     # Stripped: the tree that travels to the GPU machine is capped at 64 MiB.
     strip gpu-bin/*
@@ -61,13 +72,35 @@ measure)
     : > "$dir/gpu_latency.txt"
     for run in 1 2 3; do
         echo "=== gpu_latency run $run" | tee -a "$dir/gpu_latency.txt"
-        timeout 240 $BIN/example-gpu_latency 2>&1 | tee -a "$dir/gpu_latency.txt" || true
+        timeout 240 $BIN/bin-gpu_latency 2>&1 | tee -a "$dir/gpu_latency.txt" || true
     done
     echo "=== driver_costs" | tee -a "$dir/gpu_latency.txt"
-    timeout 120 $BIN/example-driver_costs 2>&1 | tee -a "$dir/gpu_latency.txt" || true
+    timeout 120 $BIN/bin-driver_costs 2>&1 | tee -a "$dir/gpu_latency.txt" || true
     echo "=== bench_table"
-    timeout 240 $BIN/example-bench_table "$dir" 2>&1 | tee "$dir/bench_table.txt" || true
-    python3 scripts/plot_bench.py "$dir/bench_table.csv" "$dir/throughput.png" || true
+    timeout 240 $BIN/bin-bench_table "$dir" 2>&1 | tee "$dir/bench_table.txt" || true
+    python3 measure/scripts/plot_bench.py "$dir/bench_table.csv" "$dir/throughput.png" || true
+    ;;
+traces)
+    # Copies nothing: before the device call, copy the shared traces folder
+    # (the two .ops.csv.gz and torch_cpp_replay.py) into gpu-traces/ in the
+    # checkout (ignored) and carry it. The Rust stacks first (timed twice,
+    # interleaved, then a sampled pass for the PNG), then PyTorch's caching
+    # allocator from C++ on the same trace (its extension compiles on the
+    # spot, about a minute).
+    dir="${2:-traces-out}"
+    traces="${TRACES:-gpu-traces}"
+    stacks="${STACKS:-resource,cache}"
+    mkdir -p "$dir"
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+    for t in gpt2_infer gpt2_train; do
+        f="$traces/$t.ops.csv.gz"
+        echo "=== $t: streamalloc ($stacks)"
+        timeout 300 "$BIN/bin-trace_replay" "$f" --stack "$stacks" --repeat 2 --png "$dir/$t.png" 2>&1 |
+            tee "$dir/$t.streamalloc.txt" || echo "trace_replay $t failed"
+        echo "=== $t: PyTorch"
+        timeout 400 python3 "$traces/torch_cpp_replay.py" "$f" 2 2>&1 |
+            tee "$dir/$t.torch.txt" || echo "torch_cpp_replay $t failed"
+    done
     ;;
 all)
     dir="${2:-bench-out}"

@@ -41,7 +41,9 @@ pub enum DriverCall {
     CopyAsync,
     /// A kernel launch (on the simulated device: [`SimGpu::launch_kernel`](crate::gpu::sim::SimGpu::launch_kernel)).
     Launch,
-    /// `cuMemGetInfo`.
+    /// `cuMemGetInfo`, and the queries of the memory a backend holds
+    /// (`cuMemPoolGetAttribute`, `cuMemPoolSetAttribute` on the usage
+    /// attributes).
     MemGetInfo,
 }
 
@@ -64,6 +66,35 @@ impl DriverCall {
         DriverCall::Launch,
         DriverCall::MemGetInfo,
     ];
+}
+
+/// The driver's numeric codes (`CUresult`) that the crate reports or
+/// recognises, named in one place.
+///
+/// The simulated device reports the code CUDA would report for the same
+/// failure, so a test that checks a code holds on both backends. The values
+/// are CUDA's (checked against cudarc's `CUresult` in the CUDA backend's
+/// tests), and hold without the CUDA backend compiled in.
+pub mod driver_code {
+    /// `CUDA_ERROR_INVALID_VALUE`: an argument the driver refuses (on the
+    /// simulated device: freeing an address that is not a live allocation).
+    pub const INVALID_VALUE: i32 = 1;
+    /// `CUDA_ERROR_OUT_OF_MEMORY`.
+    pub const OUT_OF_MEMORY: i32 = 2;
+    /// `CUDA_ERROR_INVALID_HANDLE`: a stream or event of another backend, or
+    /// one already destroyed.
+    pub const INVALID_HANDLE: i32 = 400;
+    /// `CUDA_ERROR_NOT_READY`: the work is not done yet (not a failure).
+    pub const NOT_READY: i32 = 600;
+    /// `CUDA_ERROR_ILLEGAL_ADDRESS`: what a faulted context reports to every
+    /// later call.
+    pub const ILLEGAL_ADDRESS: i32 = 700;
+    /// `CUDA_ERROR_NOT_SUPPORTED`: the device or backend lacks the feature
+    /// (stream-ordered memory pools, creating streams).
+    pub const NOT_SUPPORTED: i32 = 801;
+    /// `CUDA_ERROR_UNKNOWN`: what injected faults of the simulated device
+    /// report.
+    pub const UNKNOWN: i32 = 999;
 }
 
 /// What went wrong in a call of the crate.
@@ -166,7 +197,7 @@ pub enum ResourceError {
     Driver {
         /// Which call failed.
         call: DriverCall,
-        /// The driver's numeric error code (`CUresult`), or a simulated one.
+        /// The driver's numeric error code (`CUresult`; see [`driver_code`]).
         code: i32,
         /// The driver's name for the error.
         message: String,
@@ -183,6 +214,32 @@ pub enum ResourceError {
     /// The resource (or its background task) has shut down.
     #[error("the resource has shut down")]
     Shutdown,
+    /// A range of elements lies outside a buffer (or is reversed).
+    #[error("range {start}..{end} is outside a buffer of {len} elements")]
+    OutOfBounds {
+        /// First element asked for.
+        start: usize,
+        /// One past the last element asked for.
+        end: usize,
+        /// The buffer's length, in elements.
+        len: usize,
+    },
+    /// A buffer of `len` elements of `elem_size` bytes does not fit in
+    /// `usize` bytes.
+    #[error("{len} elements of {elem_size} B overflow the address space")]
+    SizeOverflow {
+        /// Elements asked for.
+        len: usize,
+        /// Bytes per element.
+        elem_size: usize,
+    },
+    /// A CUDA stream that no stream pool of this device registers was used
+    /// with a buffer, so its uses could not be ordered.
+    #[error("a stream of device {device} that its stream pool does not register")]
+    UnregisteredStream {
+        /// The device of the buffer.
+        device: u32,
+    },
 }
 
 impl ResourceError {

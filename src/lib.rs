@@ -11,6 +11,7 @@
 //! ## Layers
 //!
 //! ```text
+//!  buffer       Buffer<T>: owned, frees on drop; views, guards; CudaBuffer for cudarc
 //!  futures      AsyncResource<R>, EventFuture, AllocFuture, DeallocHandle, Reaper
 //!  launch       LaunchRecorder: preflight → prepare → enqueue → finish
 //!  adaptors     Budget, DebugGuard, Stats, Tracing, RetryOnOom (decorators over any
@@ -35,6 +36,7 @@
 #![warn(missing_debug_implementations, rust_2018_idioms)]
 
 pub mod adaptors;
+pub mod buffer;
 pub mod builder;
 pub mod cache;
 pub mod error;
@@ -52,6 +54,7 @@ pub use adaptors::{
     Budget, BudgetResource, DebugGuard, GuardConfig, Identity, Layer, RetryOnOom, Stack, Stats,
     StatsResource, StatsSnapshot, TracingResource,
 };
+pub use buffer::{Buffer, CudaBuffer};
 pub use builder::ResourceBuilder;
 pub use cache::{CacheConfig, CachingResource};
 pub use error::{DriverCall, ResourceError, ResourceResult};

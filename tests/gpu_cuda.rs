@@ -156,3 +156,24 @@ fn cuda_registry_over_every_device_present() {
         "cuda: registry over {count} device(s): wrong ordinal refused, threads on every device ok"
     );
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_memory_held_is_the_pools_reservation() {
+    let f = common::cuda(1);
+    let (r, gpu, s) = (&f.resource, f.resource.gpu(), f.stream(0));
+    let before = gpu.memory_held().expect("pool attributes");
+    assert_eq!(before.current, 0, "a fresh pool holds nothing");
+    let block = r.allocate(64 << 20, s, AllocTag("held")).unwrap();
+    let held = gpu.memory_held().unwrap();
+    assert!(held.current >= 64 << 20, "{held:?}");
+    assert!(held.high >= held.current, "{held:?}");
+    r.deallocate(block).unwrap();
+    r.reap_pending().unwrap();
+    // The release threshold is raised: the pool keeps what it reserved.
+    let kept = gpu.memory_held().unwrap();
+    assert_eq!(kept.current, held.current, "{kept:?}");
+    gpu.reset_memory_held_high().unwrap();
+    assert_eq!(gpu.memory_held().unwrap().high, kept.current);
+    println!("cuda: memory_held {held:?}, after free {kept:?}: ok");
+}

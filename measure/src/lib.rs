@@ -7,3 +7,4 @@
 
 pub mod open;
 pub mod support;
+pub mod trace;

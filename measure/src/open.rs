@@ -43,22 +43,3 @@ fn open_cuda(streams: usize) -> ResourceResult<AsyncResource<AsyncCudaResource>>
     let inner = Arc::new(AsyncCudaResource::new(ctx, 0, pool));
     AsyncResource::new(inner)
 }
-
-/// A backend error as the crate's error (for the examples' `?`).
-pub fn gpu_err(e: streamalloc::gpu::GpuError) -> streamalloc::ResourceError {
-    match e {
-        streamalloc::gpu::GpuError::Driver {
-            call,
-            code,
-            message,
-        } => streamalloc::ResourceError::Driver {
-            call,
-            code,
-            message,
-        },
-        other => streamalloc::ResourceError::DeviceUnavailable {
-            device: 0,
-            reason: other.to_string(),
-        },
-    }
-}

@@ -173,7 +173,7 @@ impl Gpu for NullGpu {
             Some(handles) => handles.event_create(),
             None => Err(GpuError::driver(
                 DriverCall::EventCreate,
-                801,
+                streamalloc::error::driver_code::NOT_SUPPORTED,
                 "the null backend has no events",
             )),
         }

@@ -7,10 +7,9 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use super::core::Core;
-use super::gpu_error::gpu_error;
 use super::wait_policy::{Behind, WaitPolicy};
 use super::wait_stats::FutureTally;
-use crate::error::ResourceResult;
+use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::RawEvent;
 use crate::types::StreamId;
 
@@ -100,7 +99,7 @@ impl EventFuture {
                 Ok(e) => e,
                 Err(e) => {
                     notifier.release(seq, None);
-                    return Err(gpu_error(e));
+                    return Err(ResourceError::from(e));
                 }
             },
         };
@@ -109,7 +108,7 @@ impl EventFuture {
         // less).
         if let Err(e) = core.gpu.event_record(event, notifier.user_stream()) {
             notifier.release(seq, Some(event));
-            return Err(gpu_error(e));
+            return Err(ResourceError::from(e));
         }
         notifier.recorded(seq, event);
         Ok(EventFuture::new(
@@ -189,7 +188,7 @@ impl EventFuture {
                 Some(Ok(()))
             }
             Ok(false) => None,
-            Err(e) => Some(Err(gpu_error(e))),
+            Err(e) => Some(Err(ResourceError::from(e))),
         }
     }
 

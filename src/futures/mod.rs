@@ -86,9 +86,7 @@
 // Floors from the bottom; each file imports only from floors below it.
 //
 // 0. Plain data: the points ring, the wait policy and stats, the allocation
-//    wait queue, the kick (the dispatcher's wake-up callback), the error
-//    conversion.
-mod gpu_error;
+//    wait queue, the kick (the dispatcher's wake-up callback).
 mod kick;
 mod points;
 mod wait_policy;

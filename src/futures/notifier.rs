@@ -56,7 +56,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Waker;
 
-use super::gpu_error::gpu_error;
 use super::kick::Kick;
 use super::points::Points;
 use super::wait_stats::{Tally, WaitStats};
@@ -261,7 +260,7 @@ impl Notifier {
         user: RawStream,
         kick: Arc<Kick>,
     ) -> Result<Self, ResourceError> {
-        let event = gpu.event_create().map_err(gpu_error)?;
+        let event = gpu.event_create().map_err(ResourceError::from)?;
         let (lane, owns_lane) = match gpu.create_stream() {
             Ok(lane) => (lane, true),
             Err(e) => {
@@ -542,7 +541,7 @@ impl Notifier {
             Some(e) => e,
             None => {
                 if let Err(e) = gpu.event_record(self.event, self.user) {
-                    self.fail_all(gpu_error(e));
+                    self.fail_all(ResourceError::from(e));
                     return;
                 }
                 self.event
@@ -575,7 +574,7 @@ impl Notifier {
                 Ok(true) => self.signal.deliver(covered),
                 Ok(false) => {}
                 Err(e) => {
-                    self.fail_all(gpu_error(e));
+                    self.fail_all(ResourceError::from(e));
                     return true;
                 }
             },

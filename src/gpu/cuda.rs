@@ -20,27 +20,12 @@ use cudarc::driver::CudaContext;
 use cudarc::driver::result::{self as cu, DriverError};
 use cudarc::driver::sys;
 
-use super::{Gpu, GpuError, GpuResult, HostFn, RawEvent, RawStream};
-use crate::error::{DriverCall, ResourceError, ResourceResult};
+use super::{Gpu, GpuError, GpuResult, HeldMemory, HostFn, RawEvent, RawStream};
+use crate::error::{DriverCall, ResourceError, ResourceResult, driver_code};
 
-/// Converts a driver error into the crate's error.
-pub(crate) fn driver_error(call: DriverCall, e: DriverError) -> ResourceError {
-    let GpuError::Driver {
-        call,
-        code,
-        message,
-    } = gpu_error(call, e)
-    else {
-        unreachable!("gpu_error builds Driver errors only")
-    };
-    ResourceError::Driver {
-        call,
-        code,
-        message,
-    }
-}
-
-fn gpu_error(call: DriverCall, e: DriverError) -> GpuError {
+/// A cudarc driver error of `call` as the seam's error, with the driver's
+/// name for its code.
+pub(crate) fn cuda_error(call: DriverCall, e: DriverError) -> GpuError {
     let message = e
         .error_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -79,7 +64,7 @@ impl CudaGpu {
         }
         CudaContext::new(ordinal as usize).map_err(|e| ResourceError::DeviceUnavailable {
             device: ordinal,
-            reason: format!("{e:?}"),
+            reason: cuda_error(DriverCall::Init, e).to_string(),
         })
     }
 
@@ -100,34 +85,20 @@ impl CudaGpu {
     /// [`ResourceError::Driver`] when the device has no memory pools or the
     /// pool cannot be created.
     pub fn try_new(ctx: Arc<CudaContext>) -> ResourceResult<Self> {
-        match Self::create_pool(&ctx) {
-            Ok(pool) => Ok(CudaGpu {
-                ctx,
-                pool: Ok(pool),
-            }),
-            Err(GpuError::Driver {
-                call,
-                code,
-                message,
-            }) => Err(ResourceError::Driver {
-                call,
-                code,
-                message,
-            }),
-            Err(GpuError::OutOfMemory { .. }) => Err(ResourceError::DeviceUnavailable {
-                device: ctx.ordinal() as u32,
-                reason: "out of memory creating the pool".into(),
-            }),
-        }
+        let pool = Self::create_pool(&ctx)?;
+        Ok(CudaGpu {
+            ctx,
+            pool: Ok(pool),
+        })
     }
 
     fn create_pool(ctx: &CudaContext) -> GpuResult<sys::CUmemoryPool> {
-        let init = |e| gpu_error(DriverCall::Init, e);
+        let init = |e| cuda_error(DriverCall::Init, e);
         ctx.bind_to_thread().map_err(init)?;
         if !ctx.has_async_alloc() {
             return Err(GpuError::driver(
                 DriverCall::Init,
-                801,
+                driver_code::NOT_SUPPORTED,
                 "CUDA_ERROR_NOT_SUPPORTED: no stream-ordered memory pools",
             ));
         }
@@ -163,14 +134,14 @@ impl CudaGpu {
     }
 
     fn bind(&self, call: DriverCall) -> GpuResult<()> {
-        self.ctx.bind_to_thread().map_err(|e| gpu_error(call, e))
+        self.ctx.bind_to_thread().map_err(|e| cuda_error(call, e))
     }
 
     fn stream(stream: RawStream, call: DriverCall) -> GpuResult<sys::CUstream> {
         match stream.sim_index() {
             Some(_) => Err(GpuError::driver(
                 call,
-                400,
+                driver_code::INVALID_HANDLE,
                 "CUDA_ERROR_INVALID_HANDLE: a simulated stream",
             )),
             None => Ok(stream.get() as sys::CUstream),
@@ -181,7 +152,7 @@ impl CudaGpu {
         match event.sim_index() {
             Some(_) => Err(GpuError::driver(
                 call,
-                400,
+                driver_code::INVALID_HANDLE,
                 "CUDA_ERROR_INVALID_HANDLE: a simulated event",
             )),
             None => Ok(event.get() as sys::CUevent),
@@ -233,7 +204,7 @@ impl Gpu for CudaGpu {
                 let available = cu::mem_get_info().map(|(free, _)| free).unwrap_or(0);
                 Err(GpuError::OutOfMemory { available })
             }
-            Err(e) => Err(gpu_error(call, e)),
+            Err(e) => Err(cuda_error(call, e)),
         }
     }
 
@@ -246,7 +217,7 @@ impl Gpu for CudaGpu {
         self.bind(call)?;
         // SAFETY: callers free only addresses `alloc_async` returned, once
         // (the resource's live map guarantees it).
-        unsafe { cu::free_async(ptr, s) }.map_err(|e| gpu_error(call, e))
+        unsafe { cu::free_async(ptr, s) }.map_err(|e| cuda_error(call, e))
     }
 
     fn event_create(&self) -> GpuResult<RawEvent> {
@@ -254,7 +225,7 @@ impl Gpu for CudaGpu {
         self.bind(call)?;
         cu::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
             .map(|e| RawEvent::cuda(e as u64))
-            .map_err(|e| gpu_error(call, e))
+            .map_err(|e| cuda_error(call, e))
     }
 
     fn event_record(&self, event: RawEvent, stream: RawStream) -> GpuResult<()> {
@@ -263,7 +234,7 @@ impl Gpu for CudaGpu {
         self.bind(call)?;
         // SAFETY: `e` came from `event_create` (RawEvent is only made there)
         // and `s` is a stream of this context.
-        unsafe { cu::event::record(e, s) }.map_err(|e| gpu_error(call, e))
+        unsafe { cu::event::record(e, s) }.map_err(|e| cuda_error(call, e))
     }
 
     fn event_query(&self, event: RawEvent) -> GpuResult<bool> {
@@ -274,7 +245,7 @@ impl Gpu for CudaGpu {
         match unsafe { cu::event::query(e) } {
             Ok(()) => Ok(true),
             Err(err) if err.0 == sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
-            Err(err) => Err(gpu_error(call, err)),
+            Err(err) => Err(cuda_error(call, err)),
         }
     }
 
@@ -283,7 +254,7 @@ impl Gpu for CudaGpu {
         let e = Self::event(event, call)?;
         self.bind(call)?;
         // SAFETY: as in `event_record`.
-        unsafe { cu::event::synchronize(e) }.map_err(|e| gpu_error(call, e))
+        unsafe { cu::event::synchronize(e) }.map_err(|e| cuda_error(call, e))
     }
 
     fn event_destroy(&self, event: RawEvent) -> GpuResult<()> {
@@ -291,7 +262,7 @@ impl Gpu for CudaGpu {
         let e = Self::event(event, call)?;
         self.bind(call)?;
         // SAFETY: as in `event_record`; the caller gives up the handle.
-        unsafe { cu::event::destroy(e) }.map_err(|e| gpu_error(call, e))
+        unsafe { cu::event::destroy(e) }.map_err(|e| cuda_error(call, e))
     }
 
     fn stream_wait_event(&self, stream: RawStream, event: RawEvent) -> GpuResult<()> {
@@ -300,7 +271,7 @@ impl Gpu for CudaGpu {
         self.bind(call)?;
         // SAFETY: as in `event_record`.
         unsafe { cu::stream::wait_event(s, e, sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT) }
-            .map_err(|e| gpu_error(call, e))
+            .map_err(|e| cuda_error(call, e))
     }
 
     fn stream_synchronize(&self, stream: RawStream) -> GpuResult<()> {
@@ -308,7 +279,7 @@ impl Gpu for CudaGpu {
         let s = Self::stream(stream, call)?;
         self.bind(call)?;
         // SAFETY: `s` is a stream of this context.
-        unsafe { cu::stream::synchronize(s) }.map_err(|e| gpu_error(call, e))
+        unsafe { cu::stream::synchronize(s) }.map_err(|e| cuda_error(call, e))
     }
 
     fn launch_host_fn(&self, stream: RawStream, f: HostFn) -> GpuResult<()> {
@@ -322,7 +293,7 @@ impl Gpu for CudaGpu {
         if let Err(e) = launched {
             // SAFETY: the launch failed, so `data` is still ours alone.
             drop(unsafe { Box::from_raw(data.cast::<HostFn>()) });
-            return Err(gpu_error(call, e));
+            return Err(cuda_error(call, e));
         }
         Ok(())
     }
@@ -336,7 +307,7 @@ impl Gpu for CudaGpu {
         self.bind(call)?;
         // SAFETY: callers pass a range inside a live allocation of this
         // device, ordered on `s`.
-        unsafe { cu::memset_d8_async(ptr, value, len, s) }.map_err(|e| gpu_error(call, e))
+        unsafe { cu::memset_d8_async(ptr, value, len, s) }.map_err(|e| cuda_error(call, e))
     }
 
     fn copy_async(&self, dst: u64, src: u64, len: usize, stream: RawStream) -> GpuResult<()> {
@@ -347,20 +318,57 @@ impl Gpu for CudaGpu {
         }
         self.bind(call)?;
         // SAFETY: as in `memset_async`, for both ranges.
-        unsafe { cu::memcpy_dtod_async(dst, src, len, s) }.map_err(|e| gpu_error(call, e))
+        unsafe { cu::memcpy_dtod_async(dst, src, len, s) }.map_err(|e| cuda_error(call, e))
     }
 
     fn mem_info(&self) -> GpuResult<(usize, usize)> {
         let call = DriverCall::MemGetInfo;
         self.bind(call)?;
-        cu::mem_get_info().map_err(|e| gpu_error(call, e))
+        cu::mem_get_info().map_err(|e| cuda_error(call, e))
+    }
+
+    fn memory_held(&self) -> GpuResult<HeldMemory> {
+        let call = DriverCall::MemGetInfo;
+        let pool = self.pool.clone()?;
+        self.bind(call)?;
+        let read = |attr| {
+            let mut value: u64 = 0;
+            // SAFETY: the pool is alive (owned); the RESERVED_MEM attributes
+            // are cuuint64_t values, written into `value`.
+            unsafe { cu::mem_pool::get_attribute(pool, attr, (&mut value as *mut u64).cast()) }
+                .map(|()| usize::try_from(value).unwrap_or(usize::MAX))
+                .map_err(|e| cuda_error(call, e))
+        };
+        Ok(HeldMemory {
+            current: read(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?,
+            high: read(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)?,
+        })
+    }
+
+    fn reset_memory_held_high(&self) -> GpuResult<()> {
+        let call = DriverCall::MemGetInfo;
+        let pool = self.pool.clone()?;
+        self.bind(call)?;
+        // The driver accepts only 0, which restarts the mark from the
+        // current value.
+        let mut zero: u64 = 0;
+        // SAFETY: the pool is alive (owned); RESERVED_MEM_HIGH takes a
+        // cuuint64_t, read from `zero`.
+        unsafe {
+            cu::mem_pool::set_attribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH,
+                (&mut zero as *mut u64).cast(),
+            )
+        }
+        .map_err(|e| cuda_error(call, e))
     }
 
     fn create_stream(&self) -> GpuResult<RawStream> {
         let call = DriverCall::Init;
         self.bind(call)?;
         let s = cu::stream::create(cu::stream::StreamKind::NonBlocking)
-            .map_err(|e| gpu_error(call, e))?;
+            .map_err(|e| cuda_error(call, e))?;
         // SAFETY: `s` was just created on this context and stays valid until
         // the caller hands it to `destroy_stream`.
         Ok(unsafe { RawStream::from_cuda(s) })
@@ -372,7 +380,7 @@ impl Gpu for CudaGpu {
         self.bind(call)?;
         // SAFETY: `s` came from `create_stream` and the caller gives it up;
         // the driver releases it once work queued on it has completed.
-        unsafe { cu::stream::destroy(s) }.map_err(|e| gpu_error(call, e))
+        unsafe { cu::stream::destroy(s) }.map_err(|e| cuda_error(call, e))
     }
 }
 
@@ -391,5 +399,26 @@ pub fn cudarc_alloc(
     // uninitialised; `u8` has no invalid bit patterns, and the slice is
     // handed to the caller, who must write it before reading (benchmarks
     // only allocate and drop it).
-    unsafe { stream.alloc::<u8>(len) }.map_err(|e| driver_error(DriverCall::AllocAsync, e))
+    unsafe { stream.alloc::<u8>(len) }.map_err(|e| cuda_error(DriverCall::AllocAsync, e).into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_named_codes_are_cudas() {
+        use sys::CUresult as R;
+        for (named, cuda) in [
+            (driver_code::INVALID_VALUE, R::CUDA_ERROR_INVALID_VALUE),
+            (driver_code::OUT_OF_MEMORY, R::CUDA_ERROR_OUT_OF_MEMORY),
+            (driver_code::INVALID_HANDLE, R::CUDA_ERROR_INVALID_HANDLE),
+            (driver_code::NOT_READY, R::CUDA_ERROR_NOT_READY),
+            (driver_code::ILLEGAL_ADDRESS, R::CUDA_ERROR_ILLEGAL_ADDRESS),
+            (driver_code::NOT_SUPPORTED, R::CUDA_ERROR_NOT_SUPPORTED),
+            (driver_code::UNKNOWN, R::CUDA_ERROR_UNKNOWN),
+        ] {
+            assert_eq!(named, cuda as i32, "{cuda:?}");
+        }
+    }
 }

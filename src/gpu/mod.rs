@@ -14,10 +14,15 @@
 //! and the unsafe FFI stays inside [`cuda`].
 
 pub mod cuda;
+mod error;
+mod held;
 pub mod sim;
 
-use crate::error::DriverCall;
+pub use held::HeldMemory;
+
+use crate::error::{DriverCall, driver_code};
 pub use crate::types::RawStream;
+pub use error::{GpuError, GpuResult};
 
 /// A backend event handle (a `CUevent`, or a tagged index on the simulated
 /// device), made only by [`Gpu::event_create`]. Events are created with
@@ -50,62 +55,6 @@ impl RawEvent {
 /// It runs on a driver thread: it must not call the driver, and should only
 /// flip a flag and wake someone.
 pub type HostFn = Box<dyn FnOnce() + Send + 'static>;
-
-/// What a backend call can fail with.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum GpuError {
-    /// The allocation does not fit; `available` bytes were free.
-    #[error("out of device memory ({available} B available)")]
-    OutOfMemory {
-        /// Bytes the device reported free.
-        available: usize,
-    },
-    /// Any other driver failure.
-    #[error("driver call {call:?} failed: {message} (code {code})")]
-    Driver {
-        /// The failing call.
-        call: DriverCall,
-        /// The driver's code (`CUresult`).
-        code: i32,
-        /// The driver's name for the code.
-        message: String,
-    },
-}
-
-impl GpuError {
-    /// The crate's error for this failure of a call made for a request of
-    /// `requested` bytes on `stream` (the context an out-of-memory carries).
-    pub fn for_request(self, requested: usize, stream: crate::StreamId) -> crate::ResourceError {
-        match self {
-            GpuError::OutOfMemory { available } => crate::ResourceError::OutOfMemory {
-                requested,
-                available,
-                stream,
-            },
-            GpuError::Driver {
-                call,
-                code,
-                message,
-            } => crate::ResourceError::Driver {
-                call,
-                code,
-                message,
-            },
-        }
-    }
-
-    /// A driver failure of `call` with `code` and `message`.
-    pub fn driver(call: DriverCall, code: i32, message: impl Into<String>) -> Self {
-        GpuError::Driver {
-            call,
-            code,
-            message: message.into(),
-        }
-    }
-}
-
-/// A backend result.
-pub type GpuResult<T> = Result<T, GpuError>;
 
 /// The driver calls that stream-ordered bookkeeping needs.
 ///
@@ -170,8 +119,37 @@ pub trait Gpu: Send + Sync + 'static {
     fn create_stream(&self) -> GpuResult<RawStream> {
         Err(GpuError::driver(
             DriverCall::Init,
-            801,
+            driver_code::NOT_SUPPORTED,
             "CUDA_ERROR_NOT_SUPPORTED: this backend cannot create streams",
+        ))
+    }
+
+    /// How much device memory this backend holds for the process now and at
+    /// most (see [`HeldMemory`]). CUDA: the reserved memory of the backend's
+    /// memory pool (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT` and `_HIGH`); a
+    /// backend that also holds memory outside its pool (virtual-memory pages)
+    /// counts it here too. The simulated device: the bytes it has handed out
+    /// and not had back, and their high-water mark.
+    ///
+    /// The default reports `CUDA_ERROR_NOT_SUPPORTED` (as
+    /// [`DriverCall::MemGetInfo`]), so that backends written before this
+    /// method keep compiling.
+    fn memory_held(&self) -> GpuResult<HeldMemory> {
+        Err(GpuError::driver(
+            DriverCall::MemGetInfo,
+            driver_code::NOT_SUPPORTED,
+            "CUDA_ERROR_NOT_SUPPORTED: this backend does not report the memory it holds",
+        ))
+    }
+
+    /// Starts the high-water mark of [`memory_held`](Gpu::memory_held) again
+    /// from the memory held now. The default reports
+    /// `CUDA_ERROR_NOT_SUPPORTED`, as `memory_held` does.
+    fn reset_memory_held_high(&self) -> GpuResult<()> {
+        Err(GpuError::driver(
+            DriverCall::MemGetInfo,
+            driver_code::NOT_SUPPORTED,
+            "CUDA_ERROR_NOT_SUPPORTED: this backend does not report the memory it holds",
         ))
     }
 

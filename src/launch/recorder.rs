@@ -210,10 +210,46 @@ impl<'r, R: DeviceMemoryResource + ?Sized> LaunchRecorder<'r, R> {
         self.preflight()?;
         let raw = pool.raw(self.stream)?;
         self.prepare()?;
-        let out = enqueue(raw);
-        let finished = self.finish();
+        let (out, finished) = self.enqueue_then_finish(raw, enqueue);
         let value = out?;
         finished?;
         Ok(value)
+    }
+
+    /// Runs `enqueue` with `raw`, then [`finish`](Self::finish), returning
+    /// both results. Call after [`prepare`](Self::prepare).
+    ///
+    /// `finish` runs even when `enqueue` panics (from a drop guard, before
+    /// the panic goes on): whatever it queued before panicking is recorded,
+    /// so a later free of a declared block cannot race it.
+    pub fn enqueue_then_finish<T>(
+        &self,
+        raw: RawStream,
+        enqueue: impl FnOnce(RawStream) -> T,
+    ) -> (T, ResourceResult<()>) {
+        let mut guard = FinishOnUnwind {
+            recorder: self,
+            armed: true,
+        };
+        let out = enqueue(raw);
+        guard.armed = false;
+        (out, self.finish())
+    }
+}
+
+/// Finishes a launch whose enqueue closure unwinds.
+struct FinishOnUnwind<'a, 'r, R: DeviceMemoryResource + ?Sized> {
+    recorder: &'a LaunchRecorder<'r, R>,
+    // Cleared once the closure returned: `finish` then runs normally.
+    armed: bool,
+}
+
+impl<R: DeviceMemoryResource + ?Sized> Drop for FinishOnUnwind<'_, '_, R> {
+    fn drop(&mut self) {
+        if self.armed
+            && let Err(e) = self.recorder.finish()
+        {
+            tracing::error!(error = %e, "finishing a launch whose enqueue panicked");
+        }
     }
 }

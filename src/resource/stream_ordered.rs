@@ -49,7 +49,7 @@ use super::unwind::ReturnOnUnwind;
 use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::cuda::CudaGpu;
 use crate::gpu::sim::SimGpu;
-use crate::gpu::{Gpu, GpuError, RawStream};
+use crate::gpu::{Gpu, RawStream};
 use crate::padded::CachePadded;
 use crate::types::{
     Access, AllocTag, BlockId, BlockState, DeviceBlock, ResourceId, StreamId, StreamPool,
@@ -308,10 +308,6 @@ impl<G: Gpu> StreamOrderedResource<G> {
         drained
     }
 
-    fn driver(&self, e: GpuError) -> ResourceError {
-        e.for_request(0, StreamId::new(self.device_ordinal, 0))
-    }
-
     /// Queues the waits `use_stream` needs before `access` to `record`.
     fn queue_waits(
         &self,
@@ -324,10 +320,10 @@ impl<G: Gpu> StreamOrderedResource<G> {
         if record.uses.last_write.is_none() && use_stream != record.stream {
             // First use on another stream: order it after the allocation by
             // recording where the allocation stream is now.
-            let event = self.events.take().map_err(|e| self.driver(e))?;
+            let event = self.events.take().map_err(ResourceError::from)?;
             if let Err(e) = self.gpu.event_record(event, record.raw_stream) {
                 self.events.give([event]);
-                return Err(self.driver(e));
+                return Err(ResourceError::from(e));
             }
             record.uses.last_write = Some((record.stream, event));
             allocation_point = Some(event);
@@ -345,7 +341,7 @@ impl<G: Gpu> StreamOrderedResource<G> {
                     record.uses.last_write = None;
                     self.events.give([event]);
                 }
-                Err(self.driver(e))
+                Err(ResourceError::from(e))
             }
         }
     }
@@ -360,13 +356,13 @@ impl<G: Gpu> StreamOrderedResource<G> {
     ) -> ResourceResult<()> {
         let (event, fresh) = match record.uses.slot(use_stream, access) {
             Some(e) => (e, false),
-            None => (self.events.take().map_err(|e| self.driver(e))?, true),
+            None => (self.events.take().map_err(ResourceError::from)?, true),
         };
         if let Err(e) = self.gpu.event_record(event, raw_use) {
             if fresh {
                 self.events.give([event]);
             }
-            return Err(self.driver(e));
+            return Err(ResourceError::from(e));
         }
         if let Some(old) = record.uses.store(use_stream, access, event) {
             self.events.give([old]);
@@ -461,7 +457,7 @@ impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
         for event in others {
             if let Err(e) = self.gpu.stream_wait_event(raw, event) {
                 restore(uses);
-                return Err(self.driver(e));
+                return Err(ResourceError::from(e));
             }
         }
         if let Err(e) = self.gpu.free_async(block.ptr(), raw) {
@@ -513,7 +509,7 @@ impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
             let raw = self.raw_stream(stream)?;
             self.gpu
                 .stream_synchronize(raw)
-                .map_err(|e| self.driver(e))?;
+                .map_err(ResourceError::from)?;
             self.drain(index, local, seq);
         }
         Ok(())

@@ -182,9 +182,12 @@ impl StreamPool {
     pub fn cuda(ctx: &Arc<cudarc::driver::CudaContext>, count: usize) -> ResourceResult<Arc<Self>> {
         let mut cuda = Vec::with_capacity(count);
         for _ in 0..count {
-            let stream = ctx
-                .new_stream()
-                .map_err(|e| crate::gpu::cuda::driver_error(crate::error::DriverCall::Init, e))?;
+            let stream = ctx.new_stream().map_err(|e| {
+                ResourceError::from(crate::gpu::cuda::cuda_error(
+                    crate::error::DriverCall::Init,
+                    e,
+                ))
+            })?;
             cuda.push(stream);
         }
         let raw = cuda
@@ -198,6 +201,56 @@ impl StreamPool {
             _owners: Vec::new(),
             cuda,
         }))
+    }
+
+    /// A pool of CUDA streams the caller already has (registration of user
+    /// streams): the resource then orders its allocations, frees and the
+    /// uses of buffers on them, and cudarc calls given one of them resolve
+    /// to its [`StreamId`] (index = position in `streams`).
+    ///
+    /// # Errors
+    /// [`ResourceError::UnknownStream`] for an empty list, and
+    /// [`ResourceError::WrongDevice`] when the streams are not all of one
+    /// context; nothing is kept.
+    pub fn from_cuda_streams(
+        streams: Vec<Arc<cudarc::driver::CudaStream>>,
+    ) -> ResourceResult<Arc<Self>> {
+        let first = streams.first().ok_or(ResourceError::UnknownStream {
+            stream: StreamId::new(0, 0),
+            pool_len: 0,
+        })?;
+        let ctx = first.context().clone();
+        let device = ctx.ordinal() as u32;
+        for s in &streams {
+            if s.context().cu_ctx() != ctx.cu_ctx() {
+                return Err(ResourceError::WrongDevice {
+                    expected: device,
+                    found: s.context().ordinal() as u32,
+                });
+            }
+        }
+        let raw = streams
+            .iter()
+            .map(|s| RawStream(s.cu_stream() as u64))
+            .collect();
+        Ok(Arc::new(StreamPool {
+            device,
+            raw,
+            _owners: Vec::new(),
+            cuda: streams,
+        }))
+    }
+
+    /// The id of the cudarc stream `stream`, when this pool holds it (same
+    /// `CUstream` handle and context).
+    pub fn find_cuda(&self, stream: &cudarc::driver::CudaStream) -> Option<StreamId> {
+        self.cuda
+            .iter()
+            .position(|s| {
+                s.cu_stream() == stream.cu_stream()
+                    && s.context().cu_ctx() == stream.context().cu_ctx()
+            })
+            .map(|i| StreamId::new(self.device, i as u32))
     }
 
     /// The cudarc stream behind `id`, to launch work on it.

@@ -40,7 +40,9 @@ use std::sync::Arc;
 
 use streamalloc::futures::{AsyncResource, Behind, WaitPolicy, WaitStats};
 use streamalloc::gpu::Gpu;
-use streamalloc::{AllocTag, DeviceBlock, DeviceMemoryResource, RawStream, ResourceResult};
+use streamalloc::{
+    AllocTag, DeviceBlock, DeviceMemoryResource, RawStream, ResourceError, ResourceResult,
+};
 
 const SAMPLES: usize = 20_000;
 const STREAMS: usize = 8;
@@ -94,8 +96,7 @@ async fn memsets_with_tasks<T: Send + 'static>(
     let mut tasks = Vec::with_capacity(n as usize);
     for _ in 0..n {
         let m = Instant::now();
-        gpu.memset_async(big.ptr(), 8, big.size(), raw)
-            .map_err(common::gpu_err)?;
+        gpu.memset_async(big.ptr(), 8, big.size(), raw)?;
         in_memset += m.elapsed();
         tasks.push(after()?);
     }
@@ -104,7 +105,7 @@ async fn memsets_with_tasks<T: Send + 'static>(
     for task in tasks {
         outputs.push(task.await.expect("measured task"));
     }
-    gpu.stream_synchronize(raw).map_err(common::gpu_err)?;
+    gpu.stream_synchronize(raw)?;
     Ok((submit, t.elapsed() / n, outputs, in_memset / n))
 }
 
@@ -123,13 +124,12 @@ async fn fills<T>(
     let mut waits = Vec::with_capacity(FILLS);
     for i in 0..FILLS {
         let (b, raw) = (&blocks[i % blocks.len()], raws[i % raws.len()]);
-        gpu.memset_async(b.ptr(), 3, 4, raw)
-            .map_err(common::gpu_err)?;
+        gpu.memset_async(b.ptr(), 3, 4, raw)?;
         waits.extend(after(i, b, raw)?);
     }
     finish(waits).await?;
     for &raw in raws {
-        gpu.stream_synchronize(raw).map_err(common::gpu_err)?;
+        gpu.stream_synchronize(raw)?;
     }
     Ok(t.elapsed() / FILLS as u32)
 }
@@ -304,7 +304,7 @@ async fn measure<R: DeviceMemoryResource + 'static>(
             let mut op = Vec::with_capacity(samples);
             let mut op_long = Vec::with_capacity(samples);
             let mut floor = Vec::with_capacity(samples);
-            let event = gpu.event_create().map_err(common::gpu_err)?;
+            let event = gpu.event_create()?;
             for i in 0..samples {
                 let t = Instant::now();
                 res.completion(s)?.await?;
@@ -313,18 +313,16 @@ async fn measure<R: DeviceMemoryResource + 'static>(
                 for (policy, out) in [(default_policy, &mut op), (long_spin, &mut op_long)] {
                     res.set_wait_policy(policy);
                     let t = Instant::now();
-                    gpu.memset_async(tiny.ptr(), i as u8, 4, raw)
-                        .map_err(common::gpu_err)?;
+                    gpu.memset_async(tiny.ptr(), i as u8, 4, raw)?;
                     res.completion(s)?.await?;
                     out.push(t.elapsed());
                 }
                 res.set_wait_policy(default_policy);
 
                 let t = Instant::now();
-                gpu.memset_async(tiny.ptr(), i as u8, 4, raw)
-                    .map_err(common::gpu_err)?;
-                gpu.event_record(event, raw).map_err(common::gpu_err)?;
-                while !gpu.event_query(event).map_err(common::gpu_err)? {
+                gpu.memset_async(tiny.ptr(), i as u8, 4, raw)?;
+                gpu.event_record(event, raw)?;
+                while !gpu.event_query(event)? {
                     tokio::task::yield_now().await;
                 }
                 floor.push(t.elapsed());
@@ -390,22 +388,21 @@ async fn measure<R: DeviceMemoryResource + 'static>(
     };
     // The plain 8 MiB loop: per op in all, and inside memset_async.
     let plain_loop = || -> ResourceResult<(Duration, Duration)> {
-        gpu.stream_synchronize(raw).map_err(common::gpu_err)?;
+        gpu.stream_synchronize(raw)?;
         let t = Instant::now();
         let mut in_memset = Duration::ZERO;
         for _ in 0..n {
             let m = Instant::now();
-            gpu.memset_async(big.ptr(), 1, big.size(), raw)
-                .map_err(common::gpu_err)?;
+            gpu.memset_async(big.ptr(), 1, big.size(), raw)?;
             in_memset += m.elapsed();
         }
-        gpu.stream_synchronize(raw).map_err(common::gpu_err)?;
+        gpu.stream_synchronize(raw)?;
         Ok((t.elapsed() / n, in_memset / n))
     };
     // A raw event record after each 8 MiB memset, no futures: the floor of
     // any design with an event per point.
     let record_events: Vec<_> = (0..64)
-        .map(|_| gpu.event_create().map_err(common::gpu_err))
+        .map(|_| gpu.event_create().map_err(ResourceError::from))
         .collect::<ResourceResult<_>>()?;
     let mut record_each = Row::default();
     // 10,000 fills with a raw record each, re-recording events at different
@@ -414,7 +411,7 @@ async fn measure<R: DeviceMemoryResource + 'static>(
     // (each used once per round); and `completion()` dropped at once.
     let mut record_reuse: [Row; 4] = Default::default();
     let many_events: Vec<_> = (0..FILLS)
-        .map(|_| gpu.event_create().map_err(common::gpu_err))
+        .map(|_| gpu.event_create().map_err(ResourceError::from))
         .collect::<ResourceResult<_>>()?;
     // Warm-up: grows the event pool.
     fills(gpu, blocks, raws, spawned_futures(&res), joined).await?;
@@ -422,19 +419,16 @@ async fn measure<R: DeviceMemoryResource + 'static>(
         let (base, _) = plain_loop()?;
         let t = Instant::now();
         for i in 0..n as usize {
-            gpu.memset_async(big.ptr(), 7, big.size(), raw)
-                .map_err(common::gpu_err)?;
-            gpu.event_record(record_events[i % record_events.len()], raw)
-                .map_err(common::gpu_err)?;
+            gpu.memset_async(big.ptr(), 7, big.size(), raw)?;
+            gpu.event_record(record_events[i % record_events.len()], raw)?;
         }
-        gpu.stream_synchronize(raw).map_err(common::gpu_err)?;
+        gpu.stream_synchronize(raw)?;
         record_each.push_paired(t.elapsed() / n, base, WaitStats::default(), 1);
         for (k, events_in_use) in [8usize, 64, FILLS].into_iter().enumerate() {
             let base = plain_fills(gpu, blocks, raws).await?;
             // Event `i % events_in_use` is always on stream `i % 8`.
             let record = |i: usize, _: &DeviceBlock, raw: RawStream| {
-                gpu.event_record(many_events[i % events_in_use], raw)
-                    .map_err(common::gpu_err)?;
+                gpu.event_record(many_events[i % events_in_use], raw)?;
                 Ok(None::<()>)
             };
             let with = fills(gpu, blocks, raws, record, async |_| Ok(())).await?;
@@ -474,13 +468,12 @@ async fn measure<R: DeviceMemoryResource + 'static>(
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let consumer = tokio::spawn(async move { while let Some(()) = rx.recv().await {} });
         for _ in 0..n {
-            gpu.memset_async(big.ptr(), 2, big.size(), raw)
-                .map_err(common::gpu_err)?;
+            gpu.memset_async(big.ptr(), 2, big.size(), raw)?;
             let _ = tx.send(());
         }
         drop(tx);
         consumer.await.expect("consumer task");
-        gpu.stream_synchronize(raw).map_err(common::gpu_err)?;
+        gpu.stream_synchronize(raw)?;
         unit_to_consumer.push_paired(t.elapsed() / n, base, WaitStats::default(), 1);
         // The futures of the in-order row awaited by `join_all` instead,
         // which allocates a task node per future.
@@ -535,13 +528,12 @@ async fn measure<R: DeviceMemoryResource + 'static>(
             });
             let t = Instant::now();
             for _ in 0..n {
-                gpu.memset_async(big.ptr(), 2, big.size(), raw)
-                    .map_err(common::gpu_err)?;
+                gpu.memset_async(big.ptr(), 2, big.size(), raw)?;
                 let _ = tx.send(res.completion(s)?);
             }
             drop(tx);
             consumer.await.expect("consumer task")?;
-            gpu.stream_synchronize(raw).map_err(common::gpu_err)?;
+            gpu.stream_synchronize(raw)?;
             row[1].push_paired(
                 t.elapsed() / n,
                 base,
@@ -554,12 +546,11 @@ async fn measure<R: DeviceMemoryResource + 'static>(
             let t = Instant::now();
             let mut futs = Vec::with_capacity(n as usize);
             for _ in 0..n {
-                gpu.memset_async(big.ptr(), 4, big.size(), raw)
-                    .map_err(common::gpu_err)?;
+                gpu.memset_async(big.ptr(), 4, big.size(), raw)?;
                 futs.push(res.completion(s)?);
             }
             in_order(futs).await?;
-            gpu.stream_synchronize(raw).map_err(common::gpu_err)?;
+            gpu.stream_synchronize(raw)?;
             row[2].push_paired(
                 t.elapsed() / n,
                 base,
@@ -734,7 +725,7 @@ async fn breakdown<R: DeviceMemoryResource + 'static>(
     let gpu = res.gpu().clone();
     // (a) `completion()` alone (event record + sequence number), futures
     //     dropped at once, on an idle stream.
-    gpu.stream_synchronize(raw).map_err(common::gpu_err)?;
+    gpu.stream_synchronize(raw)?;
     let point_only = {
         let t = Instant::now();
         for _ in 0..FILLS {
@@ -744,9 +735,9 @@ async fn breakdown<R: DeviceMemoryResource + 'static>(
     };
     // (b) spawned tasks that only take the notifier locks (no driver call),
     // and (c) tasks that only query a finished event three times (no lock).
-    let done = gpu.event_create().map_err(common::gpu_err)?;
-    gpu.event_record(done, raw).map_err(common::gpu_err)?;
-    gpu.stream_synchronize(raw).map_err(common::gpu_err)?;
+    let done = gpu.event_create()?;
+    gpu.event_record(done, raw)?;
+    gpu.stream_synchronize(raw)?;
     let (spawn_locks, _, _, _) = memsets_with_tasks(&gpu, big, raw, n, || {
         let res = res.clone();
         Ok(tokio::spawn(async move {
@@ -798,9 +789,9 @@ async fn breakdown<R: DeviceMemoryResource + 'static>(
     // waits on an event recorded after each memset (our notifier's shape,
     // one per op, none of our code): waking inside the host function, and
     // (f) the host function handing the wake to a thread of ours.
-    let lane = gpu.create_stream().map_err(common::gpu_err)?;
+    let lane = gpu.create_stream()?;
     let lane_events: Vec<_> = (0..n)
-        .map(|_| gpu.event_create().map_err(common::gpu_err))
+        .map(|_| gpu.event_create().map_err(ResourceError::from))
         .collect::<ResourceResult<_>>()?;
     let mut host_fn_woken = [Duration::ZERO; 2];
     for (handoff, slot) in host_fn_woken.iter_mut().enumerate() {
@@ -813,8 +804,8 @@ async fn breakdown<R: DeviceMemoryResource + 'static>(
         let mut events = lane_events.iter();
         (*slot, _, _, _) = memsets_with_tasks(&gpu, big, raw, n, || {
             let e = *events.next().expect("an event per memset");
-            gpu.event_record(e, raw).map_err(common::gpu_err)?;
-            gpu.stream_wait_event(lane, e).map_err(common::gpu_err)?;
+            gpu.event_record(e, raw)?;
+            gpu.stream_wait_event(lane, e)?;
             let (reply, woken) = tokio::sync::oneshot::channel();
             let to_waker = to_waker.clone();
             gpu.launch_host_fn(
@@ -826,15 +817,14 @@ async fn breakdown<R: DeviceMemoryResource + 'static>(
                         let _ = reply.send(());
                     }
                 }),
-            )
-            .map_err(common::gpu_err)?;
+            )?;
             Ok(tokio::spawn(async move {
                 let _ = woken.await;
             }))
         })
         .await?;
         drop(to_waker);
-        gpu.stream_synchronize(lane).map_err(common::gpu_err)?;
+        gpu.stream_synchronize(lane)?;
         let _ = helper.join();
     }
     for e in lane_events {

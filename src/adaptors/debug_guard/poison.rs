@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::error::ResourceResult;
+use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::Gpu;
 use crate::resource::StreamOrderedResource;
 use crate::types::{DeviceBlock, StreamPool};
@@ -86,6 +86,6 @@ impl<G: Gpu> Poison for GpuPoison<G> {
         let raw = self.pool.raw(block.stream())?;
         self.gpu
             .memset_async(block.ptr(), self.value, block.size(), raw)
-            .map_err(|e| e.for_request(0, block.stream()))
+            .map_err(ResourceError::from)
     }
 }

@@ -36,6 +36,9 @@ struct FreeRange {
 pub(crate) struct AddressSpace {
     capacity: usize,
     allocated: usize,
+    /// The most bytes allocated at once since creation or the last
+    /// [`reset_high`](Self::reset_high).
+    allocated_high: usize,
     free: BTreeMap<u64, FreeRange>,
 }
 
@@ -67,12 +70,26 @@ impl AddressSpace {
         AddressSpace {
             capacity,
             allocated: 0,
+            allocated_high: 0,
             free,
         }
     }
 
     pub(crate) fn capacity(&self) -> usize {
         self.capacity
+    }
+
+    /// Bytes handed out (in granules) and not freed, now and at most.
+    pub(crate) fn held(&self) -> crate::gpu::HeldMemory {
+        crate::gpu::HeldMemory {
+            current: self.allocated,
+            high: self.allocated_high,
+        }
+    }
+
+    /// Restarts the high-water mark from the bytes allocated now.
+    pub(crate) fn reset_high(&mut self) {
+        self.allocated_high = self.allocated;
     }
 
     /// Bytes neither allocated nor waiting for a free to execute.
@@ -130,6 +147,7 @@ impl AddressSpace {
             );
         }
         self.allocated += len;
+        self.allocated_high = self.allocated_high.max(self.allocated);
         Ok(addr)
     }
 
@@ -203,6 +221,23 @@ mod tests {
         assert_ne!(a, b, "another stream must not take a pending free");
         let c = space.alloc(1000, 0, &clock0).unwrap();
         assert_eq!(a, c, "the freeing stream reuses at once");
+    }
+
+    #[test]
+    fn held_counts_granules_and_keeps_the_high_water_mark_until_reset() {
+        let mut space = AddressSpace::new(0, 1 << 20);
+        let clock = VectorClock::default();
+        let a = space.alloc(1000, 0, &clock).unwrap();
+        let b = space.alloc(256, 0, &clock).unwrap();
+        assert_eq!(space.held().current, 1024 + 256);
+        space.free_queued(a, 1000, 1, Epoch { stream: 0, tick: 1 });
+        let held = space.held();
+        assert_eq!((held.current, held.high), (256, 1280));
+        space.reset_high();
+        assert_eq!(space.held().high, 256, "the mark restarts from now");
+        space.free_queued(b, 256, 2, Epoch { stream: 0, tick: 2 });
+        let held = space.held();
+        assert_eq!((held.current, held.high), (0, 256));
     }
 
     #[test]

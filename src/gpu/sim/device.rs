@@ -16,11 +16,9 @@ use super::clock::{Epoch, VectorClock};
 use super::fault::{FaultPlan, ILLEGAL_ADDRESS, INJECTED};
 use super::race::{RaceDetector, SimOp};
 use crate::error::DriverCall;
+use crate::error::driver_code::{INVALID_HANDLE, INVALID_VALUE};
 use crate::gpu::{GpuError, GpuResult, HostFn};
 use crate::types::Access;
-
-/// `CUDA_ERROR_INVALID_HANDLE`.
-const INVALID_HANDLE: i32 = 400;
 
 pub(crate) enum OpKind {
     /// The allocation itself: nothing to do when it runs.
@@ -250,7 +248,7 @@ impl State {
         let Some((len, device)) = self.live.remove(&addr) else {
             return Err(GpuError::driver(
                 DriverCall::FreeAsync,
-                1,
+                INVALID_VALUE,
                 "CUDA_ERROR_INVALID_VALUE: not a live allocation",
             ));
         };

@@ -2,12 +2,12 @@
 
 use std::collections::HashMap;
 
-use crate::error::DriverCall;
+use crate::error::{DriverCall, driver_code};
 
-/// `CUDA_ERROR_ILLEGAL_ADDRESS`, what a faulted context reports.
-pub(crate) const ILLEGAL_ADDRESS: i32 = 700;
-/// The code injected failures report (`CUDA_ERROR_UNKNOWN`).
-pub(crate) const INJECTED: i32 = 999;
+/// What a faulted context reports.
+pub(crate) const ILLEGAL_ADDRESS: i32 = driver_code::ILLEGAL_ADDRESS;
+/// The code injected failures report.
+pub(crate) const INJECTED: i32 = driver_code::UNKNOWN;
 
 #[derive(Debug, Default)]
 pub(crate) struct FaultPlan {

@@ -58,7 +58,7 @@ pub use race::{RaceKind, RaceReport, SimOp};
 
 use self::device::{State, Step};
 use crate::error::DriverCall;
-use crate::gpu::{Gpu, GpuError, GpuResult, HostFn, RawEvent, RawStream};
+use crate::gpu::{Gpu, GpuError, GpuResult, HeldMemory, HostFn, RawEvent, RawStream};
 use crate::types::{Access, DeviceBlock, StreamPool};
 
 /// How queued work makes progress on a [`SimGpu`].
@@ -626,6 +626,21 @@ impl Gpu for SimGpu {
         state.enter(DriverCall::MemGetInfo)?;
         let space = state.space(self.ordinal);
         Ok((space.free_bytes(), space.capacity()))
+    }
+
+    fn memory_held(&self) -> GpuResult<HeldMemory> {
+        let mut state = self.shared.lock();
+        state.enter(DriverCall::MemGetInfo)?;
+        Ok(state.space(self.ordinal).held())
+    }
+
+    fn reset_memory_held_high(&self) -> GpuResult<()> {
+        let mut state = self.shared.lock();
+        state.enter(DriverCall::MemGetInfo)?;
+        if let Some(space) = state.spaces.get_mut(&self.ordinal) {
+            space.reset_high();
+        }
+        Ok(())
     }
 
     fn create_stream(&self) -> GpuResult<RawStream> {

@@ -1,0 +1,255 @@
+//! Replays an allocation trace through resource stacks, side by side in one
+//! process: nanoseconds per operation (the bookkeeping control subtracted,
+//! as `torch_cpp_replay.py` does for PyTorch), the trace's peak of live
+//! requested bytes, the peak device memory each stack held, and their ratio.
+//!
+//! ```text
+//! trace_replay TRACE [--stack NAME[,NAME...]]... [--sim] [--sim-capacity BYTES]
+//!              [--repeat N] [--png OUT.png] [--budget-ratio R]
+//! trace_replay TRACE --cut N OUT.csv.gz
+//! ```
+//!
+//! - `--stack`: `resource` (the driver's pool alone), `cache`,
+//!   `cache-budget`, or `all`; by default `resource` and `cache`.
+//! - `--sim`: the simulated device (deterministic), even where CUDA is
+//!   present; without CUDA the simulated device is used anyway, and said.
+//! - `--repeat N`: N rounds (default 1), each replaying every stack once on a
+//!   fresh stack, interleaved so that drift of the host touches all alike.
+//! - `--png OUT.png`: after the timed rounds, one more replay per stack that
+//!   reads the held bytes along the way, drawn against the live requested
+//!   bytes.
+//! - `--budget-ratio R`: the `cache-budget` stack's limit, R × the peak
+//!   requested (default 1.10).
+//! - `--cut N OUT`: writes the first N operations, the blocks they leave live
+//!   freed at the end, as gzip CSV (the CI traces of `measure/tests/data/`).
+//!
+//! One line per stack and round, `key=value` pairs:
+//!
+//! ```text
+//! trace=gpt2_train.ops.csv.gz stack=cache backend=cuda rep=0 ops=18085 ns_per_op=1157.2 ...
+//! ```
+//!
+//! Exits 1 when a stack failed (its line says why), 2 on bad arguments or a
+//! bad trace.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use streamalloc::gpu::cuda::{CudaGpu, cuda_present};
+use streamalloc_measure::trace::plot::{HeldSeries, write_png};
+use streamalloc_measure::trace::{
+    Backend, ReplayConfig, Requested, StackKind, Trace, replay_stack,
+};
+
+const MIB: f64 = (1u64 << 20) as f64;
+/// The simulated device's memory: an H200's (nothing is really allocated).
+const SIM_CAPACITY: usize = 140 << 30;
+/// Points per held line of the plot.
+const PLOT_SAMPLES: usize = 2000;
+
+struct Args {
+    trace: PathBuf,
+    stacks: Vec<StackKind>,
+    sim: bool,
+    sim_capacity: usize,
+    repeat: usize,
+    png: Option<PathBuf>,
+    budget_ratio: f64,
+    cut: Option<(usize, PathBuf)>,
+}
+
+const USAGE: &str = "usage: trace_replay TRACE [--stack resource|cache|cache-budget|all]... \
+[--sim] [--sim-capacity BYTES] [--repeat N] [--png OUT.png] [--budget-ratio R] | TRACE --cut N OUT.csv.gz";
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = std::env::args().skip(1);
+    let mut out = Args {
+        trace: PathBuf::new(),
+        stacks: Vec::new(),
+        sim: false,
+        sim_capacity: SIM_CAPACITY,
+        repeat: 1,
+        png: None,
+        budget_ratio: ReplayConfig::default().budget_ratio,
+        cut: None,
+    };
+    let mut trace = None;
+    fn value<T: std::str::FromStr>(flag: &str, v: Option<String>) -> Result<T, String> {
+        let v = v.ok_or_else(|| format!("{flag} needs a value"))?;
+        v.parse()
+            .map_err(|_| format!("{flag}: `{v}` is not a valid value"))
+    }
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--stack" => {
+                let names: String = value("--stack", args.next())?;
+                for name in names.split(',') {
+                    if name == "all" {
+                        out.stacks.extend(StackKind::ALL);
+                    } else {
+                        out.stacks.push(StackKind::from_name(name).ok_or_else(|| {
+                            format!("unknown stack `{name}` (resource, cache, cache-budget, all)")
+                        })?);
+                    }
+                }
+            }
+            "--sim" => out.sim = true,
+            "--sim-capacity" => out.sim_capacity = value("--sim-capacity", args.next())?,
+            "--repeat" => out.repeat = value("--repeat", args.next())?,
+            "--png" => out.png = Some(value("--png", args.next())?),
+            "--budget-ratio" => out.budget_ratio = value("--budget-ratio", args.next())?,
+            "--cut" => {
+                let n = value("--cut", args.next())?;
+                out.cut = Some((n, value("--cut", args.next())?));
+            }
+            "-h" | "--help" => return Err(USAGE.into()),
+            flag if flag.starts_with("--") => return Err(format!("unknown option {flag}")),
+            path if trace.is_none() => trace = Some(PathBuf::from(path)),
+            extra => return Err(format!("unexpected argument `{extra}`")),
+        }
+    }
+    out.trace = trace.ok_or("no trace given")?;
+    if out.stacks.is_empty() {
+        out.stacks = vec![StackKind::Resource, StackKind::Cache];
+    }
+    if out.repeat == 0 {
+        return Err("--repeat must be at least 1".into());
+    }
+    if !out.budget_ratio.is_finite() || out.budget_ratio <= 0.0 {
+        return Err("--budget-ratio must be positive".into());
+    }
+    Ok(out)
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(args) => args,
+        Err(e) => {
+            eprintln!("trace_replay: {e}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let trace = match Trace::read(&args.trace) {
+        Ok(trace) => trace,
+        Err(e) => {
+            eprintln!("trace_replay: {}: {e}", args.trace.display());
+            return ExitCode::from(2);
+        }
+    };
+    if let Some((n, out)) = &args.cut {
+        let cut = trace.cut(*n);
+        return match cut.write_gz(out) {
+            Ok(()) => {
+                println!("{}: {} operations", out.display(), cut.ops.len());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("trace_replay: {}: {e}", out.display());
+                ExitCode::from(2)
+            }
+        };
+    }
+    let backend = match backend(&args) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("trace_replay: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let backend_name = match backend {
+        Backend::Cuda(_) => "cuda",
+        Backend::Sim { .. } => "sim",
+    };
+    let name = args
+        .trace
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let requested = Requested::of(&trace);
+    let mut config = ReplayConfig {
+        budget_ratio: args.budget_ratio,
+        ..ReplayConfig::default()
+    };
+    let mut failed = false;
+    for rep in 0..args.repeat {
+        for &stack in &args.stacks {
+            let head = format!("trace={name} stack={stack} backend={backend_name} rep={rep}");
+            match replay_stack(stack, &backend, &trace, requested.peak, &config) {
+                Ok(r) => println!(
+                    "{head} ops={} ns_per_op={:.1} control_ns_per_op={:.1} \
+                     peak_requested={} ({:.1} MiB) peak_held={} ({:.1} MiB) ratio={:.3} held_at_end={}",
+                    r.ops,
+                    r.ns_per_op,
+                    r.control_ns_per_op,
+                    requested.peak,
+                    requested.peak as f64 / MIB,
+                    r.held.high,
+                    r.held.high as f64 / MIB,
+                    r.held.high as f64 / requested.peak.max(1) as f64,
+                    r.held.current,
+                ),
+                Err(e) => {
+                    failed = true;
+                    println!("{head} failed: {e}");
+                }
+            }
+        }
+    }
+    if let Some(png) = &args.png {
+        config.sample_every = Some(trace.ops.len().div_ceil(PLOT_SAMPLES).max(1));
+        let mut runs = Vec::new();
+        for &stack in &args.stacks {
+            match replay_stack(stack, &backend, &trace, requested.peak, &config) {
+                Ok(r) => runs.push((stack, r)),
+                Err(e) => {
+                    failed = true;
+                    println!("plot: stack={stack} failed: {e}");
+                }
+            }
+        }
+        let series: Vec<HeldSeries<'_>> = runs
+            .iter()
+            .map(|(stack, r)| HeldSeries {
+                label: format!(
+                    "{stack}: held (peak {:.0} MiB, {:.2}x)",
+                    r.held.high as f64 / MIB,
+                    r.held.high as f64 / requested.peak.max(1) as f64
+                ),
+                samples: &r.samples,
+            })
+            .collect();
+        let title = format!("{name} on {backend_name}: live requested vs held");
+        match write_png(png, &title, &requested, &series) {
+            Ok(true) => println!("plot: {}", png.display()),
+            Ok(false) => println!(
+                "plot: {} (no font found: drawn without text)",
+                png.display()
+            ),
+            Err(e) => {
+                failed = true;
+                println!("plot failed: {e}");
+            }
+        }
+    }
+    if failed {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+fn backend(args: &Args) -> Result<Backend, String> {
+    let sim = Backend::Sim {
+        capacity: args.sim_capacity,
+    };
+    if args.sim {
+        return Ok(sim);
+    }
+    if !cuda_present() {
+        println!("no CUDA driver here: replaying on the simulated device");
+        return Ok(sim);
+    }
+    CudaGpu::open(0)
+        .map(Backend::Cuda)
+        .map_err(|e| format!("CUDA device 0: {e}"))
+}

@@ -1,0 +1,269 @@
+//! Replaying a [`Trace`] through a resource stack: the time per operation,
+//! and the device memory the stack held.
+//!
+//! # Timing, as `torch_cpp_replay.py` does it
+//! So that the figures compare with PyTorch's allocator measured by
+//! `../shared/traces/torch_cpp_replay.py`, the method is the same: one timed
+//! loop runs the trace (allocations stored in a hash map by block id, frees
+//! looked up there), frees the blocks left live, and synchronizes every
+//! stream; a control loop then does the same bookkeeping without allocating.
+//! Both are divided by the trace's operation count, and the figure is their
+//! difference: what the allocator costs per operation.
+//!
+//! # Streams, and frees from another stream
+//! Trace stream `i` is stream `i` of the target's pool. A block is allocated
+//! on its trace stream and freed *on its allocation stream*, as PyTorch's
+//! allocator does (`raw_delete` returns a block to the pool of the stream it
+//! was allocated on). When the trace frees it from another stream, that
+//! stream used the block: PyTorch's program had to declare it with
+//! `record_stream`, which holds the memory until the work then queued on
+//! that stream is done. The replay says the same to the resource with
+//! [`record_block_use`](DeviceMemoryResource::record_block_use) on the
+//! freeing stream before the free (a no-op on resources that do not track
+//! uses). The two GPT-2 traces free every block on its allocation stream.
+//!
+//! # Held memory
+//! Read from the backend with [`Gpu::memory_held`] (on CUDA the memory
+//! pool's reserved bytes), never reconstructed here: its high-water mark is
+//! reset before the timed loop and read after it.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::time::Instant;
+
+use streamalloc::gpu::{Gpu, GpuError, HeldMemory};
+use streamalloc::{
+    AllocTag, DeviceBlock, DeviceMemoryResource, ResourceError, StreamId, StreamPool,
+};
+
+use super::format::{OpKind, Trace};
+
+const TAG: AllocTag = AllocTag("trace");
+
+/// What a trace is replayed through: a resource stack, the backend under it
+/// (where held memory is read), and the pool whose streams stand for the
+/// trace's streams.
+pub struct Target<'a, R: ?Sized, G: ?Sized> {
+    /// The stack (any [`DeviceMemoryResource`]).
+    pub resource: &'a R,
+    /// The backend the stack allocates from.
+    pub gpu: &'a G,
+    /// At least as many streams as the trace uses.
+    pub pool: &'a StreamPool,
+    /// Called after every `n`-th operation of the replay (outside nothing:
+    /// inside the timed loop): the simulated device in manual mode runs its
+    /// queued work there, so that executed frees coalesce. `None` on CUDA.
+    pub housekeeping: Option<(usize, &'a dyn Fn())>,
+}
+
+/// The figures of one replay.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Replay {
+    /// Operations in the trace (the count the times are divided by).
+    pub ops: usize,
+    /// Nanoseconds per operation, the control's subtracted.
+    pub ns_per_op: f64,
+    /// Nanoseconds per operation of the control loop (bookkeeping only).
+    pub control_ns_per_op: f64,
+    /// Device memory held: `high` over the replay, `current` after it (the
+    /// stack still alive, every block freed).
+    pub held: HeldMemory,
+    /// `(operations done, bytes held then)`, when sampling was asked for.
+    pub samples: Vec<(usize, usize)>,
+}
+
+/// Why a replay stopped.
+#[derive(Debug)]
+pub enum ReplayError {
+    /// The target's pool has fewer streams than the trace uses.
+    TooFewStreams {
+        /// Streams the trace uses.
+        trace: usize,
+        /// Streams in the pool.
+        pool: usize,
+    },
+    /// The resource refused an operation; every block allocated so far was
+    /// freed again.
+    Resource {
+        /// 0-based index of the operation in the trace (on line `op + 2`).
+        op: usize,
+        /// What the resource said.
+        error: ResourceError,
+    },
+    /// The device, its memory pool or its streams could not be set up.
+    Setup(ResourceError),
+    /// Synchronizing or reading held memory failed.
+    Gpu(GpuError),
+}
+
+impl fmt::Display for ReplayError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReplayError::TooFewStreams { trace, pool } => {
+                write!(f, "the trace uses {trace} streams, the pool has {pool}")
+            }
+            ReplayError::Resource { op, error } => {
+                write!(f, "operation {op} (line {}): {error}", op + 2)
+            }
+            ReplayError::Setup(e) => write!(f, "setting up the stack: {e}"),
+            ReplayError::Gpu(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for ReplayError {}
+
+impl From<GpuError> for ReplayError {
+    fn from(e: GpuError) -> Self {
+        ReplayError::Gpu(e)
+    }
+}
+
+/// Replays `trace` through `target` once, then runs the control loop.
+///
+/// With `sample_every = Some(n)`, the held bytes are read after every
+/// `n`-th operation (for plots; the reads cost a driver call each, so timed
+/// figures are taken without).
+///
+/// # Errors
+/// [`ReplayError`]; the blocks allocated before a failure are freed.
+pub fn replay<R, G>(
+    trace: &Trace,
+    target: &Target<'_, R, G>,
+    sample_every: Option<usize>,
+) -> Result<Replay, ReplayError>
+where
+    R: DeviceMemoryResource + ?Sized,
+    G: Gpu + ?Sized,
+{
+    if target.pool.len() < trace.streams {
+        return Err(ReplayError::TooFewStreams {
+            trace: trace.streams,
+            pool: target.pool.len(),
+        });
+    }
+    let streams: Vec<StreamId> = target.pool.ids().collect();
+    let mut samples = Vec::new();
+    target.gpu.reset_memory_held_high()?;
+
+    let start = Instant::now();
+    let mut live: HashMap<u64, DeviceBlock> = HashMap::with_capacity(1 << 16);
+    let run = run_ops(trace, target, &streams, &mut live, |done| {
+        if let Some(n) = sample_every
+            && done % n == 0
+        {
+            samples.push((done, target.gpu.memory_held().map(|h| h.current)?));
+        }
+        Ok(())
+    });
+    // Frees the blocks left live (never freed by the trace, or live when it
+    // failed), each on its allocation stream.
+    let mut leftover = Ok(());
+    for (_, block) in live.drain() {
+        let done = trace.ops.len();
+        if let Err(error) = target.resource.deallocate(block) {
+            leftover = leftover.and(Err(ReplayError::Resource { op: done, error }));
+        }
+    }
+    for &stream in &streams {
+        let raw = target
+            .pool
+            .raw(stream)
+            .map_err(|error| ReplayError::Resource {
+                op: trace.ops.len(),
+                error,
+            })?;
+        target.gpu.stream_synchronize(raw)?;
+    }
+    let elapsed = start.elapsed();
+    run?;
+    leftover?;
+    let held = target.gpu.memory_held()?;
+    if sample_every.is_some() {
+        // The last point is after the leftover blocks were freed.
+        if samples
+            .last()
+            .is_some_and(|&(done, _)| done == trace.ops.len())
+        {
+            samples.pop();
+        }
+        samples.push((trace.ops.len(), held.current));
+    }
+
+    let control = control_loop(trace);
+    let ops = trace.ops.len().max(1) as f64;
+    let ns = elapsed.as_nanos() as f64 / ops;
+    let control_ns = control.as_nanos() as f64 / ops;
+    Ok(Replay {
+        ops: trace.ops.len(),
+        ns_per_op: ns - control_ns,
+        control_ns_per_op: control_ns,
+        held,
+        samples,
+    })
+}
+
+/// The timed loop: every operation of `trace`, live blocks in `live`.
+/// `after(done)` runs after each operation with the count done so far.
+fn run_ops<R, G>(
+    trace: &Trace,
+    target: &Target<'_, R, G>,
+    streams: &[StreamId],
+    live: &mut HashMap<u64, DeviceBlock>,
+    mut after: impl FnMut(usize) -> Result<(), GpuError>,
+) -> Result<(), ReplayError>
+where
+    R: DeviceMemoryResource + ?Sized,
+    G: Gpu + ?Sized,
+{
+    let resource = target.resource;
+    for (i, op) in trace.ops.iter().enumerate() {
+        let stream = streams[op.stream as usize];
+        let fail = |error| ReplayError::Resource { op: i, error };
+        match op.kind {
+            OpKind::Alloc => {
+                let block = resource.allocate(op.size, stream, TAG).map_err(fail)?;
+                live.insert(op.id, block);
+            }
+            OpKind::Free => {
+                // A checked trace frees only live blocks; a miss is ignored
+                // as torch_cpp_replay.py does.
+                if let Some(block) = live.remove(&op.id) {
+                    if block.stream() != stream {
+                        resource.record_block_use(&block, stream).map_err(fail)?;
+                    }
+                    resource.deallocate(block).map_err(fail)?;
+                }
+            }
+        }
+        let done = i + 1;
+        if let Some((n, housekeeping)) = target.housekeeping
+            && done % n == 0
+        {
+            housekeeping();
+        }
+        after(done)?;
+    }
+    Ok(())
+}
+
+/// The control: the same bookkeeping with a stand-in for each block, no
+/// allocation.
+fn control_loop(trace: &Trace) -> std::time::Duration {
+    let start = Instant::now();
+    let mut live: HashMap<u64, usize> = HashMap::with_capacity(1 << 16);
+    for op in &trace.ops {
+        match op.kind {
+            OpKind::Alloc => {
+                live.insert(op.id, std::hint::black_box(op.size + 1));
+            }
+            OpKind::Free => {
+                std::hint::black_box(live.remove(&op.id));
+            }
+        }
+    }
+    for entry in live.drain() {
+        std::hint::black_box(entry);
+    }
+    start.elapsed()
+}

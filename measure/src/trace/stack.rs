@@ -1,0 +1,167 @@
+//! The resource stacks a trace can be replayed through, by name, built fresh
+//! on CUDA or on the simulated device.
+//!
+//! Each replay gets a new stack on a new backend (on CUDA a new memory pool
+//! and new streams on the device's primary context), so that nothing one
+//! stack cached or reserved is seen by the next, as `torch_cpp_replay.py`
+//! empties PyTorch's cache and resets its peak between repeats.
+//!
+//! To add a stack: a variant of [`StackKind`], its name in
+//! [`StackKind::ALL`], and its construction in `replay_on`.
+
+use std::fmt;
+use std::sync::Arc;
+
+use cudarc::driver::CudaContext;
+use streamalloc::gpu::Gpu;
+use streamalloc::gpu::cuda::CudaGpu;
+use streamalloc::gpu::sim::SimGpu;
+use streamalloc::{
+    Budget, BudgetResource, CachingResource, DeviceMemoryResource, StreamOrderedResource,
+    StreamPool,
+};
+
+use super::format::Trace;
+use super::replay::{Replay, ReplayError, Target, replay};
+
+/// A resource stack, named as on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StackKind {
+    /// `resource`: the stream-ordered resource alone, over the driver's pool.
+    Resource,
+    /// `cache`: [`CachingResource`] with the default configuration over the
+    /// resource.
+    Cache,
+    /// `cache-budget`: the default cache over a [`BudgetResource`] whose
+    /// limit is [`ReplayConfig::budget_ratio`] times the trace's peak
+    /// requested bytes (the cache must give memory back to stay inside it).
+    CacheBudget,
+}
+
+impl StackKind {
+    /// Every stack, in the order they are listed.
+    pub const ALL: [StackKind; 3] = [
+        StackKind::Resource,
+        StackKind::Cache,
+        StackKind::CacheBudget,
+    ];
+
+    /// The name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            StackKind::Resource => "resource",
+            StackKind::Cache => "cache",
+            StackKind::CacheBudget => "cache-budget",
+        }
+    }
+
+    /// The stack called `name`, if any.
+    pub fn from_name(name: &str) -> Option<StackKind> {
+        StackKind::ALL.into_iter().find(|k| k.name() == name)
+    }
+}
+
+impl fmt::Display for StackKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The device a stack is built on.
+#[derive(Debug, Clone)]
+pub enum Backend {
+    /// A CUDA device (its primary context).
+    Cuda(Arc<CudaContext>),
+    /// A simulated device of `capacity` bytes in manual progress mode: the
+    /// order of everything is fixed, so its held bytes are the same at every
+    /// run (what CI asserts).
+    Sim {
+        /// Simulated device memory.
+        capacity: usize,
+    },
+}
+
+/// How a stack is replayed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ReplayConfig {
+    /// The `cache-budget` stack's limit, in multiples of the trace's peak
+    /// requested bytes.
+    pub budget_ratio: f64,
+    /// Read the held bytes after every this many operations (for plots).
+    pub sample_every: Option<usize>,
+}
+
+impl Default for ReplayConfig {
+    /// A budget of 1.10× the peak requested (the cache's target), no samples.
+    fn default() -> Self {
+        ReplayConfig {
+            budget_ratio: 1.10,
+            sample_every: None,
+        }
+    }
+}
+
+/// How often the simulated device runs its queued work during a replay.
+const SIM_DRAIN_EVERY: usize = 1024;
+
+/// Replays `trace` through a fresh `kind` stack on `backend`;
+/// `peak_requested` sizes the budget of [`StackKind::CacheBudget`].
+///
+/// # Errors
+/// Setting up the device, pool or streams, or what [`replay`] reports.
+pub fn replay_stack(
+    kind: StackKind,
+    backend: &Backend,
+    trace: &Trace,
+    peak_requested: usize,
+    config: &ReplayConfig,
+) -> Result<Replay, ReplayError> {
+    let streams = trace.streams.max(1);
+    let setup = ReplayError::Setup;
+    match backend {
+        Backend::Cuda(ctx) => {
+            let gpu = Arc::new(CudaGpu::try_new(ctx.clone()).map_err(setup)?);
+            let pool = StreamPool::cuda(ctx, streams).map_err(setup)?;
+            replay_on(kind, gpu, pool, None, trace, peak_requested, config)
+        }
+        Backend::Sim { capacity } => {
+            let gpu = SimGpu::builder().manual().capacity(*capacity).build();
+            let pool = gpu.stream_pool(streams);
+            let drain_gpu = gpu.clone();
+            let drain = move || drain_gpu.run_until_idle();
+            replay_on(kind, gpu, pool, Some(&drain), trace, peak_requested, config)
+        }
+    }
+}
+
+fn replay_on<G: Gpu>(
+    kind: StackKind,
+    gpu: Arc<G>,
+    pool: Arc<StreamPool>,
+    drain: Option<&dyn Fn()>,
+    trace: &Trace,
+    peak_requested: usize,
+    config: &ReplayConfig,
+) -> Result<Replay, ReplayError> {
+    let resource = StreamOrderedResource::with_gpu(gpu.clone(), gpu.ordinal(), pool.clone());
+    let go = |resource: &dyn DeviceMemoryResource| {
+        let target = Target {
+            resource,
+            gpu: &*gpu,
+            pool: &pool,
+            housekeeping: drain.map(|d| (SIM_DRAIN_EVERY, d)),
+        };
+        replay(trace, &target, config.sample_every)
+    };
+    match kind {
+        StackKind::Resource => go(&resource),
+        StackKind::Cache => go(&CachingResource::new(resource)),
+        StackKind::CacheBudget => {
+            let limit = (peak_requested as f64 * config.budget_ratio).ceil() as usize;
+            let budget = Budget::new(limit);
+            go(&CachingResource::new(BudgetResource::new(
+                resource, &budget,
+            )))
+        }
+    }
+}

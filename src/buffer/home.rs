@@ -1,0 +1,89 @@
+//! A buffer's home: the resource it came from, seen through the few calls a
+//! buffer makes on it.
+//!
+//! [`BufferHome`] is object safe, so that one [`Buffer`](super::Buffer) type
+//! serves every resource: a synchronous resource or adaptor stack
+//! ([`SyncHome`]), or an [`AsyncResource`], whose frees reach the
+//! accounting through completion notifications, without a synchronize.
+
+use std::sync::Arc;
+
+use crate::error::ResourceResult;
+use crate::futures::AsyncResource;
+use crate::gpu::Gpu;
+use crate::resource::DeviceMemoryResource;
+use crate::types::{Access, BlockId, DeviceBlock, StreamId, StreamPool};
+
+/// What a buffer asks of the resource that owns its block.
+pub(crate) trait BufferHome: Send + Sync {
+    /// The backend, for the fill and copy helpers.
+    fn gpu(&self) -> &dyn Gpu;
+    /// The pool that resolves the buffer's streams.
+    fn pool(&self) -> &Arc<StreamPool>;
+    /// Whether the stack tracks cross-stream uses.
+    fn tracks_uses(&self) -> bool;
+    /// [`DeviceMemoryResource::prepare_block_use`].
+    fn prepare(&self, block: BlockId, stream: StreamId, access: Access) -> ResourceResult<()>;
+    /// [`DeviceMemoryResource::finish_block_use`].
+    fn finish(&self, block: BlockId, stream: StreamId, access: Access) -> ResourceResult<()>;
+    /// Queues the stream-ordered free of `block`.
+    fn free(&self, block: DeviceBlock) -> ResourceResult<()>;
+}
+
+impl std::fmt::Debug for dyn BufferHome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BufferHome")
+    }
+}
+
+/// A synchronous resource (or adaptor stack) with the backend and pool its
+/// buffers need.
+pub(crate) struct SyncHome<R: ?Sized> {
+    pub(crate) resource: Arc<R>,
+    pub(crate) gpu: Arc<dyn Gpu>,
+    pub(crate) pool: Arc<StreamPool>,
+}
+
+impl<R: DeviceMemoryResource + ?Sized> BufferHome for SyncHome<R> {
+    fn gpu(&self) -> &dyn Gpu {
+        &*self.gpu
+    }
+    fn pool(&self) -> &Arc<StreamPool> {
+        &self.pool
+    }
+    fn tracks_uses(&self) -> bool {
+        self.resource.supports_block_use_tracking()
+    }
+    fn prepare(&self, block: BlockId, stream: StreamId, access: Access) -> ResourceResult<()> {
+        self.resource.prepare_block_use(block, stream, access)
+    }
+    fn finish(&self, block: BlockId, stream: StreamId, access: Access) -> ResourceResult<()> {
+        self.resource.finish_block_use(block, stream, access)
+    }
+    fn free(&self, block: DeviceBlock) -> ResourceResult<()> {
+        self.resource.deallocate(block)
+    }
+}
+
+impl<R: DeviceMemoryResource + 'static> BufferHome for AsyncResource<R> {
+    fn gpu(&self) -> &dyn Gpu {
+        &**AsyncResource::gpu(self)
+    }
+    fn pool(&self) -> &Arc<StreamPool> {
+        self.stream_pool()
+    }
+    fn tracks_uses(&self) -> bool {
+        self.inner().supports_block_use_tracking()
+    }
+    fn prepare(&self, block: BlockId, stream: StreamId, access: Access) -> ResourceResult<()> {
+        self.inner().prepare_block_use(block, stream, access)
+    }
+    fn finish(&self, block: BlockId, stream: StreamId, access: Access) -> ResourceResult<()> {
+        self.inner().finish_block_use(block, stream, access)
+    }
+    fn free(&self, block: DeviceBlock) -> ResourceResult<()> {
+        // The handle may be dropped: the free still happens and its bytes
+        // still leave the accounting when the notification lands.
+        self.deallocate(block).map(drop)
+    }
+}

@@ -1,0 +1,169 @@
+//! [`BufferLaunch`]: one launch over buffers on an [`AsyncResource`], one
+//! completion future for the whole launch.
+
+use std::fmt;
+
+use super::ledger::{BufferCore, End};
+use super::owned::Buffer;
+use super::view::{BufferView, BufferViewMut};
+use crate::error::ResourceError;
+use crate::futures::{AsyncResource, EventFuture};
+use crate::launch::LaunchRecorder;
+use crate::resource::DeviceMemoryResource;
+use crate::types::{Access, DeviceBlock, RawStream, StreamId};
+
+/// Declares what one launch on a stream reads and writes (buffers, views,
+/// or bare blocks), orders it against every other use, and returns one
+/// [`EventFuture`] that completes when the GPU has run it.
+///
+/// Made by [`AsyncResource::launch`]. It runs the
+/// [`LaunchRecorder`] protocol (preflight → prepare → enqueue → finish) and
+/// borrows each buffer as it is used: shared for a read, exclusive for a
+/// write, so no one can free or write a buffer while the launch is being
+/// queued.
+///
+/// # Examples
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::sync::Arc;
+/// use streamalloc::futures::AsyncResource;
+/// use streamalloc::gpu::sim::SimGpu;
+/// use streamalloc::{AllocTag, SimResource};
+///
+/// let gpu = SimGpu::new();
+/// let pool = gpu.stream_pool(2);
+/// let res = AsyncResource::new(Arc::new(SimResource::new(gpu.clone(), pool.clone())))?;
+/// let (a, b) = (pool.id(0).unwrap(), pool.id(1).unwrap());
+/// let mut x = res.allocate_buffer::<f32>(256, a, AllocTag::UNTAGGED).await?;
+/// let mut y = res.allocate_buffer::<f32>(256, b, AllocTag::UNTAGGED).await?;
+/// x.fill_bytes_on(a, 0)?;
+///
+/// // A kernel on b reads x (written on a) and writes y: one future.
+/// let (xp, yp) = (x.block().clone(), y.block().clone());
+/// let ((), done) = res.launch(b).read(&x).write(&mut y).enqueue(|raw| {
+///     use streamalloc::gpu::sim::MemAccess;
+///     gpu.launch_kernel(raw, &[MemAccess::read(&xp), MemAccess::write(&yp)])
+///         .map_err(|e| e.for_request(0, b))
+/// })?;
+/// done.await?;
+/// drop((x, y));
+/// res.reap_pending().await?;
+/// assert_eq!(res.bytes_outstanding(), 0);
+/// assert!(gpu.races().is_empty());
+/// # Ok(()) }
+/// ```
+///
+/// # Stream ordering
+/// As [`LaunchRecorder`]: the launch waits for the allocation of every
+/// declared block and the uses that conflict with it; later conflicting
+/// uses and the frees wait for the launch.
+#[must_use = "a BufferLaunch queues nothing until `enqueue`"]
+pub struct BufferLaunch<'a, R> {
+    res: &'a AsyncResource<R>,
+    stream: StreamId,
+    buffers: Vec<(&'a BufferCore, Access)>,
+    blocks: Vec<(DeviceBlock, Access)>,
+}
+
+impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
+    /// Starts declaring a launch on `stream` (see [`BufferLaunch`]).
+    pub fn launch(&self, stream: StreamId) -> BufferLaunch<'_, R> {
+        BufferLaunch {
+            res: self,
+            stream,
+            buffers: Vec::new(),
+            blocks: Vec::new(),
+        }
+    }
+}
+
+impl<'a, R: DeviceMemoryResource + 'static> BufferLaunch<'a, R> {
+    /// The launch reads `buf`.
+    pub fn read<T>(mut self, buf: &'a Buffer<T>) -> Self {
+        self.buffers.push((&buf.core, Access::Read));
+        self
+    }
+
+    /// The launch writes (and maybe reads) `buf`.
+    pub fn write<T>(mut self, buf: &'a mut Buffer<T>) -> Self {
+        self.buffers.push((&buf.core, Access::Write));
+        self
+    }
+
+    /// The launch reads the view `view` (its whole buffer is ordered).
+    pub fn read_view<T>(mut self, view: &'a BufferView<'_, T>) -> Self {
+        self.buffers.push((view.core, Access::Read));
+        self
+    }
+
+    /// The launch writes the view `view` (its whole buffer is ordered).
+    pub fn write_view<T>(mut self, view: &'a mut BufferViewMut<'_, T>) -> Self {
+        self.buffers.push((view.core, Access::Write));
+        self
+    }
+
+    /// The launch touches the bare block `block` with `access` (a block the
+    /// caller owns through [`Buffer::into_block`] or the raw allocation).
+    pub fn block(mut self, block: &DeviceBlock, access: Access) -> Self {
+        self.blocks.push((block.clone(), access));
+        self
+    }
+
+    /// Runs the launch: checks every declaration (nothing queued on
+    /// failure), queues the waits, calls `enqueue` with the stream's raw
+    /// handle, records every use (even when `enqueue` fails or panics), and
+    /// returns `enqueue`'s value with one future for the whole launch.
+    ///
+    /// # Errors
+    /// A preflight error, an unknown stream, a prepare error (before
+    /// `enqueue` runs); `enqueue`'s error; an error recording the uses or
+    /// making the future.
+    pub fn enqueue<T, E>(
+        self,
+        enqueue: impl FnOnce(RawStream) -> Result<T, E>,
+    ) -> Result<(T, EventFuture), E>
+    where
+        E: From<ResourceError>,
+    {
+        let mut recorder = LaunchRecorder::new(&**self.res.inner(), self.stream);
+        for (core, access) in &self.buffers {
+            recorder = recorder.declare(&core.block, *access);
+        }
+        for (block, access) in &self.blocks {
+            recorder = recorder.declare(block, *access);
+        }
+        recorder.preflight()?;
+        let raw = self.res.stream_pool().raw(self.stream)?;
+        // A buffer's own begin also finishes the uses cudarc made of it, and
+        // holds its ledger while preparing (see `ledger`).
+        for (core, access) in &self.buffers {
+            core.begin(self.stream, *access, End::Guarded)?;
+        }
+        for (block, access) in &self.blocks {
+            self.res
+                .prepare_block_use(block.id(), self.stream, *access)?;
+        }
+        let (out, finished) = recorder.enqueue_then_finish(raw, enqueue);
+        let value = out?;
+        finished?;
+        Ok((value, self.res.completion(self.stream)?))
+    }
+}
+
+impl<R> fmt::Debug for BufferLaunch<'_, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BufferLaunch")
+            .field("stream", &self.stream)
+            .field(
+                "buffers",
+                &self
+                    .buffers
+                    .iter()
+                    .map(|(c, a)| (c.block.id(), *a))
+                    .collect::<Vec<_>>(),
+            )
+            .field("blocks", &self.blocks)
+            .finish()
+    }
+}
