@@ -235,6 +235,7 @@ impl StreamPool {
             .collect();
         Ok(Arc::new(StreamPool {
             device,
+            pool: fresh_pool_id(),
             raw,
             _owners: Vec::new(),
             cuda: streams,
@@ -250,7 +251,7 @@ impl StreamPool {
                 s.cu_stream() == stream.cu_stream()
                     && s.context().cu_ctx() == stream.context().cu_ctx()
             })
-            .map(|i| StreamId::new(self.device, i as u32))
+            .map(|i| self.tagged(i))
     }
 
     /// The cudarc stream behind `id`, to launch work on it.
