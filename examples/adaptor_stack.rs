@@ -45,7 +45,8 @@ fn run<G: Gpu>(resource: Arc<StreamOrderedResource<G>>) -> Result<(), BoxError> 
         .debug_guard(
             GuardConfig::new()
                 .max_blocks(8)
-                .poison(GpuPoison::for_resource(&resource, 0xA5)),
+                // SAFETY: the guard is the poison's only user and fills only blocks live in that resource.
+                .poison(unsafe { GpuPoison::for_resource(&resource, 0xA5) }),
         )
         .build(resource.clone());
 
@@ -56,20 +57,23 @@ fn run<G: Gpu>(resource: Arc<StreamOrderedResource<G>>) -> Result<(), BoxError> 
         LaunchRecorder::new(&r, load).write(&input).launch(
             &pool,
             |raw| -> Result<(), BoxError> {
-                Ok(gpu.memset_async(input.ptr(), 1, input.size(), raw)?)
+                // SAFETY: a stream of the pool this test holds; blocks live in its resource.
+                Ok(unsafe { gpu.memset_async(input.ptr(), 1, input.size(), raw) }?)
             },
         )?;
         LaunchRecorder::new(&r, compute)
             .read(&input)
             .write(&hidden)
             .launch(&pool, |raw| -> Result<(), BoxError> {
-                Ok(gpu.copy_async(hidden.ptr(), input.ptr(), input.size(), raw)?)
+                // SAFETY: a stream of the pool this test holds; blocks live in its resource.
+                Ok(unsafe { gpu.copy_async(hidden.ptr(), input.ptr(), input.size(), raw) }?)
             })?;
         LaunchRecorder::new(&r, store)
             .read(&hidden)
             .write(&output)
             .launch(&pool, |raw| -> Result<(), BoxError> {
-                Ok(gpu.copy_async(output.ptr(), hidden.ptr(), output.size(), raw)?)
+                // SAFETY: a stream of the pool this test holds; blocks live in its resource.
+                Ok(unsafe { gpu.copy_async(output.ptr(), hidden.ptr(), output.size(), raw) }?)
             })?;
         for block in [input, hidden, output] {
             r.deallocate(block)?;

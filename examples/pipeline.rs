@@ -56,7 +56,9 @@ async fn run<R: DeviceMemoryResource + 'static>(res: AsyncResource<R>) -> Resour
             let raw = res.stream_pool().raw(copy_in)?;
             for i in 0..ITEMS {
                 let input = res.allocate(SIZE, copy_in, AllocTag("input")).await?;
-                res.gpu().memset_async(input.ptr(), i as u8, SIZE, raw)?;
+                // SAFETY: `raw` is a stream of the resource's pool; `input`
+                // is live (allocated above, freed by stage B).
+                unsafe { res.gpu().memset_async(input.ptr(), i as u8, SIZE, raw) }?;
                 // Not awaited: stage B orders itself after it on the GPU.
                 drop(res.finish_block_use(input.id(), copy_in, Access::Write)?);
                 if to_compute.send(input).await.is_err() {
@@ -75,7 +77,8 @@ async fn run<R: DeviceMemoryResource + 'static>(res: AsyncResource<R>) -> Resour
             while let Some(input) = compute_rx.recv().await {
                 let output = res.allocate(SIZE, compute, AllocTag("output")).await?;
                 res.prepare_block_use(input.id(), compute, Access::Read)?;
-                res.gpu().copy_async(output.ptr(), input.ptr(), SIZE, raw)?;
+                // SAFETY: a pool stream; both blocks are live until freed below.
+                unsafe { res.gpu().copy_async(output.ptr(), input.ptr(), SIZE, raw) }?;
                 drop(res.finish_block_use(input.id(), compute, Access::Read)?);
                 drop(res.finish_block_use(output.id(), compute, Access::Write)?);
                 // Freed on stream 1, after stream 2's read: the hooks order it.
@@ -97,8 +100,8 @@ async fn run<R: DeviceMemoryResource + 'static>(res: AsyncResource<R>) -> Resour
             while let Some(output) = out_rx.recv().await {
                 let staging = res.allocate(SIZE, copy_out, AllocTag("staging")).await?;
                 res.prepare_block_use(output.id(), copy_out, Access::Read)?;
-                res.gpu()
-                    .copy_async(staging.ptr(), output.ptr(), SIZE, raw)?;
+                // SAFETY: a pool stream; both blocks are live until freed below.
+                unsafe { res.gpu().copy_async(staging.ptr(), output.ptr(), SIZE, raw) }?;
                 // The result is on the "host" once this resolves.
                 res.finish_block_use(output.id(), copy_out, Access::Read)?
                     .await?;

@@ -25,20 +25,23 @@ fn run<G: Gpu>(resource: &StreamOrderedResource<G>, pool: &StreamPool) -> Resour
 
     // Stage 1 writes the input on its stream.
     resource.prepare_block_use(input.id(), copy_in, Access::Write)?;
-    gpu.memset_async(input.ptr(), 1, n, pool.raw(copy_in)?)?;
+    // SAFETY: a stream of this program's pool and blocks it allocated and has not freed.
+    unsafe { gpu.memset_async(input.ptr(), 1, n, pool.raw(copy_in)?) }?;
     resource.finish_block_use(input.id(), copy_in, Access::Write)?;
 
     // Stage 2 reads it on another stream: prepare queues the wait.
     resource.prepare_block_use(input.id(), compute, Access::Read)?;
     resource.prepare_block_use(output.id(), compute, Access::Write)?;
-    gpu.copy_async(output.ptr(), input.ptr(), n, pool.raw(compute)?)?;
+    // SAFETY: a stream of this program's pool and blocks it allocated and has not freed.
+    unsafe { gpu.copy_async(output.ptr(), input.ptr(), n, pool.raw(compute)?) }?;
     resource.finish_block_use(input.id(), compute, Access::Read)?;
     resource.finish_block_use(output.id(), compute, Access::Write)?;
 
     // Stage 3 reads the output on a third stream into its own block.
     let result = resource.allocate(n, copy_out, AllocTag("result"))?;
     resource.prepare_block_use(output.id(), copy_out, Access::Read)?;
-    gpu.copy_async(result.ptr(), output.ptr(), n, pool.raw(copy_out)?)?;
+    // SAFETY: a stream of this program's pool and blocks it allocated and has not freed.
+    unsafe { gpu.copy_async(result.ptr(), output.ptr(), n, pool.raw(copy_out)?) }?;
     resource.finish_block_use(output.id(), copy_out, Access::Read)?;
 
     println!(

@@ -116,7 +116,8 @@ async fn an_eviction_on_another_stream_is_reaped_like_any_free() {
         DebugGuard::new(bottom.clone(), GuardConfig::new().max_blocks(1)),
         &budget,
     );
-    let res = AsyncResource::with_parts(stack, gpu.clone(), pool.clone()).unwrap();
+    // SAFETY: the stack allocates from `gpu` (its bottom is a resource of it) and resolves streams through `pool`.
+    let res = unsafe { AsyncResource::with_parts(stack, gpu.clone(), pool.clone()) }.unwrap();
 
     let x = res.allocate(4096, s0, T).await.unwrap();
     let y = res.allocate(8192, s1, T).await.unwrap();

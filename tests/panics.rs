@@ -203,7 +203,8 @@ fn a_decorator_panicking_on_the_watchdog_thread_wedges_nothing() {
         inner: bottom.clone(),
         panics: AtomicUsize::new(2),
     };
-    let res = AsyncResource::with_parts(stack, gpu.clone(), pool.clone()).unwrap();
+    // SAFETY: the stack allocates from `gpu` (its bottom is a resource of it) and resolves streams through `pool`.
+    let res = unsafe { AsyncResource::with_parts(stack, gpu.clone(), pool.clone()) }.unwrap();
     let s = pool.id(0).unwrap();
     let block = res.try_allocate(4096, s, T).unwrap();
     // The handle is dropped: only the watchdog applies the notification.

@@ -238,7 +238,8 @@ fn async_resources_built_and_dropped_leave_no_stream_behind() {
     let r = Arc::new(SimResource::new(gpu.clone(), pool.clone()));
     let (slots, live) = (gpu.stream_count(), gpu.live_stream_count());
     for _ in 0..5000 {
-        let res = AsyncResource::from_arc(r.clone(), gpu.clone(), pool.clone()).unwrap();
+        // SAFETY: `r` allocates from `gpu` and resolves streams through `pool`.
+        let res = unsafe { AsyncResource::from_arc(r.clone(), gpu.clone(), pool.clone()) }.unwrap();
         drop(res);
     }
     assert_eq!(

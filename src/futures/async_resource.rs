@@ -1,5 +1,7 @@
 //! [`AsyncResource`]: the futures face of a [`DeviceMemoryResource`].
 
+#![allow(unsafe_code)]
+
 use std::sync::Arc;
 
 use super::alloc_future::AllocFuture;
@@ -70,7 +72,9 @@ impl<G: Gpu> AsyncResource<StreamOrderedResource<G>> {
     pub fn new(inner: Arc<StreamOrderedResource<G>>) -> ResourceResult<Self> {
         let gpu = inner.gpu().clone();
         let pool = inner.stream_pool().clone();
-        Self::from_arc(inner, gpu, pool)
+        // SAFETY: the backend and the pool are the resource's own: its
+        // blocks are allocations of `gpu` and its streams those of `pool`.
+        unsafe { Self::from_arc(inner, gpu, pool) }
     }
 }
 
@@ -81,19 +85,32 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
     /// # Errors
     /// [`WrongDevice`](crate::ResourceError::WrongDevice) when `gpu`, `pool`
     /// and `inner` disagree on the device; a driver error creating events.
-    pub fn with_parts<G: Gpu>(
+    ///
+    /// # Safety
+    /// The futures layer and the buffers made from it queue work on `gpu`
+    /// with `inner`'s blocks and `pool`'s streams, which no backend can
+    /// check, so:
+    /// 1. every block `inner` hands out is an allocation of `gpu` (for a
+    ///    stack, the resource at its bottom allocates from `gpu`);
+    /// 2. `pool` is the pool `inner` resolves its streams through, and its
+    ///    streams are streams of `gpu`.
+    pub unsafe fn with_parts<G: Gpu>(
         inner: R,
         gpu: Arc<G>,
         pool: Arc<StreamPool>,
     ) -> ResourceResult<Self> {
-        Self::from_arc(Arc::new(inner), gpu, pool)
+        // SAFETY: this fn's own contract.
+        unsafe { Self::from_arc(Arc::new(inner), gpu, pool) }
     }
 
     /// As [`with_parts`](Self::with_parts), for a resource already shared.
     ///
     /// # Errors
     /// As [`with_parts`](Self::with_parts).
-    pub fn from_arc<G: Gpu>(
+    ///
+    /// # Safety
+    /// As [`with_parts`](Self::with_parts).
+    pub unsafe fn from_arc<G: Gpu>(
         inner: Arc<R>,
         gpu: Arc<G>,
         pool: Arc<StreamPool>,

@@ -173,7 +173,9 @@ where
                 op: trace.ops.len(),
                 error,
             })?;
-        target.gpu.stream_synchronize(raw)?;
+        // SAFETY: `raw` is a stream of `target.pool`, which `target` holds
+        // (and keeps alive) for the whole replay.
+        unsafe { target.gpu.stream_synchronize(raw) }?;
     }
     let elapsed = start.elapsed();
     run?;

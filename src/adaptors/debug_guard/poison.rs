@@ -1,5 +1,7 @@
 //! Poison fills: what the guard writes into a block it quarantines.
 
+#![allow(unsafe_code)]
+
 use std::fmt;
 use std::sync::Arc;
 
@@ -41,7 +43,9 @@ pub trait Poison: Send + Sync + 'static {
 /// let gpu = SimGpu::new();
 /// let pool = gpu.stream_pool(1);
 /// let resource = SimResource::new(gpu, pool);
-/// let poison = GpuPoison::for_resource(&resource, 0xA5);
+/// // SAFETY: the guard below is the only user of the poison, and it fills
+/// // only blocks live in `resource`.
+/// let poison = unsafe { GpuPoison::for_resource(&resource, 0xA5) };
 /// let guard = DebugGuard::new(resource, GuardConfig::new().poison(poison));
 /// # drop(guard);
 /// ```
@@ -53,17 +57,37 @@ pub struct GpuPoison<G: Gpu> {
 
 impl<G: Gpu> GpuPoison<G> {
     /// Fills with `value` on `gpu`, resolving streams through `pool`.
-    pub fn new(gpu: Arc<G>, pool: Arc<StreamPool>, value: u8) -> Self {
+    ///
+    /// # Safety
+    /// [`fill`](Poison::fill) queues a `memset_async` over the block it is
+    /// given, which no backend can check, so every block it is ever given
+    /// (by the [`DebugGuard`](super::DebugGuard) it is configured into,
+    /// which passes only blocks live in its inner resource, or by any other
+    /// caller) must be:
+    /// 1. an allocation of `gpu` whose free is not queued yet;
+    /// 2. on a stream of `pool`, which are streams of `gpu`.
+    pub unsafe fn new(gpu: Arc<G>, pool: Arc<StreamPool>, value: u8) -> Self {
         GpuPoison { gpu, pool, value }
     }
 
     /// Fills with `value` on the device and streams of `resource`.
-    pub fn for_resource(resource: &StreamOrderedResource<G>, value: u8) -> Self {
-        Self::new(
-            resource.gpu().clone(),
-            resource.stream_pool().clone(),
-            value,
-        )
+    ///
+    /// # Safety
+    /// Every block [`fill`](Poison::fill) is ever given is live in
+    /// `resource` (or in another resource of the same backend and pool):
+    /// configure it into a [`DebugGuard`](super::DebugGuard) whose inner
+    /// resource allocates from `resource`, and do not call `fill` with other
+    /// blocks.
+    pub unsafe fn for_resource(resource: &StreamOrderedResource<G>, value: u8) -> Self {
+        // SAFETY: the backend and pool are `resource`'s; the caller's
+        // contract gives `new`'s.
+        unsafe {
+            Self::new(
+                resource.gpu().clone(),
+                resource.stream_pool().clone(),
+                value,
+            )
+        }
     }
 
     /// The poison byte.
@@ -84,8 +108,12 @@ impl<G: Gpu> fmt::Debug for GpuPoison<G> {
 impl<G: Gpu> Poison for GpuPoison<G> {
     fn fill(&self, block: &DeviceBlock) -> ResourceResult<()> {
         let raw = self.pool.raw(block.stream())?;
-        self.gpu
-            .memset_async(block.ptr(), self.value, block.size(), raw)
-            .map_err(ResourceError::from)
+        // SAFETY: the constructor's contract: `block` is a live allocation of
+        // `self.gpu` on a stream of `self.pool`, which keeps it alive.
+        unsafe {
+            self.gpu
+                .memset_async(block.ptr(), self.value, block.size(), raw)
+        }
+        .map_err(ResourceError::from)
     }
 }

@@ -514,45 +514,41 @@ impl SimGpu {
     }
 }
 
-impl Gpu for SimGpu {
-    fn ordinal(&self) -> u32 {
-        self.ordinal
-    }
-
-    fn alloc_async(&self, bytes: usize, stream: RawStream) -> GpuResult<u64> {
+impl SimGpu {
+    /// Queues an allocation on `stream` (see [`Gpu::alloc_async`]). Safe: the simulator checks every
+    /// handle and address, and refuses what is not its own.
+    pub fn alloc_async(&self, bytes: usize, stream: RawStream) -> GpuResult<u64> {
         self.queue(DriverCall::AllocAsync, |st| {
             st.own_stream(sim_index(stream), self.ordinal, DriverCall::AllocAsync)?;
             st.alloc(bytes, sim_index(stream))
         })
     }
-
-    fn free_async(&self, ptr: u64, stream: RawStream) -> GpuResult<()> {
+    /// Queues the free of `ptr` on `stream` (see [`Gpu::free_async`]). Safe: the simulator checks every
+    /// handle and address, and refuses what is not its own.
+    pub fn free_async(&self, ptr: u64, stream: RawStream) -> GpuResult<()> {
         self.queue(DriverCall::FreeAsync, |st| {
             st.own_stream(sim_index(stream), self.ordinal, DriverCall::FreeAsync)?;
             st.free(ptr, sim_index(stream))
         })
     }
-
-    fn event_create(&self) -> GpuResult<RawEvent> {
-        self.queue(DriverCall::EventCreate, |st| {
-            Ok(RawEvent::sim(st.event_create()))
-        })
-    }
-
-    fn event_record(&self, event: RawEvent, stream: RawStream) -> GpuResult<()> {
+    /// Records `event` on `stream` (see [`Gpu::event_record`]). Safe: the simulator checks every
+    /// handle and address, and refuses what is not its own.
+    pub fn event_record(&self, event: RawEvent, stream: RawStream) -> GpuResult<()> {
         self.queue(DriverCall::EventRecord, |st| {
             st.own_stream(sim_index(stream), self.ordinal, DriverCall::EventRecord)?;
             st.record(sim_event(event), sim_index(stream))
         })
     }
-
-    fn event_query(&self, event: RawEvent) -> GpuResult<bool> {
+    /// Whether `event`'s latest record ran (see [`Gpu::event_query`]). Safe: the simulator checks every
+    /// handle and address, and refuses what is not its own.
+    pub fn event_query(&self, event: RawEvent) -> GpuResult<bool> {
         let mut state = self.shared.lock();
         state.enter(DriverCall::EventQuery)?;
         state.query(sim_event(event), DriverCall::EventQuery)
     }
-
-    fn event_synchronize(&self, event: RawEvent) -> GpuResult<()> {
+    /// Blocks until `event` is done (see [`Gpu::event_synchronize`]). Safe: the simulator checks every
+    /// handle and address, and refuses what is not its own.
+    pub fn event_synchronize(&self, event: RawEvent) -> GpuResult<()> {
         let (generation, clock) = {
             let mut state = self.shared.lock();
             state.enter(DriverCall::EventSynchronize)?;
@@ -565,21 +561,24 @@ impl Gpu for SimGpu {
         self.shared.lock().host_saw(&clock);
         Ok(())
     }
-
-    fn event_destroy(&self, event: RawEvent) -> GpuResult<()> {
+    /// Destroys `event` (see [`Gpu::event_destroy`]). Safe: the simulator checks every
+    /// handle and address, and refuses what is not its own.
+    pub fn event_destroy(&self, event: RawEvent) -> GpuResult<()> {
         let mut state = self.shared.lock();
         state.enter(DriverCall::EventDestroy)?;
         state.event_destroy(sim_event(event))
     }
-
-    fn stream_wait_event(&self, stream: RawStream, event: RawEvent) -> GpuResult<()> {
+    /// Makes `stream` wait for `event` (see [`Gpu::stream_wait_event`]). Safe: the simulator checks every
+    /// handle and address, and refuses what is not its own.
+    pub fn stream_wait_event(&self, stream: RawStream, event: RawEvent) -> GpuResult<()> {
         self.queue(DriverCall::StreamWaitEvent, |st| {
             st.own_stream(sim_index(stream), self.ordinal, DriverCall::StreamWaitEvent)?;
             st.wait(sim_index(stream), sim_event(event))
         })
     }
-
-    fn stream_synchronize(&self, stream: RawStream) -> GpuResult<()> {
+    /// Blocks until `stream` is idle (see [`Gpu::stream_synchronize`]). Safe: the simulator checks every
+    /// handle and address, and refuses what is not its own.
+    pub fn stream_synchronize(&self, stream: RawStream) -> GpuResult<()> {
         let s = sim_index(stream);
         let clock = {
             let mut state = self.shared.lock();
@@ -590,15 +589,23 @@ impl Gpu for SimGpu {
         self.shared.lock().host_saw(&clock);
         Ok(())
     }
-
-    fn launch_host_fn(&self, stream: RawStream, f: HostFn) -> GpuResult<()> {
+    /// Queues a host function on `stream` (see [`Gpu::launch_host_fn`]). Safe: the simulator checks every
+    /// handle and address, and refuses what is not its own.
+    pub fn launch_host_fn(&self, stream: RawStream, f: HostFn) -> GpuResult<()> {
         self.queue(DriverCall::LaunchHostFunc, |st| {
             st.own_stream(sim_index(stream), self.ordinal, DriverCall::LaunchHostFunc)?;
             st.host_fn(sim_index(stream), f)
         })
     }
-
-    fn memset_async(&self, ptr: u64, _value: u8, len: usize, stream: RawStream) -> GpuResult<()> {
+    /// Queues a fill (see [`Gpu::memset_async`]). Safe: the simulator checks every
+    /// handle and address, and refuses what is not its own.
+    pub fn memset_async(
+        &self,
+        ptr: u64,
+        _value: u8,
+        len: usize,
+        stream: RawStream,
+    ) -> GpuResult<()> {
         if len == 0 {
             return Ok(());
         }
@@ -607,8 +614,9 @@ impl Gpu for SimGpu {
             st.kernel(sim_index(stream), &[(ptr, Access::Write)])
         })
     }
-
-    fn copy_async(&self, dst: u64, src: u64, len: usize, stream: RawStream) -> GpuResult<()> {
+    /// Queues a copy (see [`Gpu::copy_async`]). Safe: the simulator checks every
+    /// handle and address, and refuses what is not its own.
+    pub fn copy_async(&self, dst: u64, src: u64, len: usize, stream: RawStream) -> GpuResult<()> {
         if len == 0 {
             return Ok(());
         }
@@ -619,6 +627,85 @@ impl Gpu for SimGpu {
                 &[(src, Access::Read), (dst, Access::Write)],
             )
         })
+    }
+    /// Destroys `stream` (see [`Gpu::destroy_stream`]). Safe: the simulator checks every
+    /// handle and address, and refuses what is not its own.
+    pub fn destroy_stream(&self, stream: RawStream) -> GpuResult<()> {
+        // Like `cuStreamDestroy`: work still queued runs; the handle is
+        // refused from now on. Allowed on a faulted device (tear-down).
+        self.shared
+            .lock()
+            .destroy_stream(sim_index(stream), self.ordinal, DriverCall::Init)
+    }
+}
+
+// Every call is checked by the simulator: the trait's unsafe methods are the
+// inherent safe ones.
+impl Gpu for SimGpu {
+    fn ordinal(&self) -> u32 {
+        self.ordinal
+    }
+
+    unsafe fn alloc_async(&self, bytes: usize, stream: RawStream) -> GpuResult<u64> {
+        SimGpu::alloc_async(self, bytes, stream)
+    }
+
+    unsafe fn free_async(&self, ptr: u64, stream: RawStream) -> GpuResult<()> {
+        SimGpu::free_async(self, ptr, stream)
+    }
+
+    fn event_create(&self) -> GpuResult<RawEvent> {
+        self.queue(DriverCall::EventCreate, |st| {
+            Ok(RawEvent::sim(st.event_create()))
+        })
+    }
+
+    unsafe fn event_record(&self, event: RawEvent, stream: RawStream) -> GpuResult<()> {
+        SimGpu::event_record(self, event, stream)
+    }
+
+    unsafe fn event_query(&self, event: RawEvent) -> GpuResult<bool> {
+        SimGpu::event_query(self, event)
+    }
+
+    unsafe fn event_synchronize(&self, event: RawEvent) -> GpuResult<()> {
+        SimGpu::event_synchronize(self, event)
+    }
+
+    unsafe fn event_destroy(&self, event: RawEvent) -> GpuResult<()> {
+        SimGpu::event_destroy(self, event)
+    }
+
+    unsafe fn stream_wait_event(&self, stream: RawStream, event: RawEvent) -> GpuResult<()> {
+        SimGpu::stream_wait_event(self, stream, event)
+    }
+
+    unsafe fn stream_synchronize(&self, stream: RawStream) -> GpuResult<()> {
+        SimGpu::stream_synchronize(self, stream)
+    }
+
+    unsafe fn launch_host_fn(&self, stream: RawStream, f: HostFn) -> GpuResult<()> {
+        SimGpu::launch_host_fn(self, stream, f)
+    }
+
+    unsafe fn memset_async(
+        &self,
+        ptr: u64,
+        value: u8,
+        len: usize,
+        stream: RawStream,
+    ) -> GpuResult<()> {
+        SimGpu::memset_async(self, ptr, value, len, stream)
+    }
+
+    unsafe fn copy_async(
+        &self,
+        dst: u64,
+        src: u64,
+        len: usize,
+        stream: RawStream,
+    ) -> GpuResult<()> {
+        SimGpu::copy_async(self, dst, src, len, stream)
     }
 
     fn mem_info(&self) -> GpuResult<(usize, usize)> {
@@ -649,11 +736,7 @@ impl Gpu for SimGpu {
         Ok(SimGpu::create_stream(self))
     }
 
-    fn destroy_stream(&self, stream: RawStream) -> GpuResult<()> {
-        // Like `cuStreamDestroy`: work still queued runs; the handle is
-        // refused from now on. Allowed on a faulted device (tear-down).
-        self.shared
-            .lock()
-            .destroy_stream(sim_index(stream), self.ordinal, DriverCall::Init)
+    unsafe fn destroy_stream(&self, stream: RawStream) -> GpuResult<()> {
+        SimGpu::destroy_stream(self, stream)
     }
 }
