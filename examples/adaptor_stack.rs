@@ -13,25 +13,19 @@ use std::sync::Arc;
 
 use streamalloc::adaptors::{Budget, GpuPoison, GuardConfig, Stats};
 use streamalloc::gpu::Gpu;
-use streamalloc::gpu::cuda::{CudaGpu, cuda_present};
-use streamalloc::gpu::sim::SimGpu;
 use streamalloc::launch::LaunchRecorder;
-use streamalloc::{
-    AllocTag, AsyncCudaResource, DeviceMemoryResource, ResourceBuilder, SimResource,
-    StreamOrderedResource,
-};
+use streamalloc::{AllocTag, Device, DeviceMemoryResource, ResourceBuilder, StreamOrderedResource};
 
 type BoxError = Box<dyn Error + Send + Sync>;
 const MIB: usize = 1 << 20;
 
-fn run<G: Gpu>(resource: Arc<StreamOrderedResource<G>>) -> Result<(), BoxError> {
-    let gpu = resource.gpu().clone();
-    let pool = resource.stream_pool().clone();
-    let (load, compute, store) = (
-        pool.id(0).unwrap(),
-        pool.id(1).unwrap(),
-        pool.id(2).unwrap(),
-    );
+fn main() -> Result<(), BoxError> {
+    // CUDA device 0 when there is one, else the simulated device.
+    let device = Device::open(0, 3);
+    println!("device: {device}");
+    let resource = Arc::new(StreamOrderedResource::new(&device));
+    let gpu = device.gpu();
+    let (load, compute, store) = (device.stream(0)?, device.stream(1)?, device.stream(2)?);
     let budget = Budget::new(256 * MIB);
     let stats = Stats::new();
     // Outermost first: trace what callers ask, retry budget refusals after
@@ -45,8 +39,8 @@ fn run<G: Gpu>(resource: Arc<StreamOrderedResource<G>>) -> Result<(), BoxError> 
         .debug_guard(
             GuardConfig::new()
                 .max_blocks(8)
-                // SAFETY: the guard is the poison's only user and fills only blocks live in that resource.
-                .poison(unsafe { GpuPoison::for_resource(&resource, 0xA5) }),
+                // SAFETY: the guard is the poison's only user and fills only blocks live in a resource of this device.
+                .poison(unsafe { GpuPoison::new(&device, 0xA5) }),
         )
         .build(resource.clone());
 
@@ -55,24 +49,24 @@ fn run<G: Gpu>(resource: Arc<StreamOrderedResource<G>>) -> Result<(), BoxError> 
         let hidden = r.allocate(32 * MIB, compute, AllocTag("activations"))?;
         let output = r.allocate(16 * MIB, store, AllocTag("output"))?;
         LaunchRecorder::new(&r, load).write(&input).launch(
-            &pool,
+            &device,
             |raw| -> Result<(), BoxError> {
-                // SAFETY: a stream of the pool this test holds; blocks live in its resource.
+                // SAFETY: a stream of the device's pool; the block is live (freed later).
                 Ok(unsafe { gpu.memset_async(input.ptr(), 1, input.size(), raw) }?)
             },
         )?;
         LaunchRecorder::new(&r, compute)
             .read(&input)
             .write(&hidden)
-            .launch(&pool, |raw| -> Result<(), BoxError> {
-                // SAFETY: a stream of the pool this test holds; blocks live in its resource.
+            .launch(&device, |raw| -> Result<(), BoxError> {
+                // SAFETY: a stream of the device's pool; both blocks are live (freed later).
                 Ok(unsafe { gpu.copy_async(hidden.ptr(), input.ptr(), input.size(), raw) }?)
             })?;
         LaunchRecorder::new(&r, store)
             .read(&hidden)
             .write(&output)
-            .launch(&pool, |raw| -> Result<(), BoxError> {
-                // SAFETY: a stream of the pool this test holds; blocks live in its resource.
+            .launch(&device, |raw| -> Result<(), BoxError> {
+                // SAFETY: a stream of the device's pool; both blocks are live (freed later).
                 Ok(unsafe { gpu.copy_async(output.ptr(), hidden.ptr(), output.size(), raw) }?)
             })?;
         for block in [input, hidden, output] {
@@ -90,23 +84,10 @@ fn run<G: Gpu>(resource: Arc<StreamOrderedResource<G>>) -> Result<(), BoxError> 
     r.inner().inner().inner().inner().flush()?;
     r.reap_pending()?;
     println!("after flush and reap: {} B in use", budget.in_use());
-    Ok(())
-}
-
-fn main() -> Result<(), BoxError> {
-    if cuda_present()
-        && let Ok(ctx) = CudaGpu::open(0)
-    {
-        println!("device: CUDA device 0");
-        let pool = streamalloc::StreamPool::cuda(&ctx, 3)?;
-        return run(Arc::new(AsyncCudaResource::new(ctx, 0, pool)));
+    if let Some(sim) = device.simulator() {
+        let races = sim.races();
+        println!("race detector: {} race(s)", races.len());
+        assert!(races.is_empty(), "{races:?}");
     }
-    println!("device: simulated");
-    let gpu = SimGpu::new();
-    let pool = gpu.stream_pool(3);
-    run(Arc::new(SimResource::new(gpu.clone(), pool)))?;
-    let races = gpu.races();
-    println!("race detector: {} race(s)", races.len());
-    assert!(races.is_empty(), "{races:?}");
     Ok(())
 }

@@ -7,12 +7,10 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use streamalloc::gpu::cuda::CudaGpu;
 use streamalloc::gpu::sim::SimGpu;
 use streamalloc::registry::DeviceRegistry;
 use streamalloc::{
-    AllocTag, AsyncCudaResource, DeviceMemoryResource, ResourceResult, SimResource, StreamId,
-    StreamPool,
+    AllocTag, Device, DeviceMemoryResource, ResourceResult, StreamId, StreamOrderedResource,
 };
 
 const REQUESTS: usize = 4000;
@@ -68,30 +66,25 @@ fn serve<R: DeviceMemoryResource + 'static>(
 }
 
 fn main() -> ResourceResult<()> {
-    let cuda_devices = CudaGpu::open(0)
-        .ok()
-        .and_then(|_| cudarc::driver::CudaContext::device_count().ok())
-        .unwrap_or(0);
-    if cuda_devices > 0 {
-        println!("host: {cuda_devices} CUDA device(s)");
-        let registry = Arc::new(DeviceRegistry::<AsyncCudaResource>::new());
-        let mut streams = Vec::new();
-        for d in 0..cuda_devices as u32 {
-            let ctx = CudaGpu::open(d)?;
-            let pool = StreamPool::cuda(&ctx, 2)?;
-            streams.extend(pool.ids());
-            registry.set(d, Arc::new(AsyncCudaResource::new(ctx, d, pool)))?;
-        }
-        return serve(registry, streams);
-    }
-    println!("host: 2 simulated devices (no CUDA GPU found)");
-    let registry = Arc::new(DeviceRegistry::<SimResource>::new());
+    // Every CUDA device of the host, or a simulated host of two devices.
+    let count = Device::cuda_count();
+    let devices: Vec<Device> = if count > 0 {
+        (0..count)
+            .map(|d| Device::cuda(d, 2))
+            .collect::<ResourceResult<_>>()?
+    } else {
+        let host = SimGpu::builder().build_host(2);
+        host.iter().map(|gpu| Device::sim(gpu, 2)).collect()
+    };
+    let registry = Arc::new(DeviceRegistry::new());
     let mut streams = Vec::new();
-    for gpu in SimGpu::builder().build_host(2) {
-        let pool = gpu.stream_pool(2);
-        streams.extend(pool.ids());
-        let resource = SimResource::new(gpu, pool);
-        registry.set(resource.device_ordinal(), Arc::new(resource))?;
+    for device in &devices {
+        println!("device: {device}");
+        streams.extend(device.streams().ids());
+        registry.set(
+            device.ordinal(),
+            Arc::new(StreamOrderedResource::new(device)),
+        )?;
     }
     serve(registry, streams)
 }

@@ -4,16 +4,15 @@
 //! the simulated device the race detector checks it.
 //!
 //! ```text
-//! cargo run --example pipeline            # real GPU if present, else simulated
-//! cargo run --example pipeline -- --sim
+//! cargo run --example pipeline                         # real GPU if present, else simulated
+//! STREAMALLOC_DEVICE=sim cargo run --example pipeline  # always simulated
 //! ```
 
-mod common;
-
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use streamalloc::futures::{AsyncResource, Reaper};
-use streamalloc::{Access, AllocTag, DeviceBlock, DeviceMemoryResource, ResourceResult};
+use streamalloc::gpu::sim::SimGpu;
+use streamalloc::{Access, AllocTag, Device, DeviceBlock, DeviceMemoryResource, ResourceResult};
 use tokio::sync::mpsc;
 
 const ITEMS: usize = 256;
@@ -21,18 +20,21 @@ const SIZE: usize = 1 << 20;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 3)]
 async fn main() -> ResourceResult<()> {
-    match common::setup(3, 64 << 20)? {
-        common::Setup::Sim(res, gpu) => {
-            println!("device: simulated");
-            run(res).await?;
-            let races = gpu.races();
-            println!("race detector: {} race(s) — silent", races.len());
-            assert!(races.is_empty(), "{races:?}");
-        }
-        common::Setup::Cuda(res) => {
-            println!("device: CUDA device 0");
-            run(res).await?;
-        }
+    // CUDA device 0 when there is one, else a simulated device of
+    // 64 MiB whose kernels take 50 µs.
+    let device = Device::open_or_sim(
+        0,
+        3,
+        SimGpu::builder()
+            .capacity(64 << 20)
+            .op_latency(Duration::from_micros(50)),
+    );
+    println!("device: {device}");
+    run(AsyncResource::on(&device)?).await?;
+    if let Some(sim) = device.simulator() {
+        let races = sim.races();
+        println!("race detector: {} race(s)", races.len());
+        assert!(races.is_empty(), "{races:?}");
     }
     Ok(())
 }

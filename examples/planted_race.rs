@@ -10,21 +10,16 @@
 //! the bug is reported, the fixed version is not.
 
 use streamalloc::gpu::Gpu;
-use streamalloc::gpu::cuda::CudaGpu;
 use streamalloc::gpu::sim::SimGpu;
 use streamalloc::{
-    Access, AllocTag, AsyncCudaResource, DeviceMemoryResource, ResourceResult, SimResource,
-    StreamOrderedResource, StreamPool,
+    Access, AllocTag, Device, DeviceMemoryResource, ResourceResult, StreamOrderedResource,
 };
 
-fn plant<G: Gpu>(
-    r: &StreamOrderedResource<G>,
-    pool: &StreamPool,
-    fixed: bool,
-) -> ResourceResult<()> {
-    let (a, b) = (pool.id(0).unwrap(), pool.id(1).unwrap());
-    let (raw_a, raw_b) = (pool.raw(a)?, pool.raw(b)?);
-    let gpu = r.gpu();
+fn plant(device: &Device, fixed: bool) -> ResourceResult<()> {
+    let r = StreamOrderedResource::new(device);
+    let (a, b) = (device.stream(0)?, device.stream(1)?);
+    let (raw_a, raw_b) = (device.raw(a)?, device.raw(b)?);
+    let gpu = device.gpu();
     let n = 64 << 20;
     let victim = r.allocate(n, a, AllocTag("victim"))?;
     let busy = r.allocate(1 << 30, b, AllocTag("busy"))?;
@@ -62,18 +57,16 @@ fn main() -> ResourceResult<()> {
             "bug (no hooks on stream B)"
         }
     );
-    if let Ok(ctx) = CudaGpu::open(0) {
-        let pool = StreamPool::cuda(&ctx, 2)?;
-        let r = AsyncCudaResource::new(ctx, 0, pool.clone());
-        plant(&r, &pool, fixed)?;
+    // A manual simulated device when there is no GPU: the order in which
+    // the streams run is then fixed, and the race shows every time.
+    let device = Device::open_or_sim(0, 2, SimGpu::builder().manual());
+    println!("device: {device}");
+    plant(&device, fixed)?;
+    let Some(sim) = device.simulator() else {
         println!("ran on CUDA; run under compute-sanitizer to see the verdict");
         return Ok(());
-    }
-    let gpu = SimGpu::builder().manual().build();
-    let pool = gpu.stream_pool(2);
-    let r = SimResource::new(gpu.clone(), pool.clone());
-    plant(&r, &pool, fixed)?;
-    let races = gpu.races();
+    };
+    let races = sim.races();
     for race in &races {
         println!("sim race detector: {race}");
     }

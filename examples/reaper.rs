@@ -4,32 +4,36 @@
 //! allocation waiting for that memory.
 //!
 //! ```text
-//! cargo run --example reaper            # real GPU if present, else simulated
-//! cargo run --example reaper -- --sim
+//! cargo run --example reaper                         # real GPU if present, else simulated
+//! STREAMALLOC_DEVICE=sim cargo run --example reaper  # always simulated
 //! ```
-
-mod common;
 
 use std::time::{Duration, Instant};
 
 use streamalloc::futures::{AsyncResource, Reaper};
-use streamalloc::{AllocTag, DeviceMemoryResource, ResourceResult};
+use streamalloc::gpu::sim::SimGpu;
+use streamalloc::{AllocTag, Device, DeviceMemoryResource, ResourceResult};
 
 const FREES: usize = 1000;
 const STREAMS: usize = 4;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> ResourceResult<()> {
-    match common::setup(STREAMS, 256 << 20)? {
-        common::Setup::Sim(res, gpu) => {
-            println!("device: simulated");
-            run(res).await?;
-            assert!(gpu.races().is_empty(), "{:?}", gpu.races());
-        }
-        common::Setup::Cuda(res) => {
-            println!("device: CUDA device 0");
-            run(res).await?;
-        }
+    // CUDA device 0 when there is one, else a simulated device of
+    // 256 MiB whose kernels take 50 µs.
+    let device = Device::open_or_sim(
+        0,
+        STREAMS,
+        SimGpu::builder()
+            .capacity(256 << 20)
+            .op_latency(Duration::from_micros(50)),
+    );
+    println!("device: {device}");
+    run(AsyncResource::on(&device)?).await?;
+    if let Some(sim) = device.simulator() {
+        let races = sim.races();
+        println!("race detector: {} race(s)", races.len());
+        assert!(races.is_empty(), "{races:?}");
     }
     Ok(())
 }

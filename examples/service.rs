@@ -4,11 +4,9 @@
 //! failing.
 //!
 //! ```text
-//! cargo run --example service            # real GPU if present, else simulated
-//! cargo run --example service -- --sim   # always simulated
+//! cargo run --example service                         # real GPU if present, else simulated
+//! STREAMALLOC_DEVICE=sim cargo run --example service  # always simulated
 //! ```
-
-mod common;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -16,25 +14,29 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use streamalloc::futures::{AsyncResource, Reaper};
-use streamalloc::{Access, AllocTag, DeviceMemoryResource, ResourceResult};
+use streamalloc::gpu::sim::SimGpu;
+use streamalloc::{Access, AllocTag, Device, DeviceMemoryResource, ResourceResult};
 
 const REQUESTS: usize = 64;
 const STREAMS: usize = 8;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 4)]
 async fn main() -> ResourceResult<()> {
-    match common::setup(STREAMS, 64 << 20)? {
-        common::Setup::Sim(res, gpu) => {
-            println!("device: simulated (64 MiB)");
-            serve(res).await?;
-            let races = gpu.races();
-            println!("race detector: {} race(s)", races.len());
-            assert!(races.is_empty(), "{races:?}");
-        }
-        common::Setup::Cuda(res) => {
-            println!("device: CUDA device 0");
-            serve(res).await?;
-        }
+    // CUDA device 0 when there is one, else a simulated device of
+    // 64 MiB whose kernels take 50 µs.
+    let device = Device::open_or_sim(
+        0,
+        STREAMS,
+        SimGpu::builder()
+            .capacity(64 << 20)
+            .op_latency(Duration::from_micros(50)),
+    );
+    println!("device: {device}");
+    serve(AsyncResource::on(&device)?).await?;
+    if let Some(sim) = device.simulator() {
+        let races = sim.races();
+        println!("race detector: {} race(s)", races.len());
+        assert!(races.is_empty(), "{races:?}");
     }
     Ok(())
 }

@@ -20,19 +20,19 @@ use crate::adaptors::{
 /// use streamalloc::adaptors::Budget;
 /// use streamalloc::builder::ResourceBuilder;
 /// use streamalloc::gpu::sim::SimGpu;
-/// use streamalloc::{AllocTag, DeviceMemoryResource, SimResource};
+/// use streamalloc::{Device, AllocTag, DeviceMemoryResource, SimResource};
 ///
 /// let gpu = SimGpu::new();
-/// let pool = gpu.stream_pool(1);
+/// let device = Device::simulated(&gpu, 1);
 /// let budget = Budget::new(1 << 30);
 /// let resource = ResourceBuilder::new()
 ///     .tracing()
 ///     .retry_on_oom()
 ///     .budget(&budget)
 ///     .stats()
-///     .build(SimResource::new(gpu, pool.clone()));
+///     .build(SimResource::new(&device));
 ///
-/// let block = resource.allocate(4096, pool.id(0).unwrap(), AllocTag("io"))?;
+/// let block = resource.allocate(4096, device.stream(0)?, AllocTag("io"))?;
 /// assert_eq!(budget.in_use(), 4096);
 /// resource.deallocate(block)?;
 /// # Ok::<(), streamalloc::ResourceError>(())

@@ -21,13 +21,15 @@
 //!               StreamOrderedResource<G>: the bookkeeping, written once
 //!                 AsyncCudaResource = StreamOrderedResource<CudaGpu>
 //!                 SimResource       = StreamOrderedResource<SimGpu>
+//!  device       Device<G>: a backend and its StreamPool, held together;
+//!                 Device::open(n, streams): CUDA device n, else the simulator
 //!  gpu seam     trait Gpu: the driver calls the bookkeeping needs
 //!                 CudaGpu (cudarc, libcuda loaded at run time)   SimGpu (simulated)
-//!  core types   StreamId, StreamPool, BlockId, DeviceBlock, BlockState,
+//!  core types   StreamId, RawStream, BlockId, DeviceBlock, BlockState,
 //!               AllocTag, Access, ResourceError / ResourceResult
 //! ```
 //!
-//! The simulated device, [`SimGpu`](gpu::sim::SimGpu), runs everywhere and
+//! The simulated device, [`SimGpu`], runs everywhere and
 //! carries a race detector: tests and users without a GPU exercise the same
 //! bookkeeping that runs on CUDA.
 
@@ -39,6 +41,7 @@ pub mod adaptors;
 pub mod buffer;
 pub mod builder;
 pub mod cache;
+pub mod device;
 pub mod error;
 mod fast_hash;
 pub mod futures;
@@ -57,9 +60,17 @@ pub use adaptors::{
 pub use buffer::{Buffer, CudaBuffer};
 pub use builder::ResourceBuilder;
 pub use cache::{CacheConfig, CachingResource};
+pub use device::{Backend, Device, StreamPool};
 pub use error::{DriverCall, ResourceError, ResourceResult};
+pub use futures::{AsyncResource, Reaper};
+pub use gpu::sim::SimGpu;
 pub use launch::LaunchRecorder;
 pub use resource::{AsyncCudaResource, DeviceMemoryResource, SimResource, StreamOrderedResource};
 pub use types::{
-    Access, AllocTag, BlockId, BlockState, DeviceBlock, RawStream, ResourceId, StreamId, StreamPool,
+    Access, AllocTag, BlockId, BlockState, DeviceBlock, RawStream, ResourceId, StreamId,
 };
+
+/// The README's examples, compiled and run as doctests (`cargo test --doc`).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

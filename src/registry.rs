@@ -23,13 +23,13 @@ use crate::types::{AllocTag, DeviceBlock, StreamId};
 /// use std::sync::Arc;
 /// use streamalloc::gpu::sim::SimGpu;
 /// use streamalloc::registry::DeviceRegistry;
-/// use streamalloc::{AllocTag, DeviceMemoryResource, SimResource};
+/// use streamalloc::{Device, AllocTag, DeviceMemoryResource, SimResource};
 ///
 /// let registry: DeviceRegistry<SimResource> = DeviceRegistry::new();
 /// for gpu in SimGpu::builder().build_host(2) {
-///     let pool = gpu.stream_pool(1);
+///     let device = Device::simulated(&gpu, 1);
 ///     let ordinal = streamalloc::gpu::Gpu::ordinal(&*gpu);
-///     registry.set(ordinal, Arc::new(SimResource::new(gpu, pool)))?;
+///     registry.set(ordinal, Arc::new(SimResource::new(&device)))?;
 /// }
 /// assert_eq!(registry.devices(), vec![0, 1]);
 /// let on_1 = registry.get(1)?;

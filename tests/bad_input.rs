@@ -9,7 +9,7 @@ use checks::{Snapshot, assert_drained, settle, write};
 use common::Fixture;
 use streamalloc::gpu::sim::SimGpu;
 use streamalloc::{
-    Access, AllocTag, BlockId, BlockState, DeviceBlock, DeviceMemoryResource, DriverCall,
+    Access, AllocTag, BlockId, BlockState, Device, DeviceBlock, DeviceMemoryResource, DriverCall,
     ResourceError, SimResource, StreamId,
 };
 
@@ -188,7 +188,7 @@ fn stream_of_another_device() {
 fn block_of_another_resource() {
     let s = scene();
     let gpu = s.f.sim.clone().unwrap();
-    let other = SimResource::new(gpu, s.f.pool.clone());
+    let other = SimResource::new(&Device::new(gpu, s.f.pool.clone()).unwrap());
     let theirs = other.allocate(1024, s.f.stream(0), TAG).unwrap();
     let id = theirs.id();
     let foreign =

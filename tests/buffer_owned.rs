@@ -11,7 +11,7 @@ use common::{CountingWaker, drive, poll_once};
 use streamalloc::buffer::Buffer;
 use streamalloc::futures::AsyncResource;
 use streamalloc::gpu::sim::{MemAccess, RaceKind, SimGpu};
-use streamalloc::{AllocTag, ResourceError, SimResource, StreamId};
+use streamalloc::{AllocTag, Device, ResourceError, SimResource, StreamId};
 
 const TAG: AllocTag = AllocTag("buffer");
 /// Elements of each handler buffer (f32).
@@ -21,9 +21,9 @@ const BYTES: usize = N * 4;
 /// A manual device that holds exactly two handler buffers.
 fn tight() -> (Arc<SimGpu>, AsyncResource<SimResource>, Vec<StreamId>) {
     let gpu = SimGpu::builder().manual().capacity(2 * BYTES).build();
-    let pool = gpu.stream_pool(3);
-    let res = AsyncResource::new(Arc::new(SimResource::new(gpu.clone(), pool.clone())))
-        .expect("async resource");
+    let device = Device::simulated(&gpu, 3);
+    let pool = device.streams().clone();
+    let res = AsyncResource::new(Arc::new(SimResource::new(&device))).expect("async resource");
     (gpu, res, pool.ids().collect())
 }
 
@@ -107,8 +107,9 @@ async fn an_aborted_task_leaves_nothing_outstanding() {
     let gpu = SimGpu::builder()
         .op_latency(std::time::Duration::from_millis(50))
         .build();
-    let pool = gpu.stream_pool(2);
-    let res = AsyncResource::new(Arc::new(SimResource::new(gpu.clone(), pool.clone()))).unwrap();
+    let device = Device::simulated(&gpu, 2);
+    let pool = device.streams().clone();
+    let res = AsyncResource::new(Arc::new(SimResource::new(&device))).unwrap();
     let s = [pool.id(0).unwrap(), pool.id(1).unwrap()];
     let task = tokio::spawn(handler(res.clone(), gpu.clone(), s));
     // Abort while the launch is (most likely) still queued on the device.
@@ -125,8 +126,9 @@ async fn an_aborted_task_leaves_nothing_outstanding() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panicking_task_leaves_nothing_outstanding() {
     let gpu = SimGpu::new();
-    let pool = gpu.stream_pool(2);
-    let res = AsyncResource::new(Arc::new(SimResource::new(gpu.clone(), pool.clone()))).unwrap();
+    let device = Device::simulated(&gpu, 2);
+    let pool = device.streams().clone();
+    let res = AsyncResource::new(Arc::new(SimResource::new(&device))).unwrap();
     let s = pool.id(0).unwrap();
     let r2 = res.clone();
     let task = tokio::spawn(async move {

@@ -10,7 +10,7 @@ use streamalloc::adaptors::{Budget, BudgetResource, DebugGuard, GuardConfig};
 use streamalloc::cache::CachingResource;
 use streamalloc::futures::AsyncResource;
 use streamalloc::gpu::sim::SimGpu;
-use streamalloc::{AllocTag, DeviceMemoryResource, ResourceError, SimResource};
+use streamalloc::{AllocTag, Device, DeviceMemoryResource, ResourceError, SimResource};
 
 const T: AllocTag = AllocTag("compose");
 
@@ -107,17 +107,16 @@ fn a_cache_above_a_budget_reports_the_budget_refusal() {
 /// a synchronize.
 #[tokio::test(flavor = "current_thread")]
 async fn an_eviction_on_another_stream_is_reaped_like_any_free() {
-    let gpu = SimGpu::new();
-    let pool = gpu.stream_pool(2);
-    let (s0, s1) = (pool.id(0).unwrap(), pool.id(1).unwrap());
-    let bottom = Arc::new(SimResource::new(gpu.clone(), pool.clone()));
+    let device = Device::simulated(&SimGpu::new(), 2);
+    let (s0, s1) = (device.stream(0).unwrap(), device.stream(1).unwrap());
+    let bottom = Arc::new(SimResource::new(&device));
     let budget = Budget::new(1 << 20);
     let stack = BudgetResource::new(
         DebugGuard::new(bottom.clone(), GuardConfig::new().max_blocks(1)),
         &budget,
     );
-    // SAFETY: the stack allocates from `gpu` (its bottom is a resource of it) and resolves streams through `pool`.
-    let res = unsafe { AsyncResource::with_parts(stack, gpu.clone(), pool.clone()) }.unwrap();
+    // SAFETY: the stack's bottom resource was made on `device`.
+    let res = unsafe { AsyncResource::with_device(stack, &device) }.unwrap();
 
     let x = res.allocate(4096, s0, T).await.unwrap();
     let y = res.allocate(8192, s1, T).await.unwrap();
@@ -249,8 +248,9 @@ proptest::proptest! {
         let shape = SHAPES[shape];
         let capacity = 96 << 10;
         let gpu = SimGpu::builder().manual().capacity(capacity).build();
-        let pool = gpu.stream_pool(2);
-        let bottom = Arc::new(SimResource::new(gpu.clone(), pool.clone()));
+        let device = Device::simulated(&gpu, 2);
+        let pool = device.streams();
+        let bottom = Arc::new(SimResource::new(&device));
         let budget = Budget::new(48 << 10);
         let r = stack(shape, bottom.clone(), &budget);
         let mut live = Vec::new();

@@ -108,22 +108,21 @@ fn cuda_host_function_runs() {
 #[ignore = "needs a CUDA GPU"]
 fn cuda_registry_over_every_device_present() {
     use std::sync::Arc;
-    use streamalloc::gpu::cuda::CudaGpu;
     use streamalloc::registry::DeviceRegistry;
-    use streamalloc::{AsyncCudaResource, StreamId, StreamPool};
+    use streamalloc::{AsyncCudaResource, Device, StreamId};
 
-    let count = cudarc::driver::CudaContext::device_count().unwrap() as u32;
+    let count = Device::cuda_count();
+    assert!(count > 0, "a CUDA device");
     let registry = Arc::new(DeviceRegistry::<AsyncCudaResource>::new());
     for d in 0..count {
-        let ctx = CudaGpu::open(d).unwrap();
-        let pool = StreamPool::cuda(&ctx, 2).unwrap();
+        let device = Device::open_cuda(d, 2).unwrap();
         registry
-            .set(d, Arc::new(AsyncCudaResource::new(ctx, d, pool)))
+            .set(d, Arc::new(AsyncCudaResource::new(&device)))
             .unwrap();
     }
     // A device that does not exist, and a stream of it, are refused.
     assert!(matches!(
-        CudaGpu::open(count),
+        Device::cuda(count, 1),
         Err(ResourceError::DeviceUnavailable { .. })
     ));
     let r0 = registry.get(0).unwrap();

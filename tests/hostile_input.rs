@@ -47,7 +47,7 @@ fn an_allocation_on_another_devices_stream_is_refused() {
     // SAFETY: a stream of a simulated device; nothing is dereferenced.
     let pool =
         Arc::new(unsafe { streamalloc::StreamPool::from_raw(0, vec![stranger], Vec::new()) });
-    let r = SimResource::new(gpus[0].clone(), pool.clone());
+    let r = SimResource::new(&streamalloc::Device::new(gpus[0].clone(), pool.clone()).unwrap());
     let s = pool.id(0).unwrap();
     let before = Snapshot::of(&r, &[]);
     let err = r.allocate(4096, s, T).unwrap_err();
@@ -92,7 +92,7 @@ fn a_descriptor_with_the_wrong_stream_is_refused() {
 fn another_pools_stream_on_the_same_device_is_refused() {
     let gpu = SimGpu::builder().manual().build();
     let (mine, theirs) = (gpu.stream_pool(2), gpu.stream_pool(2));
-    let r = SimResource::new(gpu.clone(), mine.clone());
+    let r = SimResource::new(&streamalloc::Device::new(gpu.clone(), mine.clone()).unwrap());
     let foreign = theirs.id(0).unwrap();
     let before = Snapshot::of(&r, &[]);
     let err = r.allocate(4096, foreign, T).unwrap_err();

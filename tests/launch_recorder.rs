@@ -46,7 +46,7 @@ fn pipeline<R: DeviceMemoryResource>(
         // Stage A on a: copy in.
         LaunchRecorder::new(r, a)
             .write(&input)
-            .launch(&f.pool, |raw| {
+            .launch(&f.device, |raw| {
                 kernel(&gpu, raw, &[MemAccess::write(&input)])
             })
             .unwrap();
@@ -56,7 +56,7 @@ fn pipeline<R: DeviceMemoryResource>(
             stage_b = stage_b.read(&input);
         }
         stage_b
-            .launch(&f.pool, |raw| {
+            .launch(&f.device, |raw| {
                 kernel(
                     &gpu,
                     raw,
@@ -68,14 +68,14 @@ fn pipeline<R: DeviceMemoryResource>(
         LaunchRecorder::new(r, c)
             .read(&mid)
             .write(&out)
-            .launch(&f.pool, |raw| {
+            .launch(&f.device, |raw| {
                 kernel(&gpu, raw, &[MemAccess::read(&mid), MemAccess::write(&out)])
             })
             .unwrap();
         // Copy out, back on a.
         LaunchRecorder::new(r, a)
             .read(&out)
-            .launch(&f.pool, |raw| kernel(&gpu, raw, &[MemAccess::read(&out)]))
+            .launch(&f.device, |raw| kernel(&gpu, raw, &[MemAccess::read(&out)]))
             .unwrap();
     }
     r.deallocate(input).unwrap();
@@ -87,7 +87,9 @@ fn pipeline<R: DeviceMemoryResource>(
         let next = r.allocate(1 << 16, s, T).unwrap();
         LaunchRecorder::new(r, s)
             .write(&next)
-            .launch(&f.pool, |raw| kernel(&gpu, raw, &[MemAccess::write(&next)]))
+            .launch(&f.device, |raw| {
+                kernel(&gpu, raw, &[MemAccess::write(&next)])
+            })
             .unwrap();
         r.deallocate(next).unwrap();
     }
@@ -145,7 +147,7 @@ fn cross_stream_use_without_tracking_fails_before_any_work() {
     let mut called = false;
     let err = LaunchRecorder::new(&r, b)
         .read(&block)
-        .launch(&f.pool, |_| -> Result<(), ResourceError> {
+        .launch(&f.device, |_| -> Result<(), ResourceError> {
             called = true;
             Ok(())
         })
@@ -163,7 +165,7 @@ fn cross_stream_use_without_tracking_fails_before_any_work() {
     // On its own stream the same block needs no tracking.
     LaunchRecorder::new(&r, a)
         .write(&block)
-        .launch(&f.pool, |raw| {
+        .launch(&f.device, |raw| {
             kernel(&gpu, raw, &[MemAccess::write(&block)])
         })
         .unwrap();
@@ -211,7 +213,7 @@ fn retired_quarantined_unknown_and_foreign_blocks_fail_before_any_work() {
         // one may have been queued either.
         let recorder = LaunchRecorder::new(&guard, s).write(&live).read(bad);
         assert_eq!(recorder.preflight(), Err(expected.clone()));
-        let result = recorder.launch(&f.pool, |_| -> Result<(), ResourceError> {
+        let result = recorder.launch(&f.device, |_| -> Result<(), ResourceError> {
             panic!("enqueue must not run")
         });
         assert_eq!(result, Err(expected));
@@ -219,14 +221,14 @@ fn retired_quarantined_unknown_and_foreign_blocks_fail_before_any_work() {
     // A stream the pool does not have.
     let result = LaunchRecorder::new(&guard, StreamId::new(0, 7))
         .write(&live)
-        .launch(&f.pool, |_| -> Result<(), ResourceError> {
+        .launch(&f.device, |_| -> Result<(), ResourceError> {
             panic!("enqueue must not run")
         });
     assert!(matches!(result, Err(ResourceError::UnknownStream { .. })));
     // A stream of another device.
     let result = LaunchRecorder::new(&guard, StreamId::new(3, 0))
         .write(&live)
-        .launch(&f.pool, |_| -> Result<(), ResourceError> {
+        .launch(&f.device, |_| -> Result<(), ResourceError> {
             panic!("enqueue must not run")
         });
     assert!(matches!(
@@ -242,7 +244,7 @@ fn retired_quarantined_unknown_and_foreign_blocks_fail_before_any_work() {
     let result = LaunchRecorder::new(&guard, s)
         .write(&live)
         .read(&elsewhere)
-        .launch(&f.pool, |_| -> Result<(), ResourceError> {
+        .launch(&f.device, |_| -> Result<(), ResourceError> {
             panic!("enqueue must not run")
         });
     assert_eq!(
@@ -264,7 +266,7 @@ fn a_failed_enqueue_still_records_the_uses() {
     let block = f.resource.allocate(64, a, T).unwrap();
     let err = LaunchRecorder::new(&f.resource, b)
         .read(&block)
-        .launch(&f.pool, |raw| -> Result<(), BoxError> {
+        .launch(&f.device, |raw| -> Result<(), BoxError> {
             gpu.launch_kernel(raw, &[MemAccess::read(&block)])?;
             Err("the second kernel failed".into())
         })

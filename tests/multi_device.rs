@@ -6,14 +6,13 @@ use std::sync::Arc;
 use streamalloc::gpu::Gpu;
 use streamalloc::gpu::sim::{MemAccess, SimGpu};
 use streamalloc::registry::DeviceRegistry;
-use streamalloc::{AllocTag, DeviceMemoryResource, ResourceError, SimResource, StreamId};
+use streamalloc::{AllocTag, Device, DeviceMemoryResource, ResourceError, SimResource, StreamId};
 
 fn host(devices: u32) -> (Vec<Arc<SimGpu>>, DeviceRegistry<SimResource>) {
     let gpus = SimGpu::builder().manual().build_host(devices);
     let registry = DeviceRegistry::new();
     for gpu in &gpus {
-        let pool = gpu.stream_pool(2);
-        let resource = Arc::new(SimResource::new(gpu.clone(), pool));
+        let resource = Arc::new(SimResource::new(&Device::simulated(gpu, 2)));
         assert!(registry.set(gpu.ordinal(), resource).unwrap().is_none());
     }
     (gpus, registry)
@@ -166,10 +165,10 @@ fn threads_on_two_devices_through_the_registry() {
     let registry = Arc::new(DeviceRegistry::<SimResource>::new());
     let mut streams = Vec::new();
     for gpu in &gpus {
-        let pool = gpu.stream_pool(4);
-        streams.extend(pool.ids());
+        let device = Device::simulated(gpu, 4);
+        streams.extend(device.streams().ids());
         registry
-            .set(gpu.ordinal(), Arc::new(SimResource::new(gpu.clone(), pool)))
+            .set(gpu.ordinal(), Arc::new(SimResource::new(&device)))
             .unwrap();
     }
     let handles: Vec<_> = streams
@@ -214,9 +213,9 @@ fn one_budget_across_two_devices_with_racing_threads() {
     let registry = Arc::new(DeviceRegistry::<BudgetResource<SimResource>>::new());
     let mut streams = Vec::new();
     for gpu in SimGpu::builder().build_host(2) {
-        let pool = gpu.stream_pool(8);
-        streams.extend(pool.ids());
-        let resource = BudgetResource::new(SimResource::new(gpu.clone(), pool), &budget);
+        let device = Device::simulated(&gpu, 8);
+        streams.extend(device.streams().ids());
+        let resource = BudgetResource::new(SimResource::new(&device), &budget);
         registry.set(gpu.ordinal(), Arc::new(resource)).unwrap();
     }
     let refused = Arc::new(AtomicUsize::new(0));

@@ -46,9 +46,9 @@ fn a_panicking_host_function_does_not_kill_the_device_thread() {
     assert_eq!(gpu.host_fn_panics(), 1);
 
     // The resource's reaping still works on that device.
-    let pool = gpu.stream_pool(1);
-    let r = SimResource::new(gpu.clone(), pool.clone());
-    let block = r.allocate(4096, pool.id(0).unwrap(), T).unwrap();
+    let device = streamalloc::Device::simulated(&gpu, 1);
+    let r = SimResource::new(&device);
+    let block = r.allocate(4096, device.stream(0).unwrap(), T).unwrap();
     r.deallocate(block).unwrap();
     r.reap_pending().unwrap();
     assert_eq!(r.bytes_outstanding(), 0);
@@ -196,16 +196,15 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for PanicsInBackground<R> {
 /// free reaches the accounting without anyone polling or synchronizing.
 #[test]
 fn a_decorator_panicking_on_the_watchdog_thread_wedges_nothing() {
-    let gpu = SimGpu::new();
-    let pool = gpu.stream_pool(1);
-    let bottom = Arc::new(SimResource::new(gpu.clone(), pool.clone()));
+    let device = streamalloc::Device::simulated(&SimGpu::new(), 1);
+    let bottom = Arc::new(SimResource::new(&device));
     let stack = PanicsInBackground {
         inner: bottom.clone(),
         panics: AtomicUsize::new(2),
     };
-    // SAFETY: the stack allocates from `gpu` (its bottom is a resource of it) and resolves streams through `pool`.
-    let res = unsafe { AsyncResource::with_parts(stack, gpu.clone(), pool.clone()) }.unwrap();
-    let s = pool.id(0).unwrap();
+    // SAFETY: the stack's bottom resource was made on `device`.
+    let res = unsafe { AsyncResource::with_device(stack, &device) }.unwrap();
+    let s = device.stream(0).unwrap();
     let block = res.try_allocate(4096, s, T).unwrap();
     // The handle is dropped: only the watchdog applies the notification.
     drop(res.deallocate(block).unwrap());

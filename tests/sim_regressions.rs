@@ -37,12 +37,13 @@ fn a_queued_wait_survives_destroy_and_slot_reuse() {
 /// queued, and a second resource on the same device creating events.
 #[test]
 fn a_dropped_resource_does_not_wedge_the_next_one() {
-    use streamalloc::{Access, AllocTag, DeviceMemoryResource, SimResource};
+    use streamalloc::{Access, AllocTag, Device, DeviceMemoryResource, SimResource};
     let gpu = SimGpu::builder().manual().build();
-    let pool = gpu.stream_pool(2);
+    let device = Device::simulated(&gpu, 2);
+    let pool = device.streams();
     let (a, b) = (pool.id(0).unwrap(), pool.id(1).unwrap());
     {
-        let r1 = SimResource::new(gpu.clone(), pool.clone());
+        let r1 = SimResource::new(&device);
         let block = r1.allocate(256, a, AllocTag::UNTAGGED).unwrap();
         r1.finish_block_use(block.id(), a, Access::Write).unwrap();
         gpu.stream_synchronize(pool.raw(a).unwrap()).unwrap();
@@ -51,7 +52,7 @@ fn a_dropped_resource_does_not_wedge_the_next_one() {
         r1.finish_block_use(block.id(), b, Access::Read).unwrap();
         r1.deallocate(block).unwrap();
     }
-    let r2 = SimResource::new(gpu.clone(), pool.clone());
+    let r2 = SimResource::new(&device);
     let block = r2.allocate(256, b, AllocTag::UNTAGGED).unwrap();
     r2.prepare_block_use(block.id(), a, Access::Write).unwrap();
     r2.finish_block_use(block.id(), a, Access::Write).unwrap();
@@ -61,7 +62,7 @@ fn a_dropped_resource_does_not_wedge_the_next_one() {
     assert_eq!(r2.bytes_outstanding(), 0);
 }
 
-/// The reuse rules of DESIGN.md ("What the driver's pool does about reuse"),
+/// The reuse rules of docs/DESIGN.md ("What the driver's pool does about reuse"),
 /// which the simulated address space must follow so that a missing wait the
 /// GPU would expose, the simulator exposes too.
 mod reuse_rules {
@@ -234,13 +235,11 @@ fn async_resources_built_and_dropped_leave_no_stream_behind() {
     use streamalloc::futures::AsyncResource;
 
     let gpu = SimGpu::builder().manual().build();
-    let pool = gpu.stream_pool(1);
-    let r = Arc::new(SimResource::new(gpu.clone(), pool.clone()));
+    let device = streamalloc::Device::simulated(&gpu, 1);
+    let r = Arc::new(SimResource::new(&device));
     let (slots, live) = (gpu.stream_count(), gpu.live_stream_count());
     for _ in 0..5000 {
-        // SAFETY: `r` allocates from `gpu` and resolves streams through `pool`.
-        let res = unsafe { AsyncResource::from_arc(r.clone(), gpu.clone(), pool.clone()) }.unwrap();
-        drop(res);
+        drop(AsyncResource::new(r.clone()).unwrap());
     }
     assert_eq!(
         gpu.live_stream_count(),
@@ -248,7 +247,9 @@ fn async_resources_built_and_dropped_leave_no_stream_behind() {
         "every notifier stream destroyed"
     );
     assert!(
-        gpu.stream_count() <= slots + 1,
+        // A lane destroyed with a notification still queued keeps its slot
+        // until the (manual) device runs it: a few, never thousands.
+        gpu.stream_count() <= slots + 8,
         "{} slots: destroyed streams' slots are reused",
         gpu.stream_count()
     );

@@ -11,13 +11,11 @@ use streamalloc::adaptors::{
     TracingResource,
 };
 use streamalloc::gpu::sim::SimGpu;
-use streamalloc::{AllocTag, DeviceMemoryResource, ResourceBuilder, SimResource, StreamId};
+use streamalloc::{AllocTag, Device, DeviceMemoryResource, ResourceBuilder, SimResource, StreamId};
 
 fn sim() -> (SimResource, StreamId) {
-    let gpu = SimGpu::new();
-    let pool = gpu.stream_pool(1);
-    let stream = pool.id(0).unwrap();
-    (SimResource::new(gpu, pool), stream)
+    let device = Device::simulated(&SimGpu::new(), 1);
+    (SimResource::new(&device), device.stream(0).unwrap())
 }
 
 fn pair<R: DeviceMemoryResource>(c: &mut Criterion, name: &str, r: R, s: StreamId) {

@@ -12,13 +12,10 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 
-use streamalloc::StreamOrderedResource;
 use streamalloc::futures::AsyncResource;
-use streamalloc::gpu::cuda::{CudaGpu, cuda_present};
 use streamalloc::gpu::sim::SimGpu;
-use streamalloc::{
-    AllocTag, AsyncCudaResource, DeviceBlock, DeviceMemoryResource, SimResource, StreamPool,
-};
+use streamalloc::{AllocTag, DeviceBlock, DeviceMemoryResource};
+use streamalloc::{Device, StreamOrderedResource};
 use streamalloc_measure::support;
 
 const STREAMS: usize = 8;
@@ -121,7 +118,8 @@ fn bench_on<R: DeviceMemoryResource + 'static>(
 fn bench_bookkeeping(c: &mut Criterion) {
     let pool = SimGpu::builder().manual().build().stream_pool(STREAMS);
     let gpu = Arc::new(support::NullGpu::with_events());
-    let inner = Arc::new(StreamOrderedResource::with_gpu(gpu, 0, pool.clone()));
+    let device = Device::new(gpu, pool.clone()).expect("both device 0");
+    let inner = Arc::new(StreamOrderedResource::new(&device));
     let res = AsyncResource::new(inner).unwrap();
     let s = pool.id(0).unwrap();
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -167,18 +165,13 @@ fn bench_bookkeeping(c: &mut Criterion) {
 
 fn benches(c: &mut Criterion) {
     bench_bookkeeping(c);
-    if cuda_present()
-        && let Ok(ctx) = CudaGpu::open(0)
-        && let Ok(pool) = StreamPool::cuda(&ctx, STREAMS)
-    {
-        let inner = Arc::new(AsyncCudaResource::new(ctx, 0, pool));
-        bench_on(c, "cuda", AsyncResource::new(inner).unwrap());
+    // The typed CUDA path, as a user who names the backend would have it.
+    if let Ok(device) = Device::open_cuda(0, STREAMS) {
+        bench_on(c, "cuda", AsyncResource::on(&device).unwrap());
         return;
     }
-    let gpu = SimGpu::new();
-    let pool = gpu.stream_pool(STREAMS);
-    let inner = Arc::new(SimResource::new(gpu, pool));
-    bench_on(c, "sim", AsyncResource::new(inner).unwrap());
+    let device = Device::simulated(&SimGpu::new(), STREAMS);
+    bench_on(c, "sim", AsyncResource::on(&device).unwrap());
 }
 
 criterion_group!(futures_benches, benches);

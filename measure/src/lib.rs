@@ -5,6 +5,5 @@
 
 #![allow(missing_docs)]
 
-pub mod open;
 pub mod support;
 pub mod trace;

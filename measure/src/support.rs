@@ -17,7 +17,8 @@ use streamalloc::gpu::cuda::CudaGpu;
 use streamalloc::gpu::sim::SimGpu;
 use streamalloc::gpu::{Gpu, GpuError, GpuResult, HostFn, RawEvent};
 use streamalloc::{
-    Access, AllocTag, DeviceMemoryResource, RawStream, StreamId, StreamOrderedResource, StreamPool,
+    Access, AllocTag, Device, DeviceMemoryResource, RawStream, StreamId, StreamOrderedResource,
+    StreamPool,
 };
 
 /// Sizes of the single-thread pairs.
@@ -42,12 +43,8 @@ pub struct Bench<G: Gpu> {
 
 impl<G: Gpu> Bench<G> {
     fn new(name: &'static str, gpu: Arc<G>, pool: Arc<StreamPool>) -> Self {
-        let ordinal = gpu.ordinal();
-        let resource = Arc::new(StreamOrderedResource::with_gpu(
-            gpu.clone(),
-            ordinal,
-            pool.clone(),
-        ));
+        let device = Device::new(gpu.clone(), pool.clone()).expect("the pool is the gpu's");
+        let resource = Arc::new(StreamOrderedResource::new(&device));
         let cache = Arc::new(CachingResource::new(resource.clone()));
         let events = gpu
             .event_create()

@@ -8,7 +8,7 @@
 //! `trace_replay TRACE --cut 50000 OUT.csv.gz`.
 
 use streamalloc_measure::trace::{
-    Backend, ReplayConfig, Requested, StackKind, Trace, replay_stack,
+    DeviceKind, ReplayConfig, Requested, StackKind, Trace, replay_stack,
 };
 
 /// What the caching tier must reach (issue 13): peak held at most 1.10× the
@@ -28,7 +28,7 @@ const CACHE_BOUND_TRAIN: f64 = 1.15;
 /// chunked reservations, which make it 1.40× on the H200).
 const RESOURCE_BOUND: f64 = 1.001;
 
-const SIM: Backend = Backend::Sim {
+const SIM: DeviceKind = DeviceKind::Sim {
     capacity: 140 << 30,
 };
 

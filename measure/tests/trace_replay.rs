@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use streamalloc::gpu::Gpu;
 use streamalloc::gpu::sim::SimGpu;
 use streamalloc::{
-    AllocTag, DeviceBlock, DeviceMemoryResource, ResourceError, ResourceResult, SimResource,
-    StreamId,
+    AllocTag, Device, DeviceBlock, DeviceMemoryResource, ResourceError, ResourceResult,
+    SimResource, StreamId,
 };
 use streamalloc_measure::trace::{ReplayError, Target, Trace, replay};
 
@@ -58,12 +58,11 @@ fn sim(capacity: usize) -> Arc<SimGpu> {
 #[test]
 fn held_is_the_devices_high_water_mark_and_samples_follow_it() {
     let gpu = sim(1 << 20);
-    let pool = gpu.stream_pool(2);
-    let resource = SimResource::new(gpu.clone(), pool.clone());
+    let device = Device::simulated(&gpu, 2);
+    let resource = SimResource::new(&device);
     let target = Target {
         resource: &resource,
-        gpu: &*gpu,
-        pool: &pool,
+        device: &device,
         housekeeping: None,
     };
     let trace = Trace::parse(CROSS.as_bytes()).unwrap();
@@ -75,27 +74,38 @@ fn held_is_the_devices_high_water_mark_and_samples_follow_it() {
         run.held.current, 0,
         "the never-freed block is freed at the end"
     );
+    // Each point is the most held since the previous one (the mark restarts
+    // from what is held at each sample), then the end after its frees.
     let held: Vec<usize> = run.samples.iter().map(|&(_, b)| b).collect();
-    assert_eq!(
-        held,
-        [256, 768, 512, 768, 0],
-        "the last point after the end's frees"
-    );
-    assert_eq!(run.samples.last().unwrap().0, 5);
+    assert_eq!(held, [256, 768, 768, 768, 768, 0]);
+    let done: Vec<usize> = run.samples.iter().map(|&(d, _)| d).collect();
+    assert_eq!(done, [1, 2, 3, 4, 5, 5]);
+
+    // Every third operation: the peak of op 2 is not lost between samples.
+    let gpu = sim(1 << 20);
+    let device = Device::simulated(&gpu, 2);
+    let resource = SimResource::new(&device);
+    let target = Target {
+        resource: &resource,
+        device: &device,
+        housekeeping: None,
+    };
+    let run = replay(&trace, &target, Some(3)).unwrap();
+    assert_eq!(run.samples, [(3, 768), (5, 768), (5, 0)]);
+    assert_eq!(run.held.high, 768);
 }
 
 #[test]
 fn a_free_from_another_stream_declares_the_use_then_frees_on_the_home_stream() {
     let gpu = sim(1 << 20);
-    let pool = gpu.stream_pool(2);
+    let device = Device::simulated(&gpu, 2);
     let resource = CountUses {
-        inner: SimResource::new(gpu.clone(), pool.clone()),
+        inner: SimResource::new(&device),
         uses: AtomicUsize::new(0),
     };
     let target = Target {
         resource: &resource,
-        gpu: &*gpu,
-        pool: &pool,
+        device: &device,
         housekeeping: None,
     };
     let trace = Trace::parse(CROSS.as_bytes()).unwrap();
@@ -109,12 +119,11 @@ fn a_free_from_another_stream_declares_the_use_then_frees_on_the_home_stream() {
 fn a_refused_allocation_names_its_operation_and_leaves_nothing_allocated() {
     // 1 KiB of device: the third allocation (1 KiB more) does not fit.
     let gpu = sim(1024);
-    let pool = gpu.stream_pool(1);
-    let resource = SimResource::new(gpu.clone(), pool.clone());
+    let device = Device::simulated(&gpu, 1);
+    let resource = SimResource::new(&device);
     let target = Target {
         resource: &resource,
-        gpu: &*gpu,
-        pool: &pool,
+        device: &device,
         housekeeping: None,
     };
     let text = "op,id,size,stream\na,0,256,0\na,1,256,0\na,2,1024,0\nf,0,256,0\n";
@@ -135,12 +144,11 @@ fn a_refused_allocation_names_its_operation_and_leaves_nothing_allocated() {
 #[test]
 fn a_pool_with_too_few_streams_is_refused_before_anything_runs() {
     let gpu = sim(1 << 20);
-    let pool = gpu.stream_pool(1);
-    let resource = SimResource::new(gpu.clone(), pool.clone());
+    let device = Device::simulated(&gpu, 1);
+    let resource = SimResource::new(&device);
     let target = Target {
         resource: &resource,
-        gpu: &*gpu,
-        pool: &pool,
+        device: &device,
         housekeeping: None,
     };
     let trace = Trace::parse(CROSS.as_bytes()).unwrap();
@@ -203,7 +211,9 @@ fn the_binary_reports_figures_per_stack_and_bad_lines_by_number() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn cuda_replay_of_the_training_trace_reads_the_pools_reservation() {
-    use streamalloc_measure::trace::{Backend, ReplayConfig, Requested, StackKind, replay_stack};
+    use streamalloc_measure::trace::{
+        DeviceKind, ReplayConfig, Requested, StackKind, replay_stack,
+    };
     let ctx = streamalloc::gpu::cuda::CudaGpu::open(0).expect("a CUDA device");
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -214,7 +224,7 @@ fn cuda_replay_of_the_training_trace_reads_the_pools_reservation() {
     for stack in [StackKind::Resource, StackKind::Cache] {
         let run = replay_stack(
             stack,
-            &Backend::Cuda(ctx.clone()),
+            &DeviceKind::Cuda(ctx.clone()),
             &trace,
             requested.peak,
             &ReplayConfig::default(),

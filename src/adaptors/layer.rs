@@ -17,13 +17,13 @@
 /// ```
 /// use streamalloc::adaptors::{Layer, StatsLayer};
 /// use streamalloc::gpu::sim::SimGpu;
-/// use streamalloc::{AllocTag, DeviceMemoryResource, SimResource};
+/// use streamalloc::{Device, AllocTag, DeviceMemoryResource, SimResource};
 ///
 /// let gpu = SimGpu::new();
-/// let pool = gpu.stream_pool(1);
+/// let device = Device::simulated(&gpu, 1);
 /// let stats = StatsLayer::new();
-/// let resource = stats.layer(SimResource::new(gpu, pool.clone()));
-/// let block = resource.allocate(64, pool.id(0).unwrap(), AllocTag("x"))?;
+/// let resource = stats.layer(SimResource::new(&device));
+/// let block = resource.allocate(64, device.stream(0)?, AllocTag("x"))?;
 /// assert_eq!(stats.stats().snapshot().overall.current_bytes, 64);
 /// # resource.deallocate(block)?;
 /// # Ok::<(), streamalloc::ResourceError>(())

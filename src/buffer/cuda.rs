@@ -100,12 +100,11 @@ fn arg_ref<'b>(
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use std::sync::Arc;
 /// use streamalloc::buffer::CudaBuffer;
-/// use streamalloc::gpu::cuda::CudaGpu;
-/// use streamalloc::{AllocTag, AsyncCudaResource, StreamPool};
+/// use streamalloc::{AllocTag, AsyncCudaResource, Device};
 ///
-/// let ctx = CudaGpu::open(0)?;
-/// let pool = StreamPool::cuda(&ctx, 2)?;
-/// let res = Arc::new(AsyncCudaResource::new(ctx, 0, pool.clone()));
+/// let device = Device::open_cuda(0, 2)?;
+/// let pool = device.streams();
+/// let res = Arc::new(AsyncCudaResource::new(&device));
 /// let (s0, s1) = (pool.cuda_stream(pool.id(0).unwrap())?, pool.cuda_stream(pool.id(1).unwrap())?);
 ///
 /// let buf = res.allocate_buffer::<f32>(4, pool.id(0).unwrap(), AllocTag::UNTAGGED)?;

@@ -8,11 +8,12 @@
 
 use std::sync::Arc;
 
+use crate::device::StreamPool;
 use crate::error::ResourceResult;
 use crate::futures::AsyncResource;
 use crate::gpu::Gpu;
 use crate::resource::DeviceMemoryResource;
-use crate::types::{Access, BlockId, DeviceBlock, StreamId, StreamPool};
+use crate::types::{Access, BlockId, DeviceBlock, StreamId};
 
 /// What a buffer asks of the resource that owns its block.
 pub(crate) trait BufferHome: Send + Sync {

@@ -29,11 +29,12 @@ use crate::types::{Access, DeviceBlock, RawStream, StreamId};
 /// use std::sync::Arc;
 /// use streamalloc::futures::AsyncResource;
 /// use streamalloc::gpu::sim::SimGpu;
-/// use streamalloc::{AllocTag, SimResource};
+/// use streamalloc::{Device, AllocTag, SimResource};
 ///
 /// let gpu = SimGpu::new();
-/// let pool = gpu.stream_pool(2);
-/// let res = AsyncResource::new(Arc::new(SimResource::new(gpu.clone(), pool.clone())))?;
+/// let device = Device::simulated(&gpu, 2);
+/// let pool = device.streams().clone();
+/// let res = AsyncResource::new(Arc::new(SimResource::new(&device)))?;
 /// let (a, b) = (pool.id(0).unwrap(), pool.id(1).unwrap());
 /// let mut x = res.allocate_buffer::<f32>(256, a, AllocTag::UNTAGGED).await?;
 /// let mut y = res.allocate_buffer::<f32>(256, b, AllocTag::UNTAGGED).await?;

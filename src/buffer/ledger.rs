@@ -177,12 +177,13 @@ mod tests {
     use super::End;
     use crate::gpu::sim::{MemAccess, SimGpu};
     use crate::types::{Access, AllocTag, StreamId};
-    use crate::{DeviceMemoryResource, SimResource};
+    use crate::{Device, DeviceMemoryResource, SimResource};
 
     fn setup() -> (Arc<SimGpu>, Arc<SimResource>, Vec<StreamId>) {
         let gpu = SimGpu::builder().manual().build();
-        let pool = gpu.stream_pool(3);
-        let res = Arc::new(SimResource::new(gpu.clone(), pool.clone()));
+        let device = Device::simulated(&gpu, 3);
+        let pool = device.streams().clone();
+        let res = Arc::new(SimResource::new(&device));
         (gpu, res, pool.ids().collect())
     }
 

@@ -41,11 +41,12 @@ use crate::types::{AllocTag, BlockId, DeviceBlock, StreamId};
 /// use std::sync::Arc;
 /// use streamalloc::futures::AsyncResource;
 /// use streamalloc::gpu::sim::SimGpu;
-/// use streamalloc::{AllocTag, SimResource};
+/// use streamalloc::{Device, AllocTag, SimResource};
 ///
 /// let gpu = SimGpu::new();
-/// let pool = gpu.stream_pool(2);
-/// let res = AsyncResource::new(Arc::new(SimResource::new(gpu, pool.clone())))?;
+/// let device = Device::simulated(&gpu, 2);
+/// let pool = device.streams().clone();
+/// let res = AsyncResource::new(Arc::new(SimResource::new(&device)))?;
 /// let (a, b) = (pool.id(0).unwrap(), pool.id(1).unwrap());
 ///
 /// let mut x = res.allocate_buffer::<f32>(1024, a, AllocTag("x")).await?;

@@ -2,7 +2,7 @@
 //! resource.
 //!
 //! The driver's pool costs 0.65–0.88 µs per allocate + free pair on one
-//! thread and gets *slower* as threads are added (see DESIGN.md, "What the
+//! thread and gets *slower* as threads are added (see `docs/DESIGN.md`, "What the
 //! hardware costs"). [`CachingResource`] keeps freed blocks and hands them
 //! out again with no driver call at all, which is what makes allocation
 //! scale with threads.

@@ -29,12 +29,12 @@ use crate::types::{Access, AllocTag, BlockId, BlockState, DeviceBlock, ResourceI
 /// use streamalloc::cache::CachingResource;
 /// use streamalloc::error::DriverCall;
 /// use streamalloc::gpu::sim::SimGpu;
-/// use streamalloc::{AllocTag, DeviceMemoryResource, SimResource};
+/// use streamalloc::{Device, AllocTag, DeviceMemoryResource, SimResource};
 ///
 /// let gpu = SimGpu::builder().manual().build();
-/// let pool = gpu.stream_pool(1);
-/// let cache = CachingResource::new(SimResource::new(gpu.clone(), pool.clone()));
-/// let stream = pool.id(0).unwrap();
+/// let device = Device::simulated(&gpu, 1);
+/// let cache = CachingResource::new(SimResource::new(&device));
+/// let stream = device.stream(0)?;
 ///
 /// let block = cache.allocate(1000, stream, AllocTag::UNTAGGED)?;
 /// let ptr = block.ptr();

@@ -10,10 +10,11 @@ use super::dealloc::{DeallocHandle, ReapFuture};
 use super::event_future::EventFuture;
 use super::wait_policy::WaitPolicy;
 use super::wait_stats::WaitStats;
+use crate::device::{Device, StreamPool};
 use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::Gpu;
 use crate::resource::{DeviceMemoryResource, StreamOrderedResource};
-use crate::types::{Access, AllocTag, BlockId, DeviceBlock, StreamId, StreamPool};
+use crate::types::{Access, AllocTag, BlockId, DeviceBlock, StreamId};
 
 /// A stream-ordered resource that async code can await: allocations wait for
 /// memory instead of failing, completion points and frees are futures, and
@@ -21,8 +22,8 @@ use crate::types::{Access, AllocTag, BlockId, DeviceBlock, StreamId, StreamPool}
 /// synchronize.
 ///
 /// It wraps any [`DeviceMemoryResource`] `R` (the stream-ordered resource, or
-/// an adaptor stack over one) together with the backend and the stream pool
-/// the notifications need. Cloning is cheap and shares everything.
+/// an adaptor stack over one) together with the [`Device`] (backend and
+/// streams) the notifications need. Cloning is cheap and shares everything.
 ///
 /// See the [module documentation](super) for how completions are delivered.
 ///
@@ -30,15 +31,11 @@ use crate::types::{Access, AllocTag, BlockId, DeviceBlock, StreamId, StreamPool}
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), streamalloc::ResourceError> {
-/// use std::sync::Arc;
-/// use streamalloc::futures::AsyncResource;
-/// use streamalloc::gpu::sim::SimGpu;
-/// use streamalloc::{AllocTag, SimResource};
+/// use streamalloc::{AllocTag, AsyncResource, Device};
 ///
-/// let gpu = SimGpu::new();
-/// let pool = gpu.stream_pool(2);
-/// let res = AsyncResource::new(Arc::new(SimResource::new(gpu, pool.clone())))?;
-/// let s = pool.id(0).unwrap();
+/// let device = Device::open(0, 2); // CUDA device 0, or the simulator
+/// let res = AsyncResource::on(&device)?;
+/// let s = device.stream(0)?;
 ///
 /// let block = res.allocate(1 << 20, s, AllocTag("activations")).await?;
 /// res.completion(s)?.await?;
@@ -62,7 +59,16 @@ impl<R> Clone for AsyncResource<R> {
 }
 
 impl<G: Gpu> AsyncResource<StreamOrderedResource<G>> {
-    /// Wraps a stream-ordered resource, taking its backend and stream pool.
+    /// The stream-ordered resource on `device`, awaitable: the one-line
+    /// start.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new).
+    pub fn on(device: &Device<G>) -> ResourceResult<Self> {
+        Self::new(Arc::new(StreamOrderedResource::new(device)))
+    }
+
+    /// Wraps a stream-ordered resource, on its own device.
     ///
     /// Creates one notifier stream and one event per pool stream, and the
     /// fallback thread (parked while nothing is pending).
@@ -70,53 +76,45 @@ impl<G: Gpu> AsyncResource<StreamOrderedResource<G>> {
     /// # Errors
     /// A driver error creating the events; nothing is left behind.
     pub fn new(inner: Arc<StreamOrderedResource<G>>) -> ResourceResult<Self> {
-        let gpu = inner.gpu().clone();
-        let pool = inner.stream_pool().clone();
-        // SAFETY: the backend and the pool are the resource's own: its
-        // blocks are allocations of `gpu` and its streams those of `pool`.
-        unsafe { Self::from_arc(inner, gpu, pool) }
+        let device = inner.device();
+        // SAFETY: the device is the resource's own: its blocks are
+        // allocations of that backend and its streams those of that pool.
+        unsafe { Self::from_arc(inner, &device) }
     }
 }
 
 impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
-    /// Wraps any resource `inner` (for instance an adaptor stack), given the
-    /// backend `gpu` it allocates on and the `pool` that resolves its streams.
+    /// Wraps any resource `inner` (for instance an adaptor stack) that
+    /// allocates on `device`.
     ///
     /// # Errors
-    /// [`WrongDevice`](crate::ResourceError::WrongDevice) when `gpu`, `pool`
-    /// and `inner` disagree on the device; a driver error creating events.
+    /// [`WrongDevice`](crate::ResourceError::WrongDevice) when `device` and
+    /// `inner` disagree on the device; a driver error creating events.
     ///
     /// # Safety
-    /// The futures layer and the buffers made from it queue work on `gpu`
-    /// with `inner`'s blocks and `pool`'s streams, which no backend can
-    /// check, so:
-    /// 1. every block `inner` hands out is an allocation of `gpu` (for a
-    ///    stack, the resource at its bottom allocates from `gpu`);
-    /// 2. `pool` is the pool `inner` resolves its streams through, and its
-    ///    streams are streams of `gpu`.
-    pub unsafe fn with_parts<G: Gpu>(
-        inner: R,
-        gpu: Arc<G>,
-        pool: Arc<StreamPool>,
-    ) -> ResourceResult<Self> {
+    /// The futures layer and the buffers made from it queue work on
+    /// `device`'s backend with `inner`'s blocks and streams, which no backend
+    /// can check (the device ordinal is checked, the backend is not), so:
+    /// 1. every block `inner` hands out is an allocation of `device`'s
+    ///    backend (for a stack: the resource at its bottom was made on
+    ///    `device`);
+    /// 2. `inner` resolves its streams through `device`'s pool.
+    pub unsafe fn with_device<G: Gpu>(inner: R, device: &Device<G>) -> ResourceResult<Self> {
         // SAFETY: this fn's own contract.
-        unsafe { Self::from_arc(Arc::new(inner), gpu, pool) }
+        unsafe { Self::from_arc(Arc::new(inner), device) }
     }
 
-    /// As [`with_parts`](Self::with_parts), for a resource already shared.
+    /// As [`with_device`](Self::with_device), for a resource already shared.
     ///
     /// # Errors
-    /// As [`with_parts`](Self::with_parts).
+    /// As [`with_device`](Self::with_device).
     ///
     /// # Safety
-    /// As [`with_parts`](Self::with_parts).
-    pub unsafe fn from_arc<G: Gpu>(
-        inner: Arc<R>,
-        gpu: Arc<G>,
-        pool: Arc<StreamPool>,
-    ) -> ResourceResult<Self> {
+    /// As [`with_device`](Self::with_device).
+    pub unsafe fn from_arc<G: Gpu>(inner: Arc<R>, device: &Device<G>) -> ResourceResult<Self> {
         let erased: Arc<dyn DeviceMemoryResource> = inner.clone();
-        let core = Core::new(erased, gpu, pool)?;
+        let gpu: Arc<dyn Gpu> = device.gpu().clone();
+        let core = Core::new(erased, gpu, device.streams().clone())?;
         Ok(AsyncResource { inner, core })
     }
 

@@ -22,10 +22,11 @@ use super::notifier::Notifier;
 use super::wait_policy::SharedPolicy;
 use super::wait_queue::AllocQueue;
 use super::watchdog::{self, Patrolled};
+use crate::device::StreamPool;
 use crate::error::{DriverCall, ResourceError, ResourceResult};
 use crate::gpu::Gpu;
 use crate::resource::DeviceMemoryResource;
-use crate::types::{StreamId, StreamPool};
+use crate::types::StreamId;
 
 /// Shared state of one async resource. See the [module documentation](self).
 pub(crate) struct Core {

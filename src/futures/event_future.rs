@@ -42,17 +42,16 @@ use crate::types::StreamId;
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), streamalloc::ResourceError> {
-/// use std::sync::Arc;
 /// use streamalloc::futures::AsyncResource;
 /// use streamalloc::gpu::sim::{MemAccess, SimGpu};
-/// use streamalloc::{Access, AllocTag, SimResource};
+/// use streamalloc::{Device, Access, AllocTag, SimResource};
 ///
 /// let gpu = SimGpu::new();
-/// let pool = gpu.stream_pool(1);
-/// let res = AsyncResource::new(Arc::new(SimResource::new(gpu.clone(), pool.clone())))?;
-/// let s = pool.id(0).unwrap();
+/// let device = Device::simulated(&gpu, 1);
+/// let res = AsyncResource::on(&device)?;
+/// let s = device.stream(0)?;
 /// let block = res.allocate(4096, s, AllocTag("x")).await?;
-/// gpu.launch_kernel(pool.raw(s)?, &[MemAccess::write(&block)]).unwrap();
+/// gpu.launch_kernel(device.raw(s)?, &[MemAccess::write(&block)]).unwrap();
 /// res.finish_block_use(block.id(), s, Access::Write)?.await?;
 /// res.deallocate(block)?.await?;
 /// # Ok(()) }

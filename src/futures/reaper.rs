@@ -35,22 +35,22 @@ use crate::resource::DeviceMemoryResource;
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), streamalloc::ResourceError> {
-/// use std::sync::Arc;
 /// use streamalloc::futures::{AsyncResource, Reaper};
 /// use streamalloc::gpu::sim::SimGpu;
-/// use streamalloc::{AllocTag, SimResource};
+/// use streamalloc::{Device, AllocTag, SimResource};
 ///
 /// let gpu = SimGpu::new();
-/// let pool = gpu.stream_pool(1);
-/// let res = AsyncResource::new(Arc::new(SimResource::new(gpu, pool.clone())))?;
+/// let device = Device::simulated(&gpu, 1);
+/// let res = AsyncResource::on(&device)?;
 /// let reaper = Reaper::spawn(&res);
-/// let block = res.try_allocate(4096, pool.id(0).unwrap(), AllocTag("x"))?;
+/// let block = res.try_allocate(4096, device.stream(0)?, AllocTag("x"))?;
 /// drop(res.deallocate(block)?); // not awaited: the reaper accounts it
 /// reaper.shutdown().await?;     // drains every pending free, then stops
 /// assert_eq!(res.bytes_outstanding(), 0);
 /// # Ok(()) }
 /// ```
 #[derive(Debug)]
+#[must_use = "dropping the Reaper stops it at once: bind it, and `shutdown().await` it to drain the pending frees"]
 pub struct Reaper {
     stop: Arc<Notify>,
     task: Option<JoinHandle<ResourceResult<()>>>,

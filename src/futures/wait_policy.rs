@@ -39,6 +39,7 @@ pub struct WaitPolicy {
 /// its stream is still pending (it cannot be reached first, so querying its
 /// own event would be wasted).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Behind {
     /// Park at once and ask for a host-function notification: least CPU,
     /// but every such future can cost a notification, and queuing host

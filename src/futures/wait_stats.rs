@@ -20,16 +20,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), streamalloc::ResourceError> {
-/// use std::sync::Arc;
 /// use streamalloc::futures::AsyncResource;
 /// use streamalloc::gpu::sim::SimGpu;
-/// use streamalloc::SimResource;
+/// use streamalloc::{Device, SimResource};
 ///
 /// let gpu = SimGpu::new();
-/// let pool = gpu.stream_pool(1);
-/// let res = AsyncResource::new(Arc::new(SimResource::new(gpu.clone(), pool.clone())))?;
+/// let device = Device::simulated(&gpu, 1);
+/// let res = AsyncResource::on(&device)?;
 /// let before = res.wait_stats();
-/// res.completion(pool.id(0).unwrap())?.await?;
+/// res.completion(device.stream(0)?)?.await?;
 /// let stats = res.wait_stats().since(&before);
 /// assert_eq!(stats.points, 1);
 /// # Ok(()) }

@@ -18,6 +18,7 @@ use crate::types::StreamId;
 
 /// What a backend call can fail with.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum GpuError {
     /// An allocation ([`DriverCall::AllocAsync`]) found no room;
     /// `available` bytes were free.

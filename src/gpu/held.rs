@@ -14,11 +14,12 @@
 /// ```
 /// use streamalloc::gpu::Gpu;
 /// use streamalloc::gpu::sim::SimGpu;
-/// use streamalloc::{AllocTag, DeviceMemoryResource, SimResource};
+/// use streamalloc::{Device, AllocTag, DeviceMemoryResource, SimResource};
 ///
 /// let gpu = SimGpu::builder().manual().build();
-/// let pool = gpu.stream_pool(1);
-/// let resource = SimResource::new(gpu.clone(), pool.clone());
+/// let device = Device::simulated(&gpu, 1);
+/// let pool = device.streams().clone();
+/// let resource = SimResource::new(&device);
 /// let block = resource.allocate(1000, pool.id(0).unwrap(), AllocTag::UNTAGGED)?;
 /// // The simulated device hands out 256-byte granules.
 /// assert_eq!(gpu.memory_held()?.current, 1024);

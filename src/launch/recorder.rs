@@ -1,8 +1,10 @@
 //! [`LaunchRecorder`]: preflight → prepare → enqueue → finish.
 
+use crate::device::Device;
 use crate::error::{ResourceError, ResourceResult};
+use crate::gpu::Gpu;
 use crate::resource::DeviceMemoryResource;
-use crate::types::{Access, BlockId, BlockState, DeviceBlock, RawStream, StreamId, StreamPool};
+use crate::types::{Access, BlockId, BlockState, DeviceBlock, RawStream, StreamId};
 
 /// One declared use of a launch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,12 +29,12 @@ pub struct BlockUse {
 /// ```
 /// use streamalloc::gpu::sim::{MemAccess, SimGpu};
 /// use streamalloc::launch::LaunchRecorder;
-/// use streamalloc::{AllocTag, DeviceMemoryResource, SimResource};
+/// use streamalloc::{AllocTag, Device, DeviceMemoryResource, SimResource};
 ///
 /// let gpu = SimGpu::builder().manual().build();
-/// let pool = gpu.stream_pool(2);
-/// let r = SimResource::new(gpu.clone(), pool.clone());
-/// let (a, b) = (pool.id(0).unwrap(), pool.id(1).unwrap());
+/// let device = Device::simulated(&gpu, 2);
+/// let r = SimResource::new(&device);
+/// let (a, b) = (device.stream(0)?, device.stream(1)?);
 /// let input = r.allocate(1024, a, AllocTag::UNTAGGED)?;
 /// let output = r.allocate(1024, b, AllocTag::UNTAGGED)?;
 ///
@@ -40,7 +42,7 @@ pub struct BlockUse {
 /// LaunchRecorder::new(&r, b)
 ///     .read(&input)
 ///     .write(&output)
-///     .launch(&pool, |raw| -> Result<(), Box<dyn std::error::Error>> {
+///     .launch(&device, |raw| -> Result<(), Box<dyn std::error::Error>> {
 ///         gpu.launch_kernel(raw, &[MemAccess::read(&input), MemAccess::write(&output)])?;
 ///         Ok(())
 ///     })?;
@@ -189,7 +191,7 @@ impl<'r, R: DeviceMemoryResource + ?Sized> LaunchRecorder<'r, R> {
 
     /// Runs the whole protocol: [`preflight`](Self::preflight),
     /// [`prepare`](Self::prepare), `enqueue` with the launch stream's raw
-    /// handle (resolved in `pool`), [`finish`](Self::finish).
+    /// handle (resolved on `device`), [`finish`](Self::finish).
     ///
     /// `enqueue` should only queue work. When it fails, `finish` still runs
     /// (whatever it queued before failing is covered) and its error is
@@ -199,16 +201,16 @@ impl<'r, R: DeviceMemoryResource + ?Sized> LaunchRecorder<'r, R> {
     /// A preflight error or an unknown stream, before `enqueue` is called
     /// and before anything is queued; a prepare error, before `enqueue` is
     /// called; the error of `enqueue`; a finish error.
-    pub fn launch<T, E>(
+    pub fn launch<G: Gpu, T, E>(
         self,
-        pool: &StreamPool,
+        device: &Device<G>,
         enqueue: impl FnOnce(RawStream) -> Result<T, E>,
     ) -> Result<T, E>
     where
         E: From<ResourceError>,
     {
         self.preflight()?;
-        let raw = pool.raw(self.stream)?;
+        let raw = device.raw(self.stream)?;
         self.prepare()?;
         let (out, finished) = self.enqueue_then_finish(raw, enqueue);
         let value = out?;

@@ -46,14 +46,13 @@ use super::block_uses::BlockUses;
 use super::event_pool::EventPool;
 use super::shard::{self, BlockRecord, MAX_SHARDS, Shard, ShardSlot};
 use super::unwind::ReturnOnUnwind;
+use crate::device::{Device, StreamPool};
 use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::cuda::CudaGpu;
 use crate::gpu::sim::SimGpu;
 use crate::gpu::{Gpu, RawStream};
 use crate::padded::CachePadded;
-use crate::types::{
-    Access, AllocTag, BlockId, BlockState, DeviceBlock, ResourceId, StreamId, StreamPool,
-};
+use crate::types::{Access, AllocTag, BlockId, BlockState, DeviceBlock, ResourceId, StreamId};
 
 /// The stream-ordered resource over a backend `G`.
 ///
@@ -70,12 +69,11 @@ use crate::types::{
 /// # Examples
 /// ```
 /// use streamalloc::gpu::sim::SimGpu;
-/// use streamalloc::{AllocTag, DeviceMemoryResource, SimResource};
+/// use streamalloc::{AllocTag, Device, DeviceMemoryResource, SimResource};
 ///
-/// let gpu = SimGpu::new();
-/// let pool = gpu.stream_pool(1);
-/// let resource = SimResource::new(gpu, pool.clone());
-/// let stream = pool.id(0).unwrap();
+/// let device = Device::simulated(&SimGpu::new(), 1);
+/// let resource = SimResource::new(&device);
+/// let stream = device.stream(0)?;
 ///
 /// let block = resource.allocate(1 << 20, stream, AllocTag("weights"))?;
 /// assert_eq!(resource.live_bytes(), 1 << 20);
@@ -115,38 +113,22 @@ impl<G: Gpu> std::fmt::Debug for StreamOrderedResource<G> {
 }
 
 impl AsyncCudaResource {
-    /// A resource bound to `device`, resolving streams through `stream_pool`.
-    /// `device_ordinal` names the device in errors and logs; streams of the
-    /// pool must belong to it.
-    ///
-    /// If the device's memory pool cannot be set up, the resource is still
-    /// built and every allocation reports the driver error.
-    pub fn new(
-        device: Arc<cudarc::driver::CudaContext>,
-        device_ordinal: u32,
-        stream_pool: Arc<StreamPool>,
-    ) -> Self {
-        Self::with_gpu(Arc::new(CudaGpu::new(device)), device_ordinal, stream_pool)
-    }
-
     /// The cudarc context of the device.
-    pub fn device(&self) -> &Arc<cudarc::driver::CudaContext> {
+    pub fn context(&self) -> &Arc<cudarc::driver::CudaContext> {
         self.gpu.context()
     }
 }
 
-impl SimResource {
-    /// A resource on the simulated device `gpu`, resolving streams through
-    /// `stream_pool`.
-    pub fn new(gpu: Arc<SimGpu>, stream_pool: Arc<StreamPool>) -> Self {
-        let ordinal = gpu.ordinal();
-        Self::with_gpu(gpu, ordinal, stream_pool)
-    }
-}
-
 impl<G: Gpu> StreamOrderedResource<G> {
-    /// A resource over any backend.
-    pub fn with_gpu(gpu: Arc<G>, device_ordinal: u32, stream_pool: Arc<StreamPool>) -> Self {
+    /// A resource on `device`, ordering its work on the device's streams.
+    ///
+    /// On CUDA, if the device's memory pool could not be set up (only a
+    /// [`CudaGpu::new`] keeps such an error), every allocation reports the
+    /// driver error.
+    pub fn new(device: &Device<G>) -> Self {
+        let gpu = device.gpu().clone();
+        let stream_pool = device.streams().clone();
+        let device_ordinal = device.ordinal();
         let shards = stream_pool.len().clamp(1, MAX_SHARDS).next_power_of_two();
         let streams_per_shard = stream_pool.len().div_ceil(shards);
         StreamOrderedResource {
@@ -160,6 +142,11 @@ impl<G: Gpu> StreamOrderedResource<G> {
                 .collect(),
             shard_bits: shards.trailing_zeros(),
         }
+    }
+
+    /// The device: the backend and the streams.
+    pub fn device(&self) -> Device<G> {
+        Device::from_parts(self.gpu.clone(), self.stream_pool.clone())
     }
 
     /// The backend.
@@ -622,10 +609,10 @@ pub(crate) mod loom_tests {
 
     fn fixture() -> (Arc<SimGpu>, Arc<SimResource>, DeviceBlock) {
         let gpu = SimGpu::builder().manual().build();
-        let pool = gpu.stream_pool(2);
-        let r = Arc::new(SimResource::new(gpu.clone(), pool.clone()));
+        let device = Device::simulated(&gpu, 2);
+        let r = Arc::new(SimResource::new(&device));
         let block = r
-            .allocate(SIZE, pool.id(0).unwrap(), AllocTag::UNTAGGED)
+            .allocate(SIZE, device.stream(0).unwrap(), AllocTag::UNTAGGED)
             .unwrap();
         (gpu, r, block)
     }
@@ -808,9 +795,11 @@ pub(crate) mod loom_tests {
     fn frees_and_a_notified_reap_keep_the_tallies_together() {
         loom::model(|| {
             let gpu = SimGpu::builder().manual().build();
-            let pool = gpu.stream_pool(2);
-            let r = Arc::new(SimResource::new(gpu, pool.clone()));
-            let (a, b) = (pool.id(0).unwrap(), pool.id(1).unwrap());
+            let r = Arc::new(SimResource::new(&Device::simulated(&gpu, 2)));
+            let (a, b) = (
+                r.stream_pool().id(0).unwrap(),
+                r.stream_pool().id(1).unwrap(),
+            );
             let x = r.allocate(10, a, AllocTag::UNTAGGED).unwrap();
             let y = r.allocate(20, b, AllocTag::UNTAGGED).unwrap();
             let z = r.allocate(5, a, AllocTag::UNTAGGED).unwrap();

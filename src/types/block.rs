@@ -55,6 +55,7 @@ impl fmt::Display for BlockId {
 
 /// Where a block is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum BlockState {
     /// Allocated and usable on its stream.
     Live,

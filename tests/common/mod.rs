@@ -6,12 +6,13 @@ use std::sync::Arc;
 
 use streamalloc::gpu::Gpu;
 use streamalloc::gpu::sim::SimGpu;
-use streamalloc::{AsyncCudaResource, SimResource, StreamId, StreamOrderedResource, StreamPool};
+use streamalloc::{Device, SimResource, StreamId, StreamOrderedResource, StreamPool};
 
-/// A resource, its pool's stream ids, and (on the simulated device) the
-/// device, so that tests can read races.
+/// A device, a resource on it, its pool's stream ids, and (on the simulated
+/// device) the simulator, so that tests can read races.
 pub struct Fixture<G: Gpu> {
     pub resource: Arc<StreamOrderedResource<G>>,
+    pub device: Device<G>,
     pub pool: Arc<StreamPool>,
     pub streams: Vec<StreamId>,
     pub sim: Option<Arc<SimGpu>>,
@@ -32,27 +33,24 @@ pub fn sim(streams: usize) -> Fixture<SimGpu> {
 }
 
 pub fn sim_with(gpu: Arc<SimGpu>, streams: usize) -> Fixture<SimGpu> {
-    let pool = gpu.stream_pool(streams);
-    let resource = Arc::new(SimResource::new(gpu.clone(), pool.clone()));
+    let device = Device::simulated(&gpu, streams);
+    fixture(device, Some(gpu))
+}
+
+fn fixture<G: Gpu>(device: Device<G>, sim: Option<Arc<SimGpu>>) -> Fixture<G> {
+    let pool = device.streams().clone();
     Fixture {
         streams: pool.ids().collect(),
-        resource,
+        resource: Arc::new(StreamOrderedResource::new(&device)),
+        device,
         pool,
-        sim: Some(gpu),
+        sim,
     }
 }
 
 /// Device 0 through cudarc, with `streams` new streams.
 pub fn cuda(streams: usize) -> Fixture<streamalloc::gpu::cuda::CudaGpu> {
-    let ctx = streamalloc::gpu::cuda::CudaGpu::open(0).expect("a CUDA device");
-    let pool = StreamPool::cuda(&ctx, streams).expect("streams");
-    let resource = Arc::new(AsyncCudaResource::new(ctx, 0, pool.clone()));
-    Fixture {
-        streams: pool.ids().collect(),
-        resource,
-        pool,
-        sim: None,
-    }
+    fixture(Device::open_cuda(0, streams).expect("a CUDA device"), None)
 }
 
 /// A waker that counts its wake-ups, for polling futures by hand.

@@ -22,9 +22,9 @@ use streamalloc_measure::support;
 
 use std::sync::Arc;
 
-use streamalloc::StreamOrderedResource;
 use streamalloc::futures::AsyncResource;
 use streamalloc::gpu::sim::SimGpu;
+use streamalloc::{Device, StreamOrderedResource};
 
 /// Points per round, as the 8 MiB rows of `gpu_latency` make.
 const POINTS: usize = 400;
@@ -32,7 +32,8 @@ const POINTS: usize = 400;
 fn main() {
     let pool = SimGpu::builder().manual().build().stream_pool(8);
     let gpu = Arc::new(support::NullGpu::with_events());
-    let inner = Arc::new(StreamOrderedResource::with_gpu(gpu, 0, pool.clone()));
+    let device = Device::new(gpu, pool.clone()).expect("both device 0");
+    let inner = Arc::new(StreamOrderedResource::new(&device));
     let res = AsyncResource::new(inner).expect("resource");
     let s = pool.id(0).expect("stream");
     let rt = tokio::runtime::Builder::new_current_thread()

@@ -26,13 +26,11 @@
 //!
 //! ```text
 //! cargo run --release -p streamalloc-measure --bin gpu_latency          # needs a CUDA GPU
-//! cargo run --release -p streamalloc-measure --bin gpu_latency -- --sim # smoke run, simulated
+//! STREAMALLOC_DEVICE=sim cargo run --release -p streamalloc-measure --bin gpu_latency # smoke run, simulated
 //! cargo run --release -p streamalloc-measure --bin gpu_latency -- --controls # and the breakdown
 //! ```
 //! Without a GPU it runs on the simulated device: the numbers then measure
 //! only the futures machinery and are not comparable to the targets.
-
-use streamalloc_measure::open as common;
 
 use std::time::{Duration, Instant};
 
@@ -40,8 +38,9 @@ use std::sync::Arc;
 
 use streamalloc::futures::{AsyncResource, Behind, WaitPolicy, WaitStats};
 use streamalloc::gpu::Gpu;
+use streamalloc::gpu::sim::SimGpu;
 use streamalloc::{
-    AllocTag, DeviceBlock, DeviceMemoryResource, RawStream, ResourceError, ResourceResult,
+    AllocTag, Device, DeviceBlock, DeviceMemoryResource, RawStream, ResourceError, ResourceResult,
 };
 
 const SAMPLES: usize = 20_000;
@@ -58,15 +57,20 @@ fn main() -> ResourceResult<()> {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    match common::setup(STREAMS, 1 << 30)? {
-        common::Setup::Cuda(res) => {
-            println!("device: CUDA device 0");
-            rt.block_on(in_a_task(measure(res, SAMPLES, ROUNDS)))
-        }
-        common::Setup::Sim(res, _) => {
-            println!("device: SIMULATED — numbers measure the futures layer only");
-            rt.block_on(in_a_task(measure(res, SAMPLES / 10, 1)))
-        }
+    let device = Device::open_or_sim(
+        0,
+        STREAMS,
+        SimGpu::builder()
+            .capacity(1 << 30)
+            .op_latency(Duration::from_micros(50)),
+    );
+    println!("device: {device}");
+    let res = AsyncResource::on(&device)?;
+    if device.simulator().is_none() {
+        rt.block_on(in_a_task(measure(res, SAMPLES, ROUNDS)))
+    } else {
+        println!("SIMULATED — numbers measure the futures layer only");
+        rt.block_on(in_a_task(measure(res, SAMPLES / 10, 1)))
     }
 }
 

@@ -38,7 +38,7 @@ use std::process::ExitCode;
 use streamalloc::gpu::cuda::{CudaGpu, cuda_present};
 use streamalloc_measure::trace::plot::{HeldSeries, write_png};
 use streamalloc_measure::trace::{
-    Backend, ReplayConfig, Requested, StackKind, Trace, replay_stack,
+    DeviceKind, ReplayConfig, Requested, StackKind, Trace, replay_stack,
 };
 
 const MIB: f64 = (1u64 << 20) as f64;
@@ -157,8 +157,8 @@ fn main() -> ExitCode {
         }
     };
     let backend_name = match backend {
-        Backend::Cuda(_) => "cuda",
-        Backend::Sim { .. } => "sim",
+        DeviceKind::Cuda(_) => "cuda",
+        DeviceKind::Sim { .. } => "sim",
     };
     let name = args
         .trace
@@ -238,8 +238,8 @@ fn main() -> ExitCode {
     }
 }
 
-fn backend(args: &Args) -> Result<Backend, String> {
-    let sim = Backend::Sim {
+fn backend(args: &Args) -> Result<DeviceKind, String> {
+    let sim = DeviceKind::Sim {
         capacity: args.sim_capacity,
     };
     if args.sim {
@@ -250,6 +250,6 @@ fn backend(args: &Args) -> Result<Backend, String> {
         return Ok(sim);
     }
     CudaGpu::open(0)
-        .map(Backend::Cuda)
+        .map(DeviceKind::Cuda)
         .map_err(|e| format!("CUDA device 0: {e}"))
 }

@@ -29,4 +29,4 @@ pub mod stack;
 pub use format::{OpKind, Trace, TraceError, TraceOp};
 pub use replay::{Replay, ReplayError, Target, replay};
 pub use requested::Requested;
-pub use stack::{Backend, ReplayConfig, StackKind, replay_stack};
+pub use stack::{DeviceKind, ReplayConfig, StackKind, replay_stack};

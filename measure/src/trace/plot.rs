@@ -61,6 +61,10 @@ const COLORS: [RGBColor; 4] = [
     RGBColor(0x94, 0x67, 0xbd),
 ];
 
+// Lines are one pixel wide: plotters joins wider polylines with mitres,
+// which draw spikes past the data where the line turns back sharply (a
+// trace's live bytes do, all the time).
+
 /// Draws the live requested bytes of the trace (black) and each series of
 /// held bytes (in colour) into a 1200×700 PNG at `path`. Returns whether
 /// text (title, axes, legend) could be drawn.
@@ -115,7 +119,7 @@ pub fn write_png(
             .map(|&(op, bytes)| (op as f64, bytes as f64 / MIB));
         let color = *color;
         let line = chart
-            .draw_series(LineSeries::new(points, color.stroke_width(2)))
+            .draw_series(LineSeries::new(points, color.stroke_width(1)))
             .map_err(|e| err(&e))?;
         if text {
             line.label(series.label.clone()).legend(move |(x, y)| {
@@ -135,7 +139,7 @@ pub fn write_png(
             ((i * stride + chunk.len()) as f64, most as f64 / MIB)
         });
     let line = chart
-        .draw_series(LineSeries::new(points, BLACK.stroke_width(2)))
+        .draw_series(LineSeries::new(points, BLACK.stroke_width(1)))
         .map_err(|e| err(&e))?;
     if text {
         line.label(format!(

@@ -32,27 +32,24 @@ use std::fmt;
 use std::time::Instant;
 
 use streamalloc::gpu::{Gpu, GpuError, HeldMemory};
-use streamalloc::{
-    AllocTag, DeviceBlock, DeviceMemoryResource, ResourceError, StreamId, StreamPool,
-};
+use streamalloc::{AllocTag, Device, DeviceBlock, DeviceMemoryResource, ResourceError, StreamId};
 
 use super::format::{OpKind, Trace};
 
 const TAG: AllocTag = AllocTag("trace");
 
-/// What a trace is replayed through: a resource stack, the backend under it
-/// (where held memory is read), and the pool whose streams stand for the
-/// trace's streams.
-pub struct Target<'a, R: ?Sized, G: ?Sized> {
+/// What a trace is replayed through: a resource stack and the device under
+/// it (its backend, where held memory is read, and its streams, which stand
+/// for the trace's streams).
+pub struct Target<'a, R: ?Sized, G: Gpu> {
     /// The stack (any [`DeviceMemoryResource`]).
     pub resource: &'a R,
-    /// The backend the stack allocates from.
-    pub gpu: &'a G,
-    /// At least as many streams as the trace uses.
-    pub pool: &'a StreamPool,
-    /// Called after every `n`-th operation of the replay (outside nothing:
-    /// inside the timed loop): the simulated device in manual mode runs its
-    /// queued work there, so that executed frees coalesce. `None` on CUDA.
+    /// The device the stack allocates from, with at least as many streams
+    /// as the trace uses.
+    pub device: &'a Device<G>,
+    /// Called after every `n`-th operation, inside the timed loop: the
+    /// simulated device in manual mode runs its queued work there, so that
+    /// executed frees coalesce. `None` on CUDA.
     pub housekeeping: Option<(usize, &'a dyn Fn())>,
 }
 
@@ -68,7 +65,9 @@ pub struct Replay {
     /// Device memory held: `high` over the replay, `current` after it (the
     /// stack still alive, every block freed).
     pub held: HeldMemory,
-    /// `(operations done, bytes held then)`, when sampling was asked for.
+    /// When sampling was asked for: `(operations done, the most bytes held
+    /// since the previous sample)`, so that no peak falls between two
+    /// samples; the last is `(ops, bytes held after the end's frees)`.
     pub samples: Vec<(usize, usize)>,
 }
 
@@ -121,9 +120,9 @@ impl From<GpuError> for ReplayError {
 
 /// Replays `trace` through `target` once, then runs the control loop.
 ///
-/// With `sample_every = Some(n)`, the held bytes are read after every
-/// `n`-th operation (for plots; the reads cost a driver call each, so timed
-/// figures are taken without).
+/// With `sample_every = Some(n)`, the held bytes are read (and their
+/// high-water mark restarted) after every `n`-th operation, for plots; the
+/// reads cost driver calls, so timed figures are taken without.
 ///
 /// # Errors
 /// [`ReplayError`]; the blocks allocated before a failure are freed.
@@ -134,17 +133,17 @@ pub fn replay<R, G>(
 ) -> Result<Replay, ReplayError>
 where
     R: DeviceMemoryResource + ?Sized,
-    G: Gpu + ?Sized,
+    G: Gpu,
 {
-    if target.pool.len() < trace.streams {
+    if target.device.streams().len() < trace.streams {
         return Err(ReplayError::TooFewStreams {
             trace: trace.streams,
-            pool: target.pool.len(),
+            pool: target.device.streams().len(),
         });
     }
-    let streams: Vec<StreamId> = target.pool.ids().collect();
+    let streams: Vec<StreamId> = target.device.streams().ids().collect();
     let mut samples = Vec::new();
-    target.gpu.reset_memory_held_high()?;
+    target.device.gpu().reset_memory_held_high()?;
 
     let start = Instant::now();
     let mut live: HashMap<u64, DeviceBlock> = HashMap::with_capacity(1 << 16);
@@ -152,7 +151,10 @@ where
         if let Some(n) = sample_every
             && done % n == 0
         {
-            samples.push((done, target.gpu.memory_held().map(|h| h.current)?));
+            // The mark restarts at each sample: each point is its stretch's
+            // peak.
+            samples.push((done, target.device.gpu().memory_held()?.high));
+            target.device.gpu().reset_memory_held_high()?;
         }
         Ok(())
     });
@@ -167,28 +169,29 @@ where
     }
     for &stream in &streams {
         let raw = target
-            .pool
+            .device
             .raw(stream)
             .map_err(|error| ReplayError::Resource {
                 op: trace.ops.len(),
                 error,
             })?;
-        // SAFETY: `raw` is a stream of `target.pool`, which `target` holds
-        // (and keeps alive) for the whole replay.
-        unsafe { target.gpu.stream_synchronize(raw) }?;
+        // SAFETY: a stream of the pool this code holds.
+        unsafe { target.device.gpu().stream_synchronize(raw) }?;
     }
     let elapsed = start.elapsed();
     run?;
     leftover?;
-    let held = target.gpu.memory_held()?;
+    let mut held = target.device.gpu().memory_held()?;
     if sample_every.is_some() {
-        // The last point is after the leftover blocks were freed.
+        // The stretch since the last sample, then the state after the
+        // leftover blocks were freed.
         if samples
             .last()
-            .is_some_and(|&(done, _)| done == trace.ops.len())
+            .is_none_or(|&(done, _)| done != trace.ops.len())
         {
-            samples.pop();
+            samples.push((trace.ops.len(), held.high));
         }
+        held.high = samples.iter().map(|&(_, b)| b).max().unwrap_or(0);
         samples.push((trace.ops.len(), held.current));
     }
 
@@ -216,7 +219,7 @@ fn run_ops<R, G>(
 ) -> Result<(), ReplayError>
 where
     R: DeviceMemoryResource + ?Sized,
-    G: Gpu + ?Sized,
+    G: Gpu,
 {
     let resource = target.resource;
     for (i, op) in trace.ops.iter().enumerate() {
@@ -249,15 +252,20 @@ where
     Ok(())
 }
 
+/// A stand-in for a block in the control loop: the same size, so that the
+/// map moves as many bytes as the timed loop's.
+type StandIn = [u8; std::mem::size_of::<DeviceBlock>()];
+
 /// The control: the same bookkeeping with a stand-in for each block, no
 /// allocation.
 fn control_loop(trace: &Trace) -> std::time::Duration {
     let start = Instant::now();
-    let mut live: HashMap<u64, usize> = HashMap::with_capacity(1 << 16);
+    let mut live: HashMap<u64, StandIn> = HashMap::with_capacity(1 << 16);
     for op in &trace.ops {
         match op.kind {
             OpKind::Alloc => {
-                live.insert(op.id, std::hint::black_box(op.size + 1));
+                let stand_in: StandIn = [op.size as u8; std::mem::size_of::<DeviceBlock>()];
+                live.insert(op.id, std::hint::black_box(stand_in));
             }
             OpKind::Free => {
                 std::hint::black_box(live.remove(&op.id));

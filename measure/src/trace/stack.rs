@@ -17,7 +17,7 @@ use streamalloc::gpu::Gpu;
 use streamalloc::gpu::cuda::CudaGpu;
 use streamalloc::gpu::sim::SimGpu;
 use streamalloc::{
-    Budget, BudgetResource, CachingResource, DeviceMemoryResource, StreamOrderedResource,
+    Budget, BudgetResource, CachingResource, Device, DeviceMemoryResource, StreamOrderedResource,
     StreamPool,
 };
 
@@ -69,7 +69,7 @@ impl fmt::Display for StackKind {
 
 /// The device a stack is built on.
 #[derive(Debug, Clone)]
-pub enum Backend {
+pub enum DeviceKind {
     /// A CUDA device (its primary context).
     Cuda(Arc<CudaContext>),
     /// A simulated device of `capacity` bytes in manual progress mode: the
@@ -111,7 +111,7 @@ const SIM_DRAIN_EVERY: usize = 1024;
 /// Setting up the device, pool or streams, or what [`replay`] reports.
 pub fn replay_stack(
     kind: StackKind,
-    backend: &Backend,
+    backend: &DeviceKind,
     trace: &Trace,
     peak_requested: usize,
     config: &ReplayConfig,
@@ -119,12 +119,12 @@ pub fn replay_stack(
     let streams = trace.streams.max(1);
     let setup = ReplayError::Setup;
     match backend {
-        Backend::Cuda(ctx) => {
+        DeviceKind::Cuda(ctx) => {
             let gpu = Arc::new(CudaGpu::try_new(ctx.clone()).map_err(setup)?);
             let pool = StreamPool::cuda(ctx, streams).map_err(setup)?;
             replay_on(kind, gpu, pool, None, trace, peak_requested, config)
         }
-        Backend::Sim { capacity } => {
+        DeviceKind::Sim { capacity } => {
             let gpu = SimGpu::builder().manual().capacity(*capacity).build();
             let pool = gpu.stream_pool(streams);
             let drain_gpu = gpu.clone();
@@ -143,12 +143,12 @@ fn replay_on<G: Gpu>(
     peak_requested: usize,
     config: &ReplayConfig,
 ) -> Result<Replay, ReplayError> {
-    let resource = StreamOrderedResource::with_gpu(gpu.clone(), gpu.ordinal(), pool.clone());
+    let device = Device::new(gpu, pool).map_err(ReplayError::Setup)?;
+    let resource = StreamOrderedResource::new(&device);
     let go = |resource: &dyn DeviceMemoryResource| {
         let target = Target {
             resource,
-            gpu: &*gpu,
-            pool: &pool,
+            device: &device,
             housekeeping: drain.map(|d| (SIM_DRAIN_EVERY, d)),
         };
         replay(trace, &target, config.sample_every)

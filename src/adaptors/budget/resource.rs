@@ -17,13 +17,13 @@ use crate::types::{AllocTag, DeviceBlock, StreamId};
 /// ```
 /// use streamalloc::adaptors::{Budget, BudgetResource};
 /// use streamalloc::gpu::sim::SimGpu;
-/// use streamalloc::{AllocTag, DeviceMemoryResource, ResourceError, SimResource};
+/// use streamalloc::{Device, AllocTag, DeviceMemoryResource, ResourceError, SimResource};
 ///
 /// let gpu = SimGpu::new();
-/// let pool = gpu.stream_pool(1);
-/// let s = pool.id(0).unwrap();
+/// let device = Device::simulated(&gpu, 1);
+/// let s = device.stream(0)?;
 /// let budget = Budget::new(1000);
-/// let r = BudgetResource::new(SimResource::new(gpu, pool.clone()), &budget);
+/// let r = BudgetResource::new(SimResource::new(&device), &budget);
 ///
 /// let block = r.allocate(800, s, AllocTag::UNTAGGED)?;
 /// assert!(matches!(

@@ -3,12 +3,12 @@
 #![allow(unsafe_code)]
 
 use std::fmt;
-use std::sync::Arc;
 
+use crate::device::Device;
 use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::Gpu;
 use crate::resource::StreamOrderedResource;
-use crate::types::{DeviceBlock, StreamPool};
+use crate::types::DeviceBlock;
 
 /// Fills a block that is being quarantined, so that a reader that should no
 /// longer read it sees garbage instead of stale data.
@@ -37,26 +37,23 @@ pub trait Poison: Send + Sync + 'static {
 /// # Examples
 /// ```
 /// use streamalloc::adaptors::{DebugGuard, GpuPoison, GuardConfig};
-/// use streamalloc::gpu::sim::SimGpu;
-/// use streamalloc::SimResource;
+/// use streamalloc::{Device, StreamOrderedResource};
 ///
-/// let gpu = SimGpu::new();
-/// let pool = gpu.stream_pool(1);
-/// let resource = SimResource::new(gpu, pool);
-/// // SAFETY: the guard below is the only user of the poison, and it fills
-/// // only blocks live in `resource`.
-/// let poison = unsafe { GpuPoison::for_resource(&resource, 0xA5) };
+/// let device = Device::open(0, 1);
+/// let resource = StreamOrderedResource::new(&device);
+/// // SAFETY: the guard below is the poison's only user, and it fills only
+/// // blocks live in `resource`, a resource of `device`.
+/// let poison = unsafe { GpuPoison::new(&device, 0xA5) };
 /// let guard = DebugGuard::new(resource, GuardConfig::new().poison(poison));
 /// # drop(guard);
 /// ```
 pub struct GpuPoison<G: Gpu> {
-    gpu: Arc<G>,
-    pool: Arc<StreamPool>,
+    device: Device<G>,
     value: u8,
 }
 
 impl<G: Gpu> GpuPoison<G> {
-    /// Fills with `value` on `gpu`, resolving streams through `pool`.
+    /// Fills with `value` on `device`.
     ///
     /// # Safety
     /// [`fill`](Poison::fill) queues a `memset_async` over the block it is
@@ -64,30 +61,26 @@ impl<G: Gpu> GpuPoison<G> {
     /// (by the [`DebugGuard`](super::DebugGuard) it is configured into,
     /// which passes only blocks live in its inner resource, or by any other
     /// caller) must be:
-    /// 1. an allocation of `gpu` whose free is not queued yet;
-    /// 2. on a stream of `pool`, which are streams of `gpu`.
-    pub unsafe fn new(gpu: Arc<G>, pool: Arc<StreamPool>, value: u8) -> Self {
-        GpuPoison { gpu, pool, value }
+    /// 1. an allocation of `device`'s backend whose free is not queued yet;
+    /// 2. on a stream of `device`'s pool.
+    pub unsafe fn new(device: &Device<G>, value: u8) -> Self {
+        GpuPoison {
+            device: device.clone(),
+            value,
+        }
     }
 
-    /// Fills with `value` on the device and streams of `resource`.
+    /// Fills with `value` on the device of `resource`.
     ///
     /// # Safety
     /// Every block [`fill`](Poison::fill) is ever given is live in
-    /// `resource` (or in another resource of the same backend and pool):
-    /// configure it into a [`DebugGuard`](super::DebugGuard) whose inner
-    /// resource allocates from `resource`, and do not call `fill` with other
-    /// blocks.
+    /// `resource` (or in another resource of the same device): configure it
+    /// into a [`DebugGuard`](super::DebugGuard) whose inner resource
+    /// allocates from `resource`, and do not call `fill` with other blocks.
     pub unsafe fn for_resource(resource: &StreamOrderedResource<G>, value: u8) -> Self {
-        // SAFETY: the backend and pool are `resource`'s; the caller's
-        // contract gives `new`'s.
-        unsafe {
-            Self::new(
-                resource.gpu().clone(),
-                resource.stream_pool().clone(),
-                value,
-            )
-        }
+        // SAFETY: the device is `resource`'s; the caller's contract gives
+        // `new`'s.
+        unsafe { Self::new(&resource.device(), value) }
     }
 
     /// The poison byte.
@@ -99,7 +92,7 @@ impl<G: Gpu> GpuPoison<G> {
 impl<G: Gpu> fmt::Debug for GpuPoison<G> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("GpuPoison")
-            .field("device", &self.pool.device())
+            .field("device", &self.device.ordinal())
             .field("value", &self.value)
             .finish()
     }
@@ -107,11 +100,13 @@ impl<G: Gpu> fmt::Debug for GpuPoison<G> {
 
 impl<G: Gpu> Poison for GpuPoison<G> {
     fn fill(&self, block: &DeviceBlock) -> ResourceResult<()> {
-        let raw = self.pool.raw(block.stream())?;
+        let raw = self.device.raw(block.stream())?;
         // SAFETY: the constructor's contract: `block` is a live allocation of
-        // `self.gpu` on a stream of `self.pool`, which keeps it alive.
+        // the device's backend on a stream of its pool, which the device
+        // keeps alive.
         unsafe {
-            self.gpu
+            self.device
+                .gpu()
                 .memset_async(block.ptr(), self.value, block.size(), raw)
         }
         .map_err(ResourceError::from)

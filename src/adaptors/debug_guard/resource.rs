@@ -99,12 +99,12 @@ type Order<'a> = MutexGuard<'a, ()>;
 /// ```
 /// use streamalloc::adaptors::{DebugGuard, GuardConfig};
 /// use streamalloc::gpu::sim::SimGpu;
-/// use streamalloc::{AllocTag, BlockState, DeviceMemoryResource, ResourceError, SimResource};
+/// use streamalloc::{Device, AllocTag, BlockState, DeviceMemoryResource, ResourceError, SimResource};
 ///
 /// let gpu = SimGpu::new();
-/// let pool = gpu.stream_pool(1);
-/// let s = pool.id(0).unwrap();
-/// let guard = DebugGuard::new(SimResource::new(gpu, pool.clone()), GuardConfig::new());
+/// let device = Device::simulated(&gpu, 1);
+/// let s = device.stream(0)?;
+/// let guard = DebugGuard::new(SimResource::new(&device), GuardConfig::new());
 ///
 /// let block = guard.allocate(512, s, AllocTag::UNTAGGED)?;
 /// guard.deallocate(block.clone())?;
@@ -423,6 +423,7 @@ mod loom_tests {
     use loom::thread;
 
     use super::*;
+    use crate::device::Device;
     use crate::error::DriverCall;
     use crate::gpu::sim::SimGpu;
     use crate::resource::SimResource;
@@ -432,10 +433,10 @@ mod loom_tests {
 
     fn fixture(config: GuardConfig) -> (Arc<SimGpu>, Arc<SimResource>, Arc<Guard>, StreamId) {
         let gpu = SimGpu::builder().manual().build();
-        let pool = gpu.stream_pool(2);
-        let r = Arc::new(SimResource::new(gpu.clone(), pool.clone()));
+        let device = Device::simulated(&gpu, 2);
+        let r = Arc::new(SimResource::new(&device));
         let g = Arc::new(DebugGuard::new(r.clone(), config));
-        (gpu, r, g, pool.id(0).unwrap())
+        (gpu, r, g, device.stream(0).unwrap())
     }
 
     /// Two threads free clones of one block through the guard: exactly one

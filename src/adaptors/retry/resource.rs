@@ -15,13 +15,13 @@ use crate::types::{AllocTag, DeviceBlock, StreamId};
 /// ```
 /// use streamalloc::adaptors::RetryOnOom;
 /// use streamalloc::gpu::sim::SimGpu;
-/// use streamalloc::{AllocTag, DeviceMemoryResource, SimResource};
+/// use streamalloc::{Device, AllocTag, DeviceMemoryResource, SimResource};
 ///
 /// // A 1 MiB device whose work runs only when the host synchronizes.
 /// let gpu = SimGpu::builder().manual().capacity(1 << 20).build();
-/// let pool = gpu.stream_pool(2);
-/// let (a, b) = (pool.id(0).unwrap(), pool.id(1).unwrap());
-/// let r = RetryOnOom::new(SimResource::new(gpu, pool.clone()));
+/// let device = Device::simulated(&gpu, 2);
+/// let (a, b) = (device.stream(0)?, device.stream(1)?);
+/// let r = RetryOnOom::new(SimResource::new(&device));
 ///
 /// let block = r.allocate(768 << 10, a, AllocTag::UNTAGGED)?;
 /// r.deallocate(block)?; // queued on `a`, not yet executed

@@ -15,13 +15,13 @@ use crate::types::AllocTag;
 /// ```
 /// use streamalloc::adaptors::{Stats, StatsResource};
 /// use streamalloc::gpu::sim::SimGpu;
-/// use streamalloc::{AllocTag, DeviceMemoryResource, SimResource};
+/// use streamalloc::{Device, AllocTag, DeviceMemoryResource, SimResource};
 ///
 /// let gpu = SimGpu::new();
-/// let pool = gpu.stream_pool(1);
-/// let s = pool.id(0).unwrap();
+/// let device = Device::simulated(&gpu, 1);
+/// let s = device.stream(0)?;
 /// let stats = Stats::new();
-/// let r = StatsResource::new(SimResource::new(gpu, pool.clone()), &stats);
+/// let r = StatsResource::new(SimResource::new(&device), &stats);
 ///
 /// let a = r.allocate(100, s, AllocTag("weights"))?;
 /// let b = r.allocate(50, s, AllocTag("activations"))?;

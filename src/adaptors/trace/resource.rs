@@ -21,13 +21,13 @@ pub const TARGET: &str = "streamalloc::alloc";
 /// ```
 /// use streamalloc::adaptors::TracingResource;
 /// use streamalloc::gpu::sim::SimGpu;
-/// use streamalloc::{AllocTag, DeviceMemoryResource, SimResource};
+/// use streamalloc::{Device, AllocTag, DeviceMemoryResource, SimResource};
 ///
 /// let gpu = SimGpu::new();
-/// let pool = gpu.stream_pool(1);
-/// let r = TracingResource::new(SimResource::new(gpu, pool.clone()));
+/// let device = Device::simulated(&gpu, 1);
+/// let r = TracingResource::new(SimResource::new(&device));
 /// // With a subscriber installed, this logs `allocate` with its fields.
-/// let block = r.allocate(256, pool.id(0).unwrap(), AllocTag("kv-cache"))?;
+/// let block = r.allocate(256, device.stream(0)?, AllocTag("kv-cache"))?;
 /// r.deallocate(block)?;
 /// # Ok::<(), streamalloc::ResourceError>(())
 /// ```

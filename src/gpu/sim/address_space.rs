@@ -6,7 +6,7 @@
 //! order makes that safe), and to an allocation on another stream only once
 //! that stream is ordered after the free (it waited on an event recorded after
 //! it). Once the free has executed, any stream may take it (the driver's
-//! opportunistic reuse). These are the rules seen on an H200 (DESIGN.md), so a
+//! opportunistic reuse). These are the rules seen on an H200 (`docs/DESIGN.md`), so a
 //! missing wait that the GPU would expose, the simulator exposes too.
 
 use std::collections::BTreeMap;

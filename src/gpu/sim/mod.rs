@@ -30,16 +30,16 @@
 //! # Examples
 //! ```
 //! use streamalloc::gpu::sim::{MemAccess, SimGpu};
-//! use streamalloc::{AllocTag, DeviceMemoryResource, SimResource};
+//! use streamalloc::{Device, AllocTag, DeviceMemoryResource, SimResource};
 //!
 //! let gpu = SimGpu::builder().manual().build();
-//! let pool = gpu.stream_pool(2);
-//! let resource = SimResource::new(gpu.clone(), pool.clone());
-//! let (a, b) = (pool.id(0).unwrap(), pool.id(1).unwrap());
+//! let device = Device::simulated(&gpu, 2);
+//! let resource = SimResource::new(&device);
+//! let (a, b) = (device.stream(0)?, device.stream(1)?);
 //!
 //! let block = resource.allocate(1024, a, AllocTag::UNTAGGED)?;
 //! // Read on stream b without ordering it after the allocation on a: a race.
-//! gpu.launch_kernel(pool.raw(b)?, &[MemAccess::read(&block)])?;
+//! gpu.launch_kernel(device.raw(b)?, &[MemAccess::read(&block)])?;
 //! assert_eq!(gpu.races().len(), 1);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
@@ -57,12 +57,14 @@ use std::time::Duration;
 pub use race::{RaceKind, RaceReport, SimOp};
 
 use self::device::{State, Step};
+use crate::device::stream_pool::StreamPool;
 use crate::error::DriverCall;
 use crate::gpu::{Gpu, GpuError, GpuResult, HeldMemory, HostFn, RawEvent, RawStream};
-use crate::types::{Access, DeviceBlock, StreamPool};
+use crate::types::{Access, DeviceBlock};
 
 /// How queued work makes progress on a [`SimGpu`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Progress {
     /// A device thread executes work as soon as it can and runs host
     /// functions, as a GPU and its driver thread would.

@@ -17,6 +17,7 @@ use crate::types::Access;
 
 /// What kind of bug a [`RaceReport`] describes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RaceKind {
     /// Two accesses on different streams, at least one a write, with no
     /// event or synchronize ordering them.
@@ -30,6 +31,7 @@ pub enum RaceKind {
 
 /// What touched memory: the operation kind and its stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SimOp {
     /// The allocation (counts as a write).
     Alloc,

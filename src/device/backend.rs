@@ -1,0 +1,172 @@
+//! [`Backend`]: CUDA or the simulator, chosen at run time, behind one type.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::gpu::cuda::CudaGpu;
+use crate::gpu::sim::SimGpu;
+use crate::gpu::{Gpu, GpuResult, HeldMemory, HostFn, RawEvent, RawStream};
+
+/// The backend of a [`Device`](crate::Device) opened at run time: a CUDA
+/// device, or the simulated one.
+///
+/// Every [`Gpu`] call is forwarded by one `match` (see the
+/// [module documentation](crate::device) for its cost).
+#[non_exhaustive]
+pub enum Backend {
+    /// A CUDA device, through cudarc.
+    Cuda(CudaGpu),
+    /// The simulated device (shared: its race detector and fault injection
+    /// are read through the same `Arc`).
+    Sim(Arc<SimGpu>),
+}
+
+impl Backend {
+    /// The simulated device, when this is one.
+    pub fn simulator(&self) -> Option<&Arc<SimGpu>> {
+        match self {
+            Backend::Sim(sim) => Some(sim),
+            _ => None,
+        }
+    }
+
+    /// The CUDA device, when this is one.
+    pub fn cuda(&self) -> Option<&CudaGpu> {
+        match self {
+            Backend::Cuda(cuda) => Some(cuda),
+            _ => None,
+        }
+    }
+}
+
+/// Forwards one [`Gpu`] call to the backend (called by its trait path, so
+/// that `SimGpu`'s inherent methods of the same name are not picked).
+macro_rules! forward {
+    ($self:ident.$method:ident($($arg:expr),*)) => {
+        match $self {
+            Backend::Cuda(gpu) => Gpu::$method(gpu, $($arg),*),
+            Backend::Sim(gpu) => Gpu::$method(gpu.as_ref(), $($arg),*),
+        }
+    };
+}
+
+/// As `forward!`, for the unsafe methods: the caller's contract (this
+/// method's `# Safety`) is the backend's, since the handles are its.
+macro_rules! forward_unsafe {
+    ($self:ident.$method:ident($($arg:expr),*)) => {
+        match $self {
+            // SAFETY: the caller upholds this method's Safety list, which is
+            // the same list for the backend the call goes to.
+            Backend::Cuda(gpu) => unsafe { Gpu::$method(gpu, $($arg),*) },
+            // SAFETY: as above.
+            Backend::Sim(gpu) => unsafe { Gpu::$method(gpu.as_ref(), $($arg),*) },
+        }
+    };
+}
+
+impl Gpu for Backend {
+    fn ordinal(&self) -> u32 {
+        forward!(self.ordinal())
+    }
+
+    unsafe fn alloc_async(&self, bytes: usize, stream: RawStream) -> GpuResult<u64> {
+        forward_unsafe!(self.alloc_async(bytes, stream))
+    }
+
+    unsafe fn free_async(&self, ptr: u64, stream: RawStream) -> GpuResult<()> {
+        forward_unsafe!(self.free_async(ptr, stream))
+    }
+
+    fn event_create(&self) -> GpuResult<RawEvent> {
+        forward!(self.event_create())
+    }
+
+    unsafe fn event_record(&self, event: RawEvent, stream: RawStream) -> GpuResult<()> {
+        forward_unsafe!(self.event_record(event, stream))
+    }
+
+    unsafe fn event_query(&self, event: RawEvent) -> GpuResult<bool> {
+        forward_unsafe!(self.event_query(event))
+    }
+
+    unsafe fn event_synchronize(&self, event: RawEvent) -> GpuResult<()> {
+        forward_unsafe!(self.event_synchronize(event))
+    }
+
+    unsafe fn event_destroy(&self, event: RawEvent) -> GpuResult<()> {
+        forward_unsafe!(self.event_destroy(event))
+    }
+
+    unsafe fn stream_wait_event(&self, stream: RawStream, event: RawEvent) -> GpuResult<()> {
+        forward_unsafe!(self.stream_wait_event(stream, event))
+    }
+
+    unsafe fn stream_synchronize(&self, stream: RawStream) -> GpuResult<()> {
+        forward_unsafe!(self.stream_synchronize(stream))
+    }
+
+    unsafe fn launch_host_fn(&self, stream: RawStream, f: HostFn) -> GpuResult<()> {
+        forward_unsafe!(self.launch_host_fn(stream, f))
+    }
+
+    unsafe fn memset_async(
+        &self,
+        ptr: u64,
+        value: u8,
+        len: usize,
+        stream: RawStream,
+    ) -> GpuResult<()> {
+        forward_unsafe!(self.memset_async(ptr, value, len, stream))
+    }
+
+    unsafe fn copy_async(
+        &self,
+        dst: u64,
+        src: u64,
+        len: usize,
+        stream: RawStream,
+    ) -> GpuResult<()> {
+        forward_unsafe!(self.copy_async(dst, src, len, stream))
+    }
+
+    fn mem_info(&self) -> GpuResult<(usize, usize)> {
+        forward!(self.mem_info())
+    }
+
+    fn create_stream(&self) -> GpuResult<RawStream> {
+        forward!(self.create_stream())
+    }
+
+    fn memory_held(&self) -> GpuResult<HeldMemory> {
+        forward!(self.memory_held())
+    }
+
+    fn reset_memory_held_high(&self) -> GpuResult<()> {
+        forward!(self.reset_memory_held_high())
+    }
+
+    unsafe fn destroy_stream(&self, stream: RawStream) -> GpuResult<()> {
+        forward_unsafe!(self.destroy_stream(stream))
+    }
+}
+
+impl fmt::Debug for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Backend::Cuda(gpu) => f.debug_tuple("Cuda").field(gpu).finish(),
+            Backend::Sim(gpu) => f.debug_tuple("Sim").field(gpu).finish(),
+        }
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Backend::Cuda(gpu) => {
+                let name = gpu.context().name().unwrap_or_default();
+                write!(f, "CUDA device {} {name}", gpu.ordinal())
+            }
+            Backend::Sim(gpu) => write!(f, "simulated device {}", Gpu::ordinal(gpu.as_ref())),
+        }
+    }
+}

@@ -1,0 +1,132 @@
+//! Stream names: the backend handle [`RawStream`] and the [`StreamId`] a
+//! device's [`StreamPool`](crate::StreamPool) resolves.
+
+use std::fmt;
+
+/// A backend stream handle: a `CUstream` for CUDA, an index for the
+/// simulated device. Plain `Copy` data; the [`StreamPool`](crate::StreamPool) keeps the stream
+/// itself alive.
+///
+/// Handles are made by the crate (a pool, or [`SimGpu`](crate::gpu::sim::SimGpu))
+/// or, for a stream created elsewhere, by the unsafe [`RawStream::from_cuda`],
+/// so that a safe call never hands the driver a made-up pointer. Simulated
+/// handles carry a tag bit, so neither backend accepts the other's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RawStream(pub(crate) u64);
+
+/// Marks handles of the simulated device (user-space pointers never have it).
+pub(crate) const SIM_HANDLE: u64 = 1 << 63;
+
+impl RawStream {
+    /// Wraps a `CUstream` created outside the crate.
+    ///
+    /// # Safety
+    /// 1. `stream` is a valid `CUstream` of the context of the resource or
+    ///    [`CudaGpu`](crate::gpu::cuda::CudaGpu) it is used with, or null.
+    /// 2. It stays valid as long as the handle is used.
+    pub unsafe fn from_cuda(stream: cudarc::driver::sys::CUstream) -> Self {
+        RawStream(stream as u64)
+    }
+
+    pub(crate) fn sim(index: usize) -> Self {
+        RawStream(SIM_HANDLE | index as u64)
+    }
+
+    /// The handle's bits (a `CUstream` pointer, or a tagged simulated index).
+    pub fn get(self) -> u64 {
+        self.0
+    }
+
+    /// The simulated stream index, if this is a simulated handle.
+    pub(crate) fn sim_index(self) -> Option<usize> {
+        (self.0 & SIM_HANDLE != 0).then_some((self.0 & !SIM_HANDLE) as usize)
+    }
+}
+
+/// Names one stream of one device's [`StreamPool`](crate::StreamPool).
+///
+/// The device ordinal travels with the id, so that a stream of another device
+/// is refused with [`ResourceError::WrongDevice`](crate::ResourceError::WrongDevice)
+/// instead of being resolved against the wrong pool; so does the pool that
+/// handed the id out, so that another pool of the same device refuses it with
+/// [`ResourceError::ForeignStream`](crate::ResourceError::ForeignStream).
+///
+/// Identity (`==`, hashing, ordering) is the device and the index: the pool
+/// is a check made when the id is resolved, not part of the name. An id
+/// built by hand with [`StreamId::new`] names no pool and resolves against
+/// the pool of its device it is given to.
+#[derive(Debug, Clone, Copy)]
+pub struct StreamId {
+    device: u32,
+    index: u32,
+    /// The pool that handed the id out; 0 for none.
+    pool: u32,
+}
+
+impl PartialEq for StreamId {
+    fn eq(&self, other: &Self) -> bool {
+        (self.device, self.index) == (other.device, other.index)
+    }
+}
+
+impl Eq for StreamId {}
+
+impl std::hash::Hash for StreamId {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        (self.device, self.index).hash(state);
+    }
+}
+
+impl PartialOrd for StreamId {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for StreamId {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.device, self.index).cmp(&(other.device, other.index))
+    }
+}
+
+impl StreamId {
+    /// The stream at `index` of the pool of device `device` (no particular
+    /// pool: whichever pool of that device resolves it).
+    pub const fn new(device: u32, index: u32) -> Self {
+        StreamId {
+            device,
+            index,
+            pool: 0,
+        }
+    }
+
+    /// The stream at `index` of the pool whose identity is `pool`.
+    pub(crate) const fn in_pool(device: u32, index: u32, pool: u32) -> Self {
+        StreamId {
+            device,
+            index,
+            pool,
+        }
+    }
+
+    /// The identity of the pool that handed the id out (0 for none).
+    pub(crate) const fn pool(self) -> u32 {
+        self.pool
+    }
+
+    /// Device ordinal of the stream.
+    pub const fn device(self) -> u32 {
+        self.device
+    }
+
+    /// Index of the stream in its pool.
+    pub const fn index(self) -> u32 {
+        self.index
+    }
+}
+
+impl fmt::Display for StreamId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "stream {}:{}", self.device, self.index)
+    }
+}
