@@ -27,7 +27,7 @@ for line in sys.stdin:
         name = m["target"]["name"] + ("-lib" if m["target"]["kind"] == ["lib"] else "")
         shutil.copy(m["executable"], os.path.join("gpu-bin", "test-" + name))
 '
-    cargo build --release --examples --message-format=json 2>/dev/null |
+    cargo build --release --examples --features cublas --message-format=json 2>/dev/null |
         python3 -c '
 import json, sys, shutil, os
 for line in sys.stdin:
@@ -59,7 +59,7 @@ run)
     exit $status
     ;;
 examples)
-    for e in quickstart service pipeline reaper multi_gpu adaptor_stack; do
+    for e in quickstart service pipeline reaper multi_gpu adaptor_stack kernel gemm; do
         echo "=== example $e"
         timeout 120 "$BIN/example-$e" || echo "example $e failed: $?"
     done
@@ -76,6 +76,10 @@ measure)
     done
     echo "=== driver_costs" | tee -a "$dir/gpu_latency.txt"
     timeout 120 $BIN/bin-driver_costs 2>&1 | tee -a "$dir/gpu_latency.txt" || true
+    echo "=== buffer_costs (three runs)" | tee "$dir/buffer_costs.txt"
+    for run in 1 2 3; do
+        timeout 120 $BIN/bin-buffer_costs 2>&1 | tee -a "$dir/buffer_costs.txt" || true
+    done
     echo "=== bench_table"
     timeout 240 $BIN/bin-bench_table "$dir" 2>&1 | tee "$dir/bench_table.txt" || true
     python3 measure/scripts/plot_bench.py "$dir/bench_table.csv" "$dir/throughput.png" || true
@@ -128,6 +132,11 @@ sanitize)
     check memcheck $racecheck $BIN/test-gpu_cuda --include-ignored --test-threads=1
     echo "=== synccheck over the CUDA tests"
     check synccheck $cs --tool synccheck $BIN/test-gpu_cuda --include-ignored --test-threads=1
+    echo "=== memcheck (stream-ordered races) over the buffer tests and the kernel example"
+    check "buffer memcheck" $racecheck $BIN/test-buffer_cuda --include-ignored --test-threads=1
+    check "kernel memcheck" $racecheck $BIN/example-kernel
+    echo "=== planted bug in the kernel example (an escaped address): must be reported (exit 86)"
+    check "kernel planted" $racecheck $BIN/example-kernel plant
     echo "=== planted bug: must be reported (exit 86)"
     check "planted bug" $racecheck $BIN/example-planted_race bug
     echo "=== the same through the hooks: must be clean (exit 0)"

@@ -9,7 +9,7 @@ use std::task::{Context, Poll};
 
 use cudarc::driver::DeviceRepr;
 
-use super::home::{BufferHome, SyncHome};
+use super::home::BufferHome;
 use super::owned::{Buffer, byte_len};
 use crate::error::{ResourceError, ResourceResult};
 use crate::futures::{AllocFuture, AsyncResource};
@@ -72,7 +72,7 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
             .map_err(Some);
         BufferFuture {
             alloc,
-            home: Arc::new(self.clone()),
+            home: self.core().clone(),
             len,
             _elem: PhantomData,
         }
@@ -91,7 +91,7 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
         tag: AllocTag,
     ) -> ResourceResult<Buffer<T>> {
         let block = self.try_allocate(byte_len::<T>(len)?, stream, tag)?;
-        Ok(Buffer::adopt(block, len, Arc::new(self.clone())))
+        Ok(Buffer::adopt(block, len, self.core().clone()))
     }
 }
 
@@ -110,11 +110,6 @@ impl<G: Gpu> StreamOrderedResource<G> {
         tag: AllocTag,
     ) -> ResourceResult<Buffer<T>> {
         let block = self.allocate(byte_len::<T>(len)?, stream, tag)?;
-        let home = SyncHome {
-            resource: self.clone(),
-            gpu: self.gpu().clone() as Arc<dyn Gpu>,
-            pool: self.stream_pool().clone(),
-        };
-        Ok(Buffer::adopt(block, len, Arc::new(home)))
+        Ok(Buffer::adopt(block, len, self.clone()))
     }
 }

@@ -3,16 +3,16 @@
 //!
 //! [`BufferHome`] is object safe, so that one [`Buffer`](super::Buffer) type
 //! serves every resource: a synchronous resource or adaptor stack
-//! ([`SyncHome`]), or an [`AsyncResource`], whose frees reach the
+//! ([`SyncHome`]), or an [`AsyncResource`](crate::futures::AsyncResource), whose frees reach the
 //! accounting through completion notifications, without a synchronize.
 
 use std::sync::Arc;
 
 use crate::device::StreamPool;
 use crate::error::ResourceResult;
-use crate::futures::AsyncResource;
+use crate::futures::{Core, deallocate_detached};
 use crate::gpu::Gpu;
-use crate::resource::DeviceMemoryResource;
+use crate::resource::{DeviceMemoryResource, StreamOrderedResource};
 use crate::types::{Access, BlockId, DeviceBlock, StreamId};
 
 /// What a buffer asks of the resource that owns its block.
@@ -66,25 +66,49 @@ impl<R: DeviceMemoryResource + ?Sized> BufferHome for SyncHome<R> {
     }
 }
 
-impl<R: DeviceMemoryResource + 'static> BufferHome for AsyncResource<R> {
+/// The stream-ordered resource is its own home: a buffer holds an `Arc` of
+/// it, with no allocation of its own.
+impl<G: Gpu> BufferHome for StreamOrderedResource<G> {
     fn gpu(&self) -> &dyn Gpu {
-        &**AsyncResource::gpu(self)
+        &**StreamOrderedResource::gpu(self)
     }
     fn pool(&self) -> &Arc<StreamPool> {
         self.stream_pool()
     }
     fn tracks_uses(&self) -> bool {
-        self.inner().supports_block_use_tracking()
+        self.supports_block_use_tracking()
     }
     fn prepare(&self, block: BlockId, stream: StreamId, access: Access) -> ResourceResult<()> {
-        self.inner().prepare_block_use(block, stream, access)
+        self.prepare_block_use(block, stream, access)
     }
     fn finish(&self, block: BlockId, stream: StreamId, access: Access) -> ResourceResult<()> {
-        self.inner().finish_block_use(block, stream, access)
+        self.finish_block_use(block, stream, access)
     }
     fn free(&self, block: DeviceBlock) -> ResourceResult<()> {
-        // The handle may be dropped: the free still happens and its bytes
-        // still leave the accounting when the notification lands.
-        self.deallocate(block).map(drop)
+        self.deallocate(block)
+    }
+}
+
+/// An [`AsyncResource`](crate::futures::AsyncResource)'s buffers hold its core (shared, no allocation of
+/// their own), whose `inner` is the same resource, erased; their frees go
+/// through the notifications as [`AsyncResource::deallocate`](crate::futures::AsyncResource::deallocate)'s do.
+impl BufferHome for Core {
+    fn gpu(&self) -> &dyn Gpu {
+        &*self.gpu
+    }
+    fn pool(&self) -> &Arc<StreamPool> {
+        &self.pool
+    }
+    fn tracks_uses(&self) -> bool {
+        self.inner.supports_block_use_tracking()
+    }
+    fn prepare(&self, block: BlockId, stream: StreamId, access: Access) -> ResourceResult<()> {
+        self.inner.prepare_block_use(block, stream, access)
+    }
+    fn finish(&self, block: BlockId, stream: StreamId, access: Access) -> ResourceResult<()> {
+        self.inner.finish_block_use(block, stream, access)
+    }
+    fn free(&self, block: DeviceBlock) -> ResourceResult<()> {
+        deallocate_detached(self, block)
     }
 }

@@ -126,11 +126,18 @@ impl BufferCore {
         self.home.finish(self.block.id(), stream, access)
     }
 
-    /// Finishes every deferred use. Callers hold the buffer mutably or own
-    /// it.
-    pub(crate) fn finish_all(&self) -> ResourceResult<()> {
-        let mut deferred = self.lock();
-        self.flush(&mut deferred, true)
+    /// Finishes every deferred use. Callers own the buffer (`Drop`,
+    /// `into_block`), so no lock is taken: the common case, nothing
+    /// deferred, costs a length check.
+    pub(crate) fn finish_all(&mut self) -> ResourceResult<()> {
+        let deferred = self.deferred.get_mut().unwrap_or_else(|p| p.into_inner());
+        if deferred.write.is_none() && deferred.reads.is_empty() {
+            return Ok(());
+        }
+        let mut taken = std::mem::take(deferred);
+        let r = self.flush(&mut taken, true);
+        *self.deferred.get_mut().unwrap_or_else(|p| p.into_inner()) = taken;
+        r
     }
 
     /// Finishes the deferred write, and with `reads` the deferred reads too.

@@ -181,22 +181,7 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
     /// The memory may serve a new allocation on the same stream at once, and
     /// on another stream once the free has executed.
     pub fn deallocate(&self, block: DeviceBlock) -> ResourceResult<DeallocHandle> {
-        let stream = block.stream();
-        let notifier = self.core.notifier(stream)?;
-        self.inner.deallocate(block)?;
-        let free_seq = self.inner.pending_free_seq(stream);
-        let point = notifier.mark_free(free_seq);
-        notifier.launch(&*self.core.gpu);
-        self.core.mark_frees_elsewhere(Some(stream));
-        self.core.kick.pending();
-        // Memory freed on a stream is reusable on it at once.
-        self.core.allocs.memory_returned();
-        Ok(DeallocHandle::new(
-            self.core.clone(),
-            stream,
-            free_seq,
-            point,
-        ))
+        deallocate_on(&self.core, block)
     }
 
     /// A future resolving when every free pending now has executed and left
@@ -314,4 +299,42 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
     pub(crate) fn core(&self) -> &Arc<Core> {
         &self.core
     }
+}
+
+/// [`AsyncResource::deallocate`] through the core alone (its `inner` is the
+/// same resource, erased).
+fn deallocate_on(core: &Arc<Core>, block: DeviceBlock) -> ResourceResult<DeallocHandle> {
+    let (stream, free_seq, point) = queue_free(core, block)?;
+    Ok(DeallocHandle::new(core.clone(), stream, free_seq, point))
+}
+
+/// A free nobody awaits (an owned buffer's drop): queued and accounted as
+/// [`AsyncResource::deallocate`]'s, with no handle made.
+///
+/// # Errors
+/// As [`AsyncResource::deallocate`]; nothing changes.
+pub(crate) fn deallocate_detached(core: &Core, block: DeviceBlock) -> ResourceResult<()> {
+    let stream = block.stream();
+    let (_, _, point) = queue_free(core, block)?;
+    if let Some(n) = core.checked_notifier(stream) {
+        // As a handle dropped unawaited: the free stays queued in the
+        // notifier, and its bytes leave the accounting when it lands.
+        n.release(point, None);
+    }
+    Ok(())
+}
+
+/// Queues the free and its notification: (stream, free sequence, point).
+fn queue_free(core: &Core, block: DeviceBlock) -> ResourceResult<(StreamId, u64, u64)> {
+    let stream = block.stream();
+    let notifier = core.notifier(stream)?;
+    core.inner.deallocate(block)?;
+    let free_seq = core.inner.pending_free_seq(stream);
+    let point = notifier.mark_free(free_seq);
+    notifier.launch(&*core.gpu);
+    core.mark_frees_elsewhere(Some(stream));
+    core.kick.pending();
+    // Memory freed on a stream is reusable on it at once.
+    core.allocs.memory_returned();
+    Ok((stream, free_seq, point))
 }

@@ -111,6 +111,9 @@ mod reaper;
 
 pub use alloc_future::AllocFuture;
 pub use async_resource::AsyncResource;
+// For owned buffers, which hold only the core of their resource.
+pub(crate) use self::core::Core;
+pub(crate) use async_resource::deallocate_detached;
 pub use dealloc::{DeallocHandle, ReapFuture};
 pub use event_future::EventFuture;
 pub use reaper::Reaper;
