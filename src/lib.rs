@@ -48,10 +48,12 @@ pub mod futures;
 pub mod gpu;
 pub mod launch;
 mod padded;
+mod poll_scope;
 pub mod registry;
 pub mod resource;
 mod sync;
 pub mod types;
+mod waiters;
 
 pub use adaptors::{
     Budget, BudgetResource, DebugGuard, GuardConfig, Identity, Layer, RetryOnOom, Stack, Stats,

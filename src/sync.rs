@@ -3,16 +3,18 @@
 //! code (`#[cfg(all(test, loom))]`) explore every interleaving of the real
 //! implementation. See `scripts/model-check.sh`.
 //!
-//! Only the resource layer's state (and the debug guard's two locks) goes
-//! through here; the simulated device keeps std's primitives (it never
+//! The resource layer's state, the debug guard's two locks, the budget's
+//! counters and the futures layer's state (the notifiers' points and their
+//! settled mirror, the wait queue) go through here; the simulated device keeps std's primitives (it never
 //! blocks on a loom object while holding its own lock, so loom's scheduler
 //! cannot switch inside its critical sections).
 
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::AtomicUsize;
+pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 #[cfg(loom)]
 pub(crate) use loom::sync::{Mutex, MutexGuard};
+pub(crate) use std::sync::atomic::Ordering;
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::AtomicUsize;
+pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 #[cfg(not(loom))]
 pub(crate) use std::sync::{Mutex, MutexGuard};

@@ -8,6 +8,7 @@ use std::task::{Context, Poll};
 
 use super::core::Core;
 use crate::error::{ResourceError, ResourceResult};
+use crate::poll_scope::PollScope;
 use crate::types::{AllocTag, DeviceBlock, StreamId};
 
 /// A future allocation: waits, first come first served, while the device (or
@@ -54,7 +55,9 @@ impl AllocFuture {
     /// Whether waiting could ever satisfy the request after `e`.
     fn worth_waiting(&self, e: &ResourceError) -> bool {
         match e {
-            ResourceError::OutOfMemory { requested, .. } => *requested <= self.core.capacity,
+            ResourceError::OutOfMemory { requested, .. } => {
+                self.core.capacity().is_some_and(|c| *requested <= c)
+            }
             ResourceError::BudgetExceeded {
                 requested, limit, ..
             } => requested <= limit,
@@ -75,8 +78,20 @@ impl Future for AllocFuture {
     type Output = ResourceResult<DeviceBlock>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let _scope = PollScope::enter();
         if self.done {
             return Poll::Ready(Err(ResourceError::Shutdown));
+        }
+        if self.ticket.is_none() {
+            // What waiting could never serve fails at once, even with
+            // others queued: a wrong stream, more than the device has.
+            if let Err(e) = self.core.check_request(self.bytes, self.stream) {
+                return self.finish(Err(e));
+            }
+        }
+        // A failed device reports no more frees: nothing can come back.
+        if let Some(e) = self.core.failure() {
+            return self.finish(Err(e));
         }
         let queue = &self.core.allocs;
         let may_try = match self.ticket {
@@ -91,15 +106,18 @@ impl Future for AllocFuture {
         if !may_try {
             return Poll::Pending;
         }
-        // Bounded: each retry needs memory to have come back meanwhile.
+        // Bounded: each retry needs memory to have come back meanwhile (or
+        // this waiter to have just taken its ticket).
         for _ in 0..4 {
             let epoch = self.core.allocs.epoch();
             match self.core.inner.allocate(self.bytes, self.stream, self.tag) {
                 Ok(block) => return self.finish(Ok(block)),
                 Err(e) if self.worth_waiting(&e) => {
-                    // A cache below may have given its idle blocks back,
-                    // on their own streams: their notifications reap them.
-                    self.core.mark_frees_elsewhere(None);
+                    // A cache below may have given its idle blocks back on
+                    // their own streams, a decorator or the user may have
+                    // freed on the inner resource: every free queued below
+                    // this layer gets a point, and its notification reaps it.
+                    self.core.adopt_frees();
                     if self.ticket.is_none() {
                         let (t, head) = self.core.allocs.enqueue(cx.waker());
                         self.ticket = Some(t);
@@ -107,6 +125,10 @@ impl Future for AllocFuture {
                             // Someone queued meanwhile: wait behind them.
                             return Poll::Pending;
                         }
+                        // Counted as waiting now, everywhere: memory given
+                        // back from here on wakes us. Memory given back
+                        // since the failed try did not: try once more.
+                        continue;
                     }
                     if self.core.allocs.epoch() == epoch {
                         return Poll::Pending;

@@ -15,7 +15,7 @@
 //! something pending. It runs on the reaper, the watchdog, or inside a poll,
 //! never inside a host function.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use super::kick::Kick;
 use super::notifier::Notifier;
@@ -25,8 +25,10 @@ use super::watchdog::{self, Patrolled};
 use crate::device::StreamPool;
 use crate::error::{DriverCall, ResourceError, ResourceResult};
 use crate::gpu::Gpu;
+use crate::poll_scope::PollScope;
 use crate::resource::DeviceMemoryResource;
 use crate::types::StreamId;
+use crate::waiters;
 
 /// Shared state of one async resource. See the [module documentation](self).
 pub(crate) struct Core {
@@ -34,12 +36,15 @@ pub(crate) struct Core {
     pub(crate) gpu: Arc<dyn Gpu>,
     pub(crate) pool: Arc<StreamPool>,
     notifiers: Vec<Notifier>,
-    pub(crate) allocs: AllocQueue,
+    pub(crate) allocs: Arc<AllocQueue>,
+    /// The queue is one of the process's waiters while the core lives.
+    _registered: waiters::Registration,
     pub(crate) kick: Arc<Kick>,
     /// How new completion points wait before parking.
     pub(crate) policy: SharedPolicy,
-    /// Total device memory, to refuse at once a request that could never fit.
-    pub(crate) capacity: usize,
+    /// Total device memory, to refuse at once a request that could never
+    /// fit; asked again when the query at construction failed.
+    capacity: OnceLock<usize>,
     /// Whether a free through `inner` may queue frees on other streams
     /// (see [`DeviceMemoryResource::frees_across_streams`]).
     frees_across: bool,
@@ -76,14 +81,20 @@ impl Core {
                 }
             }
         }
-        let capacity = gpu.mem_info().map_or(usize::MAX, |(_, total)| total);
+        let capacity = OnceLock::new();
+        if let Ok((_, total)) = gpu.mem_info() {
+            let _ = capacity.set(total);
+        }
+        let allocs = Arc::new(AllocQueue::default());
+        let as_waiters: std::sync::Weak<dyn waiters::Waiters> = Arc::downgrade(&allocs) as _;
         let inner_across = inner.frees_across_streams();
         let core = Arc::new(Core {
             inner,
             gpu,
             pool,
             notifiers,
-            allocs: AllocQueue::default(),
+            _registered: waiters::register(as_waiters),
+            allocs,
             kick: kick.clone(),
             policy: SharedPolicy::default(),
             capacity,
@@ -126,6 +137,52 @@ impl Core {
         &self.notifiers
     }
 
+    /// Total device memory, asked again of the driver while unknown (a
+    /// failed query at construction must not make every request look as if
+    /// it could fit some day). `None` while the driver cannot say.
+    pub(crate) fn capacity(&self) -> Option<usize> {
+        if let Some(&c) = self.capacity.get() {
+            return Some(c);
+        }
+        let (_, total) = self.gpu.mem_info().ok()?;
+        Some(*self.capacity.get_or_init(|| total))
+    }
+
+    /// Refuses at once a request that waiting could never serve: a stream
+    /// outside the pool (or of another device), or more bytes than the
+    /// device has.
+    pub(crate) fn check_request(&self, bytes: usize, stream: StreamId) -> ResourceResult<()> {
+        self.notifier(stream)?;
+        match self.capacity() {
+            Some(capacity) if bytes > capacity => Err(ResourceError::OutOfMemory {
+                requested: bytes,
+                available: self.gpu.mem_info().map_or(0, |(free, _)| free),
+                stream,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// The error of a stream whose device failed (its notifications will
+    /// never come): nothing waiting on this resource can succeed.
+    pub(crate) fn failure(&self) -> Option<ResourceError> {
+        self.notifiers.iter().find_map(Notifier::failure)
+    }
+
+    /// Frees queued on the inner resource without this layer (a cache
+    /// giving blocks back, a decorator, the user on the inner resource)
+    /// get a completion point, so that a notification applies them and
+    /// wakes the allocations waiting for that memory. Makes no blocking
+    /// call.
+    pub(crate) fn adopt_frees(&self) {
+        for n in &self.notifiers {
+            if n.mark_free_if_new(self.inner.pending_free_seq(n.stream)) {
+                n.launch(&*self.gpu);
+            }
+        }
+        self.kick.pending();
+    }
+
     /// After a call of the inner resource that may have queued frees on
     /// streams other than `except` (an eviction, a cache giving its blocks
     /// back on memory pressure): when the inner resource does that at all,
@@ -158,6 +215,8 @@ impl Core {
 
     /// Applies landed notifications and queues the next ones.
     pub(crate) fn dispatch(&self) {
+        // It may run inside the reaper's task: a poll.
+        let _scope = PollScope::enter();
         for n in &self.notifiers {
             if let Some(to) = n.take_reap() {
                 // `reap` calls the inner resource (user decorators
@@ -204,16 +263,27 @@ impl Patrolled for Core {
                 failed |= n.fallback_check(&*self.gpu);
             }
         }
-        if failed {
+        if self.allocs.len() > 0 {
+            // Allocations wait: a fault must reach them even when no
+            // notification is pending (one query of a notifier's own event
+            // tells), and memory freed where no notification reports it
+            // (another process) is tried for once a period.
+            if !failed && let Some(n) = self.notifiers.first() {
+                n.probe(&*self.gpu);
+            }
+            self.adopt_frees();
+            self.allocs.memory_returned();
+        } else if failed {
             // Waiting allocations retry, and see the device's error.
             self.allocs.memory_returned();
         }
         self.dispatch();
     }
 
-    /// Whether any stream waits on a notification.
+    /// Whether any stream waits on a notification, or any allocation waits
+    /// for memory.
     fn has_pending(&self) -> bool {
-        self.notifiers.iter().any(Notifier::has_pending)
+        self.allocs.len() > 0 || self.notifiers.iter().any(Notifier::has_pending)
     }
 }
 

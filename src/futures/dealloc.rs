@@ -14,6 +14,7 @@ use std::task::{Context, Poll};
 
 use super::core::Core;
 use crate::error::ResourceResult;
+use crate::poll_scope::PollScope;
 use crate::types::StreamId;
 
 /// The free of one block, queued on its stream.
@@ -77,6 +78,7 @@ impl Future for DeallocHandle {
     type Output = ResourceResult<()>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let _scope = PollScope::enter();
         if let Some(r) = &self.result {
             return Poll::Ready(r.clone());
         }
@@ -149,6 +151,7 @@ impl Future for ReapFuture {
     type Output = ResourceResult<()>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let _scope = PollScope::enter();
         let core = self.core.clone();
         let mut error = None;
         self.parts.retain(|&(stream, free_seq, point)| {

@@ -13,6 +13,7 @@ use super::wait_policy::{Behind, WaitPolicy};
 use super::wait_stats::FutureTally;
 use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::RawEvent;
+use crate::poll_scope::PollScope;
 use crate::types::StreamId;
 
 /// A future that completes when the GPU has executed everything queued on
@@ -273,6 +274,7 @@ impl Future for EventFuture {
     type Output = ResourceResult<()>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let _scope = PollScope::enter();
         if let Some(r) = &self.result {
             return Poll::Ready(r.clone());
         }

@@ -54,8 +54,7 @@
 #![allow(unsafe_code)]
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::task::Waker;
 
 use super::kick::Kick;
@@ -63,6 +62,7 @@ use super::points::Points;
 use super::wait_stats::{Tally, WaitStats};
 use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::{Gpu, RawEvent, RawStream};
+use crate::sync::{AtomicBool, AtomicU64, Mutex, MutexGuard, Ordering};
 use crate::types::StreamId;
 
 /// Where the stream's one notification is.
@@ -103,7 +103,18 @@ struct SignalState {
     frontier_missed_at: u64,
     frontier_queries: u64,
     parks: u64,
+    /// Notifications that could not be queued in a row (their event could
+    /// not be recorded); after [`RECORD_RETRIES`] the stream is failed.
+    record_failures: u32,
+    /// The stream's error once its device failed: nothing it waits for will
+    /// be reported any more.
+    failed: Option<ResourceError>,
 }
+
+/// Failed records of a notification's event in a row before the stream's
+/// waiters fail: one failed call is retried (by the watchdog), a dead
+/// device fails every try.
+const RECORD_RETRIES: u32 = 3;
 
 /// A query of the frontier is tried only when it would settle at least this
 /// many points, and again only this many points after one that missed: in
@@ -167,6 +178,9 @@ pub(crate) struct Signal {
     /// A point failed: the copy above no longer says "done" for everything
     /// below it, so polls take the lock. Stored before `settled_below`.
     any_failed: AtomicBool,
+    /// The stream failed (`SignalState::failed` is set): read without the
+    /// lock by every waiting allocation's poll.
+    dead: AtomicBool,
     kick: Arc<Kick>,
 }
 
@@ -280,6 +294,7 @@ impl Notifier {
             signal: Arc::new(Signal {
                 settled_below: AtomicU64::new(Points::default().base()),
                 any_failed: AtomicBool::new(false),
+                dead: AtomicBool::new(false),
                 state: Mutex::new(SignalState {
                     next_seq: 0,
                     reached: 0,
@@ -294,6 +309,8 @@ impl Notifier {
                     frontier_missed_at: 0,
                     frontier_queries: 0,
                     parks: 0,
+                    record_failures: 0,
+                    failed: None,
                 }),
                 kick,
             }),
@@ -503,6 +520,30 @@ impl Notifier {
         self.reaped.fetch_max(free_seq, Ordering::AcqRel);
     }
 
+    /// The stream's error, once its device failed.
+    pub(crate) fn failure(&self) -> Option<ResourceError> {
+        if !self.signal.dead.load(Ordering::Acquire) {
+            return None;
+        }
+        self.signal.lock().failed.clone()
+    }
+
+    /// Asks the device whether it still works (one query of the notifier's
+    /// own event); fails every waiter of the stream when it does not.
+    /// Returns whether the stream failed.
+    pub(crate) fn probe(&self, gpu: &dyn Gpu) -> bool {
+        // SAFETY: `gpu` is this notifier's backend (every caller passes
+        // `Core::gpu`); `self.event` was made on it by `new` and is
+        // destroyed only by `release_handles`, when `Core` drops.
+        match unsafe { gpu.event_query(self.event) } {
+            Ok(_) => false,
+            Err(e) => {
+                self.fail_all(ResourceError::from(e));
+                true
+            }
+        }
+    }
+
     /// Highest inner free sequence number known reaped.
     pub(crate) fn reaped(&self) -> u64 {
         self.reaped.load(Ordering::Acquire)
@@ -551,13 +592,17 @@ impl Notifier {
                 // and is destroyed only by `release_handles`; `self.user` is
                 // a stream of the pool `Core` holds, which keeps it alive.
                 if let Err(e) = unsafe { gpu.event_record(self.event, self.user) } {
-                    self.fail_all(ResourceError::from(e));
+                    self.record_failed(ResourceError::from(e));
                     return;
                 }
                 self.event
             }
         };
-        self.signal.lock().flight = Flight::Queued(covered, event);
+        {
+            let mut st = self.signal.lock();
+            st.flight = Flight::Queued(covered, event);
+            st.record_failures = 0;
+        }
         if self.lane != self.user
             // SAFETY: `self.lane` was made by `gpu.create_stream` in `new`
             // and is destroyed only by `release_handles`; `event` is
@@ -578,6 +623,26 @@ impl Notifier {
         if let Err(e) = unsafe { gpu.launch_host_fn(self.lane, deliver) } {
             self.signal.kick.pending();
             tracing::warn!(stream = %self.stream, error = %e, "notifier host function failed");
+        }
+    }
+
+    /// The notification's event could not be recorded: nothing was queued.
+    /// Once is retried by the watchdog (the frees and parked points stay,
+    /// and a notification stays wanted); [`RECORD_RETRIES`] in a row fail
+    /// the stream.
+    fn record_failed(&self, error: ResourceError) {
+        let give_up = {
+            let mut st = self.signal.lock();
+            st.flight = Flight::Idle;
+            st.wanted = true;
+            st.record_failures += 1;
+            st.record_failures >= RECORD_RETRIES
+        };
+        if give_up {
+            self.fail_all(error);
+        } else {
+            tracing::warn!(stream = %self.stream, %error, "notification not queued; retried");
+            self.signal.kick.pending();
         }
     }
 
@@ -604,15 +669,19 @@ impl Notifier {
         false
     }
 
-    /// Fails every pending point with `error` and forgets the pending frees
+    /// Fails every pending point with `error`, forgets the pending frees
     /// (they stay counted in the inner resource's pending bytes, since
-    /// nothing says they executed).
+    /// nothing says they executed) and marks the stream failed, so that the
+    /// allocations waiting on this resource fail too (see
+    /// [`failure`](Self::failure)).
     pub(crate) fn fail_all(&self, error: ResourceError) {
         let mut wake = Vec::new();
         let (points, frees) = {
             let mut st = self.signal.lock();
             st.flight = Flight::Idle;
             st.wanted = false;
+            st.failed.get_or_insert_with(|| error.clone());
+            self.signal.dead.store(true, Ordering::Release);
             let frees = std::mem::take(&mut st.frees).len();
             (st.points.fail_pending(&error, &mut wake), frees)
         };

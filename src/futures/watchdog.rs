@@ -17,11 +17,15 @@
 //!   completed frees reach the accounting and the next notification is
 //!   queued.
 //!
+//! A panic in the code it patrols (a wrapped resource's `reap_through`) is
+//! caught and logged: the thread goes on.
+//!
 //! It patrols whatever it is handed (a `Patrolled` target): it names nothing
 //! above it. It holds that only weakly, so that dropping the resource ends
 //! the thread (it is never joined: the resource may be dropped on the
 //! watchdog thread itself).
 
+use std::panic::{self, AssertUnwindSafe};
 use std::sync::{Arc, Weak};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -68,18 +72,18 @@ fn run(target: Weak<dyn Patrolled>, kick: &Kick) {
                 return;
             };
             let fallback = last_check.elapsed() >= FALLBACK_PERIOD;
-            // The patrol calls the inner resource, user decorators included:
-            // one that panics must not end the thread every completion
-            // relies on. What it was applying is put back (see
-            // `Core::dispatch`) and retried on the next round. (The panic
-            // hook has reported it; a log line here could reach a panicking
-            // subscriber again.)
-            let _ =
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| target.patrol(fallback)));
+            // The patrol calls user code (a decorator's `reap_through`): a
+            // panic there must not end the thread that ends every waiter
+            // after a fault. The state it leaves is consistent (every lock
+            // of the layer recovers from poisoning); the next patrol goes on.
+            let patrolled = panic::catch_unwind(AssertUnwindSafe(|| target.patrol(fallback)));
+            if patrolled.is_err() {
+                tracing::error!("a panic inside the watchdog's patrol (in a wrapped resource?)");
+            }
             if fallback {
                 last_check = Instant::now();
             }
-            target.has_pending()
+            panic::catch_unwind(AssertUnwindSafe(|| target.has_pending())).unwrap_or(true)
         };
         if pending {
             thread::park_timeout(FALLBACK_PERIOD);

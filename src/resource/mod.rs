@@ -77,6 +77,13 @@ pub trait DeviceMemoryResource: Send + Sync {
     /// backends; stream-ordered ones synchronize the streams with queued
     /// frees and re-count [`bytes_outstanding`](Self::bytes_outstanding).
     ///
+    /// Called inside a poll of the crate's futures (an allocation awaited
+    /// through [`AsyncResource`](crate::futures::AsyncResource) reaches a
+    /// decorator that reaps on its out-of-memory path), the stream-ordered
+    /// resource does not synchronize: it returns at once, and the
+    /// completion notifications apply the frees as they execute. A
+    /// decorator's own override must not block either there.
+    ///
     /// # Errors
     /// A driver error from the synchronize; what was drained stays drained.
     fn reap_pending(&self) -> ResourceResult<()> {

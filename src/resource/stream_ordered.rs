@@ -292,6 +292,12 @@ impl<G: Gpu> StreamOrderedResource<G> {
         let mut guard = slot.lock();
         let drained = guard.drain_through(local, seq);
         slot.sub_outstanding(&guard, drained);
+        drop(guard);
+        if drained > 0 {
+            // The device has these bytes back: an allocation waiting in any
+            // queue of the process may fit now.
+            crate::waiters::memory_returned();
+        }
         drained
     }
 
@@ -494,7 +500,18 @@ impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
         self.shards.iter().map(|s| s.outstanding()).sum()
     }
 
+    /// Synchronizes each stream with queued frees, then drains them.
+    ///
+    /// Inside a poll of the crate's futures (see `AsyncResource`), where
+    /// nothing may block, it synchronizes nothing and drains nothing: the
+    /// completion notifications apply those frees as the GPU runs them, and
+    /// a waiting allocation is woken then. So a decorator that reaps on its
+    /// out-of-memory path (`RetryOnOom`, the cache) never parks the
+    /// executor thread.
     fn reap_pending(&self) -> ResourceResult<()> {
+        if crate::poll_scope::in_poll() {
+            return Ok(());
+        }
         let mut marks = Vec::new();
         for (index, slot) in self.shards.iter().enumerate() {
             let mut shard = slot.lock();

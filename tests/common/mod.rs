@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod bounded;
+
 use std::sync::Arc;
 
 use streamalloc::gpu::Gpu;

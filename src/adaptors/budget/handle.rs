@@ -2,7 +2,8 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::sync::{AtomicUsize, Ordering};
 
 use crate::error::{ResourceError, ResourceResult};
 
@@ -144,8 +145,11 @@ impl Budget {
         self.shared.peak.fetch_max(level, Ordering::AcqRel);
     }
 
-    /// Gives `bytes` back. Releasing more than is in use is a bookkeeping
-    /// bug of the caller; the count stops at zero rather than wrapping.
+    /// Gives `bytes` back, and wakes the allocations waiting for memory
+    /// (through an [`AsyncResource`](crate::futures::AsyncResource)) on
+    /// every resource and device, since any of them may charge this budget.
+    /// Releasing more than is in use is a bookkeeping bug of the caller; the
+    /// count stops at zero rather than wrapping.
     pub fn release(&self, bytes: usize) {
         if bytes == 0 {
             return;
@@ -164,6 +168,9 @@ impl Budget {
                 "budget released more bytes than were in use"
             );
         }
+        // Any resource charging this budget, on any device, may have an
+        // allocation waiting for these bytes.
+        crate::waiters::memory_returned();
     }
 }
 

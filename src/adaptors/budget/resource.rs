@@ -1,11 +1,11 @@
 //! [`BudgetResource`]: the decorator that charges a [`Budget`].
 
 use crate::resource::forward::forward_to_inner;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::Budget;
 use crate::error::{ResourceError, ResourceResult};
 use crate::resource::DeviceMemoryResource;
+use crate::sync::{AtomicUsize, Mutex, Ordering};
 use crate::types::{AllocTag, DeviceBlock, StreamId};
 
 /// Charges a shared [`Budget`] for every byte of the inner resource, from
@@ -48,6 +48,10 @@ pub struct BudgetResource<R: DeviceMemoryResource> {
     /// Bytes this resource counted against the budget and has not given
     /// back; raised after a successful inner allocation, lowered by `settle`.
     charged: AtomicUsize,
+    /// Held by a settle from lowering `charged` until the budget has the
+    /// bytes back: a second settle waits (two atomic operations at most),
+    /// so that when any settle returns, what it saw drained is released.
+    settling: Mutex<()>,
 }
 
 impl<R: DeviceMemoryResource> BudgetResource<R> {
@@ -57,6 +61,7 @@ impl<R: DeviceMemoryResource> BudgetResource<R> {
             inner,
             budget: budget.clone(),
             charged: AtomicUsize::new(0),
+            settling: Mutex::new(()),
         }
     }
 
@@ -80,32 +85,34 @@ impl<R: DeviceMemoryResource> BudgetResource<R> {
     /// Lowers `charged` to what the inner resource still holds and releases
     /// the difference; returns the bytes released.
     ///
-    /// `charged` is read before `bytes_outstanding`, and an allocation raises
-    /// the inner's count before `charged`: so whenever the `charged` read
-    /// includes an allocation, the outstanding read does too, and a race can
-    /// only delay a release (to the next settle), never release bytes that
-    /// are still held.
+    /// `charged` is read before `bytes_outstanding`, and an allocation
+    /// raises the inner's count
+    /// before `charged`: so whenever the `charged` read includes an
+    /// allocation, the outstanding read does too, and a race with an
+    /// allocation can only delay a release (to the next settle), never
+    /// release bytes that are still held.
+    ///
+    /// Settles are serialized by `settling`, held from the read of `charged`
+    /// until the budget has the bytes back: a settle that raced another
+    /// used to see `charged` already lowered and return while the budget
+    /// still counted the bytes (so `reap_pending().await` could resolve with
+    /// `Budget::in_use` above what is outstanding, and a waiter could miss
+    /// its wake-up). The lock is held across two loads and two atomic
+    /// updates, never across a driver call.
     fn settle(&self) -> usize {
-        let mut charged = self.charged.load(Ordering::Acquire);
-        loop {
-            let outstanding = self.inner.bytes_outstanding();
-            if outstanding >= charged {
-                return 0;
-            }
-            match self.charged.compare_exchange(
-                charged,
-                outstanding,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => {
-                    let released = charged - outstanding;
-                    self.budget.release(released);
-                    return released;
-                }
-                Err(now) => charged = now,
-            }
+        let _settling = self.settling.lock().unwrap_or_else(|p| p.into_inner());
+        let charged = self.charged.load(Ordering::Acquire);
+        let outstanding = self.inner.bytes_outstanding();
+        if outstanding >= charged {
+            return 0;
         }
+        // Only allocations raise `charged` meanwhile (settles and top-ups
+        // wait): a CAS
+        // would retry for them, a subtraction needs no retry.
+        let released = charged - outstanding;
+        self.charged.fetch_sub(released, Ordering::AcqRel);
+        self.budget.release(released);
+        released
     }
 }
 
@@ -115,6 +122,8 @@ impl<R: DeviceMemoryResource> BudgetResource<R> {
     /// that the budget never counts less than the device holds. It may pass
     /// the limit by that difference until the blocks are freed.
     fn top_up(&self) {
+        // Serialized with `settle`: neither sees the other half done.
+        let _settling = self.settling.lock().unwrap_or_else(|p| p.into_inner());
         let mut charged = self.charged.load(Ordering::Acquire);
         loop {
             let outstanding = self.inner.bytes_outstanding();
@@ -216,5 +225,68 @@ impl<R: DeviceMemoryResource> Drop for BudgetResource<R> {
             tracing::warn!(error = %e, "budget resource dropped: some bytes stay charged");
         }
         self.settle();
+    }
+}
+
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use loom::sync::Arc;
+    use loom::sync::atomic::AtomicUsize as LoomUsize;
+
+    use super::*;
+    use crate::error::ResourceError;
+
+    /// An inner resource that is nothing but its outstanding count.
+    #[derive(Debug)]
+    struct Outstanding(LoomUsize);
+
+    impl DeviceMemoryResource for Outstanding {
+        fn allocate(&self, _: usize, _: StreamId, _: AllocTag) -> ResourceResult<DeviceBlock> {
+            Err(ResourceError::Shutdown)
+        }
+        fn deallocate(&self, _: DeviceBlock) -> ResourceResult<()> {
+            Err(ResourceError::Shutdown)
+        }
+        fn device_ordinal(&self) -> u32 {
+            0
+        }
+        fn bytes_outstanding(&self) -> usize {
+            self.0.load(Ordering::Acquire)
+        }
+    }
+
+    /// A reaper drains 20 B and settles while a waiter that saw them
+    /// drained settles too: once the waiter's settle returns, the budget
+    /// has them back (the old CAS-then-release settle returned early).
+    #[test]
+    fn racing_settles_release_before_either_returns() {
+        loom::model(|| {
+            let budget = Budget::new(20);
+            let r = Arc::new(BudgetResource::new(
+                Outstanding(LoomUsize::new(20)),
+                &budget,
+            ));
+            budget.try_reserve(20).unwrap().commit();
+            r.charged.store(20, Ordering::Release);
+            let reaper = {
+                let r = r.clone();
+                loom::thread::spawn(move || {
+                    r.inner.0.fetch_sub(20, Ordering::AcqRel);
+                    r.settle();
+                })
+            };
+            let seen = r.inner.bytes_outstanding();
+            r.settle();
+            if seen == 0 {
+                assert_eq!(budget.in_use(), 0, "a settle returned before the release");
+                assert!(
+                    budget.try_reserve(20).is_ok(),
+                    "the waiter cannot have its bytes"
+                );
+            }
+            reaper.join().unwrap();
+            assert_eq!(budget.in_use(), 0);
+            assert_eq!(r.charged(), 0);
+        });
     }
 }

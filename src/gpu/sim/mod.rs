@@ -171,6 +171,7 @@ impl SimGpuBuilder {
             thread: Mutex::new(None),
             op_latency: self.op_latency,
             host_fn_panics: std::sync::atomic::AtomicU64::new(0),
+            blocking_in_polls: std::sync::atomic::AtomicU64::new(0),
         });
         let thread = (self.progress == Progress::Threaded).then(|| {
             let thread_shared = shared.clone();
@@ -208,6 +209,8 @@ struct Shared {
     op_latency: Duration,
     /// Host functions that panicked (caught).
     host_fn_panics: std::sync::atomic::AtomicU64,
+    /// Synchronizes called inside a poll of the crate's futures.
+    blocking_in_polls: std::sync::atomic::AtomicU64,
 }
 
 impl Shared {
@@ -463,6 +466,16 @@ impl SimGpu {
         self.shared.lock().space(self.ordinal).free_bytes()
     }
 
+    /// Synchronizes (of streams or events) called inside a poll of the
+    /// crate's futures, where nothing may block: a test asserts it stays 0.
+    /// A poll that synchronizes parks the executor thread (a current-thread
+    /// runtime stops altogether) for as long as the GPU work takes.
+    pub fn blocking_calls_in_polls(&self) -> u64 {
+        self.shared
+            .blocking_in_polls
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     fn queue<T>(
         &self,
         call: DriverCall,
@@ -487,6 +500,12 @@ impl SimGpu {
 
     /// Blocks until `done` holds, making progress in manual mode.
     fn block_until(&self, call: DriverCall, mut done: impl FnMut(&State) -> bool) -> GpuResult<()> {
+        if crate::poll_scope::in_poll() {
+            self.shared
+                .blocking_in_polls
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            tracing::error!(?call, "a synchronize inside a poll of the crate's futures");
+        }
         let mut state = self.shared.lock();
         loop {
             if state.faults.device_fault {
