@@ -45,11 +45,25 @@ pub enum DriverCall {
     /// (`cuMemPoolGetAttribute`, `cuMemPoolSetAttribute` on the usage
     /// attributes).
     MemGetInfo,
+    /// `cuMemAddressReserve` (and `cuMemGetAllocationGranularity`).
+    AddressReserve,
+    /// `cuMemAddressFree`.
+    AddressFree,
+    /// `cuMemCreate`: physical memory for virtual-memory mappings.
+    MemCreate,
+    /// `cuMemRelease`.
+    MemRelease,
+    /// `cuMemMap`.
+    MemMap,
+    /// `cuMemSetAccess`.
+    MemSetAccess,
+    /// `cuMemUnmap`.
+    MemUnmap,
 }
 
 impl DriverCall {
     /// Every call kind, in declaration order (used by fault-injection sweeps).
-    pub const ALL: [DriverCall; 15] = [
+    pub const ALL: [DriverCall; 22] = [
         DriverCall::Init,
         DriverCall::AllocAsync,
         DriverCall::FreeAsync,
@@ -65,6 +79,13 @@ impl DriverCall {
         DriverCall::CopyAsync,
         DriverCall::Launch,
         DriverCall::MemGetInfo,
+        DriverCall::AddressReserve,
+        DriverCall::AddressFree,
+        DriverCall::MemCreate,
+        DriverCall::MemRelease,
+        DriverCall::MemMap,
+        DriverCall::MemSetAccess,
+        DriverCall::MemUnmap,
     ];
 }
 

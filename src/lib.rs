@@ -16,7 +16,7 @@
 //!  launch       LaunchRecorder: preflight → prepare → enqueue → finish
 //!  adaptors     Budget, DebugGuard, Stats, Tracing, RetryOnOom (decorators over any
 //!               resource), stacked by builder::ResourceBuilder
-//!  cache        CachingResource<R>: per-stream free lists by size class
+//!  cache        CachingResource<R>: per-stream virtual-memory arenas (size classes without VMM)
 //!  resource     trait DeviceMemoryResource
 //!               StreamOrderedResource<G>: the bookkeeping, written once
 //!                 AsyncCudaResource = StreamOrderedResource<CudaGpu>
@@ -59,15 +59,21 @@ pub use adaptors::{
     Budget, BudgetResource, DebugGuard, GuardConfig, Identity, Layer, RetryOnOom, Stack, Stats,
     StatsResource, StatsSnapshot, TracingResource,
 };
-pub use buffer::{Buffer, CudaBuffer};
+pub use buffer::Buffer;
+#[cfg(feature = "cuda")]
+pub use buffer::CudaBuffer;
 pub use builder::ResourceBuilder;
 pub use cache::{CacheConfig, CachingResource};
 pub use device::{Backend, Device, StreamPool};
 pub use error::{DriverCall, ResourceError, ResourceResult};
-pub use futures::{AsyncResource, Reaper};
+pub use futures::AsyncResource;
+#[cfg(feature = "tokio")]
+pub use futures::Reaper;
 pub use gpu::sim::SimGpu;
 pub use launch::LaunchRecorder;
-pub use resource::{AsyncCudaResource, DeviceMemoryResource, SimResource, StreamOrderedResource};
+#[cfg(feature = "cuda")]
+pub use resource::AsyncCudaResource;
+pub use resource::{DeviceAccess, DeviceMemoryResource, SimResource, StreamOrderedResource};
 pub use types::{
     Access, AllocTag, BlockId, BlockState, DeviceBlock, RawStream, ResourceId, StreamId,
 };

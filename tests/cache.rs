@@ -1,5 +1,8 @@
-//! The caching tier on the simulated device: reuse without driver calls,
-//! race-free cross-stream reuse, cap, trim, out-of-memory and bad input.
+//! The caching tier's size classes (the path of backends without virtual
+//! memory, `CacheConfig::virtual_memory(false)`) on the simulated device:
+//! reuse without driver calls, race-free cross-stream reuse, cap, trim,
+//! out-of-memory and bad input. The virtual-memory arena is tested in
+//! `cache_arena.rs`.
 
 mod common;
 
@@ -35,7 +38,7 @@ impl Cache {
         let f = common::sim_with(gpu, streams);
         Cache {
             gpu: f.sim.clone().unwrap(),
-            cache: CachingResource::with_config(f.resource.clone(), config),
+            cache: CachingResource::with_config(f.resource.clone(), config.virtual_memory(false)),
             inner: f.resource.clone(),
             pool: f.pool.clone(),
             streams: f.streams.clone(),
@@ -438,7 +441,10 @@ fn threads_on_their_own_streams_share_one_cache() {
 #[ignore = "needs a CUDA GPU"]
 fn on_cuda_reuse_moves_and_trim_work() {
     let f = common::cuda(2);
-    let cache = CachingResource::new(f.resource.clone());
+    let cache = CachingResource::with_config(
+        f.resource.clone(),
+        CacheConfig::default().virtual_memory(false),
+    );
     let (a, b) = (f.stream(0), f.stream(1));
     let block = cache.allocate(100_000, a, T).unwrap();
     let ptr = block.ptr();

@@ -7,12 +7,18 @@ mod common;
 use std::sync::Arc;
 
 use streamalloc::adaptors::{Budget, BudgetResource, DebugGuard, GuardConfig};
-use streamalloc::cache::CachingResource;
+use streamalloc::cache::{CacheConfig, CachingResource};
 use streamalloc::futures::AsyncResource;
 use streamalloc::gpu::sim::SimGpu;
 use streamalloc::{AllocTag, Device, DeviceMemoryResource, ResourceError, SimResource};
 
 const T: AllocTag = AllocTag("compose");
+
+/// The cache with size classes (its arena maps whole 2 MiB pages, see
+/// `cache_arena.rs` for a budget above it).
+fn classes<R: DeviceMemoryResource>(inner: R) -> CachingResource<R> {
+    CachingResource::with_config(inner, CacheConfig::default().virtual_memory(false))
+}
 
 /// `Budget(Cache(R))`: a request the cache serves from a block it already
 /// holds costs the budget nothing new, so a full budget does not refuse it.
@@ -21,7 +27,7 @@ fn a_cache_hit_below_a_budget_costs_nothing() {
     let f = common::sim(1);
     let s = f.stream(0);
     let budget = Budget::new(4096);
-    let r = BudgetResource::new(CachingResource::new(f.resource.clone()), &budget);
+    let r = BudgetResource::new(classes(f.resource.clone()), &budget);
 
     let block = r.allocate(4096, s, T).unwrap();
     assert_eq!(budget.in_use(), 4096);
@@ -48,7 +54,7 @@ fn a_budget_above_a_cache_counts_the_rounded_size() {
     let f = common::sim(1);
     let s = f.stream(0);
     let budget = Budget::new(1 << 20);
-    let r = BudgetResource::new(CachingResource::new(f.resource.clone()), &budget);
+    let r = BudgetResource::new(classes(f.resource.clone()), &budget);
 
     let block = r.allocate(1000, s, T).unwrap();
     assert_eq!(f.resource.bytes_outstanding(), 1024);

@@ -164,6 +164,22 @@ fn the_backend_forwards_the_calls_that_have_defaults() {
     let held = device.gpu().memory_held().expect("forwarded");
     assert_eq!(held, Gpu::memory_held(&*sim).unwrap());
     device.gpu().reset_memory_held_high().expect("forwarded");
+    // Virtual memory: reserve, create, map, open, unmap, release, free.
+    let gpu = device.gpu();
+    let g = gpu.vm_granularity().expect("forwarded");
+    assert_eq!(g, Gpu::vm_granularity(&*sim).unwrap());
+    let addr = gpu.address_reserve(g).expect("forwarded");
+    let page = gpu.mem_create(g).expect("forwarded");
+    // SAFETY: `addr` is a fresh reservation of `g` bytes with nothing mapped,
+    // `page` a live handle of `g` bytes; nothing ever touches the range, so
+    // it can be unmapped, released and freed right after.
+    unsafe {
+        gpu.mem_map(addr, g, page).expect("forwarded");
+        gpu.mem_set_access(addr, g).expect("forwarded");
+        gpu.mem_unmap(addr, g).expect("forwarded");
+        gpu.mem_release(page).expect("forwarded");
+        gpu.address_free(addr, g).expect("forwarded");
+    }
     let lane = device.gpu().create_stream().expect("forwarded");
     // SAFETY: `lane` was just made by this backend's `create_stream` and is not used again.
     unsafe { device.gpu().destroy_stream(lane) }.unwrap();

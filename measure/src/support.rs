@@ -15,7 +15,7 @@ use streamalloc::cache::CachingResource;
 use streamalloc::error::DriverCall;
 use streamalloc::gpu::cuda::CudaGpu;
 use streamalloc::gpu::sim::SimGpu;
-use streamalloc::gpu::{Gpu, GpuError, GpuResult, HostFn, RawEvent};
+use streamalloc::gpu::{Gpu, GpuError, GpuResult, HostFn, RawEvent, RawPhysical};
 use streamalloc::{
     Access, AllocTag, Device, DeviceMemoryResource, RawStream, StreamId, StreamOrderedResource,
     StreamPool,
@@ -155,9 +155,14 @@ impl<G: Gpu> Drop for Bench<G> {
 /// [`NullGpu::with_events`] gives it events that are always complete (their
 /// handles come from a never-run simulated device), for the bookkeeping of
 /// completion points.
+///
+/// It has virtual memory management that does nothing (reservations are
+/// addresses from a counter, physical handles are all the same number), so
+/// that the cache's arena is measured as it runs on CUDA.
 #[derive(Debug, Default)]
 pub struct NullGpu {
     events: Option<Arc<SimGpu>>,
+    next_reservation: std::sync::atomic::AtomicU64,
 }
 
 impl NullGpu {
@@ -165,6 +170,7 @@ impl NullGpu {
     pub fn with_events() -> Self {
         NullGpu {
             events: Some(SimGpu::builder().manual().build()),
+            ..NullGpu::default()
         }
     }
 }
@@ -219,6 +225,34 @@ impl Gpu for NullGpu {
     }
     fn mem_info(&self) -> GpuResult<(usize, usize)> {
         Ok((usize::MAX, usize::MAX))
+    }
+    fn vm_granularity(&self) -> GpuResult<usize> {
+        Ok(2 << 20)
+    }
+    fn address_reserve(&self, bytes: usize) -> GpuResult<u64> {
+        let stride = (bytes as u64).next_multiple_of(1 << 40);
+        let n = self
+            .next_reservation
+            .fetch_add(stride, std::sync::atomic::Ordering::Relaxed);
+        Ok((1 << 44) + n)
+    }
+    unsafe fn address_free(&self, _: u64, _: usize) -> GpuResult<()> {
+        Ok(())
+    }
+    fn mem_create(&self, _: usize) -> GpuResult<RawPhysical> {
+        Ok(RawPhysical::new(1))
+    }
+    unsafe fn mem_release(&self, _: RawPhysical) -> GpuResult<()> {
+        Ok(())
+    }
+    unsafe fn mem_map(&self, _: u64, _: usize, _: RawPhysical) -> GpuResult<()> {
+        Ok(())
+    }
+    unsafe fn mem_set_access(&self, _: u64, _: usize) -> GpuResult<()> {
+        Ok(())
+    }
+    unsafe fn mem_unmap(&self, _: u64, _: usize) -> GpuResult<()> {
+        Ok(())
     }
 }
 

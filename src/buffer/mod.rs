@@ -47,8 +47,10 @@
 //! cudarc calls given one of them find it.
 
 mod alloc;
+#[cfg(feature = "cuda")]
 mod cuda;
 mod drop_errors;
+mod element;
 mod guard;
 mod home;
 mod launch;
@@ -58,8 +60,10 @@ mod refused;
 mod view;
 
 pub use alloc::BufferFuture;
+#[cfg(feature = "cuda")]
 pub use cuda::{CudaBuffer, CudaView, CudaViewMut};
 pub use drop_errors::{drop_error_count, take_drop_error};
+pub use element::Element;
 pub use guard::{UseGuard, UseGuardMut};
 pub use launch::BufferLaunch;
 pub use owned::Buffer;

@@ -6,7 +6,7 @@ use std::marker::PhantomData;
 use std::ops::RangeBounds;
 use std::sync::Arc;
 
-use cudarc::driver::DeviceRepr;
+use super::element::Element;
 
 use super::drop_errors;
 use super::guard::{UseGuard, UseGuardMut};
@@ -94,7 +94,7 @@ pub(crate) fn byte_len<T>(len: usize) -> ResourceResult<usize> {
         .ok_or(ResourceError::SizeOverflow { len, elem_size })
 }
 
-impl<T: DeviceRepr> Buffer<T> {
+impl<T: Element> Buffer<T> {
     /// Adopts `block` (live, of `home`) as a buffer of `len` elements.
     pub(crate) fn adopt(block: DeviceBlock, len: usize, home: Arc<dyn BufferHome>) -> Self {
         Buffer {

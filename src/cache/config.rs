@@ -17,16 +17,27 @@ pub struct CacheConfig {
     pub(crate) max_cached_bytes: usize,
     pub(crate) max_block_size: usize,
     pub(crate) streams: usize,
+    pub(crate) virtual_memory: bool,
+    pub(crate) page_multiple: usize,
+    pub(crate) max_mapping_bytes: usize,
+    pub(crate) slack_percent: usize,
 }
 
 impl Default for CacheConfig {
     /// No cap on cached bytes (memory is still given back before an
-    /// out-of-memory error), blocks up to 64 MiB cached, 64 stream slots.
+    /// out-of-memory error), 64 stream slots, the virtual-memory arena
+    /// where the device has it (pages of the device's granularity, up to
+    /// 1 GiB mapped per physical allocation, 5% slack over the live
+    /// high-water mark), else size classes for blocks up to 64 MiB.
     fn default() -> Self {
         CacheConfig {
             max_cached_bytes: usize::MAX,
             max_block_size: 64 << 20,
             streams: 64,
+            virtual_memory: true,
+            page_multiple: 1,
+            max_mapping_bytes: 1 << 30,
+            slack_percent: 5,
         }
     }
 }
@@ -39,8 +50,9 @@ impl CacheConfig {
         self
     }
 
-    /// Requests above this size bypass the cache: they are allocated from
-    /// and freed to the inner resource directly, at their exact size.
+    /// With size classes, requests above this size bypass the cache: they
+    /// are allocated from and freed to the inner resource directly, at
+    /// their exact size. The arena takes requests of any size.
     pub fn max_block_size(mut self, bytes: usize) -> Self {
         self.max_block_size = bytes;
         self
@@ -50,6 +62,46 @@ impl CacheConfig {
     /// Blocks on streams past them bypass the cache.
     pub fn streams(mut self, streams: usize) -> Self {
         self.streams = streams;
+        self
+    }
+
+    /// Whether to use the virtual-memory arena where the inner resource
+    /// lends its device ([`device_access`]) and the device has virtual
+    /// memory management (default true). Without it, or when it is
+    /// unavailable, blocks are cached in exact size classes.
+    ///
+    /// [`device_access`]: crate::DeviceMemoryResource::device_access
+    pub fn virtual_memory(mut self, on: bool) -> Self {
+        self.virtual_memory = on;
+        self
+    }
+
+    /// The arena's page, in multiples of the device's mapping granularity
+    /// (default 1: 2 MiB on the H200). Memory is held and given back by
+    /// whole pages.
+    pub fn page_multiple(mut self, multiple: usize) -> Self {
+        self.page_multiple = multiple.max(1);
+        self
+    }
+
+    /// The most bytes one physical allocation covers (default 1 GiB): a
+    /// block that needs more new pages than that gets several. On the H200
+    /// creating, mapping and granting access to one allocation costs about
+    /// 60 µs whatever its size (`notes/vmm-costs.md`), so larger means
+    /// fewer, cheaper growths; smaller means idle memory is given back in
+    /// finer pieces (an allocation goes back only when no live block
+    /// touches any of its pages).
+    pub fn max_mapping_bytes(mut self, bytes: usize) -> Self {
+        self.max_mapping_bytes = bytes;
+        self
+    }
+
+    /// How far, in percent of the high-water mark of live bytes, the arena
+    /// may hold memory before it gives idle memory back to make room for
+    /// new memory (default 5). More slack means fewer driver calls, less
+    /// means less memory held.
+    pub fn slack_percent(mut self, percent: usize) -> Self {
+        self.slack_percent = percent;
         self
     }
 

@@ -1,69 +1,71 @@
 //! The caching tier: a stream-ordered cache in front of any stream-ordered
-//! resource.
+//! resource, holding little more than what is live.
 //!
 //! The driver's pool costs 0.65–0.88 µs per allocate + free pair on one
 //! thread and gets *slower* as threads are added (see `docs/DESIGN.md`, "What the
-//! hardware costs"). [`CachingResource`] keeps freed blocks and hands them
-//! out again with no driver call at all, which is what makes allocation
-//! scale with threads.
+//! hardware costs"). [`CachingResource`] hands memory out again with no
+//! driver call at all, per stream, which is what makes allocation scale
+//! with threads. It has two ways of holding memory.
 //!
-//! # State
+//! # The virtual-memory arena (the default where the device has one)
 //!
-//! - **Shards, one per stream** (a [`CacheConfig::streams`] number of them,
-//!   each behind its own mutex and on its own cache lines). A shard holds:
-//!   - **free lists per size class** ([`SizeClass`]: powers of two cut in
-//!     four steps, from 512 B): blocks freed on this stream, hottest last;
-//!   - **leases**: the blocks handed out on this stream, each mapping the
-//!     cache's own [`BlockId`](crate::BlockId) to the inner resource's block
-//!     behind it (its address, its class size, and the stream the inner
-//!     resource allocated it on, where it will finally be freed);
-//!   - tallies: cached bytes, leased bytes, its part of the cap, statistics.
+//! - **Per stream** (in its shard, behind its own lock): a reserved range
+//!   of addresses (twice the device's memory, `cuMemAddressReserve`), an
+//!   arena placing blocks in it (good fit with splitting and merging,
+//!   TLSF-style buckets: bounded work per call), a page table (which 2 MiB
+//!   pages are mapped, how many live blocks touch each) and fences (events
+//!   telling when the GPU is done with what was freed).
+//! - **Shared**: physical bytes held (one atomic, written only when memory
+//!   is mapped or given back), the high-water mark of live bytes.
+//! - `allocate` places the block; pages it touches that are mapped are
+//!   used as they are (a **hit**: no driver call); the others get new
+//!   memory, one `cuMemCreate` + `cuMemMap` + `cuMemSetAccess` per run of
+//!   pages (a **miss**). A new mapping that would take the cache more
+//!   than [`CacheConfig::slack_percent`] over the live high-water mark is
+//!   preceded by giving back idle mappings the GPU is done with (unmap and
+//!   release), this stream's first, then other streams'. Physical memory
+//!   is fungible: freed to the device, created again where it is needed.
+//! - `deallocate` puts the range back in the arena; pages no live block
+//!   touches stay mapped, idle, until reused in place or given back.
+//! - [`trim`](CachingResource::trim) gives back every idle mapping the GPU
+//!   is done with, without waiting (a fence is recorded for the others, so
+//!   a later trim finds them). Before an allocation fails for lack of
+//!   memory, every idle mapping is given back, waiting for the fences in
+//!   flight as the last resort.
+//!
+//! # Size classes (backends without virtual memory, or
+//! [`CacheConfig::virtual_memory`] off)
+//!
+//! - **Shards, one per stream**, each with **free lists per size class**
+//!   ([`SizeClass`]: powers of two cut in four steps, from 512 B) and the
+//!   **leases** (the cache's [`BlockId`](crate::BlockId) mapped to the inner
+//!   block behind it).
 //! - **The cap reservation**: one atomic counter, the sum of the parts of
-//!   [`CacheConfig::max_cached_bytes`] the shards hold. A shard takes more
-//!   only when its cached bytes would exceed its part, so the hot path
-//!   touches no shared cache line.
+//!   [`CacheConfig::max_cached_bytes`] the shards hold.
+//! - `allocate` drains: the stream's own list (a **hit**); a block of the
+//!   same class cached on another stream (a **steal**, behind an event
+//!   wait); the inner resource at the class size (a **miss**). On
+//!   out-of-memory every cached block is given back and the request tried
+//!   again. Requests above [`CacheConfig::max_block_size`] **bypass** the
+//!   cache.
 //!
-//! # Who adds, who drains
-//!
-//! - `deallocate` adds: the lease ends and the inner block goes on the free
-//!   list of the lease's stream and class (or, when the cap is reached, back
-//!   to the inner resource: "eviction").
-//! - `allocate` drains, in this order: the stream's own list (a **hit**, no
-//!   driver call); a block of the same class cached on another stream (a
-//!   **steal**, behind an event wait); the inner resource at the class size
-//!   (a **miss**). If the inner resource is out of memory, every cached
-//!   block is given back ([`trim`](CachingResource::trim)) and the request
-//!   is tried once more before the error is reported.
-//! - [`trim`](CachingResource::trim) drains everything to the inner
-//!   resource; so does dropping the cache.
-//! - Requests above [`CacheConfig::max_block_size`] (64 MiB by default), of
-//!   zero bytes, or on a stream without a shard **bypass** the cache: they
-//!   are leased straight from the inner resource and freed straight to it.
+//! Zero-byte requests and streams without a shard bypass both.
 //!
 //! # Stream ordering
 //!
-//! A block is cached on the stream it was last leased on, `S`.
-//!
-//! - **Reuse on `S`** needs nothing: the new user's work is queued on `S`
-//!   after the old user's, so stream order alone separates them. This is
-//!   CUDA's own rule for a free followed by an allocation on one stream.
-//! - **Uses on other streams** are tracked by the inner resource: the
-//!   cache forwards the block-use hooks to the inner block. When a lease
-//!   that had such uses ends, `S` is made to wait for them (through
-//!   `inner.prepare_block_use(inner, S, Write)`, which queues exactly those
-//!   waits), so the cached block is again ordered on `S` alone.
-//! - Before the first wait of another stream in a lease, the cache records
-//!   the lease stream's current position as the block's last write in the
-//!   inner resource. A fresh block gets the same from the inner resource
-//!   itself; a reused one needs it, or the other stream would wait on a
-//!   stale record of an earlier lease.
-//! - **A steal** from stream `T` to stream `U` records an event on `T`
-//!   (`inner.finish_block_use(inner, T, Write)`) and makes `U` wait on it
-//!   (`inner.prepare_block_use(inner, U, Write)`). The inner block keeps its
-//!   allocation stream; the user gets a new descriptor with this cache's id.
-//! - **Giving a block back** to the inner resource from a stream other than
-//!   its allocation stream records the cached stream's position first, so
-//!   the inner resource's free waits for the block's last user.
+//! - **Reuse on the freeing stream `S`** needs nothing: the new user's work
+//!   is queued on `S` after the old user's. This is CUDA's own rule for a
+//!   free followed by an allocation on one stream.
+//! - **Uses on other streams** are tracked with events (the arena keeps
+//!   them per lease; size-class blocks forward the hooks to the inner
+//!   block). When the lease ends, `S` waits for them, so the freed memory
+//!   is again ordered on `S` alone.
+//! - **Moving memory to another stream**: arena memory only through the
+//!   device, once a fence recorded on `S` after its last free has
+//!   completed (queried, never waited for on the allocation path except
+//!   before out of memory), so no queued work can touch it when it is
+//!   unmapped. A size-class block moves behind an event recorded on `S`
+//!   that the new stream waits on.
 //!
 //! A use on another stream without the hooks is still a race, and the
 //! simulated device still reports it: the cache adds no waits of its own
@@ -74,15 +76,18 @@
 //! Bad input (a foreign block, a stale or unknown id, a stream of another
 //! device, a descriptor that does not match its lease) is refused before
 //! anything changes. A driver error in a hook or a free leaves the lease as
-//! it was.
+//! it was; a failed mapping gives the range back and reports the error.
 
-#![forbid(unsafe_code)]
-
+mod arena;
 mod config;
+mod fences;
+mod mapped;
+mod pages;
 mod resource;
 mod shard;
 mod size_class;
 mod stats;
+mod vmm;
 
 pub use config::CacheConfig;
 pub use resource::CachingResource;

@@ -3,26 +3,32 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::config::CacheConfig;
-use super::shard::{Lease, SHARD_MASK, Slot, SlotGuard};
+use super::shard::{Backing, Lease, SHARD_MASK, Slot, SlotGuard};
 use super::size_class::SizeClass;
 use super::stats::CacheStats;
+use super::vmm::VmTier;
 use crate::error::{ResourceError, ResourceResult};
 use crate::resource::DeviceMemoryResource;
+use crate::resource::event_pool::EventPool;
 use crate::types::{Access, AllocTag, BlockId, BlockState, DeviceBlock, ResourceId, StreamId};
 
 /// A stream-ordered cache over any stream-ordered resource `R`.
 ///
-/// Freed blocks stay with the cache, on a free list of the stream they were
-/// used on and of their [size class](super::SizeClass); an allocation of that
-/// class on that stream takes one back with no driver call. See the
-/// [module documentation](super) for how blocks move between streams and how
-/// block-use tracking stays correct.
+/// Where the inner resource lends its device
+/// ([`device_access`](DeviceMemoryResource::device_access)) and the device
+/// has virtual memory management (CUDA, [`SimGpu`](crate::gpu::sim::SimGpu)),
+/// each stream allocates from its own reserved address range, with best
+/// fit, splitting and merging, and physical memory is mapped only where a
+/// live block needs it: the cache holds little more than what is live.
+/// Elsewhere, freed blocks are kept in exact size classes per stream. See
+/// the [module documentation](super) for both, and for how blocks move
+/// between streams.
 ///
 /// [`bytes_outstanding`](DeviceMemoryResource::bytes_outstanding) is the
-/// inner resource's: cached blocks are still allocated from it, so they count
-/// as outstanding (a budget above the cache sees the memory the cache
-/// holds). [`cached_bytes`](Self::cached_bytes) says how much of it is idle
-/// in the cache, and [`leased_bytes`](Self::leased_bytes) how much users hold.
+/// physical memory the arena holds plus the inner resource's outstanding
+/// bytes: a budget above the cache sees the memory it holds.
+/// [`cached_bytes`](Self::cached_bytes) says how much of it is idle, and
+/// [`leased_bytes`](Self::leased_bytes) how much users hold.
 ///
 /// # Examples
 /// ```
@@ -38,31 +44,38 @@ use crate::types::{Access, AllocTag, BlockId, BlockState, DeviceBlock, ResourceI
 ///
 /// let block = cache.allocate(1000, stream, AllocTag::UNTAGGED)?;
 /// let ptr = block.ptr();
+/// assert_eq!(cache.bytes_outstanding(), 2 << 20); // one 2 MiB page mapped
 /// cache.deallocate(block)?;
-/// assert_eq!(cache.cached_bytes(), 1024); // 1000 B rounded up to its class
 ///
-/// let allocs = gpu.call_count(DriverCall::AllocAsync);
+/// let creates = gpu.call_count(DriverCall::MemCreate);
 /// let again = cache.allocate(900, stream, AllocTag::UNTAGGED)?;
 /// assert_eq!(again.ptr(), ptr); // the same memory, without a driver call
-/// assert_eq!(gpu.call_count(DriverCall::AllocAsync), allocs);
+/// assert_eq!(gpu.call_count(DriverCall::MemCreate), creates);
 /// cache.deallocate(again)?;
 /// # Ok::<(), streamalloc::ResourceError>(())
 /// ```
 ///
 /// # Stream ordering
 /// A block handed out on stream `S` is valid on `S` from the allocation on,
-/// as for any resource. A cached block is reused on the stream it was freed
-/// on at once (stream order puts the new user's work after the old one's);
-/// it is moved to another stream only behind an event recorded on its old
-/// stream, which the new stream waits on.
+/// as for any resource. Memory freed on `S` is reused on `S` at once
+/// (stream order puts the new user's work after the old one's). It reaches
+/// another stream only behind an event: a size-class block through an
+/// event recorded on `S` that the new stream waits on; arena memory only
+/// once a fence recorded on `S` after its last free has completed, when it
+/// is unmapped and mapped again where the other stream needs it.
 pub struct CachingResource<R: DeviceMemoryResource> {
-    id: ResourceId,
-    inner: R,
-    config: CacheConfig,
+    pub(super) id: ResourceId,
+    pub(super) inner: R,
+    pub(super) config: CacheConfig,
     device: u32,
     /// One slot per cached stream, plus a last one holding the leases of
     /// streams past `config.streams` (which are never cached).
-    slots: Box<[Slot]>,
+    pub(super) slots: Box<[Slot]>,
+    /// The virtual-memory tier, when the inner resource lends its device
+    /// and the device has virtual memory management.
+    pub(super) vm: Option<VmTier>,
+    /// Events recording uses of arena blocks on other streams.
+    pub(super) events: Option<EventPool<dyn crate::gpu::Gpu>>,
     /// The part of the cap held by shards (each shard holds its part in
     /// `Shard::reserved`; this is their sum).
     reserved_total: AtomicUsize,
@@ -96,7 +109,21 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         let slots = (0..=config.streams)
             .map(|i| Slot::new(StreamId::new(device, i as u32), i, classes))
             .collect();
+        let vm = config
+            .virtual_memory
+            .then(|| inner.device_access())
+            .flatten()
+            .and_then(|access| {
+                VmTier::new(
+                    access,
+                    config.page_multiple,
+                    config.max_mapping_bytes,
+                    config.slack_percent,
+                )
+            });
         CachingResource {
+            events: vm.as_ref().map(|v| EventPool::new(v.access.gpu.clone())),
+            vm,
             id: ResourceId::fresh(),
             grain: (config.max_cached_bytes / 256).min(1 << 20),
             inner,
@@ -126,7 +153,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
     /// allocated from the inner resource and counted in
     /// [`bytes_outstanding`](DeviceMemoryResource::bytes_outstanding).
     pub fn cached_bytes(&self) -> usize {
-        self.slots.iter().map(|s| s.lock().cached).sum()
+        self.slots.iter().map(|s| s.lock().cached).sum::<usize>() + self.idle_mapped_bytes()
     }
 
     /// Number of blocks idle in the free lists.
@@ -156,7 +183,10 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
     /// The inner resource's block behind `block`, while it is leased.
     pub fn inner_block_id(&self, block: BlockId) -> Option<BlockId> {
         let (slot, serial) = self.locate(block).ok()?;
-        slot.lock().lease_mut(serial).map(|l| l.inner.id())
+        match &slot.lock().lease_mut(serial)?.backing {
+            Backing::Inner(inner) => Some(inner.id()),
+            Backing::Mapped(_) => None,
+        }
     }
 
     /// Gives every cached block back to the inner resource and returns the
@@ -200,6 +230,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
                 }
             }
         }
+        released += self.trim_mapped();
         match first_err {
             Some(e) => Err(e),
             None => Ok(released),
@@ -212,7 +243,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
     }
 
     /// The slot and serial of one of this cache's blocks.
-    fn locate(&self, block: BlockId) -> ResourceResult<(&Slot, u64)> {
+    pub(super) fn locate(&self, block: BlockId) -> ResourceResult<(&Slot, u64)> {
         if block.resource() != self.id {
             return Err(ResourceError::ForeignBlock { block });
         }
@@ -226,7 +257,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
     /// Runs `f` on the lease of `block` under its shard lock (held across
     /// the inner hooks `f` calls, so that a concurrent free cannot hand the
     /// block to someone else in between).
-    fn with_lease<T>(
+    pub(super) fn with_lease<T>(
         &self,
         block: BlockId,
         f: impl FnOnce(&mut Lease) -> ResourceResult<T>,
@@ -351,7 +382,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
     /// the inner resource reap its queued frees (which synchronizes the
     /// streams they were queued on, as PyTorch's allocator does before it
     /// gives up).
-    fn inner_allocate(
+    pub(super) fn inner_allocate(
         &self,
         bytes: usize,
         stream: StreamId,
@@ -360,6 +391,16 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         let first = self.inner.allocate(bytes, stream, tag);
         if !first.as_ref().is_err_and(memory_full) || self.cached_bytes() == 0 {
             return first;
+        }
+        if self.vm.is_some() {
+            for wait in [false, true] {
+                if self.release_mapped_for_inner(wait) > 0 {
+                    let again = self.inner.allocate(bytes, stream, tag);
+                    if !matches!(again, Err(ResourceError::OutOfMemory { .. })) {
+                        return again;
+                    }
+                }
+            }
         }
         let released = self.trim();
         tracing::debug!(?released, bytes, %stream, "memory full: trimmed the cache");
@@ -374,7 +415,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
     }
 
     /// Hands `inner` to the user as a block of this cache on `stream`.
-    fn lease(
+    pub(super) fn lease(
         &self,
         index: usize,
         inner: DeviceBlock,
@@ -388,7 +429,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         shard.seen |= class.is_some();
         count(&mut shard.stats);
         let serial = shard.lease(Lease {
-            inner,
+            backing: Backing::Inner(inner),
             stream,
             size: bytes,
             class,
@@ -417,8 +458,12 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R> {
     ) -> ResourceResult<DeviceBlock> {
         ResourceError::check_device(self.device, stream.device())?;
         let index = self.slot_index(stream);
+        let mapped = self.vm.is_some() && bytes > 0 && index < self.config.streams;
+        if mapped && let Some(block) = self.allocate_mapped(bytes, stream, tag, index)? {
+            return Ok(block);
+        }
         let class = SizeClass::of(bytes)
-            .filter(|_| bytes != 0 && bytes <= self.config.max_block_size)
+            .filter(|_| !mapped && bytes != 0 && bytes <= self.config.max_block_size)
             .filter(|_| index != self.config.streams);
         let Some(class) = class else {
             let inner = self.inner_allocate(bytes, stream, tag)?;
@@ -435,7 +480,7 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R> {
                 shard.stats.hits += 1;
                 let ptr = inner.ptr();
                 let serial = shard.lease(Lease {
-                    inner,
+                    backing: Backing::Inner(inner),
                     stream,
                     size: bytes,
                     class: Some(class),
@@ -475,13 +520,17 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R> {
         let Some(lease) = shard.lease_mut(serial) else {
             return Err(shard.missing(id));
         };
-        if lease.inner.ptr() != block.ptr()
+        if lease.backing.ptr() != block.ptr()
             || lease.size != block.size()
             || lease.stream != block.stream()
         {
             return Err(ResourceError::UnknownBlock { block: id });
         }
-        let (stream, class, inner) = (lease.stream, lease.class, lease.inner.clone());
+        let inner = match &lease.backing {
+            Backing::Inner(inner) => inner.clone(),
+            Backing::Mapped(_) => return self.free_mapped(slot, shard, serial),
+        };
+        let (stream, class) = (lease.stream, lease.class);
         let Some(class) = class else {
             // Allocated from the inner resource on this very stream: it
             // waits for the recorded uses itself.
@@ -511,7 +560,7 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R> {
     }
 
     fn bytes_outstanding(&self) -> usize {
-        self.inner.bytes_outstanding()
+        self.inner.bytes_outstanding() + self.vm.as_ref().map_or(0, VmTier::held)
     }
 
     fn reap_pending(&self) -> ResourceResult<()> {
@@ -536,6 +585,13 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R> {
     /// bypasses the cache).
     fn allocation_cost(&self, bytes: usize, stream: StreamId) -> usize {
         let index = self.slot_index(stream);
+        if let Some(tier) = &self.vm
+            && stream.device() == self.device
+            && bytes > 0
+            && index < self.config.streams
+        {
+            return self.mapped_cost(tier, bytes, index);
+        }
         let class = SizeClass::of(bytes)
             .filter(|_| bytes != 0 && bytes <= self.config.max_block_size)
             .filter(|_| stream.device() == self.device && index != self.config.streams);
@@ -576,10 +632,16 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R> {
 
     fn record_block_use(&self, block: &DeviceBlock, use_stream: StreamId) -> ResourceResult<()> {
         self.with_lease(block.id(), |lease| {
-            if lease.inner.ptr() != block.ptr() || lease.size != block.size() {
+            if lease.backing.ptr() != block.ptr() || lease.size != block.size() {
                 return Err(ResourceError::UnknownBlock { block: block.id() });
             }
-            self.inner.record_block_use(&lease.inner, use_stream)?;
+            let inner = match &mut lease.backing {
+                Backing::Inner(inner) => inner,
+                Backing::Mapped(m) => {
+                    return self.record_mapped_use(m, use_stream, Access::Read);
+                }
+            };
+            self.inner.record_block_use(inner, use_stream)?;
             lease.cross_used |= use_stream != lease.stream;
             Ok(())
         })
@@ -592,7 +654,12 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R> {
         access: Access,
     ) -> ResourceResult<()> {
         self.with_lease(block, |lease| {
-            let inner = lease.inner.id();
+            let inner = match &mut lease.backing {
+                Backing::Inner(inner) => inner.id(),
+                Backing::Mapped(m) => {
+                    return self.prepare_mapped_use(m, lease.stream, use_stream, access);
+                }
+            };
             if use_stream != lease.stream && !lease.home_marked {
                 // The inner block may carry records of earlier leases (or of
                 // another stream it was cached on): point its last write at
@@ -621,8 +688,11 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R> {
         access: Access,
     ) -> ResourceResult<()> {
         self.with_lease(block, |lease| {
-            self.inner
-                .finish_block_use(lease.inner.id(), use_stream, access)?;
+            let inner = match &mut lease.backing {
+                Backing::Inner(inner) => inner.id(),
+                Backing::Mapped(m) => return self.record_mapped_use(m, use_stream, access),
+            };
+            self.inner.finish_block_use(inner, use_stream, access)?;
             lease.cross_used |= use_stream != lease.stream;
             Ok(())
         })
@@ -646,6 +716,7 @@ impl<R: DeviceMemoryResource> Drop for CachingResource<R> {
         if let Err(e) = self.trim() {
             tracing::warn!(error = %e, "dropping the cache: some cached blocks could not be freed");
         }
+        self.close_mapped();
         let leased = self.leased_bytes();
         if leased > 0 {
             tracing::warn!(

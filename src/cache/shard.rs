@@ -7,13 +7,16 @@
 //! reservation, is touched only when a shard needs more of the cap than it
 //! already holds (see [`CachingResource`](super::CachingResource)).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
+use super::arena::Placed;
 use super::size_class::SizeClass;
 use super::stats::CacheStats;
+use super::vmm::StreamArena;
 use crate::error::ResourceError;
 use crate::fast_hash::FastMap;
+use crate::resource::block_uses::BlockUses;
 use crate::types::{BlockId, DeviceBlock, StreamId};
 
 /// Low bits of a cache serial name the shard that handed the block out; the
@@ -22,18 +25,43 @@ use crate::types::{BlockId, DeviceBlock, StreamId};
 pub(crate) const SHARD_BITS: u32 = 20;
 pub(crate) const SHARD_MASK: u64 = (1 << SHARD_BITS) - 1;
 
-/// A block handed to a user: the inner block behind it and what the user was
-/// told.
+/// A range of the stream's arena handed to a user, and its uses on other
+/// streams (events the stream waits on before the range is reused).
 #[derive(Debug)]
-pub(crate) struct Lease {
+pub(crate) struct Mapped {
+    pub(crate) placed: Placed,
+    pub(crate) ptr: u64,
+    pub(crate) uses: BlockUses,
+}
+
+/// What is behind a lease.
+#[derive(Debug)]
+pub(crate) enum Backing {
     /// The inner resource's block (allocated at the class size, on the
     /// stream it was first allocated on, where it will finally be freed).
-    pub(crate) inner: DeviceBlock,
+    Inner(DeviceBlock),
+    /// A range of the virtual-memory arena of the lease's stream.
+    Mapped(Mapped),
+}
+
+impl Backing {
+    pub(crate) fn ptr(&self) -> u64 {
+        match self {
+            Backing::Inner(b) => b.ptr(),
+            Backing::Mapped(m) => m.ptr,
+        }
+    }
+}
+
+/// A block handed to a user: what is behind it and what the user was told.
+#[derive(Debug)]
+pub(crate) struct Lease {
+    pub(crate) backing: Backing,
     /// The stream the user got the block on.
     pub(crate) stream: StreamId,
     /// The size the user asked for.
     pub(crate) size: usize,
-    /// `None` for blocks that bypass the cache.
+    /// `None` for blocks that bypass the cache or live in the arena.
     pub(crate) class: Option<SizeClass>,
     /// Whether the lease stream's position has been recorded as the block's
     /// last write in the inner resource (done before the first wait of
@@ -54,6 +82,10 @@ pub(crate) struct Shard {
     /// succeeded): only then may blocks of other streams be moved to it,
     /// since a move queues a wait on it before the inner resource sees it.
     pub(crate) seen: bool,
+    /// The stream's virtual-memory arena, once it allocated there.
+    pub(crate) arena: Option<StreamArena>,
+    /// Reserving the arena failed: the stream uses the size classes.
+    pub(crate) arena_failed: bool,
     /// Free blocks per size class, most recently freed last (the hottest).
     free: Vec<Vec<DeviceBlock>>,
     leases: FastMap<u64, Lease>,
@@ -74,6 +106,8 @@ impl Shard {
         Shard {
             stream,
             seen: false,
+            arena: None,
+            arena_failed: false,
             free: (0..classes).map(|_| Vec::new()).collect(),
             leases: FastMap::default(),
             index: index as u64,
@@ -167,6 +201,10 @@ pub(crate) struct Slot {
     /// thread looking for a block to move from another stream skips empty
     /// shards.
     nonempty: AtomicBool,
+    /// Bytes users hold in the stream's arena; written under the shard
+    /// lock only (a load and a store, no shared read-modify-write on the
+    /// hot path), read without it when the tier sums them.
+    pub(crate) arena_live: AtomicUsize,
 }
 
 impl Slot {
@@ -174,6 +212,7 @@ impl Slot {
         Slot {
             shard: Mutex::new(Shard::new(stream, index, classes)),
             nonempty: AtomicBool::new(false),
+            arena_live: AtomicUsize::new(0),
         }
     }
 
@@ -195,6 +234,14 @@ impl Slot {
             guard,
             nonempty: &self.nonempty,
         })
+    }
+
+    /// Adds `delta` bytes (negative: subtracts) to the arena's live bytes;
+    /// call under the shard lock.
+    pub(crate) fn add_arena_live(&self, delta: isize) {
+        let now = self.arena_live.load(Ordering::Relaxed);
+        self.arena_live
+            .store(now.wrapping_add_signed(delta), Ordering::Relaxed);
     }
 
     /// Whether the shard's free lists were empty when last unlocked.
@@ -226,7 +273,12 @@ impl Drop for SlotGuard<'_> {
     fn drop(&mut self) {
         // A hint only (read relaxed, without the lock): a stale value costs a
         // useless try_lock or a missed move, never a wrong one.
-        let nonempty = self.guard.cached > 0;
+        let nonempty = self.guard.cached > 0
+            || self
+                .guard
+                .arena
+                .as_ref()
+                .is_some_and(|a| a.pages.idle_bytes() > 0);
         if self.nonempty.load(Ordering::Relaxed) != nonempty {
             self.nonempty.store(nonempty, Ordering::Relaxed);
         }

@@ -5,15 +5,17 @@
 /// under its own lock, so reading them costs one lock per shard.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CacheStats {
-    /// Allocations served from the stream's own free list (no driver call).
+    /// Allocations served with no driver call: from the stream's own free
+    /// list, or placed in the stream's arena on memory already mapped.
     pub hits: u64,
     /// Allocations served by a block cached on another stream, behind an
     /// event wait.
     pub steals: u64,
-    /// Allocations that went to the inner resource at a class size.
+    /// Allocations that went to the inner resource at a class size, or
+    /// that mapped new memory in the arena.
     pub misses: u64,
-    /// Allocations that bypassed the cache (too large, zero bytes, or a
-    /// stream without a shard).
+    /// Allocations that bypassed the cache (zero bytes, a stream without a
+    /// shard, too large for the size classes, or no room in the arena).
     pub bypasses: u64,
     /// Blocks given back to the inner resource because the cache was full.
     pub evictions: u64,

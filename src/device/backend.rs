@@ -3,9 +3,10 @@
 use std::fmt;
 use std::sync::Arc;
 
+#[cfg(feature = "cuda")]
 use crate::gpu::cuda::CudaGpu;
 use crate::gpu::sim::SimGpu;
-use crate::gpu::{Gpu, GpuResult, HeldMemory, HostFn, RawEvent, RawStream};
+use crate::gpu::{Gpu, GpuResult, HeldMemory, HostFn, RawEvent, RawPhysical, RawStream};
 
 /// The backend of a [`Device`](crate::Device) opened at run time: a CUDA
 /// device, or the simulated one.
@@ -15,6 +16,7 @@ use crate::gpu::{Gpu, GpuResult, HeldMemory, HostFn, RawEvent, RawStream};
 #[non_exhaustive]
 pub enum Backend {
     /// A CUDA device, through cudarc.
+    #[cfg(feature = "cuda")]
     Cuda(CudaGpu),
     /// The simulated device (shared: its race detector and fault injection
     /// are read through the same `Arc`).
@@ -26,15 +28,17 @@ impl Backend {
     pub fn simulator(&self) -> Option<&Arc<SimGpu>> {
         match self {
             Backend::Sim(sim) => Some(sim),
-            _ => None,
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(_) => None,
         }
     }
 
     /// The CUDA device, when this is one.
+    #[cfg(feature = "cuda")]
     pub fn cuda(&self) -> Option<&CudaGpu> {
         match self {
             Backend::Cuda(cuda) => Some(cuda),
-            _ => None,
+            Backend::Sim(_) => None,
         }
     }
 }
@@ -44,6 +48,7 @@ impl Backend {
 macro_rules! forward {
     ($self:ident.$method:ident($($arg:expr),*)) => {
         match $self {
+            #[cfg(feature = "cuda")]
             Backend::Cuda(gpu) => Gpu::$method(gpu, $($arg),*),
             Backend::Sim(gpu) => Gpu::$method(gpu.as_ref(), $($arg),*),
         }
@@ -137,6 +142,52 @@ impl Gpu for Backend {
         forward!(self.create_stream())
     }
 
+    fn vm_granularity(&self) -> GpuResult<usize> {
+        forward!(self.vm_granularity())
+    }
+
+    fn address_reserve(&self, bytes: usize) -> GpuResult<u64> {
+        forward!(self.address_reserve(bytes))
+    }
+
+    unsafe fn address_free(&self, addr: u64, bytes: usize) -> GpuResult<()> {
+        // SAFETY: the caller keeps `Gpu::address_free`'s contract, which is
+        // the backend's own (the same call on the same device).
+        unsafe { forward!(self.address_free(addr, bytes)) }
+    }
+
+    fn mem_create(&self, bytes: usize) -> GpuResult<RawPhysical> {
+        forward!(self.mem_create(bytes))
+    }
+
+    unsafe fn mem_release(&self, handle: RawPhysical) -> GpuResult<()> {
+        // SAFETY: as in `address_free`, for `Gpu::mem_release`.
+        unsafe { forward!(self.mem_release(handle)) }
+    }
+
+    unsafe fn mem_map(&self, addr: u64, bytes: usize, handle: RawPhysical) -> GpuResult<()> {
+        // SAFETY: as in `address_free`, for `Gpu::mem_map`.
+        unsafe { forward!(self.mem_map(addr, bytes, handle)) }
+    }
+
+    unsafe fn mem_set_access(&self, addr: u64, bytes: usize) -> GpuResult<()> {
+        // SAFETY: as in `address_free`, for `Gpu::mem_set_access`.
+        unsafe { forward!(self.mem_set_access(addr, bytes)) }
+    }
+
+    unsafe fn mem_unmap(&self, addr: u64, bytes: usize) -> GpuResult<()> {
+        // SAFETY: as in `address_free`, for `Gpu::mem_unmap`.
+        unsafe { forward!(self.mem_unmap(addr, bytes)) }
+    }
+
+    fn note_suballocation(&self, addr: u64, bytes: usize, stream: RawStream) {
+        forward!(self.note_suballocation(addr, bytes, stream))
+    }
+
+    fn note_subfree(&self, addr: u64, stream: RawStream) {
+        forward!(self.note_subfree(addr, stream))
+    }
+
     fn memory_held(&self) -> GpuResult<HeldMemory> {
         forward!(self.memory_held())
     }
@@ -153,6 +204,7 @@ impl Gpu for Backend {
 impl fmt::Debug for Backend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            #[cfg(feature = "cuda")]
             Backend::Cuda(gpu) => f.debug_tuple("Cuda").field(gpu).finish(),
             Backend::Sim(gpu) => f.debug_tuple("Sim").field(gpu).finish(),
         }
@@ -162,6 +214,7 @@ impl fmt::Debug for Backend {
 impl fmt::Display for Backend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            #[cfg(feature = "cuda")]
             Backend::Cuda(gpu) => {
                 let name = gpu.context().name().unwrap_or_default();
                 write!(f, "CUDA device {} {name}", gpu.ordinal())

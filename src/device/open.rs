@@ -2,8 +2,12 @@
 
 use std::sync::Arc;
 
-use super::{Backend, Device, StreamPool};
+#[cfg(feature = "cuda")]
+use super::StreamPool;
+use super::{Backend, Device};
+#[cfg(feature = "cuda")]
 use crate::error::ResourceResult;
+#[cfg(feature = "cuda")]
 use crate::gpu::cuda::{CudaGpu, cuda_present};
 use crate::gpu::sim::{SimGpu, SimGpuBuilder};
 
@@ -30,14 +34,18 @@ impl Device<Backend> {
         if sim_forced() {
             tracing::info!("{DEVICE_ENV}=sim: using the simulated device");
         } else {
+            #[cfg(feature = "cuda")]
             match Self::cuda(ordinal, streams) {
                 Ok(device) => return device,
                 Err(e) => tracing::info!(error = %e, "using the simulated device"),
             }
+            #[cfg(not(feature = "cuda"))]
+            tracing::info!("built without the `cuda` feature: using the simulated device");
         }
         Self::sim(&fallback.ordinal(ordinal).build(), streams)
     }
 
+    #[cfg(feature = "cuda")]
     /// How many CUDA devices [`Device::open`] can use: 0 without `libcuda`,
     /// or when `STREAMALLOC_DEVICE=sim` is set.
     pub fn cuda_count() -> u32 {
@@ -47,6 +55,7 @@ impl Device<Backend> {
         cudarc::driver::CudaContext::device_count().map_or(0, |n| n.max(0) as u32)
     }
 
+    #[cfg(feature = "cuda")]
     /// CUDA device `ordinal` with `streams` new non-blocking streams.
     ///
     /// # Errors
@@ -78,6 +87,7 @@ impl Device<Backend> {
     }
 }
 
+#[cfg(feature = "cuda")]
 impl Device<CudaGpu> {
     /// The typed device of CUDA device `ordinal`, with `streams` new
     /// non-blocking streams.
@@ -98,6 +108,7 @@ fn sim_forced() -> bool {
     std::env::var(DEVICE_ENV).is_ok_and(|v| v == "sim")
 }
 
+#[cfg(feature = "cuda")]
 /// Opens the context (checking for `libcuda` first), the memory pool and
 /// the streams of CUDA device `ordinal`.
 fn cuda_parts(ordinal: u32, streams: usize) -> ResourceResult<(CudaGpu, Arc<StreamPool>)> {

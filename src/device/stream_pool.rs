@@ -19,6 +19,7 @@ pub struct StreamPool {
     raw: Vec<RawStream>,
     // Keeps the backend streams alive; never read, only dropped.
     _owners: Vec<Arc<dyn Any + Send + Sync>>,
+    #[cfg(feature = "cuda")]
     cuda: Vec<Arc<cudarc::driver::CudaStream>>,
 }
 
@@ -58,10 +59,12 @@ impl StreamPool {
             pool: fresh_pool_id(),
             raw,
             _owners: owners,
+            #[cfg(feature = "cuda")]
             cuda: Vec::new(),
         }
     }
 
+    #[cfg(feature = "cuda")]
     /// Creates `count` new non-blocking streams on the CUDA context `ctx`.
     ///
     /// # Errors
@@ -90,6 +93,7 @@ impl StreamPool {
         }))
     }
 
+    #[cfg(feature = "cuda")]
     /// A pool of CUDA streams the caller already has (registration of user
     /// streams): the resource then orders its allocations, frees and the
     /// uses of buffers on them, and cudarc calls given one of them resolve
@@ -129,6 +133,7 @@ impl StreamPool {
         }))
     }
 
+    #[cfg(feature = "cuda")]
     /// The id of the cudarc stream `stream`, when this pool holds it (same
     /// `CUstream` handle and context).
     pub fn find_cuda(&self, stream: &cudarc::driver::CudaStream) -> Option<StreamId> {
@@ -141,6 +146,7 @@ impl StreamPool {
             .map(|i| self.tagged(i))
     }
 
+    #[cfg(feature = "cuda")]
     /// The cudarc stream behind `id`, to launch work on it.
     ///
     /// # Errors

@@ -107,6 +107,7 @@ mod event_future;
 // 5. `AsyncResource`, which makes them.
 mod async_resource;
 // 6. `Reaper`, the background dispatcher of an `AsyncResource`.
+#[cfg(feature = "tokio")]
 mod reaper;
 
 pub use alloc_future::AllocFuture;
@@ -116,6 +117,7 @@ pub(crate) use self::core::Core;
 pub(crate) use async_resource::deallocate_detached;
 pub use dealloc::{DeallocHandle, ReapFuture};
 pub use event_future::EventFuture;
+#[cfg(feature = "tokio")]
 pub use reaper::Reaper;
 pub use wait_policy::{Behind, WaitPolicy};
 pub use wait_stats::WaitStats;

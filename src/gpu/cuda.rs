@@ -20,7 +20,7 @@ use cudarc::driver::CudaContext;
 use cudarc::driver::result::{self as cu, DriverError};
 use cudarc::driver::sys;
 
-use super::{Gpu, GpuError, GpuResult, HeldMemory, HostFn, RawEvent, RawStream};
+use super::{Gpu, GpuError, GpuResult, HeldMemory, HostFn, RawEvent, RawPhysical, RawStream};
 use crate::error::{DriverCall, ResourceError, ResourceResult, driver_code};
 
 /// A cudarc driver error of `call` as the seam's error, with the driver's
@@ -43,6 +43,41 @@ pub struct CudaGpu {
     /// The streams `create_stream` made and `destroy_stream` did not destroy
     /// yet: `destroy_stream` refuses any other (a pool's, or one cudarc owns).
     created: std::sync::Mutex<std::collections::HashSet<u64>>,
+    /// Physical memory made by `mem_create` and not released: counted in
+    /// [`memory_held`](Gpu::memory_held) beside the pool.
+    physical: PhysicalTally,
+}
+
+/// Bytes of live physical handles, now and at most.
+#[derive(Debug, Default)]
+struct PhysicalTally {
+    sizes: std::sync::Mutex<std::collections::HashMap<u64, usize>>,
+    current: std::sync::atomic::AtomicUsize,
+    high: std::sync::atomic::AtomicUsize,
+}
+
+impl PhysicalTally {
+    fn created(&self, handle: u64, bytes: usize) {
+        use std::sync::atomic::Ordering;
+        self.sizes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(handle, bytes);
+        let now = self.current.fetch_add(bytes, Ordering::AcqRel) + bytes;
+        self.high.fetch_max(now, Ordering::AcqRel);
+    }
+
+    fn released(&self, handle: u64) {
+        use std::sync::atomic::Ordering;
+        let bytes = self
+            .sizes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&handle);
+        if let Some(bytes) = bytes {
+            self.current.fetch_sub(bytes, Ordering::AcqRel);
+        }
+    }
 }
 
 // SAFETY: `pool` is a driver handle; the driver API is thread-safe for memory
@@ -83,6 +118,7 @@ impl CudaGpu {
             ctx,
             pool,
             created: Default::default(),
+            physical: PhysicalTally::default(),
         }
     }
 
@@ -97,6 +133,7 @@ impl CudaGpu {
             ctx,
             pool: Ok(pool),
             created: Default::default(),
+            physical: PhysicalTally::default(),
         })
     }
 
@@ -165,6 +202,25 @@ impl CudaGpu {
             )),
             None => Ok(event.get() as sys::CUevent),
         }
+    }
+}
+
+impl CudaGpu {
+    /// Physical memory pinned on this device, no export handles.
+    fn allocation_prop(&self) -> sys::CUmemAllocationProp {
+        // SAFETY: all-zero is the documented "no options" value of every
+        // field (null metadata pointer, no flags); the type and location
+        // are set below.
+        let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+        prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.requestedHandleTypes = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE;
+        prop.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = self.ctx.ordinal() as i32;
+        prop
+    }
+
+    fn check(call: DriverCall, r: sys::CUresult) -> GpuResult<()> {
+        r.result().map_err(|e| cuda_error(call, e))
     }
 }
 
@@ -352,6 +408,101 @@ impl Gpu for CudaGpu {
         cu::mem_get_info().map_err(|e| cuda_error(call, e))
     }
 
+    fn vm_granularity(&self) -> GpuResult<usize> {
+        let call = DriverCall::AddressReserve;
+        self.bind(call)?;
+        let prop = self.allocation_prop();
+        let mut granularity = 0usize;
+        // SAFETY: both pointers are valid for the call; `prop` is initialised.
+        let r = unsafe {
+            sys::cuMemGetAllocationGranularity(
+                &mut granularity,
+                &prop,
+                sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+            )
+        };
+        Self::check(call, r)?;
+        Ok(granularity)
+    }
+
+    fn address_reserve(&self, bytes: usize) -> GpuResult<u64> {
+        let call = DriverCall::AddressReserve;
+        self.bind(call)?;
+        let mut addr: sys::CUdeviceptr = 0;
+        // SAFETY: `addr` is a valid out-pointer; no fixed address, default
+        // alignment (the granularity), no flags.
+        let r = unsafe { sys::cuMemAddressReserve(&mut addr, bytes, 0, 0, 0) };
+        Self::check(call, r)?;
+        Ok(addr)
+    }
+
+    unsafe fn address_free(&self, addr: u64, bytes: usize) -> GpuResult<()> {
+        let call = DriverCall::AddressFree;
+        self.bind(call)?;
+        // SAFETY: the caller passes a whole live reservation with nothing
+        // mapped (this method's contract).
+        Self::check(call, unsafe { sys::cuMemAddressFree(addr, bytes) })
+    }
+
+    fn mem_create(&self, bytes: usize) -> GpuResult<RawPhysical> {
+        let call = DriverCall::MemCreate;
+        self.bind(call)?;
+        let prop = self.allocation_prop();
+        let mut handle: sys::CUmemGenericAllocationHandle = 0;
+        // SAFETY: `handle` is a valid out-pointer and `prop` is initialised.
+        match unsafe { sys::cuMemCreate(&mut handle, bytes, &prop, 0) }.result() {
+            Ok(()) => {
+                self.physical.created(handle, bytes);
+                Ok(RawPhysical::new(handle))
+            }
+            Err(e) if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+                let available = cu::mem_get_info().map(|(free, _)| free).unwrap_or(0);
+                Err(GpuError::OutOfMemory { available })
+            }
+            Err(e) => Err(cuda_error(call, e)),
+        }
+    }
+
+    unsafe fn mem_release(&self, handle: RawPhysical) -> GpuResult<()> {
+        let call = DriverCall::MemRelease;
+        self.bind(call)?;
+        // SAFETY: the handle came from `mem_create` and is released once
+        // (this method's contract).
+        Self::check(call, unsafe { sys::cuMemRelease(handle.get()) })?;
+        self.physical.released(handle.get());
+        Ok(())
+    }
+
+    unsafe fn mem_map(&self, addr: u64, bytes: usize, handle: RawPhysical) -> GpuResult<()> {
+        let call = DriverCall::MemMap;
+        self.bind(call)?;
+        // SAFETY: the range is reserved, aligned and unmapped, and the handle
+        // is live and of `bytes` bytes (this method's contract).
+        Self::check(call, unsafe {
+            sys::cuMemMap(addr, bytes, 0, handle.get(), 0)
+        })
+    }
+
+    unsafe fn mem_set_access(&self, addr: u64, bytes: usize) -> GpuResult<()> {
+        let call = DriverCall::MemSetAccess;
+        self.bind(call)?;
+        let desc = sys::CUmemAccessDesc {
+            location: self.allocation_prop().location,
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        // SAFETY: the range is mapped (this method's contract); `desc` is one
+        // valid descriptor.
+        Self::check(call, unsafe { sys::cuMemSetAccess(addr, bytes, &desc, 1) })
+    }
+
+    unsafe fn mem_unmap(&self, addr: u64, bytes: usize) -> GpuResult<()> {
+        let call = DriverCall::MemUnmap;
+        self.bind(call)?;
+        // SAFETY: the range covers whole mappings that no queued work uses
+        // any more (this method's contract).
+        Self::check(call, unsafe { sys::cuMemUnmap(addr, bytes) })
+    }
+
     fn memory_held(&self) -> GpuResult<HeldMemory> {
         let call = DriverCall::MemGetInfo;
         let pool = self.pool.clone()?;
@@ -364,9 +515,16 @@ impl Gpu for CudaGpu {
                 .map(|()| usize::try_from(value).unwrap_or(usize::MAX))
                 .map_err(|e| cuda_error(call, e))
         };
+        // Physical handles (the cache's arena) count beside the pool. The
+        // high mark is the sum of the two marks: exact when one of them is
+        // idle (a replay through the arena, or through the pool alone), an
+        // upper bound otherwise.
+        use std::sync::atomic::Ordering;
         Ok(HeldMemory {
-            current: read(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?,
-            high: read(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)?,
+            current: read(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?
+                + self.physical.current.load(Ordering::Acquire),
+            high: read(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)?
+                + self.physical.high.load(Ordering::Acquire),
         })
     }
 
@@ -374,6 +532,9 @@ impl Gpu for CudaGpu {
         let call = DriverCall::MemGetInfo;
         let pool = self.pool.clone()?;
         self.bind(call)?;
+        use std::sync::atomic::Ordering;
+        let now = self.physical.current.load(Ordering::Acquire);
+        self.physical.high.store(now, Ordering::Release);
         // The driver accepts only 0, which restarts the mark from the
         // current value.
         let mut zero: u64 = 0;

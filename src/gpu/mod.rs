@@ -20,6 +20,7 @@
 //! block records. [`SimGpu`](sim::SimGpu) checks every handle and address
 //! itself, so it offers the same calls as safe inherent methods.
 
+#[cfg(feature = "cuda")]
 pub mod cuda;
 mod error;
 mod held;
@@ -38,6 +39,7 @@ pub use error::{GpuError, GpuResult};
 pub struct RawEvent(u64);
 
 impl RawEvent {
+    #[cfg(feature = "cuda")]
     pub(crate) fn cuda(event: u64) -> Self {
         RawEvent(event)
     }
@@ -55,6 +57,34 @@ impl RawEvent {
         (self.0 & crate::types::SIM_HANDLE != 0)
             .then_some((self.0 & !crate::types::SIM_HANDLE) as usize)
     }
+}
+
+/// A handle to physical device memory made by [`Gpu::mem_create`] (a
+/// `CUmemGenericAllocationHandle`, or an index on the simulated device): it
+/// holds memory but no address until it is mapped into a reserved range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RawPhysical(u64);
+
+impl RawPhysical {
+    /// A handle of a backend outside the crate, from its bits. Passing one
+    /// to another backend's calls is refused by their safety contracts
+    /// (every call taking a handle is `unsafe fn`).
+    pub fn new(bits: u64) -> Self {
+        RawPhysical(bits)
+    }
+
+    /// The handle's bits.
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
+fn vm_unsupported(call: DriverCall) -> GpuError {
+    GpuError::driver(
+        call,
+        801,
+        "CUDA_ERROR_NOT_SUPPORTED: this backend has no virtual memory management",
+    )
 }
 
 /// A host function queued on a stream: runs once, when the stream reaches it.
@@ -191,6 +221,108 @@ pub trait Gpu: Send + Sync + 'static {
             driver_code::NOT_SUPPORTED,
             "CUDA_ERROR_NOT_SUPPORTED: this backend cannot create streams",
         ))
+    }
+
+    /// The granularity of virtual-memory mappings: the size and alignment
+    /// unit of [`mem_create`](Gpu::mem_create), [`mem_map`](Gpu::mem_map)
+    /// and [`address_reserve`](Gpu::address_reserve). The default reports
+    /// `CUDA_ERROR_NOT_SUPPORTED`: the backend has no virtual memory
+    /// management, and callers fall back to stream-ordered allocation.
+    fn vm_granularity(&self) -> GpuResult<usize> {
+        Err(vm_unsupported(DriverCall::AddressReserve))
+    }
+
+    /// Reserves `bytes` (a multiple of the granularity) of virtual address
+    /// space, with no memory behind it (`cuMemAddressReserve`).
+    fn address_reserve(&self, bytes: usize) -> GpuResult<u64> {
+        let _ = bytes;
+        Err(vm_unsupported(DriverCall::AddressReserve))
+    }
+
+    /// Gives back a reservation (`cuMemAddressFree`).
+    ///
+    /// # Safety
+    /// 1. `[addr, addr + bytes)` is exactly a range that
+    ///    [`address_reserve`](Gpu::address_reserve) returned, not freed yet.
+    /// 2. Nothing is mapped in it any more.
+    unsafe fn address_free(&self, addr: u64, bytes: usize) -> GpuResult<()> {
+        let _ = (addr, bytes);
+        Err(vm_unsupported(DriverCall::AddressFree))
+    }
+
+    /// Creates `bytes` (a multiple of the granularity) of physical memory on
+    /// this device (`cuMemCreate`). Out of memory is
+    /// [`GpuError::OutOfMemory`].
+    fn mem_create(&self, bytes: usize) -> GpuResult<RawPhysical> {
+        let _ = bytes;
+        Err(vm_unsupported(DriverCall::MemCreate))
+    }
+
+    /// Releases physical memory (`cuMemRelease`); the device gets it back
+    /// once it is also unmapped everywhere.
+    ///
+    /// # Safety
+    /// `handle` came from [`mem_create`](Gpu::mem_create) of this backend
+    /// and is released once.
+    unsafe fn mem_release(&self, handle: RawPhysical) -> GpuResult<()> {
+        let _ = handle;
+        Err(vm_unsupported(DriverCall::MemRelease))
+    }
+
+    /// Maps the whole of `handle` (of `bytes` bytes) at `addr` (`cuMemMap`).
+    /// The memory is not accessible until
+    /// [`mem_set_access`](Gpu::mem_set_access) covers it.
+    ///
+    /// # Safety
+    /// 1. `[addr, addr + bytes)` lies inside a live reservation, aligned to
+    ///    the granularity, and nothing is mapped there.
+    /// 2. `handle` is a live handle of exactly `bytes` bytes.
+    unsafe fn mem_map(&self, addr: u64, bytes: usize, handle: RawPhysical) -> GpuResult<()> {
+        let _ = (addr, bytes, handle);
+        Err(vm_unsupported(DriverCall::MemMap))
+    }
+
+    /// Makes `[addr, addr + bytes)`, mapped by [`mem_map`](Gpu::mem_map)
+    /// calls, readable and writable by this device (`cuMemSetAccess`); one
+    /// call may cover several adjacent mappings.
+    ///
+    /// # Safety
+    /// The range is entirely mapped.
+    unsafe fn mem_set_access(&self, addr: u64, bytes: usize) -> GpuResult<()> {
+        let _ = (addr, bytes);
+        Err(vm_unsupported(DriverCall::MemSetAccess))
+    }
+
+    /// Unmaps `[addr, addr + bytes)` (`cuMemUnmap`); it may cover several
+    /// whole mappings.
+    ///
+    /// # Safety
+    /// 1. The range covers whole mappings made by [`mem_map`](Gpu::mem_map).
+    /// 2. The device is done with it: every operation that touches it has
+    ///    completed (an event recorded after the last one has been seen
+    ///    complete). Unmapping does not wait for queued work; the device
+    ///    would fault on it.
+    unsafe fn mem_unmap(&self, addr: u64, bytes: usize) -> GpuResult<()> {
+        let _ = (addr, bytes);
+        Err(vm_unsupported(DriverCall::MemUnmap))
+    }
+
+    /// Tells a checking backend that `[addr, addr + bytes)`, carved by the
+    /// caller out of memory it manages (a virtual-memory arena), now holds a
+    /// new allocation ordered on `stream`, so that uses of it can be checked
+    /// for races. The simulated device registers it with its race detector
+    /// (and reports a reuse not ordered after the previous free); CUDA and
+    /// the default do nothing.
+    fn note_suballocation(&self, addr: u64, bytes: usize, stream: RawStream) {
+        let _ = (addr, bytes, stream);
+    }
+
+    /// Tells a checking backend that the allocation noted at `addr` by
+    /// [`note_suballocation`](Gpu::note_suballocation) is freed at the
+    /// current end of `stream` (a use ordered after it is a use after free).
+    /// CUDA and the default do nothing.
+    fn note_subfree(&self, addr: u64, stream: RawStream) {
+        let _ = (addr, stream);
     }
 
     /// How much device memory this backend holds for the process now and at

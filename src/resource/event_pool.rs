@@ -10,12 +10,12 @@ use crate::gpu::{Gpu, GpuResult, RawEvent};
 use crate::sync::Mutex;
 
 #[derive(Debug)]
-pub(crate) struct EventPool<G: Gpu> {
+pub(crate) struct EventPool<G: Gpu + ?Sized> {
     gpu: Arc<G>,
     free: Mutex<Vec<RawEvent>>,
 }
 
-impl<G: Gpu> EventPool<G> {
+impl<G: Gpu + ?Sized> EventPool<G> {
     pub(crate) fn new(gpu: Arc<G>) -> Self {
         EventPool {
             gpu,
@@ -46,7 +46,7 @@ impl<G: Gpu> EventPool<G> {
     }
 }
 
-impl<G: Gpu> Drop for EventPool<G> {
+impl<G: Gpu + ?Sized> Drop for EventPool<G> {
     fn drop(&mut self) {
         let free = std::mem::take(self.free.get_mut().unwrap_or_else(|p| p.into_inner()));
         for e in free {

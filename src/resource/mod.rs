@@ -6,8 +6,8 @@
 //! frees are queued but not yet executed. [`AsyncCudaResource`] is its cudarc
 //! instance and [`SimResource`] its simulated one.
 
-mod block_uses;
-mod event_pool;
+pub(crate) mod block_uses;
+pub(crate) mod event_pool;
 pub(crate) mod forward;
 mod live_table;
 mod pending;
@@ -17,10 +17,37 @@ pub(crate) mod unwind;
 #[cfg(all(test, loom))]
 pub(crate) use stream_ordered::loom_tests::race_two_frees;
 
-pub use stream_ordered::{AsyncCudaResource, SimResource, StreamOrderedResource};
+#[cfg(feature = "cuda")]
+pub use stream_ordered::AsyncCudaResource;
+pub use stream_ordered::{SimResource, StreamOrderedResource};
 
+use std::sync::Arc;
+
+use crate::device::stream_pool::StreamPool;
 use crate::error::ResourceResult;
+use crate::gpu::Gpu;
 use crate::types::{Access, AllocTag, BlockId, BlockState, DeviceBlock, StreamId};
+
+/// The device behind a resource: its backend and the streams the resource
+/// orders work on. A tier above that manages device memory itself (the
+/// cache's virtual-memory arena) gets it from
+/// [`DeviceMemoryResource::device_access`].
+#[derive(Clone)]
+pub struct DeviceAccess {
+    /// The backend.
+    pub gpu: Arc<dyn Gpu>,
+    /// The streams, resolved as the resource resolves them.
+    pub streams: Arc<StreamPool>,
+}
+
+impl std::fmt::Debug for DeviceAccess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceAccess")
+            .field("device", &self.gpu.ordinal())
+            .field("streams", &self.streams.len())
+            .finish()
+    }
+}
 
 /// A source of device memory ordered on streams.
 ///
@@ -172,6 +199,18 @@ pub trait DeviceMemoryResource: Send + Sync {
         None
     }
 
+    /// The backend and streams behind this resource, for a tier above it
+    /// that manages device memory itself (the cache's virtual-memory arena
+    /// maps physical memory with it instead of allocating through this
+    /// resource).
+    ///
+    /// The default is `None`, and decorators keep it: a budget, a debug
+    /// guard or a statistics layer must see every byte, so a tier above
+    /// them allocates through them.
+    fn device_access(&self) -> Option<DeviceAccess> {
+        None
+    }
+
     /// How much [`bytes_outstanding`](Self::bytes_outstanding) would grow if
     /// `bytes` were allocated on `stream` now: the new memory the allocation
     /// takes from the device.
@@ -255,6 +294,10 @@ impl<R: DeviceMemoryResource + ?Sized> DeviceMemoryResource for std::sync::Arc<R
     fn block_state(&self, block: BlockId) -> Option<BlockState> {
         (**self).block_state(block)
     }
+    fn device_access(&self) -> Option<DeviceAccess> {
+        (**self).device_access()
+    }
+
     fn allocation_cost(&self, bytes: usize, stream: StreamId) -> usize {
         (**self).allocation_cost(bytes, stream)
     }

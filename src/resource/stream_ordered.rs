@@ -48,6 +48,7 @@ use super::shard::{self, BlockRecord, MAX_SHARDS, Shard, ShardSlot};
 use super::unwind::ReturnOnUnwind;
 use crate::device::{Device, StreamPool};
 use crate::error::{ResourceError, ResourceResult};
+#[cfg(feature = "cuda")]
 use crate::gpu::cuda::CudaGpu;
 use crate::gpu::sim::SimGpu;
 use crate::gpu::{Gpu, RawStream};
@@ -96,6 +97,7 @@ pub struct StreamOrderedResource<G: Gpu> {
     events: EventPool<G>,
 }
 
+#[cfg(feature = "cuda")]
 /// The stream-ordered resource on a CUDA device, through cudarc.
 pub type AsyncCudaResource = StreamOrderedResource<CudaGpu>;
 
@@ -112,6 +114,7 @@ impl<G: Gpu> std::fmt::Debug for StreamOrderedResource<G> {
     }
 }
 
+#[cfg(feature = "cuda")]
 impl AsyncCudaResource {
     /// The cudarc context of the device.
     pub fn context(&self) -> &Arc<cudarc::driver::CudaContext> {
@@ -533,6 +536,13 @@ impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
             self.drain(index, local, seq);
         }
         Ok(())
+    }
+
+    fn device_access(&self) -> Option<super::DeviceAccess> {
+        Some(super::DeviceAccess {
+            gpu: self.gpu.clone(),
+            streams: self.stream_pool.clone(),
+        })
     }
 
     fn pending_free_seq(&self, stream: StreamId) -> u64 {

@@ -18,6 +18,7 @@ pub struct RawStream(pub(crate) u64);
 pub(crate) const SIM_HANDLE: u64 = 1 << 63;
 
 impl RawStream {
+    #[cfg(feature = "cuda")]
     /// Wraps a `CUstream` created outside the crate.
     ///
     /// # Safety

@@ -17,6 +17,7 @@
 //! cargo run --release -p streamalloc-measure --bin bench_table -- --null-only [OUT_DIR]
 //! cargo run --release -p streamalloc-measure --bin bench_table -- --profile-pair N
 //! cargo run --release -p streamalloc-measure --bin bench_table -- --profile-stack N
+//! cargo run --release -p streamalloc-measure --bin bench_table -- --profile-cache N SIZE [classes]
 //! python3 scripts/plot_bench.py OUT_DIR/bench_table.csv OUT_DIR/throughput.png
 //! ```
 
@@ -295,6 +296,19 @@ fn profile_pair(n: usize) {
     }
 }
 
+/// `bench_table --profile-cache N SIZE`: N pairs of SIZE bytes through the
+/// cache on the null backend (its virtual-memory arena), for an instruction
+/// profile of the cache's hot path.
+fn profile_cache(n: usize, size: usize, classes: bool) {
+    let null = support::null();
+    let s0 = null.stream(0);
+    let config = streamalloc::CacheConfig::default().virtual_memory(!classes);
+    let cache = streamalloc::CachingResource::with_config(null.resource.clone(), config);
+    for _ in 0..n {
+        Bench::<support::NullGpu>::pair(&cache, s0, black_box(size));
+    }
+}
+
 /// `bench_table --profile-stack N`: as `--profile-pair`, through the
 /// Budget + Stats + Tracing stack of the table (no subscriber), for a
 /// profile of what the adaptors add over the resource.
@@ -317,6 +331,12 @@ fn main() -> std::io::Result<()> {
     let count = |n: Option<String>| n.and_then(|n| n.parse().ok()).unwrap_or(100_000);
     if first.as_deref() == Some("--profile-pair") {
         profile_pair(count(args.next()));
+        return Ok(());
+    }
+    if first.as_deref() == Some("--profile-cache") {
+        let n = count(args.next());
+        let size = count(args.next());
+        profile_cache(n, size, args.next().as_deref() == Some("classes"));
         return Ok(());
     }
     if first.as_deref() == Some("--profile-stack") {

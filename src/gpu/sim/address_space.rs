@@ -40,6 +40,11 @@ pub(crate) struct AddressSpace {
     /// [`reset_high`](Self::reset_high).
     allocated_high: usize,
     free: BTreeMap<u64, FreeRange>,
+    /// Bytes in free ranges whose free has not executed.
+    pending: usize,
+    /// The most bytes ever held at once (allocated or waiting for a free to
+    /// execute): what the device gave the process at its peak.
+    peak_held: usize,
 }
 
 /// `bytes` rounded up to the allocation granularity. Only sizes that were
@@ -72,7 +77,44 @@ impl AddressSpace {
             allocated: 0,
             allocated_high: 0,
             free,
+            pending: 0,
+            peak_held: 0,
         }
+    }
+
+    /// Bytes held now: allocated, or freed but not executed yet.
+    pub(crate) fn held_bytes(&self) -> usize {
+        self.allocated + self.pending
+    }
+
+    /// The high-water mark of [`held_bytes`](Self::held_bytes) since
+    /// creation or the last [`reset_peak_held`](Self::reset_peak_held).
+    pub(crate) fn peak_held(&self) -> usize {
+        self.peak_held
+    }
+
+    /// Restarts the high-water mark from what is held now.
+    pub(crate) fn reset_peak_held(&mut self) {
+        self.peak_held = self.held_bytes();
+    }
+
+    fn note_held(&mut self) {
+        self.peak_held = self.peak_held.max(self.held_bytes());
+    }
+
+    /// Takes `bytes` of memory no free is pending on, at once (physical
+    /// memory for a virtual-memory mapping). `Err(available)` when nothing
+    /// fits.
+    pub(crate) fn take_now(&mut self, bytes: usize) -> Result<u64, usize> {
+        self.alloc(bytes, usize::MAX, &VectorClock::default())
+    }
+
+    /// Gives back memory [`take_now`](Self::take_now) took, at once.
+    pub(crate) fn give_now(&mut self, addr: u64, bytes: usize) {
+        let len = round_up(bytes);
+        self.allocated -= len;
+        self.free.insert(addr, FreeRange { len, pending: None });
+        self.coalesce(addr);
     }
 
     pub(crate) fn capacity(&self) -> usize {
@@ -137,6 +179,9 @@ impl AddressSpace {
             return Err(self.available_to(stream, clock));
         };
         self.free.remove(&addr);
+        if range.pending.is_some() {
+            self.pending -= len;
+        }
         if range.len > len {
             self.free.insert(
                 addr + len as u64,
@@ -147,6 +192,7 @@ impl AddressSpace {
             );
         }
         self.allocated += len;
+        self.note_held();
         self.allocated_high = self.allocated_high.max(self.allocated);
         Ok(addr)
     }
@@ -155,6 +201,7 @@ impl AddressSpace {
     pub(crate) fn free_queued(&mut self, addr: u64, bytes: usize, free_id: u64, at: Epoch) {
         let len = round_up(bytes);
         self.allocated -= len;
+        self.pending += len;
         self.free.insert(
             addr,
             FreeRange {
@@ -177,6 +224,7 @@ impl AddressSpace {
         for key in keys {
             if let Some(r) = self.free.get_mut(&key) {
                 r.pending = None;
+                self.pending -= r.len;
             }
             self.coalesce(key);
         }

@@ -15,6 +15,7 @@ use super::address_space::AddressSpace;
 use super::clock::{Epoch, VectorClock};
 use super::fault::{FaultPlan, ILLEGAL_ADDRESS, INJECTED};
 use super::race::{RaceDetector, SimOp};
+use super::virtual_memory::VirtualMemory;
 use crate::error::DriverCall;
 use crate::error::driver_code::{INVALID_HANDLE, INVALID_VALUE};
 use crate::gpu::{GpuError, GpuResult, HostFn};
@@ -94,6 +95,8 @@ pub(crate) struct State {
     next_free_id: u64,
     /// Addresses of live allocations: size and device.
     live: std::collections::HashMap<u64, (usize, u32)>,
+    /// Reservations, physical handles and mappings.
+    pub(crate) vm: VirtualMemory,
 }
 
 fn invalid(call: DriverCall) -> GpuError {
@@ -102,7 +105,7 @@ fn invalid(call: DriverCall) -> GpuError {
 
 impl State {
     /// A system of devices `(ordinal, capacity)` sharing one host.
-    pub(crate) fn new(devices: &[(u32, usize)], seed: u64) -> Self {
+    pub(crate) fn new(devices: &[(u32, usize)], seed: u64, granularity: usize) -> Self {
         State {
             streams: Vec::new(),
             events: Vec::new(),
@@ -118,6 +121,7 @@ impl State {
             rng: fastrand::Rng::with_seed(seed),
             next_free_id: 1,
             live: Default::default(),
+            vm: VirtualMemory::new(granularity),
         }
     }
 
@@ -273,9 +277,76 @@ impl State {
         let at = self.enqueue(s, |_| OpKind::Kernel);
         let clock = self.streams[s].clock.clone();
         for &(ptr, access) in accesses {
+            if self.vm.reserved(ptr) && !self.vm.accessible(ptr) {
+                self.races.push_invalid(ptr, SimOp::Kernel(access), s);
+                continue;
+            }
             self.races.on_access(ptr, SimOp::Kernel(access), at, &clock);
         }
         Ok(())
+    }
+
+    /// Physical memory for a mapping, taken from the device at once.
+    pub(crate) fn vm_create(&mut self, device: u32, bytes: usize) -> GpuResult<u64> {
+        let g = self.vm.supported(DriverCall::MemCreate)?;
+        if bytes == 0 || !bytes.is_multiple_of(g) {
+            return Err(GpuError::driver(
+                DriverCall::MemCreate,
+                1,
+                "CUDA_ERROR_INVALID_VALUE: not a positive multiple of the granularity",
+            ));
+        }
+        let space = self
+            .spaces
+            .get_mut(&device)
+            .ok_or_else(|| invalid(DriverCall::MemCreate))?;
+        let phys = space
+            .take_now(bytes)
+            .map_err(|available| GpuError::OutOfMemory { available })?;
+        Ok(self.vm.create(device, phys, bytes))
+    }
+
+    fn give_back(&mut self, freed: impl IntoIterator<Item = (u32, u64, usize)>) {
+        for (device, phys, len) in freed {
+            if let Some(space) = self.spaces.get_mut(&device) {
+                space.give_now(phys, len);
+            }
+        }
+    }
+
+    pub(crate) fn vm_release(&mut self, handle: u64) -> GpuResult<()> {
+        let freed = self.vm.release(handle)?;
+        self.give_back(freed);
+        Ok(())
+    }
+
+    /// Unmaps; what queued work still uses is reported as a race.
+    pub(crate) fn vm_unmap(&mut self, addr: u64, bytes: usize) -> GpuResult<()> {
+        let freed = self.vm.unmap(addr, bytes)?;
+        self.races.on_unmap(addr, bytes, &self.host);
+        self.give_back(freed);
+        Ok(())
+    }
+
+    /// A caller-managed allocation at `addr` on stream `s` (see
+    /// [`Gpu::note_suballocation`](crate::gpu::Gpu::note_suballocation)).
+    pub(crate) fn note_suballoc(&mut self, addr: u64, bytes: usize, s: usize) {
+        if self.streams.get(s).is_none() || bytes == 0 {
+            return;
+        }
+        let at = self.enqueue(s, |_| OpKind::Alloc);
+        let clock = self.streams[s].clock.clone();
+        self.races.on_suballoc(addr, bytes, at, &clock);
+    }
+
+    /// The free of a caller-managed allocation, at the end of stream `s`.
+    pub(crate) fn note_subfree(&mut self, addr: u64, s: usize) {
+        if self.streams.get(s).is_none() || addr == 0 {
+            return;
+        }
+        let at = self.enqueue(s, |_| OpKind::Alloc);
+        let clock = self.streams[s].clock.clone();
+        self.races.on_access(addr, SimOp::Free, at, &clock);
     }
 
     pub(crate) fn event_create(&mut self) -> usize {

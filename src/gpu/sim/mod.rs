@@ -49,6 +49,7 @@ mod clock;
 mod device;
 mod fault;
 mod race;
+mod virtual_memory;
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread;
@@ -59,7 +60,7 @@ pub use race::{RaceKind, RaceReport, SimOp};
 use self::device::{State, Step};
 use crate::device::stream_pool::StreamPool;
 use crate::error::DriverCall;
-use crate::gpu::{Gpu, GpuError, GpuResult, HeldMemory, HostFn, RawEvent, RawStream};
+use crate::gpu::{Gpu, GpuError, GpuResult, HeldMemory, HostFn, RawEvent, RawPhysical, RawStream};
 use crate::types::{Access, DeviceBlock};
 
 /// How queued work makes progress on a [`SimGpu`].
@@ -110,9 +111,18 @@ pub struct SimGpuBuilder {
     seed: u64,
     progress: Progress,
     op_latency: Duration,
+    vm_granularity: usize,
 }
 
 impl SimGpuBuilder {
+    /// Granularity of virtual-memory mappings (default 2 MiB, as on the
+    /// H200); 0 builds a device without virtual memory management, whose
+    /// [`Gpu::vm_granularity`] reports `CUDA_ERROR_NOT_SUPPORTED`.
+    pub fn vm_granularity(mut self, bytes: usize) -> Self {
+        self.vm_granularity = bytes;
+        self
+    }
+
     /// Device ordinal (default 0).
     pub fn ordinal(mut self, ordinal: u32) -> Self {
         self.ordinal = ordinal;
@@ -163,7 +173,7 @@ impl SimGpuBuilder {
         let ordinals: Vec<u32> = (self.ordinal..self.ordinal + devices.max(1)).collect();
         let spec: Vec<(u32, usize)> = ordinals.iter().map(|&o| (o, self.capacity)).collect();
         let shared = Arc::new(Shared {
-            state: Mutex::new(State::new(&spec, self.seed)),
+            state: Mutex::new(State::new(&spec, self.seed, self.vm_granularity)),
             work: Condvar::new(),
             progress_made: Condvar::new(),
             shutdown: std::sync::atomic::AtomicBool::new(false),
@@ -328,6 +338,7 @@ impl SimGpu {
             seed: 0,
             progress: Progress::Threaded,
             op_latency: Duration::ZERO,
+            vm_granularity: 2 << 20,
         }
     }
 
@@ -460,6 +471,33 @@ impl SimGpu {
         self.shared.lock().live_stream_count()
     }
 
+    /// Memory the device has given out now: pool allocations, frees not
+    /// executed yet, and physical memory for mappings.
+    pub fn held_bytes(&self) -> usize {
+        self.shared.lock().space(self.ordinal).held_bytes()
+    }
+
+    /// The high-water mark of [`held_bytes`](Self::held_bytes) since the
+    /// device was built or [`reset_peak_held`](Self::reset_peak_held): what
+    /// the process took from the device at its peak.
+    pub fn peak_held_bytes(&self) -> usize {
+        self.shared.lock().space(self.ordinal).peak_held()
+    }
+
+    /// Restarts [`peak_held_bytes`](Self::peak_held_bytes) from what is held
+    /// now.
+    pub fn reset_peak_held(&self) {
+        if let Some(space) = self.shared.lock().spaces.get_mut(&self.ordinal) {
+            space.reset_peak_held();
+        }
+    }
+
+    /// Physical handles made by [`Gpu::mem_create`] not yet given back
+    /// (released and unmapped).
+    pub fn physical_handles(&self) -> usize {
+        self.shared.lock().vm.handle_count()
+    }
+
     /// Simulated memory of this device not allocated and not waiting for a
     /// free.
     pub fn free_bytes(&self) -> usize {
@@ -488,6 +526,13 @@ impl SimGpu {
             self.shared.work.notify_one();
         }
         Ok(out)
+    }
+
+    /// Wakes the device thread for work queued outside [`queue`](Self::queue).
+    fn notify_work(&self) {
+        if self.progress == Progress::Threaded {
+            self.shared.work.notify_one();
+        }
     }
 
     fn wait_progress<'a>(&'a self, state: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
@@ -734,6 +779,66 @@ impl Gpu for SimGpu {
         state.enter(DriverCall::MemGetInfo)?;
         let space = state.space(self.ordinal);
         Ok((space.free_bytes(), space.capacity()))
+    }
+
+    fn vm_granularity(&self) -> GpuResult<usize> {
+        let mut state = self.shared.lock();
+        state.enter(DriverCall::AddressReserve)?;
+        state.vm.supported(DriverCall::AddressReserve)
+    }
+
+    fn address_reserve(&self, bytes: usize) -> GpuResult<u64> {
+        let mut state = self.shared.lock();
+        state.enter(DriverCall::AddressReserve)?;
+        state.vm.reserve(self.ordinal, bytes)
+    }
+
+    unsafe fn address_free(&self, addr: u64, bytes: usize) -> GpuResult<()> {
+        let mut state = self.shared.lock();
+        state.enter(DriverCall::AddressFree)?;
+        state.vm.free_reservation(addr, bytes)
+    }
+
+    fn mem_create(&self, bytes: usize) -> GpuResult<RawPhysical> {
+        let mut state = self.shared.lock();
+        state.enter(DriverCall::MemCreate)?;
+        state.vm_create(self.ordinal, bytes).map(RawPhysical::new)
+    }
+
+    unsafe fn mem_release(&self, handle: RawPhysical) -> GpuResult<()> {
+        let mut state = self.shared.lock();
+        state.enter(DriverCall::MemRelease)?;
+        state.vm_release(handle.get())
+    }
+
+    unsafe fn mem_map(&self, addr: u64, bytes: usize, handle: RawPhysical) -> GpuResult<()> {
+        let mut state = self.shared.lock();
+        state.enter(DriverCall::MemMap)?;
+        state.vm.map(addr, bytes, handle.get())
+    }
+
+    unsafe fn mem_set_access(&self, addr: u64, bytes: usize) -> GpuResult<()> {
+        let mut state = self.shared.lock();
+        state.enter(DriverCall::MemSetAccess)?;
+        state.vm.set_access(addr, bytes)
+    }
+
+    unsafe fn mem_unmap(&self, addr: u64, bytes: usize) -> GpuResult<()> {
+        let mut state = self.shared.lock();
+        state.enter(DriverCall::MemUnmap)?;
+        state.vm_unmap(addr, bytes)
+    }
+
+    fn note_suballocation(&self, addr: u64, bytes: usize, stream: RawStream) {
+        self.shared
+            .lock()
+            .note_suballoc(addr, bytes, sim_index(stream));
+        self.notify_work();
+    }
+
+    fn note_subfree(&self, addr: u64, stream: RawStream) {
+        self.shared.lock().note_subfree(addr, sim_index(stream));
+        self.notify_work();
     }
 
     fn memory_held(&self) -> GpuResult<HeldMemory> {

@@ -25,8 +25,11 @@ pub enum RaceKind {
     /// An access queued after the allocation's free, and ordered after it.
     UseAfterFree,
     /// An access to an address that no allocation of this device ever
-    /// covered.
+    /// covered (or that is reserved but not mapped with access).
     InvalidAddress,
+    /// Memory unmapped while an operation touching it was queued or running
+    /// (not yet seen complete by the host): the device would fault.
+    UnmapInUse,
 }
 
 /// What touched memory: the operation kind and its stream.
@@ -39,6 +42,9 @@ pub enum SimOp {
     Free,
     /// A kernel, memset or copy.
     Kernel(Access),
+    /// An unmap of virtual memory, by the host (reported with stream
+    /// `usize::MAX`).
+    Unmap,
 }
 
 /// One race found by the simulated device's detector.
@@ -62,6 +68,11 @@ impl fmt::Display for RaceReport {
             (RaceKind::InvalidAddress, _) | (_, None) => write!(
                 f,
                 "{op:?} on sim stream {stream} touches {:#x}, which no allocation covers",
+                self.addr
+            ),
+            (RaceKind::UnmapInUse, Some((e, es))) => write!(
+                f,
+                "unmap of {:#x} while {e:?} on sim stream {es} may still run",
                 self.addr
             ),
             (RaceKind::UseAfterFree, Some((e, es))) => write!(
@@ -143,6 +154,17 @@ impl RaceDetector {
         }
     }
 
+    /// Reports an access by `op` on stream `stream` to `ptr`, which no
+    /// accessible memory covers.
+    pub(crate) fn push_invalid(&mut self, ptr: u64, op: SimOp, stream: usize) {
+        self.report(RaceReport {
+            kind: RaceKind::InvalidAddress,
+            addr: ptr,
+            earlier: None,
+            later: (op, stream),
+        });
+    }
+
     /// Checks and records one access by `op` on stream `at.stream`, whose
     /// clock (after ticking) is `clock`.
     pub(crate) fn on_access(&mut self, ptr: u64, op: SimOp, at: Epoch, clock: &VectorClock) {
@@ -203,6 +225,86 @@ impl RaceDetector {
             } else {
                 history.reads.retain(|r| r.stream != at.stream);
                 history.reads.push(at);
+            }
+        }
+        for r in reports {
+            self.report(r);
+        }
+    }
+
+    /// Histories overlapping `[addr, addr + len)`, lowest first.
+    fn overlapping(&self, addr: u64, len: usize) -> Vec<u64> {
+        let mut found: Vec<u64> = self
+            .allocs
+            .range(..addr + len as u64)
+            .rev()
+            .take_while(|(a, h)| **a + h.len as u64 > addr)
+            .map(|(a, _)| *a)
+            .collect();
+        found.reverse();
+        found
+    }
+
+    /// A new allocation carved by the caller out of memory it manages (an
+    /// arena) at `at`: every earlier allocation overlapping it must be
+    /// freed, and its free ordered before `clock`, or the reuse races.
+    pub(crate) fn on_suballoc(&mut self, addr: u64, len: usize, at: Epoch, clock: &VectorClock) {
+        let len = len.max(1);
+        let mut reports = Vec::new();
+        for old in self.overlapping(addr, len) {
+            let Some(h) = self.allocs.remove(&old) else {
+                continue;
+            };
+            let (earlier, at_old) = match h.freed {
+                Some(f) => (SimOp::Free, f),
+                None => h.last_write,
+            };
+            if h.freed.is_none() || !clock.covers(at_old) {
+                reports.push(RaceReport {
+                    kind: RaceKind::Unordered,
+                    addr,
+                    earlier: Some((earlier, at_old.stream)),
+                    later: (SimOp::Alloc, at.stream),
+                });
+            }
+        }
+        for r in reports {
+            self.report(r);
+        }
+        self.allocs.insert(
+            addr,
+            AllocHistory {
+                len,
+                last_write: (SimOp::Alloc, at),
+                reads: Vec::new(),
+                freed: None,
+            },
+        );
+    }
+
+    /// The host unmaps `[addr, addr + len)`: every operation on memory in
+    /// it must be complete as far as the host knows (`host` covers it).
+    /// The histories of the range end here (a later access is to an
+    /// invalid address).
+    pub(crate) fn on_unmap(&mut self, addr: u64, len: usize, host: &VectorClock) {
+        let mut reports = Vec::new();
+        for old in self.overlapping(addr, len) {
+            let Some(h) = self.allocs.remove(&old) else {
+                continue;
+            };
+            let epochs = h
+                .freed
+                .map(|f| (SimOp::Free, f))
+                .into_iter()
+                .chain([h.last_write])
+                .chain(h.reads.iter().map(|r| (SimOp::Kernel(Access::Read), *r)));
+            if let Some((op, e)) = epochs.into_iter().find(|(_, e)| !host.covers(*e)) {
+                reports.push(RaceReport {
+                    kind: RaceKind::UnmapInUse,
+                    addr: old,
+                    earlier: Some((op, e.stream)),
+                    later: (SimOp::Unmap, usize::MAX),
+                });
             }
         }
         for r in reports {

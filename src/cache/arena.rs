@@ -1,0 +1,358 @@
+//! [`Arena`]: good-fit placement with splitting and coalescing over one
+//! range of addresses.
+//!
+//! # State
+//!
+//! Every range of the arena, free or handed out, is a node of a slab, linked
+//! to its neighbours in address order (so that a freed range merges with
+//! free neighbours in constant time). Free nodes are also on one list per
+//! size bucket: 16 buckets per doubling of the size (in units of
+//! [`UNIT`]), with a bitmap of the non-empty ones, the scheme of TLSF
+//! (Masmano et al., 2004). A request looks at a few ranges of its own
+//! bucket and takes the smallest that fits, or else at a few of the first
+//! non-empty bucket above (where everything fits): close to best fit, in a
+//! bounded number of steps.
+//!
+//! # Who changes it
+//!
+//! The owning stream's shard, under its lock: [`Arena::alloc`] splits,
+//! [`Arena::free`] merges. No driver call is made here: the arena only
+//! places ranges; backing them with memory is the page table's business.
+//!
+//! # Bounded
+//!
+//! Nodes: at most one per handed-out range plus one per free range between
+//! them; a free node's slot is reused by the next split.
+
+/// Sizes are multiples of this, and addresses are aligned to it (as the
+/// driver's pool aligns).
+pub(crate) const UNIT: u64 = 512;
+
+const NIL: u32 = u32::MAX;
+/// Sub-buckets per doubling.
+const SUB_BITS: u32 = 4;
+const SUBS: usize = 1 << SUB_BITS;
+const BUCKETS: usize = 64 * SUBS;
+/// Ranges looked at per bucket for a better fit.
+const SCAN: usize = 8;
+
+#[derive(Debug, Clone, Copy)]
+struct Node {
+    off: u64,
+    len: u64,
+    prev_addr: u32,
+    next_addr: u32,
+    free: bool,
+    prev_free: u32,
+    next_free: u32,
+}
+
+/// A range handed out by [`Arena::alloc`]; give it back to [`Arena::free`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Placed {
+    pub(crate) node: u32,
+    /// Offset from the arena's start.
+    pub(crate) off: u64,
+    /// Length (a multiple of [`UNIT`]).
+    pub(crate) len: u64,
+}
+
+/// Placement over `[0, len)` (offsets; the caller adds its base address).
+#[derive(Debug)]
+pub(crate) struct Arena {
+    nodes: Vec<Node>,
+    spare_nodes: Vec<u32>,
+    heads: Vec<u32>,
+    bitmap: [u64; BUCKETS / 64],
+    free_bytes: u64,
+}
+
+/// `bytes` rounded up to [`UNIT`] (at least one unit), or `None` on
+/// overflow.
+pub(crate) fn round(bytes: usize) -> Option<u64> {
+    (bytes.max(1) as u64).checked_next_multiple_of(UNIT)
+}
+
+fn bucket(len: u64) -> usize {
+    let n = len / UNIT;
+    let fl = 63 - n.leading_zeros();
+    if fl < SUB_BITS {
+        return n as usize;
+    }
+    let sl = ((n >> (fl - SUB_BITS)) as usize) & (SUBS - 1);
+    ((fl - SUB_BITS + 1) as usize) * SUBS + sl
+}
+
+impl Arena {
+    /// An arena of `len` bytes (rounded down to [`UNIT`]), all free.
+    pub(crate) fn new(len: u64) -> Self {
+        let len = len / UNIT * UNIT;
+        let mut arena = Arena {
+            nodes: Vec::new(),
+            spare_nodes: Vec::new(),
+            heads: vec![NIL; BUCKETS],
+            bitmap: [0; BUCKETS / 64],
+            free_bytes: 0,
+        };
+        if len > 0 {
+            let n = arena.node(Node {
+                off: 0,
+                len,
+                prev_addr: NIL,
+                next_addr: NIL,
+                free: false,
+                prev_free: NIL,
+                next_free: NIL,
+            });
+            arena.push_free(n);
+        }
+        arena
+    }
+
+    /// Bytes not handed out.
+    #[cfg(test)]
+    pub(crate) fn free_bytes(&self) -> u64 {
+        self.free_bytes
+    }
+
+    fn node(&mut self, node: Node) -> u32 {
+        match self.spare_nodes.pop() {
+            Some(i) => {
+                self.nodes[i as usize] = node;
+                i
+            }
+            None => {
+                self.nodes.push(node);
+                (self.nodes.len() - 1) as u32
+            }
+        }
+    }
+
+    fn push_free(&mut self, i: u32) {
+        let b = bucket(self.nodes[i as usize].len);
+        let head = self.heads[b];
+        {
+            let n = &mut self.nodes[i as usize];
+            n.free = true;
+            n.prev_free = NIL;
+            n.next_free = head;
+        }
+        if head != NIL {
+            self.nodes[head as usize].prev_free = i;
+        }
+        self.heads[b] = i;
+        self.bitmap[b / 64] |= 1 << (b % 64);
+        self.free_bytes += self.nodes[i as usize].len;
+    }
+
+    fn unlink_free(&mut self, i: u32) {
+        let Node {
+            len,
+            prev_free,
+            next_free,
+            ..
+        } = self.nodes[i as usize];
+        let b = bucket(len);
+        if prev_free != NIL {
+            self.nodes[prev_free as usize].next_free = next_free;
+        } else {
+            self.heads[b] = next_free;
+            if next_free == NIL {
+                self.bitmap[b / 64] &= !(1 << (b % 64));
+            }
+        }
+        if next_free != NIL {
+            self.nodes[next_free as usize].prev_free = prev_free;
+        }
+        let n = &mut self.nodes[i as usize];
+        n.free = false;
+        self.free_bytes -= len;
+    }
+
+    /// The first non-empty bucket at or above `from`.
+    fn next_bucket(&self, from: usize) -> Option<usize> {
+        let mut word = from / 64;
+        let mut bits = self.bitmap.get(word)? & (!0u64 << (from % 64));
+        loop {
+            if bits != 0 {
+                return Some(word * 64 + bits.trailing_zeros() as usize);
+            }
+            word += 1;
+            bits = *self.bitmap.get(word)?;
+        }
+    }
+
+    /// The smallest of the first [`SCAN`] ranges of bucket `b` that fits
+    /// `len`.
+    fn best_in(&self, b: usize, len: u64) -> Option<u32> {
+        let mut at = self.heads[b];
+        let mut best: Option<(u64, u32)> = None;
+        for _ in 0..SCAN {
+            if at == NIL {
+                break;
+            }
+            let n = &self.nodes[at as usize];
+            if n.len >= len && best.is_none_or(|(l, _)| n.len < l) {
+                best = Some((n.len, at));
+                if n.len == len {
+                    break;
+                }
+            }
+            at = n.next_free;
+        }
+        best.map(|(_, i)| i)
+    }
+
+    /// Places `len` bytes (a multiple of [`UNIT`]). When the free range
+    /// found is larger, the block goes to the end of it that `backed` says
+    /// has memory behind it (the start when neither or both do), so that
+    /// an allocation lands on memory already mapped where it can.
+    pub(crate) fn alloc(&mut self, len: u64, backed: impl Fn(u64) -> bool) -> Option<Placed> {
+        debug_assert!(len > 0 && len.is_multiple_of(UNIT));
+        let b = bucket(len);
+        let found = self.best_in(b, len).or_else(|| {
+            let above = self.next_bucket(b + 1)?;
+            self.best_in(above, len)
+        })?;
+        self.unlink_free(found);
+        let f = self.nodes[found as usize];
+        if f.len == len {
+            return Some(Placed {
+                node: found,
+                off: f.off,
+                len,
+            });
+        }
+        let at_end = !backed(f.off) && backed(f.off + f.len - 1);
+        if at_end {
+            // The block is a new node after `found`, which stays free.
+            let block = self.node(Node {
+                off: f.off + f.len - len,
+                len,
+                prev_addr: found,
+                next_addr: f.next_addr,
+                free: false,
+                prev_free: NIL,
+                next_free: NIL,
+            });
+            if f.next_addr != NIL {
+                self.nodes[f.next_addr as usize].prev_addr = block;
+            }
+            let n = &mut self.nodes[found as usize];
+            n.len -= len;
+            n.next_addr = block;
+            self.push_free(found);
+            let off = self.nodes[block as usize].off;
+            return Some(Placed {
+                node: block,
+                off,
+                len,
+            });
+        }
+        // The block keeps `found`; the rest is a new free node after it.
+        let rest = self.node(Node {
+            off: f.off + len,
+            len: f.len - len,
+            prev_addr: found,
+            next_addr: f.next_addr,
+            free: false,
+            prev_free: NIL,
+            next_free: NIL,
+        });
+        if f.next_addr != NIL {
+            self.nodes[f.next_addr as usize].prev_addr = rest;
+        }
+        let n = &mut self.nodes[found as usize];
+        n.len = len;
+        n.next_addr = rest;
+        self.push_free(rest);
+        Some(Placed {
+            node: found,
+            off: f.off,
+            len,
+        })
+    }
+
+    /// Takes `node` out of the address list and recycles it.
+    fn drop_node(&mut self, i: u32) {
+        let Node {
+            prev_addr,
+            next_addr,
+            ..
+        } = self.nodes[i as usize];
+        if prev_addr != NIL {
+            self.nodes[prev_addr as usize].next_addr = next_addr;
+        }
+        if next_addr != NIL {
+            self.nodes[next_addr as usize].prev_addr = prev_addr;
+        }
+        self.spare_nodes.push(i);
+    }
+
+    /// Gives back a range [`alloc`](Self::alloc) handed out, merging it
+    /// with free neighbours.
+    pub(crate) fn free(&mut self, placed: Placed) {
+        let mut i = placed.node;
+        debug_assert!(!self.nodes[i as usize].free);
+        let prev = self.nodes[i as usize].prev_addr;
+        if prev != NIL && self.nodes[prev as usize].free {
+            self.unlink_free(prev);
+            let len = self.nodes[i as usize].len;
+            self.nodes[prev as usize].len += len;
+            self.drop_node(i);
+            i = prev;
+        }
+        let next = self.nodes[i as usize].next_addr;
+        if next != NIL && self.nodes[next as usize].free {
+            self.unlink_free(next);
+            let len = self.nodes[next as usize].len;
+            self.nodes[i as usize].len += len;
+            self.drop_node(next);
+        }
+        self.push_free(i);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_grow_with_the_size() {
+        let mut last = 0;
+        for units in 1..5000u64 {
+            let b = bucket(units * UNIT);
+            assert!(b >= last, "{units}");
+            last = b;
+        }
+        assert!(bucket(1 << 40) < BUCKETS);
+    }
+
+    #[test]
+    fn split_merge_and_reuse() {
+        let mut a = Arena::new(1 << 20);
+        let none = |_| false;
+        let x = a.alloc(4096, none).unwrap();
+        let y = a.alloc(8192, none).unwrap();
+        let z = a.alloc(4096, none).unwrap();
+        assert_eq!((x.off, y.off, z.off), (0, 4096, 12288));
+        a.free(y);
+        // Best fit takes the hole, not the tail.
+        let w = a.alloc(8192, none).unwrap();
+        assert_eq!(w.off, 4096);
+        a.free(w);
+        a.free(x);
+        a.free(z);
+        assert_eq!(a.free_bytes(), 1 << 20);
+        let all = a.alloc(1 << 20, none).unwrap();
+        assert_eq!(all.off, 0, "everything merged back into one range");
+        assert!(a.alloc(UNIT, none).is_none());
+    }
+
+    #[test]
+    fn placement_prefers_the_backed_end() {
+        let mut a = Arena::new(1 << 20);
+        let p = a.alloc(4096, |off| off >= (1 << 20) - 8192).unwrap();
+        assert_eq!(p.off, (1 << 20) - 4096);
+    }
+}

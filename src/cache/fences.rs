@@ -1,0 +1,154 @@
+//! [`Fences`]: when the GPU is done with what a stream's arena freed, learnt
+//! by querying events, never by waiting.
+//!
+//! # State
+//!
+//! - **The stamp**: every free on the stream takes the next number; the
+//!   page table remembers, per idle handle, the stamp of the free that
+//!   left it idle.
+//! - **Fences in flight**: events recorded on the stream, each with the
+//!   stamp it covers (every free stamped at or below it was queued before
+//!   the event), oldest first.
+//! - **Done**: the highest stamp whose fence was seen complete. A handle
+//!   idle since a stamp at or below it is no longer used by the GPU and
+//!   may be unmapped.
+//!
+//! # Who changes it
+//!
+//! The stream's shard, under its lock. Fences are recorded only where a
+//! handle is wanted back (giving memory back, a trim, the cap) and only
+//! when no fence in flight covers the idle handles already; [`poll`]
+//! queries the oldest ones.
+//!
+//! # Bounded
+//!
+//! At most [`MAX_IN_FLIGHT`] fences per stream.
+//!
+//! [`poll`]: Fences::poll
+
+use std::collections::VecDeque;
+
+use crate::gpu::{Gpu, GpuResult, RawEvent, RawStream};
+
+/// Fences in flight per stream, at most.
+const MAX_IN_FLIGHT: usize = 4;
+
+#[derive(Debug, Default)]
+pub(crate) struct Fences {
+    stamp: u64,
+    in_flight: VecDeque<(RawEvent, u64)>,
+    done: u64,
+    /// Events whose fence completed, for reuse.
+    spare: Vec<RawEvent>,
+}
+
+impl Fences {
+    /// The stamp of a new free.
+    pub(crate) fn next_stamp(&mut self) -> u64 {
+        self.stamp += 1;
+        self.stamp
+    }
+
+    /// The highest stamp the GPU is known to be done with.
+    pub(crate) fn done(&self) -> u64 {
+        self.done
+    }
+
+    /// Queries the fences in flight, oldest first, and moves `done` past
+    /// every complete one. Returns the new `done`.
+    ///
+    /// # Errors
+    /// A failed query; what was learnt before it stays.
+    pub(crate) fn poll(&mut self, gpu: &dyn Gpu) -> GpuResult<u64> {
+        while let Some(&(event, stamp)) = self.in_flight.front() {
+            // SAFETY: `gpu` is the tier's backend (every caller passes the
+            // tier's `access.gpu`), which made the fence's event in `cover`;
+            // fences are destroyed only by `destroy`, when the arena goes.
+            if !unsafe { gpu.event_query(event) }? {
+                break;
+            }
+            self.in_flight.pop_front();
+            self.done = self.done.max(stamp);
+            self.spare.push(event);
+        }
+        Ok(self.done)
+    }
+
+    /// Records a fence on `stream` covering every free so far, unless one in
+    /// flight covers `wanted` already or too many are in flight.
+    ///
+    /// # Errors
+    /// A failed event creation or record; nothing changes.
+    pub(crate) fn cover(&mut self, gpu: &dyn Gpu, stream: RawStream, wanted: u64) -> GpuResult<()> {
+        let covered = self.done.max(self.in_flight.back().map_or(0, |f| f.1));
+        if wanted <= covered || self.in_flight.len() >= MAX_IN_FLIGHT {
+            return Ok(());
+        }
+        let event = match self.spare.pop() {
+            Some(e) => e,
+            None => gpu.event_create()?,
+        };
+        // SAFETY: the event was made on `gpu`, the tier's backend (every
+        // caller passes it), and is live until `destroy`; `stream` is a
+        // stream of the tier's device pool, which the tier holds.
+        if let Err(e) = unsafe { gpu.event_record(event, stream) } {
+            self.spare.push(event);
+            return Err(e);
+        }
+        self.in_flight.push_back((event, self.stamp));
+        Ok(())
+    }
+
+    /// Blocks until every fence in flight is complete (the last resort
+    /// before reporting out of memory).
+    ///
+    /// # Errors
+    /// A failed synchronize; `done` stays where it was.
+    pub(crate) fn wait_all(&mut self, gpu: &dyn Gpu) -> GpuResult<u64> {
+        if let Some(&(event, _)) = self.in_flight.back() {
+            // SAFETY: a fence in flight: made on `gpu` (the tier's backend),
+            // live until `destroy`.
+            unsafe { gpu.event_synchronize(event) }?;
+        }
+        self.poll(gpu)
+    }
+
+    /// Destroys every event (when the arena goes away).
+    pub(crate) fn destroy(&mut self, gpu: &dyn Gpu) {
+        let events = self
+            .in_flight
+            .drain(..)
+            .map(|f| f.0)
+            .chain(self.spare.drain(..));
+        for e in events.collect::<Vec<_>>() {
+            // SAFETY: every fence was made on `gpu` (the tier's backend) and
+            // is destroyed here once, as the arena goes away.
+            let _ = unsafe { gpu.event_destroy(e) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::sim::SimGpu;
+
+    #[test]
+    fn a_fence_covers_the_frees_before_it_once_complete() {
+        let gpu = SimGpu::builder().manual().build();
+        let s = gpu.create_stream();
+        let mut f = Fences::default();
+        let a = f.next_stamp();
+        f.cover(&*gpu, s, a).unwrap();
+        let b = f.next_stamp();
+        assert_eq!(f.poll(&*gpu).unwrap(), 0, "nothing ran yet");
+        gpu.run_until_idle();
+        assert_eq!(f.poll(&*gpu).unwrap(), a);
+        assert!(b > f.done(), "a free after the fence is not covered");
+        f.cover(&*gpu, s, b).unwrap();
+        f.cover(&*gpu, s, b).unwrap();
+        assert_eq!(f.in_flight.len(), 1, "one fence covers it already");
+        assert_eq!(f.wait_all(&*gpu).unwrap(), b);
+        f.destroy(&*gpu);
+    }
+}

@@ -1,0 +1,350 @@
+//! The cache's arena leases: allocation and free through the
+//! [virtual-memory tier](super::vmm), and the block-use hooks for them.
+//!
+//! A lease of the arena has no inner block, so the cache tracks its uses
+//! on other streams itself, the way the stream-ordered resource does: one
+//! read event per stream plus the last write, the lease's stream waiting
+//! on all of them before the range goes back to its arena.
+
+use super::arena::round;
+use super::resource::CachingResource;
+use super::shard::{Backing, Lease, Mapped, Slot, SlotGuard};
+use super::vmm::{OtherArenas, StreamArena, VmTier};
+use crate::error::{ResourceError, ResourceResult};
+use crate::gpu::GpuError;
+use crate::resource::DeviceMemoryResource;
+use crate::resource::block_uses::BlockUses;
+use crate::types::{Access, AllocTag, BlockId, DeviceBlock, StreamId};
+
+/// The arenas of the other streams' shards, each lent while not locked.
+pub(super) struct Others<'a> {
+    pub(super) slots: &'a [Slot],
+    pub(super) own: usize,
+}
+
+impl OtherArenas for Others<'_> {
+    fn each_other(&self, f: &mut dyn FnMut(&mut StreamArena) -> bool) {
+        for (i, slot) in self.slots.iter().enumerate() {
+            if i == self.own {
+                continue;
+            }
+            let Some(mut shard) = slot.try_lock() else {
+                continue;
+            };
+            if let Some(arena) = shard.arena.as_mut()
+                && f(arena)
+            {
+                return;
+            }
+        }
+    }
+
+    fn live_total(&self) -> usize {
+        self.slots
+            .iter()
+            .map(|s| s.arena_live.load(std::sync::atomic::Ordering::Relaxed))
+            .sum()
+    }
+}
+
+impl<R: DeviceMemoryResource> CachingResource<R> {
+    fn tier(&self) -> &VmTier {
+        self.vm
+            .as_ref()
+            .expect("called only with the virtual-memory tier")
+    }
+
+    fn driver(e: GpuError, stream: StreamId) -> ResourceError {
+        e.for_request(0, stream)
+    }
+
+    /// Allocates from `stream`'s arena; `None` when the arena cannot take
+    /// the request (no arena for the stream, or no room in it), and the
+    /// caller goes to the inner resource.
+    pub(super) fn allocate_mapped(
+        &self,
+        bytes: usize,
+        stream: StreamId,
+        tag: AllocTag,
+        index: usize,
+    ) -> ResourceResult<Option<DeviceBlock>> {
+        let tier = self.tier();
+        let Some(len) = round(bytes) else {
+            return Ok(None);
+        };
+        let slot = &self.slots[index];
+        let mut shard = slot.lock();
+        if shard.arena.is_none() && !shard.arena_failed {
+            match tier.open(stream) {
+                Ok(arena) => shard.arena = Some(arena),
+                Err(e) => {
+                    tracing::debug!(error = %e, %stream, "no arena for the stream: size classes");
+                    shard.arena_failed = true;
+                }
+            }
+        }
+        let Some(arena) = shard.arena.as_mut() else {
+            return Ok(None);
+        };
+        let held = tier.held();
+        let others = Others {
+            slots: &self.slots,
+            own: index,
+        };
+        slot.add_arena_live(bytes as isize);
+        let placed = match tier.alloc(arena, len, bytes, stream, &others) {
+            Ok(Some(placed)) => placed,
+            other => {
+                slot.add_arena_live(-(bytes as isize));
+                return other.map(|_| None);
+            }
+        };
+        let ptr = arena.base + placed.off;
+        if tier.held() > held {
+            shard.stats.misses += 1;
+        } else {
+            shard.stats.hits += 1;
+        }
+        let serial = shard.lease(Lease {
+            backing: Backing::Mapped(Mapped {
+                placed,
+                ptr,
+                uses: BlockUses::default(),
+            }),
+            stream,
+            size: bytes,
+            class: None,
+            home_marked: false,
+            cross_used: false,
+        });
+        Ok(Some(DeviceBlock::new(
+            BlockId::new(self.id, serial),
+            ptr,
+            bytes,
+            stream,
+            tag,
+        )))
+    }
+
+    /// Ends the arena lease `serial` of the locked `shard`: the stream
+    /// waits for the block's uses on other streams, then the range goes
+    /// back to its arena.
+    pub(super) fn free_mapped(
+        &self,
+        slot: &Slot,
+        mut shard: SlotGuard<'_>,
+        serial: u64,
+    ) -> ResourceResult<()> {
+        let tier = self.tier();
+        let gpu = &*tier.access.gpu;
+        let Some(raw) = shard.arena.as_ref().map(|a| a.raw) else {
+            return Err(ResourceError::UnknownBlock {
+                block: BlockId::new(self.id, serial),
+            });
+        };
+        let Some(lease) = shard.lease_mut(serial) else {
+            return Err(ResourceError::UnknownBlock {
+                block: BlockId::new(self.id, serial),
+            });
+        };
+        let stream = lease.stream;
+        let Backing::Mapped(m) = &lease.backing else {
+            unreachable!("free_mapped is called for arena leases only");
+        };
+        if m.uses.event_count() > 0 {
+            for (s, event) in m.uses.reads.iter().chain(&m.uses.last_write) {
+                if *s != stream {
+                    // SAFETY: `raw` is a stream of the tier's device pool
+                    // (held by the tier); the event is one of the lease's
+                    // uses, from the tier's event pool, made on `gpu`.
+                    unsafe { gpu.stream_wait_event(raw, *event) }
+                        .map_err(|e| Self::driver(e, stream))?;
+                }
+            }
+        }
+        let Some(lease) = shard.end_lease(serial) else {
+            unreachable!("the lease was found above");
+        };
+        let Backing::Mapped(mut m) = lease.backing else {
+            unreachable!("checked above");
+        };
+        if m.uses.event_count() > 0
+            && let Some(events) = &self.events
+        {
+            events.give(m.uses.take_all().into_iter().map(|(_, e)| e));
+        }
+        let cap = self.config.max_cached_bytes;
+        let Some(arena) = shard.arena.as_mut() else {
+            unreachable!("checked above");
+        };
+        tier.free(arena, m.placed);
+        slot.add_arena_live(-(lease.size as isize));
+        if cap != usize::MAX && arena.pages.idle_bytes() > cap {
+            tier.trim_arena(arena, cap);
+        }
+        Ok(())
+    }
+
+    /// Records a use of an arena block on `use_stream` (an event there,
+    /// stored as its read or its last write).
+    pub(super) fn record_mapped_use(
+        &self,
+        m: &mut Mapped,
+        use_stream: StreamId,
+        access: Access,
+    ) -> ResourceResult<()> {
+        let tier = self.tier();
+        let gpu = &*tier.access.gpu;
+        let raw_use = tier.access.streams.raw(use_stream)?;
+        let events = self.events.as_ref().expect("made with the tier");
+        let (event, fresh) = match m.uses.slot(use_stream, access) {
+            Some(e) => (e, false),
+            None => (
+                events.take().map_err(|e| Self::driver(e, use_stream))?,
+                true,
+            ),
+        };
+        // SAFETY: a pooled event of the tier, made on `gpu`; `raw_use` is a
+        // stream of the tier's device pool.
+        if let Err(e) = unsafe { gpu.event_record(event, raw_use) } {
+            if fresh {
+                events.give([event]);
+            }
+            return Err(Self::driver(e, use_stream));
+        }
+        if let Some(old) = m.uses.store(use_stream, access, event) {
+            events.give([old]);
+        }
+        Ok(())
+    }
+
+    /// Queues the waits `use_stream` needs before `access` to an arena
+    /// block leased on `home`: on the allocation (recorded on `home` at the
+    /// first use elsewhere), on the last write, and for a write on the
+    /// reads of other streams.
+    pub(super) fn prepare_mapped_use(
+        &self,
+        m: &mut Mapped,
+        home: StreamId,
+        use_stream: StreamId,
+        access: Access,
+    ) -> ResourceResult<()> {
+        let tier = self.tier();
+        let gpu = &*tier.access.gpu;
+        let raw_use = tier.access.streams.raw(use_stream)?;
+        let events = self.events.as_ref().expect("made with the tier");
+        let mut allocation_point = None;
+        if m.uses.last_write.is_none() && use_stream != home {
+            let raw_home = tier.access.streams.raw(home)?;
+            let event = events.take().map_err(|e| Self::driver(e, home))?;
+            // SAFETY: as above, on the lease's home stream.
+            if let Err(e) = unsafe { gpu.event_record(event, raw_home) } {
+                events.give([event]);
+                return Err(Self::driver(e, home));
+            }
+            m.uses.last_write = Some((home, event));
+            allocation_point = Some(event);
+        }
+        let failed = m
+            .uses
+            .waits_for(use_stream, access)
+            // SAFETY: the lease's use events, pooled and made on `gpu`;
+            // `raw_use` a stream of the tier's device pool.
+            .find_map(|event| unsafe { gpu.stream_wait_event(raw_use, event) }.err());
+        match failed {
+            None => Ok(()),
+            Some(e) => {
+                if let Some(event) = allocation_point {
+                    m.uses.last_write = None;
+                    events.give([event]);
+                }
+                Err(Self::driver(e, use_stream))
+            }
+        }
+    }
+
+    /// An estimate of the new memory an arena allocation of `bytes` on slot
+    /// `index` maps: nothing when the stream's idle mappings could hold it,
+    /// else the pages it spans.
+    pub(super) fn mapped_cost(&self, tier: &VmTier, bytes: usize, index: usize) -> usize {
+        let pages = bytes.div_ceil(tier.page()) * tier.page();
+        let mut shard = self.slots[index].lock();
+        if let Some(arena) = shard.arena.as_mut() {
+            tier.flush_recent(arena);
+        }
+        match shard.arena.as_ref() {
+            Some(arena) if arena.pages.idle_bytes() >= pages => 0,
+            _ => pages,
+        }
+    }
+
+    /// Gives back every idle mapping of every arena the GPU is done with
+    /// (fences are recorded for the others, so that a later trim finds
+    /// them done); returns the bytes given back.
+    pub(super) fn trim_mapped(&self) -> usize {
+        let Some(tier) = &self.vm else {
+            return 0;
+        };
+        let mut released = 0;
+        for (i, slot) in self.slots.iter().enumerate() {
+            let mut shard = slot.lock();
+            if let Some(arena) = shard.arena.as_mut() {
+                let others = Others { slots: &[], own: i };
+                released += tier.reclaim_all(arena, &others, false);
+            }
+        }
+        released
+    }
+
+    /// Bytes of idle mappings in the arenas.
+    pub(super) fn idle_mapped_bytes(&self) -> usize {
+        let Some(tier) = &self.vm else {
+            return 0;
+        };
+        self.slots
+            .iter()
+            .map(|s| {
+                let mut shard = s.lock();
+                shard.arena.as_mut().map_or(0, |a| {
+                    tier.flush_recent(a);
+                    a.pages.idle_bytes()
+                })
+            })
+            .sum()
+    }
+
+    /// Closes every arena (waiting for the GPU): what no lease holds goes
+    /// back to the device.
+    pub(super) fn close_mapped(&mut self) {
+        let Some(tier) = &self.vm else {
+            return;
+        };
+        for slot in self.slots.iter() {
+            let mut shard = slot.lock();
+            let leased = shard.lease_count();
+            if let Some(arena) = shard.arena.as_mut() {
+                let closed = tier.close(arena);
+                if !closed && leased == 0 {
+                    tracing::warn!("an arena could not be given back");
+                }
+            }
+        }
+    }
+
+    /// Out of memory in the inner resource: gives the arenas' idle memory
+    /// back (waiting for the GPU when `wait`) so the pool can use it.
+    pub(super) fn release_mapped_for_inner(&self, wait: bool) -> usize {
+        let Some(tier) = &self.vm else {
+            return 0;
+        };
+        let mut released = 0;
+        for (i, slot) in self.slots.iter().enumerate() {
+            let mut shard = slot.lock();
+            if let Some(arena) = shard.arena.as_mut() {
+                let others = Others { slots: &[], own: i };
+                released += tier.reclaim_all(arena, &others, wait);
+            }
+        }
+        released
+    }
+}

@@ -1,0 +1,443 @@
+//! The virtual-memory tier of the cache: one reserved address range per
+//! stream, placed by an [`Arena`], backed by physical memory mapped where a
+//! live block needs it, and given back to the device when idle.
+//!
+//! # State
+//!
+//! - Per stream, in its shard ([`StreamArena`]): the reserved range, its
+//!   [`Arena`] (which addresses are free), its [`PageTable`] (which pages
+//!   are mapped, which mappings are idle) and its [`Fences`] (which frees
+//!   the GPU is done with).
+//! - Shared ([`VmTier`]): the device, the page size, and three counters:
+//!   physical bytes held (what the device gave the cache: what
+//!   `bytes_outstanding` and a budget above see), live bytes, and the
+//!   high-water mark of live bytes.
+//!
+//! # Who changes it
+//!
+//! An allocation on stream `S` places the block in `S`'s arena. Pages it
+//! touches that are mapped are used as they are, with no driver call;
+//! pages that are not get new physical memory, one handle per run of
+//! pages (so a 40 MiB block costs one `cuMemCreate`, one `cuMemMap` and one
+//! `cuMemSetAccess`, not twenty of each). Before creating memory that would
+//! take the cache past `slack` over the live high-water mark, idle
+//! mappings the GPU is done with (their fence completed, learnt by a
+//! query) are unmapped and released, the stream's own first, then other
+//! streams' (a `try_lock` only, so two streams doing this cannot
+//! deadlock). A free puts the block's range back in the arena and leaves
+//! pages no live block touches idle but mapped: the next allocation on
+//! that stream that lands there needs no driver call.
+//!
+//! # Stream ordering
+//!
+//! - A range freed on `S` is reused at once on `S`: it is in `S`'s arena
+//!   only, and stream order puts the new user after the old one.
+//! - Memory moves to another stream only through the device: a mapping
+//!   is unmapped only once a fence recorded on `S` after the last free on
+//!   it has completed (queried, never waited for, except as the last
+//!   resort before out of memory), so no queued work can touch it, and new
+//!   physical memory is mapped where the other stream needs it.
+//! - Uses of a block on other streams are recorded with events (the same
+//!   per-stream read events and last write as the resource keeps); the
+//!   free makes `S` wait for them before the range goes back to the arena.
+//!
+//! # Failure
+//!
+//! A failed driver call while backing a block gives the range back to the
+//! arena and reports the error; memory mapped for it before the failure
+//! stays as idle mappings (given back by the next trim, or when memory is
+//! short).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::arena::{Arena, Placed};
+use super::fences::Fences;
+use super::pages::{Handle, PageTable};
+use crate::error::ResourceResult;
+use crate::gpu::{Gpu, GpuError, RawStream};
+use crate::resource::DeviceAccess;
+use crate::types::StreamId;
+
+/// One stream's arena: guarded by its shard's lock.
+#[derive(Debug)]
+pub(crate) struct StreamArena {
+    pub(crate) base: u64,
+    len: u64,
+    pub(crate) raw: RawStream,
+    pub(crate) arena: Arena,
+    pub(crate) pages: PageTable,
+    pub(crate) fences: Fences,
+    /// The block freed last, not yet given back to the arena: an
+    /// allocation of the same rounded size right after takes it as it is
+    /// (the allocate/free loop costs no placement at all), and any other
+    /// call on the arena gives it back first, so it never keeps memory
+    /// from an allocation that needs it.
+    recent: Option<Placed>,
+}
+
+/// What the tier shares between streams.
+#[derive(Debug)]
+pub(crate) struct VmTier {
+    pub(crate) access: DeviceAccess,
+    page: u64,
+    arena_len: u64,
+    max_run_pages: u32,
+    slack_percent: usize,
+    held: AtomicUsize,
+    /// The highest sum of the streams' live bytes seen where memory was
+    /// wanted (live bytes are kept per stream, so that the hot path
+    /// touches no shared counter; a peak between two such moments was
+    /// covered by memory held already).
+    live_peak: AtomicUsize,
+}
+
+/// Something that can lend the tier another stream's arena for a moment
+/// (the cache's shards, through `try_lock`).
+pub(crate) trait OtherArenas {
+    /// Calls `f` on each other stream's arena that is not locked now.
+    fn each_other(&self, f: &mut dyn FnMut(&mut StreamArena) -> bool);
+
+    /// Bytes users hold in every stream's arena, this one included.
+    fn live_total(&self) -> usize;
+}
+
+impl VmTier {
+    /// A tier over `access`, or `None` when the device has no virtual memory
+    /// management.
+    pub(crate) fn new(
+        access: DeviceAccess,
+        page_multiple: usize,
+        max_run_bytes: usize,
+        slack_percent: usize,
+    ) -> Option<Self> {
+        let granularity = access.gpu.vm_granularity().ok()?.max(1);
+        let page = (granularity * page_multiple.max(1)) as u64;
+        // Capped, so that a backend reporting no limit (a null backend)
+        // does not get a page table the size of its claim.
+        let total = (access.gpu.mem_info().ok()?.1 as u64).min(256 << 30);
+        // Twice the device, so that scattered free ranges never run the
+        // arena out of addresses before the device runs out of memory.
+        let arena_len = (2 * total.max(page)).next_multiple_of(page);
+        Some(VmTier {
+            access,
+            page,
+            arena_len,
+            max_run_pages: (max_run_bytes as u64 / page).clamp(1, u32::MAX as u64) as u32,
+            slack_percent,
+            held: AtomicUsize::new(0),
+            live_peak: AtomicUsize::new(0),
+        })
+    }
+
+    fn gpu(&self) -> &dyn Gpu {
+        &*self.access.gpu
+    }
+
+    /// Physical bytes the tier holds.
+    pub(crate) fn held(&self) -> usize {
+        self.held.load(Ordering::Acquire)
+    }
+
+    /// The page size.
+    pub(crate) fn page(&self) -> usize {
+        self.page as usize
+    }
+
+    /// Reserves the arena of `stream`.
+    pub(crate) fn open(&self, stream: StreamId) -> ResourceResult<StreamArena> {
+        let raw = self.access.streams.raw(stream)?;
+        let base = self
+            .gpu()
+            .address_reserve(self.arena_len as usize)
+            .map_err(|e| e.for_request(0, stream))?;
+        Ok(StreamArena {
+            base,
+            len: self.arena_len,
+            raw,
+            arena: Arena::new(self.arena_len),
+            pages: PageTable::new(self.arena_len, self.page),
+            fences: Fences::default(),
+            recent: None,
+        })
+    }
+
+    /// Places and backs `bytes` (already rounded) on `sa`'s stream. `None`
+    /// when the arena has no room (the caller falls back).
+    pub(crate) fn alloc(
+        &self,
+        sa: &mut StreamArena,
+        len: u64,
+        requested: usize,
+        stream: StreamId,
+        others: &dyn OtherArenas,
+    ) -> ResourceResult<Option<Placed>> {
+        if let Some(recent) = sa.recent {
+            if recent.len == len {
+                sa.recent = None;
+                self.gpu()
+                    .note_suballocation(sa.base + recent.off, requested.max(1), sa.raw);
+                return Ok(Some(recent));
+            }
+            self.flush_recent(sa);
+        }
+        let pages = &sa.pages;
+        let Some(placed) = sa.arena.alloc(len, |off| pages.backed(off)) else {
+            return Ok(None);
+        };
+        let unbacked = sa.pages.touch(placed.off, placed.len);
+        let live = (!unbacked.is_empty()).then(|| others.live_total());
+        for &(first, count) in &unbacked {
+            let mut at = first;
+            while at < first + count {
+                let n = (first + count - at).min(self.max_run_pages);
+                if let Err(e) = self.back(sa, at, n, live.unwrap_or(0), stream, others) {
+                    let stamp = sa.fences.next_stamp();
+                    sa.pages.untouch_failed(placed.off, placed.len, stamp);
+                    sa.arena.free(placed);
+                    return Err(e);
+                }
+                at += n;
+            }
+        }
+        if let Some(live) = live {
+            self.live_peak.fetch_max(live, Ordering::AcqRel);
+        }
+        self.gpu()
+            .note_suballocation(sa.base + placed.off, requested.max(1), sa.raw);
+        Ok(Some(placed))
+    }
+
+    /// Gives back the block at `placed`, freed at the current end of the
+    /// stream (after the waits for its uses elsewhere were queued).
+    pub(crate) fn free(&self, sa: &mut StreamArena, placed: Placed) {
+        self.gpu().note_subfree(sa.base + placed.off, sa.raw);
+        if let Some(previous) = sa.recent.replace(placed) {
+            Self::give_to_arena(sa, previous);
+        }
+    }
+
+    /// Gives the block kept as `recent` back to the arena.
+    pub(crate) fn flush_recent(&self, sa: &mut StreamArena) {
+        if let Some(recent) = sa.recent.take() {
+            Self::give_to_arena(sa, recent);
+        }
+    }
+
+    /// The range goes back to the arena; pages it leaves untouched go idle,
+    /// stamped with this free (queued after the block's last use, so a
+    /// fence after the stamp covers it).
+    fn give_to_arena(sa: &mut StreamArena, placed: Placed) {
+        let stamp = sa.fences.next_stamp();
+        sa.pages.untouch(placed.off, placed.len, stamp);
+        sa.arena.free(placed);
+    }
+
+    /// The most the tier means to hold: `slack` over the live high-water
+    /// mark (counting `live`, the live bytes with the block being backed),
+    /// and never less than one page.
+    fn target(&self, live: usize) -> usize {
+        let peak = self.live_peak.load(Ordering::Acquire).max(live);
+        (peak + peak / 100 * self.slack_percent).max(self.page as usize)
+    }
+
+    /// Maps new memory over pages `first..first + n` of `sa`.
+    fn back(
+        &self,
+        sa: &mut StreamArena,
+        first: u32,
+        n: u32,
+        live: usize,
+        stream: StreamId,
+        others: &dyn OtherArenas,
+    ) -> ResourceResult<()> {
+        let need = n as usize * self.page as usize;
+        if self.held() + need > self.target(live) {
+            self.reclaim(sa, others, |tier| tier.held() + need <= tier.target(live));
+        }
+        // Map ahead, within the slack: up to as many free pages again right
+        // after the block, where the next block placed at the end of the
+        // arena lands. Growing costs about the same per call whatever the
+        // size, so this halves the calls of a growing workload without
+        // taking the cache past its target.
+        let room = self.target(live).saturating_sub(self.held() + need) / self.page as usize;
+        let ahead_max = (room as u32)
+            .min(n)
+            .min(self.max_run_pages.saturating_sub(n));
+        let ahead = sa.pages.free_unbacked_from(first + n, ahead_max);
+        let (handle, n) = match self
+            .gpu()
+            .mem_create(need + ahead as usize * self.page as usize)
+        {
+            Ok(h) => (h, n + ahead),
+            // Short of memory: what the block needs, nothing ahead.
+            Err(GpuError::OutOfMemory { .. }) => match self.gpu().mem_create(need) {
+                Ok(h) => (h, n),
+                Err(GpuError::OutOfMemory { .. }) => {
+                    (self.create_when_short(sa, need, stream, others)?, n)
+                }
+                Err(e) => return Err(e.for_request(need, stream)),
+            },
+            Err(e) => return Err(e.for_request(need, stream)),
+        };
+        let bytes = n as usize * self.page as usize;
+        let addr = sa.base + u64::from(first) * self.page;
+        // SAFETY: `addr` is page-aligned inside `sa`'s live reservation and
+        // the page table says nothing is mapped over these pages; `handle`
+        // was just created with exactly `bytes` bytes.
+        let mapped = unsafe { self.gpu().mem_map(addr, bytes, handle) }.and_then(|()| {
+            // SAFETY: the range was mapped just above.
+            let access = unsafe { self.gpu().mem_set_access(addr, bytes) };
+            if access.is_err() {
+                // SAFETY: mapped above, and never handed to the GPU.
+                let _ = unsafe { self.gpu().mem_unmap(addr, bytes) };
+            }
+            access
+        });
+        if let Err(e) = mapped {
+            // SAFETY: created above, never mapped (or unmapped again).
+            let _ = unsafe { self.gpu().mem_release(handle) };
+            return Err(e.for_request(bytes, stream));
+        }
+        sa.pages.map(first, n, handle);
+        self.held.fetch_add(bytes, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// `mem_create` failed for lack of memory: gives back every idle
+    /// mapping the GPU is done with, then (the last resort) waits for the
+    /// fences in flight and gives back the rest, retrying after each.
+    fn create_when_short(
+        &self,
+        sa: &mut StreamArena,
+        bytes: usize,
+        stream: StreamId,
+        others: &dyn OtherArenas,
+    ) -> ResourceResult<crate::gpu::RawPhysical> {
+        let gpu = self.gpu();
+        let mut last = GpuError::OutOfMemory { available: 0 };
+        for wait in [false, true] {
+            let released = self.reclaim_all(sa, others, wait);
+            tracing::debug!(
+                released,
+                bytes,
+                wait,
+                "out of memory: gave idle mappings back"
+            );
+            match gpu.mem_create(bytes) {
+                Ok(h) => return Ok(h),
+                Err(e @ GpuError::OutOfMemory { .. }) => last = e,
+                Err(e) => return Err(e.for_request(bytes, stream)),
+            }
+        }
+        Err(last.for_request(bytes, stream))
+    }
+
+    /// Gives back idle mappings of `sa`, then of other streams, that the
+    /// GPU is done with, until `enough` holds. Fences are recorded where
+    /// idle mappings are not covered yet, so that a later call finds them.
+    fn reclaim(
+        &self,
+        sa: &mut StreamArena,
+        others: &dyn OtherArenas,
+        enough: impl Fn(&Self) -> bool,
+    ) {
+        if self.reclaim_from(sa, &enough) {
+            return;
+        }
+        others.each_other(&mut |other| self.reclaim_from(other, &enough));
+    }
+
+    /// From one arena; true once `enough` holds.
+    fn reclaim_from(&self, sa: &mut StreamArena, enough: &dyn Fn(&Self) -> bool) -> bool {
+        self.flush_recent(sa);
+        if sa.pages.idle_bytes() == 0 {
+            return enough(self);
+        }
+        let gpu = self.gpu();
+        let done = sa.fences.poll(gpu).unwrap_or(sa.fences.done());
+        while !enough(self) {
+            let Some(h) = sa.pages.take_idle(done) else {
+                break;
+            };
+            self.give_back(sa, h);
+        }
+        if !enough(self) {
+            // Ask for a fence over what stays idle, for the next time.
+            let _ = sa.fences.cover(gpu, sa.raw, sa.pages.newest_idle_stamp());
+        }
+        enough(self)
+    }
+
+    /// Unmaps and releases one idle handle the GPU is done with.
+    fn give_back(&self, sa: &mut StreamArena, h: Handle) {
+        let gpu = self.gpu();
+        let addr = sa.base + u64::from(h.first) * self.page;
+        let bytes = h.pages as usize * self.page as usize;
+        // SAFETY: `take_idle` returned the handle only because no live
+        // block touches its pages and a fence recorded on this stream after
+        // the last free on them has completed: no queued work uses them.
+        if let Err(e) = unsafe { gpu.mem_unmap(addr, bytes) } {
+            tracing::warn!(error = %e, "unmapping an idle mapping failed; kept");
+            sa.pages.restore(h);
+            return;
+        }
+        // SAFETY: the handle came from `mem_create` and the page table gave
+        // it up, so it is released exactly once.
+        if let Err(e) = unsafe { gpu.mem_release(h.raw) } {
+            tracing::warn!(error = %e, "releasing physical memory failed; leaked");
+        }
+        self.held.fetch_sub(bytes, Ordering::AcqRel);
+    }
+
+    /// Gives back every idle mapping the GPU is done with, in every arena
+    /// (waiting for the fences in flight first when `wait`); returns the
+    /// bytes given back.
+    pub(crate) fn reclaim_all(
+        &self,
+        sa: &mut StreamArena,
+        others: &dyn OtherArenas,
+        wait: bool,
+    ) -> usize {
+        let before = self.held();
+        let mut one = |a: &mut StreamArena| {
+            self.flush_recent(a);
+            if a.pages.idle_bytes() > 0 {
+                let gpu = self.gpu();
+                let _ = a.fences.cover(gpu, a.raw, a.pages.newest_idle_stamp());
+                if wait {
+                    let _ = a.fences.wait_all(gpu);
+                }
+                self.reclaim_from(a, &|_| false);
+            }
+            false
+        };
+        one(sa);
+        others.each_other(&mut one);
+        before.saturating_sub(self.held())
+    }
+
+    /// Gives back idle mappings of `sa` the GPU is done with until at most
+    /// `cap` bytes stay idle (the cache's cap).
+    pub(crate) fn trim_arena(&self, sa: &mut StreamArena, cap: usize) {
+        self.reclaim_from(sa, &|_| false);
+        let _ = cap;
+    }
+
+    /// Gives back everything of an arena no block uses any more, waiting
+    /// for the GPU first, and the reservation too when nothing is live in
+    /// it; returns whether the reservation went.
+    pub(crate) fn close(&self, sa: &mut StreamArena) -> bool {
+        self.flush_recent(sa);
+        let gpu = self.gpu();
+        let _ = sa.fences.cover(gpu, sa.raw, sa.pages.newest_idle_stamp());
+        let _ = sa.fences.wait_all(gpu);
+        self.reclaim_from(sa, &|_| false);
+        sa.fences.destroy(gpu);
+        if sa.pages.mapped_bytes() > 0 {
+            return false;
+        }
+        // SAFETY: the range came from `address_reserve` with this length
+        // and nothing is mapped in it any more.
+        unsafe { gpu.address_free(sa.base, sa.len as usize) }.is_ok()
+    }
+}

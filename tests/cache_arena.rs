@@ -1,0 +1,492 @@
+//! The caching tier's virtual-memory arena on the simulated device:
+//! reuse on the freeing stream with no driver call, memory moving between
+//! streams only once the GPU is done with it, block-use tracking, trim,
+//! out-of-memory, bad input, fault injection, and a random model check.
+
+mod common;
+
+use std::sync::Arc;
+
+use proptest::prelude::*;
+use streamalloc::cache::{CacheConfig, CachingResource};
+use streamalloc::error::DriverCall;
+use streamalloc::gpu::sim::{MemAccess, RaceKind, SimGpu};
+use streamalloc::{
+    Access, AllocTag, BlockState, DeviceMemoryResource, ResourceError, SimResource, StreamId,
+};
+
+const T: AllocTag = AllocTag::UNTAGGED;
+const P: usize = 2 << 20;
+
+struct Cache {
+    gpu: Arc<SimGpu>,
+    cache: CachingResource<Arc<SimResource>>,
+    pool: Arc<streamalloc::StreamPool>,
+    streams: Vec<StreamId>,
+}
+
+impl Cache {
+    fn new(streams: usize, config: CacheConfig) -> Self {
+        Self::on(
+            SimGpu::builder().manual().capacity(64 << 30).build(),
+            streams,
+            config,
+        )
+    }
+
+    fn on(gpu: Arc<SimGpu>, streams: usize, config: CacheConfig) -> Self {
+        let f = common::sim_with(gpu, streams);
+        Cache {
+            gpu: f.sim.clone().unwrap(),
+            cache: CachingResource::with_config(f.resource.clone(), config),
+            pool: f.pool.clone(),
+            streams: f.streams.clone(),
+        }
+    }
+
+    fn s(&self, i: usize) -> StreamId {
+        self.streams[i]
+    }
+
+    fn kernel(&self, stream: StreamId, access: MemAccess) {
+        let raw = self.pool.raw(stream).unwrap();
+        self.gpu.launch_kernel(raw, &[access]).unwrap();
+    }
+
+    fn assert_race_free(&self) {
+        self.gpu.run_until_idle();
+        assert!(self.gpu.races().is_empty(), "{:#?}", self.gpu.races());
+    }
+
+    fn creates(&self) -> u64 {
+        self.gpu.call_count(DriverCall::MemCreate)
+    }
+}
+
+#[test]
+fn same_stream_reuse_needs_no_driver_call_and_outstanding_is_what_is_mapped() {
+    let c = Cache::new(1, CacheConfig::default());
+    let a = c.s(0);
+    let block = c.cache.allocate(1000, a, T).unwrap();
+    assert_eq!(c.cache.bytes_outstanding(), P, "one page mapped");
+    assert_eq!(c.gpu.held_bytes(), P);
+    c.kernel(a, MemAccess::write(&block));
+    let (ptr, id) = (block.ptr(), block.id());
+    c.cache.deallocate(block).unwrap();
+    assert_eq!(c.cache.cached_bytes(), P, "the page is idle, still mapped");
+    assert_eq!(c.cache.block_state(id), Some(BlockState::Retired));
+
+    let calls = (c.creates(), c.gpu.call_count(DriverCall::AllocAsync));
+    let again = c.cache.allocate(900, a, T).unwrap();
+    assert_eq!(again.ptr(), ptr, "the freed range, at once, on its stream");
+    assert_eq!(
+        (c.creates(), c.gpu.call_count(DriverCall::AllocAsync)),
+        calls
+    );
+    c.kernel(a, MemAccess::write(&again));
+    // Small blocks share a page.
+    let other = c.cache.allocate(4096, a, T).unwrap();
+    assert_eq!(c.cache.bytes_outstanding(), P);
+    assert!(other.ptr() >= again.ptr() + 1024 || other.ptr() + 4096 <= again.ptr());
+    c.cache.deallocate(other).unwrap();
+    c.cache.deallocate(again).unwrap();
+    let stats = c.cache.stats();
+    assert_eq!((stats.hits, stats.misses), (2, 1));
+    c.assert_race_free();
+}
+
+#[test]
+fn a_large_block_is_mapped_in_few_calls() {
+    let c = Cache::new(1, CacheConfig::default().max_mapping_bytes(16 << 20));
+    let block = c.cache.allocate(40 << 20, c.s(0), T).unwrap();
+    assert_eq!(c.cache.bytes_outstanding(), 40 << 20);
+    assert_eq!(c.creates(), 3, "16 + 16 + 8 MiB");
+    assert_eq!(c.gpu.call_count(DriverCall::MemSetAccess), 3);
+    c.cache.deallocate(block).unwrap();
+    c.assert_race_free();
+}
+
+#[test]
+fn another_stream_gets_memory_only_once_the_gpu_is_done_with_it() {
+    // No slack: every new page first looks for idle memory to give back.
+    let c = Cache::new(2, CacheConfig::default().slack_percent(0));
+    let (a, b) = (c.s(0), c.s(1));
+    let block = c.cache.allocate(P, a, T).unwrap();
+    c.kernel(a, MemAccess::write(&block));
+    c.cache.deallocate(block).unwrap();
+    // Manual device: the write on a has not run. b must not get a's page.
+    let on_b = c.cache.allocate(P, b, T).unwrap();
+    assert_eq!(c.gpu.call_count(DriverCall::MemUnmap), 0);
+    assert_eq!(c.cache.bytes_outstanding(), 2 * P, "new memory instead");
+    c.kernel(b, MemAccess::write(&on_b));
+    c.cache.deallocate(on_b).unwrap();
+    assert!(c.gpu.races().is_empty(), "{:#?}", c.gpu.races());
+
+    // Once the work ran, the next page b needs comes from a's idle one.
+    c.gpu.run_until_idle();
+    let held = c.gpu.held_bytes();
+    let big = c.cache.allocate(3 * P, b, T).unwrap();
+    assert!(c.gpu.call_count(DriverCall::MemUnmap) >= 1, "memory moved");
+    assert!(c.gpu.held_bytes() <= held + 2 * P);
+    c.kernel(b, MemAccess::write(&big));
+    c.cache.deallocate(big).unwrap();
+    c.assert_race_free();
+}
+
+#[test]
+fn uses_on_other_streams_are_waited_for_before_reuse() {
+    let c = Cache::new(2, CacheConfig::default());
+    let (a, b) = (c.s(0), c.s(1));
+    let block = c.cache.allocate(4096, a, T).unwrap();
+    c.kernel(a, MemAccess::write(&block));
+    c.cache
+        .prepare_block_use(block.id(), b, Access::Read)
+        .unwrap();
+    c.kernel(b, MemAccess::read(&block));
+    c.cache
+        .finish_block_use(block.id(), b, Access::Read)
+        .unwrap();
+    let ptr = block.ptr();
+    c.cache.deallocate(block).unwrap();
+    let again = c.cache.allocate(4096, a, T).unwrap();
+    assert_eq!(again.ptr(), ptr);
+    // Without the wait queued at the free, this write races b's read.
+    c.kernel(a, MemAccess::write(&again));
+    c.cache.deallocate(again).unwrap();
+    c.assert_race_free();
+}
+
+#[test]
+fn record_block_use_is_waited_for_too() {
+    let c = Cache::new(2, CacheConfig::default());
+    let (a, b) = (c.s(0), c.s(1));
+    let block = c.cache.allocate(4096, a, T).unwrap();
+    c.cache
+        .prepare_block_use(block.id(), b, Access::Read)
+        .unwrap();
+    c.kernel(b, MemAccess::read(&block));
+    c.cache.record_block_use(&block, b).unwrap();
+    c.cache.deallocate(block).unwrap();
+    let again = c.cache.allocate(4096, a, T).unwrap();
+    c.kernel(a, MemAccess::write(&again));
+    c.cache.deallocate(again).unwrap();
+    c.assert_race_free();
+}
+
+#[test]
+fn a_missing_hook_is_still_reported() {
+    let c = Cache::new(2, CacheConfig::default());
+    let (a, b) = (c.s(0), c.s(1));
+    let block = c.cache.allocate(4096, a, T).unwrap();
+    c.kernel(b, MemAccess::write(&block));
+    c.gpu.run_until_idle();
+    assert!(
+        c.gpu.races().iter().any(|r| r.kind == RaceKind::Unordered),
+        "{:#?}",
+        c.gpu.races()
+    );
+    c.cache.deallocate(block).unwrap();
+}
+
+#[test]
+fn a_use_after_free_is_reported() {
+    let c = Cache::new(1, CacheConfig::default());
+    let a = c.s(0);
+    let block = c.cache.allocate(4096, a, T).unwrap();
+    let stale = MemAccess::read(&block);
+    c.cache.deallocate(block).unwrap();
+    c.kernel(a, stale);
+    assert_eq!(c.gpu.races()[0].kind, RaceKind::UseAfterFree);
+}
+
+#[test]
+fn trim_gives_back_what_the_gpu_is_done_with_without_waiting() {
+    let c = Cache::new(2, CacheConfig::default());
+    let (a, b) = (c.s(0), c.s(1));
+    let x = c.cache.allocate(3 * P, a, T).unwrap();
+    let y = c.cache.allocate(P, b, T).unwrap();
+    c.kernel(a, MemAccess::write(&x));
+    c.cache.deallocate(x).unwrap();
+    c.cache.deallocate(y).unwrap();
+    assert_eq!(c.cache.bytes_outstanding(), 4 * P);
+    // Nothing has run: trim records fences, gives nothing back, waits for
+    // nothing.
+    assert_eq!(c.cache.trim().unwrap(), 0);
+    assert_eq!(c.cache.bytes_outstanding(), 4 * P);
+    c.gpu.run_until_idle();
+    assert_eq!(c.cache.trim().unwrap(), 4 * P);
+    assert_eq!(c.cache.bytes_outstanding(), 0);
+    assert_eq!(c.gpu.held_bytes(), 0);
+    c.assert_race_free();
+}
+
+#[test]
+fn idle_memory_is_given_back_before_out_of_memory() {
+    let gpu = SimGpu::builder().manual().capacity(8 * P).build();
+    let c = Cache::on(gpu, 2, CacheConfig::default());
+    let (a, b) = (c.s(0), c.s(1));
+    let x = c.cache.allocate(6 * P, a, T).unwrap();
+    c.kernel(a, MemAccess::write(&x));
+    c.cache.deallocate(x).unwrap();
+    // b needs 6 pages; a's are idle but its write has not run: the cache
+    // waits for it as a last resort rather than failing.
+    let y = c.cache.allocate(6 * P, b, T).unwrap();
+    assert_eq!(c.cache.bytes_outstanding(), 6 * P);
+    c.kernel(b, MemAccess::write(&y));
+    // And the inner pool gets idle memory back too.
+    c.cache.deallocate(y).unwrap();
+    let big = c.cache.allocate(7 * P, a, T).unwrap();
+    c.cache.deallocate(big).unwrap();
+    c.assert_race_free();
+}
+
+#[test]
+fn out_of_memory_changes_nothing() {
+    let gpu = SimGpu::builder().manual().capacity(4 * P).build();
+    let c = Cache::on(gpu, 1, CacheConfig::default());
+    let a = c.s(0);
+    let x = c.cache.allocate(3 * P, a, T).unwrap();
+    let before = (c.cache.bytes_outstanding(), c.cache.leased_bytes());
+    let err = c.cache.allocate(2 * P, a, T).unwrap_err();
+    assert!(matches!(err, ResourceError::OutOfMemory { .. }), "{err}");
+    assert_eq!(
+        (c.cache.bytes_outstanding(), c.cache.leased_bytes()),
+        before
+    );
+    let fits = c.cache.allocate(P - 512, a, T).unwrap();
+    c.cache.deallocate(fits).unwrap();
+    c.cache.deallocate(x).unwrap();
+    c.assert_race_free();
+}
+
+#[test]
+fn bad_input_is_refused_and_changes_nothing() {
+    let c = Cache::new(1, CacheConfig::default());
+    let other = Cache::new(1, CacheConfig::default());
+    let a = c.s(0);
+    let block = c.cache.allocate(4096, a, T).unwrap();
+    let foreign = other.cache.allocate(4096, other.s(0), T).unwrap();
+    let before = (c.cache.bytes_outstanding(), c.cache.leased_bytes());
+    assert!(matches!(
+        c.cache.deallocate(foreign.clone()),
+        Err(ResourceError::ForeignBlock { .. })
+    ));
+    assert!(matches!(
+        c.cache.allocate(1, StreamId::new(7, 0), T),
+        Err(ResourceError::WrongDevice { .. })
+    ));
+    assert!(
+        c.cache
+            .prepare_block_use(block.id(), StreamId::new(0, 99), Access::Read)
+            .is_err()
+    );
+    assert_eq!(
+        (c.cache.bytes_outstanding(), c.cache.leased_bytes()),
+        before
+    );
+    c.cache.deallocate(block.clone()).unwrap();
+    assert!(matches!(
+        c.cache.deallocate(block),
+        Err(ResourceError::DoubleFree { .. })
+    ));
+    other.cache.deallocate(foreign).unwrap();
+}
+
+#[test]
+fn a_failed_mapping_leaves_nothing_behind() {
+    let c = Cache::new(1, CacheConfig::default());
+    let a = c.s(0);
+    for call in [
+        DriverCall::MemCreate,
+        DriverCall::MemMap,
+        DriverCall::MemSetAccess,
+    ] {
+        c.gpu.fail_nth(call, 1);
+        let err = c.cache.allocate(P, a, T).unwrap_err();
+        assert!(
+            matches!(err, ResourceError::Driver { call: c2, .. } if c2 == call),
+            "{err}"
+        );
+        assert_eq!(c.cache.leased_bytes(), 0);
+        assert_eq!(c.gpu.held_bytes(), c.cache.bytes_outstanding());
+    }
+    let ok = c.cache.allocate(P, a, T).unwrap();
+    c.cache.deallocate(ok).unwrap();
+    c.assert_race_free();
+}
+
+#[test]
+fn without_virtual_memory_the_cache_uses_size_classes() {
+    let gpu = SimGpu::builder().manual().vm_granularity(0).build();
+    let c = Cache::on(gpu, 1, CacheConfig::default());
+    let block = c.cache.allocate(1000, c.s(0), T).unwrap();
+    c.cache.deallocate(block).unwrap();
+    assert_eq!(c.cache.cached_bytes(), 1024, "1000 B in its class");
+    assert_eq!(c.gpu.call_count(DriverCall::MemCreate), 0);
+}
+
+#[test]
+fn dropping_the_cache_gives_everything_back() {
+    let c = Cache::new(2, CacheConfig::default());
+    for (i, bytes) in [(0, 5 * P + 7), (1, 100), (0, 3000)] {
+        let b = c.cache.allocate(bytes, c.s(i), T).unwrap();
+        c.kernel(c.s(i), MemAccess::write(&b));
+        c.cache.deallocate(b).unwrap();
+    }
+    let Cache { gpu, cache, .. } = c;
+    drop(cache);
+    assert_eq!(gpu.physical_handles(), 0);
+    assert_eq!(gpu.held_bytes(), 0);
+    assert!(gpu.races().is_empty(), "{:#?}", gpu.races());
+}
+
+#[test]
+fn threads_on_their_own_streams_share_one_cache() {
+    let gpu = SimGpu::builder().capacity(64 << 30).build();
+    let c = Arc::new(Cache::on(gpu, 4, CacheConfig::default()));
+    let handles: Vec<_> = (0..4)
+        .map(|i| {
+            let c = c.clone();
+            std::thread::spawn(move || {
+                let s = c.s(i);
+                for n in 0..200 {
+                    let b = c.cache.allocate(1 + (n * 7919) % (3 << 20), s, T).unwrap();
+                    c.kernel(s, MemAccess::write(&b));
+                    c.cache.deallocate(b).unwrap();
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    assert_eq!(c.cache.leased_bytes(), 0);
+    c.assert_race_free();
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Random allocations and frees on three streams against a model:
+    /// live blocks never overlap, what is held covers what is live and
+    /// stays within the slack (plus what could not be given back yet), and
+    /// the simulated device sees no race.
+    #[test]
+    fn random_traffic_matches_the_model(
+        ops in proptest::collection::vec((0usize..3, 1usize..(6 << 20), any::<bool>()), 1..120),
+        slack in 0usize..20,
+    ) {
+        let c = Cache::new(3, CacheConfig::default().slack_percent(slack).max_mapping_bytes(4 * P));
+        let mut live: Vec<streamalloc::DeviceBlock> = Vec::new();
+        for (stream, bytes, free) in ops {
+            if free && !live.is_empty() {
+                let b = live.swap_remove(bytes % live.len());
+                c.cache.deallocate(b).unwrap();
+            } else {
+                let s = c.s(stream);
+                let b = c.cache.allocate(bytes, s, T).unwrap();
+                prop_assert_eq!(b.ptr() % 512, 0);
+                for o in &live {
+                    let disjoint = b.ptr() + b.size() as u64 <= o.ptr() || o.ptr() + o.size() as u64 <= b.ptr();
+                    prop_assert!(disjoint, "overlap");
+                }
+                c.kernel(s, MemAccess::write(&b));
+                live.push(b);
+            }
+            let live_bytes: usize = live.iter().map(|b| b.size()).sum();
+            prop_assert!(c.cache.bytes_outstanding() >= live_bytes);
+            prop_assert_eq!(c.cache.bytes_outstanding(), c.gpu.held_bytes());
+            if stream == 0 {
+                c.gpu.run_until_idle();
+            }
+        }
+        for b in live.drain(..) {
+            c.cache.deallocate(b).unwrap();
+        }
+        c.gpu.run_until_idle();
+        prop_assert!(c.gpu.races().is_empty(), "{:#?}", c.gpu.races());
+        c.cache.trim().unwrap();
+        c.gpu.run_until_idle();
+        c.cache.trim().unwrap();
+        prop_assert_eq!(c.cache.bytes_outstanding(), 0);
+    }
+}
+
+/// `Budget(Cache(R))`: the budget counts the pages the arena maps, and a
+/// request the arena serves from idle mapped memory costs it nothing.
+#[test]
+fn a_budget_above_the_arena_counts_mapped_pages() {
+    use streamalloc::adaptors::{Budget, BudgetResource};
+    let f = common::sim(1);
+    let s = f.stream(0);
+    let budget = Budget::new(2 * P);
+    let r = BudgetResource::new(CachingResource::new(f.resource.clone()), &budget);
+    let a = r.allocate(1000, s, T).unwrap();
+    assert_eq!(budget.in_use(), P);
+    let b = r.allocate(P / 2, s, T).unwrap();
+    assert_eq!(budget.in_use(), P, "the same page");
+    r.deallocate(a).unwrap();
+    r.deallocate(b).unwrap();
+    let c = r
+        .allocate(P, s, T)
+        .expect("idle mapped memory fits a full budget");
+    assert!(budget.in_use() <= 2 * P);
+    assert_eq!(budget.in_use(), r.inner().bytes_outstanding());
+    r.deallocate(c).unwrap();
+}
+
+/// On a real GPU: blocks of the arena are written by the device (a memset
+/// through the resource's backend), reused on their stream, used and
+/// freed across streams, and everything goes back to the device on trim
+/// and drop; the backend counts the physical memory it holds.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn on_cuda_the_arena_maps_reuses_and_gives_back() {
+    use streamalloc::gpu::Gpu;
+    let f = common::cuda(2);
+    let gpu = f.resource.gpu().clone();
+    let cache = CachingResource::new(f.resource.clone());
+    let (a, b) = (f.stream(0), f.stream(1));
+    let (raw_a, raw_b) = (f.pool.raw(a).unwrap(), f.pool.raw(b).unwrap());
+    let held_before = gpu.memory_held().unwrap().current;
+
+    let small = cache.allocate(1000, a, T).unwrap();
+    let big = cache.allocate(40 << 20, a, T).unwrap();
+    assert!(cache.bytes_outstanding() >= (40 << 20) + 1000);
+    assert!(gpu.memory_held().unwrap().current >= held_before + (40 << 20));
+    // SAFETY: a stream of the fixture's pool, which it holds; blocks live in the cache.
+    unsafe { gpu.memset_async(big.ptr(), 7, big.size(), raw_a) }.unwrap();
+    // SAFETY: a stream of the fixture's pool, which it holds; blocks live in the cache.
+    unsafe { gpu.memset_async(small.ptr(), 1, small.size(), raw_a) }.unwrap();
+    let (ptr, creates) = (big.ptr(), cache.stats().misses);
+    cache.deallocate(big).unwrap();
+    let again = cache.allocate(40 << 20, a, T).unwrap();
+    assert_eq!(again.ptr(), ptr, "reused on its stream");
+    assert_eq!(cache.stats().misses, creates, "without new memory");
+
+    // Used on b behind the hooks, then freed: a waits for b.
+    cache
+        .prepare_block_use(again.id(), b, Access::Write)
+        .unwrap();
+    // SAFETY: a stream of the fixture's pool, which it holds; blocks live in the cache.
+    unsafe { gpu.memset_async(again.ptr(), 3, again.size(), raw_b) }.unwrap();
+    cache
+        .finish_block_use(again.id(), b, Access::Write)
+        .unwrap();
+    cache.deallocate(again).unwrap();
+    cache.deallocate(small).unwrap();
+
+    // SAFETY: a stream of the fixture's pool, which it holds; blocks live in the cache.
+    unsafe { gpu.stream_synchronize(raw_a) }.unwrap();
+    // SAFETY: a stream of the fixture's pool, which it holds; blocks live in the cache.
+    unsafe { gpu.stream_synchronize(raw_b) }.unwrap();
+    cache.trim().unwrap(); // records fences
+    // SAFETY: a stream of the fixture's pool, which it holds; blocks live in the cache.
+    unsafe { gpu.stream_synchronize(raw_a) }.unwrap();
+    // SAFETY: a stream of the fixture's pool, which it holds; blocks live in the cache.
+    unsafe { gpu.stream_synchronize(raw_b) }.unwrap();
+    cache.trim().unwrap(); // they are complete: everything goes
+    assert_eq!(cache.bytes_outstanding(), f.resource.bytes_outstanding());
+    drop(cache);
+    assert_eq!(gpu.memory_held().unwrap().current, held_before);
+}

@@ -1,0 +1,147 @@
+//! Virtual memory management on the simulated device: capacity shared with
+//! the pool, the held high-water mark, and the checks a caller-managed
+//! arena relies on (unmapping memory still in use, reuse not ordered after
+//! a free, access to unmapped memory).
+
+use streamalloc::gpu::Gpu;
+use streamalloc::gpu::sim::{MemAccess, RaceKind, SimGpu};
+use streamalloc::{Access, AllocTag, Device, DeviceMemoryResource, SimResource};
+
+const G: usize = 2 << 20;
+
+fn at(ptr: u64, access: Access) -> MemAccess {
+    MemAccess { ptr, access }
+}
+
+#[test]
+fn physical_memory_shares_the_capacity_and_counts_in_the_peak() {
+    let gpu = SimGpu::builder().manual().capacity(8 * G).build();
+    assert_eq!(gpu.vm_granularity().unwrap(), G);
+    let device = Device::simulated(&gpu, 1);
+    let resource = SimResource::new(&device);
+    let s = device.stream(0).unwrap();
+    let block = resource.allocate(4 * G, s, AllocTag::UNTAGGED).unwrap();
+    let a = gpu.mem_create(2 * G).unwrap();
+    let b = gpu.mem_create(2 * G).unwrap();
+    assert_eq!(gpu.held_bytes(), 8 * G);
+    assert!(
+        matches!(
+            gpu.mem_create(G),
+            Err(streamalloc::gpu::GpuError::OutOfMemory { .. })
+        ),
+        "the pool and the handles share one capacity"
+    );
+    // SAFETY: both handles come from mem_create and are released once.
+    unsafe {
+        gpu.mem_release(a).unwrap();
+        gpu.mem_release(b).unwrap();
+    }
+    assert_eq!(gpu.held_bytes(), 4 * G);
+    assert_eq!(gpu.peak_held_bytes(), 8 * G);
+    gpu.reset_peak_held();
+    assert_eq!(gpu.peak_held_bytes(), 4 * G);
+    resource.deallocate(block).unwrap();
+    assert_eq!(gpu.physical_handles(), 0);
+}
+
+#[test]
+fn bad_mappings_are_refused() {
+    let gpu = SimGpu::builder().manual().build();
+    let va = gpu.address_reserve(4 * G).unwrap();
+    assert!(
+        gpu.address_reserve(G + 1).is_err(),
+        "not a granule multiple"
+    );
+    assert!(gpu.mem_create(G / 2).is_err(), "not a granule multiple");
+    let h = gpu.mem_create(G).unwrap();
+    // SAFETY: the simulated device checks every argument; nothing runs.
+    unsafe {
+        assert!(gpu.mem_map(va + 512, G, h).is_err(), "unaligned");
+        assert!(gpu.mem_map(va, 2 * G, h).is_err(), "size of another handle");
+        assert!(gpu.mem_set_access(va, G).is_err(), "nothing mapped");
+        gpu.mem_map(va, G, h).unwrap();
+        assert!(gpu.address_free(va, 4 * G).is_err(), "still mapped");
+        gpu.mem_unmap(va, G).unwrap();
+        gpu.mem_release(h).unwrap();
+        assert!(gpu.mem_release(h).is_err(), "released twice");
+        gpu.address_free(va, 4 * G).unwrap();
+    }
+    assert!(gpu.races().is_empty());
+}
+
+#[test]
+fn a_device_without_virtual_memory_says_so() {
+    let gpu = SimGpu::builder().manual().vm_granularity(0).build();
+    assert!(gpu.vm_granularity().is_err());
+    assert!(gpu.address_reserve(G).is_err());
+    assert!(gpu.mem_create(G).is_err());
+}
+
+/// A mapped, accessible granule and a stream.
+fn mapped(gpu: &SimGpu) -> (u64, streamalloc::RawStream, streamalloc::RawStream) {
+    let va = gpu.address_reserve(G).unwrap();
+    let h = gpu.mem_create(G).unwrap();
+    // SAFETY: checked by the simulated device.
+    unsafe {
+        gpu.mem_map(va, G, h).unwrap();
+        gpu.mem_set_access(va, G).unwrap();
+        gpu.mem_release(h).unwrap();
+    }
+    (va, gpu.create_stream(), gpu.create_stream())
+}
+
+#[test]
+fn unmapping_memory_that_queued_work_uses_is_reported() {
+    let gpu = SimGpu::builder().manual().build();
+    let (va, s, _) = mapped(&gpu);
+    gpu.note_suballocation(va, 4096, s);
+    gpu.launch_kernel(s, &[at(va, Access::Write)]).unwrap();
+    gpu.note_subfree(va, s);
+    // SAFETY: deliberately wrong: the kernel has not run (manual mode).
+    unsafe { gpu.mem_unmap(va, G).unwrap() };
+    let races = gpu.take_races();
+    assert_eq!(races.len(), 1, "{races:#?}");
+    assert_eq!(races[0].kind, RaceKind::UnmapInUse);
+    // Memory no longer mapped is an invalid address.
+    gpu.launch_kernel(s, &[at(va, Access::Read)]).unwrap();
+    assert_eq!(gpu.take_races()[0].kind, RaceKind::InvalidAddress);
+}
+
+#[test]
+fn unmapping_after_the_host_saw_the_work_complete_is_fine() {
+    let gpu = SimGpu::builder().manual().build();
+    let (va, s, _) = mapped(&gpu);
+    gpu.note_suballocation(va, 4096, s);
+    gpu.launch_kernel(s, &[at(va, Access::Write)]).unwrap();
+    gpu.note_subfree(va, s);
+    let e = gpu.event_create().unwrap();
+    gpu.event_record(e, s).unwrap();
+    assert!(!gpu.event_query(e).unwrap());
+    gpu.run_until_idle();
+    assert!(gpu.event_query(e).unwrap(), "the query tells the host");
+    // SAFETY: the host saw everything on the memory complete.
+    unsafe { gpu.mem_unmap(va, G).unwrap() };
+    assert!(gpu.races().is_empty(), "{:#?}", gpu.races());
+}
+
+#[test]
+fn suballocations_are_checked_like_allocations() {
+    let gpu = SimGpu::builder().manual().build();
+    let (va, s, t) = mapped(&gpu);
+    gpu.note_suballocation(va, 4096, s);
+    gpu.launch_kernel(s, &[at(va, Access::Write)]).unwrap();
+    gpu.note_subfree(va, s);
+    // Reuse on the freeing stream is ordered by the stream.
+    gpu.note_suballocation(va, 4096, s);
+    gpu.launch_kernel(s, &[at(va, Access::Write)]).unwrap();
+    assert!(gpu.races().is_empty(), "{:#?}", gpu.races());
+    // A use after the free is reported.
+    gpu.note_subfree(va, s);
+    gpu.launch_kernel(s, &[at(va, Access::Read)]).unwrap();
+    assert_eq!(gpu.take_races()[0].kind, RaceKind::UseAfterFree);
+    // Reuse on another stream without a wait races with the free.
+    gpu.note_suballocation(va, 4096, t);
+    let races = gpu.take_races();
+    assert_eq!(races.len(), 1, "{races:#?}");
+    assert_eq!(races[0].kind, RaceKind::Unordered);
+}
