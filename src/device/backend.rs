@@ -62,6 +62,7 @@ macro_rules! forward_unsafe {
         match $self {
             // SAFETY: the caller upholds this method's Safety list, which is
             // the same list for the backend the call goes to.
+            #[cfg(feature = "cuda")]
             Backend::Cuda(gpu) => unsafe { Gpu::$method(gpu, $($arg),*) },
             // SAFETY: as above.
             Backend::Sim(gpu) => unsafe { Gpu::$method(gpu.as_ref(), $($arg),*) },
