@@ -1,5 +1,5 @@
 //! An adaptor stack in front of the stream-ordered resource, and a
-//! three-stream pipeline written with the launch recorder.
+//! three-stream pipeline through owned buffers allocated from it.
 //!
 //! Runs on CUDA device 0 when `libcuda` is present, on the simulated device
 //! otherwise (then the race detector checks the pipeline):
@@ -12,9 +12,9 @@ use std::error::Error;
 use std::sync::Arc;
 
 use streamalloc::adaptors::{Budget, GpuPoison, GuardConfig, Stats};
-use streamalloc::gpu::Gpu;
-use streamalloc::launch::LaunchRecorder;
-use streamalloc::{AllocTag, Device, DeviceMemoryResource, ResourceBuilder, StreamOrderedResource};
+use streamalloc::{
+    AllocTag, Buffer, Device, DeviceMemoryResource, ResourceBuilder, StreamOrderedResource,
+};
 
 type BoxError = Box<dyn Error + Send + Sync>;
 const MIB: usize = 1 << 20;
@@ -24,7 +24,6 @@ fn main() -> Result<(), BoxError> {
     let device = Device::open(0, 3);
     println!("device: {device}");
     let resource = Arc::new(StreamOrderedResource::new(&device));
-    let gpu = device.gpu();
     let (load, compute, store) = (device.stream(0)?, device.stream(1)?, device.stream(2)?);
     let budget = Budget::new(256 * MIB);
     let stats = Stats::new();
@@ -44,34 +43,23 @@ fn main() -> Result<(), BoxError> {
         )
         .build(resource.clone());
 
+    let r = Arc::new(r);
     for _ in 0..16 {
-        let input = r.allocate(16 * MIB, load, AllocTag("input"))?;
-        let hidden = r.allocate(32 * MIB, compute, AllocTag("activations"))?;
-        let output = r.allocate(16 * MIB, store, AllocTag("output"))?;
-        LaunchRecorder::new(&r, load).write(&input).launch(
-            &device,
-            |raw| -> Result<(), BoxError> {
-                // SAFETY: a stream of the device's pool; the block is live (freed later).
-                Ok(unsafe { gpu.memset_async(input.ptr(), 1, input.size(), raw) }?)
-            },
-        )?;
-        LaunchRecorder::new(&r, compute)
-            .read(&input)
-            .write(&hidden)
-            .launch(&device, |raw| -> Result<(), BoxError> {
-                // SAFETY: a stream of the device's pool; both blocks are live (freed later).
-                Ok(unsafe { gpu.copy_async(hidden.ptr(), input.ptr(), input.size(), raw) }?)
-            })?;
-        LaunchRecorder::new(&r, store)
-            .read(&hidden)
-            .write(&output)
-            .launch(&device, |raw| -> Result<(), BoxError> {
-                // SAFETY: a stream of the device's pool; both blocks are live (freed later).
-                Ok(unsafe { gpu.copy_async(output.ptr(), hidden.ptr(), output.size(), raw) }?)
-            })?;
-        for block in [input, hidden, output] {
-            r.deallocate(block)?;
-        }
+        // Owned buffers over the stack: each orders its uses on other
+        // streams, and frees itself through the stack when dropped.
+        let alloc = |bytes, stream, tag| {
+            Buffer::<u8>::allocate_in(r.clone(), &device, bytes, stream, AllocTag(tag))
+        };
+        let mut input = alloc(16 * MIB, load, "input")?;
+        let mut hidden = alloc(32 * MIB, compute, "activations")?;
+        let mut output = alloc(16 * MIB, store, "output")?;
+        input.fill_bytes_on(load, 1)?;
+        hidden
+            .slice_mut(..16 * MIB)?
+            .copy_from_on(compute, &input.slice(..)?)?;
+        output
+            .slice_mut(..)?
+            .copy_from_on(store, &hidden.slice(..16 * MIB)?)?;
     }
     println!("{}", stats.snapshot());
     println!(

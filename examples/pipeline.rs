@@ -1,6 +1,6 @@
 //! A three-stage async inference pipeline: copy in on stream 1, compute on
-//! stream 2, copy out on stream 3. Blocks cross streams; the prepare/finish
-//! hooks insert the waits, so no free ever races with a later reader. On
+//! stream 2, copy out on stream 3. Owned buffers cross streams; they insert
+//! the waits and free themselves, so no free ever races with a later reader. On
 //! the simulated device the race detector checks it.
 //!
 //! ```text
@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use streamalloc::futures::{AsyncResource, Reaper};
 use streamalloc::gpu::sim::SimGpu;
-use streamalloc::{Access, AllocTag, Device, DeviceBlock, DeviceMemoryResource, ResourceResult};
+use streamalloc::{AllocTag, Buffer, Device, DeviceMemoryResource, ResourceResult};
 use tokio::sync::mpsc;
 
 const ITEMS: usize = 256;
@@ -47,22 +47,20 @@ async fn run<R: DeviceMemoryResource + 'static>(res: AsyncResource<R>) -> Resour
         pool.id(2).expect("stream 3"),
     );
     let reaper = Reaper::spawn(&res);
-    let (to_compute, mut compute_rx) = mpsc::channel::<DeviceBlock>(8);
-    let (to_out, mut out_rx) = mpsc::channel::<DeviceBlock>(8);
+    let (to_compute, mut compute_rx) = mpsc::channel::<Buffer<u8>>(8);
+    let (to_out, mut out_rx) = mpsc::channel::<Buffer<u8>>(8);
     let start = Instant::now();
 
     // Stage A, stream 1: allocate an input and "copy it in" (a fill).
     let a = tokio::spawn({
         let res = res.clone();
         async move {
-            let raw = res.stream_pool().raw(copy_in)?;
             for i in 0..ITEMS {
-                let input = res.allocate(SIZE, copy_in, AllocTag("input")).await?;
-                // SAFETY: `raw` is a stream of the resource's pool; `input`
-                // is live (allocated above, freed by stage B).
-                unsafe { res.gpu().memset_async(input.ptr(), i as u8, SIZE, raw) }?;
+                let mut input = res
+                    .allocate_buffer(SIZE, copy_in, AllocTag("input"))
+                    .await?;
                 // Not awaited: stage B orders itself after it on the GPU.
-                drop(res.finish_block_use(input.id(), copy_in, Access::Write)?);
+                input.fill_bytes_on(copy_in, i as u8)?;
                 if to_compute.send(input).await.is_err() {
                     break;
                 }
@@ -75,16 +73,13 @@ async fn run<R: DeviceMemoryResource + 'static>(res: AsyncResource<R>) -> Resour
     let b = tokio::spawn({
         let res = res.clone();
         async move {
-            let raw = res.stream_pool().raw(compute)?;
             while let Some(input) = compute_rx.recv().await {
-                let output = res.allocate(SIZE, compute, AllocTag("output")).await?;
-                res.prepare_block_use(input.id(), compute, Access::Read)?;
-                // SAFETY: a pool stream; both blocks are live until freed below.
-                unsafe { res.gpu().copy_async(output.ptr(), input.ptr(), SIZE, raw) }?;
-                drop(res.finish_block_use(input.id(), compute, Access::Read)?);
-                drop(res.finish_block_use(output.id(), compute, Access::Write)?);
-                // Freed on stream 1, after stream 2's read: the hooks order it.
-                drop(res.deallocate(input)?);
+                let mut output = res
+                    .allocate_buffer(SIZE, compute, AllocTag("output"))
+                    .await?;
+                output.copy_from_on(compute, &input)?;
+                // Freed on stream 1, after stream 2's read: the buffer orders it.
+                drop(input);
                 if to_out.send(output).await.is_err() {
                     break;
                 }
@@ -93,22 +88,19 @@ async fn run<R: DeviceMemoryResource + 'static>(res: AsyncResource<R>) -> Resour
         }
     });
 
-    // Stage C, stream 3: copy the output out to a staging block, await it.
+    // Stage C, stream 3: copy the output out to a staging buffer, await it.
     let c = tokio::spawn({
         let res = res.clone();
         async move {
-            let raw = res.stream_pool().raw(copy_out)?;
             let mut done = 0;
             while let Some(output) = out_rx.recv().await {
-                let staging = res.allocate(SIZE, copy_out, AllocTag("staging")).await?;
-                res.prepare_block_use(output.id(), copy_out, Access::Read)?;
-                // SAFETY: a pool stream; both blocks are live until freed below.
-                unsafe { res.gpu().copy_async(staging.ptr(), output.ptr(), SIZE, raw) }?;
-                // The result is on the "host" once this resolves.
-                res.finish_block_use(output.id(), copy_out, Access::Read)?
+                let mut staging = res
+                    .allocate_buffer(SIZE, copy_out, AllocTag("staging"))
                     .await?;
-                drop(res.deallocate(output)?);
-                drop(res.deallocate(staging)?);
+                staging.copy_from_on(copy_out, &output)?;
+                // The result is on the "host" once this resolves.
+                res.completion(copy_out)?.await?;
+                drop((output, staging));
                 done += 1;
             }
             ResourceResult::Ok(done)

@@ -11,8 +11,18 @@
 #   scripts/gpu-run.sh all DIR        # there: run, examples, measure, sanitize (one device call)
 #   scripts/gpu-run.sh traces DIR     # there: the GPT-2 traces through the driver pool, the cache
 #                                     # and PyTorch (needs gpu-traces/, see the traces mode)
+#   scripts/gpu-run.sh service DIR    # there: the inference service three ways (streamalloc,
+#                                     # cudarc, cuda-async) and the 10,000 fills row, into DIR
+#
+# With CUDA_TOOLKIT_PATH set (the CUDA headers, see ../shared/peers/cuda-headers.sh),
+# `build` builds the measurement binaries with the cuda-async peer
+# (feature peer-cuda-async of streamalloc-measure).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# cuBLAS (the service benchmark and its test) is loaded at run time.
+if [ -d /usr/local/cuda/lib64 ]; then
+    export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 # Where the binaries are (another folder can carry a subset).
 BIN="${BIN:-gpu-bin}"
 case "${1:-build}" in
@@ -35,8 +45,16 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and "example" in m["target"]["kind"]:
         shutil.copy(m["executable"], os.path.join("gpu-bin", "example-" + m["target"]["name"]))
 '
-    # The measurement binaries (measure/src/bin/*), as bin-NAME.
-    cargo build --release --bins --message-format=json 2>/dev/null |
+    # The measurement binaries (measure/src/bin/*), as bin-NAME; with the
+    # cuda-async peer when its headers are there.
+    peer=()
+    if [ -n "${CUDA_TOOLKIT_PATH:-}" ]; then
+        peer=(--features streamalloc-measure/peer-cuda-async)
+        echo "building the measurement binaries with cuda-async (CUDA_TOOLKIT_PATH=$CUDA_TOOLKIT_PATH)"
+    fi
+    # A failed build must stop here, not leave an old binary behind.
+    cargo build --release --bins "${peer[@]}" >/dev/null
+    cargo build --release --bins "${peer[@]}" --message-format=json 2>/dev/null |
         python3 -c '
 import json, sys, shutil, os
 for line in sys.stdin:
@@ -105,6 +123,15 @@ traces)
         timeout 400 python3 "$traces/torch_cpp_replay.py" "$f" 2 2>&1 |
             tee "$dir/$t.torch.txt" || echo "torch_cpp_replay $t failed"
     done
+    ;;
+service)
+    # The inference service, three ways in one process (cuda-async only if
+    # built with it: the binary says), then the 10,000 fills row. cuBLAS is
+    # loaded at run time from the CUDA libraries.
+    dir="${2:-service-out}"
+    mkdir -p "$dir"
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+    timeout 500 "$BIN/bin-service_bench" --out "$dir" ${SERVICE_ARGS:-} 2>&1 | tee "$dir/service.txt"
     ;;
 all)
     dir="${2:-bench-out}"

@@ -490,3 +490,64 @@ fn on_cuda_the_arena_maps_reuses_and_gives_back() {
     drop(cache);
     assert_eq!(gpu.memory_held().unwrap().current, held_before);
 }
+
+/// Under the futures layer, an allocation that needs memory the GPU still
+/// uses does not wait for it inside a poll (no synchronize in a poll); the
+/// same allocation outside a poll waits as the last resort.
+#[test]
+fn an_async_allocation_never_synchronizes_in_a_poll() {
+    use std::time::Duration;
+    use streamalloc::futures::AsyncResource;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let gpu = SimGpu::builder()
+            .capacity(8 * P)
+            .op_latency(Duration::from_millis(100))
+            .build();
+        let f = common::sim_with(gpu.clone(), 2);
+        let (s0, s1) = (f.stream(0), f.stream(1));
+        let cache = CachingResource::new(f.resource.clone());
+        // SAFETY: the stack's bottom resource was made on this device.
+        let res = unsafe { AsyncResource::with_device(cache, &f.device) }.unwrap();
+        let x = res.try_allocate(6 * P, s0, T).unwrap();
+        for _ in 0..3 {
+            gpu.launch_kernel(f.pool.raw(s0).unwrap(), &[MemAccess::write(&x)])
+                .unwrap();
+        }
+        drop(res.deallocate(x).unwrap());
+        let _ = tokio::time::timeout(Duration::from_millis(1), res.allocate(6 * P, s1, T)).await;
+        assert_eq!(gpu.blocking_calls_in_polls(), 0);
+        // Outside a poll the last resort waits for the GPU and succeeds.
+        let y = res.try_allocate(6 * P, s1, T).unwrap();
+        drop(res.deallocate(y).unwrap());
+    });
+}
+
+/// The cap on idle memory: past it, a free gives back the stream's idle
+/// mappings the GPU is done with (and records a fence for the others).
+#[test]
+fn the_cap_gives_idle_memory_back_once_the_gpu_is_done() {
+    let config = CacheConfig::default()
+        .max_cached_bytes(P)
+        .max_mapping_bytes(P)
+        .slack_percent(0);
+    let c = Cache::new(1, config);
+    let a = c.s(0);
+    let x = c.cache.allocate(4 * P, a, T).unwrap();
+    c.kernel(a, MemAccess::write(&x));
+    c.cache.deallocate(x).unwrap();
+    assert_eq!(c.cache.bytes_outstanding(), 4 * P, "the GPU still uses it");
+    c.gpu.run_until_idle();
+    let y = c.cache.allocate(1000, a, T).unwrap();
+    c.kernel(a, MemAccess::write(&y));
+    c.cache.deallocate(y).unwrap();
+    assert_eq!(
+        c.cache.bytes_outstanding(),
+        P,
+        "three idle pages went back; the one y used is newer than the fence"
+    );
+    c.assert_race_free();
+}

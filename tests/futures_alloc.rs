@@ -2,6 +2,8 @@
 
 mod common;
 
+use common::bounded::BoundedExt;
+
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
@@ -146,7 +148,7 @@ async fn memory_freed_on_another_stream_serves_a_waiter_once_executed() {
     let a = res.try_allocate(BLOCK, s0, TAG).unwrap();
     let waiting = tokio::spawn({
         let res = res.clone();
-        async move { res.allocate(BLOCK, s1, TAG).await }
+        async move { res.allocate(BLOCK, s1, TAG).bounded("allocate").await }
     });
     while res.waiting_allocations() == 0 {
         tokio::task::yield_now().await;
@@ -159,9 +161,13 @@ async fn memory_freed_on_another_stream_serves_a_waiter_once_executed() {
         .unwrap()
         .unwrap();
     assert_eq!(block.stream(), s1);
-    res.reap_pending().await.unwrap();
+    res.reap_pending().bounded("reap_pending").await.unwrap();
     assert_eq!(res.bytes_outstanding(), BLOCK);
-    res.deallocate(block).unwrap().await.unwrap();
+    res.deallocate(block)
+        .unwrap()
+        .bounded("deallocate")
+        .await
+        .unwrap();
     assert_eq!(res.bytes_outstanding(), 0);
 }
 
@@ -182,11 +188,11 @@ async fn cancelled_waiters_leave_no_leak_and_others_are_served() {
         let (gpu, pool) = (gpu.clone(), pool.clone());
         let s = f.stream(i % 2);
         tasks.push(tokio::spawn(async move {
-            let block = res.allocate(BLOCK, s, TAG).await?;
+            let block = res.allocate(BLOCK, s, TAG).bounded("allocate").await?;
             gpu.launch_kernel(pool.raw(s)?, &[MemAccess::write(&block)])
                 .unwrap();
-            res.completion(s)?.await?;
-            res.deallocate(block)?.await
+            res.completion(s)?.bounded("completion").await?;
+            res.deallocate(block)?.bounded("deallocate").await
         }));
     }
     while res.waiting_allocations() < 12 {
@@ -213,7 +219,7 @@ async fn cancelled_waiters_leave_no_leak_and_others_are_served() {
             .unwrap();
         assert_eq!(r, Ok(()));
     }
-    res.reap_pending().await.unwrap();
+    res.reap_pending().bounded("reap_pending").await.unwrap();
     assert_eq!(res.waiting_allocations(), 0);
     assert_eq!(res.bytes_outstanding(), 0);
     assert!(gpu.races().is_empty(), "{:?}", gpu.races());

@@ -1,5 +1,7 @@
 //! EventFuture wake latency (p50/p99 printed) and the throughput of 10,000
-//! concurrent futures over 8 streams. Runs on a CUDA device when one is
+//! concurrent futures over 8 streams; and the allocation wait queue with 10
+//! and with 10,000 waiters (`wait_queue/*`: a poll of a waiter, and a
+//! cancel and a new waiter; the two sizes should cost about the same). Runs on a CUDA device when one is
 //! present, on the simulated device otherwise (the simulated numbers measure
 //! the futures machinery only, not a GPU).
 //!
@@ -163,7 +165,60 @@ fn bench_bookkeeping(c: &mut Criterion) {
     group.finish();
 }
 
+/// A full simulated device with `waiters` allocations queued for memory.
+fn queued(
+    waiters: usize,
+) -> (
+    AsyncResource<StreamOrderedResource<SimGpu>>,
+    Vec<streamalloc::futures::AllocFuture>,
+) {
+    const BLOCK: usize = 1 << 20;
+    let gpu = SimGpu::builder().manual().capacity(BLOCK).build();
+    let device = Device::simulated(&gpu, 1);
+    let res = AsyncResource::on(&device).unwrap();
+    let s = device.stream(0).unwrap();
+    // Held for the whole run: the device stays full.
+    let _full = res.try_allocate(BLOCK, s, AllocTag("full")).unwrap();
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    let futures: Vec<_> = (0..waiters)
+        .map(|_| {
+            let mut f = res.allocate(BLOCK, s, AllocTag("waiter"));
+            assert!(std::pin::Pin::new(&mut f).poll(&mut cx).is_pending());
+            f
+        })
+        .collect();
+    assert_eq!(res.waiting_allocations(), waiters);
+    (res, futures)
+}
+
+/// The wait queue: a poll of the newest waiter, and a cancel (the newest
+/// waiter dropped) plus a new waiter, with 10 and with 10,000 queued.
+fn bench_wait_queue(c: &mut Criterion) {
+    use std::future::Future;
+    let mut group = c.benchmark_group("wait_queue");
+    for waiters in [10usize, 10_000] {
+        let (res, mut futures) = queued(waiters);
+        let s = res.stream_pool().id(0).unwrap();
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        group.bench_function(format!("poll/{waiters}"), |b| {
+            let last = futures.last_mut().unwrap();
+            b.iter(|| std::pin::Pin::new(&mut *last).poll(&mut cx).is_pending())
+        });
+        group.bench_function(format!("cancel_and_requeue/{waiters}"), |b| {
+            b.iter(|| {
+                futures.pop();
+                let mut f = res.allocate(1 << 20, s, AllocTag("waiter"));
+                let pending = std::pin::Pin::new(&mut f).poll(&mut cx).is_pending();
+                futures.push(f);
+                pending
+            })
+        });
+    }
+    group.finish();
+}
+
 fn benches(c: &mut Criterion) {
+    bench_wait_queue(c);
     bench_bookkeeping(c);
     // The typed CUDA path, as a user who names the backend would have it.
     if let Ok(device) = Device::open_cuda(0, STREAMS) {

@@ -5,5 +5,6 @@
 
 #![allow(missing_docs)]
 
+pub mod service;
 pub mod support;
 pub mod trace;

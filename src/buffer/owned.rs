@@ -106,17 +106,16 @@ impl<T: Element> Buffer<T> {
     }
 
     /// Allocates `len` elements on `stream` from any synchronous resource
-    /// (an adaptor stack, for instance), given the backend `gpu` it
-    /// allocates on and the `pool` that resolves its streams.
+    /// (an adaptor stack, for instance) that allocates on `device`.
     ///
     /// # Errors
-    /// [`SizeOverflow`](ResourceError::SizeOverflow), or as
-    /// [`DeviceMemoryResource::allocate`](crate::DeviceMemoryResource::allocate);
-    /// nothing changes.
+    /// [`WrongDevice`](ResourceError::WrongDevice) when `resource` serves
+    /// another device; [`SizeOverflow`](ResourceError::SizeOverflow); or as
+    /// [`DeviceMemoryResource::allocate`](crate::DeviceMemoryResource::allocate).
+    /// Nothing changes.
     pub fn allocate_in<R, G>(
         resource: Arc<R>,
-        gpu: Arc<G>,
-        pool: Arc<crate::StreamPool>,
+        device: &crate::Device<G>,
         len: usize,
         stream: StreamId,
         tag: AllocTag,
@@ -125,11 +124,12 @@ impl<T: Element> Buffer<T> {
         R: crate::DeviceMemoryResource + 'static,
         G: crate::gpu::Gpu,
     {
+        ResourceError::check_device(device.ordinal(), resource.device_ordinal())?;
         let block = resource.allocate(byte_len::<T>(len)?, stream, tag)?;
         let home = super::home::SyncHome {
             resource,
-            gpu,
-            pool,
+            gpu: device.gpu().clone(),
+            pool: device.streams().clone(),
         };
         Ok(Self::adopt(block, len, Arc::new(home)))
     }

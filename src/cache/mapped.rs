@@ -179,8 +179,12 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         };
         tier.free(arena, m.placed);
         slot.add_arena_live(-(lease.size as isize));
-        if cap != usize::MAX && arena.pages.idle_bytes() > cap {
-            tier.trim_arena(arena, cap);
+        if cap != usize::MAX {
+            // Under a cap, the freed block counts as idle at once.
+            tier.flush_recent(arena);
+            if arena.pages.idle_bytes() > cap {
+                tier.trim_arena(arena);
+            }
         }
         Ok(())
     }

@@ -393,7 +393,12 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
             return first;
         }
         if self.vm.is_some() {
-            for wait in [false, true] {
+            let waits: &[bool] = if crate::poll_scope::in_poll() {
+                &[false]
+            } else {
+                &[false, true]
+            };
+            for &wait in waits {
                 if self.release_mapped_for_inner(wait) > 0 {
                     let again = self.inner.allocate(bytes, stream, tag);
                     if !matches!(again, Err(ResourceError::OutOfMemory { .. })) {

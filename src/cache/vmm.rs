@@ -304,8 +304,9 @@ impl VmTier {
     }
 
     /// `mem_create` failed for lack of memory: gives back every idle
-    /// mapping the GPU is done with, then (the last resort) waits for the
-    /// fences in flight and gives back the rest, retrying after each.
+    /// mapping the GPU is done with, then (the last resort, and never
+    /// inside a poll) waits for the fences in flight and gives back the
+    /// rest, retrying after each.
     fn create_when_short(
         &self,
         sa: &mut StreamArena,
@@ -315,7 +316,14 @@ impl VmTier {
     ) -> ResourceResult<crate::gpu::RawPhysical> {
         let gpu = self.gpu();
         let mut last = GpuError::OutOfMemory { available: 0 };
-        for wait in [false, true] {
+        // Waiting parks the thread: never inside a poll of the crate's
+        // futures (their allocation waits are woken by frees instead).
+        let waits: &[bool] = if crate::poll_scope::in_poll() {
+            &[false]
+        } else {
+            &[false, true]
+        };
+        for &wait in waits {
             let released = self.reclaim_all(sa, others, wait);
             tracing::debug!(
                 released,
@@ -416,11 +424,10 @@ impl VmTier {
         before.saturating_sub(self.held())
     }
 
-    /// Gives back idle mappings of `sa` the GPU is done with until at most
-    /// `cap` bytes stay idle (the cache's cap).
-    pub(crate) fn trim_arena(&self, sa: &mut StreamArena, cap: usize) {
+    /// Gives back the idle mappings of `sa` the GPU is done with, and
+    /// records a fence over the others (the cache's cap was passed).
+    pub(crate) fn trim_arena(&self, sa: &mut StreamArena) {
         self.reclaim_from(sa, &|_| false);
-        let _ = cap;
     }
 
     /// Gives back everything of an arena no block uses any more, waiting

@@ -12,10 +12,11 @@
 //! may hold and drop it, and the notifier need not know who dispatches.
 
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread::Thread;
 
 use tokio::sync::Notify;
+
+use crate::sync::{AtomicBool, AtomicUsize, Ordering};
 
 /// The wake-up side of the dispatcher, shared with host functions. See the
 /// [module documentation](self).

@@ -12,7 +12,6 @@
 //! The task holds the resource only weakly: dropping the resource while the
 //! reaper runs ends the task instead of keeping the resource alive.
 
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
 use tokio::sync::Notify;
@@ -24,6 +23,7 @@ use super::dealloc::ReapFuture;
 use super::kick::Kick;
 use crate::error::{ResourceError, ResourceResult};
 use crate::resource::DeviceMemoryResource;
+use crate::sync::Ordering;
 
 /// A running background reaper: a tokio task, woken by completion
 /// notifications, that applies completed frees to the accounting, wakes the

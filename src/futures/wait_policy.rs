@@ -1,8 +1,9 @@
 //! [`WaitPolicy`]: how an [`EventFuture`](super::EventFuture) waits before
 //! it parks on a notification.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
+
+use crate::sync::{AtomicBool, AtomicU64, Ordering};
 
 /// How an [`EventFuture`](super::EventFuture) waits before relying on a
 /// host-function notification.

@@ -1,6 +1,6 @@
 //! [`WaitStats`]: how the completion futures of a resource waited.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::{AtomicU64, Ordering};
 
 /// How the completion futures of an [`AsyncResource`](super::AsyncResource)
 /// waited, summed over its streams since it was made

@@ -98,6 +98,20 @@ pub trait DeviceMemoryResource: Send + Sync {
     fn device_ordinal(&self) -> u32;
 
     /// Bytes outstanding: live plus retired but not yet freed.
+    ///
+    /// # Consistency under concurrency
+    /// Exact at any quiescent moment. While other threads allocate and reap,
+    /// the stream-ordered resource sums per-shard counts read one after the
+    /// other: each is exact when read, and a block is never missed while it
+    /// moves from live to pending (that move stays within its shard), nor an
+    /// allocation that returned before the call. But the total may combine
+    /// reads from different moments: bytes reaped in one shard after it was
+    /// read and allocated in another before it was read are counted twice,
+    /// so a monitor can read more than was ever outstanding at one instant
+    /// (never less than what was outstanding throughout the call). A
+    /// [`Budget`](crate::Budget) built on it only releases late, never
+    /// early; read [`Budget::in_use`](crate::Budget::in_use) for one
+    /// consistent total across resources.
     fn bytes_outstanding(&self) -> usize;
 
     /// Drains retired bytes whose free has completed. A no-op for synchronous

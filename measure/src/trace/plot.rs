@@ -25,7 +25,7 @@ const FONT_PATHS: [&str; 5] = [
 ];
 
 /// Registers a font with plotters once per process; whether one is there.
-fn font_ready() -> bool {
+pub(crate) fn font_ready() -> bool {
     static READY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *READY.get_or_init(|| {
         let candidates = std::env::var("TRACE_PLOT_FONT")

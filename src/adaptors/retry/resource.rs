@@ -36,6 +36,14 @@ use crate::types::{AllocTag, DeviceBlock, StreamId};
 /// # Stream ordering
 /// The reap synchronizes the streams that have queued frees, on the calling
 /// thread; it runs only on the failure path.
+///
+/// # Under an `AsyncResource`
+/// An allocation awaited through
+/// [`AsyncResource`](crate::futures::AsyncResource) runs inside a poll,
+/// where the stream-ordered resource's reap does not synchronize: the retry
+/// then only sees what was already applied, and when it fails too the
+/// allocation waits in the queue until the completion notifications apply
+/// the frees. So this adaptor never parks an executor thread.
 #[derive(Debug)]
 pub struct RetryOnOom<R> {
     inner: R,

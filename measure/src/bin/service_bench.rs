@@ -1,0 +1,439 @@
+//! An inference service measured three ways in one process and one run:
+//! streamalloc (caching tier + futures + reaper), cudarc alone
+//! (`CudaSlice` + `synchronize` in `spawn_blocking`), and NVIDIA's
+//! cuda-async 0.5 (with the `peer-cuda-async` feature). See
+//! `streamalloc_measure::service` for the service and what each way does.
+//!
+//! For each number of clients (`--clients`, default 1,64,1024) and each
+//! round (`--rounds`, default 3), the ways run one after another in a
+//! rotating order; each level sends about `--requests` requests (default
+//! 4,096, at least 2 per client). Then "10,000 fills with a spawned task
+//! awaiting each", streamalloc against cuda-async, interleaved over
+//! `--fill-rounds` rounds (default 9, medians).
+//!
+//! Writes into `--out DIR` (default `service-out`): `service.csv` (every
+//! round), `service.md` (the medians as a Markdown table, and the fills
+//! row), `service.png` (requests/s and p99 against clients), `fills.csv`.
+//!
+//! ```text
+//! cargo run --release -p streamalloc-measure --bin service_bench -- --out DIR          # CUDA
+//! cargo run --release -p streamalloc-measure --features peer-cuda-async --bin service_bench -- --out DIR
+//! cargo run --release -p streamalloc-measure --bin service_bench -- --sim             # simulated
+//! ```
+//! On the simulated device (or `--sim`) only the streamalloc way runs, with
+//! simulated kernels: the numbers measure the futures layer only.
+//! cuBLAS is loaded at run time: put `/usr/local/cuda/lib64` on
+//! `LD_LIBRARY_PATH`.
+
+use std::error::Error;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use streamalloc::futures::AsyncResource;
+use streamalloc::gpu::cuda::cuda_present;
+use streamalloc::gpu::sim::SimGpu;
+use streamalloc::{Backend, CachingResource, Device, SimResource, StreamOrderedResource};
+use streamalloc_measure::service::cuda_model::CudaModel;
+use streamalloc_measure::service::{
+    Dims, LevelResult, SimKernels, csv_header, cudarc_way, fills, plot, streamalloc_way,
+};
+
+const STREAMS: usize = 8;
+
+type BoxResult<T> = Result<T, Box<dyn Error>>;
+
+struct Args {
+    out: PathBuf,
+    clients: Vec<usize>,
+    requests: usize,
+    rounds: usize,
+    fill_rounds: usize,
+    seed: u64,
+    sim: bool,
+    workers: usize,
+}
+
+fn parse_args() -> BoxResult<Args> {
+    let mut args = Args {
+        out: PathBuf::from("service-out"),
+        clients: vec![1, 64, 1024],
+        requests: 4096,
+        rounds: 3,
+        fill_rounds: 9,
+        seed: 2026,
+        sim: false,
+        workers: 4,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        let mut value = |name: &str| it.next().ok_or_else(|| format!("{name} needs a value"));
+        match a.as_str() {
+            "--out" => args.out = PathBuf::from(value("--out")?),
+            "--clients" => {
+                args.clients = value("--clients")?
+                    .split(',')
+                    .map(|c| {
+                        c.trim()
+                            .parse::<usize>()
+                            .map_err(|e| format!("--clients {c}: {e}"))
+                    })
+                    .collect::<Result<_, _>>()?;
+                if args.clients.contains(&0) {
+                    return Err("--clients: every count must be at least 1".into());
+                }
+            }
+            "--requests" => args.requests = value("--requests")?.parse()?,
+            "--rounds" => args.rounds = value("--rounds")?.parse::<usize>()?.max(1),
+            "--fill-rounds" => args.fill_rounds = value("--fill-rounds")?.parse()?,
+            "--seed" => args.seed = value("--seed")?.parse()?,
+            "--workers" => args.workers = value("--workers")?.parse::<usize>()?.max(1),
+            "--sim" => args.sim = true,
+            other => return Err(format!("unknown argument {other} (see the file's docs)").into()),
+        }
+    }
+    Ok(args)
+}
+
+fn main() -> BoxResult<()> {
+    let args = parse_args()?;
+    std::fs::create_dir_all(&args.out)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(args.workers)
+        .enable_all()
+        .build()?;
+    println!(
+        "tokio: multi-thread, {} workers; model {:?}; {} streams per way; seed {}",
+        args.workers,
+        Dims::BENCH,
+        STREAMS,
+        args.seed
+    );
+    if !args.sim && cuda_present() {
+        rt.block_on(on_cuda(&args))
+    } else {
+        println!("device: SIMULATED (only the streamalloc way; cudarc and cuda-async need CUDA)");
+        rt.block_on(on_sim(&args))
+    }
+}
+
+fn requests_per_client(args: &Args, clients: usize) -> usize {
+    args.requests.div_ceil(clients).max(2)
+}
+
+async fn on_sim(args: &Args) -> BoxResult<()> {
+    let gpu = SimGpu::builder()
+        .op_latency(Duration::from_micros(5))
+        .build();
+    let device = Device::simulated(&gpu, STREAMS);
+    let inner = Arc::new(SimResource::new(&device));
+    // SAFETY: the stack's bottom resource was made on this device.
+    let res = unsafe { AsyncResource::with_device(CachingResource::new(inner), &device) }?;
+    let kernels = Arc::new(SimKernels::new(gpu.clone()));
+    let mut rows = Vec::new();
+    for &clients in &args.clients {
+        let per = requests_per_client(args, clients).min(64);
+        let row = streamalloc_way::run_level(&res, &kernels, Dims::BENCH, clients, per, args.seed)
+            .await?;
+        println!("{}", row.markdown_row());
+        rows.push((0, row));
+    }
+    let races = gpu.races();
+    println!("race detector: {} race(s)", races.len());
+    let left = streamalloc_way::release_all(&res).await?;
+    println!("outstanding at the end: {left} B");
+    write_outputs(args, &rows, &[], "simulated device")?;
+    if !races.is_empty() || left != 0 {
+        return Err("races or outstanding bytes on the simulated device".into());
+    }
+    Ok(())
+}
+
+/// The ways on CUDA, by name.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Way {
+    Streamalloc,
+    Cudarc,
+    #[cfg(feature = "peer-cuda-async")]
+    CudaAsync,
+}
+
+const WAYS: &[Way] = &[
+    Way::Streamalloc,
+    Way::Cudarc,
+    #[cfg(feature = "peer-cuda-async")]
+    Way::CudaAsync,
+];
+
+async fn on_cuda(args: &Args) -> BoxResult<()> {
+    // The first device gives the cudarc context (the primary context, which
+    // every way shares); the streamalloc way opens a fresh one per level.
+    let ctx = {
+        let device = Device::cuda(0, 1)?;
+        println!("device: {device}");
+        let gpu = device
+            .gpu()
+            .cuda()
+            .ok_or("Device::cuda gave no CUDA backend")?;
+        gpu.context().clone()
+    };
+    let max_clients = args.clients.iter().copied().max().unwrap_or(1);
+    let model = Arc::new(CudaModel::new(&ctx, Dims::BENCH, max_clients)?);
+    println!("every output element must be {}", model.expected_output());
+    // (b) cudarc: its own streams.
+    let streams = (0..STREAMS)
+        .map(|_| ctx.new_stream())
+        .collect::<Result<Vec<_>, _>>()?;
+    // (c) cuda-async: its own context handle and streams.
+    // A peer that cannot start costs its rows, not the others'.
+    #[cfg(feature = "peer-cuda-async")]
+    let peer = match streamalloc_measure::service::cuda_async_way::CudaAsyncWay::new(
+        &ctx,
+        model.clone(),
+        STREAMS,
+    ) {
+        Ok(p) => Some(Arc::new(p)),
+        Err(e) => {
+            println!("cuda-async: could not start ({e}); its rows are left out");
+            None
+        }
+    };
+    let ways: Vec<Way> = WAYS
+        .iter()
+        .copied()
+        .filter(|w| {
+            #[cfg(feature = "peer-cuda-async")]
+            if *w == Way::CudaAsync {
+                return peer.is_some();
+            }
+            let _ = w;
+            true
+        })
+        .collect();
+    #[cfg(not(feature = "peer-cuda-async"))]
+    println!("cuda-async: not built (build with --features peer-cuda-async and CUDA_TOOLKIT_PATH)");
+
+    let level = async |way: Way, clients: usize, per: usize| -> BoxResult<LevelResult> {
+        let row = match way {
+            Way::Streamalloc => {
+                // A fresh device (its own memory pool) per level: the pool
+                // keeps what it reserved (release threshold: all), so a level
+                // run on the last one's would report that level's memory.
+                let res = streamalloc_stack(&model)?;
+                let row =
+                    streamalloc_way::run_level(&res, &model, Dims::BENCH, clients, per, args.seed)
+                        .await?;
+                let left = streamalloc_way::release_all(&res).await?;
+                if left != 0 {
+                    return Err(format!(
+                        "streamalloc at {clients} clients: {left} B outstanding after the level"
+                    )
+                    .into());
+                }
+                row
+            }
+            Way::Cudarc => {
+                cudarc_way::run_level(&ctx, &streams, &model, clients, per, args.seed).await?
+            }
+            #[cfg(feature = "peer-cuda-async")]
+            Way::CudaAsync => {
+                let peer = peer.as_ref().ok_or("cuda-async did not start")?;
+                peer.run_level(clients, per, args.seed).await?
+            }
+        };
+        // Client 0's last answer: every request has at least 16 rows.
+        if !model.output_matches(0, 16) {
+            return Err(format!("{way:?} at {clients} clients: wrong output").into());
+        }
+        Ok(row)
+    };
+    // Warm-up: cuBLAS handles, the PTX module, the pools.
+    for &way in &ways {
+        level(way, 64.min(max_clients), 2).await?;
+    }
+    println!("\n{}", table_header());
+    let mut rows = Vec::new();
+    for round in 0..args.rounds {
+        for &clients in &args.clients {
+            let per = requests_per_client(args, clients);
+            for k in 0..ways.len() {
+                let way = ways[(k + round) % ways.len()];
+                let row = level(way, clients, per).await?;
+                println!("{}   (round {round})", row.markdown_row());
+                rows.push((round, row));
+            }
+        }
+    }
+
+    // 10,000 fills with a spawned task awaiting each.
+    let res = streamalloc_stack(&model)?;
+    let targets = fills::fill_targets(&res)?;
+    let mut fill_rows: Vec<(&str, Vec<Duration>)> = vec![
+        ("plain loop (no future)", Vec::new()),
+        (
+            "streamalloc: fill queued by the loop, a spawned task awaits its completion",
+            Vec::new(),
+        ),
+        (
+            "streamalloc: a spawned task queues the fill and awaits it",
+            Vec::new(),
+        ),
+    ];
+    #[cfg(feature = "peer-cuda-async")]
+    if peer.is_some() {
+        fill_rows.push((
+            "cuda-async 0.5: a spawned task awaits a DeviceOp (queued on first poll)",
+            Vec::new(),
+        ));
+    }
+    let (r2, t2) = (res.clone(), targets.clone());
+    let fill_rounds = args.fill_rounds.max(1);
+    #[cfg(feature = "peer-cuda-async")]
+    let peer2 = peer.clone();
+    // Measured inside a task, as a request handler would run.
+    let fill_rows = tokio::spawn(async move {
+        // Warm-up of each.
+        fills::spawned_await(&r2, &t2).await?;
+        #[cfg(feature = "peer-cuda-async")]
+        if let Some(p) = &peer2 {
+            p.fills().await?;
+        }
+        for _ in 0..fill_rounds {
+            fill_rows[0].1.push(fills::plain(&r2, &t2)?);
+            fill_rows[1].1.push(fills::spawned_await(&r2, &t2).await?);
+            fill_rows[2]
+                .1
+                .push(fills::spawned_fill_and_await(&r2, &t2).await?);
+            #[cfg(feature = "peer-cuda-async")]
+            if let Some(p) = &peer2 {
+                fill_rows[3].1.push(p.fills().await?);
+            }
+        }
+        Ok::<_, Box<dyn Error + Send + Sync>>(fill_rows)
+    })
+    .await
+    .expect("fills task")
+    .map_err(|e| e as Box<dyn Error>)?;
+    for (block, _) in targets {
+        res.deallocate(block)?;
+    }
+    res.reap_pending().await?;
+    let fill_medians: Vec<(String, f64)> = fill_rows
+        .iter()
+        .map(|(name, v)| (name.to_string(), median_us(v)))
+        .collect();
+    let mut f = std::fs::File::create(args.out.join("fills.csv"))?;
+    writeln!(f, "row,round,us_per_op")?;
+    for (name, v) in &fill_rows {
+        for (i, d) in v.iter().enumerate() {
+            writeln!(f, "\"{name}\",{i},{:.4}", d.as_secs_f64() * 1e6)?;
+        }
+    }
+    println!(
+        "\n10,000 4-byte fills on {STREAMS} streams, a spawned task awaiting each (medians of {fill_rounds} rounds, µs per op):"
+    );
+    for (name, us) in &fill_medians {
+        println!("  {us:8.3}  {name}");
+    }
+    write_outputs(args, &rows, &fill_medians, "H200")?;
+    Ok(())
+}
+
+/// The streamalloc way's stack on a fresh CUDA device 0: the caching tier
+/// over the stream-ordered resource, futures on top; the model's cuBLAS
+/// handles for its streams made beforehand.
+fn streamalloc_stack(
+    model: &CudaModel,
+) -> BoxResult<AsyncResource<CachingResource<Arc<StreamOrderedResource<Backend>>>>> {
+    let device = Device::cuda(0, STREAMS)?;
+    for id in device.streams().ids() {
+        let raw = device.raw(id)?.get() as cudarc::driver::sys::CUstream;
+        // SAFETY: a live stream of device 0's primary context, the model's.
+        unsafe { model.prepare_stream(raw)? };
+    }
+    let inner = Arc::new(StreamOrderedResource::new(&device));
+    // SAFETY: the stack's bottom resource was made on this device.
+    Ok(unsafe { AsyncResource::with_device(CachingResource::new(inner), &device) }?)
+}
+
+fn median_us(v: &[Duration]) -> f64 {
+    let mut us: Vec<f64> = v.iter().map(|d| d.as_secs_f64() * 1e6).collect();
+    us.sort_by(f64::total_cmp);
+    us.get(us.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+fn table_header() -> String {
+    "| way | clients | requests | requests/s | p50 | p99 | peak held | peak live requested | held / requested | threads blocked (peak) | process threads (peak) |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |".to_string()
+}
+
+/// For each (way, clients), the round with the median requests/s.
+fn medians(rows: &[(usize, LevelResult)]) -> Vec<LevelResult> {
+    let mut keys: Vec<(String, usize)> = Vec::new();
+    for (_, r) in rows {
+        let k = (r.way.clone(), r.clients);
+        if !keys.contains(&k) {
+            keys.push(k);
+        }
+    }
+    keys.into_iter()
+        .map(|(way, clients)| {
+            let mut of: Vec<&LevelResult> = rows
+                .iter()
+                .map(|(_, r)| r)
+                .filter(|r| r.way == way && r.clients == clients)
+                .collect();
+            of.sort_by(|a, b| a.requests_per_s().total_cmp(&b.requests_per_s()));
+            of[of.len() / 2].clone()
+        })
+        .collect()
+}
+
+fn write_outputs(
+    args: &Args,
+    rows: &[(usize, LevelResult)],
+    fills: &[(String, f64)],
+    device: &str,
+) -> BoxResult<()> {
+    let mut csv = std::fs::File::create(args.out.join("service.csv"))?;
+    writeln!(csv, "round,{}", csv_header())?;
+    for (round, r) in rows {
+        writeln!(csv, "{round},{}", r.csv_row())?;
+    }
+    let med = medians(rows);
+    let mut md = std::fs::File::create(args.out.join("service.md"))?;
+    writeln!(
+        md,
+        "Inference service on {device}: per way and clients, the round (of {}) with the median requests/s.\n",
+        args.rounds
+    )?;
+    writeln!(md, "{}", table_header())?;
+    for r in &med {
+        writeln!(md, "{}", r.markdown_row())?;
+    }
+    if !fills.is_empty() {
+        writeln!(
+            md,
+            "\n| 10,000 4-byte fills on {STREAMS} streams, a spawned task awaiting each | µs per op (median) |\n| --- | --- |"
+        )?;
+        for (name, us) in fills {
+            writeln!(md, "| {name} | {us:.3} |")?;
+        }
+    }
+    let png = args.out.join("service.png");
+    match plot::write_png(
+        &png,
+        &format!("Inference service on {device}: requests/s and p99 by clients"),
+        &med,
+    ) {
+        Ok(true) => println!("wrote {}", png.display()),
+        Ok(false) => println!("wrote {} (no font found: no text)", png.display()),
+        Err(e) => println!("no plot: {e}"),
+    }
+    println!("\n{}", table_header());
+    for r in &med {
+        println!("{}", r.markdown_row());
+    }
+    println!("wrote {}", args.out.display());
+    Ok(())
+}

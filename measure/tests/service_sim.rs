@@ -1,0 +1,100 @@
+//! The inference service of `service_bench` on the simulated device, the
+//! streamalloc way with simulated kernels (the cudarc and cuda-async ways
+//! need CUDA: `service_bench` runs them on a GPU). Correctness only: every
+//! request answered, no race, nothing outstanding at the end.
+
+use std::sync::Arc;
+
+use streamalloc::futures::AsyncResource;
+use streamalloc::gpu::GpuResult;
+use streamalloc::gpu::sim::{MemAccess, SimGpu};
+use streamalloc::{CachingResource, Device, RawStream, SimResource, StreamPool};
+use streamalloc_measure::service::streamalloc_way::{self, run_level};
+use streamalloc_measure::service::{Dims, RequestIo, RequestKernels, SimKernels};
+
+const STREAMS: usize = 8;
+
+type Service = AsyncResource<CachingResource<Arc<SimResource>>>;
+
+/// The streamalloc way's stack on a threaded simulated device: the caching
+/// tier over the stream-ordered resource, futures on top.
+fn service(seed: u64) -> (Service, Arc<SimGpu>) {
+    let gpu = SimGpu::builder()
+        .seed(seed)
+        .op_latency(std::time::Duration::from_micros(2))
+        .build();
+    let device = Device::simulated(&gpu, STREAMS);
+    let inner = Arc::new(SimResource::new(&device));
+    let res =
+        // SAFETY: the stack's bottom resource was made on this device.
+        unsafe { AsyncResource::with_device(CachingResource::new(inner), &device) }.expect("async resource");
+    (res, gpu)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_request_is_answered_without_race_and_nothing_stays_outstanding() {
+    let (res, gpu) = service(1);
+    let kernels = Arc::new(SimKernels::new(gpu.clone()));
+    for (clients, per_client) in [(1, 40), (16, 8), (64, 4), (256, 2)] {
+        let row = run_level(&res, &kernels, Dims::BENCH, clients, per_client, 42)
+            .await
+            .unwrap_or_else(|e| panic!("{clients} clients: {e}"));
+        assert_eq!(
+            row.requests,
+            clients * per_client,
+            "{clients} clients: every request answered"
+        );
+        assert_eq!(row.clients, clients);
+        assert!(row.peak_requested > 0);
+        assert!(
+            row.peak_held >= row.peak_requested,
+            "{clients} clients: the device held {} B at most, less than the {} B live",
+            row.peak_held,
+            row.peak_requested
+        );
+        assert!(row.p50 <= row.p99);
+        assert_eq!(row.peak_blocked, 0, "no thread blocks in a wait");
+    }
+    let races = gpu.races();
+    assert!(races.is_empty(), "races: {races:?}");
+    // Frees still pending reach the cache first, then it gives all back.
+    let left = streamalloc_way::release_all(&res).await.expect("release");
+    assert_eq!(left, 0, "0 B outstanding at the end");
+    assert_eq!(res.bytes_outstanding(), 0);
+    assert_eq!(res.inner().cached_bytes(), 0);
+}
+
+/// Kernels that also read the input on another stream, unordered: the race
+/// detector must see it, which shows the test above would see a missing
+/// wait in the service's ordering.
+struct ReadsOnAnotherStream {
+    gpu: Arc<SimGpu>,
+    pool: Arc<StreamPool>,
+    inner: SimKernels,
+}
+
+impl RequestKernels for ReadsOnAnotherStream {
+    fn enqueue(&self, stream: RawStream, io: RequestIo<'_>) -> GpuResult<()> {
+        self.inner.enqueue(stream, io)?;
+        let other = (0..self.pool.len())
+            .filter_map(|i| self.pool.raw(self.pool.id(i)?).ok())
+            .find(|&raw| raw != stream)
+            .expect("a second stream");
+        self.gpu.launch_kernel(other, &[MemAccess::read(io.x)])
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unordered_use_in_the_service_is_reported() {
+    let (res, gpu) = service(2);
+    let kernels = Arc::new(ReadsOnAnotherStream {
+        gpu: gpu.clone(),
+        pool: res.stream_pool().clone(),
+        inner: SimKernels::new(gpu.clone()),
+    });
+    let row = run_level(&res, &kernels, Dims::BENCH, 4, 2, 7)
+        .await
+        .expect("the level runs");
+    assert_eq!(row.requests, 8);
+    assert!(!gpu.races().is_empty(), "the planted race must be reported");
+}
