@@ -105,8 +105,11 @@ async fn serve<R: DeviceMemoryResource + 'static>(res: AsyncResource<R>) -> Reso
             };
             let wait = asked.elapsed();
             // The "kernel": fill the block on its stream.
-            res.gpu()
-                .memset_async(block.ptr(), i as u8, block.size(), raw)?;
+            // SAFETY: a stream of the resource's pool; the block is live (freed below).
+            unsafe {
+                res.gpu()
+                    .memset_async(block.ptr(), i as u8, block.size(), raw)
+            }?;
             res.finish_block_use(block.id(), stream, Access::Write)?
                 .await?;
             // Free without waiting: the reaper returns the memory.

@@ -219,9 +219,34 @@ impl Core {
         let _scope = PollScope::enter();
         for n in &self.notifiers {
             if let Some(to) = n.take_reap() {
+                // `reap` calls the inner resource (user decorators
+                // included): if it panics, the number goes back for the
+                // next dispatch instead of being lost with the frees.
+                let undo = RestoreReap { n, to: Some(to) };
                 self.reap(n.stream, to);
+                undo.done();
             }
             n.launch(&*self.gpu);
+        }
+    }
+}
+
+/// Puts a taken reap number back on its notifier unless [`done`](Self::done).
+struct RestoreReap<'a> {
+    n: &'a Notifier,
+    to: Option<u64>,
+}
+
+impl RestoreReap<'_> {
+    fn done(mut self) {
+        self.to = None;
+    }
+}
+
+impl Drop for RestoreReap<'_> {
+    fn drop(&mut self) {
+        if let Some(to) = self.to {
+            self.n.restore_reap(to);
         }
     }
 }
