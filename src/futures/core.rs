@@ -253,8 +253,15 @@ impl Drop for RestoreReap<'_> {
 
 impl Patrolled for Core {
     fn patrol(&self, fallback: bool) {
-        self.dispatch();
+        // A decorator that panics in `reap_through` makes `dispatch` panic
+        // (its reap is put back, to be tried again): the fault checks below
+        // must run all the same, or a fault would go unnoticed behind it.
+        // The panic is passed on at the end, for the watchdog to report.
+        let dispatched = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.dispatch()));
         if !fallback {
+            if let Err(panic) = dispatched {
+                std::panic::resume_unwind(panic);
+            }
             return;
         }
         let mut failed = false;
@@ -277,7 +284,10 @@ impl Patrolled for Core {
             // Waiting allocations retry, and see the device's error.
             self.allocs.memory_returned();
         }
-        self.dispatch();
+        let again = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.dispatch()));
+        if let Err(panic) = dispatched.and(again) {
+            std::panic::resume_unwind(panic);
+        }
     }
 
     /// Whether any stream waits on a notification, or any allocation waits
