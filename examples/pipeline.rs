@@ -42,7 +42,8 @@ async fn main() -> ResourceResult<()> {
         .retry_on_oom()
         .budget(&budget)
         .build(StreamOrderedResource::new(&device));
-    let res = AsyncResource::with_device(CachingResource::new(stack), &device)?;
+    // SAFETY: the stack's bottom resource was made on `device`.
+    let res = unsafe { AsyncResource::with_device(CachingResource::new(stack), &device) }?;
     run(res.clone()).await?;
     // The cache keeps freed blocks for reuse: give them back, and the
     // device and the budget hold nothing.

@@ -45,7 +45,9 @@ async fn main() -> ResourceResult<()> {
         .retry_on_oom()
         .budget(&budget)
         .build(StreamOrderedResource::new(&device));
-    let res = AsyncResource::with_device(CachingResource::new(stack), &device)?;
+    // SAFETY: the stack's bottom resource was made on `device`, and
+    // resolves its streams through `device`'s pool.
+    let res = unsafe { AsyncResource::with_device(CachingResource::new(stack), &device) }?;
     serve(res.clone()).await?;
     // The cache keeps freed blocks for reuse: give them back, and the
     // device and the budget hold nothing.
@@ -105,8 +107,11 @@ async fn serve<R: DeviceMemoryResource + 'static>(res: AsyncResource<R>) -> Reso
             };
             let wait = asked.elapsed();
             // The "kernel": fill the block on its stream.
-            res.gpu()
-                .memset_async(block.ptr(), i as u8, block.size(), raw)?;
+            // SAFETY: a stream of the resource's pool; the block is live (freed below).
+            unsafe {
+                res.gpu()
+                    .memset_async(block.ptr(), i as u8, block.size(), raw)
+            }?;
             res.finish_block_use(block.id(), stream, Access::Write)?
                 .await?;
             // Free without waiting: the reaper returns the memory.

@@ -66,7 +66,9 @@ fn a_current_thread_timeout_returns_at_once_with_cache_retry_and_budget() {
             .retry_on_oom()
             .budget(&budget)
             .build(SimResource::new(&f.device));
-        let res = AsyncResource::with_device(CachingResource::new(stack), &f.device).unwrap();
+        // SAFETY: the stack's bottom resource was made on this device.
+        let res =
+            unsafe { AsyncResource::with_device(CachingResource::new(stack), &f.device) }.unwrap();
         let a = res.try_allocate(BLOCK, s0, TAG).unwrap();
         let b = res.try_allocate(BLOCK, s0, TAG).unwrap();
         busy(&gpu, &f, s0, &a, 3);
@@ -112,7 +114,8 @@ fn retry_on_oom_under_an_awaiting_allocation_does_not_synchronize() {
         let stack = ResourceBuilder::new()
             .retry_on_oom()
             .build(SimResource::new(&f.device));
-        let res = AsyncResource::with_device(stack, &f.device).unwrap();
+        // SAFETY: the stack's bottom resource was made on this device.
+        let res = unsafe { AsyncResource::with_device(stack, &f.device) }.unwrap();
         let a = res.try_allocate(BLOCK, s0, TAG).unwrap();
         busy(&gpu, &f, s0, &a, 3);
         // Freed on the inner resource directly: the async layer never saw it.
@@ -150,7 +153,9 @@ fn full_stack_under_budget<G: streamalloc::gpu::Gpu>(
             .retry_on_oom()
             .budget(&budget)
             .build(streamalloc::StreamOrderedResource::new(&f.device));
-        let res = AsyncResource::with_device(CachingResource::new(stack), &f.device).unwrap();
+        // SAFETY: the stack's bottom resource was made on this device.
+        let res =
+            unsafe { AsyncResource::with_device(CachingResource::new(stack), &f.device) }.unwrap();
         let a = res.try_allocate(block, s0, TAG).unwrap();
         let b = res.try_allocate(block, s0, TAG).unwrap();
         busy(&a);
@@ -202,7 +207,9 @@ fn cuda_a_budget_bound_full_stack_never_blocks_a_current_thread_runtime() {
     let gpu = f.device.gpu().clone();
     let took = full_stack_under_budget(&f, BIG, |b| {
         for _ in 0..2000 {
-            streamalloc::gpu::Gpu::memset_async(&*gpu, b.ptr(), 1, b.size(), raw).unwrap();
+            // SAFETY: a stream of the device's pool; the block is live (freed later).
+            unsafe { streamalloc::gpu::Gpu::memset_async(&*gpu, b.ptr(), 1, b.size(), raw) }
+                .unwrap();
         }
     });
     assert!(
@@ -236,7 +243,8 @@ fn a_shared_budget_waiter_on_device_0_is_woken_by_a_free_on_device_1() {
         .map(|gpu| {
             let device = Device::simulated(gpu, 1);
             let stack = BudgetResource::new(SimResource::new(&device), &budget);
-            let res = AsyncResource::with_device(stack, &device).unwrap();
+            // SAFETY: the stack's bottom resource was made on this device.
+            let res = unsafe { AsyncResource::with_device(stack, &device) }.unwrap();
             (res, device.stream(0).unwrap())
         })
         .collect();
@@ -323,7 +331,8 @@ async fn a_budget_waiter_fails_after_a_fault() {
     let f = common::sim_with(gpu.clone(), 2);
     let budget = Budget::new(BLOCK);
     let stack = BudgetResource::new(SimResource::new(&f.device), &budget);
-    let res = AsyncResource::with_device(stack, &f.device).unwrap();
+    // SAFETY: the stack's bottom resource was made on this device.
+    let res = unsafe { AsyncResource::with_device(stack, &f.device) }.unwrap();
     let held = res.try_allocate(BLOCK, f.stream(0), TAG).unwrap();
     busy(&gpu, &f, f.stream(0), &held, 3);
     drop(res.deallocate(held).unwrap());
@@ -439,7 +448,8 @@ async fn a_panicking_decorator_does_not_kill_the_watchdog() {
     let f = common::sim_with(gpu.clone(), 1);
     let s = f.stream(0);
     let inner = PanicsOnReap(SimResource::new(&f.device));
-    let res = AsyncResource::with_device(inner, &f.device).unwrap();
+    // SAFETY: the stack's bottom resource was made on this device.
+    let res = unsafe { AsyncResource::with_device(inner, &f.device) }.unwrap();
     res.set_wait_policy(WaitPolicy::PARK_AT_ONCE);
     // A free whose notification makes the watchdog call the decorator.
     let block = res.try_allocate(BLOCK, s, TAG).unwrap();

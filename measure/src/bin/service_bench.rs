@@ -128,7 +128,8 @@ async fn on_sim(args: &Args) -> BoxResult<()> {
         .build();
     let device = Device::simulated(&gpu, STREAMS);
     let inner = Arc::new(SimResource::new(&device));
-    let res = AsyncResource::with_device(CachingResource::new(inner), &device)?;
+    // SAFETY: the stack's bottom resource was made on this device.
+    let res = unsafe { AsyncResource::with_device(CachingResource::new(inner), &device) }?;
     let kernels = Arc::new(SimKernels::new(gpu.clone()));
     let mut rows = Vec::new();
     for &clients in &args.clients {
@@ -352,10 +353,8 @@ fn streamalloc_stack(
         unsafe { model.prepare_stream(raw)? };
     }
     let inner = Arc::new(StreamOrderedResource::new(&device));
-    Ok(AsyncResource::with_device(
-        CachingResource::new(inner),
-        &device,
-    )?)
+    // SAFETY: the stack's bottom resource was made on this device.
+    Ok(unsafe { AsyncResource::with_device(CachingResource::new(inner), &device) }?)
 }
 
 fn median_us(v: &[Duration]) -> f64 {
