@@ -45,7 +45,8 @@ async fn main() -> ResourceResult<()> {
         .retry_on_oom()
         .budget(&budget)
         .build(StreamOrderedResource::new(&device));
-    // SAFETY: the stack's bottom resource was made on `device`.
+    // SAFETY: the stack's bottom resource was made on `device`, and
+    // resolves its streams through `device`'s pool.
     let res = unsafe { AsyncResource::with_device(CachingResource::new(stack), &device) }?;
     serve(res.clone()).await?;
     // The cache keeps freed blocks for reuse: give them back, and the

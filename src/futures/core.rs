@@ -253,17 +253,27 @@ impl Drop for RestoreReap<'_> {
 
 impl Patrolled for Core {
     fn patrol(&self, fallback: bool) {
-        // A decorator that panics in `reap_through` makes `dispatch` panic
-        // (its reap is put back, to be tried again): the fault checks below
-        // must run all the same, or a fault would go unnoticed behind it.
-        // The panic is passed on at the end, for the watchdog to report.
-        let dispatched = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.dispatch()));
-        if !fallback {
-            if let Err(panic) = dispatched {
-                std::panic::resume_unwind(panic);
-            }
-            return;
+        // The fallback first: it calls no user code, so a wrapped resource
+        // whose `reap_through` keeps panicking (the dispatch below, retried
+        // every period) cannot keep a dead stream's waiters from failing.
+        if fallback {
+            self.fallback();
         }
+        self.dispatch();
+    }
+
+    /// Whether any stream waits on a notification, or any allocation waits
+    /// for memory.
+    fn has_pending(&self) -> bool {
+        self.allocs.len() > 0 || self.notifiers.iter().any(Notifier::has_pending)
+    }
+}
+
+impl Core {
+    /// The fallback query of every stream with something pending; for
+    /// waiting allocations, a probe of the device, the adoption of frees
+    /// queued below and a retry of the head.
+    fn fallback(&self) {
         let mut failed = false;
         for n in &self.notifiers {
             if n.has_pending() {
@@ -284,16 +294,6 @@ impl Patrolled for Core {
             // Waiting allocations retry, and see the device's error.
             self.allocs.memory_returned();
         }
-        let again = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.dispatch()));
-        if let Err(panic) = dispatched.and(again) {
-            std::panic::resume_unwind(panic);
-        }
-    }
-
-    /// Whether any stream waits on a notification, or any allocation waits
-    /// for memory.
-    fn has_pending(&self) -> bool {
-        self.allocs.len() > 0 || self.notifiers.iter().any(Notifier::has_pending)
     }
 }
 
