@@ -38,7 +38,8 @@ fn main() -> Result<(), BoxError> {
         .debug_guard(
             GuardConfig::new()
                 .max_blocks(8)
-                .poison(GpuPoison::new(&device, 0xA5)),
+                // SAFETY: the guard is the poison's only user and fills only blocks live in a resource of this device.
+                .poison(unsafe { GpuPoison::new(&device, 0xA5) }),
         )
         .build(resource.clone());
 

@@ -19,7 +19,6 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 use streamalloc::futures::AsyncResource;
-use streamalloc::gpu::Gpu;
 use streamalloc::gpu::sim::{MemAccess, SimGpu};
 use streamalloc::{
     AllocTag, Backend, CudaBuffer, Device, RawStream, ResourceError, StreamOrderedResource,

@@ -11,8 +11,12 @@
 use std::time::{Duration, Instant};
 
 use streamalloc::futures::{AsyncResource, Reaper};
+use streamalloc::gpu::Gpu;
 use streamalloc::gpu::sim::SimGpu;
-use streamalloc::{AllocTag, Buffer, Device, DeviceMemoryResource, ResourceResult};
+use streamalloc::{
+    AllocTag, Budget, Buffer, CachingResource, Device, DeviceMemoryResource, ResourceBuilder,
+    ResourceResult, StreamOrderedResource,
+};
 use tokio::sync::mpsc;
 
 const ITEMS: usize = 256;
@@ -30,7 +34,28 @@ async fn main() -> ResourceResult<()> {
             .op_latency(Duration::from_micros(50)),
     );
     println!("device: {device}");
-    run(AsyncResource::on(&device)?).await?;
+    // The full stack under the async layer: a per-stream cache over
+    // `RetryOnOom` over a budget of half the device.
+    let (_free, total) = device.gpu().mem_info()?;
+    let budget = Budget::new(total / 2);
+    let stack = ResourceBuilder::new()
+        .retry_on_oom()
+        .budget(&budget)
+        .build(StreamOrderedResource::new(&device));
+    // SAFETY: the stack's bottom resource was made on `device`.
+    let res = unsafe { AsyncResource::with_device(CachingResource::new(stack), &device) }?;
+    run(res.clone()).await?;
+    // The cache keeps freed blocks for reuse: give them back, and the
+    // device and the budget hold nothing.
+    res.inner().trim()?;
+    res.reap_pending().await?;
+    println!(
+        "after trimming the cache: {} B outstanding, {} B of the budget in use",
+        res.bytes_outstanding(),
+        budget.in_use()
+    );
+    assert_eq!(res.bytes_outstanding(), 0);
+    assert_eq!(budget.in_use(), 0);
     if let Some(sim) = device.simulator() {
         let races = sim.races();
         println!("race detector: {} race(s)", races.len());
@@ -124,6 +149,5 @@ async fn run<R: DeviceMemoryResource + 'static>(res: AsyncResource<R>) -> Resour
         res.bytes_outstanding()
     );
     assert_eq!(done, ITEMS);
-    assert_eq!(res.bytes_outstanding(), 0);
     Ok(())
 }

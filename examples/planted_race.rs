@@ -24,16 +24,19 @@ fn plant(device: &Device, fixed: bool) -> ResourceResult<()> {
     let victim = r.allocate(n, a, AllocTag("victim"))?;
     let busy = r.allocate(1 << 30, b, AllocTag("busy"))?;
     let sink = r.allocate(n, b, AllocTag("sink"))?;
-    gpu.memset_async(victim.ptr(), 1, n, raw_a)?;
+    // SAFETY: a stream of this program's pool; blocks it allocated and has not freed (the planted race is on the device: the copy is queued before the free).
+    unsafe { gpu.memset_async(victim.ptr(), 1, n, raw_a) }?;
     r.finish_block_use(victim.id(), a, Access::Write)?;
     // Keep stream B busy so that A's free runs before B's read.
     for _ in 0..8 {
-        gpu.memset_async(busy.ptr(), 2, 1 << 30, raw_b)?;
+        // SAFETY: a stream of this program's pool; blocks it allocated and has not freed (the planted race is on the device: the copy is queued before the free).
+        unsafe { gpu.memset_async(busy.ptr(), 2, 1 << 30, raw_b) }?;
     }
     if fixed {
         r.prepare_block_use(victim.id(), b, Access::Read)?;
     }
-    gpu.copy_async(sink.ptr(), victim.ptr(), n, raw_b)?;
+    // SAFETY: a stream of this program's pool; blocks it allocated and has not freed (the planted race is on the device: the copy is queued before the free).
+    unsafe { gpu.copy_async(sink.ptr(), victim.ptr(), n, raw_b) }?;
     if fixed {
         r.finish_block_use(victim.id(), b, Access::Read)?;
     }

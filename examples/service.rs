@@ -1,7 +1,10 @@
 //! A tokio service with back-pressure: many concurrent requests each
 //! allocate device memory, launch work, await its completion and free —
 //! with more demand than memory, so requests wait for memory instead of
-//! failing.
+//! failing. The resource is the full stack under the async layer: a
+//! per-stream cache over `RetryOnOom` over a budget of half the device, so
+//! requests wait for the budget, the device and the cache's blocks alike,
+//! and no executor thread ever blocks on a synchronize.
 //!
 //! ```text
 //! cargo run --example service                         # real GPU if present, else simulated
@@ -14,8 +17,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use streamalloc::futures::{AsyncResource, Reaper};
+use streamalloc::gpu::Gpu;
 use streamalloc::gpu::sim::SimGpu;
-use streamalloc::{Access, AllocTag, Device, DeviceMemoryResource, ResourceResult};
+use streamalloc::{
+    Access, AllocTag, Budget, CachingResource, Device, DeviceMemoryResource, ResourceBuilder,
+    ResourceResult, StreamOrderedResource,
+};
 
 const REQUESTS: usize = 64;
 const STREAMS: usize = 8;
@@ -32,7 +39,27 @@ async fn main() -> ResourceResult<()> {
             .op_latency(Duration::from_micros(50)),
     );
     println!("device: {device}");
-    serve(AsyncResource::on(&device)?).await?;
+    let (_free, total) = device.gpu().mem_info()?;
+    let budget = Budget::new(total / 2);
+    let stack = ResourceBuilder::new()
+        .retry_on_oom()
+        .budget(&budget)
+        .build(StreamOrderedResource::new(&device));
+    // SAFETY: the stack's bottom resource was made on `device`, and
+    // resolves its streams through `device`'s pool.
+    let res = unsafe { AsyncResource::with_device(CachingResource::new(stack), &device) }?;
+    serve(res.clone()).await?;
+    // The cache keeps freed blocks for reuse: give them back, and the
+    // device and the budget hold nothing.
+    res.inner().trim()?;
+    res.reap_pending().await?;
+    println!(
+        "after trimming the cache: {} B outstanding, {} B of the budget in use",
+        res.bytes_outstanding(),
+        budget.in_use()
+    );
+    assert_eq!(res.bytes_outstanding(), 0);
+    assert_eq!(budget.in_use(), 0);
     if let Some(sim) = device.simulator() {
         let races = sim.races();
         println!("race detector: {} race(s)", races.len());
@@ -44,7 +71,7 @@ async fn main() -> ResourceResult<()> {
 async fn serve<R: DeviceMemoryResource + 'static>(res: AsyncResource<R>) -> ResourceResult<()> {
     let (_free, total) = res.gpu().mem_info()?;
     // Each request wants 1/16 of the device and 64 run at once: four times
-    // more demand than memory.
+    // more demand than the device, eight times more than the budget.
     let size = (total / 16) & !0xFFFF;
     println!(
         "{REQUESTS} concurrent requests of {} MiB each on a {} MiB device ({}x oversubscribed)",
@@ -80,8 +107,11 @@ async fn serve<R: DeviceMemoryResource + 'static>(res: AsyncResource<R>) -> Reso
             };
             let wait = asked.elapsed();
             // The "kernel": fill the block on its stream.
-            res.gpu()
-                .memset_async(block.ptr(), i as u8, block.size(), raw)?;
+            // SAFETY: a stream of the resource's pool; the block is live (freed below).
+            unsafe {
+                res.gpu()
+                    .memset_async(block.ptr(), i as u8, block.size(), raw)
+            }?;
             res.finish_block_use(block.id(), stream, Access::Write)?
                 .await?;
             // Free without waiting: the reaper returns the memory.
@@ -112,6 +142,5 @@ async fn serve<R: DeviceMemoryResource + 'static>(res: AsyncResource<R>) -> Reso
         2 * REQUESTS,
         res.bytes_outstanding()
     );
-    assert_eq!(res.bytes_outstanding(), 0);
     Ok(())
 }

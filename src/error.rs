@@ -158,6 +158,14 @@ pub enum ResourceError {
         /// How many streams the pool holds.
         pool_len: usize,
     },
+    /// The stream id was handed out by another [`StreamPool`](crate::StreamPool)
+    /// of the same device: it names a stream this resource does not order
+    /// on.
+    #[error("{stream} belongs to another stream pool")]
+    ForeignStream {
+        /// The stream that was passed.
+        stream: StreamId,
+    },
     /// A stream or block of another device was passed to a resource pinned
     /// to `expected`.
     #[error("wrong device: this resource serves device {expected}, got one of device {found}")]

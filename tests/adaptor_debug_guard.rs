@@ -177,7 +177,8 @@ fn poison_is_filled_after_every_use_without_a_race() {
     let f = common::sim(2);
     let gpu = f.sim.clone().unwrap();
     let (a, b) = (f.stream(0), f.stream(1));
-    let poison = GpuPoison::for_resource(&f.resource, 0xA5);
+    // SAFETY: the guard is the poison's only user and fills only blocks live in that resource.
+    let poison = unsafe { GpuPoison::for_resource(&f.resource, 0xA5) };
     assert_eq!(poison.value(), 0xA5);
     let g = DebugGuard::new(f.resource.clone(), GuardConfig::new().poison(poison));
     let block = g.allocate(4096, a, T).unwrap();
@@ -199,7 +200,8 @@ fn poison_is_filled_after_every_use_without_a_race() {
 fn a_failed_poison_leaves_the_block_live() {
     let f = common::sim(1);
     let gpu = f.sim.clone().unwrap();
-    let poison = GpuPoison::for_resource(&f.resource, 0);
+    // SAFETY: the guard is the poison's only user and fills only blocks live in that resource.
+    let poison = unsafe { GpuPoison::for_resource(&f.resource, 0) };
     let g = DebugGuard::new(f.resource.clone(), GuardConfig::new().poison(poison));
     let block = g.allocate(64, f.stream(0), T).unwrap();
     gpu.fail_nth(DriverCall::MemsetAsync, 1);
@@ -407,7 +409,8 @@ fn a_failed_poison_fill_changes_nothing() {
     let f = common::sim(2);
     let gpu = f.sim.clone().unwrap();
     let (a, b) = (f.stream(0), f.stream(1));
-    let poison = GpuPoison::for_resource(&f.resource, 0x5A);
+    // SAFETY: the guard is the poison's only user and fills only blocks live in that resource.
+    let poison = unsafe { GpuPoison::for_resource(&f.resource, 0x5A) };
     let g = DebugGuard::new(f.resource.clone(), GuardConfig::new().poison(poison));
     let held = g.allocate(100, a, T).unwrap();
     let block = g.allocate(300, a, T).unwrap();

@@ -41,8 +41,10 @@ fn out_of_memory_reaps_and_retries_once() {
         Err(ResourceError::OutOfMemory { .. })
     ));
 
-    // With it, the reap runs the free and the retry succeeds.
+    // With it, the reap runs the free and the retry succeeds. (A new
+    // device: its pool's own stream ids.)
     let f = small_device();
+    let (a, b) = (f.stream(0), f.stream(1));
     let gpu = f.sim.clone().unwrap();
     let r = RetryOnOom::new(f.resource.clone());
     let block = r.allocate(768 << 10, a, T).unwrap();

@@ -108,8 +108,9 @@ async fn one_future_per_launch_and_the_fill_helper() {
         .read(&x)
         .write(&mut y)
         .enqueue(|raw| {
-            gpu.copy_async(yp, xp, N, raw)
-                .map_err(|e| e.for_request(0, s1))
+            // SAFETY: `raw` is a stream of the resource's pool; both buffers
+            // are live (owned here) and ordered on it by the launch.
+            unsafe { gpu.copy_async(yp, xp, N, raw) }.map_err(|e| e.for_request(0, s1))
         })
         .unwrap();
     done.await.unwrap();

@@ -454,9 +454,10 @@ fn on_cuda_the_arena_maps_reuses_and_gives_back() {
     let big = cache.allocate(40 << 20, a, T).unwrap();
     assert!(cache.bytes_outstanding() >= (40 << 20) + 1000);
     assert!(gpu.memory_held().unwrap().current >= held_before + (40 << 20));
-    gpu.memset_async(big.ptr(), 7, big.size(), raw_a).unwrap();
-    gpu.memset_async(small.ptr(), 1, small.size(), raw_a)
-        .unwrap();
+    // SAFETY: a stream of the fixture's pool, which it holds; blocks live in the cache.
+    unsafe { gpu.memset_async(big.ptr(), 7, big.size(), raw_a) }.unwrap();
+    // SAFETY: a stream of the fixture's pool, which it holds; blocks live in the cache.
+    unsafe { gpu.memset_async(small.ptr(), 1, small.size(), raw_a) }.unwrap();
     let (ptr, creates) = (big.ptr(), cache.stats().misses);
     cache.deallocate(big).unwrap();
     let again = cache.allocate(40 << 20, a, T).unwrap();
@@ -467,19 +468,23 @@ fn on_cuda_the_arena_maps_reuses_and_gives_back() {
     cache
         .prepare_block_use(again.id(), b, Access::Write)
         .unwrap();
-    gpu.memset_async(again.ptr(), 3, again.size(), raw_b)
-        .unwrap();
+    // SAFETY: a stream of the fixture's pool, which it holds; blocks live in the cache.
+    unsafe { gpu.memset_async(again.ptr(), 3, again.size(), raw_b) }.unwrap();
     cache
         .finish_block_use(again.id(), b, Access::Write)
         .unwrap();
     cache.deallocate(again).unwrap();
     cache.deallocate(small).unwrap();
 
-    gpu.stream_synchronize(raw_a).unwrap();
-    gpu.stream_synchronize(raw_b).unwrap();
+    // SAFETY: a stream of the fixture's pool, which it holds; blocks live in the cache.
+    unsafe { gpu.stream_synchronize(raw_a) }.unwrap();
+    // SAFETY: a stream of the fixture's pool, which it holds; blocks live in the cache.
+    unsafe { gpu.stream_synchronize(raw_b) }.unwrap();
     cache.trim().unwrap(); // records fences
-    gpu.stream_synchronize(raw_a).unwrap();
-    gpu.stream_synchronize(raw_b).unwrap();
+    // SAFETY: a stream of the fixture's pool, which it holds; blocks live in the cache.
+    unsafe { gpu.stream_synchronize(raw_a) }.unwrap();
+    // SAFETY: a stream of the fixture's pool, which it holds; blocks live in the cache.
+    unsafe { gpu.stream_synchronize(raw_b) }.unwrap();
     cache.trim().unwrap(); // they are complete: everything goes
     assert_eq!(cache.bytes_outstanding(), f.resource.bytes_outstanding());
     drop(cache);
@@ -505,7 +510,8 @@ fn an_async_allocation_never_synchronizes_in_a_poll() {
         let f = common::sim_with(gpu.clone(), 2);
         let (s0, s1) = (f.stream(0), f.stream(1));
         let cache = CachingResource::new(f.resource.clone());
-        let res = AsyncResource::with_device(cache, &f.device).unwrap();
+        // SAFETY: the stack's bottom resource was made on this device.
+        let res = unsafe { AsyncResource::with_device(cache, &f.device) }.unwrap();
         let x = res.try_allocate(6 * P, s0, T).unwrap();
         for _ in 0..3 {
             gpu.launch_kernel(f.pool.raw(s0).unwrap(), &[MemAccess::write(&x)])

@@ -109,7 +109,8 @@ fn a_launch_on_a_stream_of_another_device_queues_nothing() {
 fn poison_fills_on_the_device() {
     let sim = SimGpu::builder().manual().build();
     let device = Device::sim(&sim, 1);
-    let poison = GpuPoison::new(&device, 0xA5);
+    // SAFETY: the guard is the poison's only user and fills only blocks live in a resource of this device.
+    let poison = unsafe { GpuPoison::new(&device, 0xA5) };
     let resource = StreamOrderedResource::new(&device);
     let block = resource
         .allocate(4096, device.stream(0).unwrap(), T)
@@ -138,11 +139,13 @@ async fn an_awaitable_resource_on_the_device() {
 fn a_stack_over_the_device_is_awaitable_with_the_same_device() {
     let device = Device::simulated(&SimGpu::builder().manual().build(), 1);
     let guard = DebugGuard::new(StreamOrderedResource::new(&device), GuardConfig::new());
-    assert!(AsyncResource::with_device(guard, &device).is_ok());
+    // SAFETY: the guard's bottom resource was made on `device`.
+    assert!(unsafe { AsyncResource::with_device(guard, &device) }.is_ok());
     let other = Device::simulated(&SimGpu::builder().ordinal(3).manual().build(), 1);
     let guard = DebugGuard::new(StreamOrderedResource::new(&device), GuardConfig::new());
     assert!(matches!(
-        AsyncResource::with_device(guard, &other),
+        // SAFETY: refused before anything is queued (another device).
+        unsafe { AsyncResource::with_device(guard, &other) },
         Err(ResourceError::WrongDevice { .. })
     ));
 }
@@ -178,6 +181,7 @@ fn the_backend_forwards_the_calls_that_have_defaults() {
         gpu.address_free(addr, g).expect("forwarded");
     }
     let lane = device.gpu().create_stream().expect("forwarded");
-    device.gpu().destroy_stream(lane).unwrap();
+    // SAFETY: `lane` was just made by this backend's `create_stream` and is not used again.
+    unsafe { device.gpu().destroy_stream(lane) }.unwrap();
     resource.deallocate(block).unwrap();
 }

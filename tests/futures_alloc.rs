@@ -2,6 +2,8 @@
 
 mod common;
 
+use common::bounded::BoundedExt;
+
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
@@ -62,7 +64,8 @@ fn waiters_are_served_first_come_first_served() {
     // One block comes back (reusable on its stream at once): only the head
     // is woken, and it gets it.
     drop(res.deallocate(a).unwrap());
-    assert_eq!(wakers[0].0.count(), 1);
+    // At least once (see `a_woken_waiter_that_is_dropped_passes_the_wake_on`).
+    assert!(wakers[0].0.count() >= 1);
     assert_eq!(wakers[2].0.count(), 0);
     // Memory that came back is the head's: a try_allocate may not take it.
     let before = res.bytes_outstanding();
@@ -107,11 +110,13 @@ fn a_woken_waiter_that_is_dropped_passes_the_wake_on() {
     assert!(poll_once(&mut w1, &k1).is_pending());
     assert!(poll_once(&mut w2, &k2).is_pending());
     drop(res.deallocate(a).unwrap());
-    assert_eq!(c1.count(), 1, "the head is woken");
+    // At least once: memory returned anywhere in the process (another test
+    // of this binary) and the watchdog's period may wake the head too.
+    assert!(c1.count() >= 1, "the head is woken");
     assert_eq!(c2.count(), 0);
     // Cancelled after its wake-up, before it ran.
     drop(w1);
-    assert_eq!(c2.count(), 1, "the wake-up moved to the next waiter");
+    assert!(c2.count() >= 1, "the wake-up moved to the next waiter");
     let block = match poll_once(&mut w2, &k2) {
         Poll::Ready(Ok(b)) => b,
         other => panic!("not served: {other:?}"),
@@ -146,7 +151,7 @@ async fn memory_freed_on_another_stream_serves_a_waiter_once_executed() {
     let a = res.try_allocate(BLOCK, s0, TAG).unwrap();
     let waiting = tokio::spawn({
         let res = res.clone();
-        async move { res.allocate(BLOCK, s1, TAG).await }
+        async move { res.allocate(BLOCK, s1, TAG).bounded("allocate").await }
     });
     while res.waiting_allocations() == 0 {
         tokio::task::yield_now().await;
@@ -159,9 +164,13 @@ async fn memory_freed_on_another_stream_serves_a_waiter_once_executed() {
         .unwrap()
         .unwrap();
     assert_eq!(block.stream(), s1);
-    res.reap_pending().await.unwrap();
+    res.reap_pending().bounded("reap_pending").await.unwrap();
     assert_eq!(res.bytes_outstanding(), BLOCK);
-    res.deallocate(block).unwrap().await.unwrap();
+    res.deallocate(block)
+        .unwrap()
+        .bounded("deallocate")
+        .await
+        .unwrap();
     assert_eq!(res.bytes_outstanding(), 0);
 }
 
@@ -182,11 +191,11 @@ async fn cancelled_waiters_leave_no_leak_and_others_are_served() {
         let (gpu, pool) = (gpu.clone(), pool.clone());
         let s = f.stream(i % 2);
         tasks.push(tokio::spawn(async move {
-            let block = res.allocate(BLOCK, s, TAG).await?;
+            let block = res.allocate(BLOCK, s, TAG).bounded("allocate").await?;
             gpu.launch_kernel(pool.raw(s)?, &[MemAccess::write(&block)])
                 .unwrap();
-            res.completion(s)?.await?;
-            res.deallocate(block)?.await
+            res.completion(s)?.bounded("completion").await?;
+            res.deallocate(block)?.bounded("deallocate").await
         }));
     }
     while res.waiting_allocations() < 12 {
@@ -213,7 +222,7 @@ async fn cancelled_waiters_leave_no_leak_and_others_are_served() {
             .unwrap();
         assert_eq!(r, Ok(()));
     }
-    res.reap_pending().await.unwrap();
+    res.reap_pending().bounded("reap_pending").await.unwrap();
     assert_eq!(res.waiting_allocations(), 0);
     assert_eq!(res.bytes_outstanding(), 0);
     assert!(gpu.races().is_empty(), "{:?}", gpu.races());

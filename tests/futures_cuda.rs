@@ -31,9 +31,8 @@ async fn cuda_points_frees_and_notifications_complete() {
     let block = res.allocate(64 << 20, s0, AllocTag("cuda")).await.unwrap();
     let raw = f.pool.raw(s0).unwrap();
     for _ in 0..50 {
-        res.gpu()
-            .memset_async(block.ptr(), 1, block.size(), raw)
-            .unwrap();
+        // SAFETY: a stream of this program's pool and blocks it allocated and has not freed.
+        unsafe { res.gpu().memset_async(block.ptr(), 1, block.size(), raw) }.unwrap();
     }
     // Parked behind 50 fills: completes through a host-function notification.
     let point = res.finish_block_use(block.id(), s0, Access::Write).unwrap();
@@ -43,14 +42,16 @@ async fn cuda_points_frees_and_notifications_complete() {
     );
     res.prepare_block_use(block.id(), s1, Access::Read).unwrap();
     let other = res.allocate(64 << 20, s1, AllocTag("cuda")).await.unwrap();
-    res.gpu()
-        .copy_async(
+    // SAFETY: a stream of this program's pool and blocks it allocated and has not freed.
+    unsafe {
+        res.gpu().copy_async(
             other.ptr(),
             block.ptr(),
             block.size(),
             f.pool.raw(s1).unwrap(),
         )
-        .unwrap();
+    }
+    .unwrap();
     let read = res.finish_block_use(block.id(), s1, Access::Read).unwrap();
     assert_eq!(
         tokio::time::timeout(GUARD, read).await.expect("hang"),
@@ -81,7 +82,8 @@ async fn cuda_ten_thousand_concurrent_futures_complete() {
     for i in 0..10_000 {
         let b = &blocks[i % 8];
         let raw = f.pool.raw(b.stream()).unwrap();
-        res.gpu().memset_async(b.ptr(), 0, 4, raw).unwrap();
+        // SAFETY: a stream of this program's pool and blocks it allocated and has not freed.
+        unsafe { res.gpu().memset_async(b.ptr(), 0, 4, raw) }.unwrap();
         tasks.push(tokio::spawn(res.completion(b.stream()).unwrap()));
     }
     for t in tasks {

@@ -205,10 +205,13 @@ fn points_dropped_behind_an_unpolled_one_do_not_pile_up() {
         );
         std::thread::sleep(Duration::from_millis(1));
     }
-    gpu.run_until_idle();
+    // `notifications()` counts a notification as soon as the watchdog
+    // starts queuing it: run the device until it has landed, not once (a
+    // run that came before the host function was queued would leave it).
     let start = std::time::Instant::now();
     while res.parked_points() > 0 {
         assert!(start.elapsed() < Duration::from_secs(20), "not settled");
+        gpu.run_until_idle();
         std::thread::sleep(Duration::from_millis(1));
     }
     assert!(matches!(kept.is_complete(), Ok(true)));

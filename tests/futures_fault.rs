@@ -5,6 +5,8 @@
 
 mod common;
 
+use common::bounded::BoundedExt;
+
 use std::time::Duration;
 
 use streamalloc::futures::{AsyncResource, Reaper};
@@ -48,17 +50,19 @@ async fn a_device_fault_fails_every_waiter_instead_of_hanging() {
     let mut points = Vec::new();
     for _ in 0..10 {
         for s in [s0, s1] {
-            points.push(tokio::spawn(res.completion(s).unwrap()));
+            points.push(tokio::spawn(
+                res.completion(s).unwrap().bounded("completion"),
+            ));
         }
     }
     // A free stuck behind the work, awaited.
-    let free = tokio::spawn(res.deallocate(freed).unwrap());
+    let free = tokio::spawn(res.deallocate(freed).unwrap().bounded("deallocate"));
     // An allocation on the other stream, waiting for that free to execute.
     let alloc = tokio::spawn({
         let res = res.clone();
-        async move { res.allocate(BLOCK, s1, TAG).await }
+        async move { res.allocate(BLOCK, s1, TAG).bounded("allocate").await }
     });
-    let reap = tokio::spawn(res.reap_pending());
+    let reap = tokio::spawn(res.reap_pending().bounded("reap_pending"));
     while res.parked_points() < 22 || res.waiting_allocations() < 1 {
         tokio::task::yield_now().await;
     }
@@ -99,7 +103,7 @@ async fn a_failed_host_function_is_covered_by_the_fallback_query() {
     let block = res.try_allocate(BLOCK, s, TAG).unwrap();
     gpu.fail_nth(DriverCall::LaunchHostFunc, 1);
     // Awaited free: its only notification's host function fails to queue.
-    let r = tokio::time::timeout(GUARD, res.deallocate(block).unwrap())
+    let r = tokio::time::timeout(GUARD, res.deallocate(block).unwrap().bounded("deallocate"))
         .await
         .expect("hang");
     assert_eq!(r, Ok(()));

@@ -66,7 +66,9 @@ fn a_current_thread_timeout_returns_at_once_with_cache_retry_and_budget() {
             .retry_on_oom()
             .budget(&budget)
             .build(SimResource::new(&f.device));
-        let res = AsyncResource::with_device(CachingResource::new(stack), &f.device).unwrap();
+        // SAFETY: the stack's bottom resource was made on this device.
+        let res =
+            unsafe { AsyncResource::with_device(CachingResource::new(stack), &f.device) }.unwrap();
         let a = res.try_allocate(BLOCK, s0, TAG).unwrap();
         let b = res.try_allocate(BLOCK, s0, TAG).unwrap();
         busy(&gpu, &f, s0, &a, 3);
@@ -112,7 +114,8 @@ fn retry_on_oom_under_an_awaiting_allocation_does_not_synchronize() {
         let stack = ResourceBuilder::new()
             .retry_on_oom()
             .build(SimResource::new(&f.device));
-        let res = AsyncResource::with_device(stack, &f.device).unwrap();
+        // SAFETY: the stack's bottom resource was made on this device.
+        let res = unsafe { AsyncResource::with_device(stack, &f.device) }.unwrap();
         let a = res.try_allocate(BLOCK, s0, TAG).unwrap();
         busy(&gpu, &f, s0, &a, 3);
         // Freed on the inner resource directly: the async layer never saw it.
@@ -126,6 +129,93 @@ fn retry_on_oom_under_an_awaiting_allocation_does_not_synchronize() {
         assert_eq!(gpu.blocking_calls_in_polls(), 0);
         drop(res.deallocate(block).unwrap());
     });
+}
+
+/// The budget-bound full stack (cache over `RetryOnOom` over a budget) under
+/// an `AsyncResource`: two blocks fill the budget, their frees wait behind
+/// `busy`'s work on stream 0, and a current-thread runtime's
+/// `timeout(1 ms, allocate)` on stream 1 must return at once; awaited, the
+/// allocation is served once the frees have run. Returns how long the
+/// timed-out call took.
+fn full_stack_under_budget<G: streamalloc::gpu::Gpu>(
+    f: &common::Fixture<G>,
+    block: usize,
+    busy: impl Fn(&DeviceBlock),
+) -> Duration {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (s0, s1) = (f.stream(0), f.stream(1));
+        let budget = Budget::new(2 * block);
+        let stack = ResourceBuilder::new()
+            .retry_on_oom()
+            .budget(&budget)
+            .build(streamalloc::StreamOrderedResource::new(&f.device));
+        // SAFETY: the stack's bottom resource was made on this device.
+        let res =
+            unsafe { AsyncResource::with_device(CachingResource::new(stack), &f.device) }.unwrap();
+        let a = res.try_allocate(block, s0, TAG).unwrap();
+        let b = res.try_allocate(block, s0, TAG).unwrap();
+        busy(&a);
+        drop(res.deallocate(a).unwrap());
+        drop(res.deallocate(b).unwrap());
+        let start = Instant::now();
+        let timed = tokio::time::timeout(
+            Duration::from_millis(1),
+            res.allocate(block, s1, TAG).bounded("allocate"),
+        )
+        .await;
+        let took = start.elapsed();
+        if let Ok(served) = timed {
+            drop(res.deallocate(served.unwrap()).unwrap());
+        }
+        let again = tokio::time::timeout(GUARD, res.allocate(block, s1, TAG).bounded("allocate"))
+            .await
+            .expect("hang")
+            .unwrap();
+        drop(res.deallocate(again).unwrap());
+        tokio::time::timeout(GUARD, res.reap_pending().bounded("reap"))
+            .await
+            .expect("hang")
+            .unwrap();
+        took
+    })
+}
+
+#[test]
+fn a_budget_bound_full_stack_never_blocks_a_current_thread_runtime() {
+    let gpu = SimGpu::builder().op_latency(KERNEL).build();
+    let f = common::sim_with(gpu.clone(), 2);
+    let took = full_stack_under_budget(&f, BLOCK, |b| busy(&gpu, &f, f.stream(0), b, 3));
+    assert!(
+        took < KERNEL,
+        "timeout(1 ms, allocate) returned after {took:?}"
+    );
+    assert_eq!(gpu.blocking_calls_in_polls(), 0);
+}
+
+/// The same on the GPU: 2,000 fills of 256 MiB (a few hundred ms on an
+/// H200) keep the frees waiting.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_a_budget_bound_full_stack_never_blocks_a_current_thread_runtime() {
+    const BIG: usize = 256 << 20;
+    let f = common::cuda(2);
+    let raw = f.pool.raw(f.stream(0)).unwrap();
+    let gpu = f.device.gpu().clone();
+    let took = full_stack_under_budget(&f, BIG, |b| {
+        for _ in 0..2000 {
+            // SAFETY: a stream of the device's pool; the block is live (freed later).
+            unsafe { streamalloc::gpu::Gpu::memset_async(&*gpu, b.ptr(), 1, b.size(), raw) }
+                .unwrap();
+        }
+    });
+    assert!(
+        took < Duration::from_millis(50),
+        "timeout(1 ms, allocate) returned after {took:?}"
+    );
 }
 
 /// Polls `fut` once with a counting waker.
@@ -153,7 +243,8 @@ fn a_shared_budget_waiter_on_device_0_is_woken_by_a_free_on_device_1() {
         .map(|gpu| {
             let device = Device::simulated(gpu, 1);
             let stack = BudgetResource::new(SimResource::new(&device), &budget);
-            let res = AsyncResource::with_device(stack, &device).unwrap();
+            // SAFETY: the stack's bottom resource was made on this device.
+            let res = unsafe { AsyncResource::with_device(stack, &device) }.unwrap();
             (res, device.stream(0).unwrap())
         })
         .collect();
@@ -240,7 +331,8 @@ async fn a_budget_waiter_fails_after_a_fault() {
     let f = common::sim_with(gpu.clone(), 2);
     let budget = Budget::new(BLOCK);
     let stack = BudgetResource::new(SimResource::new(&f.device), &budget);
-    let res = AsyncResource::with_device(stack, &f.device).unwrap();
+    // SAFETY: the stack's bottom resource was made on this device.
+    let res = unsafe { AsyncResource::with_device(stack, &f.device) }.unwrap();
     let held = res.try_allocate(BLOCK, f.stream(0), TAG).unwrap();
     busy(&gpu, &f, f.stream(0), &held, 3);
     drop(res.deallocate(held).unwrap());
@@ -356,7 +448,8 @@ async fn a_panicking_decorator_does_not_kill_the_watchdog() {
     let f = common::sim_with(gpu.clone(), 1);
     let s = f.stream(0);
     let inner = PanicsOnReap(SimResource::new(&f.device));
-    let res = AsyncResource::with_device(inner, &f.device).unwrap();
+    // SAFETY: the stack's bottom resource was made on this device.
+    let res = unsafe { AsyncResource::with_device(inner, &f.device) }.unwrap();
     res.set_wait_policy(WaitPolicy::PARK_AT_ONCE);
     // A free whose notification makes the watchdog call the decorator.
     let block = res.try_allocate(BLOCK, s, TAG).unwrap();

@@ -2,6 +2,8 @@
 
 mod common;
 
+use common::bounded::BoundedExt;
+
 use std::time::Duration;
 
 use streamalloc::AllocTag;
@@ -57,7 +59,7 @@ async fn the_reaper_serves_allocations_waiting_on_other_streams() {
         let waiters: Vec<_> = (0..4)
             .map(|_| {
                 let res = res.clone();
-                tokio::spawn(async move { res.allocate(BLOCK, s1, TAG).await })
+                tokio::spawn(async move { res.allocate(BLOCK, s1, TAG).bounded("allocate").await })
             })
             .collect();
         for b in held {
@@ -72,7 +74,7 @@ async fn the_reaper_serves_allocations_waiting_on_other_streams() {
             served += 1;
             drop(res.deallocate(b).unwrap());
         }
-        res.reap_pending().await.unwrap();
+        res.reap_pending().bounded("reap_pending").await.unwrap();
     }
     assert_eq!(served, 80);
     assert_eq!(res.bytes_outstanding(), 0);

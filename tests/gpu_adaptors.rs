@@ -27,7 +27,8 @@ fn a_full_stack_fills_copies_and_frees_across_streams<G: Gpu>(f: common::Fixture
     let (a, b) = (f.stream(0), f.stream(1));
     let budget = Budget::new(64 * MIB);
     let stats = Stats::new();
-    let poison = GpuPoison::for_resource(&f.resource, 0xA5);
+    // SAFETY: the guard is the poison's only user and fills only blocks live in a resource of this device.
+    let poison = unsafe { GpuPoison::for_resource(&f.resource, 0xA5) };
     let r = ResourceBuilder::new()
         .tracing()
         .retry_on_oom()
@@ -44,21 +45,24 @@ fn a_full_stack_fills_copies_and_frees_across_streams<G: Gpu>(f: common::Fixture
         LaunchRecorder::new(&r, a)
             .write(&src)
             .launch(&f.device, |raw| -> Result<(), BoxError> {
-                Ok(gpu.memset_async(src.ptr(), 1, src.size(), raw)?)
+                // SAFETY: a stream of the device's pool; the block is live (freed later).
+                Ok(unsafe { gpu.memset_async(src.ptr(), 1, src.size(), raw) }?)
             })
             .unwrap();
         LaunchRecorder::new(&r, b)
             .read(&src)
             .write(&dst)
             .launch(&f.device, |raw| -> Result<(), BoxError> {
-                Ok(gpu.copy_async(dst.ptr(), src.ptr(), src.size(), raw)?)
+                // SAFETY: a stream of the device's pool; both blocks are live (freed later).
+                Ok(unsafe { gpu.copy_async(dst.ptr(), src.ptr(), src.size(), raw) }?)
             })
             .unwrap();
         LaunchRecorder::new(&r, a)
             .read(&dst)
             .write(&src)
             .launch(&f.device, |raw| -> Result<(), BoxError> {
-                Ok(gpu.copy_async(src.ptr(), dst.ptr(), dst.size(), raw)?)
+                // SAFETY: a stream of the device's pool; both blocks are live (freed later).
+                Ok(unsafe { gpu.copy_async(src.ptr(), dst.ptr(), dst.size(), raw) }?)
             })
             .unwrap();
         r.deallocate(src.clone()).unwrap();
@@ -97,10 +101,8 @@ fn the_budget_counts_a_free_until_the_gpu_ran_it<G: Gpu>(f: common::Fixture<G>) 
         Err(ResourceError::BudgetExceeded { .. })
     ));
     let seq = r.pending_free_seq(s);
-    f.resource
-        .gpu()
-        .stream_synchronize(f.pool.raw(s).unwrap())
-        .unwrap();
+    // SAFETY: a stream of the pool this code holds.
+    unsafe { f.resource.gpu().stream_synchronize(f.pool.raw(s).unwrap()) }.unwrap();
     assert_eq!(r.reap_through(s, seq), 12 * MIB);
     assert_eq!(budget.in_use(), 0);
 }

@@ -64,11 +64,13 @@ fn cuda_cross_stream_write_read_read_free() {
     let sink_b = r.allocate(n, b, AllocTag::UNTAGGED).unwrap();
     let sink_c = r.allocate(n, c, AllocTag::UNTAGGED).unwrap();
     r.prepare_block_use(block.id(), a, Access::Write).unwrap();
-    gpu.memset_async(block.ptr(), 7, n, raw(a)).unwrap();
+    // SAFETY: a stream of the fixture's pool; `block` is live in `r`.
+    unsafe { gpu.memset_async(block.ptr(), 7, n, raw(a)) }.unwrap();
     r.finish_block_use(block.id(), a, Access::Write).unwrap();
     for (s, sink) in [(b, &sink_b), (c, &sink_c)] {
         r.prepare_block_use(block.id(), s, Access::Read).unwrap();
-        gpu.copy_async(sink.ptr(), block.ptr(), n, raw(s)).unwrap();
+        // SAFETY: a stream of the fixture's pool; both blocks live in `r`.
+        unsafe { gpu.copy_async(sink.ptr(), block.ptr(), n, raw(s)) }.unwrap();
         r.finish_block_use(block.id(), s, Access::Read).unwrap();
     }
     assert_eq!(r.pending_use_event_count(block.ptr()), Some(3));
@@ -90,10 +92,13 @@ fn cuda_host_function_runs() {
     let f = common::cuda(1);
     let gpu = f.resource.gpu().clone();
     let (tx, rx) = std::sync::mpsc::channel();
-    gpu.launch_host_fn(
-        f.pool.raw(f.stream(0)).unwrap(),
-        Box::new(move || tx.send(42).unwrap()),
-    )
+    // SAFETY: a stream of the fixture's pool, which it holds.
+    unsafe {
+        gpu.launch_host_fn(
+            f.pool.raw(f.stream(0)).unwrap(),
+            Box::new(move || tx.send(42).unwrap()),
+        )
+    }
     .unwrap();
     assert_eq!(rx.recv_timeout(std::time::Duration::from_secs(10)), Ok(42));
     println!("cuda: host function ran");

@@ -13,7 +13,6 @@ use std::collections::BTreeSet;
 
 use checks::assert_quiescent_invariants;
 use proptest::prelude::*;
-use streamalloc::gpu::Gpu;
 use streamalloc::gpu::sim::{MemAccess, SimGpu};
 use streamalloc::{
     Access, AllocTag, DeviceBlock, DeviceMemoryResource, DriverCall, ResourceError, SimResource,

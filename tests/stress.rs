@@ -17,7 +17,6 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use checks::assert_quiescent_invariants;
-use streamalloc::gpu::Gpu;
 use streamalloc::gpu::sim::{MemAccess, SimGpu};
 use streamalloc::{Access, AllocTag, DeviceBlock, DeviceMemoryResource};
 

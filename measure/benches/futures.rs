@@ -44,9 +44,8 @@ async fn tiny_op<R: DeviceMemoryResource + 'static>(
 ) {
     let s = block.stream();
     let raw = res.stream_pool().raw(s).unwrap();
-    res.gpu()
-        .memset_async(block.ptr(), i as u8, 4, raw)
-        .unwrap();
+    // SAFETY: the harness's own handles: streams of its pool (held for the run), events it made on this backend and destroys once, addresses it just allocated.
+    unsafe { res.gpu().memset_async(block.ptr(), i as u8, 4, raw) }.unwrap();
     res.completion(s).unwrap().await.unwrap();
 }
 
@@ -99,7 +98,8 @@ fn bench_on<R: DeviceMemoryResource + 'static>(
                 for i in 0..10_000 {
                     let block = &blocks[i % blocks.len()];
                     let raw = res.stream_pool().raw(block.stream()).unwrap();
-                    res.gpu().memset_async(block.ptr(), 0, 4, raw).unwrap();
+                    // SAFETY: the harness's own handles: streams of its pool (held for the run), events it made on this backend and destroys once, addresses it just allocated.
+                    unsafe { res.gpu().memset_async(block.ptr(), 0, 4, raw) }.unwrap();
                     futs.push(tokio::spawn(res.completion(block.stream()).unwrap()));
                 }
                 for f in futs {

@@ -71,8 +71,12 @@ impl<G: Gpu> Bench<G> {
     /// `cuMemAllocAsync` + `cuMemFreeAsync` (or the simulated pair).
     #[inline]
     pub fn raw_pair(&self, raw: RawStream, bytes: usize) {
-        let ptr = std::hint::black_box(self.gpu.alloc_async(bytes, raw).unwrap());
-        self.gpu.free_async(ptr, raw).unwrap();
+        // SAFETY: `raw` is a stream of `self.pool`, which the bench holds;
+        // `ptr` was just returned by `alloc_async` and is freed once.
+        unsafe {
+            let ptr = std::hint::black_box(self.gpu.alloc_async(bytes, raw).unwrap());
+            self.gpu.free_async(ptr, raw).unwrap();
+        }
     }
 
     /// allocate + deallocate on a resource.
@@ -87,10 +91,15 @@ impl<G: Gpu> Bench<G> {
     #[inline]
     pub fn cross_raw_minimal(&self, a: RawStream, b: RawStream, bytes: usize) {
         let (g, e) = (&self.gpu, self.events.unwrap());
-        let ptr = g.alloc_async(bytes, a).unwrap();
-        g.event_record(e[0], a).unwrap();
-        g.stream_wait_event(b, e[0]).unwrap();
-        g.free_async(ptr, a).unwrap();
+        // SAFETY: `a` and `b` are streams of `self.pool` (held by the bench);
+        // the events are the bench's, made on `self.gpu` and destroyed only
+        // in `Drop`; `ptr` was just allocated and is freed once.
+        unsafe {
+            let ptr = g.alloc_async(bytes, a).unwrap();
+            g.event_record(e[0], a).unwrap();
+            g.stream_wait_event(b, e[0]).unwrap();
+            g.free_async(ptr, a).unwrap();
+        }
     }
 
     /// The full driver sequence of a correct cross-stream use: alloc on A,
@@ -98,12 +107,15 @@ impl<G: Gpu> Bench<G> {
     #[inline]
     pub fn cross_raw(&self, a: RawStream, b: RawStream, bytes: usize) {
         let (g, e) = (&self.gpu, self.events.unwrap());
-        let ptr = g.alloc_async(bytes, a).unwrap();
-        g.event_record(e[0], a).unwrap();
-        g.stream_wait_event(b, e[0]).unwrap();
-        g.event_record(e[1], b).unwrap();
-        g.stream_wait_event(a, e[1]).unwrap();
-        g.free_async(ptr, a).unwrap();
+        // SAFETY: as in `cross_raw_minimal`.
+        unsafe {
+            let ptr = g.alloc_async(bytes, a).unwrap();
+            g.event_record(e[0], a).unwrap();
+            g.stream_wait_event(b, e[0]).unwrap();
+            g.event_record(e[1], b).unwrap();
+            g.stream_wait_event(a, e[1]).unwrap();
+            g.free_async(ptr, a).unwrap();
+        }
     }
 
     /// The same through a resource's hooks: allocate on A, prepare and
@@ -120,7 +132,8 @@ impl<G: Gpu> Bench<G> {
     /// reaper would), so that nothing piles up between measurements.
     pub fn sync(&self) {
         for i in 0..self.pool.len() {
-            self.gpu.stream_synchronize(self.raw(i)).unwrap();
+            // SAFETY: a stream of `self.pool`, which the bench holds.
+            unsafe { self.gpu.stream_synchronize(self.raw(i)) }.unwrap();
         }
         self.resource.reap_pending().unwrap();
     }
@@ -130,7 +143,8 @@ impl<G: Gpu> Drop for Bench<G> {
     fn drop(&mut self) {
         self.sync();
         for e in self.events.into_iter().flatten() {
-            let _ = self.gpu.event_destroy(e);
+            // SAFETY: the bench's own events, destroyed once, here.
+            let _ = unsafe { self.gpu.event_destroy(e) };
         }
     }
 }
@@ -165,10 +179,10 @@ impl Gpu for NullGpu {
     fn ordinal(&self) -> u32 {
         0
     }
-    fn alloc_async(&self, bytes: usize, _: RawStream) -> GpuResult<u64> {
+    unsafe fn alloc_async(&self, bytes: usize, _: RawStream) -> GpuResult<u64> {
         Ok(if bytes == 0 { 0 } else { 1 << 40 })
     }
-    fn free_async(&self, _: u64, _: RawStream) -> GpuResult<()> {
+    unsafe fn free_async(&self, _: u64, _: RawStream) -> GpuResult<()> {
         Ok(())
     }
     fn event_create(&self) -> GpuResult<RawEvent> {
@@ -181,32 +195,32 @@ impl Gpu for NullGpu {
             )),
         }
     }
-    fn event_record(&self, _: RawEvent, _: RawStream) -> GpuResult<()> {
+    unsafe fn event_record(&self, _: RawEvent, _: RawStream) -> GpuResult<()> {
         Ok(())
     }
-    fn event_query(&self, _: RawEvent) -> GpuResult<bool> {
+    unsafe fn event_query(&self, _: RawEvent) -> GpuResult<bool> {
         Ok(true)
     }
-    fn event_synchronize(&self, _: RawEvent) -> GpuResult<()> {
+    unsafe fn event_synchronize(&self, _: RawEvent) -> GpuResult<()> {
         Ok(())
     }
-    fn event_destroy(&self, _: RawEvent) -> GpuResult<()> {
+    unsafe fn event_destroy(&self, _: RawEvent) -> GpuResult<()> {
         Ok(())
     }
-    fn stream_wait_event(&self, _: RawStream, _: RawEvent) -> GpuResult<()> {
+    unsafe fn stream_wait_event(&self, _: RawStream, _: RawEvent) -> GpuResult<()> {
         Ok(())
     }
-    fn stream_synchronize(&self, _: RawStream) -> GpuResult<()> {
+    unsafe fn stream_synchronize(&self, _: RawStream) -> GpuResult<()> {
         Ok(())
     }
-    fn launch_host_fn(&self, _: RawStream, f: HostFn) -> GpuResult<()> {
+    unsafe fn launch_host_fn(&self, _: RawStream, f: HostFn) -> GpuResult<()> {
         f();
         Ok(())
     }
-    fn memset_async(&self, _: u64, _: u8, _: usize, _: RawStream) -> GpuResult<()> {
+    unsafe fn memset_async(&self, _: u64, _: u8, _: usize, _: RawStream) -> GpuResult<()> {
         Ok(())
     }
-    fn copy_async(&self, _: u64, _: u64, _: usize, _: RawStream) -> GpuResult<()> {
+    unsafe fn copy_async(&self, _: u64, _: u64, _: usize, _: RawStream) -> GpuResult<()> {
         Ok(())
     }
     fn mem_info(&self) -> GpuResult<(usize, usize)> {

@@ -32,7 +32,8 @@ async fn both_ways_answer_every_request_right_on_cuda() {
 
     let inner = Arc::new(StreamOrderedResource::new(&device));
     let res =
-        AsyncResource::with_device(CachingResource::new(inner), &device).expect("async resource");
+        // SAFETY: the stack's bottom resource was made on this device.
+        unsafe { AsyncResource::with_device(CachingResource::new(inner), &device) }.expect("async resource");
     let row = streamalloc_way::run_level(&res, &model, Dims::BENCH, CLIENTS, PER_CLIENT, 3)
         .await
         .expect("streamalloc level");

@@ -26,7 +26,8 @@ fn service(seed: u64) -> (Service, Arc<SimGpu>) {
     let device = Device::simulated(&gpu, STREAMS);
     let inner = Arc::new(SimResource::new(&device));
     let res =
-        AsyncResource::with_device(CachingResource::new(inner), &device).expect("async resource");
+        // SAFETY: the stack's bottom resource was made on this device.
+        unsafe { AsyncResource::with_device(CachingResource::new(inner), &device) }.expect("async resource");
     (res, gpu)
 }
 

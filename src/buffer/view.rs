@@ -204,10 +204,18 @@ impl<'a, T> BufferViewMut<'a, T> {
         let core = self.core;
         let raw = core.home.pool().raw(stream)?;
         let guard = self.write_on(stream)?;
-        core.home
-            .gpu()
-            .memset_async(guard.ptr(), value, guard.num_bytes(), raw)
-            .map_err(|e| e.for_request(0, stream))
+        // SAFETY: `raw` is a stream of the home's pool (kept alive by the
+        // home); the range is this view's, inside the buffer's block, which
+        // the buffer owns (its free is queued only when it drops, and the
+        // view borrows it); the block is an allocation of `home.gpu()`:
+        // homes are built from a resource and its own backend, or through
+        // `AsyncResource::with_parts`, whose contract says so.
+        unsafe {
+            core.home
+                .gpu()
+                .memset_async(guard.ptr(), value, guard.num_bytes(), raw)
+        }
+        .map_err(|e| e.for_request(0, stream))
     }
 
     /// Queues, on `stream`, a copy of `src` (of the same length, of another
@@ -229,14 +237,27 @@ impl<'a, T> BufferViewMut<'a, T> {
             });
         }
         let core = self.core;
+        // Both blocks must be allocations of the backend the copy is queued
+        // on: a buffer of another backend (another device, or the simulated
+        // one) is refused before anything is queued.
+        let (mine, theirs) = (core.home.gpu(), src.core.home.gpu());
+        if !std::ptr::addr_eq(mine, theirs) {
+            return Err(ResourceError::ForeignBlock {
+                block: src.core.block.id(),
+            });
+        }
         let raw = core.home.pool().raw(stream)?;
         let read = src.read_on(stream)?;
         let write = self.write_on(stream)?;
-        let copied = core
-            .home
-            .gpu()
-            .copy_async(write.ptr(), read.ptr(), write.num_bytes(), raw)
-            .map_err(|e| e.for_request(0, stream));
+        // SAFETY: as in `fill_bytes_on`, for both ranges: each is a view's,
+        // inside a block its buffer owns and the view borrows; both homes are
+        // the same backend object (checked above).
+        let copied = unsafe {
+            core.home
+                .gpu()
+                .copy_async(write.ptr(), read.ptr(), write.num_bytes(), raw)
+        }
+        .map_err(|e| e.for_request(0, stream));
         drop(write);
         drop(read);
         copied

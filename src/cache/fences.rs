@@ -61,7 +61,10 @@ impl Fences {
     /// A failed query; what was learnt before it stays.
     pub(crate) fn poll(&mut self, gpu: &dyn Gpu) -> GpuResult<u64> {
         while let Some(&(event, stamp)) = self.in_flight.front() {
-            if !gpu.event_query(event)? {
+            // SAFETY: `gpu` is the tier's backend (every caller passes the
+            // tier's `access.gpu`), which made the fence's event in `cover`;
+            // fences are destroyed only by `destroy`, when the arena goes.
+            if !unsafe { gpu.event_query(event) }? {
                 break;
             }
             self.in_flight.pop_front();
@@ -85,7 +88,10 @@ impl Fences {
             Some(e) => e,
             None => gpu.event_create()?,
         };
-        if let Err(e) = gpu.event_record(event, stream) {
+        // SAFETY: the event was made on `gpu`, the tier's backend (every
+        // caller passes it), and is live until `destroy`; `stream` is a
+        // stream of the tier's device pool, which the tier holds.
+        if let Err(e) = unsafe { gpu.event_record(event, stream) } {
             self.spare.push(event);
             return Err(e);
         }
@@ -100,7 +106,9 @@ impl Fences {
     /// A failed synchronize; `done` stays where it was.
     pub(crate) fn wait_all(&mut self, gpu: &dyn Gpu) -> GpuResult<u64> {
         if let Some(&(event, _)) = self.in_flight.back() {
-            gpu.event_synchronize(event)?;
+            // SAFETY: a fence in flight: made on `gpu` (the tier's backend),
+            // live until `destroy`.
+            unsafe { gpu.event_synchronize(event) }?;
         }
         self.poll(gpu)
     }
@@ -113,7 +121,9 @@ impl Fences {
             .map(|f| f.0)
             .chain(self.spare.drain(..));
         for e in events.collect::<Vec<_>>() {
-            let _ = gpu.event_destroy(e);
+            // SAFETY: every fence was made on `gpu` (the tier's backend) and
+            // is destroyed here once, as the arena goes away.
+            let _ = unsafe { gpu.event_destroy(e) };
         }
     }
 }

@@ -154,7 +154,10 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         if m.uses.event_count() > 0 {
             for (s, event) in m.uses.reads.iter().chain(&m.uses.last_write) {
                 if *s != stream {
-                    gpu.stream_wait_event(raw, *event)
+                    // SAFETY: `raw` is a stream of the tier's device pool
+                    // (held by the tier); the event is one of the lease's
+                    // uses, from the tier's event pool, made on `gpu`.
+                    unsafe { gpu.stream_wait_event(raw, *event) }
                         .map_err(|e| Self::driver(e, stream))?;
                 }
             }
@@ -205,7 +208,9 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
                 true,
             ),
         };
-        if let Err(e) = gpu.event_record(event, raw_use) {
+        // SAFETY: a pooled event of the tier, made on `gpu`; `raw_use` is a
+        // stream of the tier's device pool.
+        if let Err(e) = unsafe { gpu.event_record(event, raw_use) } {
             if fresh {
                 events.give([event]);
             }
@@ -236,7 +241,8 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         if m.uses.last_write.is_none() && use_stream != home {
             let raw_home = tier.access.streams.raw(home)?;
             let event = events.take().map_err(|e| Self::driver(e, home))?;
-            if let Err(e) = gpu.event_record(event, raw_home) {
+            // SAFETY: as above, on the lease's home stream.
+            if let Err(e) = unsafe { gpu.event_record(event, raw_home) } {
                 events.give([event]);
                 return Err(Self::driver(e, home));
             }
@@ -246,7 +252,9 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         let failed = m
             .uses
             .waits_for(use_stream, access)
-            .find_map(|event| gpu.stream_wait_event(raw_use, event).err());
+            // SAFETY: the lease's use events, pooled and made on `gpu`;
+            // `raw_use` a stream of the tier's device pool.
+            .find_map(|event| unsafe { gpu.stream_wait_event(raw_use, event) }.err());
         match failed {
             None => Ok(()),
             Some(e) => {

@@ -363,8 +363,10 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
             match moved {
                 Ok(()) => return Some(block),
                 Err(e) => {
-                    tracing::debug!(error = %e, %from, %stream, "moving a cached block failed");
+                    // Back on its list before the log line (a subscriber
+                    // may panic).
                     slot.lock().push(class, block);
+                    tracing::debug!(error = %e, %from, %stream, "moving a cached block failed");
                     return None;
                 }
             }
@@ -465,17 +467,15 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R> {
         if mapped && let Some(block) = self.allocate_mapped(bytes, stream, tag, index)? {
             return Ok(block);
         }
-        if mapped
-            || bytes == 0
-            || bytes > self.config.max_block_size
-            || index == self.config.streams
-        {
+        let class = SizeClass::of(bytes)
+            .filter(|_| !mapped && bytes != 0 && bytes <= self.config.max_block_size)
+            .filter(|_| index != self.config.streams);
+        let Some(class) = class else {
             let inner = self.inner_allocate(bytes, stream, tag)?;
             return Ok(self.lease(index, inner, (bytes, stream, tag), None, |s| {
                 s.bypasses += 1
             }));
-        }
-        let class = SizeClass::of(bytes);
+        };
         let seen = {
             let mut shard = self.slots[index].lock();
             if let Some(inner) = shard.pop(class) {
@@ -597,14 +597,12 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R> {
         {
             return self.mapped_cost(tier, bytes, index);
         }
-        if stream.device() != self.device
-            || bytes == 0
-            || bytes > self.config.max_block_size
-            || index == self.config.streams
-        {
+        let class = SizeClass::of(bytes)
+            .filter(|_| bytes != 0 && bytes <= self.config.max_block_size)
+            .filter(|_| stream.device() == self.device && index != self.config.streams);
+        let Some(class) = class else {
             return self.inner.allocation_cost(bytes, stream);
-        }
-        let class = SizeClass::of(bytes);
+        };
         let seen = {
             let shard = self.slots[index].lock();
             if shard.holds(class) {

@@ -55,57 +55,84 @@ macro_rules! forward {
     };
 }
 
+/// As `forward!`, for the unsafe methods: the caller's contract (this
+/// method's `# Safety`) is the backend's, since the handles are its.
+macro_rules! forward_unsafe {
+    ($self:ident.$method:ident($($arg:expr),*)) => {
+        match $self {
+            // SAFETY: the caller upholds this method's Safety list, which is
+            // the same list for the backend the call goes to.
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(gpu) => unsafe { Gpu::$method(gpu, $($arg),*) },
+            // SAFETY: as above.
+            Backend::Sim(gpu) => unsafe { Gpu::$method(gpu.as_ref(), $($arg),*) },
+        }
+    };
+}
+
 impl Gpu for Backend {
     fn ordinal(&self) -> u32 {
         forward!(self.ordinal())
     }
 
-    fn alloc_async(&self, bytes: usize, stream: RawStream) -> GpuResult<u64> {
-        forward!(self.alloc_async(bytes, stream))
+    unsafe fn alloc_async(&self, bytes: usize, stream: RawStream) -> GpuResult<u64> {
+        forward_unsafe!(self.alloc_async(bytes, stream))
     }
 
-    fn free_async(&self, ptr: u64, stream: RawStream) -> GpuResult<()> {
-        forward!(self.free_async(ptr, stream))
+    unsafe fn free_async(&self, ptr: u64, stream: RawStream) -> GpuResult<()> {
+        forward_unsafe!(self.free_async(ptr, stream))
     }
 
     fn event_create(&self) -> GpuResult<RawEvent> {
         forward!(self.event_create())
     }
 
-    fn event_record(&self, event: RawEvent, stream: RawStream) -> GpuResult<()> {
-        forward!(self.event_record(event, stream))
+    unsafe fn event_record(&self, event: RawEvent, stream: RawStream) -> GpuResult<()> {
+        forward_unsafe!(self.event_record(event, stream))
     }
 
-    fn event_query(&self, event: RawEvent) -> GpuResult<bool> {
-        forward!(self.event_query(event))
+    unsafe fn event_query(&self, event: RawEvent) -> GpuResult<bool> {
+        forward_unsafe!(self.event_query(event))
     }
 
-    fn event_synchronize(&self, event: RawEvent) -> GpuResult<()> {
-        forward!(self.event_synchronize(event))
+    unsafe fn event_synchronize(&self, event: RawEvent) -> GpuResult<()> {
+        forward_unsafe!(self.event_synchronize(event))
     }
 
-    fn event_destroy(&self, event: RawEvent) -> GpuResult<()> {
-        forward!(self.event_destroy(event))
+    unsafe fn event_destroy(&self, event: RawEvent) -> GpuResult<()> {
+        forward_unsafe!(self.event_destroy(event))
     }
 
-    fn stream_wait_event(&self, stream: RawStream, event: RawEvent) -> GpuResult<()> {
-        forward!(self.stream_wait_event(stream, event))
+    unsafe fn stream_wait_event(&self, stream: RawStream, event: RawEvent) -> GpuResult<()> {
+        forward_unsafe!(self.stream_wait_event(stream, event))
     }
 
-    fn stream_synchronize(&self, stream: RawStream) -> GpuResult<()> {
-        forward!(self.stream_synchronize(stream))
+    unsafe fn stream_synchronize(&self, stream: RawStream) -> GpuResult<()> {
+        forward_unsafe!(self.stream_synchronize(stream))
     }
 
-    fn launch_host_fn(&self, stream: RawStream, f: HostFn) -> GpuResult<()> {
-        forward!(self.launch_host_fn(stream, f))
+    unsafe fn launch_host_fn(&self, stream: RawStream, f: HostFn) -> GpuResult<()> {
+        forward_unsafe!(self.launch_host_fn(stream, f))
     }
 
-    fn memset_async(&self, ptr: u64, value: u8, len: usize, stream: RawStream) -> GpuResult<()> {
-        forward!(self.memset_async(ptr, value, len, stream))
+    unsafe fn memset_async(
+        &self,
+        ptr: u64,
+        value: u8,
+        len: usize,
+        stream: RawStream,
+    ) -> GpuResult<()> {
+        forward_unsafe!(self.memset_async(ptr, value, len, stream))
     }
 
-    fn copy_async(&self, dst: u64, src: u64, len: usize, stream: RawStream) -> GpuResult<()> {
-        forward!(self.copy_async(dst, src, len, stream))
+    unsafe fn copy_async(
+        &self,
+        dst: u64,
+        src: u64,
+        len: usize,
+        stream: RawStream,
+    ) -> GpuResult<()> {
+        forward_unsafe!(self.copy_async(dst, src, len, stream))
     }
 
     fn mem_info(&self) -> GpuResult<(usize, usize)> {
@@ -170,8 +197,8 @@ impl Gpu for Backend {
         forward!(self.reset_memory_held_high())
     }
 
-    fn destroy_stream(&self, stream: RawStream) -> GpuResult<()> {
-        forward!(self.destroy_stream(stream))
+    unsafe fn destroy_stream(&self, stream: RawStream) -> GpuResult<()> {
+        forward_unsafe!(self.destroy_stream(stream))
     }
 }
 

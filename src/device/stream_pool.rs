@@ -14,6 +14,8 @@ use crate::types::{RawStream, StreamId};
 /// alive as long as any resource holds the pool.
 pub struct StreamPool {
     device: u32,
+    /// This pool's identity, carried by the ids it hands out (never 0).
+    pool: u32,
     raw: Vec<RawStream>,
     // Keeps the backend streams alive; never read, only dropped.
     _owners: Vec<Arc<dyn Any + Send + Sync>>,
@@ -27,13 +29,34 @@ impl StreamPool {
     /// `owners` are kept alive as long as the pool (pass the objects that own
     /// the streams); most users call [`StreamPool::cuda`] or
     /// [`SimGpu::stream_pool`](crate::gpu::sim::SimGpu::stream_pool) instead.
-    pub fn from_raw(
+    ///
+    /// # Safety
+    /// The resources built on the pool hand these handles to the driver
+    /// without further checks, so:
+    /// 1. every handle in `raw` is a live stream of device `device`: a
+    ///    `CUstream` of the context of the [`CudaGpu`](crate::gpu::cuda::CudaGpu)
+    ///    it is used with, or a stream of the simulated device it is used
+    ///    with;
+    /// 2. each stays valid as long as the pool lives (kept alive by
+    ///    `owners`, or by the caller), and nobody destroys it meanwhile.
+    pub unsafe fn from_raw(
+        device: u32,
+        raw: Vec<RawStream>,
+        owners: Vec<Arc<dyn Any + Send + Sync>>,
+    ) -> Self {
+        Self::from_checked(device, raw, owners)
+    }
+
+    /// A pool of handles the crate made and keeps valid itself (simulated
+    /// streams, which the simulator checks on every call).
+    pub(crate) fn from_checked(
         device: u32,
         raw: Vec<RawStream>,
         owners: Vec<Arc<dyn Any + Send + Sync>>,
     ) -> Self {
         StreamPool {
             device,
+            pool: fresh_pool_id(),
             raw,
             _owners: owners,
             #[cfg(feature = "cuda")]
@@ -63,6 +86,7 @@ impl StreamPool {
             .collect();
         Ok(Arc::new(StreamPool {
             device: ctx.ordinal() as u32,
+            pool: fresh_pool_id(),
             raw,
             _owners: Vec::new(),
             cuda,
@@ -102,6 +126,7 @@ impl StreamPool {
             .collect();
         Ok(Arc::new(StreamPool {
             device,
+            pool: fresh_pool_id(),
             raw,
             _owners: Vec::new(),
             cuda: streams,
@@ -118,7 +143,7 @@ impl StreamPool {
                 s.cu_stream() == stream.cu_stream()
                     && s.context().cu_ctx() == stream.context().cu_ctx()
             })
-            .map(|i| StreamId::new(self.device, i as u32))
+            .map(|i| self.tagged(i))
     }
 
     #[cfg(feature = "cuda")]
@@ -154,26 +179,40 @@ impl StreamPool {
 
     /// The id of the stream at `index`, if the pool has one there.
     pub fn id(&self, index: usize) -> Option<StreamId> {
-        (index < self.raw.len()).then(|| StreamId::new(self.device, index as u32))
+        (index < self.raw.len()).then(|| self.tagged(index))
     }
 
     /// Every stream id of the pool, in index order.
     pub fn ids(&self) -> impl Iterator<Item = StreamId> + '_ {
-        (0..self.raw.len()).map(|i| StreamId::new(self.device, i as u32))
+        (0..self.raw.len()).map(|i| self.tagged(i))
     }
 
     /// Resolves `id` to the backend handle.
     ///
     /// # Errors
     /// [`ResourceError::WrongDevice`] for a stream of another device,
+    /// [`ResourceError::ForeignStream`] for one of another pool,
     /// [`ResourceError::UnknownStream`] for an index past the pool's end.
     pub fn raw(&self, id: StreamId) -> ResourceResult<RawStream> {
         self.check(id)?;
         Ok(self.raw[id.index() as usize])
     }
 
+    /// Whether `id` names a stream of this pool (as [`raw`](Self::raw)
+    /// would resolve it).
+    pub fn contains(&self, id: StreamId) -> bool {
+        self.check(id).is_ok()
+    }
+
+    fn tagged(&self, index: usize) -> StreamId {
+        StreamId::in_pool(self.device, index as u32, self.pool)
+    }
+
     fn check(&self, id: StreamId) -> ResourceResult<()> {
         ResourceError::check_device(self.device, id.device())?;
+        if id.pool() != 0 && id.pool() != self.pool {
+            return Err(ResourceError::ForeignStream { stream: id });
+        }
         if id.index() as usize >= self.raw.len() {
             return Err(ResourceError::UnknownStream {
                 stream: id,
@@ -181,6 +220,19 @@ impl StreamPool {
             });
         }
         Ok(())
+    }
+}
+
+/// A pool identity never handed out before in this process (wraps after
+/// 2^32 - 1 pools, skipping 0).
+fn fresh_pool_id() -> u32 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(1);
+    loop {
+        let id = NEXT.fetch_add(1, Ordering::Relaxed);
+        if id != 0 {
+            return id;
+        }
     }
 }
 

@@ -1,5 +1,7 @@
 //! [`AsyncResource`]: the futures face of a [`DeviceMemoryResource`].
 
+#![allow(unsafe_code)]
+
 use std::sync::Arc;
 
 use super::alloc_future::AllocFuture;
@@ -75,7 +77,9 @@ impl<G: Gpu> AsyncResource<StreamOrderedResource<G>> {
     /// A driver error creating the events; nothing is left behind.
     pub fn new(inner: Arc<StreamOrderedResource<G>>) -> ResourceResult<Self> {
         let device = inner.device();
-        Self::from_arc(inner, &device)
+        // SAFETY: the device is the resource's own: its blocks are
+        // allocations of that backend and its streams those of that pool.
+        unsafe { Self::from_arc(inner, &device) }
     }
 }
 
@@ -86,15 +90,28 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
     /// # Errors
     /// [`WrongDevice`](crate::ResourceError::WrongDevice) when `device` and
     /// `inner` disagree on the device; a driver error creating events.
-    pub fn with_device<G: Gpu>(inner: R, device: &Device<G>) -> ResourceResult<Self> {
-        Self::from_arc(Arc::new(inner), device)
+    ///
+    /// # Safety
+    /// The futures layer and the buffers made from it queue work on
+    /// `device`'s backend with `inner`'s blocks and streams, which no backend
+    /// can check (the device ordinal is checked, the backend is not), so:
+    /// 1. every block `inner` hands out is an allocation of `device`'s
+    ///    backend (for a stack: the resource at its bottom was made on
+    ///    `device`);
+    /// 2. `inner` resolves its streams through `device`'s pool.
+    pub unsafe fn with_device<G: Gpu>(inner: R, device: &Device<G>) -> ResourceResult<Self> {
+        // SAFETY: this fn's own contract.
+        unsafe { Self::from_arc(Arc::new(inner), device) }
     }
 
     /// As [`with_device`](Self::with_device), for a resource already shared.
     ///
     /// # Errors
     /// As [`with_device`](Self::with_device).
-    pub fn from_arc<G: Gpu>(inner: Arc<R>, device: &Device<G>) -> ResourceResult<Self> {
+    ///
+    /// # Safety
+    /// As [`with_device`](Self::with_device).
+    pub unsafe fn from_arc<G: Gpu>(inner: Arc<R>, device: &Device<G>) -> ResourceResult<Self> {
         let erased: Arc<dyn DeviceMemoryResource> = inner.clone();
         let gpu: Arc<dyn Gpu> = device.gpu().clone();
         let core = Core::new(erased, gpu, device.streams().clone())?;

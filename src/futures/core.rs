@@ -219,19 +219,61 @@ impl Core {
         let _scope = PollScope::enter();
         for n in &self.notifiers {
             if let Some(to) = n.take_reap() {
+                // `reap` calls the inner resource (user decorators
+                // included): if it panics, the number goes back for the
+                // next dispatch instead of being lost with the frees.
+                let undo = RestoreReap { n, to: Some(to) };
                 self.reap(n.stream, to);
+                undo.done();
             }
             n.launch(&*self.gpu);
         }
     }
 }
 
+/// Puts a taken reap number back on its notifier unless [`done`](Self::done).
+struct RestoreReap<'a> {
+    n: &'a Notifier,
+    to: Option<u64>,
+}
+
+impl RestoreReap<'_> {
+    fn done(mut self) {
+        self.to = None;
+    }
+}
+
+impl Drop for RestoreReap<'_> {
+    fn drop(&mut self) {
+        if let Some(to) = self.to {
+            self.n.restore_reap(to);
+        }
+    }
+}
+
 impl Patrolled for Core {
     fn patrol(&self, fallback: bool) {
-        self.dispatch();
-        if !fallback {
-            return;
+        // The fallback first: it calls no user code, so a wrapped resource
+        // whose `reap_through` keeps panicking (the dispatch below, retried
+        // every period) cannot keep a dead stream's waiters from failing.
+        if fallback {
+            self.fallback();
         }
+        self.dispatch();
+    }
+
+    /// Whether any stream waits on a notification, or any allocation waits
+    /// for memory.
+    fn has_pending(&self) -> bool {
+        self.allocs.len() > 0 || self.notifiers.iter().any(Notifier::has_pending)
+    }
+}
+
+impl Core {
+    /// The fallback query of every stream with something pending; for
+    /// waiting allocations, a probe of the device, the adoption of frees
+    /// queued below and a retry of the head.
+    fn fallback(&self) {
         let mut failed = false;
         for n in &self.notifiers {
             if n.has_pending() {
@@ -252,13 +294,6 @@ impl Patrolled for Core {
             // Waiting allocations retry, and see the device's error.
             self.allocs.memory_returned();
         }
-        self.dispatch();
-    }
-
-    /// Whether any stream waits on a notification, or any allocation waits
-    /// for memory.
-    fn has_pending(&self) -> bool {
-        self.allocs.len() > 0 || self.notifiers.iter().any(Notifier::has_pending)
     }
 }
 

@@ -1,5 +1,7 @@
 //! [`EventFuture`]: completes when the GPU reaches a recorded point.
 
+#![allow(unsafe_code)]
+
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -106,7 +108,10 @@ impl EventFuture {
         // The point's work was queued before `mark`, so an event recorded
         // after it covers that work (and possibly a little more, never
         // less).
-        if let Err(e) = core.gpu.event_record(event, notifier.user_stream()) {
+        // SAFETY: `event` was made by `core.gpu` (a spare of this notifier
+        // or just created) and is destroyed only by `release_handles`, when
+        // `core` drops; the user stream is kept alive by `core.pool`.
+        if let Err(e) = unsafe { core.gpu.event_record(event, notifier.user_stream()) } {
             notifier.release(seq, Some(event));
             return Err(ResourceError::from(e));
         }
@@ -180,7 +185,9 @@ impl EventFuture {
 
     fn query_event(&self) -> Option<ResourceResult<()>> {
         let event = self.event?;
-        match self.core.gpu.event_query(event) {
+        // SAFETY: the point's event was made by `core.gpu` and is destroyed
+        // only when `core` drops, which this future keeps alive.
+        match unsafe { self.core.gpu.event_query(event) } {
             Ok(true) => {
                 if let Some(n) = self.core.checked_notifier(self.stream) {
                     n.observe(&*self.core.gpu, self.seq);

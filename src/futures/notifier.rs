@@ -51,6 +51,8 @@
 //! [watchdog](super::watchdog) queries the recorded event while anything is
 //! pending: done delivers, an error fails every waiter.
 
+#![allow(unsafe_code)]
+
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::task::Waker;
@@ -455,7 +457,11 @@ impl Notifier {
             (more, st.frontier.filter(worth))
         };
         if let Some((f, event)) = frontier {
-            let done = gpu.event_query(event) == Ok(true);
+            // SAFETY: `gpu` is the backend this notifier was made on (every
+            // caller passes `Core::gpu`); the frontier event is one of its
+            // points' events, which go back to `spare` and are destroyed only
+            // by `release_handles`, when the `Core` owning this notifier drops.
+            let done = unsafe { gpu.event_query(event) } == Ok(true);
             let mut st = self.signal.lock();
             st.frontier_queries += 1;
             if done {
@@ -510,6 +516,14 @@ impl Notifier {
         }
     }
 
+    /// Puts back a number [`take_reap`](Self::take_reap) returned, when
+    /// applying it did not complete (a decorator's `reap_through` panicked):
+    /// the next dispatch applies it again.
+    pub(crate) fn restore_reap(&self, to: u64) {
+        let mut st = self.signal.lock();
+        st.reap_to = st.reap_to.max(to);
+    }
+
     /// Takes the free sequence number through which frees are known done.
     pub(crate) fn take_reap(&self) -> Option<u64> {
         let mut st = self.signal.lock();
@@ -534,7 +548,10 @@ impl Notifier {
     /// own event); fails every waiter of the stream when it does not.
     /// Returns whether the stream failed.
     pub(crate) fn probe(&self, gpu: &dyn Gpu) -> bool {
-        match gpu.event_query(self.event) {
+        // SAFETY: `gpu` is this notifier's backend (every caller passes
+        // `Core::gpu`); `self.event` was made on it by `new` and is
+        // destroyed only by `release_handles`, when `Core` drops.
+        match unsafe { gpu.event_query(self.event) } {
             Ok(_) => false,
             Err(e) => {
                 self.fail_all(ResourceError::from(e));
@@ -586,7 +603,11 @@ impl Notifier {
         let event = match newest {
             Some(e) => e,
             None => {
-                if let Err(e) = gpu.event_record(self.event, self.user) {
+                // SAFETY: `gpu` is this notifier's backend (every caller
+                // passes `Core::gpu`); `self.event` was made on it by `new`
+                // and is destroyed only by `release_handles`; `self.user` is
+                // a stream of the pool `Core` holds, which keeps it alive.
+                if let Err(e) = unsafe { gpu.event_record(self.event, self.user) } {
                     self.record_failed(ResourceError::from(e));
                     return;
                 }
@@ -599,17 +620,25 @@ impl Notifier {
             st.record_failures = 0;
         }
         if self.lane != self.user
-            && let Err(e) = gpu.stream_wait_event(self.lane, event)
+            // SAFETY: `self.lane` was made by `gpu.create_stream` in `new`
+            // and is destroyed only by `release_handles`; `event` is
+            // `self.event` or a point's event of this notifier (see
+            // `observe`), all live until then.
+            && let Err(e) = unsafe { gpu.stream_wait_event(self.lane, event) }
         {
-            // The event is recorded: the fallback query delivers it.
-            tracing::warn!(stream = %self.stream, error = %e, "notifier wait failed");
+            // The event is recorded: the fallback query delivers it. (The
+            // watchdog is told before the log line: a subscriber may panic.)
             self.signal.kick.pending();
+            tracing::warn!(stream = %self.stream, error = %e, "notifier wait failed");
             return;
         }
         let signal = self.signal.clone();
-        if let Err(e) = gpu.launch_host_fn(self.lane, Box::new(move || signal.deliver(covered))) {
-            tracing::warn!(stream = %self.stream, error = %e, "notifier host function failed");
+        // SAFETY: `self.lane` is live until `release_handles` (see above), or
+        // is the user stream, kept alive by the pool `Core` holds.
+        let deliver = Box::new(move || signal.deliver(covered));
+        if let Err(e) = unsafe { gpu.launch_host_fn(self.lane, deliver) } {
             self.signal.kick.pending();
+            tracing::warn!(stream = %self.stream, error = %e, "notifier host function failed");
         }
     }
 
@@ -639,7 +668,10 @@ impl Notifier {
     pub(crate) fn fallback_check(&self, gpu: &dyn Gpu) -> bool {
         let flight = self.signal.lock().flight;
         match flight {
-            Flight::Queued(covered, event) => match gpu.event_query(event) {
+            // SAFETY: the in-flight event is `self.event` or a point's event
+            // of this notifier, live until `release_handles`; `gpu` is this
+            // notifier's backend.
+            Flight::Queued(covered, event) => match unsafe { gpu.event_query(event) } {
                 Ok(true) => self.signal.deliver(covered),
                 Ok(false) => {}
                 Err(e) => {
@@ -669,11 +701,13 @@ impl Notifier {
             let frees = std::mem::take(&mut st.frees).len();
             (st.points.fail_pending(&error, &mut wake), frees)
         };
+        // Woken before the log line: a subscriber that panics must not
+        // leave the failed points' tasks asleep.
+        wake.into_iter().for_each(Waker::wake);
         if frees > 0 || points > 0 {
             tracing::error!(stream = %self.stream, %error, points, frees,
                 "completion notifications failed");
         }
-        wake.into_iter().for_each(Waker::wake);
     }
 
     /// Releases the notifier's GPU handles. Called once, by the owner's drop.
@@ -692,11 +726,18 @@ impl Notifier {
         };
         for e in spare.into_iter().chain([self.event]) {
             if Some(e) != awaited {
-                let _ = gpu.event_destroy(e);
+                // SAFETY: this is the one call of `release_handles` (from
+                // `Core`'s drop): `self.event` and the spare events were made
+                // on `gpu` and are destroyed here once; no point holds them
+                // any more (points hold the `Core` alive).
+                let _ = unsafe { gpu.event_destroy(e) };
             }
         }
         if self.owns_lane {
-            let _ = gpu.destroy_stream(self.lane);
+            // SAFETY: `self.lane` was made by `gpu.create_stream` in `new`
+            // (`owns_lane`), and this one call of `release_handles` destroys
+            // it; nothing queues on it afterwards.
+            let _ = unsafe { gpu.destroy_stream(self.lane) };
         }
     }
 }

@@ -40,6 +40,9 @@ pub struct CudaGpu {
     // Owned: created in `try_new`, destroyed in `Drop`. An `Err` is the
     // sticky set-up error, reported by every allocation.
     pool: Result<sys::CUmemoryPool, GpuError>,
+    /// The streams `create_stream` made and `destroy_stream` did not destroy
+    /// yet: `destroy_stream` refuses any other (a pool's, or one cudarc owns).
+    created: std::sync::Mutex<std::collections::HashSet<u64>>,
     /// Physical memory made by `mem_create` and not released: counted in
     /// [`memory_held`](Gpu::memory_held) beside the pool.
     physical: PhysicalTally,
@@ -114,6 +117,7 @@ impl CudaGpu {
         CudaGpu {
             ctx,
             pool,
+            created: Default::default(),
             physical: PhysicalTally::default(),
         }
     }
@@ -128,6 +132,7 @@ impl CudaGpu {
         Ok(CudaGpu {
             ctx,
             pool: Ok(pool),
+            created: Default::default(),
             physical: PhysicalTally::default(),
         })
     }
@@ -250,13 +255,14 @@ impl Gpu for CudaGpu {
         self.ctx.ordinal() as u32
     }
 
-    fn alloc_async(&self, bytes: usize, stream: RawStream) -> GpuResult<u64> {
+    unsafe fn alloc_async(&self, bytes: usize, stream: RawStream) -> GpuResult<u64> {
         let call = DriverCall::AllocAsync;
         let s = Self::stream(stream, call)?;
         let pool = self.pool.clone()?;
         self.bind(call)?;
-        // SAFETY: the pool is alive (owned), `s` is a stream of this context
-        // (RawStream invariant); the returned memory is not read by us.
+        // SAFETY: the pool is alive (owned until `Drop`); `s` is a live
+        // stream of this context (this fn's Safety 1); the returned memory is
+        // not read here.
         match unsafe { cu::mem_pool::alloc_async(pool, bytes, s) } {
             Ok(ptr) => Ok(ptr),
             Err(e) if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
@@ -267,15 +273,15 @@ impl Gpu for CudaGpu {
         }
     }
 
-    fn free_async(&self, ptr: u64, stream: RawStream) -> GpuResult<()> {
+    unsafe fn free_async(&self, ptr: u64, stream: RawStream) -> GpuResult<()> {
         let call = DriverCall::FreeAsync;
         let s = Self::stream(stream, call)?;
         if ptr == 0 {
             return Ok(());
         }
         self.bind(call)?;
-        // SAFETY: callers free only addresses `alloc_async` returned, once
-        // (the resource's live map guarantees it).
+        // SAFETY: `s` is a live stream and `ptr` an allocation of this
+        // backend, freed once (this fn's Safety 1-2).
         unsafe { cu::free_async(ptr, s) }.map_err(|e| cuda_error(call, e))
     }
 
@@ -287,20 +293,20 @@ impl Gpu for CudaGpu {
             .map_err(|e| cuda_error(call, e))
     }
 
-    fn event_record(&self, event: RawEvent, stream: RawStream) -> GpuResult<()> {
+    unsafe fn event_record(&self, event: RawEvent, stream: RawStream) -> GpuResult<()> {
         let call = DriverCall::EventRecord;
         let (e, s) = (Self::event(event, call)?, Self::stream(stream, call)?);
         self.bind(call)?;
-        // SAFETY: `e` came from `event_create` (RawEvent is only made there)
-        // and `s` is a stream of this context.
+        // SAFETY: `e` is a live event and `s` a live stream of this backend
+        // (this fn's Safety 1).
         unsafe { cu::event::record(e, s) }.map_err(|e| cuda_error(call, e))
     }
 
-    fn event_query(&self, event: RawEvent) -> GpuResult<bool> {
+    unsafe fn event_query(&self, event: RawEvent) -> GpuResult<bool> {
         let call = DriverCall::EventQuery;
         let e = Self::event(event, call)?;
         self.bind(call)?;
-        // SAFETY: as in `event_record`.
+        // SAFETY: `e` is a live event (this fn's Safety 1).
         match unsafe { cu::event::query(e) } {
             Ok(()) => Ok(true),
             Err(err) if err.0 == sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
@@ -308,46 +314,49 @@ impl Gpu for CudaGpu {
         }
     }
 
-    fn event_synchronize(&self, event: RawEvent) -> GpuResult<()> {
+    unsafe fn event_synchronize(&self, event: RawEvent) -> GpuResult<()> {
         let call = DriverCall::EventSynchronize;
         let e = Self::event(event, call)?;
         self.bind(call)?;
-        // SAFETY: as in `event_record`.
+        // SAFETY: `e` is a live event (this fn's Safety 1).
         unsafe { cu::event::synchronize(e) }.map_err(|e| cuda_error(call, e))
     }
 
-    fn event_destroy(&self, event: RawEvent) -> GpuResult<()> {
+    unsafe fn event_destroy(&self, event: RawEvent) -> GpuResult<()> {
         let call = DriverCall::EventDestroy;
         let e = Self::event(event, call)?;
         self.bind(call)?;
-        // SAFETY: as in `event_record`; the caller gives up the handle.
+        // SAFETY: `e` is a live event, not used afterwards (this fn's Safety
+        // 1-2).
         unsafe { cu::event::destroy(e) }.map_err(|e| cuda_error(call, e))
     }
 
-    fn stream_wait_event(&self, stream: RawStream, event: RawEvent) -> GpuResult<()> {
+    unsafe fn stream_wait_event(&self, stream: RawStream, event: RawEvent) -> GpuResult<()> {
         let call = DriverCall::StreamWaitEvent;
         let (s, e) = (Self::stream(stream, call)?, Self::event(event, call)?);
         self.bind(call)?;
-        // SAFETY: as in `event_record`.
+        // SAFETY: `s` is a live stream and `e` a live event (this fn's
+        // Safety 1).
         unsafe { cu::stream::wait_event(s, e, sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT) }
             .map_err(|e| cuda_error(call, e))
     }
 
-    fn stream_synchronize(&self, stream: RawStream) -> GpuResult<()> {
+    unsafe fn stream_synchronize(&self, stream: RawStream) -> GpuResult<()> {
         let call = DriverCall::StreamSynchronize;
         let s = Self::stream(stream, call)?;
         self.bind(call)?;
-        // SAFETY: `s` is a stream of this context.
+        // SAFETY: `s` is a live stream (this fn's Safety 1).
         unsafe { cu::stream::synchronize(s) }.map_err(|e| cuda_error(call, e))
     }
 
-    fn launch_host_fn(&self, stream: RawStream, f: HostFn) -> GpuResult<()> {
+    unsafe fn launch_host_fn(&self, stream: RawStream, f: HostFn) -> GpuResult<()> {
         let call = DriverCall::LaunchHostFunc;
         let s = Self::stream(stream, call)?;
         self.bind(call)?;
         let data = Box::into_raw(Box::new(f)).cast::<c_void>();
-        // SAFETY: `run_host_fn` takes back ownership of `data` exactly once
-        // when the driver calls it; on failure the driver never will.
+        // SAFETY: `s` is a live stream (this fn's Safety 1); `run_host_fn`
+        // takes back ownership of `data` exactly once when the driver calls
+        // it; on failure the driver never will.
         let launched = unsafe { cu::stream::launch_host_function(s, run_host_fn, data) };
         if let Err(e) = launched {
             // SAFETY: the launch failed, so `data` is still ours alone.
@@ -357,26 +366,39 @@ impl Gpu for CudaGpu {
         Ok(())
     }
 
-    fn memset_async(&self, ptr: u64, value: u8, len: usize, stream: RawStream) -> GpuResult<()> {
+    unsafe fn memset_async(
+        &self,
+        ptr: u64,
+        value: u8,
+        len: usize,
+        stream: RawStream,
+    ) -> GpuResult<()> {
         let call = DriverCall::MemsetAsync;
         let s = Self::stream(stream, call)?;
         if len == 0 {
             return Ok(());
         }
         self.bind(call)?;
-        // SAFETY: callers pass a range inside a live allocation of this
-        // device, ordered on `s`.
+        // SAFETY: `s` is a live stream and the range a live range of this
+        // backend (this fn's Safety 1-2).
         unsafe { cu::memset_d8_async(ptr, value, len, s) }.map_err(|e| cuda_error(call, e))
     }
 
-    fn copy_async(&self, dst: u64, src: u64, len: usize, stream: RawStream) -> GpuResult<()> {
+    unsafe fn copy_async(
+        &self,
+        dst: u64,
+        src: u64,
+        len: usize,
+        stream: RawStream,
+    ) -> GpuResult<()> {
         let call = DriverCall::CopyAsync;
         let s = Self::stream(stream, call)?;
         if len == 0 {
             return Ok(());
         }
         self.bind(call)?;
-        // SAFETY: as in `memset_async`, for both ranges.
+        // SAFETY: `s` is a live stream, both ranges live ranges (this fn's
+        // Safety 1-2).
         unsafe { cu::memcpy_dtod_async(dst, src, len, s) }.map_err(|e| cuda_error(call, e))
     }
 
@@ -533,17 +555,36 @@ impl Gpu for CudaGpu {
         self.bind(call)?;
         let s = cu::stream::create(cu::stream::StreamKind::NonBlocking)
             .map_err(|e| cuda_error(call, e))?;
+        self.created
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(s as u64);
         // SAFETY: `s` was just created on this context and stays valid until
         // the caller hands it to `destroy_stream`.
         Ok(unsafe { RawStream::from_cuda(s) })
     }
 
-    fn destroy_stream(&self, stream: RawStream) -> GpuResult<()> {
+    unsafe fn destroy_stream(&self, stream: RawStream) -> GpuResult<()> {
         let call = DriverCall::Init;
         let s = Self::stream(stream, call)?;
         self.bind(call)?;
-        // SAFETY: `s` came from `create_stream` and the caller gives it up;
-        // the driver releases it once work queued on it has completed.
+        if !self
+            .created
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&(s as u64))
+        {
+            return Err(GpuError::driver(
+                call,
+                driver_code::INVALID_HANDLE,
+                "CUDA_ERROR_INVALID_HANDLE: not a stream this backend created",
+            ));
+        }
+        // SAFETY: `s` was created by this backend's `create_stream` (checked
+        // just above against the set of streams it made, so a stream cudarc
+        // or a pool owns is refused whatever the caller says) and is not used
+        // afterwards (this fn's Safety 2). The driver releases it once work
+        // queued on it has completed.
         unsafe { cu::stream::destroy(s) }.map_err(|e| cuda_error(call, e))
     }
 }

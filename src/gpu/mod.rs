@@ -10,8 +10,15 @@
 //!   race detector and fault injection, for tests, CI and users without a GPU.
 //!
 //! Handles ([`RawStream`], [`RawEvent`], device addresses) are plain `Copy`
-//! values. The trait is safe to call: every backend checks its own handles,
-//! and the unsafe FFI stays inside [`cuda`].
+//! values, which no backend can check: on CUDA a stale `CUstream` or
+//! `CUevent`, or an address that is not a live device allocation (under
+//! unified addressing it may be host memory Rust owns), is undefined
+//! behaviour. So every method that takes one is an `unsafe fn`, and its
+//! caller proves the handles live (see [Handles](Gpu#handles)). The crate's
+//! own callers take streams from a [`StreamPool`](crate::StreamPool), which
+//! keeps them alive, events from their own pools, and addresses from live
+//! block records. [`SimGpu`](sim::SimGpu) checks every handle and address
+//! itself, so it offers the same calls as safe inherent methods.
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -92,48 +99,110 @@ pub type HostFn = Box<dyn FnOnce() + Send + 'static>;
 /// `*_synchronize` calls. Stream-ordered methods (`alloc_async`, `free_async`,
 /// `event_record`, `stream_wait_event`, `launch_host_fn`, `memset_async`,
 /// `copy_async`) only queue work and return.
+///
+/// # Handles
+///
+/// The methods that take a handle or an address are `unsafe fn`. Their
+/// `# Safety` lists use these terms:
+///
+/// - a **live stream** is a handle of a stream of this backend's device that
+///   has not been destroyed and will not be while the call runs: one of a
+///   [`StreamPool`](crate::StreamPool) the caller holds, or one
+///   [`create_stream`](Gpu::create_stream) returned and
+///   [`destroy_stream`](Gpu::destroy_stream) was not called on;
+/// - a **live event** is one [`event_create`](Gpu::event_create) of this
+///   backend returned and [`event_destroy`](Gpu::event_destroy) was not
+///   called on;
+/// - a **live range** is `len` bytes inside one allocation that
+///   [`alloc_async`](Gpu::alloc_async) of this backend returned and whose
+///   free is not queued before the work being queued (in stream order).
 pub trait Gpu: Send + Sync + 'static {
     /// Device ordinal.
     fn ordinal(&self) -> u32;
 
     /// Queues an allocation of `bytes` on `stream`; the address is usable on
     /// `stream` from this point of its order. Zero bytes returns address 0.
-    fn alloc_async(&self, bytes: usize, stream: RawStream) -> GpuResult<u64>;
+    ///
+    /// # Safety
+    /// 1. `stream` is a live stream.
+    unsafe fn alloc_async(&self, bytes: usize, stream: RawStream) -> GpuResult<u64>;
 
     /// Queues the free of `ptr` on `stream`.
-    fn free_async(&self, ptr: u64, stream: RawStream) -> GpuResult<()>;
+    ///
+    /// # Safety
+    /// 1. `stream` is a live stream;
+    /// 2. `ptr` was returned by [`alloc_async`](Gpu::alloc_async) of this backend
+    ///    and its free was not queued before.
+    unsafe fn free_async(&self, ptr: u64, stream: RawStream) -> GpuResult<()>;
 
     /// Creates an event with timing disabled.
     fn event_create(&self) -> GpuResult<RawEvent>;
 
     /// Records `event` at the current end of `stream` (replacing an earlier
     /// record; waits queued before keep the record they saw).
-    fn event_record(&self, event: RawEvent, stream: RawStream) -> GpuResult<()>;
+    ///
+    /// # Safety
+    /// 1. `event` is a live event and `stream` a live stream.
+    unsafe fn event_record(&self, event: RawEvent, stream: RawStream) -> GpuResult<()>;
 
     /// Whether the work captured by the latest record of `event` is done (a
     /// never-recorded event is done).
-    fn event_query(&self, event: RawEvent) -> GpuResult<bool>;
+    ///
+    /// # Safety
+    /// 1. `event` is a live event.
+    unsafe fn event_query(&self, event: RawEvent) -> GpuResult<bool>;
 
     /// Blocks the calling thread until `event` is done.
-    fn event_synchronize(&self, event: RawEvent) -> GpuResult<()>;
+    ///
+    /// # Safety
+    /// 1. `event` is a live event.
+    unsafe fn event_synchronize(&self, event: RawEvent) -> GpuResult<()>;
 
     /// Destroys `event`.
-    fn event_destroy(&self, event: RawEvent) -> GpuResult<()>;
+    ///
+    /// # Safety
+    /// 1. `event` is a live event;
+    /// 2. it is not used afterwards (a wait already queued on it may still run).
+    unsafe fn event_destroy(&self, event: RawEvent) -> GpuResult<()>;
 
     /// Makes later work on `stream` wait for the latest record of `event`.
-    fn stream_wait_event(&self, stream: RawStream, event: RawEvent) -> GpuResult<()>;
+    ///
+    /// # Safety
+    /// 1. `stream` is a live stream and `event` a live event.
+    unsafe fn stream_wait_event(&self, stream: RawStream, event: RawEvent) -> GpuResult<()>;
 
     /// Blocks the calling thread until `stream` is idle.
-    fn stream_synchronize(&self, stream: RawStream) -> GpuResult<()>;
+    ///
+    /// # Safety
+    /// 1. `stream` is a live stream.
+    unsafe fn stream_synchronize(&self, stream: RawStream) -> GpuResult<()>;
 
     /// Queues a host function on `stream`. Not called after a device fault.
-    fn launch_host_fn(&self, stream: RawStream, f: HostFn) -> GpuResult<()>;
+    ///
+    /// # Safety
+    /// 1. `stream` is a live stream.
+    unsafe fn launch_host_fn(&self, stream: RawStream, f: HostFn) -> GpuResult<()>;
 
     /// Queues a fill of `len` bytes at `ptr` with `value` (used for poisoning).
-    fn memset_async(&self, ptr: u64, value: u8, len: usize, stream: RawStream) -> GpuResult<()>;
+    ///
+    /// # Safety
+    /// 1. `stream` is a live stream;
+    /// 2. `ptr..ptr + len` is a live range.
+    unsafe fn memset_async(
+        &self,
+        ptr: u64,
+        value: u8,
+        len: usize,
+        stream: RawStream,
+    ) -> GpuResult<()>;
 
     /// Queues a device-to-device copy of `len` bytes.
-    fn copy_async(&self, dst: u64, src: u64, len: usize, stream: RawStream) -> GpuResult<()>;
+    ///
+    /// # Safety
+    /// 1. `stream` is a live stream;
+    /// 2. `dst..dst + len` and `src..src + len` are live ranges.
+    unsafe fn copy_async(&self, dst: u64, src: u64, len: usize, stream: RawStream)
+    -> GpuResult<()>;
 
     /// Free and total device memory, in bytes.
     fn mem_info(&self) -> GpuResult<(usize, usize)>;
@@ -288,7 +357,12 @@ pub trait Gpu: Send + Sync + 'static {
     /// Destroys a stream made by [`create_stream`](Gpu::create_stream). Work
     /// still queued on it completes first (as `cuStreamDestroy` documents).
     /// The default does nothing.
-    fn destroy_stream(&self, stream: RawStream) -> GpuResult<()> {
+    ///
+    /// # Safety
+    /// 1. `stream` was returned by [`create_stream`](Gpu::create_stream) of this
+    ///    backend and was not destroyed before;
+    /// 2. it is not used afterwards.
+    unsafe fn destroy_stream(&self, stream: RawStream) -> GpuResult<()> {
         let _ = stream;
         Ok(())
     }

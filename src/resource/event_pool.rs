@@ -50,7 +50,11 @@ impl<G: Gpu + ?Sized> Drop for EventPool<G> {
     fn drop(&mut self) {
         let free = std::mem::take(self.free.get_mut().unwrap_or_else(|p| p.into_inner()));
         for e in free {
-            let _ = self.gpu.event_destroy(e);
+            // SAFETY: every pooled event was made by `self.gpu.event_create`
+            // and is destroyed only here, once: the pool is being dropped,
+            // and events in use are given back before (or never: then they
+            // are not in `free`).
+            let _ = unsafe { self.gpu.event_destroy(e) };
         }
     }
 }

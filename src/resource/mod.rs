@@ -13,6 +13,7 @@ mod live_table;
 mod pending;
 mod shard;
 mod stream_ordered;
+pub(crate) mod unwind;
 #[cfg(all(test, loom))]
 pub(crate) use stream_ordered::loom_tests::race_two_frees;
 

@@ -71,7 +71,13 @@ impl StreamFrees {
 
     /// The stream reached `seq`: drops every entry at or below it; returns
     /// the bytes drained.
+    ///
+    /// A number past the latest free (one never handed out, such as
+    /// `u64::MAX`) drains nothing: it claims frees that may not have run.
     pub(crate) fn drain_through(&mut self, seq: u64) -> usize {
+        if seq > self.last_seq {
+            return 0;
+        }
         let mut drained = 0;
         while let Some(&(s, bytes)) = self.queue.front() {
             if s > seq {

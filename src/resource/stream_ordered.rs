@@ -45,6 +45,7 @@ use super::DeviceMemoryResource;
 use super::block_uses::BlockUses;
 use super::event_pool::EventPool;
 use super::shard::{self, BlockRecord, MAX_SHARDS, Shard, ShardSlot};
+use super::unwind::ReturnOnUnwind;
 use crate::device::{Device, StreamPool};
 use crate::error::{ResourceError, ResourceResult};
 #[cfg(feature = "cuda")]
@@ -240,8 +241,7 @@ impl<G: Gpu> StreamOrderedResource<G> {
 
     /// The shard and local index of `stream`, if it is in the pool.
     fn in_pool(&self, stream: StreamId) -> Option<(usize, usize)> {
-        let known = stream.device() == self.device_ordinal
-            && (stream.index() as usize) < self.stream_pool.len();
+        let known = stream.device() == self.device_ordinal && self.stream_pool.contains(stream);
         known.then(|| self.place(stream))
     }
 
@@ -317,7 +317,12 @@ impl<G: Gpu> StreamOrderedResource<G> {
             // First use on another stream: order it after the allocation by
             // recording where the allocation stream is now.
             let event = self.events.take().map_err(ResourceError::from)?;
-            if let Err(e) = self.gpu.event_record(event, record.raw_stream) {
+            // SAFETY: the event comes from this resource's pool, which made it
+            // on `self.gpu` and destroys it only when dropped; the stream is
+            // the record's, resolved through `self.stream_pool`, which this
+            // resource holds and which keeps its streams alive (its
+            // constructors' contract).
+            if let Err(e) = unsafe { self.gpu.event_record(event, record.raw_stream) } {
                 self.events.give([event]);
                 return Err(ResourceError::from(e));
             }
@@ -327,7 +332,10 @@ impl<G: Gpu> StreamOrderedResource<G> {
         let failed = record
             .uses
             .waits_for(use_stream, access)
-            .find_map(|event| self.gpu.stream_wait_event(raw_use, event).err());
+            // SAFETY: `raw_use` was resolved through `self.stream_pool` (kept
+            // alive with it); the events are the record's, taken from this
+            // resource's pool and live until given back to it.
+            .find_map(|event| unsafe { self.gpu.stream_wait_event(raw_use, event) }.err());
         match failed {
             None => Ok(()),
             Some(e) => {
@@ -354,7 +362,8 @@ impl<G: Gpu> StreamOrderedResource<G> {
             Some(e) => (e, false),
             None => (self.events.take().map_err(ResourceError::from)?, true),
         };
-        if let Err(e) = self.gpu.event_record(event, raw_use) {
+        // SAFETY: as in `queue_waits`: a pooled event, a pool stream.
+        if let Err(e) = unsafe { self.gpu.event_record(event, raw_use) } {
             if fresh {
                 self.events.give([event]);
             }
@@ -375,9 +384,9 @@ impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
         tag: AllocTag,
     ) -> ResourceResult<DeviceBlock> {
         let raw = self.raw_stream(stream)?;
-        let ptr = self
-            .gpu
-            .alloc_async(bytes, raw)
+        // SAFETY: `raw` was resolved through `self.stream_pool`, which this
+        // resource holds and which keeps its streams alive.
+        let ptr = unsafe { self.gpu.alloc_async(bytes, raw) }
             .map_err(|e| e.for_request(bytes, stream))?;
         let (index, _) = self.place(stream);
         let slot = &self.shards[index];
@@ -394,14 +403,18 @@ impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
             slot.add_outstanding(&shard, bytes);
             seq
         };
-        tracing::trace!(bytes, %stream, ptr, %tag, "allocate");
-        Ok(DeviceBlock::new(
+        let block = DeviceBlock::new(
             BlockId::new(self.id, shard::serial(index, seq)),
             ptr,
             bytes,
             stream,
             tag,
-        ))
+        );
+        // A subscriber that panics must not leave the block live with no
+        // descriptor: the guard frees it as the panic unwinds.
+        let guard = ReturnOnUnwind::new(self, block);
+        tracing::trace!(bytes, %stream, ptr, %tag, "allocate");
+        Ok(guard.hand_out())
     }
 
     fn deallocate(&self, block: DeviceBlock) -> ResourceResult<()> {
@@ -419,7 +432,10 @@ impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
             let Some(record) = shard.blocks.get_mut(seq) else {
                 return Err(Self::missing(shard, seq, id));
             };
-            if record.ptr != block.ptr() || record.size != block.size() {
+            if record.ptr != block.ptr()
+                || record.size != block.size()
+                || record.stream != block.stream()
+            {
                 return Err(ResourceError::UnknownBlock { block: id });
             }
             // That free may still fail and leave the block live: not a
@@ -444,12 +460,19 @@ impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
             .filter(|(s, _)| *s != stream)
             .map(|&(_, e)| e);
         for event in others {
-            if let Err(e) = self.gpu.stream_wait_event(raw, event) {
+            // SAFETY: `raw` is the record's pool stream (kept alive by
+            // `self.stream_pool`); the event is one of the block's uses, from
+            // this resource's pool, live until given back below.
+            if let Err(e) = unsafe { self.gpu.stream_wait_event(raw, event) } {
                 restore(uses);
                 return Err(ResourceError::from(e));
             }
         }
-        if let Err(e) = self.gpu.free_async(block.ptr(), raw) {
+        // SAFETY: `raw` is the record's pool stream; `block.ptr()` equals the
+        // record's address (checked above), which `alloc_async` of this gpu
+        // returned; the record is marked as being freed under its shard lock,
+        // so no other call frees it, and it leaves the live set below.
+        if let Err(e) = unsafe { self.gpu.free_async(block.ptr(), raw) } {
             restore(uses);
             return Err(e.for_request(size, stream));
         }
@@ -507,9 +530,9 @@ impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
                 ((local << self.shard_bits) | index) as u32,
             );
             let raw = self.raw_stream(stream)?;
-            self.gpu
-                .stream_synchronize(raw)
-                .map_err(ResourceError::from)?;
+            // SAFETY: `raw` was resolved through `self.stream_pool`, which
+            // keeps its streams alive.
+            unsafe { self.gpu.stream_synchronize(raw) }.map_err(ResourceError::from)?;
             self.drain(index, local, seq);
         }
         Ok(())

@@ -47,18 +47,72 @@ impl RawStream {
 /// Names one stream of one device's [`StreamPool`](crate::StreamPool).
 ///
 /// The device ordinal travels with the id, so that a stream of another device
-/// is refused with [`ResourceError::WrongDevice`](crate::ResourceError::WrongDevice) instead of being resolved
-/// against the wrong pool.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// is refused with [`ResourceError::WrongDevice`](crate::ResourceError::WrongDevice)
+/// instead of being resolved against the wrong pool; so does the pool that
+/// handed the id out, so that another pool of the same device refuses it with
+/// [`ResourceError::ForeignStream`](crate::ResourceError::ForeignStream).
+///
+/// Identity (`==`, hashing, ordering) is the device and the index: the pool
+/// is a check made when the id is resolved, not part of the name. An id
+/// built by hand with [`StreamId::new`] names no pool and resolves against
+/// the pool of its device it is given to.
+#[derive(Debug, Clone, Copy)]
 pub struct StreamId {
     device: u32,
     index: u32,
+    /// The pool that handed the id out; 0 for none.
+    pool: u32,
+}
+
+impl PartialEq for StreamId {
+    fn eq(&self, other: &Self) -> bool {
+        (self.device, self.index) == (other.device, other.index)
+    }
+}
+
+impl Eq for StreamId {}
+
+impl std::hash::Hash for StreamId {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        (self.device, self.index).hash(state);
+    }
+}
+
+impl PartialOrd for StreamId {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for StreamId {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.device, self.index).cmp(&(other.device, other.index))
+    }
 }
 
 impl StreamId {
-    /// The stream at `index` of the pool of device `device`.
+    /// The stream at `index` of the pool of device `device` (no particular
+    /// pool: whichever pool of that device resolves it).
     pub const fn new(device: u32, index: u32) -> Self {
-        StreamId { device, index }
+        StreamId {
+            device,
+            index,
+            pool: 0,
+        }
+    }
+
+    /// The stream at `index` of the pool whose identity is `pool`.
+    pub(crate) const fn in_pool(device: u32, index: u32, pool: u32) -> Self {
+        StreamId {
+            device,
+            index,
+            pool,
+        }
+    }
+
+    /// The identity of the pool that handed the id out (0 for none).
+    pub(crate) const fn pool(self) -> u32 {
+        self.pool
     }
 
     /// Device ordinal of the stream.

@@ -51,7 +51,8 @@ pub fn assert_quiescent_invariants<G: Gpu>(r: &StreamOrderedResource<G>) {
 pub fn settle<G: Gpu>(f: &Fixture<G>) {
     for &s in &f.streams {
         let raw = f.pool.raw(s).unwrap();
-        f.resource.gpu().stream_synchronize(raw).unwrap();
+        // SAFETY: a stream of the fixture's pool, which it holds.
+        unsafe { f.resource.gpu().stream_synchronize(raw) }.unwrap();
     }
     if let Some(sim) = &f.sim {
         sim.run_until_idle();
@@ -74,18 +75,21 @@ pub fn assert_drained<G: Gpu>(f: &Fixture<G>) {
 /// A "kernel" that writes `block` on `stream` (a memset).
 pub fn write<G: Gpu>(f: &Fixture<G>, block: &DeviceBlock, stream: StreamId) {
     let raw = f.pool.raw(stream).unwrap();
-    f.resource
-        .gpu()
-        .memset_async(block.ptr(), 0xab, block.size(), raw)
-        .unwrap();
+    // SAFETY: `raw` is a stream of the fixture's pool; callers pass blocks
+    // live in `f.resource` (the tests that write a freed block on purpose
+    // run on the simulated device, which checks every address).
+    unsafe {
+        f.resource
+            .gpu()
+            .memset_async(block.ptr(), 0xab, block.size(), raw)
+    }
+    .unwrap();
 }
 
 /// A "kernel" that reads `src` into `dst` on `stream` (a copy).
 pub fn read_into<G: Gpu>(f: &Fixture<G>, src: &DeviceBlock, dst: &DeviceBlock, stream: StreamId) {
     let raw = f.pool.raw(stream).unwrap();
     let len = src.size().min(dst.size());
-    f.resource
-        .gpu()
-        .copy_async(dst.ptr(), src.ptr(), len, raw)
-        .unwrap();
+    // SAFETY: as in `write`, for both blocks.
+    unsafe { f.resource.gpu().copy_async(dst.ptr(), src.ptr(), len, raw) }.unwrap();
 }

@@ -100,7 +100,8 @@ async fn memsets_with_tasks<T: Send + 'static>(
     let mut tasks = Vec::with_capacity(n as usize);
     for _ in 0..n {
         let m = Instant::now();
-        gpu.memset_async(big.ptr(), 8, big.size(), raw)?;
+        // SAFETY: the harness's own handles: streams of its pool (held for the run), events it made on this backend and destroys once, addresses it just allocated.
+        unsafe { gpu.memset_async(big.ptr(), 8, big.size(), raw) }?;
         in_memset += m.elapsed();
         tasks.push(after()?);
     }
@@ -109,7 +110,8 @@ async fn memsets_with_tasks<T: Send + 'static>(
     for task in tasks {
         outputs.push(task.await.expect("measured task"));
     }
-    gpu.stream_synchronize(raw)?;
+    // SAFETY: the harness's own handles: streams of its pool (held for the run), events it made on this backend and destroys once, addresses it just allocated.
+    unsafe { gpu.stream_synchronize(raw) }?;
     Ok((submit, t.elapsed() / n, outputs, in_memset / n))
 }
 
@@ -128,12 +130,14 @@ async fn fills<T>(
     let mut waits = Vec::with_capacity(FILLS);
     for i in 0..FILLS {
         let (b, raw) = (&blocks[i % blocks.len()], raws[i % raws.len()]);
-        gpu.memset_async(b.ptr(), 3, 4, raw)?;
+        // SAFETY: the harness's own handles: streams of its pool (held for the run), events it made on this backend and destroys once, addresses it just allocated.
+        unsafe { gpu.memset_async(b.ptr(), 3, 4, raw) }?;
         waits.extend(after(i, b, raw)?);
     }
     finish(waits).await?;
     for &raw in raws {
-        gpu.stream_synchronize(raw)?;
+        // SAFETY: the harness's own handles: streams of its pool (held for the run), events it made on this backend and destroys once, addresses it just allocated.
+        unsafe { gpu.stream_synchronize(raw) }?;
     }
     Ok(t.elapsed() / FILLS as u32)
 }
@@ -317,21 +321,26 @@ async fn measure<R: DeviceMemoryResource + 'static>(
                 for (policy, out) in [(default_policy, &mut op), (long_spin, &mut op_long)] {
                     res.set_wait_policy(policy);
                     let t = Instant::now();
-                    gpu.memset_async(tiny.ptr(), i as u8, 4, raw)?;
+                    // SAFETY: the harness's own handles: streams of its pool (held for the run), events it made on this backend and destroys once, addresses it just allocated.
+                    unsafe { gpu.memset_async(tiny.ptr(), i as u8, 4, raw) }?;
                     res.completion(s)?.await?;
                     out.push(t.elapsed());
                 }
                 res.set_wait_policy(default_policy);
 
                 let t = Instant::now();
-                gpu.memset_async(tiny.ptr(), i as u8, 4, raw)?;
-                gpu.event_record(event, raw)?;
-                while !gpu.event_query(event)? {
+                // SAFETY: the harness's own handles: streams of its pool (held for the run), events it made on this backend and destroys once, addresses it just allocated.
+                unsafe { gpu.memset_async(tiny.ptr(), i as u8, 4, raw) }?;
+                // SAFETY: the harness's own handles: streams of its pool (held for the run), events it made on this backend and destroys once, addresses it just allocated.
+                unsafe { gpu.event_record(event, raw) }?;
+                // SAFETY: the harness's own handles: streams of its pool (held for the run), events it made on this backend and destroys once, addresses it just allocated.
+                while !unsafe { gpu.event_query(event) }? {
                     tokio::task::yield_now().await;
                 }
                 floor.push(t.elapsed());
             }
-            let _ = gpu.event_destroy(event);
+            // SAFETY: the harness's own handles: streams of its pool (held for the run), events it made on this backend and destroys once, addresses it just allocated.
+            let _ = unsafe { gpu.event_destroy(event) };
             ResourceResult::Ok((idle, op, op_long, floor))
         })
         .await
@@ -392,15 +401,18 @@ async fn measure<R: DeviceMemoryResource + 'static>(
     };
     // The plain 8 MiB loop: per op in all, and inside memset_async.
     let plain_loop = || -> ResourceResult<(Duration, Duration)> {
-        gpu.stream_synchronize(raw)?;
+        // SAFETY: the harness's own handles: streams of its pool (held for the run), events it made on this backend and destroys once, addresses it just allocated.
+        unsafe { gpu.stream_synchronize(raw) }?;
         let t = Instant::now();
         let mut in_memset = Duration::ZERO;
         for _ in 0..n {
             let m = Instant::now();
-            gpu.memset_async(big.ptr(), 1, big.size(), raw)?;
+            // SAFETY: the harness's own handles: streams of its pool (held for the run), events it made on this backend and destroys once, addresses it just allocated.
+            unsafe { gpu.memset_async(big.ptr(), 1, big.size(), raw) }?;
             in_memset += m.elapsed();
         }
-        gpu.stream_synchronize(raw)?;
+        // SAFETY: the harness's own handles: streams of its pool (held for the run), events it made on this backend and destroys once, addresses it just allocated.
+        unsafe { gpu.stream_synchronize(raw) }?;
         Ok((t.elapsed() / n, in_memset / n))
     };
     // A raw event record after each 8 MiB memset, no futures: the floor of
@@ -423,16 +435,20 @@ async fn measure<R: DeviceMemoryResource + 'static>(
         let (base, _) = plain_loop()?;
         let t = Instant::now();
         for i in 0..n as usize {
-            gpu.memset_async(big.ptr(), 7, big.size(), raw)?;
-            gpu.event_record(record_events[i % record_events.len()], raw)?;
+            // SAFETY: the harness's own handles: streams of its pool (held for the run), events it made on this backend and destroys once, addresses it just allocated.
+            unsafe { gpu.memset_async(big.ptr(), 7, big.size(), raw) }?;
+            // SAFETY: the harness's own handles: streams of its pool (held for the run), events it made on this backend and destroys once, addresses it just allocated.
+            unsafe { gpu.event_record(record_events[i % record_events.len()], raw) }?;
         }
-        gpu.stream_synchronize(raw)?;
+        // SAFETY: the harness's own handles: streams of its pool (held for the run), events it made on this backend and destroys once, addresses it just allocated.
+        unsafe { gpu.stream_synchronize(raw) }?;
         record_each.push_paired(t.elapsed() / n, base, WaitStats::default(), 1);
         for (k, events_in_use) in [8usize, 64, FILLS].into_iter().enumerate() {
             let base = plain_fills(gpu, blocks, raws).await?;
             // Event `i % events_in_use` is always on stream `i % 8`.
             let record = |i: usize, _: &DeviceBlock, raw: RawStream| {
-                gpu.event_record(many_events[i % events_in_use], raw)?;
+                // SAFETY: the harness's own handles: streams of its pool (held for the run), events it made on this backend and destroys once, addresses it just allocated.
+                unsafe { gpu.event_record(many_events[i % events_in_use], raw) }?;
                 Ok(None::<()>)
             };
             let with = fills(gpu, blocks, raws, record, async |_| Ok(())).await?;
@@ -472,12 +488,14 @@ async fn measure<R: DeviceMemoryResource + 'static>(
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let consumer = tokio::spawn(async move { while let Some(()) = rx.recv().await {} });
         for _ in 0..n {
-            gpu.memset_async(big.ptr(), 2, big.size(), raw)?;
+            // SAFETY: the harness's own handles: streams of its pool (held for the run), events it made on this backend and destroys once, addresses it just allocated.
+            unsafe { gpu.memset_async(big.ptr(), 2, big.size(), raw) }?;
             let _ = tx.send(());
         }
         drop(tx);
         consumer.await.expect("consumer task");
-        gpu.stream_synchronize(raw)?;
+        // SAFETY: the harness's own handles: streams of its pool (held for the run), events it made on this backend and destroys once, addresses it just allocated.
+        unsafe { gpu.stream_synchronize(raw) }?;
         unit_to_consumer.push_paired(t.elapsed() / n, base, WaitStats::default(), 1);
         // The futures of the in-order row awaited by `join_all` instead,
         // which allocates a task node per future.
@@ -532,12 +550,14 @@ async fn measure<R: DeviceMemoryResource + 'static>(
             });
             let t = Instant::now();
             for _ in 0..n {
-                gpu.memset_async(big.ptr(), 2, big.size(), raw)?;
+                // SAFETY: the harness's own handles: streams of its pool (held for the run), events it made on this backend and destroys once, addresses it just allocated.
+                unsafe { gpu.memset_async(big.ptr(), 2, big.size(), raw) }?;
                 let _ = tx.send(res.completion(s)?);
             }
             drop(tx);
             consumer.await.expect("consumer task")?;
-            gpu.stream_synchronize(raw)?;
+            // SAFETY: the harness's own handles: streams of its pool (held for the run), events it made on this backend and destroys once, addresses it just allocated.
+            unsafe { gpu.stream_synchronize(raw) }?;
             row[1].push_paired(
                 t.elapsed() / n,
                 base,
@@ -550,11 +570,13 @@ async fn measure<R: DeviceMemoryResource + 'static>(
             let t = Instant::now();
             let mut futs = Vec::with_capacity(n as usize);
             for _ in 0..n {
-                gpu.memset_async(big.ptr(), 4, big.size(), raw)?;
+                // SAFETY: the harness's own handles: streams of its pool (held for the run), events it made on this backend and destroys once, addresses it just allocated.
+                unsafe { gpu.memset_async(big.ptr(), 4, big.size(), raw) }?;
                 futs.push(res.completion(s)?);
             }
             in_order(futs).await?;
-            gpu.stream_synchronize(raw)?;
+            // SAFETY: the harness's own handles: streams of its pool (held for the run), events it made on this backend and destroys once, addresses it just allocated.
+            unsafe { gpu.stream_synchronize(raw) }?;
             row[2].push_paired(
                 t.elapsed() / n,
                 base,
@@ -575,7 +597,8 @@ async fn measure<R: DeviceMemoryResource + 'static>(
     }
     res.set_wait_policy(default_policy);
     for e in record_events.into_iter().chain(many_events) {
-        let _ = gpu.event_destroy(e);
+        // SAFETY: the harness's own handles: streams of its pool (held for the run), events it made on this backend and destroys once, addresses it just allocated.
+        let _ = unsafe { gpu.event_destroy(e) };
     }
 
     let plain_us = plain.value();
@@ -729,7 +752,8 @@ async fn breakdown<R: DeviceMemoryResource + 'static>(
     let gpu = res.gpu().clone();
     // (a) `completion()` alone (event record + sequence number), futures
     //     dropped at once, on an idle stream.
-    gpu.stream_synchronize(raw)?;
+    // SAFETY: the harness's own handles: streams of its pool (held for the run), events it made on this backend and destroys once, addresses it just allocated.
+    unsafe { gpu.stream_synchronize(raw) }?;
     let point_only = {
         let t = Instant::now();
         for _ in 0..FILLS {
@@ -740,8 +764,10 @@ async fn breakdown<R: DeviceMemoryResource + 'static>(
     // (b) spawned tasks that only take the notifier locks (no driver call),
     // and (c) tasks that only query a finished event three times (no lock).
     let done = gpu.event_create()?;
-    gpu.event_record(done, raw)?;
-    gpu.stream_synchronize(raw)?;
+    // SAFETY: the harness's own handles: streams of its pool (held for the run), events it made on this backend and destroys once, addresses it just allocated.
+    unsafe { gpu.event_record(done, raw) }?;
+    // SAFETY: the harness's own handles: streams of its pool (held for the run), events it made on this backend and destroys once, addresses it just allocated.
+    unsafe { gpu.stream_synchronize(raw) }?;
     let (spawn_locks, _, _, _) = memsets_with_tasks(&gpu, big, raw, n, || {
         let res = res.clone();
         Ok(tokio::spawn(async move {
@@ -756,13 +782,15 @@ async fn breakdown<R: DeviceMemoryResource + 'static>(
         let gpu = gpu.clone();
         Ok(tokio::spawn(async move {
             for _ in 0..3 {
-                let _ = std::hint::black_box(gpu.event_query(done));
+                // SAFETY: the harness's own handles: streams of its pool (held for the run), events it made on this backend and destroys once, addresses it just allocated.
+                let _ = std::hint::black_box(unsafe { gpu.event_query(done) });
                 tokio::task::yield_now().await;
             }
         }))
     })
     .await?;
-    let _ = gpu.event_destroy(done);
+    // SAFETY: the harness's own handles: streams of its pool (held for the run), events it made on this backend and destroys once, addresses it just allocated.
+    let _ = unsafe { gpu.event_destroy(done) };
     // (d) spawned tasks woken from a thread outside the runtime about 5 µs
     // after they are spawned, as a completion notification wakes a parked
     // future: no GPU or lock involved.
@@ -808,33 +836,41 @@ async fn breakdown<R: DeviceMemoryResource + 'static>(
         let mut events = lane_events.iter();
         (*slot, _, _, _) = memsets_with_tasks(&gpu, big, raw, n, || {
             let e = *events.next().expect("an event per memset");
-            gpu.event_record(e, raw)?;
-            gpu.stream_wait_event(lane, e)?;
+            // SAFETY: the harness's own handles: streams of its pool (held for the run), events it made on this backend and destroys once, addresses it just allocated.
+            unsafe { gpu.event_record(e, raw) }?;
+            // SAFETY: the harness's own handles: streams of its pool (held for the run), events it made on this backend and destroys once, addresses it just allocated.
+            unsafe { gpu.stream_wait_event(lane, e) }?;
             let (reply, woken) = tokio::sync::oneshot::channel();
             let to_waker = to_waker.clone();
-            gpu.launch_host_fn(
-                lane,
-                Box::new(move || {
-                    if handoff == 1 {
-                        let _ = to_waker.send(reply);
-                    } else {
-                        let _ = reply.send(());
-                    }
-                }),
-            )?;
+            // SAFETY: the harness's own handles: streams of its pool (held for the run), events it made on this backend and destroys once, addresses it just allocated.
+            unsafe {
+                gpu.launch_host_fn(
+                    lane,
+                    Box::new(move || {
+                        if handoff == 1 {
+                            let _ = to_waker.send(reply);
+                        } else {
+                            let _ = reply.send(());
+                        }
+                    }),
+                )
+            }?;
             Ok(tokio::spawn(async move {
                 let _ = woken.await;
             }))
         })
         .await?;
         drop(to_waker);
-        gpu.stream_synchronize(lane)?;
+        // SAFETY: the harness's own handles: streams of its pool (held for the run), events it made on this backend and destroys once, addresses it just allocated.
+        unsafe { gpu.stream_synchronize(lane) }?;
         let _ = helper.join();
     }
     for e in lane_events {
-        let _ = gpu.event_destroy(e);
+        // SAFETY: the harness's own handles: streams of its pool (held for the run), events it made on this backend and destroys once, addresses it just allocated.
+        let _ = unsafe { gpu.event_destroy(e) };
     }
-    let _ = gpu.destroy_stream(lane);
+    // SAFETY: the harness's own handles: streams of its pool (held for the run), events it made on this backend and destroys once, addresses it just allocated.
+    let _ = unsafe { gpu.destroy_stream(lane) };
 
     let us = |d: Duration| d.as_secs_f64() * 1e6;
     println!();

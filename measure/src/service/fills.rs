@@ -34,7 +34,8 @@ fn sync_all<R: DeviceMemoryResource + 'static>(
     targets: &[(DeviceBlock, RawStream)],
 ) -> ResourceResult<()> {
     for (_, raw) in targets {
-        res.gpu().stream_synchronize(*raw)?;
+        // SAFETY: a stream of the device's pool, which the resource holds.
+        unsafe { res.gpu().stream_synchronize(*raw) }?;
     }
     Ok(())
 }
@@ -51,7 +52,8 @@ pub fn plain<R: DeviceMemoryResource + 'static>(
     let t = Instant::now();
     for i in 0..FILLS {
         let (b, raw) = &targets[i % targets.len()];
-        res.gpu().memset_async(b.ptr(), 3, 4, *raw)?;
+        // SAFETY: a stream of the device's pool; the block is live (freed later).
+        unsafe { res.gpu().memset_async(b.ptr(), 3, 4, *raw) }?;
     }
     sync_all(res, targets)?;
     Ok(t.elapsed() / FILLS as u32)
@@ -71,7 +73,8 @@ pub async fn spawned_await<R: DeviceMemoryResource + 'static>(
     let mut tasks = Vec::with_capacity(FILLS);
     for i in 0..FILLS {
         let (b, raw) = &targets[i % targets.len()];
-        res.gpu().memset_async(b.ptr(), 3, 4, *raw)?;
+        // SAFETY: a stream of the device's pool; the block is live (freed later).
+        unsafe { res.gpu().memset_async(b.ptr(), 3, 4, *raw) }?;
         tasks.push(tokio::spawn(res.completion(b.stream())?));
     }
     for task in tasks {
@@ -97,7 +100,8 @@ pub async fn spawned_fill_and_await<R: DeviceMemoryResource + 'static>(
         let (b, raw) = targets[i % targets.len()].clone();
         let res = res.clone();
         tasks.push(tokio::spawn(async move {
-            res.gpu().memset_async(b.ptr(), 3, 4, raw)?;
+            // SAFETY: a stream of the device's pool; the block is live (freed later).
+            unsafe { res.gpu().memset_async(b.ptr(), 3, 4, raw) }?;
             res.completion(b.stream())?.await
         }));
     }

@@ -175,7 +175,8 @@ where
                 op: trace.ops.len(),
                 error,
             })?;
-        target.device.gpu().stream_synchronize(raw)?;
+        // SAFETY: a stream of the pool this code holds.
+        unsafe { target.device.gpu().stream_synchronize(raw) }?;
     }
     let elapsed = start.elapsed();
     run?;

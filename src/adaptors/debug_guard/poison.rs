@@ -1,5 +1,7 @@
 //! Poison fills: what the guard writes into a block it quarantines.
 
+#![allow(unsafe_code)]
+
 use std::fmt;
 
 use crate::device::Device;
@@ -39,7 +41,9 @@ pub trait Poison: Send + Sync + 'static {
 ///
 /// let device = Device::open(0, 1);
 /// let resource = StreamOrderedResource::new(&device);
-/// let poison = GpuPoison::new(&device, 0xA5);
+/// // SAFETY: the guard below is the poison's only user, and it fills only
+/// // blocks live in `resource`, a resource of `device`.
+/// let poison = unsafe { GpuPoison::new(&device, 0xA5) };
 /// let guard = DebugGuard::new(resource, GuardConfig::new().poison(poison));
 /// # drop(guard);
 /// ```
@@ -50,7 +54,16 @@ pub struct GpuPoison<G: Gpu> {
 
 impl<G: Gpu> GpuPoison<G> {
     /// Fills with `value` on `device`.
-    pub fn new(device: &Device<G>, value: u8) -> Self {
+    ///
+    /// # Safety
+    /// [`fill`](Poison::fill) queues a `memset_async` over the block it is
+    /// given, which no backend can check, so every block it is ever given
+    /// (by the [`DebugGuard`](super::DebugGuard) it is configured into,
+    /// which passes only blocks live in its inner resource, or by any other
+    /// caller) must be:
+    /// 1. an allocation of `device`'s backend whose free is not queued yet;
+    /// 2. on a stream of `device`'s pool.
+    pub unsafe fn new(device: &Device<G>, value: u8) -> Self {
         GpuPoison {
             device: device.clone(),
             value,
@@ -58,8 +71,16 @@ impl<G: Gpu> GpuPoison<G> {
     }
 
     /// Fills with `value` on the device of `resource`.
-    pub fn for_resource(resource: &StreamOrderedResource<G>, value: u8) -> Self {
-        Self::new(&resource.device(), value)
+    ///
+    /// # Safety
+    /// Every block [`fill`](Poison::fill) is ever given is live in
+    /// `resource` (or in another resource of the same device): configure it
+    /// into a [`DebugGuard`](super::DebugGuard) whose inner resource
+    /// allocates from `resource`, and do not call `fill` with other blocks.
+    pub unsafe fn for_resource(resource: &StreamOrderedResource<G>, value: u8) -> Self {
+        // SAFETY: the device is `resource`'s; the caller's contract gives
+        // `new`'s.
+        unsafe { Self::new(&resource.device(), value) }
     }
 
     /// The poison byte.
@@ -80,9 +101,14 @@ impl<G: Gpu> fmt::Debug for GpuPoison<G> {
 impl<G: Gpu> Poison for GpuPoison<G> {
     fn fill(&self, block: &DeviceBlock) -> ResourceResult<()> {
         let raw = self.device.raw(block.stream())?;
-        self.device
-            .gpu()
-            .memset_async(block.ptr(), self.value, block.size(), raw)
-            .map_err(ResourceError::from)
+        // SAFETY: the constructor's contract: `block` is a live allocation of
+        // the device's backend on a stream of its pool, which the device
+        // keeps alive.
+        unsafe {
+            self.device
+                .gpu()
+                .memset_async(block.ptr(), self.value, block.size(), raw)
+        }
+        .map_err(ResourceError::from)
     }
 }

@@ -1,6 +1,7 @@
 //! [`TracingResource`]: the decorator that emits events.
 
 use crate::resource::forward::forward_to_inner;
+use crate::resource::unwind::ReturnOnUnwind;
 use std::time::Instant;
 
 use tracing::{Level, debug, enabled, info_span, trace, warn};
@@ -116,15 +117,19 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for TracingResource<R> {
         let start = start!(Level::DEBUG);
         let result = self.inner.allocate(bytes, stream, tag);
         let device = self.inner.device_ordinal();
+        // A subscriber that panics on the event below must not leave the
+        // block live with no descriptor: the guard frees it as the panic
+        // unwinds.
+        let result = result.map(|block| ReturnOnUnwind::new(&self.inner, block));
         match &result {
-            Ok(block) => debug!(
+            Ok(guard) => debug!(
                 target: TARGET,
                 device,
                 stream = %stream,
                 bytes,
                 tag = %tag,
-                address = block.ptr(),
-                block = %block.id(),
+                address = guard.block().ptr(),
+                block = %guard.block().id(),
                 elapsed_ns = elapsed_ns(start),
                 "allocate"
             ),
@@ -138,7 +143,7 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for TracingResource<R> {
                 "allocate failed"
             ),
         }
-        result
+        result.map(ReturnOnUnwind::hand_out)
     }
 
     fn deallocate(&self, block: DeviceBlock) -> ResourceResult<()> {

@@ -25,6 +25,13 @@ impl VectorClock {
         self.0[stream]
     }
 
+    /// A clock that knows only `stream`'s own ticks.
+    pub(crate) fn own_part(&self, stream: usize) -> VectorClock {
+        let mut own = VectorClock(vec![0; stream + 1]);
+        own.0[stream] = self.get(stream);
+        own
+    }
+
     pub(crate) fn join(&mut self, other: &VectorClock) {
         if self.0.len() < other.0.len() {
             self.0.resize(other.0.len(), 0);

@@ -48,6 +48,9 @@ pub(crate) struct SimStream {
     clock: VectorClock,
     queue: VecDeque<OpKind>,
     busy: bool,
+    /// Destroyed by its owner: refused by every call; what was queued still
+    /// runs, and once it has the slot may serve a new stream.
+    destroyed: bool,
 }
 
 #[derive(Default)]
@@ -80,6 +83,9 @@ pub(crate) struct State {
     streams: Vec<SimStream>,
     events: Vec<SimEvent>,
     free_event_slots: Vec<usize>,
+    /// Destroyed streams, whose slots a new stream may take once their
+    /// queues have drained.
+    free_stream_slots: Vec<usize>,
     host: VectorClock,
     /// One address space per simulated device, keyed by ordinal.
     pub(crate) spaces: std::collections::BTreeMap<u32, AddressSpace>,
@@ -104,6 +110,7 @@ impl State {
             streams: Vec::new(),
             events: Vec::new(),
             free_event_slots: Vec::new(),
+            free_stream_slots: Vec::new(),
             host: VectorClock::default(),
             spaces: devices
                 .iter()
@@ -135,6 +142,24 @@ impl State {
     }
 
     pub(crate) fn create_stream(&mut self, device: u32) -> usize {
+        // A destroyed stream's slot is reused once everything queued on it
+        // ran (its frees executed, so no reuse rule of the address space
+        // still names it). Its own clock component keeps counting, so every
+        // epoch stays unique and what other streams saw of the old stream
+        // never covers the new one's work; the rest of its clock is
+        // forgotten, as a new stream has seen nothing.
+        let reusable = self.free_stream_slots.iter().position(|&slot| {
+            let st = &self.streams[slot];
+            st.queue.is_empty() && !st.busy
+        });
+        if let Some(i) = reusable {
+            let slot = self.free_stream_slots.swap_remove(i);
+            let st = &mut self.streams[slot];
+            st.clock = st.clock.own_part(slot);
+            st.device = device;
+            st.destroyed = false;
+            return slot;
+        }
         self.streams.push(SimStream {
             device,
             ..SimStream::default()
@@ -142,12 +167,31 @@ impl State {
         self.streams.len() - 1
     }
 
-    /// Fails unless stream `s` exists and belongs to `device`.
+    /// Destroys stream `s` of `device`; work queued on it still runs.
+    pub(crate) fn destroy_stream(
+        &mut self,
+        s: usize,
+        device: u32,
+        call: DriverCall,
+    ) -> GpuResult<()> {
+        self.own_stream(s, device, call)?;
+        self.streams[s].destroyed = true;
+        self.free_stream_slots.push(s);
+        Ok(())
+    }
+
+    /// Fails unless stream `s` exists, is not destroyed, and belongs to
+    /// `device`.
     pub(crate) fn own_stream(&self, s: usize, device: u32, call: DriverCall) -> GpuResult<()> {
         match self.streams.get(s) {
-            Some(st) if st.device == device => Ok(()),
+            Some(st) if st.device == device && !st.destroyed => Ok(()),
             _ => Err(invalid(call)),
         }
+    }
+
+    /// Streams created and not destroyed.
+    pub(crate) fn live_stream_count(&self) -> usize {
+        self.streams.iter().filter(|st| !st.destroyed).count()
     }
 
     /// The address space of `device`.
@@ -156,7 +200,10 @@ impl State {
     }
 
     fn stream(&self, s: usize, call: DriverCall) -> GpuResult<&SimStream> {
-        self.streams.get(s).ok_or_else(|| invalid(call))
+        self.streams
+            .get(s)
+            .filter(|st| !st.destroyed)
+            .ok_or_else(|| invalid(call))
     }
 
     fn event(&mut self, e: usize, call: DriverCall) -> GpuResult<&mut SimEvent> {

@@ -180,6 +180,7 @@ impl SimGpuBuilder {
             handles: std::sync::atomic::AtomicUsize::new(ordinals.len()),
             thread: Mutex::new(None),
             op_latency: self.op_latency,
+            host_fn_panics: std::sync::atomic::AtomicU64::new(0),
             blocking_in_polls: std::sync::atomic::AtomicU64::new(0),
         });
         let thread = (self.progress == Progress::Threaded).then(|| {
@@ -216,6 +217,8 @@ struct Shared {
     /// nothing the device holds (queued host functions) outlives it.
     thread: Mutex<Option<thread::JoinHandle<()>>>,
     op_latency: Duration,
+    /// Host functions that panicked (caught).
+    host_fn_panics: std::sync::atomic::AtomicU64,
     /// Synchronizes called inside a poll of the crate's futures.
     blocking_in_polls: std::sync::atomic::AtomicU64,
 }
@@ -224,6 +227,17 @@ impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic inside a host function must not wedge the device.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs a host function (user code) without the state lock. A panic in
+    /// it is caught and counted: it must not kill the device thread (or, in
+    /// manual mode, unwind out of a synchronize and leave the stream busy),
+    /// as it must not unwind into the driver on a real GPU.
+    fn run_host_fn(&self, f: HostFn) {
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err() {
+            self.host_fn_panics
+                .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        }
     }
 }
 
@@ -248,7 +262,7 @@ fn device_thread(shared: &Shared) {
             }
             Step::Host(s, f) => {
                 drop(state);
-                f();
+                shared.run_host_fn(f);
                 state = shared.lock();
                 state.host_done(s);
                 shared.progress_made.notify_all();
@@ -342,7 +356,7 @@ impl SimGpu {
     pub fn stream_pool(&self, count: usize) -> Arc<StreamPool> {
         let ordinal = self.ordinal;
         let raw = (0..count).map(|_| self.create_stream()).collect();
-        Arc::new(StreamPool::from_raw(ordinal, raw, Vec::new()))
+        Arc::new(StreamPool::from_checked(ordinal, raw, Vec::new()))
     }
 
     /// Queues a kernel on `stream` that touches `accesses`; races are
@@ -374,7 +388,7 @@ impl SimGpu {
             Step::Ran { .. } => true,
             Step::Host(s, f) => {
                 drop(state);
-                f();
+                self.shared.run_host_fn(f);
                 state = self.shared.lock();
                 state.host_done(s);
                 true
@@ -437,9 +451,24 @@ impl SimGpu {
         self.shared.lock().faults.count(call)
     }
 
-    /// Number of streams created.
+    /// Number of stream slots the device holds: streams created, less the
+    /// destroyed ones whose slot a new stream took over.
     pub fn stream_count(&self) -> usize {
         self.shared.lock().stream_count()
+    }
+
+    /// Host functions that panicked so far. The panic is caught where the
+    /// function ran (the device thread, or the thread that made progress in
+    /// manual mode); the stream goes on.
+    pub fn host_fn_panics(&self) -> u64 {
+        self.shared
+            .host_fn_panics
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Number of streams created and not destroyed.
+    pub fn live_stream_count(&self) -> usize {
+        self.shared.lock().live_stream_count()
     }
 
     /// Memory the device has given out now: pool allocations, frees not
@@ -551,44 +580,41 @@ impl SimGpu {
     }
 }
 
-impl Gpu for SimGpu {
-    fn ordinal(&self) -> u32 {
-        self.ordinal
-    }
-
-    fn alloc_async(&self, bytes: usize, stream: RawStream) -> GpuResult<u64> {
+impl SimGpu {
+    /// Queues an allocation on `stream` (see [`Gpu::alloc_async`]). Safe: the simulator checks every
+    /// handle and address, and refuses what is not its own.
+    pub fn alloc_async(&self, bytes: usize, stream: RawStream) -> GpuResult<u64> {
         self.queue(DriverCall::AllocAsync, |st| {
+            st.own_stream(sim_index(stream), self.ordinal, DriverCall::AllocAsync)?;
             st.alloc(bytes, sim_index(stream))
         })
     }
-
-    fn free_async(&self, ptr: u64, stream: RawStream) -> GpuResult<()> {
+    /// Queues the free of `ptr` on `stream` (see [`Gpu::free_async`]). Safe: the simulator checks every
+    /// handle and address, and refuses what is not its own.
+    pub fn free_async(&self, ptr: u64, stream: RawStream) -> GpuResult<()> {
         self.queue(DriverCall::FreeAsync, |st| {
             st.own_stream(sim_index(stream), self.ordinal, DriverCall::FreeAsync)?;
             st.free(ptr, sim_index(stream))
         })
     }
-
-    fn event_create(&self) -> GpuResult<RawEvent> {
-        self.queue(DriverCall::EventCreate, |st| {
-            Ok(RawEvent::sim(st.event_create()))
-        })
-    }
-
-    fn event_record(&self, event: RawEvent, stream: RawStream) -> GpuResult<()> {
+    /// Records `event` on `stream` (see [`Gpu::event_record`]). Safe: the simulator checks every
+    /// handle and address, and refuses what is not its own.
+    pub fn event_record(&self, event: RawEvent, stream: RawStream) -> GpuResult<()> {
         self.queue(DriverCall::EventRecord, |st| {
             st.own_stream(sim_index(stream), self.ordinal, DriverCall::EventRecord)?;
             st.record(sim_event(event), sim_index(stream))
         })
     }
-
-    fn event_query(&self, event: RawEvent) -> GpuResult<bool> {
+    /// Whether `event`'s latest record ran (see [`Gpu::event_query`]). Safe: the simulator checks every
+    /// handle and address, and refuses what is not its own.
+    pub fn event_query(&self, event: RawEvent) -> GpuResult<bool> {
         let mut state = self.shared.lock();
         state.enter(DriverCall::EventQuery)?;
         state.query(sim_event(event), DriverCall::EventQuery)
     }
-
-    fn event_synchronize(&self, event: RawEvent) -> GpuResult<()> {
+    /// Blocks until `event` is done (see [`Gpu::event_synchronize`]). Safe: the simulator checks every
+    /// handle and address, and refuses what is not its own.
+    pub fn event_synchronize(&self, event: RawEvent) -> GpuResult<()> {
         let (generation, clock) = {
             let mut state = self.shared.lock();
             state.enter(DriverCall::EventSynchronize)?;
@@ -601,21 +627,24 @@ impl Gpu for SimGpu {
         self.shared.lock().host_saw(&clock);
         Ok(())
     }
-
-    fn event_destroy(&self, event: RawEvent) -> GpuResult<()> {
+    /// Destroys `event` (see [`Gpu::event_destroy`]). Safe: the simulator checks every
+    /// handle and address, and refuses what is not its own.
+    pub fn event_destroy(&self, event: RawEvent) -> GpuResult<()> {
         let mut state = self.shared.lock();
         state.enter(DriverCall::EventDestroy)?;
         state.event_destroy(sim_event(event))
     }
-
-    fn stream_wait_event(&self, stream: RawStream, event: RawEvent) -> GpuResult<()> {
+    /// Makes `stream` wait for `event` (see [`Gpu::stream_wait_event`]). Safe: the simulator checks every
+    /// handle and address, and refuses what is not its own.
+    pub fn stream_wait_event(&self, stream: RawStream, event: RawEvent) -> GpuResult<()> {
         self.queue(DriverCall::StreamWaitEvent, |st| {
             st.own_stream(sim_index(stream), self.ordinal, DriverCall::StreamWaitEvent)?;
             st.wait(sim_index(stream), sim_event(event))
         })
     }
-
-    fn stream_synchronize(&self, stream: RawStream) -> GpuResult<()> {
+    /// Blocks until `stream` is idle (see [`Gpu::stream_synchronize`]). Safe: the simulator checks every
+    /// handle and address, and refuses what is not its own.
+    pub fn stream_synchronize(&self, stream: RawStream) -> GpuResult<()> {
         let s = sim_index(stream);
         let clock = {
             let mut state = self.shared.lock();
@@ -626,15 +655,23 @@ impl Gpu for SimGpu {
         self.shared.lock().host_saw(&clock);
         Ok(())
     }
-
-    fn launch_host_fn(&self, stream: RawStream, f: HostFn) -> GpuResult<()> {
+    /// Queues a host function on `stream` (see [`Gpu::launch_host_fn`]). Safe: the simulator checks every
+    /// handle and address, and refuses what is not its own.
+    pub fn launch_host_fn(&self, stream: RawStream, f: HostFn) -> GpuResult<()> {
         self.queue(DriverCall::LaunchHostFunc, |st| {
             st.own_stream(sim_index(stream), self.ordinal, DriverCall::LaunchHostFunc)?;
             st.host_fn(sim_index(stream), f)
         })
     }
-
-    fn memset_async(&self, ptr: u64, _value: u8, len: usize, stream: RawStream) -> GpuResult<()> {
+    /// Queues a fill (see [`Gpu::memset_async`]). Safe: the simulator checks every
+    /// handle and address, and refuses what is not its own.
+    pub fn memset_async(
+        &self,
+        ptr: u64,
+        _value: u8,
+        len: usize,
+        stream: RawStream,
+    ) -> GpuResult<()> {
         if len == 0 {
             return Ok(());
         }
@@ -643,8 +680,9 @@ impl Gpu for SimGpu {
             st.kernel(sim_index(stream), &[(ptr, Access::Write)])
         })
     }
-
-    fn copy_async(&self, dst: u64, src: u64, len: usize, stream: RawStream) -> GpuResult<()> {
+    /// Queues a copy (see [`Gpu::copy_async`]). Safe: the simulator checks every
+    /// handle and address, and refuses what is not its own.
+    pub fn copy_async(&self, dst: u64, src: u64, len: usize, stream: RawStream) -> GpuResult<()> {
         if len == 0 {
             return Ok(());
         }
@@ -655,6 +693,85 @@ impl Gpu for SimGpu {
                 &[(src, Access::Read), (dst, Access::Write)],
             )
         })
+    }
+    /// Destroys `stream` (see [`Gpu::destroy_stream`]). Safe: the simulator checks every
+    /// handle and address, and refuses what is not its own.
+    pub fn destroy_stream(&self, stream: RawStream) -> GpuResult<()> {
+        // Like `cuStreamDestroy`: work still queued runs; the handle is
+        // refused from now on. Allowed on a faulted device (tear-down).
+        self.shared
+            .lock()
+            .destroy_stream(sim_index(stream), self.ordinal, DriverCall::Init)
+    }
+}
+
+// Every call is checked by the simulator: the trait's unsafe methods are the
+// inherent safe ones.
+impl Gpu for SimGpu {
+    fn ordinal(&self) -> u32 {
+        self.ordinal
+    }
+
+    unsafe fn alloc_async(&self, bytes: usize, stream: RawStream) -> GpuResult<u64> {
+        SimGpu::alloc_async(self, bytes, stream)
+    }
+
+    unsafe fn free_async(&self, ptr: u64, stream: RawStream) -> GpuResult<()> {
+        SimGpu::free_async(self, ptr, stream)
+    }
+
+    fn event_create(&self) -> GpuResult<RawEvent> {
+        self.queue(DriverCall::EventCreate, |st| {
+            Ok(RawEvent::sim(st.event_create()))
+        })
+    }
+
+    unsafe fn event_record(&self, event: RawEvent, stream: RawStream) -> GpuResult<()> {
+        SimGpu::event_record(self, event, stream)
+    }
+
+    unsafe fn event_query(&self, event: RawEvent) -> GpuResult<bool> {
+        SimGpu::event_query(self, event)
+    }
+
+    unsafe fn event_synchronize(&self, event: RawEvent) -> GpuResult<()> {
+        SimGpu::event_synchronize(self, event)
+    }
+
+    unsafe fn event_destroy(&self, event: RawEvent) -> GpuResult<()> {
+        SimGpu::event_destroy(self, event)
+    }
+
+    unsafe fn stream_wait_event(&self, stream: RawStream, event: RawEvent) -> GpuResult<()> {
+        SimGpu::stream_wait_event(self, stream, event)
+    }
+
+    unsafe fn stream_synchronize(&self, stream: RawStream) -> GpuResult<()> {
+        SimGpu::stream_synchronize(self, stream)
+    }
+
+    unsafe fn launch_host_fn(&self, stream: RawStream, f: HostFn) -> GpuResult<()> {
+        SimGpu::launch_host_fn(self, stream, f)
+    }
+
+    unsafe fn memset_async(
+        &self,
+        ptr: u64,
+        value: u8,
+        len: usize,
+        stream: RawStream,
+    ) -> GpuResult<()> {
+        SimGpu::memset_async(self, ptr, value, len, stream)
+    }
+
+    unsafe fn copy_async(
+        &self,
+        dst: u64,
+        src: u64,
+        len: usize,
+        stream: RawStream,
+    ) -> GpuResult<()> {
+        SimGpu::copy_async(self, dst, src, len, stream)
     }
 
     fn mem_info(&self) -> GpuResult<(usize, usize)> {
@@ -743,5 +860,9 @@ impl Gpu for SimGpu {
         // A faulted device refuses new streams, as a poisoned context does.
         self.shared.lock().enter(DriverCall::Init)?;
         Ok(SimGpu::create_stream(self))
+    }
+
+    unsafe fn destroy_stream(&self, stream: RawStream) -> GpuResult<()> {
+        SimGpu::destroy_stream(self, stream)
     }
 }

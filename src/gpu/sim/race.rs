@@ -146,8 +146,11 @@ impl RaceDetector {
             report.earlier.map_or(usize::MAX, |e| e.1),
         );
         if self.seen.insert(key, ()).is_none() {
-            tracing::warn!(target: "streamalloc::sim", "{report}");
+            // Kept before it is logged: a subscriber that panics loses
+            // nothing.
             self.reports.push(report);
+            let report = &self.reports[self.reports.len() - 1];
+            tracing::warn!(target: "streamalloc::sim", "{report}");
         }
     }
 
