@@ -215,10 +215,18 @@ fn cuda_replay_of_the_training_trace_reads_the_pools_reservation() {
         DeviceKind, ReplayConfig, Requested, StackKind, replay_stack,
     };
     let ctx = streamalloc::gpu::cuda::CudaGpu::open(0).expect("a CUDA device");
-    let path = concat!(
+    // Built here, run from the repository root of a copy on the GPU
+    // machine: the compile-time path does not exist there.
+    let built = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/data/gpt2_train.first50k.csv.gz"
     );
+    let copied = "measure/tests/data/gpt2_train.first50k.csv.gz";
+    let path = if std::path::Path::new(built).exists() {
+        built
+    } else {
+        copied
+    };
     let trace = Trace::read(path).unwrap();
     let requested = Requested::of(&trace);
     for stack in [StackKind::Resource, StackKind::Cache] {

@@ -177,10 +177,19 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> {
         let block = self.inner.allocate(bytes, stream, tag)?;
         reservation.commit();
         self.charged.fetch_add(cost, Ordering::AcqRel);
-        // The cost was read before the allocation: another thread may have
-        // taken the cached block this one expected (it took more) or left
-        // one (it took less). Count what the inner resource holds now.
-        self.top_up();
+        // A layer below that does its own accounting (a cache) estimated
+        // the cost before allocating: another thread may have taken the
+        // cached block this one expected (it took more) or left one (it
+        // took less). Count what the inner resource holds now. A layer
+        // that takes exactly what is asked (`cost == bytes`) was charged
+        // exactly, and is not topped up: `bytes_outstanding` sums per-shard
+        // counts one load at a time, so under concurrent allocations and
+        // reaps on other streams it may read high, and topping up from
+        // such a read charged bytes nobody held (16 threads on an H200 took
+        // the budget's peak past its limit).
+        if cost != bytes {
+            self.top_up();
+        }
         self.settle();
         Ok(block)
     }
