@@ -469,3 +469,34 @@ async fn a_panicking_decorator_does_not_kill_the_watchdog() {
         .unwrap();
     assert!(is_device_error(&r.unwrap_err()));
 }
+
+/// A request larger than a budget's whole limit can never be served: it
+/// fails at once even while others wait, as a request larger than the
+/// device does (it used to queue behind them and fail only at the head).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_waiters_queued_a_request_over_the_budget_limit_fails_at_once() {
+    let gpu = SimGpu::builder().capacity(64 * BLOCK).build();
+    let device = Device::simulated(&gpu, 2);
+    let budget = Budget::new(2 * BLOCK);
+    let stack = BudgetResource::new(SimResource::new(&device), &budget);
+    // SAFETY: the stack's bottom resource was made on this device.
+    let res = unsafe { AsyncResource::with_device(stack, &device) }.unwrap();
+    let (s0, s1) = (device.stream(0).unwrap(), device.stream(1).unwrap());
+    let held = res.try_allocate(2 * BLOCK, s0, TAG).unwrap();
+    let queued = tokio::spawn(res.allocate(BLOCK, s1, TAG).bounded("allocate"));
+    while res.waiting_allocations() < 1 {
+        tokio::task::yield_now().await;
+    }
+    let r = tokio::time::timeout(GUARD, res.allocate(3 * BLOCK, s1, TAG).bounded("allocate"))
+        .await
+        .expect("hang: a request over the budget's limit was queued");
+    assert!(
+        matches!(r, Err(ResourceError::BudgetExceeded { requested, limit, .. })
+            if requested == 3 * BLOCK && limit == 2 * BLOCK),
+        "{r:?}"
+    );
+    assert_eq!(res.waiting_allocations(), 1);
+    assert_eq!(budget.in_use(), 2 * BLOCK, "the refusal changed nothing");
+    queued.abort();
+    drop(res.deallocate(held).unwrap());
+}

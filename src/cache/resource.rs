@@ -455,6 +455,11 @@ fn memory_full(e: &ResourceError) -> bool {
 }
 
 impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R> {
+    /// The inner resource's: a block the cache hands out was (or will be)
+    /// allocated from below, within whatever limit is there.
+    fn allocation_limit(&self) -> Option<usize> {
+        self.inner.allocation_limit()
+    }
     fn allocate(
         &self,
         bytes: usize,

@@ -149,10 +149,19 @@ impl Core {
     }
 
     /// Refuses at once a request that waiting could never serve: a stream
-    /// outside the pool (or of another device), or more bytes than the
-    /// device has.
+    /// outside the pool (or of another device), more bytes than a budget in
+    /// the stack allows in all, or more bytes than the device has.
     pub(crate) fn check_request(&self, bytes: usize, stream: StreamId) -> ResourceResult<()> {
         self.notifier(stream)?;
+        if let Some(limit) = self.inner.allocation_limit()
+            && bytes > limit
+        {
+            return Err(ResourceError::BudgetExceeded {
+                requested: bytes,
+                limit,
+                in_use: self.inner.bytes_outstanding(),
+            });
+        }
         match self.capacity() {
             Some(capacity) if bytes > capacity => Err(ResourceError::OutOfMemory {
                 requested: bytes,

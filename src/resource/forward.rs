@@ -87,6 +87,11 @@ macro_rules! forward_to_inner {
             self.$f.release_idle()
         }
     };
+    (@one $f:ident allocation_limit) => {
+        fn allocation_limit(&self) -> Option<usize> {
+            self.$f.allocation_limit()
+        }
+    };
     (@one $f:ident frees_across_streams) => {
         fn frees_across_streams(&self) -> bool {
             self.$f.frees_across_streams()

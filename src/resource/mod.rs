@@ -264,6 +264,16 @@ pub trait DeviceMemoryResource: Send + Sync {
     fn frees_across_streams(&self) -> bool {
         false
     }
+
+    /// The most bytes one allocation through this stack could ever take, if
+    /// a layer limits it (a [`Budget`](crate::adaptors::Budget)'s limit),
+    /// else `None`. A request past it can never be served, so the futures
+    /// layer refuses it at once instead of queueing it behind other waiters.
+    /// Decorators answer for themselves or their inner resource; the
+    /// default is `None`.
+    fn allocation_limit(&self) -> Option<usize> {
+        None
+    }
 }
 
 impl<R: DeviceMemoryResource + ?Sized> DeviceMemoryResource for std::sync::Arc<R> {
@@ -320,5 +330,8 @@ impl<R: DeviceMemoryResource + ?Sized> DeviceMemoryResource for std::sync::Arc<R
     }
     fn release_idle(&self) -> ResourceResult<usize> {
         (**self).release_idle()
+    }
+    fn allocation_limit(&self) -> Option<usize> {
+        (**self).allocation_limit()
     }
 }

@@ -194,6 +194,17 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> {
         Ok(block)
     }
 
+    /// This budget's limit, or a tighter one below it: no single
+    /// allocation can take more.
+    fn allocation_limit(&self) -> Option<usize> {
+        let own = self.budget.limit();
+        Some(
+            self.inner
+                .allocation_limit()
+                .map_or(own, |below| below.min(own)),
+        )
+    }
+
     fn deallocate(&self, block: DeviceBlock) -> ResourceResult<()> {
         self.inner.deallocate(block)?;
         // A stream-ordered inner still counts the bytes (the free is only
