@@ -31,11 +31,8 @@ fn physical_memory_shares_the_capacity_and_counts_in_the_peak() {
         ),
         "the pool and the handles share one capacity"
     );
-    // SAFETY: both handles come from mem_create and are released once.
-    unsafe {
-        gpu.mem_release(a).unwrap();
-        gpu.mem_release(b).unwrap();
-    }
+    gpu.mem_release(a).unwrap();
+    gpu.mem_release(b).unwrap();
     assert_eq!(gpu.held_bytes(), 4 * G);
     assert_eq!(gpu.peak_held_bytes(), 8 * G);
     gpu.reset_peak_held();
@@ -54,19 +51,44 @@ fn bad_mappings_are_refused() {
     );
     assert!(gpu.mem_create(G / 2).is_err(), "not a granule multiple");
     let h = gpu.mem_create(G).unwrap();
-    // SAFETY: the simulated device checks every argument; nothing runs.
-    unsafe {
-        assert!(gpu.mem_map(va + 512, G, h).is_err(), "unaligned");
-        assert!(gpu.mem_map(va, 2 * G, h).is_err(), "size of another handle");
-        assert!(gpu.mem_set_access(va, G).is_err(), "nothing mapped");
-        gpu.mem_map(va, G, h).unwrap();
-        assert!(gpu.address_free(va, 4 * G).is_err(), "still mapped");
-        gpu.mem_unmap(va, G).unwrap();
-        gpu.mem_release(h).unwrap();
-        assert!(gpu.mem_release(h).is_err(), "released twice");
-        gpu.address_free(va, 4 * G).unwrap();
-    }
+    // The simulated device checks every argument itself: safe calls.
+    assert!(gpu.mem_map(va + 512, G, h).is_err(), "unaligned");
+    assert!(gpu.mem_map(va, 2 * G, h).is_err(), "size of another handle");
+    assert!(gpu.mem_set_access(va, G).is_err(), "nothing mapped");
+    gpu.mem_map(va, G, h).unwrap();
+    assert!(gpu.address_free(va, 4 * G).is_err(), "still mapped");
+    gpu.mem_unmap(va, G).unwrap();
+    gpu.mem_release(h).unwrap();
+    assert!(gpu.mem_release(h).is_err(), "released twice");
+    gpu.address_free(va, 4 * G).unwrap();
     assert!(gpu.races().is_empty());
+}
+
+/// Hostile ranges and handles through the safe calls: a clear error, no
+/// panic (a range past `u64::MAX` overflowed the reservation check), and
+/// nothing changed.
+#[test]
+fn hostile_ranges_and_handles_are_refused_and_change_nothing() {
+    let gpu = SimGpu::builder().manual().build();
+    let va = gpu.address_reserve(2 * G).unwrap();
+    let h = gpu.mem_create(2 * G).unwrap();
+    let top = u64::MAX - G as u64 + 1; // aligned, and `top + 2 G` wraps
+    assert!(gpu.mem_map(top, 2 * G, h).is_err(), "past u64::MAX");
+    assert!(gpu.mem_set_access(top, 2 * G).is_err());
+    assert!(gpu.mem_unmap(top, 2 * G).is_err());
+    assert!(gpu.address_free(top, 2 * G).is_err());
+    assert!(gpu.address_free(va, G).is_err(), "part of a reservation");
+    let foreign = streamalloc::gpu::RawPhysical::new(h.get() + 1000);
+    assert!(gpu.mem_map(va, 2 * G, foreign).is_err(), "never made");
+    assert!(gpu.mem_release(foreign).is_err(), "never made");
+    // Nothing changed: the real range and handle still work.
+    gpu.mem_map(va, 2 * G, h).unwrap();
+    gpu.mem_set_access(va, 2 * G).unwrap();
+    gpu.mem_unmap(va, 2 * G).unwrap();
+    gpu.mem_release(h).unwrap();
+    gpu.address_free(va, 2 * G).unwrap();
+    assert_eq!(gpu.physical_handles(), 0);
+    assert!(gpu.races().is_empty(), "{:#?}", gpu.races());
 }
 
 #[test]
@@ -81,12 +103,9 @@ fn a_device_without_virtual_memory_says_so() {
 fn mapped(gpu: &SimGpu) -> (u64, streamalloc::RawStream, streamalloc::RawStream) {
     let va = gpu.address_reserve(G).unwrap();
     let h = gpu.mem_create(G).unwrap();
-    // SAFETY: checked by the simulated device.
-    unsafe {
-        gpu.mem_map(va, G, h).unwrap();
-        gpu.mem_set_access(va, G).unwrap();
-        gpu.mem_release(h).unwrap();
-    }
+    gpu.mem_map(va, G, h).unwrap();
+    gpu.mem_set_access(va, G).unwrap();
+    gpu.mem_release(h).unwrap();
     (va, gpu.create_stream(), gpu.create_stream())
 }
 
@@ -97,8 +116,9 @@ fn unmapping_memory_that_queued_work_uses_is_reported() {
     gpu.note_suballocation(va, 4096, s);
     gpu.launch_kernel(s, &[at(va, Access::Write)]).unwrap();
     gpu.note_subfree(va, s);
-    // SAFETY: deliberately wrong: the kernel has not run (manual mode).
-    unsafe { gpu.mem_unmap(va, G).unwrap() };
+    // Deliberately wrong (the kernel has not run, manual mode): the
+    // simulated device takes it and reports it.
+    gpu.mem_unmap(va, G).unwrap();
     let races = gpu.take_races();
     assert_eq!(races.len(), 1, "{races:#?}");
     assert_eq!(races[0].kind, RaceKind::UnmapInUse);
@@ -119,8 +139,8 @@ fn unmapping_after_the_host_saw_the_work_complete_is_fine() {
     assert!(!gpu.event_query(e).unwrap());
     gpu.run_until_idle();
     assert!(gpu.event_query(e).unwrap(), "the query tells the host");
-    // SAFETY: the host saw everything on the memory complete.
-    unsafe { gpu.mem_unmap(va, G).unwrap() };
+    // The host saw everything on the memory complete.
+    gpu.mem_unmap(va, G).unwrap();
     assert!(gpu.races().is_empty(), "{:#?}", gpu.races());
 }
 

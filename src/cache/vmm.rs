@@ -281,20 +281,34 @@ impl VmTier {
         };
         let bytes = n as usize * self.page as usize;
         let addr = sa.base + u64::from(first) * self.page;
-        // SAFETY: `addr` is page-aligned inside `sa`'s live reservation and
-        // the page table says nothing is mapped over these pages; `handle`
-        // was just created with exactly `bytes` bytes.
+        // SAFETY: (1) `sa.base..sa.base + sa.len` is a live reservation: `open`
+        // got it from `address_reserve` of this tier's backend and only
+        // `close`, when the cache is dropped, frees it; pages are
+        // granularity-sized (`page` is a multiple of `vm_granularity`) and
+        // `first + n` stays inside the arena's page table, so the range is
+        // aligned and inside it. (2) pages `first..first + n` are a run that
+        // `touch` found with no handle, extended by `free_unbacked_from`
+        // only over pages with none, and the table's handles are exactly
+        // the live mappings (`map` records each, `take_idle` drops one
+        // before it is unmapped). (3) `handle` was created just above, with
+        // the `n` pages chosen beside it, so of exactly `bytes`, and not
+        // released.
         let mapped = unsafe { self.gpu().mem_map(addr, bytes, handle) }.and_then(|()| {
-            // SAFETY: the range was mapped just above.
+            // SAFETY: (1) the range lies in `sa`'s live reservation (as
+            // above) and is exactly the mapping just made.
             let access = unsafe { self.gpu().mem_set_access(addr, bytes) };
             if access.is_err() {
-                // SAFETY: mapped above, and never handed to the GPU.
+                // SAFETY: (1) exactly the mapping just made, in the live
+                // reservation; (2) idle: no block was handed out over it,
+                // so no work was queued on it; (3) nothing records it.
                 let _ = unsafe { self.gpu().mem_unmap(addr, bytes) };
             }
             access
         });
         if let Err(e) = mapped {
-            // SAFETY: created above, never mapped (or unmapped again).
+            // SAFETY: (1) `handle` was created above and not released;
+            // (2) it is dropped here, never mapped again (the page table
+            // never saw it).
             let _ = unsafe { self.gpu().mem_release(handle) };
             return Err(e.for_request(bytes, stream));
         }
@@ -381,16 +395,23 @@ impl VmTier {
         let gpu = self.gpu();
         let addr = sa.base + u64::from(h.first) * self.page;
         let bytes = h.pages as usize * self.page as usize;
-        // SAFETY: `take_idle` returned the handle only because no live
-        // block touches its pages and a fence recorded on this stream after
-        // the last free on them has completed: no queued work uses them.
+        // SAFETY: (1) the page table's handle `h` is the one mapping of
+        // pages `h.first..h.first + h.pages` of `sa`'s reservation, which is
+        // live until `close`; (2) idle: `take_idle` returned it only because
+        // no live block touches its pages and its idle stamp is covered by a
+        // fence on this arena's stream that has completed (every free on
+        // the pages was queued on that stream before the fence); (3)
+        // `take_idle` took it out of the table, so no block is placed on
+        // these pages until they are mapped again.
         if let Err(e) = unsafe { gpu.mem_unmap(addr, bytes) } {
             tracing::warn!(error = %e, "unmapping an idle mapping failed; kept");
             sa.pages.restore(h);
             return;
         }
-        // SAFETY: the handle came from `mem_create` and the page table gave
-        // it up, so it is released exactly once.
+        // SAFETY: (1) `h.raw` came from `mem_create` and the page table held
+        // it until `take_idle` gave it up here, so it is live and released
+        // exactly once; (2) it is not restored (only a failed unmap
+        // restores), so it is never mapped again.
         if let Err(e) = unsafe { gpu.mem_release(h.raw) } {
             tracing::warn!(error = %e, "releasing physical memory failed; leaked");
         }
@@ -443,8 +464,11 @@ impl VmTier {
         if sa.pages.mapped_bytes() > 0 {
             return false;
         }
-        // SAFETY: the range came from `address_reserve` with this length
-        // and nothing is mapped in it any more.
+        // SAFETY: (1) `sa.base`, `sa.len` are exactly what `open` asked of
+        // `address_reserve` and got; `close` runs once, from the cache's
+        // drop (`close_mapped`), so the reservation is live and never used
+        // after; (2) the page table has no mapped page left, and its handles
+        // are exactly the mappings made in the arena.
         unsafe { gpu.address_free(sa.base, sa.len as usize) }.is_ok()
     }
 }

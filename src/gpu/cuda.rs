@@ -439,8 +439,8 @@ impl Gpu for CudaGpu {
     unsafe fn address_free(&self, addr: u64, bytes: usize) -> GpuResult<()> {
         let call = DriverCall::AddressFree;
         self.bind(call)?;
-        // SAFETY: the caller passes a whole live reservation with nothing
-        // mapped (this method's contract).
+        // SAFETY: the caller passes exactly a live reservation of this
+        // backend with no mapping left in it (items 1 and 2 of the contract).
         Self::check(call, unsafe { sys::cuMemAddressFree(addr, bytes) })
     }
 
@@ -466,8 +466,8 @@ impl Gpu for CudaGpu {
     unsafe fn mem_release(&self, handle: RawPhysical) -> GpuResult<()> {
         let call = DriverCall::MemRelease;
         self.bind(call)?;
-        // SAFETY: the handle came from `mem_create` and is released once
-        // (this method's contract).
+        // SAFETY: the handle is a live physical handle of this backend, so
+        // it is released once (item 1 of the contract).
         Self::check(call, unsafe { sys::cuMemRelease(handle.get()) })?;
         self.physical.released(handle.get());
         Ok(())
@@ -476,8 +476,9 @@ impl Gpu for CudaGpu {
     unsafe fn mem_map(&self, addr: u64, bytes: usize, handle: RawPhysical) -> GpuResult<()> {
         let call = DriverCall::MemMap;
         self.bind(call)?;
-        // SAFETY: the range is reserved, aligned and unmapped, and the handle
-        // is live and of `bytes` bytes (this method's contract).
+        // SAFETY: the range is aligned, inside a live reservation and not
+        // mapped, and the handle is live and of `bytes` bytes (items 1 to 3
+        // of the contract).
         Self::check(call, unsafe {
             sys::cuMemMap(addr, bytes, 0, handle.get(), 0)
         })
@@ -490,16 +491,16 @@ impl Gpu for CudaGpu {
             location: self.allocation_prop().location,
             flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
         };
-        // SAFETY: the range is mapped (this method's contract); `desc` is one
-        // valid descriptor.
+        // SAFETY: the range is inside a live reservation and entirely mapped
+        // (item 1 of the contract); `desc` is one valid descriptor.
         Self::check(call, unsafe { sys::cuMemSetAccess(addr, bytes, &desc, 1) })
     }
 
     unsafe fn mem_unmap(&self, addr: u64, bytes: usize) -> GpuResult<()> {
         let call = DriverCall::MemUnmap;
         self.bind(call)?;
-        // SAFETY: the range covers whole mappings that no queued work uses
-        // any more (this method's contract).
+        // SAFETY: the range covers whole mappings of a live reservation
+        // (item 1) and is idle, so no queued work faults on it (item 2).
         Self::check(call, unsafe { sys::cuMemUnmap(addr, bytes) })
     }
 

@@ -116,6 +116,26 @@ pub type HostFn = Box<dyn FnOnce() + Send + 'static>;
 /// - a **live range** is `len` bytes inside one allocation that
 ///   [`alloc_async`](Gpu::alloc_async) of this backend returned and whose
 ///   free is not queued before the work being queued (in stream order).
+///
+/// The virtual-memory calls add:
+///
+/// - a **live reservation** is a range that
+///   [`address_reserve`](Gpu::address_reserve) of this backend returned,
+///   with the length it was asked for, and that
+///   [`address_free`](Gpu::address_free) was not called on;
+/// - a **live physical handle** is one [`mem_create`](Gpu::mem_create) of
+///   this backend returned and [`mem_release`](Gpu::mem_release) was not
+///   called on;
+/// - a **mapping** is the range one [`mem_map`](Gpu::mem_map) call mapped,
+///   until a [`mem_unmap`](Gpu::mem_unmap) covering it;
+/// - memory is **idle** when no work queued on the device touches it any
+///   more: the host has seen complete an event recorded after the last
+///   operation on it (in stream order on every stream that used it).
+///
+/// [`note_suballocation`](Gpu::note_suballocation) and
+/// [`note_subfree`](Gpu::note_subfree) take addresses too but stay safe:
+/// they are bookkeeping hints that no backend passes to the driver (CUDA
+/// ignores them; the simulated device checks them).
 pub trait Gpu: Send + Sync + 'static {
     /// Device ordinal.
     fn ordinal(&self) -> u32;
@@ -242,9 +262,9 @@ pub trait Gpu: Send + Sync + 'static {
     /// Gives back a reservation (`cuMemAddressFree`).
     ///
     /// # Safety
-    /// 1. `[addr, addr + bytes)` is exactly a range that
-    ///    [`address_reserve`](Gpu::address_reserve) returned, not freed yet.
-    /// 2. Nothing is mapped in it any more.
+    /// 1. `[addr, addr + bytes)` is exactly a live reservation (its start and
+    ///    its whole length), and it is not used afterwards;
+    /// 2. no mapping is left in it.
     unsafe fn address_free(&self, addr: u64, bytes: usize) -> GpuResult<()> {
         let _ = (addr, bytes);
         Err(vm_unsupported(DriverCall::AddressFree))
@@ -262,8 +282,9 @@ pub trait Gpu: Send + Sync + 'static {
     /// once it is also unmapped everywhere.
     ///
     /// # Safety
-    /// `handle` came from [`mem_create`](Gpu::mem_create) of this backend
-    /// and is released once.
+    /// 1. `handle` is a live physical handle (so it is released once);
+    /// 2. it is not passed to [`mem_map`](Gpu::mem_map) afterwards (its
+    ///    mappings may stay until they are unmapped).
     unsafe fn mem_release(&self, handle: RawPhysical) -> GpuResult<()> {
         let _ = handle;
         Err(vm_unsupported(DriverCall::MemRelease))
@@ -274,9 +295,10 @@ pub trait Gpu: Send + Sync + 'static {
     /// [`mem_set_access`](Gpu::mem_set_access) covers it.
     ///
     /// # Safety
-    /// 1. `[addr, addr + bytes)` lies inside a live reservation, aligned to
-    ///    the granularity, and nothing is mapped there.
-    /// 2. `handle` is a live handle of exactly `bytes` bytes.
+    /// 1. `[addr, addr + bytes)` lies inside one live reservation, `addr`
+    ///    and `bytes` are multiples of the granularity;
+    /// 2. no mapping overlaps the range;
+    /// 3. `handle` is a live physical handle of exactly `bytes` bytes.
     unsafe fn mem_map(&self, addr: u64, bytes: usize, handle: RawPhysical) -> GpuResult<()> {
         let _ = (addr, bytes, handle);
         Err(vm_unsupported(DriverCall::MemMap))
@@ -287,7 +309,8 @@ pub trait Gpu: Send + Sync + 'static {
     /// call may cover several adjacent mappings.
     ///
     /// # Safety
-    /// The range is entirely mapped.
+    /// 1. `[addr, addr + bytes)` lies inside one live reservation and is
+    ///    entirely covered by mappings.
     unsafe fn mem_set_access(&self, addr: u64, bytes: usize) -> GpuResult<()> {
         let _ = (addr, bytes);
         Err(vm_unsupported(DriverCall::MemSetAccess))
@@ -297,11 +320,12 @@ pub trait Gpu: Send + Sync + 'static {
     /// whole mappings.
     ///
     /// # Safety
-    /// 1. The range covers whole mappings made by [`mem_map`](Gpu::mem_map).
-    /// 2. The device is done with it: every operation that touches it has
-    ///    completed (an event recorded after the last one has been seen
-    ///    complete). Unmapping does not wait for queued work; the device
-    ///    would fault on it.
+    /// 1. `[addr, addr + bytes)` lies inside one live reservation and covers
+    ///    whole mappings only (none cut in part);
+    /// 2. the range is idle: unmapping does not wait for queued work, and
+    ///    the device would fault on it;
+    /// 3. no address in the range is used afterwards (no block handed out
+    ///    over it stays live) until it is mapped again.
     unsafe fn mem_unmap(&self, addr: u64, bytes: usize) -> GpuResult<()> {
         let _ = (addr, bytes);
         Err(vm_unsupported(DriverCall::MemUnmap))

@@ -694,6 +694,45 @@ impl SimGpu {
             )
         })
     }
+    /// Gives back a reservation (see [`Gpu::address_free`]). Safe: the
+    /// simulator refuses a range that is not exactly one of its reservations,
+    /// or that still has memory mapped in it.
+    pub fn address_free(&self, addr: u64, bytes: usize) -> GpuResult<()> {
+        let mut state = self.shared.lock();
+        state.enter(DriverCall::AddressFree)?;
+        state.vm.free_reservation(addr, bytes)
+    }
+    /// Releases physical memory (see [`Gpu::mem_release`]). Safe: the
+    /// simulator refuses a handle it did not make or already released.
+    pub fn mem_release(&self, handle: RawPhysical) -> GpuResult<()> {
+        let mut state = self.shared.lock();
+        state.enter(DriverCall::MemRelease)?;
+        state.vm_release(handle.get())
+    }
+    /// Maps `handle` at `addr` (see [`Gpu::mem_map`]). Safe: the simulator
+    /// refuses an unaligned or already mapped range, one outside a
+    /// reservation, and a handle that is not live or not of `bytes` bytes.
+    pub fn mem_map(&self, addr: u64, bytes: usize, handle: RawPhysical) -> GpuResult<()> {
+        let mut state = self.shared.lock();
+        state.enter(DriverCall::MemMap)?;
+        state.vm.map(addr, bytes, handle.get())
+    }
+    /// Opens a mapped range to the device (see [`Gpu::mem_set_access`]).
+    /// Safe: the simulator refuses a range that is not entirely mapped.
+    pub fn mem_set_access(&self, addr: u64, bytes: usize) -> GpuResult<()> {
+        let mut state = self.shared.lock();
+        state.enter(DriverCall::MemSetAccess)?;
+        state.vm.set_access(addr, bytes)
+    }
+    /// Unmaps whole mappings (see [`Gpu::mem_unmap`]). Safe: the simulator
+    /// refuses a range that does not cover whole mappings, and reports
+    /// queued work still using the memory as a race
+    /// ([`RaceKind::UnmapInUse`]).
+    pub fn mem_unmap(&self, addr: u64, bytes: usize) -> GpuResult<()> {
+        let mut state = self.shared.lock();
+        state.enter(DriverCall::MemUnmap)?;
+        state.vm_unmap(addr, bytes)
+    }
     /// Destroys `stream` (see [`Gpu::destroy_stream`]). Safe: the simulator checks every
     /// handle and address, and refuses what is not its own.
     pub fn destroy_stream(&self, stream: RawStream) -> GpuResult<()> {
@@ -794,9 +833,7 @@ impl Gpu for SimGpu {
     }
 
     unsafe fn address_free(&self, addr: u64, bytes: usize) -> GpuResult<()> {
-        let mut state = self.shared.lock();
-        state.enter(DriverCall::AddressFree)?;
-        state.vm.free_reservation(addr, bytes)
+        SimGpu::address_free(self, addr, bytes)
     }
 
     fn mem_create(&self, bytes: usize) -> GpuResult<RawPhysical> {
@@ -806,27 +843,19 @@ impl Gpu for SimGpu {
     }
 
     unsafe fn mem_release(&self, handle: RawPhysical) -> GpuResult<()> {
-        let mut state = self.shared.lock();
-        state.enter(DriverCall::MemRelease)?;
-        state.vm_release(handle.get())
+        SimGpu::mem_release(self, handle)
     }
 
     unsafe fn mem_map(&self, addr: u64, bytes: usize, handle: RawPhysical) -> GpuResult<()> {
-        let mut state = self.shared.lock();
-        state.enter(DriverCall::MemMap)?;
-        state.vm.map(addr, bytes, handle.get())
+        SimGpu::mem_map(self, addr, bytes, handle)
     }
 
     unsafe fn mem_set_access(&self, addr: u64, bytes: usize) -> GpuResult<()> {
-        let mut state = self.shared.lock();
-        state.enter(DriverCall::MemSetAccess)?;
-        state.vm.set_access(addr, bytes)
+        SimGpu::mem_set_access(self, addr, bytes)
     }
 
     unsafe fn mem_unmap(&self, addr: u64, bytes: usize) -> GpuResult<()> {
-        let mut state = self.shared.lock();
-        state.enter(DriverCall::MemUnmap)?;
-        state.vm_unmap(addr, bytes)
+        SimGpu::mem_unmap(self, addr, bytes)
     }
 
     fn note_suballocation(&self, addr: u64, bytes: usize, stream: RawStream) {

@@ -180,7 +180,11 @@ impl VirtualMemory {
         self.reservations
             .range(..=addr)
             .next_back()
-            .is_some_and(|(&base, &(len, _))| addr + bytes as u64 <= base + len as u64)
+            .is_some_and(|(&base, &(len, _))| {
+                // Checked: a hostile caller may pass a range past `u64::MAX`.
+                addr.checked_add(bytes as u64)
+                    .is_some_and(|end| end <= base + len as u64)
+            })
     }
 
     pub(crate) fn map(&mut self, addr: u64, bytes: usize, handle: u64) -> GpuResult<()> {
@@ -196,6 +200,7 @@ impl VirtualMemory {
         if !self.inside_reservation(addr, bytes) {
             return Err(invalid(call, "range not inside one reservation"));
         }
+        // Inside a reservation, so it does not overflow.
         let end = addr + bytes as u64;
         let before = self.mappings.range(..addr).next_back();
         let overlaps_before = before.is_some_and(|(&a, m)| a + m.len as u64 > addr);
