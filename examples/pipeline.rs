@@ -14,8 +14,8 @@ use streamalloc::futures::{AsyncResource, Reaper};
 use streamalloc::gpu::Gpu;
 use streamalloc::gpu::sim::SimGpu;
 use streamalloc::{
-    AllocTag, Budget, Buffer, CachingResource, Device, DeviceMemoryResource, ResourceBuilder,
-    ResourceResult, StreamOrderedResource,
+    AllocTag, Budget, Buffer, CacheConfig, Device, DeviceMemoryResource, ResourceBuilder,
+    ResourceResult,
 };
 use tokio::sync::mpsc;
 
@@ -38,12 +38,11 @@ async fn main() -> ResourceResult<()> {
     // `RetryOnOom` over a budget of half the device.
     let (_free, total) = device.gpu().mem_info()?;
     let budget = Budget::new(total / 2);
-    let stack = ResourceBuilder::new()
+    let layers = ResourceBuilder::new()
+        .cache(CacheConfig::default())
         .retry_on_oom()
-        .budget(&budget)
-        .build(StreamOrderedResource::new(&device));
-    // SAFETY: the stack's bottom resource was made on `device`.
-    let res = unsafe { AsyncResource::with_device(CachingResource::new(stack), &device) }?;
+        .budget(&budget);
+    let res = AsyncResource::build(&device, &layers)?;
     run(res.clone()).await?;
     // The cache keeps freed blocks for reuse: give them back, and the
     // device and the budget hold nothing.

@@ -20,8 +20,8 @@ use streamalloc::futures::{AsyncResource, Reaper};
 use streamalloc::gpu::Gpu;
 use streamalloc::gpu::sim::SimGpu;
 use streamalloc::{
-    Access, AllocTag, Budget, CachingResource, Device, DeviceMemoryResource, ResourceBuilder,
-    ResourceResult, StreamOrderedResource,
+    Access, AllocTag, Budget, CacheConfig, Device, DeviceMemoryResource, ResourceBuilder,
+    ResourceResult,
 };
 
 const REQUESTS: usize = 64;
@@ -41,13 +41,11 @@ async fn main() -> ResourceResult<()> {
     println!("device: {device}");
     let (_free, total) = device.gpu().mem_info()?;
     let budget = Budget::new(total / 2);
-    let stack = ResourceBuilder::new()
+    let layers = ResourceBuilder::new()
+        .cache(CacheConfig::default())
         .retry_on_oom()
-        .budget(&budget)
-        .build(StreamOrderedResource::new(&device));
-    // SAFETY: the stack's bottom resource was made on `device`, and
-    // resolves its streams through `device`'s pool.
-    let res = unsafe { AsyncResource::with_device(CachingResource::new(stack), &device) }?;
+        .budget(&budget);
+    let res = AsyncResource::build(&device, &layers)?;
     serve(res.clone()).await?;
     // The cache keeps freed blocks for reuse: give them back, and the
     // device and the budget hold nothing.

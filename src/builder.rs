@@ -128,6 +128,16 @@ impl<L> ResourceBuilder<L> {
         self.layer(DebugGuardLayer::new(config))
     }
 
+    /// Adds the caching tier ([`CachingResource`](crate::cache::CachingResource))
+    /// with `config`, inside the layers added so far (they sit above the
+    /// cache; the ones added after it sit below).
+    pub fn cache(
+        self,
+        config: crate::cache::CacheConfig,
+    ) -> ResourceBuilder<Stack<crate::adaptors::CacheLayer, L>> {
+        self.layer(crate::adaptors::CacheLayer::new(config))
+    }
+
     /// The stacked layer, to wrap several resources (for instance one per
     /// device) or to nest in another builder.
     pub fn into_layer(self) -> L {

@@ -43,6 +43,7 @@ pub mod builder;
 pub mod cache;
 pub mod device;
 pub mod error;
+mod faithful;
 mod fast_hash;
 pub mod futures;
 pub mod gpu;
@@ -66,6 +67,7 @@ pub use builder::ResourceBuilder;
 pub use cache::{CacheConfig, CachingResource};
 pub use device::{Backend, Device, StreamPool};
 pub use error::{DriverCall, ResourceError, ResourceResult};
+pub use faithful::FaithfulLayer;
 pub use futures::AsyncResource;
 #[cfg(feature = "tokio")]
 pub use futures::Reaper;

@@ -29,6 +29,7 @@
 #![deny(unsafe_code)]
 
 pub mod budget;
+mod cache_layer;
 pub mod debug_guard;
 mod layer;
 pub mod retry;
@@ -36,6 +37,7 @@ pub mod stats;
 pub mod trace;
 
 pub use budget::{Budget, BudgetLayer, BudgetResource, Reservation};
+pub use cache_layer::CacheLayer;
 pub use debug_guard::{DebugGuard, DebugGuardLayer, GpuPoison, GuardConfig, Poison};
 pub use layer::{Identity, Layer, Stack};
 pub use retry::{RetryOnOom, RetryOnOomLayer};

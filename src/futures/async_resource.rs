@@ -84,6 +84,40 @@ impl<G: Gpu> AsyncResource<StreamOrderedResource<G>> {
 }
 
 impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
+    /// Makes a stream-ordered resource on `device`, stacks `layers` over
+    /// it and wraps the stack: the safe way to put the futures layer over
+    /// a stack (see [`with_device`](Self::with_device) for one you built).
+    ///
+    /// ```
+    /// use streamalloc::adaptors::Budget;
+    /// use streamalloc::builder::ResourceBuilder;
+    /// use streamalloc::cache::CacheConfig;
+    /// use streamalloc::{AsyncResource, Device, SimGpu};
+    ///
+    /// let device = Device::sim(&SimGpu::new(), 2);
+    /// let budget = Budget::new(1 << 30);
+    /// let layers = ResourceBuilder::new()
+    ///     .retry_on_oom()
+    ///     .budget(&budget)
+    ///     .cache(CacheConfig::default());
+    /// let res = AsyncResource::build(&device, &layers)?;
+    /// # Ok::<(), streamalloc::ResourceError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// A driver error creating the futures layer's events.
+    pub fn build<G: Gpu, L>(device: &Device<G>, layers: &L) -> ResourceResult<Self>
+    where
+        L: crate::faithful::FaithfulLayer<StreamOrderedResource<G>, Resource = R>,
+    {
+        let stack = layers.layer(StreamOrderedResource::new(device));
+        // SAFETY: the bottom of the stack was made on `device` just above,
+        // and resolves its streams through `device`'s pool; `L` is a
+        // `FaithfulLayer`, so the stack allocates and resolves streams only
+        // through that bottom (items 1 and 2 of `with_device`).
+        unsafe { Self::with_device(stack, device) }
+    }
+
     /// Wraps any resource `inner` (for instance an adaptor stack) that
     /// allocates on `device`.
     ///
