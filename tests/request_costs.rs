@@ -9,7 +9,9 @@ use std::time::Duration;
 use streamalloc::error::DriverCall;
 use streamalloc::futures::{AsyncResource, WaitPolicy};
 use streamalloc::gpu::sim::{MemAccess, SimGpu};
-use streamalloc::{AllocTag, CachingResource, Device, SimResource, StreamId};
+use streamalloc::{
+    Access, AllocTag, CachingResource, Device, DeviceMemoryResource, SimResource, StreamId,
+};
 
 const TAG: AllocTag = AllocTag("request");
 
@@ -112,5 +114,71 @@ async fn dropped_buffers_without_a_cache_still_leave_the_accounting() {
     }
     res.reap_pending().await.unwrap();
     assert_eq!(res.bytes_outstanding(), 0);
+    assert!(gpu.races().is_empty(), "{:?}", gpu.races());
+}
+
+/// A launch over buffers on their own stream needs no event per buffer:
+/// stream order already puts the launch before their frees. One event (the
+/// launch's completion point) at most.
+#[tokio::test(flavor = "current_thread")]
+async fn a_launch_on_the_buffers_own_stream_records_one_event_at_most() {
+    let (gpu, res, s) = service();
+    res.set_wait_policy(WaitPolicy {
+        yield_for: Duration::from_secs(60),
+        ..WaitPolicy::DEFAULT
+    });
+    request(&gpu, &res, s[0]).await;
+    res.reap_pending().await.unwrap();
+    let records = counted(&gpu, DriverCall::EventRecord, async {
+        for _ in 0..20 {
+            request(&gpu, &res, s[0]).await;
+        }
+    })
+    .await;
+    assert!(
+        records <= 20,
+        "{records} events recorded for 20 requests on their buffers' stream"
+    );
+    assert!(gpu.races().is_empty(), "{:?}", gpu.races());
+}
+
+/// Uses on the buffer's own stream are not recorded one by one, so a use on
+/// another stream must still wait for them: writes on the home stream and
+/// reads on another, alternating, then the free; the race detector (on a
+/// manual device, where nothing runs before it is ordered) sees none.
+#[test]
+fn uses_elsewhere_still_wait_for_unrecorded_uses_at_home() {
+    let gpu = SimGpu::builder().manual().build();
+    let device = Device::simulated(&gpu, 2);
+    let inner = Arc::new(SimResource::new(&device));
+    // SAFETY: the stack's bottom resource was made on this device.
+    let res = unsafe { AsyncResource::with_device(CachingResource::new(inner), &device) }
+        .expect("async resource");
+    let (home, other) = (device.stream(0).unwrap(), device.stream(1).unwrap());
+    let (raw_home, raw_other) = (device.raw(home).unwrap(), device.raw(other).unwrap());
+    let x = res.inner().allocate(4096, home, TAG).unwrap();
+    for _ in 0..3 {
+        // A write at home, then a read on the other stream.
+        res.prepare_block_use(x.id(), home, Access::Write).unwrap();
+        gpu.launch_kernel(raw_home, &[MemAccess::write(&x)])
+            .unwrap();
+        res.inner()
+            .finish_block_use(x.id(), home, Access::Write)
+            .unwrap();
+        res.prepare_block_use(x.id(), other, Access::Read).unwrap();
+        gpu.launch_kernel(raw_other, &[MemAccess::read(&x)])
+            .unwrap();
+        res.inner()
+            .finish_block_use(x.id(), other, Access::Read)
+            .unwrap();
+    }
+    // A read at home after the reads elsewhere, then the free at home.
+    res.prepare_block_use(x.id(), home, Access::Read).unwrap();
+    gpu.launch_kernel(raw_home, &[MemAccess::read(&x)]).unwrap();
+    res.inner()
+        .finish_block_use(x.id(), home, Access::Read)
+        .unwrap();
+    res.inner().deallocate(x).unwrap();
+    gpu.run_until_idle();
     assert!(gpu.races().is_empty(), "{:?}", gpu.races());
 }
