@@ -16,15 +16,22 @@
 #   -> 3 rounds, futures_stress 4 x 48 -> 1 x 12 tasks; the simulated
 #   kernels of futures_fault (20 ms -> 500 ms), futures_reaper (200 us ->
 #   1 s) and futures_nonblocking (100 ms -> 2 s) are slower, so that work is
-#   still in flight when the test looks; hang guards are 30 times longer
+#   still in flight when a waiter queues; hang guards are 30 times longer
 #   (`common::guard`);
 # - the poll-time harness (tests/common/bounded.rs) does not time polls: the
 #   interpreter's time says nothing about blocking, and Miri cannot read
 #   /proc; `SimGpu::blocking_calls_in_polls` is still asserted;
-# - ignored: `sim_regressions::async_resources_built_and_dropped_leave_no_stream_behind`
-#   (5,000 resources, each with a watchdog thread) and
+# - ignored (`#[cfg_attr(miri, ignore = "...")]`):
+#   `sim_regressions::async_resources_built_and_dropped_leave_no_stream_behind`
+#   (5,000 resources, each with a watchdog thread),
 #   `stack_orders::every_order_of_distinct_layers_holds` (3,262 stacks; the
-#   proptest of the same file runs).
+#   proptest of the same file runs) and
+#   `futures_drop::points_dropped_behind_an_unpolled_one_do_not_pile_up`
+#   (5,000 points to pass the notifier's long span: over 6 minutes), and
+#   `futures_nonblocking::a_current_thread_timeout_returns_at_once_with_cache_retry_and_budget`
+#   and `a_budget_bound_full_stack_never_blocks_a_current_thread_runtime`
+#   (they tell a blocking poll from a free one by wall time, which the
+#   interpreter's pace swamps).
 # Isolation is off because proptest reads the working directory and the
 # futures tests the clock.
 #   scripts/miri.sh          all three phases

@@ -185,6 +185,10 @@ async fn dropping_the_resource_or_the_reaper_ends_the_task() {
 /// and dropped: the points behind it cannot all be kept, so a notification
 /// is asked for them, and it settles the kept one too.
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "5,000 points, past the notifier's long span of 4,096 (fewer would not reach it): over 6 minutes under Miri"
+)]
 fn points_dropped_behind_an_unpolled_one_do_not_pile_up() {
     let f = common::sim_with(SimGpu::builder().manual().build(), 1);
     let gpu = f.sim.clone().unwrap();

@@ -109,9 +109,10 @@ async fn ten_thousand_concurrent_futures_all_complete() {
     let f = common::sim_with(SimGpu::new(), 8);
     let gpu = f.sim.clone().unwrap();
     let res = common::async_resource(&f);
-    let mut futs = Vec::with_capacity(10_000);
     // A hundred under Miri: the same code, fewer times.
-    for i in 0..common::scaled(10_000, 100) {
+    let n = common::scaled(10_000, 100);
+    let mut futs = Vec::with_capacity(n);
+    for i in 0..n {
         let s = f.stream(i % 8);
         gpu.launch_kernel(f.pool.raw(s).unwrap(), &[]).unwrap();
         futs.push(res.completion(s).unwrap());
@@ -126,12 +127,14 @@ async fn ten_thousand_concurrent_futures_all_complete() {
         assert_eq!(r, Ok(()));
         ok += 1;
     }
-    assert_eq!(ok, 10_000);
+    assert_eq!(ok, n);
     assert_eq!(res.parked_points(), 0);
-    // Coalesced: far fewer host functions than futures.
+    // Coalesced: far fewer host functions than futures (under Miri, where
+    // the interpreter's pace parks futures one by one, fewer at least).
+    let bound = common::scaled(n / 10, n) as u64;
     assert!(
-        gpu.call_count(DriverCall::LaunchHostFunc) < 1_000,
-        "{} host functions for 10,000 futures",
+        gpu.call_count(DriverCall::LaunchHostFunc) < bound,
+        "{} host functions for {n} futures",
         gpu.call_count(DriverCall::LaunchHostFunc)
     );
 }

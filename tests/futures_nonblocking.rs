@@ -25,8 +25,7 @@ const BLOCK: usize = 1 << 20;
 const TAG: AllocTag = AllocTag("nonblocking");
 const GUARD: Duration = common::guard(10);
 /// Per kernel on the slow devices: far above any poll's bound; under Miri
-/// far above what the interpreter takes for a poll, so that a blocking
-/// poll is still told from a slow one.
+/// long enough that the work is still running when a waiter queues.
 const KERNEL: Duration = Duration::from_millis(if cfg!(miri) { 2000 } else { 100 });
 
 fn is_device_error(e: &ResourceError) -> bool {
@@ -51,6 +50,10 @@ fn busy(
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "tells a blocking poll from a free one by wall time, which the interpreter's pace (seconds for a poll) swamps"
+)]
 fn a_current_thread_timeout_returns_at_once_with_cache_retry_and_budget() {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
@@ -187,6 +190,10 @@ fn full_stack_under_budget<G: streamalloc::gpu::Gpu>(
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "tells a blocking poll from a free one by wall time, which the interpreter's pace (seconds for a poll) swamps"
+)]
 fn a_budget_bound_full_stack_never_blocks_a_current_thread_runtime() {
     let gpu = SimGpu::builder().op_latency(KERNEL).build();
     let f = common::sim_with(gpu.clone(), 2);
