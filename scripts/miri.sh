@@ -16,7 +16,9 @@
 #   -> 3 rounds, futures_stress 4 x 48 -> 1 x 12 tasks; the simulated
 #   kernels of futures_fault (20 ms -> 500 ms), futures_reaper (200 us ->
 #   1 s) and futures_nonblocking (100 ms -> 2 s) are slower, so that work is
-#   still in flight when a waiter queues; hang guards are 30 times longer
+#   still in flight when a waiter queues; the yield budget of
+#   futures_event's `a_yielding_point_behind_parks_when_its_budget_ends`
+#   is 2 s (5 ms), so that one poll ends inside it; hang guards are 30 times longer
 #   (`common::guard`);
 # - the poll-time harness (tests/common/bounded.rs) does not time polls: the
 #   interpreter's time says nothing about blocking, and Miri cannot read

@@ -457,9 +457,12 @@ fn a_yielding_point_behind_parks_when_its_budget_ends() {
     let f = common::sim_with(SimGpu::builder().manual().build(), 1);
     let gpu = f.sim.clone().unwrap();
     let res = common::async_resource(&f);
+    // Longer under Miri, where one poll can take milliseconds: the first
+    // poll must end inside the budget.
+    let yield_for = std::time::Duration::from_millis(if cfg!(miri) { 2000 } else { 5 });
     res.set_wait_policy(WaitPolicy {
         spin: std::time::Duration::ZERO,
-        yield_for: std::time::Duration::from_millis(5),
+        yield_for,
         query_every: std::time::Duration::ZERO,
         behind: Behind::Yield,
     });
@@ -470,7 +473,7 @@ fn a_yielding_point_behind_parks_when_its_budget_ends() {
     let (_counter, waker) = CountingWaker::new();
     assert!(poll_once(&mut behind, &waker).is_pending());
     assert_eq!(res.notifications(), 0);
-    std::thread::sleep(std::time::Duration::from_millis(10));
+    std::thread::sleep(2 * yield_for);
     assert!(poll_once(&mut behind, &waker).is_pending());
     assert_eq!(
         res.notifications(),
