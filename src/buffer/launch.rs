@@ -94,13 +94,13 @@ impl<'a, R: DeviceMemoryResource + 'static> BufferLaunch<'a, R> {
 
     /// The launch reads the view `view` (its whole buffer is ordered).
     pub fn read_view<T>(mut self, view: &'a BufferView<'_, T>) -> Self {
-        self.buffers.push((view.core, Access::Read));
+        self.buffers.push((view.core(), Access::Read));
         self
     }
 
     /// The launch writes the view `view` (its whole buffer is ordered).
     pub fn write_view<T>(mut self, view: &'a mut BufferViewMut<'_, T>) -> Self {
-        self.buffers.push((view.core, Access::Write));
+        self.buffers.push((view.core(), Access::Write));
         self
     }
 

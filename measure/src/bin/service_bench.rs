@@ -47,7 +47,7 @@ use streamalloc::gpu::Gpu;
 use streamalloc::gpu::cuda::cuda_present;
 use streamalloc::gpu::sim::SimGpu;
 use streamalloc::{CachingResource, Device, SimResource, StreamOrderedResource};
-use streamalloc_measure::service::counting_gpu::CountingGpu;
+use streamalloc_measure::calls::CountingGpu;
 use streamalloc_measure::service::cuda_model::CudaModel;
 use streamalloc_measure::service::streamalloc_way::{Edge, Level};
 use streamalloc_measure::service::{
