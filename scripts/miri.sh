@@ -58,5 +58,6 @@ fi
 if [ "$phase" = all ] || [ "$phase" = futures ]; then
   miri --lib -- futures:: poll_scope::
   miri --test futures_traits --test futures_alloc --test futures_event --test futures_drop \
-    --test futures_fault --test futures_reaper --test futures_stress --test futures_nonblocking
+    --test futures_fault --test futures_reaper --test futures_stress --test futures_nonblocking \
+    --test futures_capture
 fi
