@@ -254,6 +254,13 @@ pub enum ResourceError {
         /// Bytes per element.
         elem_size: usize,
     },
+    /// The stream is being captured into a graph, and the call needs a point
+    /// on it that runs (a release of graph memory ordered after it).
+    #[error("{stream} is being captured into a graph")]
+    StreamCapturing {
+        /// The stream that was passed.
+        stream: StreamId,
+    },
     /// A CUDA stream that no stream pool of this device registers was used
     /// with a buffer, so its uses could not be ordered.
     #[error("a stream of device {device} that its stream pool does not register")]

@@ -81,6 +81,8 @@
 mod arena;
 mod config;
 mod fences;
+mod graph_pool;
+mod graphs;
 mod mapped;
 mod pages;
 mod resource;
