@@ -106,7 +106,8 @@ traces)
     # Copies nothing: before the device call, copy the shared traces folder
     # (the two .ops.csv.gz and torch_cpp_replay.py) into gpu-traces/ in the
     # checkout (ignored) and carry it. The Rust stacks first (timed twice,
-    # interleaved, then a sampled pass for the PNG), then PyTorch's caching
+    # interleaved, then a pass counting and timing the driver calls by kind,
+    # then a sampled pass for the PNG), then PyTorch's caching
     # allocator from C++ on the same trace (its extension compiles on the
     # spot, about a minute).
     dir="${2:-traces-out}"
@@ -117,7 +118,7 @@ traces)
     for t in gpt2_infer gpt2_train; do
         f="$traces/$t.ops.csv.gz"
         echo "=== $t: streamalloc ($stacks)"
-        timeout 300 "$BIN/bin-trace_replay" "$f" --stack "$stacks" --repeat 2 --png "$dir/$t.png" 2>&1 |
+        timeout 300 "$BIN/bin-trace_replay" "$f" --stack "$stacks" --repeat 2 --calls --png "$dir/$t.png" 2>&1 |
             tee "$dir/$t.streamalloc.txt" || echo "trace_replay $t failed"
         echo "=== $t: PyTorch"
         timeout 400 python3 "$traces/torch_cpp_replay.py" "$f" 2 2>&1 |

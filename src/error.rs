@@ -59,11 +59,23 @@ pub enum DriverCall {
     MemSetAccess,
     /// `cuMemUnmap`.
     MemUnmap,
+    /// `cuStreamGetCaptureInfo` (and `cuStreamIsCapturing`).
+    StreamGetCaptureInfo,
+    /// `cuStreamBeginCapture`.
+    StreamBeginCapture,
+    /// `cuStreamEndCapture`.
+    StreamEndCapture,
+    /// `cuGraphInstantiate`.
+    GraphInstantiate,
+    /// `cuGraphLaunch`.
+    GraphLaunch,
+    /// `cuGraphDestroy` and `cuGraphExecDestroy`.
+    GraphDestroy,
 }
 
 impl DriverCall {
     /// Every call kind, in declaration order (used by fault-injection sweeps).
-    pub const ALL: [DriverCall; 22] = [
+    pub const ALL: [DriverCall; 28] = [
         DriverCall::Init,
         DriverCall::AllocAsync,
         DriverCall::FreeAsync,
@@ -86,6 +98,12 @@ impl DriverCall {
         DriverCall::MemMap,
         DriverCall::MemSetAccess,
         DriverCall::MemUnmap,
+        DriverCall::StreamGetCaptureInfo,
+        DriverCall::StreamBeginCapture,
+        DriverCall::StreamEndCapture,
+        DriverCall::GraphInstantiate,
+        DriverCall::GraphLaunch,
+        DriverCall::GraphDestroy,
     ];
 }
 

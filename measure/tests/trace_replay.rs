@@ -196,6 +196,28 @@ fn the_binary_reports_figures_per_stack_and_bad_lines_by_number() {
     let header = std::fs::read(&png).unwrap();
     assert!(header.starts_with(b"\x89PNG"), "not a PNG");
 
+    // `--calls`: one more replay per stack, its driver calls by kind. The
+    // resource alone allocates from the pool; the cache maps its arena.
+    let (code, stdout, stderr) = run_binary(&[good.to_str().unwrap(), "--sim", "--calls"]);
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    let calls = |stack: &str| {
+        stdout
+            .lines()
+            .find(|l| l.contains(&format!("stack={stack} backend=sim calls:")))
+            .unwrap_or_else(|| panic!("no calls line for {stack}: {stdout}"))
+            .to_owned()
+    };
+    let resource = calls("resource");
+    assert!(resource.contains("AllocAsync=3 "), "{resource}");
+    assert!(!resource.contains("MemCreate"), "{resource}");
+    let cache = calls("cache");
+    assert!(
+        cache.contains("MemCreate=") && cache.contains("MemSetAccess="),
+        "{cache}"
+    );
+    assert!(!cache.contains("AllocAsync"), "{cache}");
+    assert!(cache.contains("h200_model_ns_per_op="), "{cache}");
+
     let bad = dir.join("bad.csv");
     std::fs::write(&bad, "op,id,size,stream\na,0,1,0\na,1,one,0\n").unwrap();
     let (code, _, stderr) = run_binary(&[bad.to_str().unwrap(), "--sim"]);

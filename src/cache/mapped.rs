@@ -4,7 +4,10 @@
 //! A lease of the arena has no inner block, so the cache tracks its uses
 //! on other streams itself, the way the stream-ordered resource does: one
 //! read event per stream plus the last write, the lease's stream waiting
-//! on all of them before the range goes back to its arena.
+//! on all of them before the range goes back to its arena. Uses on the
+//! lease's own stream record no event (stream order covers them): they are
+//! noted, and one event on that stream covers them once a use elsewhere
+//! needs to wait (a request served on its buffers' stream records none).
 
 use super::arena::{Placed, round};
 use super::resource::CachingResource;
@@ -158,6 +161,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
                 placed,
                 ptr,
                 uses: BlockUses::default(),
+                home_unrecorded: None,
             }),
             stream,
             size: bytes,
@@ -249,9 +253,46 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         Ok(())
     }
 
-    /// Records a use of an arena block on `use_stream` (an event there,
-    /// stored as its read or its last write).
+    /// Records a use of an arena block leased on `home` on `use_stream`:
+    /// on another stream, an event there, stored as its read or its last
+    /// write; on `home` itself, only a note (no driver call): stream order
+    /// puts it before the free and every later use on `home`, and the first
+    /// use on another stream records one event on `home` that covers it
+    /// ([`flush_home_uses`](Self::flush_home_uses)).
     pub(super) fn record_mapped_use(
+        &self,
+        m: &mut Mapped,
+        home: StreamId,
+        use_stream: StreamId,
+        access: Access,
+    ) -> ResourceResult<()> {
+        if use_stream == home {
+            m.home_unrecorded = Some(match (m.home_unrecorded, access) {
+                (Some(Access::Write), _) | (_, Access::Write) => Access::Write,
+                _ => Access::Read,
+            });
+            return Ok(());
+        }
+        self.record_event_use(m, use_stream, access)
+    }
+
+    /// The uses on the lease's stream noted by
+    /// [`record_mapped_use`](Self::record_mapped_use) get their event on
+    /// `home` now (recorded at the stream's current end, it covers them),
+    /// so that a use on another stream can wait on it. Nothing when none is
+    /// noted.
+    fn flush_home_uses(&self, m: &mut Mapped, home: StreamId) -> ResourceResult<()> {
+        let Some(access) = m.home_unrecorded else {
+            return Ok(());
+        };
+        self.record_event_use(m, home, access)?;
+        m.home_unrecorded = None;
+        Ok(())
+    }
+
+    /// Records an event of a use on `use_stream`, stored as its read or its
+    /// last write.
+    fn record_event_use(
         &self,
         m: &mut Mapped,
         use_stream: StreamId,
@@ -297,6 +338,9 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         let gpu = &*tier.access.gpu;
         let raw_use = tier.access.streams.raw(use_stream)?;
         let events = self.events.as_ref().expect("made with the tier");
+        if use_stream != home {
+            self.flush_home_uses(m, home)?;
+        }
         let mut allocation_point = None;
         if m.uses.last_write.is_none() && use_stream != home {
             let raw_home = tier.access.streams.raw(home)?;

@@ -751,10 +751,11 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R> {
             if lease.backing.ptr() != block.ptr() || lease.size != block.size() {
                 return Err(ResourceError::UnknownBlock { block: block.id() });
             }
+            let home = lease.stream;
             let inner = match &mut lease.backing {
                 Backing::Inner(inner) => inner,
                 Backing::Mapped(m) => {
-                    return self.record_mapped_use(m, use_stream, Access::Read);
+                    return self.record_mapped_use(m, home, use_stream, Access::Read);
                 }
             };
             self.inner.record_block_use(inner, use_stream)?;
@@ -804,9 +805,10 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R> {
         access: Access,
     ) -> ResourceResult<()> {
         self.with_lease(block, |lease| {
+            let home = lease.stream;
             let inner = match &mut lease.backing {
                 Backing::Inner(inner) => inner.id(),
-                Backing::Mapped(m) => return self.record_mapped_use(m, use_stream, access),
+                Backing::Mapped(m) => return self.record_mapped_use(m, home, use_stream, access),
             };
             self.inner.finish_block_use(inner, use_stream, access)?;
             lease.cross_used |= use_stream != lease.stream;

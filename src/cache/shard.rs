@@ -19,7 +19,7 @@ use crate::error::ResourceError;
 use crate::fast_hash::FastMap;
 use crate::gpu::CaptureId;
 use crate::resource::block_uses::BlockUses;
-use crate::types::{BlockId, DeviceBlock, StreamId};
+use crate::types::{Access, BlockId, DeviceBlock, StreamId};
 
 /// Low bits of a cache serial name the shard that handed the block out; the
 /// high bits count within the shard, so that serials are unique without a
@@ -34,6 +34,11 @@ pub(crate) struct Mapped {
     pub(crate) placed: Placed,
     pub(crate) ptr: u64,
     pub(crate) uses: BlockUses,
+    /// Uses on the lease's own stream finished since its last event there
+    /// (the strongest access): stream order already puts them before the
+    /// free and before later uses on that stream, so no event is recorded
+    /// for them until a use on another stream needs one to wait on.
+    pub(crate) home_unrecorded: Option<Access>,
 }
 
 /// What is behind a lease.

@@ -6,7 +6,10 @@ use std::sync::Arc;
 #[cfg(feature = "cuda")]
 use crate::gpu::cuda::CudaGpu;
 use crate::gpu::sim::SimGpu;
-use crate::gpu::{Gpu, GpuResult, HeldMemory, HostFn, RawEvent, RawPhysical, RawStream};
+use crate::gpu::{
+    CaptureMode, CaptureStatus, Gpu, GpuResult, HeldMemory, HostFn, RawEvent, RawGraph,
+    RawGraphExec, RawPhysical, RawStream,
+};
 
 /// The backend of a [`Device`](crate::Device) opened at run time: a CUDA
 /// device, or the simulated one.
@@ -199,6 +202,34 @@ impl Gpu for Backend {
 
     unsafe fn destroy_stream(&self, stream: RawStream) -> GpuResult<()> {
         forward_unsafe!(self.destroy_stream(stream))
+    }
+
+    unsafe fn capture_status(&self, stream: RawStream) -> GpuResult<CaptureStatus> {
+        forward_unsafe!(self.capture_status(stream))
+    }
+
+    unsafe fn begin_capture(&self, stream: RawStream, mode: CaptureMode) -> GpuResult<()> {
+        forward_unsafe!(self.begin_capture(stream, mode))
+    }
+
+    unsafe fn end_capture(&self, stream: RawStream) -> GpuResult<RawGraph> {
+        forward_unsafe!(self.end_capture(stream))
+    }
+
+    unsafe fn graph_instantiate(&self, graph: RawGraph) -> GpuResult<RawGraphExec> {
+        forward_unsafe!(self.graph_instantiate(graph))
+    }
+
+    unsafe fn graph_launch(&self, exec: RawGraphExec, stream: RawStream) -> GpuResult<()> {
+        forward_unsafe!(self.graph_launch(exec, stream))
+    }
+
+    unsafe fn graph_exec_destroy(&self, exec: RawGraphExec) -> GpuResult<()> {
+        forward_unsafe!(self.graph_exec_destroy(exec))
+    }
+
+    unsafe fn graph_destroy(&self, graph: RawGraph) -> GpuResult<()> {
+        forward_unsafe!(self.graph_destroy(graph))
     }
 }
 

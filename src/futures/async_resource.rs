@@ -349,12 +349,21 @@ fn deallocate_on(core: &Arc<Core>, block: DeviceBlock) -> ResourceResult<Dealloc
 /// As [`AsyncResource::deallocate`]; nothing changes.
 pub(crate) fn deallocate_detached(core: &Core, block: DeviceBlock) -> ResourceResult<()> {
     let stream = block.stream();
-    let (_, _, point) = queue_free(core, block)?;
-    if let Some(n) = core.checked_notifier(stream) {
-        // As a handle dropped unawaited: the free stays queued in the
-        // notifier, and its bytes leave the accounting when it lands.
-        n.release(point, None);
+    let notifier = core.notifier(stream)?;
+    core.inner.deallocate(block)?;
+    // A free that queued nothing new below (a cache took the block back:
+    // its bytes never left it) has nothing for a notification to apply,
+    // and nobody awaits it: no point, no notification. (Each one used to
+    // keep a host function in flight per stream while a service ran.)
+    // Otherwise, as a handle dropped unawaited: the free stays queued in
+    // the notifier, and its bytes leave the accounting when it lands.
+    if notifier.mark_free_if_new(core.inner.pending_free_seq(stream)) {
+        notifier.launch(&*core.gpu);
+        core.kick.pending();
     }
+    core.mark_frees_elsewhere(Some(stream));
+    // Memory freed on a stream is reusable on it at once.
+    core.allocs.memory_returned();
     Ok(())
 }
 

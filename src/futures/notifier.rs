@@ -383,14 +383,17 @@ impl Notifier {
         seq
     }
 
-    /// [`mark_free`](Self::mark_free) for a free queued on this stream by
-    /// someone else's call (an eviction, a cache giving a block back), unless
-    /// a point covers `free_seq` already; whether it marked one.
+    /// [`mark_free`](Self::mark_free) for a free nobody awaits (an owned
+    /// buffer's drop, an eviction, a cache giving a block back), unless a
+    /// point covers `free_seq` already; whether it marked one. The point is
+    /// released at once: the free stays queued until a notification covers
+    /// it, and no one's future is held behind a point nobody queries.
     pub(crate) fn mark_free_if_new(&self, free_seq: u64) -> bool {
         if free_seq == 0 || self.marked_free.fetch_max(free_seq, Ordering::AcqRel) >= free_seq {
             return false;
         }
-        self.mark_free(free_seq);
+        let seq = self.mark_free(free_seq);
+        self.release(seq, None);
         true
     }
 

@@ -20,7 +20,10 @@ use cudarc::driver::CudaContext;
 use cudarc::driver::result::{self as cu, DriverError};
 use cudarc::driver::sys;
 
-use super::{Gpu, GpuError, GpuResult, HeldMemory, HostFn, RawEvent, RawPhysical, RawStream};
+use super::{
+    CaptureId, CaptureMode, CaptureStatus, Gpu, GpuError, GpuResult, HeldMemory, HostFn, RawEvent,
+    RawGraph, RawGraphExec, RawPhysical, RawStream, capture_code,
+};
 use crate::error::{DriverCall, ResourceError, ResourceResult, driver_code};
 
 /// A cudarc driver error of `call` as the seam's error, with the driver's
@@ -193,6 +196,28 @@ impl CudaGpu {
         }
     }
 
+    fn graph(graph: RawGraph, call: DriverCall) -> GpuResult<sys::CUgraph> {
+        match graph.sim_index() {
+            Some(_) => Err(GpuError::driver(
+                call,
+                driver_code::INVALID_HANDLE,
+                "CUDA_ERROR_INVALID_HANDLE: a simulated graph",
+            )),
+            None => Ok(graph.get() as sys::CUgraph),
+        }
+    }
+
+    fn graph_exec(exec: RawGraphExec, call: DriverCall) -> GpuResult<sys::CUgraphExec> {
+        match exec.sim_index() {
+            Some(_) => Err(GpuError::driver(
+                call,
+                driver_code::INVALID_HANDLE,
+                "CUDA_ERROR_INVALID_HANDLE: a simulated graph",
+            )),
+            None => Ok(exec.get() as sys::CUgraphExec),
+        }
+    }
+
     fn event(event: RawEvent, call: DriverCall) -> GpuResult<sys::CUevent> {
         match event.sim_index() {
             Some(_) => Err(GpuError::driver(
@@ -222,6 +247,64 @@ impl CudaGpu {
     fn check(call: DriverCall, r: sys::CUresult) -> GpuResult<()> {
         r.result().map_err(|e| cuda_error(call, e))
     }
+}
+
+/// `cuStreamGetCaptureInfo`: the status and the capture id. CUDA 12.3
+/// added edge data to the call (`_v3`, the only one cudarc binds for CUDA
+/// 13); older versions have `_v2`. Only status and id are asked for: every
+/// other out-pointer may be null.
+///
+/// # Safety
+/// 1. `s` is a live stream.
+unsafe fn capture_info(s: sys::CUstream) -> Result<(sys::CUstreamCaptureStatus, u64), DriverError> {
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let mut id: sys::cuuint64_t = 0;
+    #[cfg(any(
+        feature = "cuda-11040",
+        feature = "cuda-11050",
+        feature = "cuda-11060",
+        feature = "cuda-11070",
+        feature = "cuda-11080",
+        feature = "cuda-12000",
+        feature = "cuda-12010",
+        feature = "cuda-12020"
+    ))]
+    // SAFETY: `s` is live (Safety 1); `status` and `id` are valid
+    // out-pointers; the graph and dependency outputs are optional (null).
+    let r = unsafe {
+        sys::cuStreamGetCaptureInfo_v2(
+            s,
+            &mut status,
+            &mut id,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        )
+    };
+    #[cfg(not(any(
+        feature = "cuda-11040",
+        feature = "cuda-11050",
+        feature = "cuda-11060",
+        feature = "cuda-11070",
+        feature = "cuda-11080",
+        feature = "cuda-12000",
+        feature = "cuda-12010",
+        feature = "cuda-12020"
+    )))]
+    // SAFETY: as above; the edge-data output is optional (null) too.
+    let r = unsafe {
+        sys::cuStreamGetCaptureInfo_v3(
+            s,
+            &mut status,
+            &mut id,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        )
+    };
+    r.result()?;
+    Ok((status, id))
 }
 
 /// Whether `libcuda` can be loaded on this machine.
@@ -353,6 +436,18 @@ impl Gpu for CudaGpu {
         let call = DriverCall::LaunchHostFunc;
         let s = Self::stream(stream, call)?;
         self.bind(call)?;
+        // A host function captured into a graph would run at every replay,
+        // and the trampoline takes back its box once: refuse it (without
+        // touching the capture). One cheap query, on the notifier's path.
+        // SAFETY: `s` is a live stream (this fn's Safety 1).
+        let capturing = unsafe { cu::stream::is_capturing(s) }.map_err(|e| cuda_error(call, e))?;
+        if capturing != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+            return Err(GpuError::driver(
+                call,
+                capture_code::UNSUPPORTED,
+                "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: a host function runs once, a captured one at every replay",
+            ));
+        }
         let data = Box::into_raw(Box::new(f)).cast::<c_void>();
         // SAFETY: `s` is a live stream (this fn's Safety 1); `run_host_fn`
         // takes back ownership of `data` exactly once when the driver calls
@@ -565,6 +660,91 @@ impl Gpu for CudaGpu {
         Ok(unsafe { RawStream::from_cuda(s) })
     }
 
+    unsafe fn capture_status(&self, stream: RawStream) -> GpuResult<CaptureStatus> {
+        let call = DriverCall::StreamGetCaptureInfo;
+        let s = Self::stream(stream, call)?;
+        self.bind(call)?;
+        // SAFETY: `s` is a live stream (this fn's Safety 1).
+        let (status, id) = unsafe { capture_info(s) }.map_err(|e| cuda_error(call, e))?;
+        Ok(match status {
+            sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE => CaptureStatus::None,
+            sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE => {
+                CaptureStatus::Active(CaptureId::new(id))
+            }
+            _ => CaptureStatus::Invalidated,
+        })
+    }
+
+    unsafe fn begin_capture(&self, stream: RawStream, mode: CaptureMode) -> GpuResult<()> {
+        let call = DriverCall::StreamBeginCapture;
+        let s = Self::stream(stream, call)?;
+        self.bind(call)?;
+        let mode = match mode {
+            CaptureMode::Global => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+            CaptureMode::ThreadLocal => {
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+            }
+            CaptureMode::Relaxed => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+        };
+        // SAFETY: `s` is a live stream (this fn's Safety 1).
+        unsafe { cu::stream::begin_capture(s, mode) }.map_err(|e| cuda_error(call, e))
+    }
+
+    unsafe fn end_capture(&self, stream: RawStream) -> GpuResult<RawGraph> {
+        let call = DriverCall::StreamEndCapture;
+        let s = Self::stream(stream, call)?;
+        self.bind(call)?;
+        // SAFETY: `s` is a live stream (this fn's Safety 1).
+        let graph = unsafe { cu::stream::end_capture(s) }.map_err(|e| cuda_error(call, e))?;
+        if graph.is_null() {
+            return Err(GpuError::driver(
+                call,
+                capture_code::INVALIDATED,
+                "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: the capture produced no graph",
+            ));
+        }
+        Ok(RawGraph::cuda(graph as u64))
+    }
+
+    unsafe fn graph_instantiate(&self, graph: RawGraph) -> GpuResult<RawGraphExec> {
+        let call = DriverCall::GraphInstantiate;
+        let g = Self::graph(graph, call)?;
+        self.bind(call)?;
+        // SAFETY: `g` is a live graph of this backend, not used concurrently
+        // (this fn's Safety 1-2).
+        unsafe { cu::graph::instantiate(g, sys::CUgraphInstantiate_flags(0)) }
+            .map(|x| RawGraphExec::cuda(x as u64))
+            .map_err(|e| cuda_error(call, e))
+    }
+
+    unsafe fn graph_launch(&self, exec: RawGraphExec, stream: RawStream) -> GpuResult<()> {
+        let call = DriverCall::GraphLaunch;
+        let (x, s) = (Self::graph_exec(exec, call)?, Self::stream(stream, call)?);
+        self.bind(call)?;
+        // SAFETY: `x` is a live executable graph and `s` a live stream, the
+        // memory the graph touches is live, and no other call uses `x`
+        // meanwhile (this fn's Safety 1-3).
+        unsafe { cu::graph::launch(x, s) }.map_err(|e| cuda_error(call, e))
+    }
+
+    unsafe fn graph_exec_destroy(&self, exec: RawGraphExec) -> GpuResult<()> {
+        let call = DriverCall::GraphDestroy;
+        let x = Self::graph_exec(exec, call)?;
+        self.bind(call)?;
+        // SAFETY: `x` is a live executable graph, not used afterwards (this
+        // fn's Safety 1); the driver frees it once queued replays are done.
+        unsafe { cu::graph::exec_destroy(x) }.map_err(|e| cuda_error(call, e))
+    }
+
+    unsafe fn graph_destroy(&self, graph: RawGraph) -> GpuResult<()> {
+        let call = DriverCall::GraphDestroy;
+        let g = Self::graph(graph, call)?;
+        self.bind(call)?;
+        // SAFETY: `g` is a live graph, not used afterwards (this fn's Safety
+        // 1).
+        unsafe { cu::graph::destroy(g) }.map_err(|e| cuda_error(call, e))
+    }
+
     unsafe fn destroy_stream(&self, stream: RawStream) -> GpuResult<()> {
         let call = DriverCall::Init;
         let s = Self::stream(stream, call)?;
@@ -623,6 +803,36 @@ mod tests {
             (driver_code::ILLEGAL_ADDRESS, R::CUDA_ERROR_ILLEGAL_ADDRESS),
             (driver_code::NOT_SUPPORTED, R::CUDA_ERROR_NOT_SUPPORTED),
             (driver_code::UNKNOWN, R::CUDA_ERROR_UNKNOWN),
+        ] {
+            assert_eq!(named, cuda as i32, "{cuda:?}");
+        }
+        for (named, cuda) in [
+            (capture_code::ILLEGAL_STATE, R::CUDA_ERROR_ILLEGAL_STATE),
+            (
+                capture_code::UNSUPPORTED,
+                R::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+            ),
+            (
+                capture_code::INVALIDATED,
+                R::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
+            ),
+            (
+                capture_code::UNMATCHED,
+                R::CUDA_ERROR_STREAM_CAPTURE_UNMATCHED,
+            ),
+            (
+                capture_code::UNJOINED,
+                R::CUDA_ERROR_STREAM_CAPTURE_UNJOINED,
+            ),
+            (
+                capture_code::ISOLATION,
+                R::CUDA_ERROR_STREAM_CAPTURE_ISOLATION,
+            ),
+            (capture_code::CAPTURED_EVENT, R::CUDA_ERROR_CAPTURED_EVENT),
+            (
+                capture_code::WRONG_THREAD,
+                R::CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD,
+            ),
         ] {
             assert_eq!(named, cuda as i32, "{cuda:?}");
         }

@@ -20,12 +20,16 @@
 //! block records. [`SimGpu`](sim::SimGpu) checks every handle and address
 //! itself, so it offers the same calls as safe inherent methods.
 
+mod capture;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod error;
+mod graph;
 mod held;
 pub mod sim;
 
+pub use capture::{CaptureId, CaptureMode, CaptureStatus, RawGraph, RawGraphExec, capture_code};
+pub use graph::{Graph, GraphExec};
 pub use held::HeldMemory;
 
 use crate::error::{DriverCall, driver_code};
@@ -84,6 +88,14 @@ fn vm_unsupported(call: DriverCall) -> GpuError {
         call,
         801,
         "CUDA_ERROR_NOT_SUPPORTED: this backend has no virtual memory management",
+    )
+}
+
+fn capture_unsupported(call: DriverCall) -> GpuError {
+    GpuError::driver(
+        call,
+        driver_code::NOT_SUPPORTED,
+        "CUDA_ERROR_NOT_SUPPORTED: this backend cannot capture graphs",
     )
 }
 
@@ -198,6 +210,11 @@ pub trait Gpu: Send + Sync + 'static {
     unsafe fn stream_synchronize(&self, stream: RawStream) -> GpuResult<()>;
 
     /// Queues a host function on `stream`. Not called after a device fault.
+    ///
+    /// Refused on a capturing stream with
+    /// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`, without invalidating the
+    /// capture: a captured host function would run at every replay, and a
+    /// [`HostFn`] runs once.
     ///
     /// # Safety
     /// 1. `stream` is a live stream.
@@ -376,6 +393,116 @@ pub trait Gpu: Send + Sync + 'static {
             driver_code::NOT_SUPPORTED,
             "CUDA_ERROR_NOT_SUPPORTED: this backend does not report the memory it holds",
         ))
+    }
+
+    /// Whether `stream` is being captured into a graph, and by which capture
+    /// (`cuStreamGetCaptureInfo`). Cheap (no synchronization, a few hundred
+    /// nanoseconds on CUDA) but not free: callers ask once per operation,
+    /// before an event query, a synchronize or a host function would be
+    /// made on the stream's behalf (see [`CaptureStatus`]).
+    ///
+    /// The default reports [`CaptureStatus::None`]: a backend that cannot
+    /// capture never has a capturing stream.
+    ///
+    /// # Safety
+    /// 1. `stream` is a live stream.
+    unsafe fn capture_status(&self, stream: RawStream) -> GpuResult<CaptureStatus> {
+        let _ = stream;
+        Ok(CaptureStatus::None)
+    }
+
+    /// Begins capturing `stream` into a new graph (`cuStreamBeginCapture`):
+    /// work queued on it from now on is recorded, not run, until
+    /// [`end_capture`](Gpu::end_capture). Another stream that waits on an
+    /// event recorded in the capture joins it, and must be joined back
+    /// (the origin waits on an event recorded on it) before the end.
+    ///
+    /// # Errors
+    /// `CUDA_ERROR_ILLEGAL_STATE` when the stream is already capturing; the
+    /// default reports `CUDA_ERROR_NOT_SUPPORTED`.
+    ///
+    /// # Safety
+    /// 1. `stream` is a live stream.
+    unsafe fn begin_capture(&self, stream: RawStream, mode: CaptureMode) -> GpuResult<()> {
+        let _ = (stream, mode);
+        Err(capture_unsupported(DriverCall::StreamBeginCapture))
+    }
+
+    /// Ends the capture begun on `stream` and returns its graph
+    /// (`cuStreamEndCapture`); every stream that joined it stops capturing.
+    /// The caller owns the graph and destroys it with
+    /// [`graph_destroy`](Gpu::graph_destroy) ([`Graph`] does).
+    ///
+    /// # Errors
+    /// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED` when an illegal call
+    /// invalidated the capture (it ends all the same, with no graph);
+    /// `CUDA_ERROR_STREAM_CAPTURE_UNMATCHED` when the capture was not begun
+    /// on `stream`; `CUDA_ERROR_STREAM_CAPTURE_UNJOINED` when a joined stream
+    /// was not joined back; `CUDA_ERROR_ILLEGAL_STATE` when `stream` is not
+    /// capturing. The default reports `CUDA_ERROR_NOT_SUPPORTED`.
+    ///
+    /// # Safety
+    /// 1. `stream` is a live stream.
+    unsafe fn end_capture(&self, stream: RawStream) -> GpuResult<RawGraph> {
+        let _ = stream;
+        Err(capture_unsupported(DriverCall::StreamEndCapture))
+    }
+
+    /// Instantiates `graph` into an executable graph (`cuGraphInstantiate`),
+    /// which the caller owns and destroys with
+    /// [`graph_exec_destroy`](Gpu::graph_exec_destroy). The graph may be
+    /// destroyed before its executable.
+    ///
+    /// # Safety
+    /// 1. `graph` is a live graph: one [`end_capture`](Gpu::end_capture) of
+    ///    this backend returned and [`graph_destroy`](Gpu::graph_destroy)
+    ///    was not called on;
+    /// 2. no other call on `graph` runs at the same time (the driver does
+    ///    not synchronize graph objects).
+    unsafe fn graph_instantiate(&self, graph: RawGraph) -> GpuResult<RawGraphExec> {
+        let _ = graph;
+        Err(capture_unsupported(DriverCall::GraphInstantiate))
+    }
+
+    /// Queues one replay of `exec` on `stream` (`cuGraphLaunch`): ordered
+    /// after the work queued on `stream` before it, and the work queued
+    /// after it waits for the whole replay.
+    ///
+    /// # Errors
+    /// `CUDA_ERROR_INVALID_VALUE` when an allocation the graph made and did
+    /// not free in its last replay has not been freed since.
+    ///
+    /// # Safety
+    /// 1. `stream` is a live stream and `exec` a live executable graph (one
+    ///    [`graph_instantiate`](Gpu::graph_instantiate) of this backend
+    ///    returned, not destroyed);
+    /// 2. every memory range the graph's work touches that the graph did not
+    ///    allocate itself is a live range when the replay runs;
+    /// 3. no other call on `exec` runs at the same time.
+    unsafe fn graph_launch(&self, exec: RawGraphExec, stream: RawStream) -> GpuResult<()> {
+        let _ = (exec, stream);
+        Err(capture_unsupported(DriverCall::GraphLaunch))
+    }
+
+    /// Destroys an executable graph (`cuGraphExecDestroy`); replays already
+    /// queued still run, and its resources go back when they have.
+    ///
+    /// # Safety
+    /// 1. `exec` is a live executable graph of this backend, not used
+    ///    afterwards.
+    unsafe fn graph_exec_destroy(&self, exec: RawGraphExec) -> GpuResult<()> {
+        let _ = exec;
+        Err(capture_unsupported(DriverCall::GraphDestroy))
+    }
+
+    /// Destroys a graph (`cuGraphDestroy`); executables instantiated from
+    /// it stay valid.
+    ///
+    /// # Safety
+    /// 1. `graph` is a live graph of this backend, not used afterwards.
+    unsafe fn graph_destroy(&self, graph: RawGraph) -> GpuResult<()> {
+        let _ = graph;
+        Err(capture_unsupported(DriverCall::GraphDestroy))
     }
 
     /// Destroys a stream made by [`create_stream`](Gpu::create_stream). Work

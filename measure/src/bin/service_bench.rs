@@ -20,6 +20,16 @@
 //! cargo run --release -p streamalloc-measure --features peer-cuda-async --bin service_bench -- --out DIR
 //! cargo run --release -p streamalloc-measure --bin service_bench -- --sim             # simulated
 //! ```
+//! `--diag` adds, per level: for the streamalloc way, the library's driver
+//! calls per request by kind and the µs spent in each (through a
+//! [`CountingGpu`]), and its futures' wait statistics; for every way, the
+//! GPU's busy fraction and a request's mean time in progress on the GPU
+//! (timing events around each request, [`Timeline`]). `--policy NAME`
+//! sets the streamalloc way's wait policy (`default`, `park`, `spin20`,
+//! `yield1ms`), to tell completion costs from the rest.
+//!
+//! [`Timeline`]: streamalloc_measure::service::timeline::Timeline
+//!
 //! On the simulated device (or `--sim`) only the streamalloc way runs, with
 //! simulated kernels: the numbers measure the futures layer only.
 //! cuBLAS is loaded at run time: put `/usr/local/cuda/lib64` on
@@ -31,11 +41,15 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use streamalloc::futures::AsyncResource;
+use streamalloc::error::DriverCall;
+use streamalloc::futures::{AsyncResource, WaitPolicy};
+use streamalloc::gpu::Gpu;
 use streamalloc::gpu::cuda::cuda_present;
 use streamalloc::gpu::sim::SimGpu;
-use streamalloc::{Backend, CachingResource, Device, SimResource, StreamOrderedResource};
+use streamalloc::{CachingResource, Device, SimResource, StreamOrderedResource};
+use streamalloc_measure::service::counting_gpu::CountingGpu;
 use streamalloc_measure::service::cuda_model::CudaModel;
+use streamalloc_measure::service::streamalloc_way::{Edge, Level};
 use streamalloc_measure::service::{
     Dims, LevelResult, SimKernels, csv_header, cudarc_way, fills, plot, streamalloc_way,
 };
@@ -53,6 +67,8 @@ struct Args {
     seed: u64,
     sim: bool,
     workers: usize,
+    diag: bool,
+    policy: Option<WaitPolicy>,
 }
 
 fn parse_args() -> BoxResult<Args> {
@@ -65,6 +81,8 @@ fn parse_args() -> BoxResult<Args> {
         seed: 2026,
         sim: false,
         workers: 4,
+        diag: false,
+        policy: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -90,10 +108,36 @@ fn parse_args() -> BoxResult<Args> {
             "--seed" => args.seed = value("--seed")?.parse()?,
             "--workers" => args.workers = value("--workers")?.parse::<usize>()?.max(1),
             "--sim" => args.sim = true,
+            "--diag" => args.diag = true,
+            "--policy" => args.policy = Some(parse_policy(&value("--policy")?)?),
             other => return Err(format!("unknown argument {other} (see the file's docs)").into()),
         }
     }
     Ok(args)
+}
+
+/// The streamalloc way's wait policy, by name (`--policy`): `default`,
+/// `park` (park at once: every wait is a host-function notification),
+/// `spin20` (spin 20 µs on the first poll, as cuda-async's inline spin),
+/// `yield1ms` (yield and query for up to 1 ms before parking: almost no
+/// notification for waits).
+fn parse_policy(name: &str) -> BoxResult<WaitPolicy> {
+    let us = Duration::from_micros;
+    Ok(match name {
+        "default" => WaitPolicy::DEFAULT,
+        "park" => WaitPolicy::PARK_AT_ONCE,
+        "spin20" => WaitPolicy {
+            spin: us(20),
+            ..WaitPolicy::DEFAULT
+        },
+        "yield1ms" => WaitPolicy {
+            yield_for: us(1000),
+            ..WaitPolicy::DEFAULT
+        },
+        other => {
+            return Err(format!("--policy {other}: default, park, spin20 or yield1ms").into());
+        }
+    })
 }
 
 fn main() -> BoxResult<()> {
@@ -134,9 +178,25 @@ async fn on_sim(args: &Args) -> BoxResult<()> {
     let mut rows = Vec::new();
     for &clients in &args.clients {
         let per = requests_per_client(args, clients).min(64);
+        let before: Vec<u64> = DriverCall::ALL.iter().map(|&c| gpu.call_count(c)).collect();
         let row = streamalloc_way::run_level(&res, &kernels, Dims::BENCH, clients, per, args.seed)
             .await?;
         println!("{}", row.markdown_row());
+        if args.diag {
+            let per_request: Vec<String> = DriverCall::ALL
+                .iter()
+                .zip(before)
+                .filter(|&(&c, b)| gpu.call_count(c) > b && c != DriverCall::Launch)
+                .map(|(&c, b)| {
+                    let n = (gpu.call_count(c) - b) as f64 / row.requests.max(1) as f64;
+                    format!("{c:?} {n:.2}")
+                })
+                .collect();
+            println!(
+                "  diag simulated driver calls per request (with the release before the level): {}",
+                per_request.join(", ")
+            );
+        }
         rows.push((0, row));
     }
     let races = gpu.races();
@@ -215,23 +275,50 @@ async fn on_cuda(args: &Args) -> BoxResult<()> {
     println!("cuda-async: not built (build with --features peer-cuda-async and CUDA_TOOLKIT_PATH)");
 
     let level = async |way: Way, clients: usize, per: usize| -> BoxResult<LevelResult> {
+        if args.diag {
+            model.timeline().begin();
+        }
         let row = match way {
             Way::Streamalloc => {
                 // A fresh device (its own memory pool) per level: the pool
                 // keeps what it reserved (release threshold: all), so a level
                 // run on the last one's would report that level's memory.
-                let res = streamalloc_stack(&model)?;
-                let row =
-                    streamalloc_way::run_level(&res, &model, Dims::BENCH, clients, per, args.seed)
+                let device = Device::cuda(0, STREAMS)?;
+                let shape = Level {
+                    dims: Dims::BENCH,
+                    clients,
+                    requests_per_client: per,
+                    seed: args.seed,
+                };
+                if args.diag {
+                    // The same stack over a backend that counts its calls.
+                    let counting = Arc::new(CountingGpu::new(device.gpu().clone()));
+                    let counted = Device::new(counting.clone(), device.streams().clone())?;
+                    let res = streamalloc_stack(&counted, &model, args.policy)?;
+                    let mut edges = Vec::new();
+                    let mut observe = |_: Edge| edges.push((counting.counts(), res.wait_stats()));
+                    let row =
+                        streamalloc_way::run_level_observed(&res, &model, shape, &mut observe)
+                            .await?;
+                    if let [(c0, w0), (c1, w1)] = &edges[..] {
+                        println!(
+                            "  diag streamalloc {clients} clients, library driver calls per request:{}",
+                            c1.since(c0).per_request_line(row.requests)
+                        );
+                        println!(
+                            "  diag streamalloc wait stats over the level: {}",
+                            wait_delta(w0, w1, row.requests)
+                        );
+                    }
+                    finish_level(&res, clients).await?;
+                    row
+                } else {
+                    let res = streamalloc_stack(&device, &model, args.policy)?;
+                    let row = streamalloc_way::run_level_observed(&res, &model, shape, &mut |_| {})
                         .await?;
-                let left = streamalloc_way::release_all(&res).await?;
-                if left != 0 {
-                    return Err(format!(
-                        "streamalloc at {clients} clients: {left} B outstanding after the level"
-                    )
-                    .into());
+                    finish_level(&res, clients).await?;
+                    row
                 }
-                row
             }
             Way::Cudarc => {
                 cudarc_way::run_level(&ctx, &streams, &model, clients, per, args.seed).await?
@@ -242,6 +329,9 @@ async fn on_cuda(args: &Args) -> BoxResult<()> {
                 peer.run_level(clients, per, args.seed).await?
             }
         };
+        if let Some(busy) = busy_after(&ctx, &model)? {
+            println!("  diag {way:?} {clients} clients: {busy}");
+        }
         // Client 0's last answer: every request has at least 16 rows.
         if !model.output_matches(0, 16) {
             return Err(format!("{way:?} at {clients} clients: wrong output").into());
@@ -267,7 +357,7 @@ async fn on_cuda(args: &Args) -> BoxResult<()> {
     }
 
     // 10,000 fills with a spawned task awaiting each.
-    let res = streamalloc_stack(&model)?;
+    let res = streamalloc_stack(&Device::cuda(0, STREAMS)?, &model, None)?;
     let targets = fills::fill_targets(&res)?;
     let mut fill_rows: Vec<(&str, Vec<Duration>)> = vec![
         ("plain loop (no future)", Vec::new()),
@@ -340,21 +430,75 @@ async fn on_cuda(args: &Args) -> BoxResult<()> {
     Ok(())
 }
 
-/// The streamalloc way's stack on a fresh CUDA device 0: the caching tier
-/// over the stream-ordered resource, futures on top; the model's cuBLAS
-/// handles for its streams made beforehand.
-fn streamalloc_stack(
+/// The streamalloc way's stack on `device` (a fresh CUDA device 0, or
+/// one over a [`CountingGpu`] of it): the caching tier over the
+/// stream-ordered resource, futures on top, waiting as `policy` says (the
+/// default when `None`); the model's cuBLAS handles for its streams made
+/// beforehand.
+fn streamalloc_stack<G: Gpu>(
+    device: &Device<G>,
     model: &CudaModel,
-) -> BoxResult<AsyncResource<CachingResource<Arc<StreamOrderedResource<Backend>>>>> {
-    let device = Device::cuda(0, STREAMS)?;
+    policy: Option<WaitPolicy>,
+) -> BoxResult<AsyncResource<CachingResource<Arc<StreamOrderedResource<G>>>>> {
     for id in device.streams().ids() {
         let raw = device.raw(id)?.get() as cudarc::driver::sys::CUstream;
         // SAFETY: a live stream of device 0's primary context, the model's.
         unsafe { model.prepare_stream(raw)? };
     }
-    let inner = Arc::new(StreamOrderedResource::new(&device));
+    let inner = Arc::new(StreamOrderedResource::new(device));
     // SAFETY: the stack's bottom resource was made on this device.
-    Ok(unsafe { AsyncResource::with_device(CachingResource::new(inner), &device) }?)
+    let res = unsafe { AsyncResource::with_device(CachingResource::new(inner), device) }?;
+    if let Some(p) = policy {
+        res.set_wait_policy(p);
+    }
+    Ok(res)
+}
+
+/// After a streamalloc level: every byte given back, or an error.
+async fn finish_level<R: streamalloc::DeviceMemoryResource + 'static>(
+    res: &AsyncResource<R>,
+    clients: usize,
+) -> BoxResult<()> {
+    let left = streamalloc_way::release_all(res).await?;
+    if left != 0 {
+        return Err(format!(
+            "streamalloc at {clients} clients: {left} B outstanding after the level"
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// With `--diag`: the GPU timeline of the level just run (every stream of
+/// the context synchronized first, so that its events are complete).
+fn busy_after(
+    ctx: &Arc<cudarc::driver::CudaContext>,
+    model: &CudaModel,
+) -> BoxResult<Option<streamalloc_measure::service::timeline::Busy>> {
+    if !model.timeline().recording() {
+        return Ok(None);
+    }
+    ctx.synchronize()?;
+    Ok(model.timeline().finish())
+}
+
+/// A level's wait statistics, per request.
+fn wait_delta(
+    a: &streamalloc::futures::WaitStats,
+    b: &streamalloc::futures::WaitStats,
+    requests: usize,
+) -> String {
+    let per = |x: u64, y: u64| (y - x) as f64 / requests.max(1) as f64;
+    format!(
+        "per request: points {:.2}, queries {:.2}, frontier queries {:.2}, spins {:.2}, yields {:.2}, parks {:.2}, notifications {:.2}",
+        per(a.points, b.points),
+        per(a.queries, b.queries),
+        per(a.frontier_queries, b.frontier_queries),
+        per(a.spins, b.spins),
+        per(a.yields, b.yields),
+        per(a.parks, b.parks),
+        per(a.notifications, b.notifications),
+    )
 }
 
 fn median_us(v: &[Duration]) -> f64 {

@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! trace_replay TRACE [--stack NAME[,NAME...]]... [--sim] [--sim-capacity BYTES]
-//!              [--repeat N] [--png OUT.png] [--budget-ratio R]
+//!              [--repeat N] [--png OUT.png] [--budget-ratio R] [--calls]
 //! trace_replay TRACE --cut N OUT.csv.gz
 //! ```
 //!
@@ -18,6 +18,13 @@
 //! - `--png OUT.png`: after the timed rounds, one more replay per stack that
 //!   reads the held bytes along the way, drawn against the live requested
 //!   bytes.
+//! - `--calls`: after the timed rounds, one more replay per stack through a
+//!   backend that counts every driver call by kind (and times it): a
+//!   `calls` line per stack with the counts, the time spent inside driver
+//!   calls per operation, and what the counted calls would cost on the
+//!   H200 per operation (`notes/vmm-costs.md`; on the simulated device the
+//!   counts are deterministic), then the measured time inside each kind
+//!   (`us_KIND`, microseconds in all).
 //! - `--budget-ratio R`: the `cache-budget` stack's limit, R × the peak
 //!   requested (default 1.10).
 //! - `--cut N OUT`: writes the first N operations, the blocks they leave live
@@ -35,10 +42,11 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use streamalloc::DriverCall;
 use streamalloc::gpu::cuda::{CudaGpu, cuda_present};
 use streamalloc_measure::trace::plot::{HeldSeries, write_png};
 use streamalloc_measure::trace::{
-    DeviceKind, ReplayConfig, Requested, StackKind, Trace, replay_stack,
+    DeviceKind, Replay, ReplayConfig, Requested, StackKind, Trace, replay_stack,
 };
 
 const MIB: f64 = (1u64 << 20) as f64;
@@ -55,11 +63,12 @@ struct Args {
     repeat: usize,
     png: Option<PathBuf>,
     budget_ratio: f64,
+    calls: bool,
     cut: Option<(usize, PathBuf)>,
 }
 
 const USAGE: &str = "usage: trace_replay TRACE [--stack resource|cache|cache-budget|all]... \
-[--sim] [--sim-capacity BYTES] [--repeat N] [--png OUT.png] [--budget-ratio R] | TRACE --cut N OUT.csv.gz";
+[--sim] [--sim-capacity BYTES] [--repeat N] [--png OUT.png] [--budget-ratio R] [--calls] | TRACE --cut N OUT.csv.gz";
 
 fn parse_args() -> Result<Args, String> {
     let mut args = std::env::args().skip(1);
@@ -71,6 +80,7 @@ fn parse_args() -> Result<Args, String> {
         repeat: 1,
         png: None,
         budget_ratio: ReplayConfig::default().budget_ratio,
+        calls: false,
         cut: None,
     };
     let mut trace = None;
@@ -94,6 +104,7 @@ fn parse_args() -> Result<Args, String> {
                 }
             }
             "--sim" => out.sim = true,
+            "--calls" => out.calls = true,
             "--sim-capacity" => out.sim_capacity = value("--sim-capacity", args.next())?,
             "--repeat" => out.repeat = value("--repeat", args.next())?,
             "--png" => out.png = Some(value("--png", args.next())?),
@@ -188,6 +199,42 @@ fn main() -> ExitCode {
                     r.held.high as f64 / requested.peak.max(1) as f64,
                     r.held.current,
                 ),
+                Err(e) => {
+                    failed = true;
+                    println!("{head} failed: {e}");
+                }
+            }
+        }
+    }
+    if args.calls {
+        let counting = ReplayConfig {
+            count_calls: true,
+            ..config
+        };
+        for &stack in &args.stacks {
+            let head = format!("trace={name} stack={stack} backend={backend_name} calls:");
+            match replay_stack(stack, &backend, &trace, requested.peak, &counting) {
+                Ok(Replay {
+                    calls: Some(calls),
+                    ops,
+                    ns_per_op,
+                    ..
+                }) => {
+                    let ops = ops.max(1) as f64;
+                    let in_calls: u64 = DriverCall::ALL.iter().map(|&c| calls.nanos(c)).sum();
+                    println!(
+                        "{head} {} in_calls_ns_per_op={:.1} h200_model_ns_per_op={:.1} \
+                         ns_per_op_counting={ns_per_op:.1} {}",
+                        calls.line(),
+                        in_calls as f64 / ops,
+                        calls.modelled_total_us() * 1e3 / ops,
+                        calls.times_line(),
+                    );
+                }
+                Ok(_) => {
+                    failed = true;
+                    println!("{head} failed: no counts came back");
+                }
                 Err(e) => {
                     failed = true;
                     println!("{head} failed: {e}");

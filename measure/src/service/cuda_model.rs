@@ -35,6 +35,7 @@ use streamalloc::RawStream;
 use streamalloc::error::DriverCall;
 use streamalloc::gpu::{GpuError, GpuResult};
 
+use super::timeline::Timeline;
 use super::{Dims, RequestIo, RequestKernels};
 
 /// `y = max(y, 0)` over `n` floats, one thread per element (what nvcc
@@ -112,6 +113,9 @@ pub struct CudaModel {
     input: Pinned,
     /// One output buffer per client.
     outputs: Vec<Pinned>,
+    /// Timing events around each request while a level is recorded
+    /// (`--diag`).
+    timeline: Timeline,
 }
 
 // SAFETY: the raw handles (module, function, device pointers) are immutable
@@ -184,6 +188,7 @@ impl CudaModel {
                 bytes: 0,
             },
             outputs: Vec::new(),
+            timeline: Timeline::default(),
         };
         let (h, i, o) = (dims.hidden, dims.inner, dims.out);
         for (w, elems) in model.weights.iter_mut().zip([h * i, i * h, h * i, i * o]) {
@@ -236,6 +241,11 @@ impl CudaModel {
         let got = unsafe { std::slice::from_raw_parts(out.ptr.cast::<f32>(), n) };
         let want = self.expected_output();
         got.iter().all(|v| (v - want).abs() <= want.abs() * 1e-3)
+    }
+
+    /// The timing events around each request (see [`Timeline`]).
+    pub fn timeline(&self) -> &Timeline {
+        &self.timeline
     }
 
     /// The model's widths.
@@ -320,6 +330,8 @@ impl CudaModel {
         let blas = self.handle(stream)?;
         let blas = blas.lock().unwrap_or_else(|p| p.into_inner());
         let [w1, w2, w3, w4] = self.weights;
+        // SAFETY: `stream` is live (this function's contract).
+        let mark = unsafe { self.timeline.start(stream) };
         // SAFETY: `input` holds max_rows × hidden floats ≥ rows × hidden;
         // it is pinned and never written after `new`. `x` holds rows ×
         // hidden floats (the caller's contract).
@@ -391,9 +403,12 @@ impl CudaModel {
         // SAFETY: `out` holds max_rows × out floats ≥ rows × out, pinned;
         // the client sends one request at a time, so nothing else writes or
         // reads it until this request completes.
-        unsafe { cu::cuMemcpyDtoHAsync_v2(out.ptr, y, rows * d.out * 4, stream) }
+        let copied = unsafe { cu::cuMemcpyDtoHAsync_v2(out.ptr, y, rows * d.out * 4, stream) }
             .result()
-            .map_err(|e| driver(DriverCall::CopyAsync, e))
+            .map_err(|e| driver(DriverCall::CopyAsync, e));
+        // SAFETY: the stream `mark` was recorded on.
+        unsafe { self.timeline.end(mark, stream) };
+        copied
     }
 }
 

@@ -26,6 +26,7 @@
 //! ([`SimKernels`]): the CI test checks that every request is answered, that
 //! the race detector finds nothing and that no byte is left outstanding.
 
+pub mod counting_gpu;
 #[cfg(feature = "peer-cuda-async")]
 pub mod cuda_async_way;
 pub mod cuda_model;
@@ -37,6 +38,7 @@ mod recorder;
 mod shape;
 pub mod streamalloc_way;
 mod threads;
+pub mod timeline;
 
 pub use kernels::{RequestIo, RequestKernels, SimKernels};
 pub use recorder::{LevelResult, Recorder, csv_header};

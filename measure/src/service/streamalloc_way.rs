@@ -36,11 +36,65 @@ where
     R: DeviceMemoryResource + 'static,
     K: RequestKernels,
 {
+    let level = Level {
+        dims,
+        clients,
+        requests_per_client,
+        seed,
+    };
+    run_level_observed(res, kernels, level, &mut |_| {}).await
+}
+
+/// The shape of one level (see [`run_level`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Level {
+    /// The model's widths.
+    pub dims: Dims,
+    /// Concurrent clients.
+    pub clients: usize,
+    /// Requests each client sends, one after another.
+    pub requests_per_client: usize,
+    /// Seeds the request shapes.
+    pub seed: u64,
+}
+
+/// Where a level is, for [`run_level_observed`]'s observer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Edge {
+    /// The clients are about to start (set-up done).
+    Start,
+    /// Every client is done (before the level's memory is given back).
+    End,
+}
+
+/// [`run_level`], calling `observe` right before the clients start and
+/// right after the last one ended, so that counters read there cover the
+/// served requests only (not the set-up or the release after).
+///
+/// # Errors
+/// As [`run_level`].
+pub async fn run_level_observed<R, K>(
+    res: &AsyncResource<R>,
+    kernels: &Arc<K>,
+    level: Level,
+    observe: &mut (dyn FnMut(Edge) + Send),
+) -> ResourceResult<LevelResult>
+where
+    R: DeviceMemoryResource + 'static,
+    K: RequestKernels,
+{
+    let Level {
+        dims,
+        clients,
+        requests_per_client,
+        seed,
+    } = level;
     release_all(res).await?;
     res.gpu().reset_memory_held_high()?;
     let reaper = Reaper::spawn(res);
     let rec = Arc::new(Recorder::default());
     let threads = ThreadSampler::start();
+    observe(Edge::Start);
     let start = Instant::now();
     let tasks: Vec<_> = (0..clients)
         .map(|client| {
@@ -65,6 +119,7 @@ where
         }
     }
     let elapsed = start.elapsed();
+    observe(Edge::End);
     let threads = threads.stop();
     reaper.shutdown().await?;
     if let Some(e) = first_error {

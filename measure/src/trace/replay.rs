@@ -34,6 +34,7 @@ use std::time::Instant;
 use streamalloc::gpu::{Gpu, GpuError, HeldMemory};
 use streamalloc::{AllocTag, Device, DeviceBlock, DeviceMemoryResource, ResourceError, StreamId};
 
+use super::calls::CallCounts;
 use super::format::{OpKind, Trace};
 
 const TAG: AllocTag = AllocTag("trace");
@@ -69,6 +70,9 @@ pub struct Replay {
     /// since the previous sample)`, so that no peak falls between two
     /// samples; the last is `(ops, bytes held after the end's frees)`.
     pub samples: Vec<(usize, usize)>,
+    /// The driver calls the replay made, when they were counted
+    /// ([`ReplayConfig::count_calls`](super::ReplayConfig::count_calls)).
+    pub calls: Option<CallCounts>,
 }
 
 /// Why a replay stopped.
@@ -205,6 +209,7 @@ where
         control_ns_per_op: control_ns,
         held,
         samples,
+        calls: None,
     })
 }
 

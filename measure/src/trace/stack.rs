@@ -21,6 +21,7 @@ use streamalloc::{
     StreamPool,
 };
 
+use super::calls::{CallCounts, CountingGpu};
 use super::format::Trace;
 use super::replay::{Replay, ReplayError, Target, replay};
 
@@ -89,6 +90,10 @@ pub struct ReplayConfig {
     pub budget_ratio: f64,
     /// Read the held bytes after every this many operations (for plots).
     pub sample_every: Option<usize>,
+    /// Count the driver calls of the replay ([`Replay::calls`]): the
+    /// backend is wrapped in a [`CountingGpu`], which times every call it
+    /// forwards, so timed figures are taken without.
+    pub count_calls: bool,
 }
 
 impl Default for ReplayConfig {
@@ -97,6 +102,7 @@ impl Default for ReplayConfig {
         ReplayConfig {
             budget_ratio: 1.10,
             sample_every: None,
+            count_calls: false,
         }
     }
 }
@@ -122,23 +128,53 @@ pub fn replay_stack(
         DeviceKind::Cuda(ctx) => {
             let gpu = Arc::new(CudaGpu::try_new(ctx.clone()).map_err(setup)?);
             let pool = StreamPool::cuda(ctx, streams).map_err(setup)?;
-            replay_on(kind, gpu, pool, None, trace, peak_requested, config)
+            on_backend(kind, gpu, pool, None, trace, peak_requested, config)
         }
         DeviceKind::Sim { capacity } => {
             let gpu = SimGpu::builder().manual().capacity(*capacity).build();
             let pool = gpu.stream_pool(streams);
             let drain_gpu = gpu.clone();
             let drain = move || drain_gpu.run_until_idle();
-            replay_on(kind, gpu, pool, Some(&drain), trace, peak_requested, config)
+            on_backend(kind, gpu, pool, Some(&drain), trace, peak_requested, config)
         }
     }
 }
 
+/// [`replay_on`] `gpu`, or on `gpu` wrapped in a [`CountingGpu`] when the
+/// calls are counted.
+fn on_backend<G: Gpu>(
+    kind: StackKind,
+    gpu: Arc<G>,
+    pool: Arc<StreamPool>,
+    drain: Option<&dyn Fn()>,
+    trace: &Trace,
+    peak_requested: usize,
+    config: &ReplayConfig,
+) -> Result<Replay, ReplayError> {
+    if !config.count_calls {
+        return replay_on(kind, gpu, pool, drain, None, trace, peak_requested, config);
+    }
+    let counting = Arc::new(CountingGpu::new(gpu));
+    let counts = || counting.counts();
+    replay_on(
+        kind,
+        counting.clone(),
+        pool,
+        drain,
+        Some(&counts),
+        trace,
+        peak_requested,
+        config,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
 fn replay_on<G: Gpu>(
     kind: StackKind,
     gpu: Arc<G>,
     pool: Arc<StreamPool>,
     drain: Option<&dyn Fn()>,
+    counts: Option<&dyn Fn() -> CallCounts>,
     trace: &Trace,
     peak_requested: usize,
     config: &ReplayConfig,
@@ -151,7 +187,14 @@ fn replay_on<G: Gpu>(
             device: &device,
             housekeeping: drain.map(|d| (SIM_DRAIN_EVERY, d)),
         };
-        replay(trace, &target, config.sample_every)
+        // The calls of the replay only: not the stack's set-up, nor what
+        // dropping it gives back.
+        let before = counts.map(|c| c());
+        let mut replay = replay(trace, &target, config.sample_every)?;
+        if let (Some(counts), Some(before)) = (counts, before) {
+            replay.calls = Some(counts().since(&before));
+        }
+        Ok(replay)
     };
     match kind {
         StackKind::Resource => go(&resource),

@@ -9,6 +9,8 @@
 //! event not yet reached, or which is running a host function, is not
 //! runnable. Host functions run with the mutex released.
 
+mod capture;
+
 use std::collections::VecDeque;
 
 use super::address_space::AddressSpace;
@@ -51,6 +53,8 @@ pub(crate) struct SimStream {
     /// Destroyed by its owner: refused by every call; what was queued still
     /// runs, and once it has the slot may serve a new stream.
     destroyed: bool,
+    /// The capture it takes part in: what is queued on it is recorded.
+    capture: Option<u64>,
 }
 
 #[derive(Default)]
@@ -63,6 +67,9 @@ struct SimEvent {
     base: u64,
     clock: VectorClock,
     alive: bool,
+    /// Where the latest record was captured, when it was: such a record
+    /// never completes, and querying it is illegal.
+    captured: Option<capture::Captured>,
 }
 
 /// What one engine step did.
@@ -97,6 +104,8 @@ pub(crate) struct State {
     live: std::collections::HashMap<u64, (usize, u32)>,
     /// Reservations, physical handles and mappings.
     pub(crate) vm: VirtualMemory,
+    /// Stream captures in progress, graphs and their memory.
+    captures: capture::Captures,
 }
 
 fn invalid(call: DriverCall) -> GpuError {
@@ -122,6 +131,7 @@ impl State {
             next_free_id: 1,
             live: Default::default(),
             vm: VirtualMemory::new(granularity),
+            captures: capture::Captures::default(),
         }
     }
 
@@ -158,6 +168,7 @@ impl State {
             st.clock = st.clock.own_part(slot);
             st.device = device;
             st.destroyed = false;
+            st.capture = None;
             return slot;
         }
         self.streams.push(SimStream {
@@ -229,6 +240,9 @@ impl State {
         if bytes == 0 {
             return Ok(0);
         }
+        if let Some(id) = self.capturing(s) {
+            return self.captured_alloc(id, s, bytes);
+        }
         let device = self.streams[s].device;
         let mut clock = self.streams[s].clock.clone();
         clock.join(&self.host);
@@ -247,6 +261,21 @@ impl State {
     pub(crate) fn free(&mut self, addr: u64, s: usize) -> GpuResult<()> {
         self.stream(s, DriverCall::FreeAsync)?;
         if addr == 0 {
+            return Ok(());
+        }
+        if let Some(id) = self.capturing(s) {
+            return self.captured_free(id, s, addr);
+        }
+        if self.graph_reserved(addr) {
+            // Allocated by a graph's replay: the address stays the graph's.
+            if self.live.remove(&addr).is_none() {
+                return Err(GpuError::driver(
+                    DriverCall::FreeAsync,
+                    INVALID_VALUE,
+                    "CUDA_ERROR_INVALID_VALUE: not a live allocation",
+                ));
+            }
+            self.free_unchecked(addr, s);
             return Ok(());
         }
         let Some((len, device)) = self.live.remove(&addr) else {
@@ -274,6 +303,9 @@ impl State {
 
     pub(crate) fn kernel(&mut self, s: usize, accesses: &[(u64, Access)]) -> GpuResult<()> {
         self.stream(s, DriverCall::Launch)?;
+        if let Some(id) = self.capturing(s) {
+            return self.captured_kernel(id, s, accesses);
+        }
         let at = self.enqueue(s, |_| OpKind::Kernel);
         let clock = self.streams[s].clock.clone();
         for &(ptr, access) in accesses {
@@ -366,6 +398,7 @@ impl State {
                 ev.alive = true;
                 ev.base = ev.recorded;
                 ev.clock = VectorClock::default();
+                ev.captured = None;
                 slot
             }
             None => {
@@ -386,7 +419,11 @@ impl State {
 
     pub(crate) fn record(&mut self, e: usize, s: usize) -> GpuResult<()> {
         self.stream(s, DriverCall::EventRecord)?;
+        if let Some(id) = self.capturing(s) {
+            return self.captured_record(id, s, e);
+        }
         let ev = self.event(e, DriverCall::EventRecord)?;
+        ev.captured = None;
         ev.recorded += 1;
         let generation = ev.recorded;
         let mut captured = VectorClock::default();
@@ -403,6 +440,10 @@ impl State {
 
     pub(crate) fn wait(&mut self, s: usize, e: usize) -> GpuResult<()> {
         self.stream(s, DriverCall::StreamWaitEvent)?;
+        self.event(e, DriverCall::StreamWaitEvent)?;
+        if self.captured_wait(s, e)? {
+            return Ok(());
+        }
         let ev = self.event(e, DriverCall::StreamWaitEvent)?;
         let generation = ev.recorded;
         let clock = ev.clock.clone();
@@ -420,12 +461,15 @@ impl State {
 
     pub(crate) fn host_fn(&mut self, s: usize, f: HostFn) -> GpuResult<()> {
         self.stream(s, DriverCall::LaunchHostFunc)?;
+        self.check_host_fn_allowed(s)?;
         self.enqueue(s, |clock| OpKind::Host(f, clock.clone()));
         Ok(())
     }
 
     /// `Some(done)` for a live event: whether its latest record ran.
     pub(crate) fn query(&mut self, e: usize, call: DriverCall) -> GpuResult<bool> {
+        self.event(e, call)?;
+        self.check_event_not_captured(e, call)?;
         let ev = self.event(e, call)?;
         let done = ev.completed >= ev.recorded;
         if done {
@@ -437,6 +481,9 @@ impl State {
 
     /// The generation a synchronize on `e` must see, and its clock.
     pub(crate) fn event_target(&mut self, e: usize) -> GpuResult<(u64, VectorClock)> {
+        self.event(e, DriverCall::EventSynchronize)?;
+        self.check_event_not_captured(e, DriverCall::EventSynchronize)?;
+        self.check_synchronize_allowed(None, DriverCall::EventSynchronize)?;
         let ev = self.event(e, DriverCall::EventSynchronize)?;
         Ok((ev.recorded, ev.clock.clone()))
     }
@@ -447,7 +494,9 @@ impl State {
             .is_none_or(|ev| ev.completed >= generation)
     }
 
-    pub(crate) fn stream_target(&self, s: usize) -> GpuResult<VectorClock> {
+    pub(crate) fn stream_target(&mut self, s: usize) -> GpuResult<VectorClock> {
+        self.stream(s, DriverCall::StreamSynchronize)?;
+        self.check_synchronize_allowed(Some(s), DriverCall::StreamSynchronize)?;
         Ok(self.stream(s, DriverCall::StreamSynchronize)?.clock.clone())
     }
 

@@ -16,6 +16,12 @@
 //!   access ordered after a free, and every pair of accesses on different
 //!   streams, one a write, that no event or synchronize orders. It works on
 //!   happens-before clocks, so what it finds does not depend on timing.
+//! - **Stream capture** ([`SimGpu::begin_capture`]): work queued on a
+//!   capturing stream is recorded into a graph, not run; the calls CUDA
+//!   forbids during a capture fail with its codes and invalidate the
+//!   capture; a replay ([`SimGpu::graph_launch`]) queues the recorded work on
+//!   the launch stream, where the race detector checks it, and memory the
+//!   graph allocated stays the graph's until it is destroyed.
 //! - **Fault injection**: [`SimGpu::fail_nth`] makes the N-th call of a kind
 //!   fail; [`SimGpu::inject_device_fault`] poisons the device as an illegal
 //!   address would.
@@ -60,7 +66,10 @@ pub use race::{RaceKind, RaceReport, SimOp};
 use self::device::{State, Step};
 use crate::device::stream_pool::StreamPool;
 use crate::error::DriverCall;
-use crate::gpu::{Gpu, GpuError, GpuResult, HeldMemory, HostFn, RawEvent, RawPhysical, RawStream};
+use crate::gpu::{
+    CaptureMode, CaptureStatus, Gpu, GpuError, GpuResult, HeldMemory, HostFn, RawEvent, RawGraph,
+    RawGraphExec, RawPhysical, RawStream,
+};
 use crate::types::{Access, DeviceBlock};
 
 /// How queued work makes progress on a [`SimGpu`].
@@ -733,6 +742,82 @@ impl SimGpu {
         state.enter(DriverCall::MemUnmap)?;
         state.vm_unmap(addr, bytes)
     }
+    /// Whether `stream` is capturing (see [`Gpu::capture_status`]). Safe:
+    /// the simulator checks every handle.
+    pub fn capture_status(&self, stream: RawStream) -> GpuResult<CaptureStatus> {
+        let mut state = self.shared.lock();
+        state.enter(DriverCall::StreamGetCaptureInfo)?;
+        state.own_stream(
+            sim_index(stream),
+            self.ordinal,
+            DriverCall::StreamGetCaptureInfo,
+        )?;
+        state.capture_status(sim_index(stream))
+    }
+    /// Begins capturing `stream` (see [`Gpu::begin_capture`]). Safe: the
+    /// simulator checks every handle.
+    pub fn begin_capture(&self, stream: RawStream, mode: CaptureMode) -> GpuResult<()> {
+        let mut state = self.shared.lock();
+        state.enter(DriverCall::StreamBeginCapture)?;
+        state.own_stream(
+            sim_index(stream),
+            self.ordinal,
+            DriverCall::StreamBeginCapture,
+        )?;
+        state.begin_capture(sim_index(stream), mode)
+    }
+    /// Ends the capture begun on `stream` (see [`Gpu::end_capture`]). Safe:
+    /// the simulator checks every handle.
+    pub fn end_capture(&self, stream: RawStream) -> GpuResult<RawGraph> {
+        let mut state = self.shared.lock();
+        state.enter(DriverCall::StreamEndCapture)?;
+        state.own_stream(
+            sim_index(stream),
+            self.ordinal,
+            DriverCall::StreamEndCapture,
+        )?;
+        let graph = state.end_capture(sim_index(stream));
+        // A failed end may have queued the capture's memory back.
+        self.notify_work();
+        graph.map(RawGraph::sim)
+    }
+    /// Instantiates `graph` (see [`Gpu::graph_instantiate`]). Safe: the
+    /// simulator refuses a handle it did not make or already destroyed.
+    pub fn graph_instantiate(&self, graph: RawGraph) -> GpuResult<RawGraphExec> {
+        let mut state = self.shared.lock();
+        state.enter(DriverCall::GraphInstantiate)?;
+        let g = graph.sim_index().unwrap_or(usize::MAX);
+        state.graph_instantiate(g).map(RawGraphExec::sim)
+    }
+    /// Queues a replay of `exec` on `stream` (see [`Gpu::graph_launch`]):
+    /// the recorded work runs there in capture order, checked by the race
+    /// detector. Safe: the simulator checks every handle and address.
+    pub fn graph_launch(&self, exec: RawGraphExec, stream: RawStream) -> GpuResult<()> {
+        self.queue(DriverCall::GraphLaunch, |st| {
+            st.own_stream(sim_index(stream), self.ordinal, DriverCall::GraphLaunch)?;
+            st.graph_launch(exec.sim_index().unwrap_or(usize::MAX), sim_index(stream))
+        })
+    }
+    /// Destroys an executable graph (see [`Gpu::graph_exec_destroy`]);
+    /// replays queued still run. Safe: the simulator refuses a handle it did
+    /// not make or already destroyed.
+    pub fn graph_exec_destroy(&self, exec: RawGraphExec) -> GpuResult<()> {
+        let mut state = self.shared.lock();
+        // Allowed on a faulted device (tear-down), as stream destruction is.
+        let out = state.graph_exec_destroy(exec.sim_index().unwrap_or(usize::MAX));
+        drop(state);
+        self.notify_work();
+        out
+    }
+    /// Destroys a graph (see [`Gpu::graph_destroy`]). Safe: the simulator
+    /// refuses a handle it did not make or already destroyed.
+    pub fn graph_destroy(&self, graph: RawGraph) -> GpuResult<()> {
+        let mut state = self.shared.lock();
+        let out = state.graph_destroy(graph.sim_index().unwrap_or(usize::MAX));
+        drop(state);
+        self.notify_work();
+        out
+    }
     /// Destroys `stream` (see [`Gpu::destroy_stream`]). Safe: the simulator checks every
     /// handle and address, and refuses what is not its own.
     pub fn destroy_stream(&self, stream: RawStream) -> GpuResult<()> {
@@ -893,5 +978,33 @@ impl Gpu for SimGpu {
 
     unsafe fn destroy_stream(&self, stream: RawStream) -> GpuResult<()> {
         SimGpu::destroy_stream(self, stream)
+    }
+
+    unsafe fn capture_status(&self, stream: RawStream) -> GpuResult<CaptureStatus> {
+        SimGpu::capture_status(self, stream)
+    }
+
+    unsafe fn begin_capture(&self, stream: RawStream, mode: CaptureMode) -> GpuResult<()> {
+        SimGpu::begin_capture(self, stream, mode)
+    }
+
+    unsafe fn end_capture(&self, stream: RawStream) -> GpuResult<RawGraph> {
+        SimGpu::end_capture(self, stream)
+    }
+
+    unsafe fn graph_instantiate(&self, graph: RawGraph) -> GpuResult<RawGraphExec> {
+        SimGpu::graph_instantiate(self, graph)
+    }
+
+    unsafe fn graph_launch(&self, exec: RawGraphExec, stream: RawStream) -> GpuResult<()> {
+        SimGpu::graph_launch(self, exec, stream)
+    }
+
+    unsafe fn graph_exec_destroy(&self, exec: RawGraphExec) -> GpuResult<()> {
+        SimGpu::graph_exec_destroy(self, exec)
+    }
+
+    unsafe fn graph_destroy(&self, graph: RawGraph) -> GpuResult<()> {
+        SimGpu::graph_destroy(self, graph)
     }
 }

@@ -1,0 +1,630 @@
+//! Stream capture on the simulated device: work queued on a capturing
+//! stream is recorded into a graph instead of running; a replay queues the
+//! recorded work on the launch stream, where the race detector checks it
+//! like any other.
+//!
+//! What CUDA does, and this model with it:
+//!
+//! - `begin_capture` makes a stream capturing; a stream that waits on an
+//!   event recorded in the capture *joins* it, and must be joined back (the
+//!   origin, or another member, waits on an event recorded at its tail)
+//!   before `end_capture`, or the end fails with
+//!   `CUDA_ERROR_STREAM_CAPTURE_UNJOINED`;
+//! - allocations made in the capture (graph memory nodes) get their address
+//!   at capture time, and the graph keeps it until it is destroyed: the
+//!   address space never hands it to anyone else meanwhile, and every replay
+//!   allocates and frees at the same address;
+//! - illegal calls fail and invalidate the capture: a query or synchronize
+//!   of an event whose latest record was captured
+//!   (`CUDA_ERROR_CAPTURED_EVENT`), a synchronize of a capturing stream, or,
+//!   under a global (any thread) or thread-local (the capturing thread)
+//!   capture, any synchronize (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`); an
+//!   invalidated capture records nothing more and its end fails with
+//!   `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`.
+//!
+//! Where the model simplifies: a replay runs the members' work in the order
+//! it was captured, on the launch stream alone (a real graph may run
+//! branches in parallel, which can only add races, not remove them); a wait
+//! of a capturing stream on an event recorded outside the capture adds no
+//! dependency to the graph; a host function is refused on a capturing stream
+//! (the seam's [`HostFn`](crate::gpu::HostFn) runs once, a captured one would
+//! run at every replay); a graph cannot be launched on a capturing stream
+//! (no child graphs).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::thread::ThreadId;
+
+use super::{OpKind, State};
+use crate::error::DriverCall;
+use crate::error::driver_code::{INVALID_HANDLE, INVALID_VALUE, NOT_SUPPORTED};
+use crate::gpu::capture_code::{
+    CAPTURED_EVENT, ILLEGAL_STATE, INVALIDATED, ISOLATION, UNJOINED, UNMATCHED, UNSUPPORTED,
+    WRONG_THREAD,
+};
+use crate::gpu::sim::race::SimOp;
+use crate::gpu::{CaptureId, CaptureMode, CaptureStatus, GpuError, GpuResult};
+use crate::types::Access;
+
+/// One operation recorded in a graph.
+#[derive(Debug, Clone)]
+pub(crate) enum GraphOp {
+    /// A graph memory node: the address is the graph's; `freed_in_graph`
+    /// when the graph frees it too (else the caller frees it after each
+    /// replay, before the next).
+    Alloc {
+        addr: u64,
+        len: usize,
+        device: u32,
+        freed_in_graph: bool,
+    },
+    /// A free: of the graph's own allocation (`own`), or of memory allocated
+    /// outside the graph (freed for good at the first replay).
+    Free { addr: u64, own: bool },
+    /// A kernel, memset or copy.
+    Kernel(Vec<(u64, Access)>),
+}
+
+/// One stream taking part in a capture.
+#[derive(Debug, Default)]
+struct Member {
+    /// Operations captured on it (a join counts as one).
+    recorded: u64,
+    /// Operations of it that another member waited on.
+    joined: u64,
+}
+
+/// A capture in progress.
+#[derive(Debug)]
+struct SimCapture {
+    origin: usize,
+    mode: CaptureMode,
+    thread: ThreadId,
+    invalidated: bool,
+    ops: Vec<GraphOp>,
+    members: HashMap<usize, Member>,
+    /// Allocations of this capture not freed in it: address → op index.
+    allocs: HashMap<u64, usize>,
+    /// Memory allocated outside the capture that it frees.
+    freed_outside: HashSet<u64>,
+}
+
+/// The memory of one captured graph, shared by the graph and its
+/// executables: given back when the last of them is destroyed.
+#[derive(Debug)]
+struct GraphMemory {
+    allocs: Vec<(u64, usize, u32)>,
+    refs: usize,
+    /// Where the last replay ran (the origin before any): the memory goes
+    /// back in that stream's order, after the replays queued on it.
+    last_stream: usize,
+}
+
+#[derive(Debug)]
+struct SimGraph {
+    capture: u64,
+    ops: Arc<Vec<GraphOp>>,
+}
+
+/// Captures, graphs and executables of the simulated host.
+#[derive(Debug, Default)]
+pub(crate) struct Captures {
+    next_id: u64,
+    active: HashMap<u64, SimCapture>,
+    graphs: Vec<Option<SimGraph>>,
+    execs: Vec<Option<SimGraph>>,
+    memory: HashMap<u64, GraphMemory>,
+    /// Addresses a graph holds (allocated in its capture): capture id.
+    reserved: HashMap<u64, u64>,
+}
+
+fn err(call: DriverCall, code: i32, message: &str) -> GpuError {
+    GpuError::driver(call, code, message)
+}
+
+fn invalidated(call: DriverCall) -> GpuError {
+    err(
+        call,
+        INVALIDATED,
+        "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: the capture was invalidated by an earlier illegal call",
+    )
+}
+
+impl State {
+    /// The capture stream `s` takes part in.
+    pub(super) fn capturing(&self, s: usize) -> Option<u64> {
+        self.streams.get(s).and_then(|st| st.capture)
+    }
+
+    /// Marks capture `id` invalidated (if it is still in progress).
+    fn invalidate(&mut self, id: u64) {
+        if let Some(c) = self.captures.active.get_mut(&id) {
+            if !c.invalidated {
+                tracing::warn!(target: "streamalloc::sim", capture = id, "capture invalidated");
+            }
+            c.invalidated = true;
+        }
+    }
+
+    /// Whether stream `s` is capturing, and into which capture.
+    pub(crate) fn capture_status(&self, s: usize) -> GpuResult<CaptureStatus> {
+        self.stream(s, DriverCall::StreamGetCaptureInfo)?;
+        Ok(match self.capturing(s) {
+            None => CaptureStatus::None,
+            Some(id) => match self.captures.active.get(&id) {
+                Some(c) if !c.invalidated => CaptureStatus::Active(CaptureId::new(id)),
+                _ => CaptureStatus::Invalidated,
+            },
+        })
+    }
+
+    pub(crate) fn begin_capture(&mut self, s: usize, mode: CaptureMode) -> GpuResult<()> {
+        let call = DriverCall::StreamBeginCapture;
+        self.stream(s, call)?;
+        if self.capturing(s).is_some() {
+            return Err(err(
+                call,
+                ILLEGAL_STATE,
+                "CUDA_ERROR_ILLEGAL_STATE: the stream is already capturing",
+            ));
+        }
+        self.captures.next_id += 1;
+        let id = self.captures.next_id;
+        let mut members = HashMap::new();
+        members.insert(s, Member::default());
+        self.captures.active.insert(
+            id,
+            SimCapture {
+                origin: s,
+                mode,
+                thread: std::thread::current().id(),
+                invalidated: false,
+                ops: Vec::new(),
+                members,
+                allocs: HashMap::new(),
+                freed_outside: HashSet::new(),
+            },
+        );
+        self.streams[s].capture = Some(id);
+        Ok(())
+    }
+
+    /// Ends the capture begun on `s`; the index of its graph.
+    pub(crate) fn end_capture(&mut self, s: usize) -> GpuResult<usize> {
+        let call = DriverCall::StreamEndCapture;
+        self.stream(s, call)?;
+        let Some(id) = self.capturing(s) else {
+            return Err(err(
+                call,
+                ILLEGAL_STATE,
+                "CUDA_ERROR_ILLEGAL_STATE: the stream is not capturing",
+            ));
+        };
+        let c = &self.captures.active[&id];
+        if c.origin != s {
+            return Err(err(
+                call,
+                UNMATCHED,
+                "CUDA_ERROR_STREAM_CAPTURE_UNMATCHED: the capture was not begun on this stream",
+            ));
+        }
+        if c.mode != CaptureMode::Relaxed && c.thread != std::thread::current().id() {
+            return Err(err(
+                call,
+                WRONG_THREAD,
+                "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD: ended from another thread",
+            ));
+        }
+        let c = self.captures.active.remove(&id).expect("looked up above");
+        for &m in c.members.keys() {
+            if let Some(st) = self.streams.get_mut(m) {
+                st.capture = None;
+            }
+        }
+        let allocs: Vec<(u64, usize, u32)> = c
+            .ops
+            .iter()
+            .filter_map(|op| match *op {
+                GraphOp::Alloc {
+                    addr, len, device, ..
+                } => Some((addr, len, device)),
+                _ => None,
+            })
+            .collect();
+        let unjoined = c
+            .members
+            .iter()
+            .any(|(&m, member)| m != c.origin && member.recorded > member.joined);
+        let failure = if c.invalidated {
+            Some(invalidated(call))
+        } else if unjoined {
+            Some(err(
+                call,
+                UNJOINED,
+                "CUDA_ERROR_STREAM_CAPTURE_UNJOINED: a stream that joined the capture was not joined back",
+            ))
+        } else {
+            None
+        };
+        self.captures.memory.insert(
+            id,
+            GraphMemory {
+                allocs,
+                refs: 1,
+                last_stream: s,
+            },
+        );
+        if let Some(e) = failure {
+            self.graph_memory_unref(id);
+            return Err(e);
+        }
+        self.captures.graphs.push(Some(SimGraph {
+            capture: id,
+            ops: Arc::new(c.ops),
+        }));
+        Ok(self.captures.graphs.len() - 1)
+    }
+
+    pub(crate) fn graph_instantiate(&mut self, g: usize) -> GpuResult<usize> {
+        let call = DriverCall::GraphInstantiate;
+        let graph = self
+            .captures
+            .graphs
+            .get(g)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| err(call, INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE"))?;
+        let exec = SimGraph {
+            capture: graph.capture,
+            ops: graph.ops.clone(),
+        };
+        if let Some(m) = self.captures.memory.get_mut(&exec.capture) {
+            m.refs += 1;
+        }
+        self.captures.execs.push(Some(exec));
+        Ok(self.captures.execs.len() - 1)
+    }
+
+    pub(crate) fn graph_destroy(&mut self, g: usize) -> GpuResult<()> {
+        let graph = self
+            .captures
+            .graphs
+            .get_mut(g)
+            .and_then(Option::take)
+            .ok_or_else(|| {
+                err(
+                    DriverCall::GraphDestroy,
+                    INVALID_HANDLE,
+                    "CUDA_ERROR_INVALID_HANDLE",
+                )
+            })?;
+        self.graph_memory_unref(graph.capture);
+        Ok(())
+    }
+
+    pub(crate) fn graph_exec_destroy(&mut self, x: usize) -> GpuResult<()> {
+        let exec = self
+            .captures
+            .execs
+            .get_mut(x)
+            .and_then(Option::take)
+            .ok_or_else(|| {
+                err(
+                    DriverCall::GraphDestroy,
+                    INVALID_HANDLE,
+                    "CUDA_ERROR_INVALID_HANDLE",
+                )
+            })?;
+        self.graph_memory_unref(exec.capture);
+        Ok(())
+    }
+
+    /// Drops one reference to capture `id`'s memory; the last gives the
+    /// addresses back, in the order of the stream of the last replay.
+    fn graph_memory_unref(&mut self, id: u64) {
+        let Some(m) = self.captures.memory.get_mut(&id) else {
+            return;
+        };
+        m.refs -= 1;
+        if m.refs > 0 {
+            return;
+        }
+        let m = self.captures.memory.remove(&id).expect("looked up above");
+        for (addr, len, device) in m.allocs {
+            self.captures.reserved.remove(&addr);
+            if self.live.contains_key(&addr) {
+                // Allocated by a replay and not freed yet: the caller's now,
+                // and its free gives the address back as any other.
+                continue;
+            }
+            let free_id = self.next_free_id;
+            self.next_free_id += 1;
+            let at = self.enqueue(m.last_stream, |_| OpKind::Free {
+                device,
+                addr,
+                len,
+                free_id,
+            });
+            if let Some(space) = self.spaces.get_mut(&device) {
+                space.free_queued(addr, len, free_id, at);
+            }
+        }
+    }
+
+    /// Queues one replay of executable `x` on stream `s`.
+    pub(crate) fn graph_launch(&mut self, x: usize, s: usize) -> GpuResult<()> {
+        let call = DriverCall::GraphLaunch;
+        self.stream(s, call)?;
+        if self.capturing(s).is_some() {
+            return Err(err(
+                call,
+                NOT_SUPPORTED,
+                "CUDA_ERROR_NOT_SUPPORTED: the simulated device does not capture graph launches",
+            ));
+        }
+        let exec = self
+            .captures
+            .execs
+            .get(x)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| err(call, INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE"))?;
+        let (id, ops) = (exec.capture, exec.ops.clone());
+        let still_live = ops.iter().any(|op| {
+            matches!(op, GraphOp::Alloc { addr, freed_in_graph: false, .. }
+                if self.live.contains_key(addr))
+        });
+        if still_live {
+            return Err(err(
+                call,
+                INVALID_VALUE,
+                "CUDA_ERROR_INVALID_VALUE: an allocation of the graph's last launch is not freed",
+            ));
+        }
+        for op in ops.iter() {
+            self.replay(op, s);
+        }
+        if let Some(m) = self.captures.memory.get_mut(&id) {
+            m.last_stream = s;
+        }
+        Ok(())
+    }
+
+    /// Queues one recorded operation on stream `s`, checked for races.
+    fn replay(&mut self, op: &GraphOp, s: usize) {
+        match *op {
+            GraphOp::Alloc {
+                addr,
+                len,
+                device,
+                freed_in_graph,
+            } => {
+                let at = self.enqueue(s, |_| OpKind::Alloc);
+                self.races.on_alloc(addr, len, at);
+                if !freed_in_graph {
+                    self.live.insert(addr, (len, device));
+                }
+            }
+            GraphOp::Free { addr, own: true } => self.free_unchecked(addr, s),
+            GraphOp::Free { addr, own: false } => {
+                if self.free(addr, s).is_err() {
+                    // Freed already (a second replay of a graph that frees
+                    // memory it did not allocate): the race detector says so.
+                    self.free_unchecked(addr, s);
+                }
+            }
+            GraphOp::Kernel(ref accesses) => {
+                let _ = self.kernel(s, accesses);
+            }
+        }
+    }
+
+    /// A free whose memory stays where it is (a graph's own address): only
+    /// the race detector sees it.
+    pub(super) fn free_unchecked(&mut self, addr: u64, s: usize) {
+        let at = self.enqueue(s, |_| OpKind::Alloc);
+        let clock = self.streams[s].clock.clone();
+        self.races.on_access(addr, SimOp::Free, at, &clock);
+    }
+
+    /// Whether `addr` is held by a graph (its free must not give it back).
+    pub(super) fn graph_reserved(&self, addr: u64) -> bool {
+        self.captures.reserved.contains_key(&addr)
+    }
+
+    fn active(&mut self, id: u64, call: DriverCall) -> GpuResult<&mut SimCapture> {
+        match self.captures.active.get_mut(&id) {
+            Some(c) if !c.invalidated => Ok(c),
+            _ => Err(invalidated(call)),
+        }
+    }
+
+    /// An allocation on stream `s`, capturing into `id`.
+    pub(super) fn captured_alloc(&mut self, id: u64, s: usize, bytes: usize) -> GpuResult<u64> {
+        let call = DriverCall::AllocAsync;
+        self.active(id, call)?;
+        let device = self.streams[s].device;
+        let mut clock = self.streams[s].clock.clone();
+        clock.join(&self.host);
+        let addr = self
+            .spaces
+            .get_mut(&device)
+            .ok_or_else(|| err(call, INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE"))?
+            .alloc(bytes, s, &clock)
+            .map_err(|available| GpuError::OutOfMemory { available })?;
+        self.captures.reserved.insert(addr, id);
+        let c = self.active(id, call)?;
+        c.allocs.insert(addr, c.ops.len());
+        c.ops.push(GraphOp::Alloc {
+            addr,
+            len: bytes,
+            device,
+            freed_in_graph: false,
+        });
+        c.members.entry(s).or_default().recorded += 1;
+        Ok(addr)
+    }
+
+    /// A free on stream `s`, capturing into `id`.
+    pub(super) fn captured_free(&mut self, id: u64, s: usize, addr: u64) -> GpuResult<()> {
+        let call = DriverCall::FreeAsync;
+        let outside = self.live.contains_key(&addr);
+        let c = self.active(id, call)?;
+        let own = if let Some(i) = c.allocs.remove(&addr) {
+            if let GraphOp::Alloc { freed_in_graph, .. } = &mut c.ops[i] {
+                *freed_in_graph = true;
+            }
+            true
+        } else if outside && c.freed_outside.insert(addr) {
+            false
+        } else {
+            return Err(err(
+                call,
+                INVALID_VALUE,
+                "CUDA_ERROR_INVALID_VALUE: not a live allocation",
+            ));
+        };
+        c.ops.push(GraphOp::Free { addr, own });
+        c.members.entry(s).or_default().recorded += 1;
+        Ok(())
+    }
+
+    /// A kernel (memset, copy) on stream `s`, capturing into `id`.
+    pub(super) fn captured_kernel(
+        &mut self,
+        id: u64,
+        s: usize,
+        accesses: &[(u64, Access)],
+    ) -> GpuResult<()> {
+        let c = self.active(id, DriverCall::Launch)?;
+        c.ops.push(GraphOp::Kernel(accesses.to_vec()));
+        c.members.entry(s).or_default().recorded += 1;
+        Ok(())
+    }
+
+    /// A record of event `e` on stream `s`, capturing into `id`: the event
+    /// now marks a point of the graph, which only members may wait on.
+    pub(super) fn captured_record(&mut self, id: u64, s: usize, e: usize) -> GpuResult<()> {
+        let call = DriverCall::EventRecord;
+        self.event(e, call)?;
+        let c = self.active(id, call)?;
+        let at = c.members.entry(s).or_default().recorded;
+        let ev = &mut self.events[e];
+        ev.captured = Some(Captured {
+            capture: id,
+            stream: s,
+            at,
+        });
+        Ok(())
+    }
+
+    /// A wait of stream `s` on event `e` whose latest record was captured.
+    /// `Ok(true)` when handled here (a join, or a dependency inside the
+    /// capture); `Ok(false)` when the wait is an ordinary one.
+    pub(super) fn captured_wait(&mut self, s: usize, e: usize) -> GpuResult<bool> {
+        let call = DriverCall::StreamWaitEvent;
+        let Some(rec) = self.events.get(e).and_then(|ev| ev.captured) else {
+            // An event recorded outside any capture: an ordinary wait on a
+            // stream that is not capturing; on a capturing one, no
+            // dependency of the graph.
+            return Ok(self.capturing(s).is_some());
+        };
+        match self.capturing(s) {
+            Some(id) if id == rec.capture => {
+                let c = self.active(id, call)?;
+                let member = c.members.entry(rec.stream).or_default();
+                member.joined = member.joined.max(rec.at);
+                c.members.entry(s).or_default();
+                Ok(true)
+            }
+            Some(id) => {
+                self.invalidate(id);
+                Err(err(
+                    call,
+                    ISOLATION,
+                    "CUDA_ERROR_STREAM_CAPTURE_ISOLATION: the event was recorded in another capture",
+                ))
+            }
+            None if self.captures.active.contains_key(&rec.capture) => {
+                // A fork: the stream joins the capture.
+                let c = self
+                    .captures
+                    .active
+                    .get_mut(&rec.capture)
+                    .expect("checked above");
+                c.members.entry(s).or_default().recorded += 1;
+                self.streams[s].capture = Some(rec.capture);
+                Ok(true)
+            }
+            None => Err(err(
+                call,
+                CAPTURED_EVENT,
+                "CUDA_ERROR_CAPTURED_EVENT: the event's latest record was captured",
+            )),
+        }
+    }
+
+    /// Refuses a query or synchronize of event `e` whose latest record was
+    /// captured, invalidating the capture if it is still in progress.
+    pub(super) fn check_event_not_captured(&mut self, e: usize, call: DriverCall) -> GpuResult<()> {
+        let Some(rec) = self.events.get(e).and_then(|ev| ev.captured) else {
+            return Ok(());
+        };
+        self.invalidate(rec.capture);
+        Err(err(
+            call,
+            CAPTURED_EVENT,
+            "CUDA_ERROR_CAPTURED_EVENT: the event's latest record was captured",
+        ))
+    }
+
+    /// Refuses a synchronize that a capture forbids: of a capturing stream
+    /// `s`, or any synchronize while a global capture (or a thread-local one
+    /// of this thread) is in progress. The capture is invalidated.
+    pub(super) fn check_synchronize_allowed(
+        &mut self,
+        s: Option<usize>,
+        call: DriverCall,
+    ) -> GpuResult<()> {
+        let here = std::thread::current().id();
+        let forbidding = s.and_then(|s| self.capturing(s)).or_else(|| {
+            self.captures
+                .active
+                .iter()
+                .find(|(_, c)| {
+                    c.mode == CaptureMode::Global
+                        || (c.mode == CaptureMode::ThreadLocal && c.thread == here)
+                })
+                .map(|(&id, _)| id)
+        });
+        let Some(id) = forbidding else {
+            return Ok(());
+        };
+        self.invalidate(id);
+        Err(err(
+            call,
+            UNSUPPORTED,
+            "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: not allowed during a stream capture",
+        ))
+    }
+
+    /// Refuses a host function on capturing stream `s` (not invalidating:
+    /// the call never reaches the capture).
+    pub(super) fn check_host_fn_allowed(&self, s: usize) -> GpuResult<()> {
+        if self.capturing(s).is_some() {
+            return Err(err(
+                DriverCall::LaunchHostFunc,
+                UNSUPPORTED,
+                "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: a host function runs once, a captured one at every replay",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Where an event's latest record was captured.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Captured {
+    capture: u64,
+    stream: usize,
+    /// The recording member's captured operations at the record.
+    at: u64,
+}

@@ -1,0 +1,184 @@
+//! The driver calls one served request costs, counted on the simulated
+//! device: a request of the inference service (owned buffers from the
+//! caching tier, one launch, its completion awaited, the buffers dropped)
+//! must not pay for bookkeeping the GPU does not need.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use streamalloc::error::DriverCall;
+use streamalloc::futures::{AsyncResource, WaitPolicy};
+use streamalloc::gpu::sim::{MemAccess, SimGpu};
+use streamalloc::{
+    Access, AllocTag, CachingResource, Device, DeviceMemoryResource, SimResource, StreamId,
+};
+
+const TAG: AllocTag = AllocTag("request");
+
+type Service = AsyncResource<CachingResource<Arc<SimResource>>>;
+
+/// The service's stack (caching tier, its arena on the simulated device's
+/// virtual memory) on a threaded simulated device with two streams.
+fn service() -> (Arc<SimGpu>, Service, Vec<StreamId>) {
+    let gpu = SimGpu::new();
+    let device = Device::simulated(&gpu, 2);
+    let inner = Arc::new(SimResource::new(&device));
+    // SAFETY: the stack's bottom resource was made on this device.
+    let res = unsafe { AsyncResource::with_device(CachingResource::new(inner), &device) }
+        .expect("async resource");
+    (gpu, res, device.streams().ids().collect())
+}
+
+/// One request on stream `s`: three buffers, one launch writing them, its
+/// completion awaited, the buffers dropped.
+async fn request(gpu: &SimGpu, res: &Service, s: StreamId) {
+    let mut x = res.allocate_buffer::<f32>(1024, s, TAG).await.unwrap();
+    let mut h = res.allocate_buffer::<f32>(4096, s, TAG).await.unwrap();
+    let mut y = res.allocate_buffer::<f32>(256, s, TAG).await.unwrap();
+    let (bx, bh, by) = (x.block().clone(), h.block().clone(), y.block().clone());
+    let ((), done) = res
+        .launch(s)
+        .write(&mut x)
+        .write(&mut h)
+        .write(&mut y)
+        .enqueue(|raw| {
+            gpu.launch_kernel(
+                raw,
+                &[
+                    MemAccess::write(&bx),
+                    MemAccess::write(&bh),
+                    MemAccess::write(&by),
+                ],
+            )
+            .map_err(|e| e.for_request(0, s))
+        })
+        .unwrap();
+    done.await.unwrap();
+    drop((x, h, y));
+}
+
+/// Calls of `call` made while `f` ran.
+async fn counted<F: Future<Output = ()>>(gpu: &SimGpu, call: DriverCall, f: F) -> u64 {
+    let before = gpu.call_count(call);
+    f.await;
+    gpu.call_count(call) - before
+}
+
+/// The buffers of a request go back to the cache, which queues no free on
+/// the device: their drops must not make the futures layer queue a
+/// completion notification (a host function and a stream wait on the
+/// notifier's lane, an event on the user's stream) for nothing to apply.
+#[tokio::test(flavor = "current_thread")]
+async fn dropping_cached_buffers_queues_no_notification() {
+    let (gpu, res, s) = service();
+    // Completions are caught by queries, never parked on a notification:
+    // what is counted below is what the frees cost.
+    res.set_wait_policy(WaitPolicy {
+        yield_for: Duration::from_secs(60),
+        ..WaitPolicy::DEFAULT
+    });
+    // The first request maps the arena's memory; the next ones reuse it.
+    request(&gpu, &res, s[0]).await;
+    res.reap_pending().await.unwrap();
+    let notifications = res.notifications();
+    let host_fns = counted(&gpu, DriverCall::LaunchHostFunc, async {
+        for _ in 0..20 {
+            request(&gpu, &res, s[0]).await;
+        }
+    })
+    .await;
+    assert_eq!(
+        res.notifications() - notifications,
+        0,
+        "a notification was queued for frees the cache absorbed"
+    );
+    assert_eq!(host_fns, 0, "host functions for frees the cache absorbed");
+    res.reap_pending().await.unwrap();
+    assert!(gpu.races().is_empty(), "{:?}", gpu.races());
+}
+
+/// Frees that do reach the device (no cache) are still applied to the
+/// accounting without anyone awaiting them.
+#[tokio::test(flavor = "current_thread")]
+async fn dropped_buffers_without_a_cache_still_leave_the_accounting() {
+    let gpu = SimGpu::new();
+    let device = Device::simulated(&gpu, 1);
+    let res = AsyncResource::new(Arc::new(SimResource::new(&device))).unwrap();
+    let s = device.stream(0).unwrap();
+    for _ in 0..10 {
+        let mut x = res.allocate_buffer::<f32>(1024, s, TAG).await.unwrap();
+        x.fill_bytes_on(s, 1).unwrap();
+        let done = res.completion(s).unwrap();
+        done.await.unwrap();
+        drop(x);
+    }
+    res.reap_pending().await.unwrap();
+    assert_eq!(res.bytes_outstanding(), 0);
+    assert!(gpu.races().is_empty(), "{:?}", gpu.races());
+}
+
+/// A launch over buffers on their own stream needs no event per buffer:
+/// stream order already puts the launch before their frees. One event (the
+/// launch's completion point) at most.
+#[tokio::test(flavor = "current_thread")]
+async fn a_launch_on_the_buffers_own_stream_records_one_event_at_most() {
+    let (gpu, res, s) = service();
+    res.set_wait_policy(WaitPolicy {
+        yield_for: Duration::from_secs(60),
+        ..WaitPolicy::DEFAULT
+    });
+    request(&gpu, &res, s[0]).await;
+    res.reap_pending().await.unwrap();
+    let records = counted(&gpu, DriverCall::EventRecord, async {
+        for _ in 0..20 {
+            request(&gpu, &res, s[0]).await;
+        }
+    })
+    .await;
+    assert!(
+        records <= 20,
+        "{records} events recorded for 20 requests on their buffers' stream"
+    );
+    assert!(gpu.races().is_empty(), "{:?}", gpu.races());
+}
+
+/// Uses on the buffer's own stream are not recorded one by one, so a use on
+/// another stream must still wait for them: writes on the home stream and
+/// reads on another, alternating, then the free; the race detector (on a
+/// manual device, where nothing runs before it is ordered) sees none.
+#[test]
+fn uses_elsewhere_still_wait_for_unrecorded_uses_at_home() {
+    let gpu = SimGpu::builder().manual().build();
+    let device = Device::simulated(&gpu, 2);
+    let inner = Arc::new(SimResource::new(&device));
+    // SAFETY: the stack's bottom resource was made on this device.
+    let res = unsafe { AsyncResource::with_device(CachingResource::new(inner), &device) }
+        .expect("async resource");
+    let (home, other) = (device.stream(0).unwrap(), device.stream(1).unwrap());
+    let (raw_home, raw_other) = (device.raw(home).unwrap(), device.raw(other).unwrap());
+    let x = res.inner().allocate(4096, home, TAG).unwrap();
+    for _ in 0..3 {
+        // A write at home, then a read on the other stream.
+        res.prepare_block_use(x.id(), home, Access::Write).unwrap();
+        gpu.launch_kernel(raw_home, &[MemAccess::write(&x)])
+            .unwrap();
+        res.inner()
+            .finish_block_use(x.id(), home, Access::Write)
+            .unwrap();
+        res.prepare_block_use(x.id(), other, Access::Read).unwrap();
+        gpu.launch_kernel(raw_other, &[MemAccess::read(&x)])
+            .unwrap();
+        res.inner()
+            .finish_block_use(x.id(), other, Access::Read)
+            .unwrap();
+    }
+    // A read at home after the reads elsewhere, then the free at home.
+    res.prepare_block_use(x.id(), home, Access::Read).unwrap();
+    gpu.launch_kernel(raw_home, &[MemAccess::read(&x)]).unwrap();
+    res.inner()
+        .finish_block_use(x.id(), home, Access::Read)
+        .unwrap();
+    res.inner().deallocate(x).unwrap();
+    gpu.run_until_idle();
+    assert!(gpu.races().is_empty(), "{:?}", gpu.races());
+}
