@@ -272,12 +272,22 @@ pub enum ResourceError {
         /// Bytes per element.
         elem_size: usize,
     },
-    /// The stream is being captured into a graph, and the call needs a point
-    /// on it that runs (a release of graph memory ordered after it).
-    #[error("{stream} is being captured into a graph")]
+    /// The stream is being captured into a CUDA graph, and the call needs a
+    /// point on it that runs: a completion future (its event could never be
+    /// queried, nor a host function wait on it, without invalidating the
+    /// capture; await the graph's launch instead, see [`crate::graph`]), or
+    /// the stream a graph's memory is released after
+    /// ([`release_capture`](crate::DeviceMemoryResource::release_capture)).
+    /// Nothing was queued and nothing changed.
+    #[error(
+        "{stream} is capturing a CUDA graph ({}): no completion future can be made on it; await the graph's launch instead",
+        capture.map_or_else(|| "invalidated".to_string(), |c| c.to_string())
+    )]
     StreamCapturing {
-        /// The stream that was passed.
+        /// The capturing stream.
         stream: StreamId,
+        /// Its capture, or `None` when the capture is already invalidated.
+        capture: Option<crate::gpu::CaptureId>,
     },
     /// A CUDA stream that no stream pool of this device registers was used
     /// with a buffer, so its uses could not be ordered.

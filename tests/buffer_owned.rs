@@ -227,6 +227,16 @@ fn views_are_bounds_checked_and_change_nothing() {
     assert_eq!(view.ptr(), x.block().ptr() + 40);
     assert!(view.slice(5..11).is_err());
     assert_eq!(view.slice(5..10).unwrap().ptr(), x.block().ptr() + 60);
+    let base = x.block().ptr();
+    let mut view = x.slice_mut(10..20).unwrap();
+    assert!(view.slice_mut(5..11).is_err());
+    let inner = view.slice_mut(5..=6).unwrap();
+    assert_eq!(
+        (inner.ptr(), inner.len(), inner.num_bytes()),
+        (base + 60, 2, 8)
+    );
+    let shared = view.as_view();
+    assert_eq!((shared.ptr(), shared.len()), (base + 40, 10));
     assert_eq!(res.bytes_outstanding(), BYTES);
 }
 

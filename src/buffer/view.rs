@@ -45,76 +45,129 @@ pub(crate) fn element_range(
 /// so the buffer cannot be written or dropped while the view lives. Its
 /// uses are the buffer's uses (one block, one set of recorded events).
 pub struct BufferView<'a, T> {
-    pub(crate) core: &'a BufferCore,
-    pub(crate) ptr: u64,
-    len: usize,
-    _elem: PhantomData<fn() -> T>,
+    span: Span<'a, T>,
 }
 
 /// An exclusive view of elements of a [`Buffer`](super::Buffer): reads and
 /// writes. Made by [`Buffer::slice_mut`](super::Buffer::slice_mut).
 pub struct BufferViewMut<'a, T> {
-    pub(crate) core: &'a BufferCore,
-    pub(crate) ptr: u64,
+    span: Span<'a, T>,
+}
+
+/// What both kinds of view hold: a range of a buffer's block, in elements
+/// of `T`. The address arithmetic lives here once; the view types add what
+/// their borrow allows (reads; reads and writes).
+struct Span<'a, T> {
+    core: &'a BufferCore,
+    /// Device address of the first element.
+    ptr: u64,
+    /// Number of elements.
     len: usize,
     _elem: PhantomData<fn() -> T>,
 }
 
-fn offset<T>(core: &BufferCore, start: usize) -> u64 {
-    // In bounds of the block, so it cannot overflow the device address.
-    core.block.ptr() + (start * std::mem::size_of::<T>()) as u64
+impl<T> Clone for Span<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for Span<'_, T> {}
+
+impl<'a, T> Span<'a, T> {
+    /// Elements `start..start + len` of the buffer of `core`, a range that
+    /// [`element_range`] checked against the buffer's length.
+    fn of_buffer(core: &'a BufferCore, start: usize, len: usize) -> Self {
+        let whole = Span {
+            core,
+            ptr: core.block.ptr(),
+            len: start + len,
+            _elem: PhantomData,
+        };
+        whole.sub(start, len)
+    }
+
+    /// Elements `start..start + len` of this span, a range inside it.
+    fn sub(self, start: usize, len: usize) -> Self {
+        debug_assert!(start + len <= self.len);
+        Span {
+            // In bounds of the block, so it cannot overflow the device
+            // address.
+            ptr: self.ptr + (start * std::mem::size_of::<T>()) as u64,
+            len,
+            ..self
+        }
+    }
+
+    /// Elements `range` of this span.
+    ///
+    /// # Errors
+    /// [`OutOfBounds`](ResourceError::OutOfBounds).
+    fn slice(self, range: impl RangeBounds<usize>) -> ResourceResult<Self> {
+        let (start, len) = element_range(range, self.len)?;
+        Ok(self.sub(start, len))
+    }
+
+    fn num_bytes(&self) -> usize {
+        self.len * std::mem::size_of::<T>()
+    }
+
+    fn fmt_as(&self, name: &str, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct(name)
+            .field("block", &self.core.block.id())
+            .field("ptr", &self.ptr)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+/// The accessors both view types answer from their span, written once.
+macro_rules! span_accessors {
+    () => {
+        /// Number of elements.
+        pub fn len(&self) -> usize {
+            self.span.len
+        }
+
+        /// Whether the view holds no element.
+        pub fn is_empty(&self) -> bool {
+            self.span.len == 0
+        }
+
+        /// Size in bytes.
+        pub fn num_bytes(&self) -> usize {
+            self.span.num_bytes()
+        }
+
+        /// Device address of the view's first element.
+        pub fn ptr(&self) -> u64 {
+            self.span.ptr
+        }
+
+        /// The buffer the view borrows from, for ordering a launch.
+        pub(crate) fn core(&self) -> &'a BufferCore {
+            self.span.core
+        }
+    };
 }
 
 impl<'a, T> BufferView<'a, T> {
     pub(crate) fn new(core: &'a BufferCore, start: usize, len: usize) -> Self {
         BufferView {
-            core,
-            ptr: offset::<T>(core, start),
-            len,
-            _elem: PhantomData,
+            span: Span::of_buffer(core, start, len),
         }
     }
 
-    pub(crate) fn at(core: &'a BufferCore, ptr: u64, len: usize) -> Self {
-        BufferView {
-            core,
-            ptr,
-            len,
-            _elem: PhantomData,
-        }
-    }
-
-    /// Number of elements.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether the view holds no element.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Size in bytes.
-    pub fn num_bytes(&self) -> usize {
-        self.len * std::mem::size_of::<T>()
-    }
-
-    /// Device address of the view's first element.
-    pub fn ptr(&self) -> u64 {
-        self.ptr
-    }
+    span_accessors!();
 
     /// A view of elements `range` of this view.
     ///
     /// # Errors
     /// [`OutOfBounds`](ResourceError::OutOfBounds).
     pub fn slice(&self, range: impl RangeBounds<usize>) -> ResourceResult<BufferView<'a, T>> {
-        let (start, len) = element_range(range, self.len)?;
-        Ok(BufferView::at(
-            self.core,
-            self.ptr + (start * std::mem::size_of::<T>()) as u64,
-            len,
-        ))
+        Ok(BufferView {
+            span: self.span.slice(range)?,
+        })
     }
 
     /// A read of the view on `stream` (see
@@ -123,43 +176,22 @@ impl<'a, T> BufferView<'a, T> {
     /// # Errors
     /// As [`Buffer::read_on`](super::Buffer::read_on).
     pub fn read_on(&self, stream: StreamId) -> ResourceResult<UseGuard<'a>> {
-        UseGuard::begin(self.core, self.ptr, self.num_bytes(), stream)
+        UseGuard::begin(self.span.core, self.span.ptr, self.num_bytes(), stream)
     }
 }
 
 impl<'a, T> BufferViewMut<'a, T> {
     pub(crate) fn new(core: &'a BufferCore, start: usize, len: usize) -> Self {
         BufferViewMut {
-            core,
-            ptr: offset::<T>(core, start),
-            len,
-            _elem: PhantomData,
+            span: Span::of_buffer(core, start, len),
         }
     }
 
-    /// Number of elements.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether the view holds no element.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Size in bytes.
-    pub fn num_bytes(&self) -> usize {
-        self.len * std::mem::size_of::<T>()
-    }
-
-    /// Device address of the view's first element.
-    pub fn ptr(&self) -> u64 {
-        self.ptr
-    }
+    span_accessors!();
 
     /// A shared view of the same elements, for reads.
     pub fn as_view(&self) -> BufferView<'_, T> {
-        BufferView::at(self.core, self.ptr, self.len)
+        BufferView { span: self.span }
     }
 
     /// A mutable view of elements `range` of this view.
@@ -170,12 +202,8 @@ impl<'a, T> BufferViewMut<'a, T> {
         &mut self,
         range: impl RangeBounds<usize>,
     ) -> ResourceResult<BufferViewMut<'_, T>> {
-        let (start, len) = element_range(range, self.len)?;
         Ok(BufferViewMut {
-            core: self.core,
-            ptr: self.ptr + (start * std::mem::size_of::<T>()) as u64,
-            len,
-            _elem: PhantomData,
+            span: self.span.slice(range)?,
         })
     }
 
@@ -184,7 +212,7 @@ impl<'a, T> BufferViewMut<'a, T> {
     /// # Errors
     /// As [`Buffer::read_on`](super::Buffer::read_on).
     pub fn read_on(&self, stream: StreamId) -> ResourceResult<UseGuard<'_>> {
-        UseGuard::begin(self.core, self.ptr, self.num_bytes(), stream)
+        UseGuard::begin(self.span.core, self.span.ptr, self.num_bytes(), stream)
     }
 
     /// A write of the view on `stream`: `stream` waits for every earlier use
@@ -193,7 +221,7 @@ impl<'a, T> BufferViewMut<'a, T> {
     /// # Errors
     /// As [`Buffer::write_on`](super::Buffer::write_on).
     pub fn write_on(&mut self, stream: StreamId) -> ResourceResult<UseGuardMut<'_>> {
-        UseGuardMut::begin(self.core, self.ptr, self.num_bytes(), stream)
+        UseGuardMut::begin(self.span.core, self.span.ptr, self.num_bytes(), stream)
     }
 
     /// Queues, on `stream`, a fill of every byte of the view with `value`.
@@ -201,7 +229,7 @@ impl<'a, T> BufferViewMut<'a, T> {
     /// # Errors
     /// As [`write_on`](Self::write_on), and the driver's error.
     pub fn fill_bytes_on(&mut self, stream: StreamId, value: u8) -> ResourceResult<()> {
-        let core = self.core;
+        let core = self.span.core;
         let raw = core.home.pool().raw(stream)?;
         let guard = self.write_on(stream)?;
         // SAFETY: `raw` is a stream of the home's pool (kept alive by the
@@ -229,21 +257,21 @@ impl<'a, T> BufferViewMut<'a, T> {
         stream: StreamId,
         src: &BufferView<'_, T>,
     ) -> ResourceResult<()> {
-        if src.len() != self.len {
+        if src.len() != self.len() {
             return Err(ResourceError::OutOfBounds {
                 start: 0,
                 end: src.len(),
-                len: self.len,
+                len: self.len(),
             });
         }
-        let core = self.core;
+        let core = self.span.core;
         // Both blocks must be allocations of the backend the copy is queued
         // on: a buffer of another backend (another device, or the simulated
         // one) is refused before anything is queued.
-        let (mine, theirs) = (core.home.gpu(), src.core.home.gpu());
+        let (mine, theirs) = (core.home.gpu(), src.span.core.home.gpu());
         if !std::ptr::addr_eq(mine, theirs) {
             return Err(ResourceError::ForeignBlock {
-                block: src.core.block.id(),
+                block: src.span.core.block.id(),
             });
         }
         let raw = core.home.pool().raw(stream)?;
@@ -266,21 +294,13 @@ impl<'a, T> BufferViewMut<'a, T> {
 
 impl<T> fmt::Debug for BufferView<'_, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("BufferView")
-            .field("block", &self.core.block.id())
-            .field("ptr", &self.ptr)
-            .field("len", &self.len)
-            .finish()
+        self.span.fmt_as("BufferView", f)
     }
 }
 
 impl<T> fmt::Debug for BufferViewMut<'_, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("BufferViewMut")
-            .field("block", &self.core.block.id())
-            .field("ptr", &self.ptr)
-            .field("len", &self.len)
-            .finish()
+        self.span.fmt_as("BufferViewMut", f)
     }
 }
 

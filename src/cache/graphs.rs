@@ -63,8 +63,12 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         after: StreamId,
     ) -> ResourceResult<()> {
         ResourceError::check_device(self.device_ordinal(), after.device())?;
-        if self.inner.capture_status(after)?.is_capturing() {
-            return Err(ResourceError::StreamCapturing { stream: after });
+        let status = self.inner.capture_status(after)?;
+        if status.is_capturing() {
+            return Err(ResourceError::StreamCapturing {
+                stream: after,
+                capture: status.id(),
+            });
         }
         let mut first_err = None;
         for (index, slot) in self.slots.iter().enumerate() {

@@ -734,10 +734,26 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R> {
         self.release_capture_pools(capture, after)
     }
 
-    /// Trims the cache (its idle blocks), then passes the call on.
+    /// `false`: the cost is estimated before the block is placed (see the
+    /// trait method).
+    fn allocation_cost_is_exact(&self) -> bool {
+        false
+    }
+
+    /// Trims the cache (its idle blocks), gives the arena's idle mappings
+    /// back, then passes the call on.
+    ///
+    /// A mapping is physical memory, given back at once rather than queued
+    /// on a stream, so only once the GPU is done with its pages: outside a
+    /// poll of the crate's futures this waits for the arena's fences (as
+    /// the out-of-memory path does), so that a
+    /// [`BudgetResource`](crate::adaptors::BudgetResource) dropped above the
+    /// cache gets every idle byte back; inside one it gives back what the
+    /// GPU has already finished with.
     fn release_idle(&self) -> ResourceResult<usize> {
         let trimmed = self.trim()?;
-        Ok(trimmed + self.inner.release_idle()?)
+        let unmapped = self.release_mapped_for_inner(!crate::poll_scope::in_poll());
+        Ok(trimmed + unmapped + self.inner.release_idle()?)
     }
 
     /// `true`: a block cached on one stream is given back to the inner

@@ -82,6 +82,11 @@ macro_rules! forward_to_inner {
             self.$f.allocation_cost(bytes, stream)
         }
     };
+    (@one $f:ident allocation_cost_is_exact) => {
+        fn allocation_cost_is_exact(&self) -> bool {
+            self.$f.allocation_cost_is_exact()
+        }
+    };
     (@one $f:ident release_idle) => {
         fn release_idle(&self) -> $crate::ResourceResult<usize> {
             self.$f.release_idle()

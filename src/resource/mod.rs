@@ -241,6 +241,21 @@ pub trait DeviceMemoryResource: Send + Sync {
         bytes
     }
 
+    /// Whether [`allocation_cost`](Self::allocation_cost) is exactly what an
+    /// allocation made right after takes from the device (on one thread).
+    ///
+    /// `true` for a resource that allocates every request as asked (the
+    /// default). A cache answers `false`: its cost is a guess made before it
+    /// places the block (the virtual-memory arena may need one page more
+    /// than the estimate when the block straddles a page, or new pages
+    /// where its idle ones are scattered), so a
+    /// [`BudgetResource`](crate::adaptors::BudgetResource) above it counts
+    /// what the inner resource holds after every allocation instead of
+    /// trusting the estimate. Decorators forward to the inner resource.
+    fn allocation_cost_is_exact(&self) -> bool {
+        true
+    }
+
     /// Gives memory that no caller holds back to the layer below: a cache
     /// frees its idle blocks, a debug guard its quarantine. Returns the bytes
     /// given back (their frees may still be queued: reap to see them leave
@@ -382,6 +397,9 @@ impl<R: DeviceMemoryResource + ?Sized> DeviceMemoryResource for std::sync::Arc<R
 
     fn allocation_cost(&self, bytes: usize, stream: StreamId) -> usize {
         (**self).allocation_cost(bytes, stream)
+    }
+    fn allocation_cost_is_exact(&self) -> bool {
+        (**self).allocation_cost_is_exact()
     }
     fn frees_across_streams(&self) -> bool {
         (**self).frees_across_streams()

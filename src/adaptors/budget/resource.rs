@@ -148,7 +148,7 @@ impl<R: DeviceMemoryResource> BudgetResource<R> {
 }
 
 impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> {
-    forward_to_inner!(inner; device_ordinal, bytes_outstanding, pending_free_seq, supports_block_use_tracking, record_block_use, prepare_block_use, finish_block_use, block_state, allocation_cost, frees_across_streams, release_idle, capture_status);
+    forward_to_inner!(inner; device_ordinal, bytes_outstanding, pending_free_seq, supports_block_use_tracking, record_block_use, prepare_block_use, finish_block_use, block_state, allocation_cost, allocation_cost_is_exact, frees_across_streams, capture_status);
     /// Reserves what the allocation will take from the device (the inner
     /// resource's [`allocation_cost`](DeviceMemoryResource::allocation_cost):
     /// `bytes`, the rounded size below a cache, nothing for a cache hit),
@@ -181,14 +181,16 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> {
         // A layer below that does its own accounting (a cache) estimated
         // the cost before allocating: another thread may have taken the
         // cached block this one expected (it took more) or left one (it
-        // took less). Count what the inner resource holds now. A layer
-        // that takes exactly what is asked (`cost == bytes`) was charged
-        // exactly, and is not topped up: `bytes_outstanding` sums per-shard
-        // counts one load at a time, so under concurrent allocations and
-        // reaps on other streams it may read high, and topping up from
-        // such a read charged bytes nobody held (16 threads on an H200 took
-        // the budget's peak past its limit).
-        if cost != bytes {
+        // took less), and the arena may place the block across one page
+        // more than it guessed, even when the guess equals `bytes`. Count
+        // what the inner resource holds now. Below layers whose cost is
+        // exact the charge is exact, and there is no top-up:
+        // `bytes_outstanding` sums per-shard counts one load at a time, so
+        // under concurrent allocations and reaps on other streams it may
+        // read high, and topping up from such a read charged bytes nobody
+        // held (16 threads on an H200 took the budget's peak past its
+        // limit).
+        if cost != bytes || !self.inner.allocation_cost_is_exact() {
             self.top_up();
         }
         self.settle();
@@ -212,6 +214,16 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> {
         // queued) and nothing is released; a synchronous one freed them.
         self.settle();
         Ok(())
+    }
+
+    /// Passes the call on, then settles: memory given back at once (a
+    /// cache's unmapped pages) leaves the budget now, queued frees when
+    /// they are reaped.
+    fn release_idle(&self) -> ResourceResult<usize> {
+        let result = self.inner.release_idle();
+        // What was given back stays given back even when a later free failed.
+        self.settle();
+        result
     }
 
     fn reap_pending(&self) -> ResourceResult<()> {

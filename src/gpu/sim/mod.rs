@@ -507,6 +507,14 @@ impl SimGpu {
         self.shared.lock().vm.handle_count()
     }
 
+    /// Bytes of physical memory this device holds for handles made by
+    /// [`Gpu::mem_create`] and not yet given back: the part of
+    /// [`held_bytes`](Self::held_bytes) that backs mappings rather than
+    /// pool allocations.
+    pub fn physical_bytes(&self) -> usize {
+        self.shared.lock().vm.handle_bytes(self.ordinal)
+    }
+
     /// Simulated memory of this device not allocated and not waiting for a
     /// free.
     pub fn free_bytes(&self) -> usize {

@@ -288,6 +288,15 @@ impl VirtualMemory {
     pub(crate) fn handle_count(&self) -> usize {
         self.handles.len()
     }
+
+    /// Bytes held by the live handles of `device`.
+    pub(crate) fn handle_bytes(&self, device: u32) -> usize {
+        self.handles
+            .values()
+            .filter(|h| h.device == device)
+            .map(|h| h.len)
+            .sum()
+    }
 }
 
 #[cfg(test)]
