@@ -99,8 +99,10 @@ fn same_stream_reuse_needs_no_driver_call_and_outstanding_is_what_is_mapped() {
 fn a_large_block_is_mapped_in_few_calls() {
     let c = Cache::new(1, CacheConfig::default().max_mapping_bytes(16 << 20));
     let block = c.cache.allocate(40 << 20, c.s(0), T).unwrap();
-    assert_eq!(c.cache.bytes_outstanding(), 40 << 20);
-    assert_eq!(c.creates(), 3, "16 + 16 + 8 MiB");
+    // The last mapping also takes the free pages after the block, up to
+    // the slack (7% of 40 MiB: one 2 MiB page).
+    assert_eq!(c.cache.bytes_outstanding(), 42 << 20);
+    assert_eq!(c.creates(), 3, "16 + 16 + 8 (and 2 ahead) MiB");
     assert_eq!(c.gpu.call_count(DriverCall::MemSetAccess), 3);
     c.cache.deallocate(block).unwrap();
     c.assert_race_free();

@@ -3,11 +3,16 @@
 //! caching tier, one launch, its completion awaited, the buffers dropped)
 //! must not pay for bookkeeping the GPU does not need.
 
+mod common;
+
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
+use common::{CountingWaker, poll_once};
+
 use streamalloc::error::DriverCall;
-use streamalloc::futures::{AsyncResource, WaitPolicy};
+use streamalloc::futures::{AsyncResource, Behind, WaitPolicy};
 use streamalloc::gpu::sim::{MemAccess, SimGpu};
 use streamalloc::{
     Access, AllocTag, CachingResource, Device, DeviceMemoryResource, SimResource, StreamId,
@@ -181,4 +186,53 @@ fn uses_elsewhere_still_wait_for_unrecorded_uses_at_home() {
     res.inner().deallocate(x).unwrap();
     gpu.run_until_idle();
     assert!(gpu.races().is_empty(), "{:?}", gpu.races());
+}
+
+/// Clients that share a stream each await their own request: the first one
+/// parked must be woken when the stream reaches its point, not when the
+/// stream has also run what the others queued after it (a notification
+/// covering the stream's end would hold it until the stream drains, and
+/// its next request would find the stream idle). On a manual device whose
+/// steps interleave the user stream and the notifier's lane in a seeded
+/// random order, the first point is woken before the second kernel ran in
+/// some of the orders; with a notification covering the end, in none.
+#[test]
+fn the_oldest_parked_point_is_woken_when_the_stream_reaches_it() {
+    let mut early = 0;
+    for seed in 0..32 {
+        let gpu = SimGpu::builder().manual().seed(seed).build();
+        let device = Device::simulated(&gpu, 1);
+        let res = AsyncResource::on(&device).unwrap();
+        // Parks at once, notified at its own point (as `Behind::Yield`
+        // futures are).
+        res.set_wait_policy(WaitPolicy {
+            behind: Behind::Yield,
+            ..WaitPolicy::PARK_AT_ONCE
+        });
+        let s = device.stream(0).unwrap();
+        let raw = device.raw(s).unwrap();
+        let block = res.inner().allocate(4096, s, TAG).unwrap();
+        gpu.launch_kernel(raw, &[MemAccess::write(&block)]).unwrap();
+        let mut first = res.completion(s).unwrap();
+        gpu.launch_kernel(raw, &[MemAccess::write(&block)]).unwrap();
+        let mut second = res.completion(s).unwrap();
+        let (woken, waker) = CountingWaker::new();
+        assert!(poll_once(&mut first, &waker).is_pending());
+        assert!(poll_once(&mut second, &waker).is_pending());
+        while woken.count() == 0 && gpu.step() {}
+        assert!(
+            matches!(poll_once(&mut first, &waker), Poll::Ready(Ok(()))),
+            "seed {seed}: the first point was never woken"
+        );
+        if !second.is_complete().unwrap() {
+            early += 1;
+        }
+        drop((first, second));
+        res.inner().deallocate(block).unwrap();
+        gpu.run_until_idle();
+    }
+    assert!(
+        early > 0,
+        "in none of 32 orders was the first point woken before the second kernel ran"
+    );
 }

@@ -5,6 +5,7 @@
 
 #![allow(missing_docs)]
 
+pub mod calls;
 pub mod service;
 pub mod support;
 pub mod trace;

@@ -13,7 +13,7 @@ use streamalloc_measure::trace::{
 
 /// What the caching tier must reach (issue 13): peak held at most 1.10× the
 /// peak live requested bytes, on every trace. The virtual-memory arena holds
-/// 1.001× on the inference cut and 1.074× on the training trace (slack 5%).
+/// 1.07× on both (slack 7%).
 const CACHE_TARGET: f64 = 1.10;
 const CACHE_BOUND_INFER: f64 = CACHE_TARGET;
 const CACHE_BOUND_TRAIN: f64 = CACHE_TARGET;
@@ -106,4 +106,29 @@ fn cache_under_a_budget_of_the_target_stays_inside_it_on_both_traces() {
     for name in ["gpt2_infer", "gpt2_train"] {
         check(name, StackKind::CacheBudget, ratio_limit);
     }
+}
+
+/// The training trace's cost is its growths of the arena (about 60 µs each
+/// on the H200, `notes/vmm-costs.md`): 142 with growths of at most the
+/// block's size again, 56 with geometric steps up to the slack. A count on
+/// the simulated device is deterministic, so this bounds a figure, not a
+/// time. Nothing is unmapped during the replay: no memory churns between
+/// idle and new.
+#[test]
+fn the_training_trace_grows_the_arena_in_few_steps() {
+    use streamalloc::DriverCall;
+    let trace = cut("gpt2_train");
+    let requested = Requested::of(&trace);
+    let config = ReplayConfig {
+        count_calls: true,
+        ..ReplayConfig::default()
+    };
+    let replay = replay_stack(StackKind::Cache, &SIM, &trace, requested.peak, &config).unwrap();
+    let calls = replay.calls.expect("counted");
+    println!("gpt2_train cache: {}", calls.line());
+    let growths = calls.count(DriverCall::MemCreate);
+    assert!(growths <= 64, "{growths} growths of the arena");
+    assert_eq!(calls.count(DriverCall::MemMap), growths, "one mapping each");
+    assert_eq!(calls.count(DriverCall::MemUnmap), 0);
+    assert_eq!(calls.count(DriverCall::MemRelease), 0);
 }

@@ -20,11 +20,13 @@
 //! - `allocate` places the block; pages it touches that are mapped are
 //!   used as they are (a **hit**: no driver call); the others get new
 //!   memory, one `cuMemCreate` + `cuMemMap` + `cuMemSetAccess` per run of
-//!   pages (a **miss**). A new mapping that would take the cache more
-//!   than [`CacheConfig::slack_percent`] over the live high-water mark is
-//!   preceded by giving back idle mappings the GPU is done with (unmap and
-//!   release), this stream's first, then other streams'. Physical memory
-//!   is fungible: freed to the device, created again where it is needed.
+//!   pages (a **miss**), which also maps the free pages after the block
+//!   up to [`CacheConfig::slack_percent`] over the live high-water mark,
+//!   so that a growing workload grows in a few geometric steps. A new
+//!   mapping that would take the cache past that is preceded by giving
+//!   back idle mappings the GPU is done with (unmap and release), this
+//!   stream's first, then other streams'. Physical memory is fungible:
+//!   freed to the device, created again where it is needed.
 //! - `deallocate` puts the range back in the arena; pages no live block
 //!   touches stay mapped, idle, until reused in place or given back.
 //! - [`trim`](CachingResource::trim) gives back every idle mapping the GPU

@@ -54,7 +54,14 @@ pub(crate) struct Handle {
 #[derive(Debug)]
 pub(crate) struct PageTable {
     page: u64,
+    /// The pages up to the highest one a block touched so far: the arena
+    /// places blocks from its start, so this follows what the stream
+    /// used, not the reservation (twice the device: 1.1 MiB of entries
+    /// on the H200 that a first allocation would otherwise write). Pages
+    /// past the end are unbacked and untouched.
     pages: Vec<Page>,
+    /// Pages in the arena.
+    capacity: usize,
     handles: Vec<Handle>,
     spare_handles: Vec<u32>,
     idle: VecDeque<(u32, u64)>,
@@ -69,13 +76,8 @@ impl PageTable {
     pub(crate) fn new(len: u64, page: u64) -> Self {
         PageTable {
             page,
-            pages: vec![
-                Page {
-                    refs: 0,
-                    handle: NONE,
-                };
-                len.div_ceil(page) as usize
-            ],
+            pages: Vec::new(),
+            capacity: len.div_ceil(page) as usize,
             handles: Vec::new(),
             spare_handles: Vec::new(),
             idle: VecDeque::new(),
@@ -88,6 +90,20 @@ impl PageTable {
         (off / self.page) as usize..(off + len).div_ceil(self.page) as usize
     }
 
+    /// Extends the table over the pages before `end`.
+    fn cover(&mut self, end: usize) {
+        debug_assert!(end <= self.capacity);
+        if end > self.pages.len() {
+            self.pages.resize(
+                end,
+                Page {
+                    refs: 0,
+                    handle: NONE,
+                },
+            );
+        }
+    }
+
     /// Whether the page at `off` has memory behind it.
     pub(crate) fn backed(&self, off: u64) -> bool {
         self.pages
@@ -98,12 +114,21 @@ impl PageTable {
     /// How many pages from `first` on (at most `max`) have no memory
     /// behind them and no block on them: room to map ahead of a block.
     pub(crate) fn free_unbacked_from(&self, first: u32, max: u32) -> u32 {
-        self.pages
+        let (first, max) = (first as usize, max as usize);
+        let known = self
+            .pages
             .iter()
-            .skip(first as usize)
-            .take(max as usize)
+            .skip(first)
+            .take(max)
             .take_while(|p| p.handle == NONE && p.refs == 0)
-            .count() as u32
+            .count();
+        let past = first.max(self.pages.len());
+        if first + known < past {
+            return known as u32;
+        }
+        // Every known page from `first` on is free: the pages past the
+        // table's end are too, up to the arena's end.
+        (known + (max - known).min(self.capacity.saturating_sub(past))) as u32
     }
 
     /// Bytes of idle handles.
@@ -121,7 +146,9 @@ impl PageTable {
     /// which the caller must map before handing the block out.
     pub(crate) fn touch(&mut self, off: u64, len: u64) -> Vec<(u32, u32)> {
         let mut unbacked: Vec<(u32, u32)> = Vec::new();
-        for i in self.span(off, len) {
+        let span = self.span(off, len);
+        self.cover(span.end);
+        for i in span {
             let p = &mut self.pages[i];
             p.refs += 1;
             if p.handle == NONE {
@@ -195,6 +222,7 @@ impl PageTable {
             }
         };
         let mut busy = 0;
+        self.cover((first + pages) as usize);
         for p in &mut self.pages[first as usize..(first + pages) as usize] {
             debug_assert_eq!(p.handle, NONE);
             p.handle = hi;
@@ -288,6 +316,20 @@ mod tests {
         assert_eq!((h.first, h.pages, h.raw.get()), (0, 3, 7));
         assert_eq!((t.idle_bytes(), t.mapped_bytes()), (0, 0));
         assert!(!t.backed(0));
+    }
+
+    #[test]
+    fn the_table_grows_with_the_pages_used_and_past_it_all_is_free() {
+        let mut t = PageTable::new(1024 * P, P);
+        assert!(t.pages.is_empty(), "nothing written before a block");
+        assert_eq!(t.free_unbacked_from(0, 8), 8);
+        assert_eq!(t.free_unbacked_from(1020, 8), 4, "the arena's end");
+        assert_eq!(t.touch(P, P), vec![(1, 1)]);
+        t.map(1, 1, RawPhysical::new(3));
+        assert_eq!(t.pages.len(), 2);
+        assert_eq!(t.free_unbacked_from(0, 8), 1, "page 1 is mapped");
+        assert_eq!(t.free_unbacked_from(2, 8), 8, "past the table");
+        assert!(t.backed(P) && !t.backed(5 * P));
     }
 
     #[test]

@@ -85,7 +85,7 @@ impl Future for DeallocHandle {
         let Some(n) = self.core.checked_notifier(self.stream) else {
             return Poll::Ready(Err(crate::ResourceError::Shutdown));
         };
-        let Some(r) = n.register(self.point, cx.waker()) else {
+        let Some(r) = n.register(self.point, cx.waker(), None) else {
             n.request(&*self.core.gpu);
             self.core.kick.pending();
             return Poll::Pending;
@@ -158,7 +158,7 @@ impl Future for ReapFuture {
             let Some(n) = core.checked_notifier(stream) else {
                 return false;
             };
-            let outcome = n.register(point, cx.waker());
+            let outcome = n.register(point, cx.waker(), None);
             if outcome.is_none() {
                 n.request(&*core.gpu);
                 return true;

@@ -212,6 +212,15 @@ impl EventFuture {
 
     fn settle(&mut self, result: ResourceResult<()>) -> Poll<ResourceResult<()>> {
         self.release();
+        if matches!(self.phase, Phase::Parked)
+            && let Some(n) = self.core.checked_notifier(self.stream)
+        {
+            // Woken by a notification: the points parked after this one
+            // want the next, which this task can queue now rather than
+            // wait for the dispatcher to be scheduled (nothing when one is
+            // in flight or none is wanted).
+            n.launch(&*self.core.gpu);
+        }
         self.result = Some(result.clone());
         Poll::Ready(result)
     }
@@ -234,7 +243,10 @@ impl EventFuture {
         };
         // A notification may have landed since the last check: `register`
         // says so under the same lock the notification takes.
-        if let Some(r) = n.register(self.seq, cx.waker()) {
+        // Behind::Yield futures are notified at their own point (see
+        // `Behind`): the notifier targets points registered with an event.
+        let own = self.event.filter(|_| self.policy.behind == Behind::Yield);
+        if let Some(r) = n.register(self.seq, cx.waker(), own) {
             return self.settle(r);
         }
         n.request(&*self.core.gpu);

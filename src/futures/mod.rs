@@ -46,7 +46,13 @@
 //!    S never runs the host function, so it is not stalled (a host function
 //!    after every 8 MiB memset costs 7× on the user's stream); each S has its
 //!    own L, so a slow stream does not hold back a fast one's notifications.
-//!    While one is in flight, new points wait for the next one.
+//!    While one is in flight, new points wait for the next one. A future
+//!    that yields behind earlier points ([`Behind::Yield`], the default) is
+//!    notified at its own point instead: L waits on its event and n is its
+//!    sequence number, so the oldest parked future wakes when S reaches it,
+//!    not when S has run everything queued after it (tasks sharing a
+//!    stream then send their next work before it runs dry); if that point
+//!    is reached already, the notification covers S's end as above.
 //! 4. **One cut.** The host function locks S's points, settles every point
 //!    ≤ n, unlocks, and only then wakes the parked ones. It
 //!    makes no driver call and owns no GPU state. If more is pending, it

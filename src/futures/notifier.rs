@@ -23,11 +23,13 @@
 //!
 //! Futures and frees add points. [`launch`](Notifier::launch) (called from
 //! a future's poll, a free, or the dispatcher, never from a host function)
-//! reads `covered = next_seq`, takes the event of the point `covered` if it
-//! has one (already recorded by whoever made that point) or else records the
-//! notifier's own event on the user stream, makes the **notifier lane** (a
-//! stream of its own) wait on it, and
-//! queues a host function on the lane. The user's stream never runs the host
+//! picks what the notification covers: the oldest parked point that
+//! registered its own event (a future notified at its own point), unless a
+//! query finds it reached already; else `covered = next_seq`, with the
+//! event of the point `covered` if it has one (already recorded by whoever
+//! made that point) or else the notifier's own event recorded on the user
+//! stream. It makes the **notifier lane** (a stream of its own) wait on
+//! that event, and queues a host function on the lane. The user's stream never runs the host
 //! function, so it is not stalled by it, and each user stream has its own
 //! lane, so a slow stream never holds back a fast one's notifications.
 //!
@@ -146,6 +148,23 @@ impl SignalState {
             }
         }
         self.reap_to > 0 || self.wanted || !self.frees.is_empty()
+    }
+
+    /// A notification for every point made so far: it covers the newest,
+    /// and waits on that point's own event when it has one (else the
+    /// notifier records its own). Nothing stays wanted.
+    fn cover_end(&mut self) -> (u64, Option<RawEvent>) {
+        self.wanted = false;
+        // When the newest point has its own recorded event, the lane waits
+        // on that one: no call on the user's stream from this thread, which
+        // may not be the one submitting to it. (A wait binds to the event's
+        // latest record at the call; a recycled event is only re-recorded
+        // later on this stream, so it can only cover more.)
+        let newest = self
+            .frontier
+            .filter(|&(f, _)| f == self.next_seq)
+            .map(|(_, e)| e);
+        (self.next_seq, newest)
     }
 
     /// A new point. When the points since the oldest pending one grow past
@@ -445,10 +464,16 @@ impl Notifier {
         self.signal.lock().points.outcome(seq)
     }
 
-    /// Parks `waker` on point `seq`, or returns its outcome if settled.
-    pub(crate) fn register(&self, seq: u64, waker: &Waker) -> Option<ResourceResult<()>> {
+    /// Parks `waker` on point `seq` (whose own event, if it has one, is
+    /// `event`), or returns its outcome if settled.
+    pub(crate) fn register(
+        &self,
+        seq: u64,
+        waker: &Waker,
+        event: Option<RawEvent>,
+    ) -> Option<ResourceResult<()>> {
         let mut st = self.signal.lock();
-        let settled = st.points.register(seq, waker);
+        let settled = st.points.register(seq, waker, event);
         if settled.is_none() {
             st.parks += 1;
         }
@@ -603,26 +628,57 @@ impl Notifier {
     }
 
     fn queue(&self, gpu: &dyn Gpu, want: bool) {
-        let (covered, newest) = {
+        let target = {
             let mut st = self.signal.lock();
             st.wanted |= want;
             if st.flight != Flight::Idle || (!st.wanted && st.frees.is_empty()) {
                 return;
             }
-            st.wanted = false;
             st.flight = Flight::Launching;
             st.launches += 1;
-            // When the newest point has its own recorded event, the lane
-            // waits on that one: no call on the user's stream from this
-            // thread, which may not be the one submitting to it. (A wait
-            // binds to the event's latest record at the call; a recycled
-            // event is only re-recorded later on this stream, so it can
-            // only cover more.)
-            let newest = st
-                .frontier
-                .filter(|&(f, _)| f == st.next_seq)
-                .map(|(_, e)| e);
-            (st.next_seq, newest)
+            // The oldest parked point with its own event, when it is not
+            // the newest point: the notification waits on that event and
+            // wakes it as soon as the stream reaches it, so that its task
+            // sends its next work while the stream still runs what was
+            // queued after it (a notification covering the stream's end
+            // would hold every parked task until the stream drains). The
+            // points parked after it stay wanted: the landing kicks the
+            // next notification.
+            match st
+                .points
+                .oldest_parked()
+                .filter(|&(seq, _)| seq < st.next_seq)
+            {
+                Some((seq, event)) => {
+                    st.wanted = st.points.parked_after(seq);
+                    Ok((seq, event))
+                }
+                None => Err(st.cover_end()),
+            }
+        };
+        let (covered, newest) = match target {
+            Ok((seq, event)) => {
+                // SAFETY: `gpu` is this notifier's backend (every caller
+                // passes `Core::gpu`); a parked point's event is one of this
+                // notifier's (made by `core.gpu`), destroyed only by
+                // `release_handles`.
+                if unsafe { gpu.event_query(event) } == Ok(true) {
+                    // Already reached: the notifications lag behind the
+                    // stream (many short waits). Settle it now and cover
+                    // the stream's end, as one notification for them all.
+                    let mut wake = Vec::new();
+                    let end = {
+                        let mut st = self.signal.lock();
+                        st.reach(seq, &mut wake);
+                        st.cover_end()
+                    };
+                    wake.into_iter().for_each(Waker::wake);
+                    end
+                } else {
+                    (seq, Some(event))
+                }
+            }
+            Err(end) => end,
         };
         let event = match newest {
             Some(e) => e,
@@ -832,7 +888,7 @@ mod loom_tests {
     fn check_then_park(n: &Notifier, seq: u64, waker: &Waker) -> Option<ResourceResult<()>> {
         match n.check(seq) {
             Ok(outcome) => Some(outcome),
-            Err(_) => n.register(seq, waker),
+            Err(_) => n.register(seq, waker, None),
         }
     }
 

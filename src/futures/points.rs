@@ -18,6 +18,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::task::Waker;
 
 use crate::error::{ResourceError, ResourceResult};
+use crate::gpu::RawEvent;
 
 #[derive(Debug)]
 enum State {
@@ -36,6 +37,9 @@ struct Slot {
     state: State,
     /// Set only by a parked owner.
     waker: Option<Waker>,
+    /// The parked owner's event, recorded at this point: a notification
+    /// for this point alone can wait on it.
+    event: Option<RawEvent>,
 }
 
 /// The points of one stream. Not synchronized: the notifier keeps it under
@@ -78,6 +82,7 @@ impl Points {
         self.slots.push_back(Slot {
             state: State::Pending,
             waker: None,
+            event: None,
         });
     }
 
@@ -137,8 +142,14 @@ impl Points {
     }
 
     /// Parks `waker` on `seq` unless it is settled; returns the outcome if
-    /// it is.
-    pub(crate) fn register(&mut self, seq: u64, waker: &Waker) -> Option<ResourceResult<()>> {
+    /// it is. `event`, when given, is the owner's event recorded at `seq`
+    /// (see [`oldest_parked`](Self::oldest_parked)).
+    pub(crate) fn register(
+        &mut self,
+        seq: u64,
+        waker: &Waker,
+        event: Option<RawEvent>,
+    ) -> Option<ResourceResult<()>> {
         if let Some(outcome) = self.outcome(seq) {
             return Some(outcome);
         }
@@ -147,7 +158,34 @@ impl Points {
             Some(w) if w.will_wake(waker) => {}
             w => *w = Some(waker.clone()),
         }
+        if event.is_some() {
+            slot.event = event;
+        }
         None
+    }
+
+    /// The oldest parked pending point that has its own event, with that
+    /// event: a notification waiting on it wakes that point as soon as the
+    /// stream reaches it, not when the stream reaches its end.
+    pub(crate) fn oldest_parked(&self) -> Option<(u64, RawEvent)> {
+        self.slots.iter().enumerate().find_map(|(i, s)| match s {
+            Slot {
+                state: State::Pending,
+                waker: Some(_),
+                event: Some(e),
+            } => Some((self.base + i as u64, *e)),
+            _ => None,
+        })
+    }
+
+    /// Whether a point after `seq` is parked and pending.
+    pub(crate) fn parked_after(&self, seq: u64) -> bool {
+        let skip =
+            usize::try_from(seq.saturating_add(1).saturating_sub(self.base)).unwrap_or(usize::MAX);
+        self.slots
+            .iter()
+            .skip(skip)
+            .any(|s| matches!(s.state, State::Pending) && s.waker.is_some())
     }
 
     /// The stream reached `through`: settles every pending point at or below
@@ -186,6 +224,7 @@ impl Points {
         } else if let Some(slot) = self.slot_mut(seq) {
             slot.state = State::Gone;
             slot.waker = None;
+            slot.event = None;
             self.pop_settled();
         }
     }
@@ -230,7 +269,7 @@ mod tests {
     #[test]
     fn reaching_settles_in_order_and_wakes_only_parked_points() {
         let mut p = points(4);
-        assert!(p.register(2, &waker()).is_none());
+        assert!(p.register(2, &waker(), None).is_none());
         let mut wake = Vec::new();
         p.reach(2, &mut wake);
         assert_eq!(wake.len(), 1);

@@ -44,12 +44,25 @@ pub struct WaitPolicy {
 pub enum Behind {
     /// Park at once and ask for a host-function notification: least CPU,
     /// but every such future can cost a notification, and queuing host
-    /// functions slows threads that submit to the same context.
+    /// functions slows threads that submit to the same context. A parked
+    /// future of this policy is notified when the stream reaches its end
+    /// as of the notification's launch: one notification covers every
+    /// point made so far (fewest host functions), and each parked future
+    /// waits until the stream ran all of it.
     Park,
     /// Yield to the executor without querying until the earlier point
     /// settles (usually by its own future's query, which settles every
     /// point up to it), then query as a first poll would; park only when
     /// [`yield_for`](WaitPolicy::yield_for) since the first poll has passed.
+    ///
+    /// A parked future of this policy is notified at its own point: the
+    /// notification waits on its event, so the oldest parked future wakes
+    /// as soon as the stream reaches it, while the stream still runs what
+    /// was queued after it (clients sharing a stream send their next
+    /// request before it runs dry), and the landing queues the next one for
+    /// the points parked after it. When that point turns out reached
+    /// already (the notifications lag behind many short waits), one
+    /// notification covers the stream's end instead.
     Yield,
 }
 

@@ -26,7 +26,7 @@
 //! GPU's busy fraction and a request's mean time in progress on the GPU
 //! (timing events around each request, [`Timeline`]). `--policy NAME`
 //! sets the streamalloc way's wait policy (`default`, `park`, `spin20`,
-//! `yield1ms`), to tell completion costs from the rest.
+//! `yield1ms`, `coalesced`), to tell completion costs from the rest.
 //!
 //! [`Timeline`]: streamalloc_measure::service::timeline::Timeline
 //!
@@ -47,7 +47,7 @@ use streamalloc::gpu::Gpu;
 use streamalloc::gpu::cuda::cuda_present;
 use streamalloc::gpu::sim::SimGpu;
 use streamalloc::{CachingResource, Device, SimResource, StreamOrderedResource};
-use streamalloc_measure::service::counting_gpu::CountingGpu;
+use streamalloc_measure::calls::CountingGpu;
 use streamalloc_measure::service::cuda_model::CudaModel;
 use streamalloc_measure::service::streamalloc_way::{Edge, Level};
 use streamalloc_measure::service::{
@@ -120,7 +120,8 @@ fn parse_args() -> BoxResult<Args> {
 /// `park` (park at once: every wait is a host-function notification),
 /// `spin20` (spin 20 µs on the first poll, as cuda-async's inline spin),
 /// `yield1ms` (yield and query for up to 1 ms before parking: almost no
-/// notification for waits).
+/// notification for waits), `coalesced` (the default, but behind points
+/// park at once and a notification covers the stream's end).
 fn parse_policy(name: &str) -> BoxResult<WaitPolicy> {
     let us = Duration::from_micros;
     Ok(match name {
@@ -134,8 +135,17 @@ fn parse_policy(name: &str) -> BoxResult<WaitPolicy> {
             yield_for: us(1000),
             ..WaitPolicy::DEFAULT
         },
+        // Behind points park at once and one notification covers the
+        // stream's end (how every parked future was notified before
+        // notifications targeted the oldest parked point).
+        "coalesced" => WaitPolicy {
+            behind: streamalloc::futures::Behind::Park,
+            ..WaitPolicy::DEFAULT
+        },
         other => {
-            return Err(format!("--policy {other}: default, park, spin20 or yield1ms").into());
+            return Err(
+                format!("--policy {other}: default, park, spin20, yield1ms or coalesced").into(),
+            );
         }
     })
 }

@@ -6,6 +6,7 @@
 //! ```text
 //! trace_replay TRACE [--stack NAME[,NAME...]]... [--sim] [--sim-capacity BYTES]
 //!              [--repeat N] [--png OUT.png] [--budget-ratio R] [--calls]
+//!              [--slack PERCENT]
 //! trace_replay TRACE --cut N OUT.csv.gz
 //! ```
 //!
@@ -25,6 +26,9 @@
 //!   H200 per operation (`notes/vmm-costs.md`; on the simulated device the
 //!   counts are deterministic), then the measured time inside each kind
 //!   (`us_KIND`, microseconds in all).
+//! - `--slack PERCENT`: the cache's [`CacheConfig::slack_percent`](streamalloc::CacheConfig::slack_percent) (how far
+//!   over the live high-water mark its arena maps ahead and holds memory;
+//!   default 7), to weigh growths against memory held on one trace.
 //! - `--budget-ratio R`: the `cache-budget` stack's limit, R × the peak
 //!   requested (default 1.10).
 //! - `--cut N OUT`: writes the first N operations, the blocks they leave live
@@ -64,11 +68,12 @@ struct Args {
     png: Option<PathBuf>,
     budget_ratio: f64,
     calls: bool,
+    slack: Option<usize>,
     cut: Option<(usize, PathBuf)>,
 }
 
 const USAGE: &str = "usage: trace_replay TRACE [--stack resource|cache|cache-budget|all]... \
-[--sim] [--sim-capacity BYTES] [--repeat N] [--png OUT.png] [--budget-ratio R] [--calls] | TRACE --cut N OUT.csv.gz";
+[--sim] [--sim-capacity BYTES] [--repeat N] [--png OUT.png] [--budget-ratio R] [--calls] [--slack PERCENT] | TRACE --cut N OUT.csv.gz";
 
 fn parse_args() -> Result<Args, String> {
     let mut args = std::env::args().skip(1);
@@ -81,6 +86,7 @@ fn parse_args() -> Result<Args, String> {
         png: None,
         budget_ratio: ReplayConfig::default().budget_ratio,
         calls: false,
+        slack: None,
         cut: None,
     };
     let mut trace = None;
@@ -105,6 +111,7 @@ fn parse_args() -> Result<Args, String> {
             }
             "--sim" => out.sim = true,
             "--calls" => out.calls = true,
+            "--slack" => out.slack = Some(value("--slack", args.next())?),
             "--sim-capacity" => out.sim_capacity = value("--sim-capacity", args.next())?,
             "--repeat" => out.repeat = value("--repeat", args.next())?,
             "--png" => out.png = Some(value("--png", args.next())?),
@@ -181,6 +188,9 @@ fn main() -> ExitCode {
         budget_ratio: args.budget_ratio,
         ..ReplayConfig::default()
     };
+    if let Some(slack) = args.slack {
+        config.cache = config.cache.slack_percent(slack);
+    }
     let mut failed = false;
     for rep in 0..args.repeat {
         for &stack in &args.stacks {

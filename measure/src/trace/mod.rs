@@ -16,20 +16,24 @@
 //!   ([`Gpu::memory_held`](streamalloc::gpu::Gpu::memory_held));
 //! - [`stack`]: the stacks by name (`resource`, `cache`, `cache-budget`) on
 //!   CUDA or on the simulated device;
-//! - [`calls`]: the driver calls a replay makes, by kind, and what they
+//! - [`calls`](crate::calls) (the crate's, shared with the service
+//!   benchmark): the driver calls a replay makes, by kind, and what they
 //!   would cost on the H200;
+//! - [`synthetic`]: traces of other shapes built from a seed (scaled, ramp,
+//!   sawtooth, layered passes, many streams, a spike after a plateau), to
+//!   check a policy on traces it was not tuned on;
 //! - [`plot`]: a PNG of requested against held bytes over the trace.
 //!
 //! The binary `trace_replay` puts them together.
 
-pub mod calls;
 pub mod format;
 pub mod plot;
 pub mod replay;
 pub mod requested;
 pub mod stack;
+pub mod synthetic;
 
-pub use calls::{CallCounts, CountingGpu};
+pub use crate::calls::{CallCounts, CountingGpu};
 pub use format::{OpKind, Trace, TraceError, TraceOp};
 pub use replay::{Replay, ReplayError, Target, replay};
 pub use requested::Requested;

@@ -34,8 +34,8 @@ use std::time::Instant;
 use streamalloc::gpu::{Gpu, GpuError, HeldMemory};
 use streamalloc::{AllocTag, Device, DeviceBlock, DeviceMemoryResource, ResourceError, StreamId};
 
-use super::calls::CallCounts;
 use super::format::{OpKind, Trace};
+use crate::calls::CallCounts;
 
 const TAG: AllocTag = AllocTag("trace");
 

@@ -17,21 +17,21 @@ use streamalloc::gpu::Gpu;
 use streamalloc::gpu::cuda::CudaGpu;
 use streamalloc::gpu::sim::SimGpu;
 use streamalloc::{
-    Budget, BudgetResource, CachingResource, Device, DeviceMemoryResource, StreamOrderedResource,
-    StreamPool,
+    Budget, BudgetResource, CacheConfig, CachingResource, Device, DeviceMemoryResource,
+    StreamOrderedResource, StreamPool,
 };
 
-use super::calls::{CallCounts, CountingGpu};
 use super::format::Trace;
 use super::replay::{Replay, ReplayError, Target, replay};
+use crate::calls::{CallCounts, CountingGpu};
 
 /// A resource stack, named as on the command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StackKind {
     /// `resource`: the stream-ordered resource alone, over the driver's pool.
     Resource,
-    /// `cache`: [`CachingResource`] with the default configuration over the
-    /// resource.
+    /// `cache`: [`CachingResource`] over the resource, configured by
+    /// [`ReplayConfig::cache`] (by default, the default configuration).
     Cache,
     /// `cache-budget`: the default cache over a [`BudgetResource`] whose
     /// limit is [`ReplayConfig::budget_ratio`] times the trace's peak
@@ -90,6 +90,9 @@ pub struct ReplayConfig {
     pub budget_ratio: f64,
     /// Read the held bytes after every this many operations (for plots).
     pub sample_every: Option<usize>,
+    /// The configuration of the cache in the `cache` and `cache-budget`
+    /// stacks (default: [`CacheConfig::default`]).
+    pub cache: CacheConfig,
     /// Count the driver calls of the replay ([`Replay::calls`]): the
     /// backend is wrapped in a [`CountingGpu`], which times every call it
     /// forwards, so timed figures are taken without.
@@ -97,11 +100,13 @@ pub struct ReplayConfig {
 }
 
 impl Default for ReplayConfig {
-    /// A budget of 1.10× the peak requested (the cache's target), no samples.
+    /// A budget of 1.10× the peak requested (the cache's target), the
+    /// default cache, no samples, no call counts.
     fn default() -> Self {
         ReplayConfig {
             budget_ratio: 1.10,
             sample_every: None,
+            cache: CacheConfig::default(),
             count_calls: false,
         }
     }
@@ -198,13 +203,14 @@ fn replay_on<G: Gpu>(
     };
     match kind {
         StackKind::Resource => go(&resource),
-        StackKind::Cache => go(&CachingResource::new(resource)),
+        StackKind::Cache => go(&CachingResource::with_config(resource, config.cache)),
         StackKind::CacheBudget => {
             let limit = (peak_requested as f64 * config.budget_ratio).ceil() as usize;
             let budget = Budget::new(limit);
-            go(&CachingResource::new(BudgetResource::new(
-                resource, &budget,
-            )))
+            go(&CachingResource::with_config(
+                BudgetResource::new(resource, &budget),
+                config.cache,
+            ))
         }
     }
 }

@@ -1,0 +1,119 @@
+//! The cache's memory ratio on traces it was never tuned on: the recorded
+//! GPT-2 cuts scaled to half and twice their sizes, and the synthetic
+//! shapes of [`synthetic`] (a ramp, a sawtooth of large blocks, layered
+//! passes at varying batch, many streams, a spike after a plateau),
+//! replayed on the simulated device (manual progress: the held bytes are
+//! the same at every run, so these bound a deterministic figure).
+//!
+//! Each test also prints the driver calls of the replay, so that a change
+//! of policy shows what it costs in growths of the arena.
+
+use streamalloc::DriverCall;
+use streamalloc_measure::trace::{
+    DeviceKind, ReplayConfig, Requested, StackKind, Trace, replay_stack, synthetic,
+};
+
+/// Issue 13's target for the default cache, on every trace.
+const TARGET: f64 = 1.10;
+const MIB: usize = 1 << 20;
+const SIM: DeviceKind = DeviceKind::Sim {
+    capacity: 140 << 30,
+};
+
+fn cut(name: &str) -> Trace {
+    let path = format!(
+        "{}/tests/data/{name}.first50k.csv.gz",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    Trace::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// Replays `trace` through the default cache and checks its ratio against
+/// the target.
+fn check(name: &str, trace: &Trace) {
+    check_within(name, trace, TARGET);
+}
+
+/// Replays `trace` through the default cache and checks its ratio against
+/// `bound`.
+fn check_within(name: &str, trace: &Trace, bound: f64) {
+    let requested = Requested::of(trace);
+    let config = ReplayConfig {
+        count_calls: true,
+        ..ReplayConfig::default()
+    };
+    let replay = replay_stack(StackKind::Cache, &SIM, trace, requested.peak, &config)
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    let ratio = replay.held.high as f64 / requested.peak as f64;
+    let calls = replay.calls.expect("counted");
+    println!(
+        "{name}: ops={} peak_requested={:.0} MiB ratio={ratio:.4} growths={} unmaps={} {}",
+        trace.ops.len(),
+        requested.peak as f64 / MIB as f64,
+        calls.count(DriverCall::MemCreate),
+        calls.count(DriverCall::MemUnmap),
+        calls.line(),
+    );
+    assert!(ratio >= 1.0, "{name}: ratio {ratio} below 1");
+    assert!(
+        ratio <= bound,
+        "{name}: peak held is {ratio:.4}x the peak requested, above {bound}"
+    );
+}
+
+#[test]
+fn gpt2_cuts_scaled_to_half_and_twice_their_sizes() {
+    for name in ["gpt2_infer", "gpt2_train"] {
+        let trace = cut(name);
+        for factor in [0.5, 2.0] {
+            check(
+                &format!("{name}x{factor}"),
+                &synthetic::scaled(&trace, factor),
+            );
+        }
+    }
+}
+
+#[test]
+fn a_pure_growth_ramp() {
+    check("ramp", &synthetic::ramp(11, 6 << 30));
+}
+
+/// A known gap: 1.21×, the target missed (the same before the arena grew
+/// ahead). Half of each phase's blocks stay live at random places, the next
+/// phase's larger blocks fit none of the holes, and a hole's memory cannot
+/// be given back while a live block shares one of its mappings (a mapping
+/// goes back whole): new memory is mapped at the end of the arena. The
+/// bound keeps it from getting worse.
+#[test]
+fn a_sawtooth_of_large_blocks() {
+    check_within("sawtooth", &synthetic::sawtooth(12, 12, 4 << 30), 1.22);
+}
+
+#[test]
+fn layered_passes_at_a_varying_batch() {
+    check("layered", &synthetic::layered(13, 24, 40));
+}
+
+/// A known gap: 1.53×, the target missed (the same before the arena grew
+/// ahead). Each stream has its own arena, and memory moves to another
+/// stream only by unmapping an idle mapping the GPU is done with: the
+/// eight streams here peak at different times, and their peaks add up to
+/// 1.83× the trace's peak. PyTorch's pools are per stream too. The bound
+/// keeps it from getting worse.
+#[test]
+fn many_streams_churning() {
+    check_within(
+        "many_streams",
+        &synthetic::many_streams(14, 8, 48, 40_000),
+        1.55,
+    );
+}
+
+#[test]
+fn a_spike_after_a_plateau() {
+    check(
+        "plateau_then_spike",
+        &synthetic::plateau_then_spike(15, 20_000, 3 << 30),
+    );
+}
