@@ -272,6 +272,21 @@ pub enum ResourceError {
         /// Bytes per element.
         elem_size: usize,
     },
+    /// The stream is being captured into a CUDA graph, and the call would
+    /// break the capture: a completion future (its event could never be
+    /// queried, nor a host function wait on it, without invalidating the
+    /// capture). Nothing was queued and nothing changed. Await the graph's
+    /// launch instead (see the graph capture API).
+    #[error(
+        "{stream} is capturing a CUDA graph ({}): no completion future can be made on it; await the graph's launch instead",
+        capture.map_or_else(|| "invalidated".to_string(), |c| c.to_string())
+    )]
+    StreamCapturing {
+        /// The capturing stream.
+        stream: StreamId,
+        /// Its capture, or `None` when the capture is already invalidated.
+        capture: Option<crate::gpu::CaptureId>,
+    },
     /// A CUDA stream that no stream pool of this device registers was used
     /// with a buffer, so its uses could not be ordered.
     #[error("a stream of device {device} that its stream pool does not register")]

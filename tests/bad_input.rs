@@ -404,6 +404,23 @@ fn failing_synchronize_in_reap() {
 }
 
 #[test]
+fn failing_capture_query_in_reap() {
+    // Reaping asks each stream with frees whether it is being captured
+    // (synchronizing a capturing stream would invalidate the capture).
+    let s = scene();
+    let gpu = s.f.sim.clone().unwrap();
+    gpu.fail_nth(DriverCall::StreamGetCaptureInfo, 1);
+    s.refused(
+        "reap",
+        |r| r.reap_pending(),
+        driver(DriverCall::StreamGetCaptureInfo),
+    );
+    s.f.resource.reap_pending().unwrap();
+    assert_eq!(s.f.resource.pending_free_bytes(), 0);
+    s.clean_up();
+}
+
+#[test]
 fn every_call_the_resource_makes_is_covered() {
     // A full life (allocate, cross-stream use, free, reap) makes exactly the
     // calls the failing_* tests inject into; a new call kind shows up here.
@@ -429,6 +446,7 @@ fn every_call_the_resource_makes_is_covered() {
             DriverCall::EventRecord,
             DriverCall::StreamWaitEvent,
             DriverCall::StreamSynchronize,
+            DriverCall::StreamGetCaptureInfo,
         ]
     );
 }

@@ -117,7 +117,9 @@ impl<'a, R: DeviceMemoryResource + 'static> BufferLaunch<'a, R> {
     /// returns `enqueue`'s value with one future for the whole launch.
     ///
     /// # Errors
-    /// A preflight error, an unknown stream, a prepare error (before
+    /// A preflight error, an unknown stream, a stream being captured into a
+    /// CUDA graph ([`StreamCapturing`](ResourceError::StreamCapturing)), a
+    /// prepare error (before
     /// `enqueue` runs); `enqueue`'s error; an error recording the uses or
     /// making the future.
     pub fn enqueue<T, E>(
@@ -136,6 +138,12 @@ impl<'a, R: DeviceMemoryResource + 'static> BufferLaunch<'a, R> {
         }
         recorder.preflight()?;
         let raw = self.res.stream_pool().raw(self.stream)?;
+        // The launch ends in a completion future, which a capture cannot
+        // have: refused before anything is queued.
+        self.res
+            .core()
+            .notifier(self.stream)?
+            .refuse_capturing(&**self.res.gpu())?;
         // A buffer's own begin also finishes the uses cudarc made of it, and
         // holds its ledger while preparing (see `ledger`).
         for (core, access) in &self.buffers {
@@ -148,7 +156,7 @@ impl<'a, R: DeviceMemoryResource + 'static> BufferLaunch<'a, R> {
         let (out, finished) = recorder.enqueue_then_finish(raw, enqueue);
         let value = out?;
         finished?;
-        Ok((value, self.res.completion(self.stream)?))
+        Ok((value, self.res.completion_outside_capture(self.stream)?))
     }
 }
 

@@ -214,6 +214,13 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
     /// # Stream ordering
     /// The memory may serve a new allocation on the same stream at once, and
     /// on another stream once the free has executed.
+    ///
+    /// # Captures
+    /// A free queued on a stream being captured into a CUDA graph is part
+    /// of the graph (it runs at every replay): no notification is queued
+    /// into the capture, and the handle resolves once the stream's work
+    /// after the capture is reached (awaiting it inside the capture waits
+    /// for the capture's end).
     pub fn deallocate(&self, block: DeviceBlock) -> ResourceResult<DeallocHandle> {
         deallocate_on(&self.core, block)
     }
@@ -262,8 +269,12 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
     /// the GPU has executed that work.
     ///
     /// # Errors
-    /// As [`DeviceMemoryResource::finish_block_use`]; an unknown stream is
-    /// refused before the inner resource is touched.
+    /// As [`DeviceMemoryResource::finish_block_use`]; an unknown stream, and
+    /// a stream being captured into a CUDA graph
+    /// ([`StreamCapturing`](crate::ResourceError::StreamCapturing)), are
+    /// refused before the inner resource is touched. Inside a capture,
+    /// record uses with [`record_block_use`](Self::record_block_use) and
+    /// await the graph's launch.
     ///
     /// # Stream ordering
     /// The future covers everything queued on `use_stream` before the call.
@@ -273,9 +284,11 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
         use_stream: StreamId,
         access: Access,
     ) -> ResourceResult<EventFuture> {
-        self.core.notifier(use_stream)?;
+        self.core
+            .notifier(use_stream)?
+            .refuse_capturing(&*self.core.gpu)?;
         self.inner.finish_block_use(block, use_stream, access)?;
-        EventFuture::point(&self.core, use_stream)
+        EventFuture::point_outside_capture(&self.core, use_stream)
     }
 
     /// A future that completes when the GPU has executed everything queued
@@ -283,9 +296,27 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
     ///
     /// # Errors
     /// [`UnknownStream`](crate::ResourceError::UnknownStream),
-    /// [`WrongDevice`](crate::ResourceError::WrongDevice), a driver error.
+    /// [`WrongDevice`](crate::ResourceError::WrongDevice), a driver error;
+    /// [`StreamCapturing`](crate::ResourceError::StreamCapturing) while
+    /// `stream` is being captured into a CUDA graph (the point's event
+    /// would be part of the graph and could never be awaited without
+    /// invalidating the capture): await the graph's launch instead.
+    ///
+    /// # Captures
+    /// Refused at creation rather than completed at a replay: a replay's
+    /// completion is a point recorded after the launch, outside the capture
+    /// (see the graph capture API). One `cuStreamGetCaptureInfo` per call tells.
     pub fn completion(&self, stream: StreamId) -> ResourceResult<EventFuture> {
         EventFuture::point(&self.core, stream)
+    }
+
+    /// [`completion`](Self::completion) on a stream the caller just found
+    /// not capturing.
+    pub(crate) fn completion_outside_capture(
+        &self,
+        stream: StreamId,
+    ) -> ResourceResult<EventFuture> {
+        EventFuture::point_outside_capture(&self.core, stream)
     }
 
     /// How completion futures made from now on wait before parking on a

@@ -91,8 +91,19 @@ enum Phase {
 }
 
 impl EventFuture {
-    /// A completion point at the current end of `stream`.
+    /// A completion point at the current end of `stream`, refused while the
+    /// stream is being captured into a graph.
     pub(crate) fn point(core: &Arc<Core>, stream: StreamId) -> ResourceResult<EventFuture> {
+        core.notifier(stream)?.refuse_capturing(&*core.gpu)?;
+        Self::point_outside_capture(core, stream)
+    }
+
+    /// [`point`](Self::point) on a stream the caller just found not
+    /// capturing.
+    pub(crate) fn point_outside_capture(
+        core: &Arc<Core>,
+        stream: StreamId,
+    ) -> ResourceResult<EventFuture> {
         let notifier = core.notifier(stream)?;
         let (seq, spare) = notifier.mark_with_event();
         let event = match spare {

@@ -63,7 +63,7 @@ use super::kick::Kick;
 use super::points::Points;
 use super::wait_stats::{Tally, WaitStats};
 use crate::error::{ResourceError, ResourceResult};
-use crate::gpu::{Gpu, RawEvent, RawStream};
+use crate::gpu::{CaptureStatus, Gpu, RawEvent, RawStream};
 use crate::sync::{AtomicBool, AtomicU64, Mutex, MutexGuard, Ordering};
 use crate::types::StreamId;
 
@@ -358,6 +358,27 @@ impl Notifier {
     /// The backend handle of the user stream.
     pub(crate) fn user_stream(&self) -> RawStream {
         self.user
+    }
+
+    /// Refuses a completion point while the user stream is being captured
+    /// into a graph: its event would be a captured record, which can never
+    /// be queried (`CUDA_ERROR_CAPTURED_EVENT`, and the capture is
+    /// invalidated), and a notification waiting on it would pull the lane
+    /// into the capture. One `capture_status` call.
+    ///
+    /// # Errors
+    /// [`ResourceError::StreamCapturing`]; a driver error asking.
+    pub(crate) fn refuse_capturing(&self, gpu: &dyn Gpu) -> ResourceResult<()> {
+        // SAFETY: `gpu` is this notifier's backend (every caller passes
+        // `Core::gpu`); `self.user` is a stream of the pool `Core` holds,
+        // which keeps it alive.
+        match unsafe { gpu.capture_status(self.user) }.map_err(ResourceError::from)? {
+            CaptureStatus::None => Ok(()),
+            status => Err(ResourceError::StreamCapturing {
+                stream: self.stream,
+                capture: status.id(),
+            }),
+        }
     }
 
     /// A new point at the current end of the stream (call after queuing the
@@ -662,6 +683,21 @@ impl Notifier {
         let event = match newest {
             Some(e) => e,
             None => {
+                // The event is recorded on the user stream: not while it is
+                // captured (the record would be part of the graph, the lane
+                // would join the capture, and the host function would be
+                // refused or break it). The notification waits for the end
+                // of the capture; the watchdog retries meanwhile.
+                if self.user_capturing(gpu) {
+                    let mut st = self.signal.lock();
+                    st.flight = Flight::Idle;
+                    // Whatever asked before still asks.
+                    st.wanted = true;
+                    st.launches -= 1;
+                    drop(st);
+                    self.signal.kick.pending();
+                    return;
+                }
                 // SAFETY: `gpu` is this notifier's backend (every caller
                 // passes `Core::gpu`); `self.event` was made on it by `new`
                 // and is destroyed only by `release_handles`; `self.user` is
@@ -699,6 +735,13 @@ impl Notifier {
             self.signal.kick.pending();
             tracing::warn!(stream = %self.stream, error = %e, "notifier host function failed");
         }
+    }
+
+    /// Whether the user stream is inside a capture (an error asking counts
+    /// as not: the record that follows reports it).
+    fn user_capturing(&self, gpu: &dyn Gpu) -> bool {
+        // SAFETY: as in `refuse_capturing`.
+        unsafe { gpu.capture_status(self.user) }.is_ok_and(CaptureStatus::is_capturing)
     }
 
     /// The notification's event could not be recorded: nothing was queued.

@@ -505,6 +505,11 @@ impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
 
     /// Synchronizes each stream with queued frees, then drains them.
     ///
+    /// A stream being captured into a CUDA graph is skipped (synchronizing
+    /// it would invalidate the user's capture): its frees belong to the
+    /// graph and stay pending until a reap after the capture. One
+    /// `capture_status` call per stream with frees pending.
+    ///
     /// Inside a poll of the crate's futures (see `AsyncResource`), where
     /// nothing may block, it synchronizes nothing and drains nothing: the
     /// completion notifications apply those frees as the GPU runs them, and
@@ -532,6 +537,13 @@ impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
             let raw = self.raw_stream(stream)?;
             // SAFETY: `raw` was resolved through `self.stream_pool`, which
             // keeps its streams alive.
+            if unsafe { self.gpu.capture_status(raw) }
+                .map_err(ResourceError::from)?
+                .is_capturing()
+            {
+                continue;
+            }
+            // SAFETY: as above.
             unsafe { self.gpu.stream_synchronize(raw) }.map_err(ResourceError::from)?;
             self.drain(index, local, seq);
         }
