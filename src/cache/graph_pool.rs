@@ -41,8 +41,13 @@ use crate::types::{DeviceBlock, StreamId};
 #[derive(Debug)]
 pub(crate) struct GraphPool {
     pub(crate) capture: CaptureId,
-    /// Arena ranges freed while the graph owns them.
-    pub(crate) ranges: Vec<Placed>,
+    /// Arena ranges freed while the graph owns them, and whether the free
+    /// was noted in the capture (a temporary of the graph, allocated and
+    /// freed in it: only those serve its later allocations, so that a
+    /// checking backend sees every replay allocate and free them in
+    /// order). The others (a block from before the capture, the graph's
+    /// output freed after it) are noted freed at the release.
+    pub(crate) ranges: Vec<(Placed, bool)>,
     /// Size-class blocks freed while the graph owns them.
     pub(crate) blocks: Vec<(SizeClass, DeviceBlock)>,
     /// Leases of the shard the capture handed out that users still hold.
@@ -73,23 +78,23 @@ impl GraphPool {
         }
     }
 
-    /// Takes the smallest range that [`fits`] `len`.
+    /// Takes the smallest range freed in the capture that [`fits`] `len`.
     pub(crate) fn take_range(&mut self, len: u64) -> Option<Placed> {
         let (i, _) = self
             .ranges
             .iter()
             .enumerate()
-            .filter(|(_, p)| fits(p.len, len))
-            .min_by_key(|(_, p)| p.len)?;
-        let placed = self.ranges.swap_remove(i);
+            .filter(|(_, (p, noted))| *noted && fits(p.len, len))
+            .min_by_key(|(_, (p, _))| p.len)?;
+        let (placed, _) = self.ranges.swap_remove(i);
         self.bytes -= placed.len as usize;
         Some(placed)
     }
 
-    /// Keeps a range the graph freed.
-    pub(crate) fn put_range(&mut self, placed: Placed) {
+    /// Keeps a range the graph freed (`noted`: in its capture).
+    pub(crate) fn put_range(&mut self, placed: Placed, noted: bool) {
         self.bytes += placed.len as usize;
-        self.ranges.push(placed);
+        self.ranges.push((placed, noted));
     }
 
     /// Takes a block of `class`.
@@ -126,14 +131,16 @@ mod tests {
     #[test]
     fn the_smallest_fitting_range_is_taken() {
         let mut pool = GraphPool::new(CaptureId::new(1));
-        pool.put_range(placed(0, 8192));
-        pool.put_range(placed(8192, 4096));
-        pool.put_range(placed(12288, 16384));
-        assert_eq!(pool.bytes, 28672);
+        pool.put_range(placed(0, 8192), true);
+        pool.put_range(placed(8192, 4096), true);
+        pool.put_range(placed(12288, 16384), true);
+        pool.put_range(placed(28672, 4096), false);
+        assert_eq!(pool.bytes, 32768);
         assert_eq!(pool.take_range(4096).map(|p| p.off), Some(8192));
         assert_eq!(pool.take_range(4096).map(|p| p.off), Some(0));
         assert_eq!(pool.take_range(4096), None, "16 KiB is too large for 4 KiB");
         assert_eq!(pool.take_range(10000).map(|p| p.off), Some(12288));
-        assert_eq!(pool.bytes, 0);
+        assert_eq!(pool.take_range(4096), None, "not freed in the capture");
+        assert_eq!(pool.bytes, 4096);
     }
 }

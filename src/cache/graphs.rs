@@ -152,8 +152,12 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
             && let (Some(tier), Some(arena)) = (&self.vm, shard.arena.as_mut())
         {
             let mut bytes = 0;
-            for placed in pool.ranges {
+            for (placed, noted) in pool.ranges {
                 bytes += placed.len as usize;
+                if !noted {
+                    // Freed here, after the wait for the last replay.
+                    tier.note_free(arena, placed);
+                }
                 tier.return_range(arena, placed);
             }
             let index = (stream.index() as usize).min(self.config.streams);

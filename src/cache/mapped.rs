@@ -176,13 +176,13 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
     /// Ends the arena lease `serial` of the locked `shard`: the stream
     /// waits for the block's uses on other streams, then the range goes
     /// back to its arena, or to the pool of `owner`, the capture whose
-    /// graph still uses it.
+    /// graph still uses it (`now`: the capture the stream is in).
     pub(super) fn free_mapped(
         &self,
         slot: &Slot,
         mut shard: SlotGuard<'_>,
         serial: u64,
-        owner: Option<CaptureId>,
+        (owner, now): (Option<CaptureId>, Option<CaptureId>),
     ) -> ResourceResult<()> {
         let tier = self.tier();
         let gpu = &*tier.access.gpu;
@@ -227,12 +227,17 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
             let Some(arena) = shard.arena.as_ref() else {
                 unreachable!("checked above");
             };
-            tier.note_free(arena, m.placed);
+            // A temporary of the graph (handed out and freed in its
+            // capture): the free is the graph's, made at every replay.
+            let noted = lease.capture == Some(c) && now == Some(c);
+            if noted {
+                tier.note_free(arena, m.placed);
+            }
             // Held for the graph: counted as live for the slack target, as
             // it cannot be given back.
             slot.add_arena_live(m.placed.len as isize - lease.size as isize);
             let pool = shard.graph_entry(c);
-            pool.put_range(m.placed);
+            pool.put_range(m.placed, noted);
             if lease.capture == Some(c) {
                 pool.live -= 1;
             }

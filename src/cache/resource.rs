@@ -617,16 +617,14 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R> {
         // The graph that owns the memory: the one of the capture that
         // handed it out while it lives, else the one capturing the stream
         // now (the replays use the block up to this free).
-        let owner = match leased_in.filter(|&c| shard.graph_mut(c).is_some()) {
-            Some(c) => Some(c),
-            None => self.inner.capture_status(stream)?.id(),
-        };
+        let now = self.inner.capture_status(stream)?.id();
+        let owner = leased_in.filter(|&c| shard.graph_mut(c).is_some()).or(now);
         let Some(lease) = shard.lease_mut(serial) else {
             unreachable!("the lease was found above");
         };
         let inner = match &lease.backing {
             Backing::Inner(inner) => inner.clone(),
-            Backing::Mapped(_) => return self.free_mapped(slot, shard, serial, owner),
+            Backing::Mapped(_) => return self.free_mapped(slot, shard, serial, (owner, now)),
         };
         let Some(class) = class else {
             unreachable!("a size-class lease");

@@ -417,6 +417,10 @@ impl State {
                     self.free_unchecked(addr, s);
                 }
             }
+            // A range the graph keeps across replays (handed out in the
+            // capture and not freed in it: the graph's output) is
+            // allocated by the first replay and stays so.
+            GraphOp::SubAlloc { addr, len } if self.races.live_at(addr, len) => {}
             GraphOp::SubAlloc { addr, len } => self.note_suballoc(addr, len, s),
             GraphOp::SubFree { addr } => self.note_subfree(addr, s),
             GraphOp::Kernel(ref accesses) => {
