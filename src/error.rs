@@ -276,7 +276,7 @@ pub enum ResourceError {
     /// break the capture: a completion future (its event could never be
     /// queried, nor a host function wait on it, without invalidating the
     /// capture). Nothing was queued and nothing changed. Await the graph's
-    /// launch instead (see the graph capture API).
+    /// launch instead (see [`crate::graph`]).
     #[error(
         "{stream} is capturing a CUDA graph ({}): no completion future can be made on it; await the graph's launch instead",
         capture.map_or_else(|| "invalidated".to_string(), |c| c.to_string())
