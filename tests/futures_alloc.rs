@@ -6,7 +6,6 @@ use common::bounded::BoundedExt;
 
 use std::sync::Arc;
 use std::task::Poll;
-use std::time::Duration;
 
 use common::{CountingWaker, poll_once};
 use streamalloc::futures::AsyncResource;
@@ -158,7 +157,7 @@ async fn memory_freed_on_another_stream_serves_a_waiter_once_executed() {
     }
     // Not awaited: the notification, not the handle, returns the memory.
     drop(res.deallocate(a).unwrap());
-    let block = tokio::time::timeout(Duration::from_secs(10), waiting)
+    let block = tokio::time::timeout(common::guard(10), waiting)
         .await
         .expect("hang guard")
         .unwrap()
@@ -216,7 +215,7 @@ async fn cancelled_waiters_leave_no_leak_and_others_are_served() {
         drop(res.deallocate(block).unwrap());
     }
     for t in kept {
-        let r = tokio::time::timeout(Duration::from_secs(20), t)
+        let r = tokio::time::timeout(common::guard(20), t)
             .await
             .expect("hang guard")
             .unwrap();

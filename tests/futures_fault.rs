@@ -15,12 +15,14 @@ use streamalloc::{AllocTag, DriverCall, ResourceError, SimResource};
 
 const BLOCK: usize = 4096;
 const TAG: AllocTag = AllocTag("fault");
-const GUARD: Duration = Duration::from_secs(10);
+const GUARD: Duration = common::guard(10);
 
 fn slow(streams: usize) -> (common::Fixture<SimGpu>, AsyncResource<SimResource>) {
     let gpu = SimGpu::builder()
         .capacity(2 * BLOCK)
-        .op_latency(Duration::from_millis(20))
+        // Slow enough that the futures park before the work is done, also
+        // under Miri.
+        .op_latency(Duration::from_millis(if cfg!(miri) { 500 } else { 20 }))
         .build();
     let f = common::sim_with(gpu, streams);
     let res = common::async_resource(&f);

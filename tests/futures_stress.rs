@@ -6,7 +6,6 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use streamalloc::gpu::sim::{MemAccess, SimGpu};
 use streamalloc::{Access, AllocTag, ResourceResult};
@@ -16,14 +15,14 @@ const TAG: AllocTag = AllocTag("soak");
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn seeded_soak_keeps_every_invariant() {
-    for seed in 0..4u64 {
+    for seed in 0..common::scaled(4, 1) as u64 {
         let gpu = SimGpu::builder().capacity(6 * BLOCK).seed(seed).build();
         let f = common::sim_with(gpu, 3);
         let gpu = f.sim.clone().unwrap();
         let res = Arc::new(common::async_resource(&f));
         let streams = f.streams.clone();
         let mut tasks = Vec::new();
-        for t in 0..48u64 {
+        for t in 0..common::scaled(48, 12) as u64 {
             let (res, gpu, pool) = (res.clone(), gpu.clone(), f.pool.clone());
             let streams = streams.clone();
             tasks.push(tokio::spawn(async move {
@@ -63,7 +62,7 @@ async fn seeded_soak_keeps_every_invariant() {
         }
         let mut served = 0;
         for t in tasks {
-            let r = tokio::time::timeout(Duration::from_secs(30), t)
+            let r = tokio::time::timeout(common::guard(30), t)
                 .await
                 .expect("hang guard")
                 .unwrap();

@@ -74,7 +74,8 @@ fn a_step_with_temporaries_replays_with_memory_flat_and_no_race() {
         "the graph holds its temporaries"
     );
     for i in 0..3 {
-        let stream = if i == 1 { other } else { s };
+        // The last replay runs on `other`: the release goes behind it.
+        let stream = if i == 0 { s } else { other };
         // SAFETY: `input` and `output` outlive every replay (awaited here).
         let mut done = unsafe { graph.launch(stream) }.unwrap();
         drive(&sc.gpu, &mut done).unwrap();
@@ -83,12 +84,19 @@ fn a_step_with_temporaries_replays_with_memory_flat_and_no_race() {
     assert_eq!(graph.launches(), 3);
     let mut reap = sc.res.reap_pending();
     drive(&sc.gpu, &mut reap).unwrap();
+    // The temporaries are the graph's while it lives: counted, as CUDA
+    // keeps them reserved for it.
+    assert_eq!(sc.res.inner().graph_bytes(), 2 * N * 4);
+    assert_eq!(sc.res.bytes_outstanding(), 4 * N * 4);
+    drop(graph);
+    let mut reap = sc.res.reap_pending();
+    drive(&sc.gpu, &mut reap).unwrap();
+    assert_eq!(sc.res.inner().graph_bytes(), 0);
     assert_eq!(
         sc.res.bytes_outstanding(),
         2 * N * 4,
-        "only input and output are outstanding"
+        "once the graph is dropped, only input and output are outstanding"
     );
-    drop(graph);
     sc.gpu.run_until_idle();
     assert_eq!(
         sc.gpu.held_bytes(),

@@ -39,6 +39,8 @@ const LIMIT: usize = 48 << 10;
 /// The device's mapping granularity, small enough that the cache's arena
 /// maps pages inside the small device.
 const PAGE: usize = 4 << 10;
+/// The arena's slack over its live high-water mark.
+const SLACK_PERCENT: usize = 5;
 const SIZES: [usize; 8] = [0, 100, 512, 1000, 4096, 5000, 8192, 20_000];
 
 /// One layer, as the builder adds it.
@@ -63,8 +65,8 @@ const KINDS: [Kind; 6] = [
 ];
 
 /// Which cache the `Cache` layer is: the builder's default (the arena,
-/// where the layer below lends the device: right on the bottom resource),
-/// or size classes everywhere.
+/// where the layer below lends the device: right on the bottom resource;
+/// here with a slack of [`SLACK_PERCENT`]), or size classes everywhere.
 #[derive(Debug, Clone, Copy)]
 enum CacheKind {
     Arena,
@@ -74,7 +76,7 @@ enum CacheKind {
 impl CacheKind {
     fn config(self) -> CacheConfig {
         match self {
-            CacheKind::Arena => CacheConfig::default(),
+            CacheKind::Arena => CacheConfig::default().slack_percent(SLACK_PERCENT),
             CacheKind::Classes => CacheConfig::default().virtual_memory(false),
         }
     }
@@ -156,7 +158,7 @@ fn rig(kinds: &[Kind], cache: CacheKind) -> Rig {
         // budget above counts all of it, which may pass the limit by the
         // slack and a page or two (these runs reach two pages).
         overshoot: if kinds.last() == Some(&Kind::Cache) && matches!(cache, CacheKind::Arena) {
-            LIMIT / 20 + 2 * PAGE
+            LIMIT * SLACK_PERCENT / 100 + 2 * PAGE
         } else {
             0
         },

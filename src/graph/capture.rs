@@ -47,27 +47,30 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
         // capture holds (through `res`) and which keeps its streams alive.
         unsafe { gpu.begin_capture(raw, mode) }?;
         // SAFETY: as above.
-        let status = unsafe { gpu.capture_status(raw) };
-        let mut capture = GraphCapture {
-            res: self.clone(),
-            stream,
-            raw,
-            id: CaptureId::new(0),
-            ended: false,
-        };
-        match status {
-            Ok(CaptureStatus::Active(id)) => {
-                capture.id = id;
-                Ok(capture)
-            }
-            // Nothing recorded yet: the capture is ended (by the guard's
-            // drop) and the error reported.
+        let id = match unsafe { gpu.capture_status(raw) } {
+            Ok(CaptureStatus::Active(id)) => Ok(id),
             Ok(other) => Err(ResourceError::Driver {
                 call: crate::DriverCall::StreamGetCaptureInfo,
                 code: crate::gpu::capture_code::ILLEGAL_STATE,
                 message: format!("a capture just begun reports {other:?}"),
             }),
             Err(e) => Err(e.into()),
+        };
+        match id {
+            Ok(id) => Ok(GraphCapture {
+                res: self.clone(),
+                stream,
+                raw,
+                id,
+                ended: false,
+            }),
+            Err(e) => {
+                // Nothing was recorded: end the capture (its graph, if any,
+                // drops here) so the stream runs work again.
+                // SAFETY: as above.
+                let _ = unsafe { Graph::end_capture(gpu, raw) };
+                Err(e)
+            }
         }
     }
 
@@ -137,14 +140,9 @@ impl<R: DeviceMemoryResource + 'static> GraphCapture<R> {
         let exec =
             unsafe { Graph::end_capture(gpu, self.raw) }.and_then(|graph| graph.instantiate());
         match exec {
-            Ok(exec) => Ok(CapturedGraph::new(
-                self.res.clone(),
-                exec,
-                self.stream,
-                self.raw,
-            )),
+            Ok(exec) => Ok(CapturedGraph::new(self.res.clone(), exec, self.stream)),
             Err(e) => {
-                release_capture(&**self.res.inner(), self.id);
+                release_capture(&self.res, self.id, self.stream);
                 Err(e.into())
             }
         }
@@ -163,6 +161,6 @@ impl<R: DeviceMemoryResource + 'static> Drop for GraphCapture<R> {
         if let Err(e) = unsafe { Graph::end_capture(self.res.gpu(), self.raw) } {
             tracing::debug!(capture = %self.id, error = %e, "abandoned capture ended");
         }
-        release_capture(&**self.res.inner(), self.id);
+        release_capture(&self.res, self.id, self.stream);
     }
 }

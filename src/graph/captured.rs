@@ -11,21 +11,21 @@ use crate::error::ResourceResult;
 use crate::futures::{AsyncResource, EventFuture};
 use crate::gpu::{CaptureId, Gpu, GraphExec};
 use crate::resource::DeviceMemoryResource;
-use crate::types::{RawStream, StreamId};
+use crate::types::StreamId;
 
 /// Tells the resource stack that the graph of capture `id` is gone, so that
-/// memory handed out during the capture (graph-private memory) can serve
-/// others again.
-pub(super) fn release_capture<R: DeviceMemoryResource + ?Sized>(inner: &R, id: CaptureId) {
-    // ISSUE 19, PART 2 (branch `graphcache`): the resource stack's
-    // `DeviceMemoryResource::release_capture(&self, CaptureId)` lands with
-    // the cache's graph-private memory. Until it has, nothing of the stack
-    // holds memory per capture and there is nothing to release; once it has,
-    // this is the one call site:
-    //     if let Err(e) = inner.release_capture(id) {
-    //         tracing::warn!(capture = %id, error = %e, "releasing a capture's memory failed");
-    //     }
-    let _ = (inner, id);
+/// memory handed out during the capture (the graph's) serves others again
+/// once `after` passes the graph's last replay
+/// ([`AsyncResource::release_capture`]). A failure is logged: what was not
+/// returned stays with the graph's tally.
+pub(super) fn release_capture<R: DeviceMemoryResource + 'static>(
+    res: &AsyncResource<R>,
+    id: CaptureId,
+    after: StreamId,
+) {
+    if let Err(e) = res.release_capture(id, after) {
+        tracing::warn!(capture = %id, %after, error = %e, "releasing a capture's memory failed");
+    }
 }
 
 /// A captured, instantiated CUDA graph: [`launch`](Self::launch) replays it
@@ -35,30 +35,25 @@ pub(super) fn release_capture<R: DeviceMemoryResource + ?Sized>(inner: &R, id: C
 /// Made by [`GraphCapture::end`](super::GraphCapture::end) or
 /// [`AsyncResource::capture_graph`]. Dropping it destroys the executable
 /// graph (replays already queued still run) and then tells the resource
-/// stack to release the memory of its capture, ordered after the last
-/// replay.
+/// stack to release the memory of its capture behind the stream of the last
+/// replay ([`AsyncResource::release_capture`]).
 pub struct CapturedGraph<R: DeviceMemoryResource + 'static> {
     res: AsyncResource<R>,
     exec: ManuallyDrop<GraphExec<dyn Gpu>>,
     origin: StreamId,
-    origin_raw: RawStream,
-    /// The stream of the last replay: the release is ordered after it.
-    last_launch: Mutex<Option<RawStream>>,
+    /// The stream of the last replay: the capture's memory is released
+    /// behind it (CUDA runs the launches of one executable in order, so it
+    /// is behind every replay).
+    last_launch: Mutex<Option<StreamId>>,
     launches: AtomicU64,
 }
 
 impl<R: DeviceMemoryResource + 'static> CapturedGraph<R> {
-    pub(super) fn new(
-        res: AsyncResource<R>,
-        exec: GraphExec<dyn Gpu>,
-        origin: StreamId,
-        origin_raw: RawStream,
-    ) -> Self {
+    pub(super) fn new(res: AsyncResource<R>, exec: GraphExec<dyn Gpu>, origin: StreamId) -> Self {
         CapturedGraph {
             res,
             exec: ManuallyDrop::new(exec),
             origin,
-            origin_raw,
             last_launch: Mutex::new(None),
             launches: AtomicU64::new(0),
         }
@@ -92,7 +87,7 @@ impl<R: DeviceMemoryResource + 'static> CapturedGraph<R> {
         // the memory the graph touches is live (this fn's Safety 1), and the
         // graph's own allocations are the graph's.
         unsafe { self.exec.launch(raw) }?;
-        *self.last_launch.lock().unwrap_or_else(|p| p.into_inner()) = Some(raw);
+        *self.last_launch.lock().unwrap_or_else(|p| p.into_inner()) = Some(stream);
         self.launches.fetch_add(1, Ordering::Relaxed);
         self.res.completion_outside_capture(stream)
     }
@@ -111,42 +106,21 @@ impl<R: DeviceMemoryResource + 'static> CapturedGraph<R> {
     pub fn launches(&self) -> u64 {
         self.launches.load(Ordering::Relaxed)
     }
-
-    /// Orders the origin stream after the last replay, when that ran on
-    /// another stream: the capture's memory is given back in the origin's
-    /// order, and must not be reused before the replays touching it ran.
-    fn order_release_after_replays(&self) {
-        let last = *self.last_launch.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(last) = last.filter(|&l| l != self.origin_raw) else {
-            return;
-        };
-        let gpu = self.res.gpu();
-        let ordered = gpu.event_create().and_then(|event| {
-            // SAFETY: `event` was just made on `gpu`; both streams are of
-            // the pool the resource holds. CUDA allows destroying an event
-            // with a wait on it queued: the wait keeps the record it saw.
-            unsafe {
-                let r = gpu
-                    .event_record(event, last)
-                    .and_then(|()| gpu.stream_wait_event(self.origin_raw, event));
-                let _ = gpu.event_destroy(event);
-                r
-            }
-        });
-        if let Err(e) = ordered {
-            tracing::warn!(capture = %self.capture(), error = %e,
-                "could not order a graph's release after its replays");
-        }
-    }
 }
 
 impl<R: DeviceMemoryResource + 'static> Drop for CapturedGraph<R> {
     fn drop(&mut self) {
         let capture = self.capture();
-        self.order_release_after_replays();
-        // SAFETY: dropped once, here, and not used afterwards.
+        let after = self
+            .last_launch
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .unwrap_or(self.origin);
+        // SAFETY: dropped once, here, and not used afterwards. Replays
+        // already queued still run (the driver frees the executable after
+        // them).
         unsafe { ManuallyDrop::drop(&mut self.exec) };
-        release_capture(&**self.res.inner(), capture);
+        release_capture(&self.res, capture, after);
     }
 }
 

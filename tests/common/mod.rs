@@ -26,6 +26,20 @@ impl<G: Gpu> Fixture<G> {
     }
 }
 
+/// `n` in an ordinary run, `under_miri` under Miri, which interprets the
+/// test a hundred times or more slower: loops that only repeat work are cut
+/// there (Miri looks for undefined behaviour, not for coverage;
+/// `scripts/miri.sh` lists what runs).
+pub const fn scaled(n: usize, under_miri: usize) -> usize {
+    if cfg!(miri) { under_miri } else { n }
+}
+
+/// A hang guard of `secs` seconds (never a timing assertion), thirty times
+/// longer under Miri.
+pub const fn guard(secs: u64) -> std::time::Duration {
+    std::time::Duration::from_secs(if cfg!(miri) { 30 * secs } else { secs })
+}
+
 /// A manual (deterministic) simulated device with `streams` streams.
 pub fn sim(streams: usize) -> Fixture<SimGpu> {
     sim_with(
@@ -102,6 +116,6 @@ pub fn drive<F: std::future::Future + Unpin>(gpu: &SimGpu, f: &mut F) -> F::Outp
         }
         gpu.run_until_idle();
         std::thread::yield_now();
-        assert!(guard.elapsed() < std::time::Duration::from_secs(20), "hang");
+        assert!(guard.elapsed() < self::guard(20), "hang");
     }
 }
