@@ -275,8 +275,8 @@ pub enum ResourceError {
     /// The stream is being captured into a CUDA graph, and the call needs a
     /// point on it that runs: a completion future (its event could never be
     /// queried, nor a host function wait on it, without invalidating the
-    /// capture; await the graph's launch instead), or the stream a graph's
-    /// memory is released after
+    /// capture; await the graph's launch instead, see [`crate::graph`]),
+    /// or the stream a graph's memory is released after
     /// ([`release_capture`](crate::DeviceMemoryResource::release_capture)).
     /// Nothing was queued and nothing changed.
     #[error(

@@ -305,7 +305,7 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
     /// # Captures
     /// Refused at creation rather than completed at a replay: a replay's
     /// completion is a point recorded after the launch, outside the capture
-    /// (see the graph capture API). One `cuStreamGetCaptureInfo` per call tells.
+    /// (see [`crate::graph`]). One `cuStreamGetCaptureInfo` per call tells.
     pub fn completion(&self, stream: StreamId) -> ResourceResult<EventFuture> {
         EventFuture::point(&self.core, stream)
     }
