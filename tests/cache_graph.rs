@@ -4,13 +4,17 @@
 //! replays, and returns to general use behind the last replay; budgets and
 //! stats count it.
 
+mod common;
+
 use std::sync::Arc;
+
+use proptest::prelude::*;
 
 use streamalloc::adaptors::{Budget, BudgetResource, Stats, StatsResource};
 use streamalloc::cache::{CacheConfig, CachingResource};
 use streamalloc::error::DriverCall;
 use streamalloc::gpu::sim::{MemAccess, SimGpu};
-use streamalloc::gpu::{CaptureId, CaptureMode, CaptureStatus, Gpu, RawGraph, RawGraphExec};
+use streamalloc::gpu::{CaptureId, CaptureMode, CaptureStatus, Gpu, Graph, RawGraph, RawGraphExec};
 use streamalloc::{
     AllocTag, Device, DeviceBlock, DeviceMemoryResource, ResourceError, SimResource, StreamId,
 };
@@ -458,4 +462,245 @@ fn budget_and_stats_return_to_zero_after_the_release_and_the_last_replay() {
         assert_eq!(stats.snapshot().overall.current_bytes, 0);
     }
     assert!(f.gpu.races().is_empty(), "{:?}", f.gpu.races());
+}
+
+/// One step of a random workload around a capture.
+#[derive(Debug, Clone)]
+enum Step {
+    /// Allocate `size` on stream `stream` (0: the captured one, 1: another).
+    Alloc { stream: usize, size: usize },
+    /// Free the `index`-th block held on `stream` (modulo their count).
+    Free { stream: usize, index: usize },
+    /// Replay the graph (once it exists) on the replay stream.
+    Replay,
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    let size = prop_oneof![Just(4096usize), Just(65536), Just(MIB), Just(3 * MIB)];
+    prop_oneof![
+        (0..2usize, size).prop_map(|(stream, size)| Step::Alloc { stream, size }),
+        (0..2usize, 0..8usize).prop_map(|(stream, index)| Step::Free { stream, index }),
+        Just(Step::Replay),
+    ]
+}
+
+fn overlaps(a: (u64, usize), b: (u64, usize)) -> bool {
+    a.0 < b.0 + b.1 as u64 && b.0 < a.0 + a.1 as u64
+}
+
+/// Runs `steps`: `before` outside any capture, `during` with stream 0
+/// captured (every block the capture hands out is freed in it), `after`
+/// while the graph lives. Nothing handed out outside the capture ever
+/// overlaps memory the graph uses; after the release and the last replay,
+/// everything comes back, with no race.
+fn random_workload(vm: bool, before: &[Step], during: &[Step], after: &[Step]) {
+    let f = fixture();
+    let config = CacheConfig::default().virtual_memory(vm);
+    let cache = CachingResource::with_config(SimResource::new(&f.device), config);
+    let streams = [f.s, f.device.stream(2).unwrap()];
+    let mut held: [Vec<DeviceBlock>; 2] = [Vec::new(), Vec::new()];
+    let mut graph_owned: Vec<(u64, usize)> = Vec::new();
+    let run = |steps: &[Step],
+               held: &mut [Vec<DeviceBlock>; 2],
+               phase: u8,
+               graph_owned: &mut Vec<(u64, usize)>,
+               graph: Option<RawGraphExec>| {
+        for s in steps {
+            match *s {
+                Step::Alloc { stream, size } => {
+                    let b = cache
+                        .allocate(size, streams[stream], AllocTag::UNTAGGED)
+                        .unwrap();
+                    let range = (b.ptr(), b.size());
+                    if phase == 1 && stream == 0 {
+                        graph_owned.push(range);
+                    } else {
+                        assert!(
+                            !graph_owned.iter().any(|&g| overlaps(g, range)),
+                            "vm {vm}: {range:?} handed out over the graph's memory"
+                        );
+                    }
+                    f.write(streams[stream], &b);
+                    held[stream].push(b);
+                }
+                Step::Free { stream, index } if !held[stream].is_empty() => {
+                    let b = held[stream].remove(index % held[stream].len());
+                    if phase == 1 && stream == 0 {
+                        graph_owned.push((b.ptr(), b.size()));
+                    }
+                    cache.deallocate(b).unwrap();
+                }
+                Step::Free { .. } => {}
+                Step::Replay => {
+                    if let Some(exec) = graph {
+                        f.replay(exec, f.l, 1);
+                    }
+                }
+            }
+        }
+    };
+    run(before, &mut held, 0, &mut graph_owned, None);
+    f.order(f.l, f.s);
+    let capture = f.begin(f.s);
+    let mut during_held: [Vec<DeviceBlock>; 2] = [Vec::new(), std::mem::take(&mut held[1])];
+    run(during, &mut during_held, 1, &mut graph_owned, None);
+    // The capture frees what it handed out; stream 0's blocks from before
+    // are freed in it too.
+    for b in during_held[0].drain(..).chain(held[0].drain(..)) {
+        graph_owned.push((b.ptr(), b.size()));
+        cache.deallocate(b).unwrap();
+    }
+    held[1] = std::mem::take(&mut during_held[1]);
+    let graph = f.end(f.s);
+    run(after, &mut held, 2, &mut graph_owned, Some(graph.1));
+    f.replay(graph.1, f.l, 1);
+    f.gpu.run_until_idle();
+    assert!(f.gpu.races().is_empty(), "vm {vm}: {:?}", f.gpu.races());
+    f.destroy(graph);
+    cache.release_capture(capture, f.l).unwrap();
+    assert_eq!(cache.graph_bytes(), 0);
+    for b in held.iter_mut().flat_map(|h| h.drain(..)) {
+        cache.deallocate(b).unwrap();
+    }
+    f.gpu.run_until_idle();
+    cache.release_idle().unwrap();
+    cache.reap_pending().unwrap();
+    assert_eq!(cache.bytes_outstanding(), 0, "vm {vm}");
+    assert!(f.gpu.races().is_empty(), "vm {vm}: {:?}", f.gpu.races());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn nothing_outside_a_capture_gets_the_graphs_memory(
+        vm in any::<bool>(),
+        before in proptest::collection::vec(step(), 0..12),
+        during in proptest::collection::vec(step(), 0..12),
+        after in proptest::collection::vec(step(), 0..16),
+    ) {
+        random_workload(vm, &before, &during, &after);
+    }
+}
+
+/// A stream that joins a capture (it waits on an event recorded in it)
+/// allocates for the same graph: its block stays the graph's on that stream
+/// too, and the release orders that stream after the replays as well.
+#[test]
+fn a_stream_that_joins_the_capture_allocates_for_its_graph() {
+    let f = fixture();
+    let cache = CachingResource::new(SimResource::new(&f.device));
+    let side = f.device.stream(2).unwrap();
+    let warm = cache.allocate(MIB, side, AllocTag::UNTAGGED).unwrap();
+    f.write(side, &warm);
+    cache.deallocate(warm).unwrap();
+    f.order(f.l, side);
+    let capture = f.begin(f.s);
+    f.order(side, f.s); // `side` joins the capture
+    assert_eq!(
+        f.gpu.capture_status(f.device.raw(side).unwrap()).unwrap(),
+        CaptureStatus::Active(capture)
+    );
+    let tmp = cache.allocate(MIB, side, AllocTag::UNTAGGED).unwrap();
+    f.write(side, &tmp);
+    let ptr = tmp.ptr();
+    cache.deallocate(tmp).unwrap();
+    f.order(f.s, side); // joined back
+    let graph = f.end(f.s);
+    let next = cache.allocate(MIB, side, AllocTag::UNTAGGED).unwrap();
+    assert_ne!(next.ptr(), ptr, "the graph's block on the joined stream");
+    f.write(side, &next);
+    f.replay(graph.1, f.l, 2);
+    f.gpu.run_until_idle();
+    assert!(f.gpu.races().is_empty(), "{:?}", f.gpu.races());
+    cache.deallocate(next).unwrap();
+    f.destroy(graph);
+    cache.release_capture(capture, f.l).unwrap();
+    assert_eq!(cache.graph_bytes(), 0);
+    let again = cache.allocate(MIB, side, AllocTag::UNTAGGED).unwrap();
+    f.write(side, &again);
+    let other = cache.allocate(MIB, side, AllocTag::UNTAGGED).unwrap();
+    assert!(again.ptr() == ptr || other.ptr() == ptr);
+    f.gpu.run_until_idle();
+    assert!(f.gpu.races().is_empty(), "{:?}", f.gpu.races());
+    cache.deallocate(again).unwrap();
+    cache.deallocate(other).unwrap();
+}
+
+/// Issue 19's scene on any backend, through the gpu seam (memsets as the
+/// kernels): the cache keeps the graph's block from the next allocation,
+/// and the budget of a plain stream-ordered resource counts the graph's
+/// allocation until the release and the last replay.
+fn a_graph_keeps_its_memory_on_any_backend<G: Gpu>(f: common::Fixture<G>) {
+    let gpu = f.resource.gpu().clone();
+    let s = f.stream(0);
+    let raw = f.device.raw(s).unwrap();
+    let cache = CachingResource::new(f.resource.clone());
+    let budget = Budget::new(1 << 30);
+    let plain = BudgetResource::new(f.resource.clone(), &budget);
+
+    let warm = cache.allocate(MIB, s, AllocTag::UNTAGGED).unwrap();
+    // SAFETY (each memset below): a stream of the fixture's pool, and a
+    // block live in the cache until its free, queued after the fill.
+    unsafe { gpu.memset_async(warm.ptr(), 1, MIB, raw) }.unwrap();
+    cache.deallocate(warm).unwrap();
+    // SAFETY: a stream of the fixture's pool.
+    unsafe { gpu.begin_capture(raw, CaptureMode::Relaxed) }.unwrap();
+    // SAFETY: as above.
+    let status = unsafe { gpu.capture_status(raw) }.unwrap();
+    let capture = status.id().expect("capturing");
+    let tmp = cache.allocate(MIB, s, AllocTag::UNTAGGED).unwrap();
+    // SAFETY: as above (captured).
+    unsafe { gpu.memset_async(tmp.ptr(), 2, MIB, raw) }.unwrap();
+    let graph_ptr = tmp.ptr();
+    cache.deallocate(tmp).unwrap();
+    let node = plain.allocate(MIB, s, AllocTag::UNTAGGED).unwrap();
+    // SAFETY: as above (the graph's own allocation, live in the graph).
+    unsafe { gpu.memset_async(node.ptr(), 4, MIB, raw) }.unwrap();
+    plain.deallocate(node).unwrap();
+    // SAFETY: the stream the capture was begun on.
+    let graph = unsafe { Graph::end_capture(&gpu, raw) }.unwrap();
+    let exec = graph.instantiate().unwrap();
+
+    let next = cache.allocate(MIB, s, AllocTag::UNTAGGED).unwrap();
+    assert_ne!(
+        next.ptr(),
+        graph_ptr,
+        "the graph's block went to someone else"
+    );
+    // SAFETY: as above.
+    unsafe { gpu.memset_async(next.ptr(), 3, MIB, raw) }.unwrap();
+    for _ in 0..3 {
+        // SAFETY: a stream of the pool; the graph's memory is the cache's
+        // (kept for it) or its own.
+        unsafe { exec.launch(raw) }.unwrap();
+    }
+    cache.deallocate(next).unwrap();
+    plain.reap_pending().unwrap();
+    assert!(budget.in_use() >= MIB, "the graph's memory is counted");
+    drop(exec);
+    drop(graph);
+    cache.release_capture(capture, s).unwrap();
+    plain.release_capture(capture, s).unwrap();
+    assert_eq!(cache.graph_bytes(), 0);
+    // SAFETY: a stream of the pool.
+    unsafe { gpu.stream_synchronize(raw) }.unwrap();
+    cache.release_idle().unwrap();
+    plain.reap_pending().unwrap();
+    assert_eq!(cache.bytes_outstanding(), 0);
+    assert_eq!(budget.in_use(), 0);
+    if let Some(sim) = &f.sim {
+        assert!(sim.races().is_empty(), "{:?}", sim.races());
+    }
+}
+
+#[test]
+fn a_graph_keeps_its_memory_on_any_backend_sim() {
+    a_graph_keeps_its_memory_on_any_backend(common::sim(2));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_graph_keeps_its_memory_on_any_backend_cuda() {
+    a_graph_keeps_its_memory_on_any_backend(common::cuda(2));
 }

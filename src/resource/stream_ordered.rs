@@ -13,8 +13,14 @@
 //! - **Pending frees** ([`StreamFrees`](super::pending)) of the shard's
 //!   streams: bytes whose free is queued on the GPU but not known to have
 //!   run, with per-stream sequence numbers.
-//! - The live and pending byte tallies, and their sum, `outstanding`,
-//!   readable without the lock.
+//! - **Graph frees**: bytes freed on a stream while it was being captured
+//!   into a CUDA graph, per capture. Such a free is a node of the graph,
+//!   which runs at every replay, and the graph keeps its memory while it
+//!   lives: the bytes stay counted until
+//!   [`release_capture`](DeviceMemoryResource::release_capture) moves them
+//!   to the pending frees of the stream the replays are ordered on.
+//! - The live, pending and graph byte tallies, and their sum,
+//!   `outstanding`, readable without the lock.
 //!
 //! A block moves from live to pending when its free is queued (within its
 //! shard, as the free is queued on its allocation stream), and leaves
