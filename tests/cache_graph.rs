@@ -752,3 +752,31 @@ fn a_guard_passes_frees_in_a_capture_to_the_graph_and_bad_releases_change_nothin
     f.gpu.run_until_idle();
     assert!(f.gpu.races().is_empty(), "{:?}", f.gpu.races());
 }
+
+/// What capture awareness costs: one capture query per allocation and one
+/// per free the cache serves; none with it turned off (for programs that
+/// never capture).
+#[test]
+fn the_cache_asks_once_per_call_unless_told_nothing_is_captured() {
+    for (aware, per_pair) in [(true, 2), (false, 0)] {
+        for vm in [true, false] {
+            let f = fixture();
+            let config = CacheConfig::default()
+                .virtual_memory(vm)
+                .capture_aware(aware);
+            let cache = CachingResource::with_config(SimResource::new(&f.device), config);
+            let warm = cache.allocate(MIB, f.s, AllocTag::UNTAGGED).unwrap();
+            cache.deallocate(warm).unwrap();
+            let queries = f.gpu.call_count(DriverCall::StreamGetCaptureInfo);
+            for _ in 0..10 {
+                let b = cache.allocate(MIB, f.s, AllocTag::UNTAGGED).unwrap();
+                cache.deallocate(b).unwrap();
+            }
+            assert_eq!(
+                f.gpu.call_count(DriverCall::StreamGetCaptureInfo) - queries,
+                10 * per_pair,
+                "aware {aware}, vm {vm}"
+            );
+        }
+    }
+}
