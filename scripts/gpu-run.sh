@@ -10,7 +10,8 @@
 #   scripts/gpu-run.sh measure DIR    # there: futures latency, then the allocation table (CSV, PNG) into DIR
 #   scripts/gpu-run.sh all DIR        # there: run, examples, measure, sanitize (one device call)
 #   scripts/gpu-run.sh traces DIR     # there: the GPT-2 traces through the driver pool, the cache
-#                                     # and PyTorch (needs gpu-traces/, see the traces mode)
+#                                     # and PyTorch (needs gpu-traces/, see the traces mode;
+#                                     # TRACE_ARGS="--slack 10" passes options to trace_replay)
 #   scripts/gpu-run.sh service DIR    # there: the inference service three ways (streamalloc,
 #                                     # cudarc, cuda-async) and the 10,000 fills row, into DIR
 #
@@ -118,7 +119,7 @@ traces)
     for t in gpt2_infer gpt2_train; do
         f="$traces/$t.ops.csv.gz"
         echo "=== $t: streamalloc ($stacks)"
-        timeout 300 "$BIN/bin-trace_replay" "$f" --stack "$stacks" --repeat 2 --calls --png "$dir/$t.png" 2>&1 |
+        timeout 300 "$BIN/bin-trace_replay" "$f" --stack "$stacks" --repeat 2 --calls --png "$dir/$t.png" ${TRACE_ARGS:-} 2>&1 |
             tee "$dir/$t.streamalloc.txt" || echo "trace_replay $t failed"
         echo "=== $t: PyTorch"
         timeout 400 python3 "$traces/torch_cpp_replay.py" "$f" 2 2>&1 |

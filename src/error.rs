@@ -272,13 +272,15 @@ pub enum ResourceError {
         /// Bytes per element.
         elem_size: usize,
     },
-    /// The stream is being captured into a CUDA graph, and the call would
-    /// break the capture: a completion future (its event could never be
+    /// The stream is being captured into a CUDA graph, and the call needs a
+    /// point on it that runs: a completion future (its event could never be
     /// queried, nor a host function wait on it, without invalidating the
-    /// capture). Nothing was queued and nothing changed. Await the graph's
-    /// launch instead (see the graph capture API).
+    /// capture; await the graph's launch instead, see [`crate::graph`]),
+    /// or the stream a graph's memory is released after
+    /// ([`release_capture`](crate::DeviceMemoryResource::release_capture)).
+    /// Nothing was queued and nothing changed.
     #[error(
-        "{stream} is capturing a CUDA graph ({}): no completion future can be made on it; await the graph's launch instead",
+        "{stream} is capturing a CUDA graph ({}): no point on it can be waited for until the capture ends (a completion future: await the graph's launch instead)",
         capture.map_or_else(|| "invalidated".to_string(), |c| c.to_string())
     )]
     StreamCapturing {

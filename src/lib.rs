@@ -47,6 +47,7 @@ mod faithful;
 mod fast_hash;
 pub mod futures;
 pub mod gpu;
+pub mod graph;
 pub mod launch;
 mod padded;
 mod poll_scope;

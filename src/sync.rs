@@ -10,11 +10,11 @@
 //! cannot switch inside its critical sections).
 
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
+pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, fence};
 #[cfg(loom)]
 pub(crate) use loom::sync::{Mutex, MutexGuard};
 pub(crate) use std::sync::atomic::Ordering;
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
+pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, fence};
 #[cfg(not(loom))]
 pub(crate) use std::sync::{Mutex, MutexGuard};

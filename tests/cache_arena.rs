@@ -108,6 +108,46 @@ fn a_large_block_is_mapped_in_few_calls() {
     c.assert_race_free();
 }
 
+/// A workload that keeps growing grows the arena in geometric steps (each
+/// growth maps the free pages after the block up to the slack over what is
+/// live), never past the slack: few growths, each costing about the same
+/// on the H200 whatever its size.
+#[test]
+fn a_growing_workload_maps_in_geometric_steps_within_the_slack() {
+    for slack in [0, 7] {
+        let c = Cache::new(1, CacheConfig::default().slack_percent(slack));
+        let mut blocks = Vec::new();
+        let mut live = 0;
+        for i in 0..600 {
+            // 1.5 to 4.5 MiB: blocks straddle pages.
+            let bytes = (3 << 19) + (i % 5) * (1 << 20) + 4096;
+            blocks.push(c.cache.allocate(bytes, c.s(0), T).unwrap());
+            live += bytes;
+            // The block just placed may need up to two pages past the
+            // target (its own ends), never more.
+            let target = (live + live / 100 * slack).max(P);
+            let held = c.cache.bytes_outstanding();
+            assert!(held <= target + 2 * P, "{i}: {held} held, {live} live");
+        }
+        let growths = c.creates();
+        println!(
+            "slack {slack}: {growths} growths, {} held for {live} live",
+            c.cache.bytes_outstanding()
+        );
+        if slack == 0 {
+            assert!(growths > 500, "no slack, no steps ahead: {growths}");
+        } else {
+            // ln(2.2 GB / 4 MB) / ln(1.07) = 93 at most; 66 here, against
+            // 313 when a growth mapped at most the block's size again.
+            assert!(growths <= 80, "{growths} growths for 600 blocks");
+        }
+        for b in blocks {
+            c.cache.deallocate(b).unwrap();
+        }
+        c.assert_race_free();
+    }
+}
+
 #[test]
 fn another_stream_gets_memory_only_once_the_gpu_is_done_with_it() {
     // No slack: every new page first looks for idle memory to give back.

@@ -12,7 +12,7 @@ use std::task::Poll;
 use common::{CountingWaker, drive, poll_once};
 use streamalloc::futures::{AsyncResource, WaitPolicy};
 use streamalloc::gpu::sim::{MemAccess, SimGpu};
-use streamalloc::gpu::{CaptureMode, CaptureStatus};
+use streamalloc::gpu::{CaptureId, CaptureMode, CaptureStatus};
 use streamalloc::{
     Access, AllocTag, Device, DeviceMemoryResource, DriverCall, ResourceError, SimResource,
     StreamId,
@@ -58,13 +58,11 @@ impl Scene {
             .unwrap()
     }
 
-    /// Ends the capture, asserting that it stayed valid.
-    fn end_valid(&self) {
-        assert!(
-            matches!(self.status(), CaptureStatus::Active(_)),
-            "the capture was invalidated: {:?}",
-            self.status()
-        );
+    /// Ends the capture, asserting that it stayed valid; returns its id.
+    fn end_valid(&self) -> CaptureId {
+        let CaptureStatus::Active(capture) = self.status() else {
+            panic!("the capture was invalidated: {:?}", self.status());
+        };
         let raw = self.device.raw(self.s).unwrap();
         let graph = self.gpu.end_capture(raw).expect("the capture stays valid");
         self.gpu.graph_destroy(graph).unwrap();
@@ -73,6 +71,7 @@ impl Scene {
             let raw = self.device.raw(s).unwrap();
             assert_eq!(self.gpu.capture_status(raw).unwrap(), CaptureStatus::None);
         }
+        capture
     }
 }
 
@@ -148,10 +147,15 @@ fn frees_inside_a_capture_keep_it_valid_and_are_accounted_after_it() {
         host_fns,
         "no notification is queued into a capture"
     );
-    sc.end_valid();
-    // After the capture, the frees reach the accounting.
+    let capture = sc.end_valid();
+    // The frees are nodes of the graph: its memory, counted while it lives.
     let mut handle = handle;
     drive(&sc.gpu, &mut handle).unwrap();
+    assert!(sc.res.bytes_outstanding() > 0);
+    assert_eq!(sc.res.bytes_outstanding(), sc.res.inner().graph_bytes());
+    // Released (the graph is gone, never launched): they reach the
+    // accounting behind the stream.
+    sc.res.release_capture(capture, sc.s).unwrap();
     let mut reap = sc.res.reap_pending();
     drive(&sc.gpu, &mut reap).unwrap();
     assert_eq!(sc.res.bytes_outstanding(), 0);
@@ -167,10 +171,14 @@ fn reaping_the_resource_skips_a_capturing_stream() {
     base.deallocate(block).unwrap();
     base.reap_pending()
         .expect("reaping does not fail on a capture");
-    assert_eq!(base.pending_free_bytes(), 4096, "still the graph's");
-    sc.end_valid();
+    assert_eq!(base.graph_bytes(), 4096, "still the graph's");
+    let capture = sc.end_valid();
     base.reap_pending().unwrap();
-    assert_eq!(base.pending_free_bytes(), 0);
+    assert_eq!(base.graph_bytes(), 4096, "the graph's until released");
+    base.release_capture(capture, sc.s).unwrap();
+    assert_eq!((base.graph_bytes(), base.pending_free_bytes()), (0, 4096));
+    base.reap_pending().unwrap();
+    assert_eq!(base.bytes_outstanding(), 0);
 }
 
 #[test]

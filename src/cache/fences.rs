@@ -84,6 +84,14 @@ impl Fences {
         if wanted <= covered || self.in_flight.len() >= MAX_IN_FLIGHT {
             return Ok(());
         }
+        // A fence recorded on a capturing stream would be captured: it never
+        // completes on the host, and querying it invalidates the capture.
+        // The next cover after the capture records it.
+        // SAFETY: `stream` is a stream of the tier's device pool (every
+        // caller passes its arena's), which the tier holds.
+        if unsafe { gpu.capture_status(stream) }?.is_capturing() {
+            return Ok(());
+        }
         let event = match self.spare.pop() {
             Some(e) => e,
             None => gpu.event_create()?,

@@ -9,12 +9,12 @@
 //! noted, and one event on that stream covers them once a use elsewhere
 //! needs to wait (a request served on its buffers' stream records none).
 
-use super::arena::round;
+use super::arena::{Placed, round};
 use super::resource::CachingResource;
 use super::shard::{Backing, Lease, Mapped, Slot, SlotGuard};
 use super::vmm::{OtherArenas, StreamArena, VmTier};
 use crate::error::{ResourceError, ResourceResult};
-use crate::gpu::GpuError;
+use crate::gpu::{CaptureId, GpuError};
 use crate::resource::DeviceMemoryResource;
 use crate::resource::block_uses::BlockUses;
 use crate::types::{Access, AllocTag, BlockId, DeviceBlock, StreamId};
@@ -63,13 +63,15 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
 
     /// Allocates from `stream`'s arena; `None` when the arena cannot take
     /// the request (no arena for the stream, or no room in it), and the
-    /// caller goes to the inner resource.
+    /// caller goes to the inner resource. Inside `capture`, a range its
+    /// graph freed is taken first, and the block is the graph's.
     pub(super) fn allocate_mapped(
         &self,
         bytes: usize,
         stream: StreamId,
         tag: AllocTag,
         index: usize,
+        capture: Option<CaptureId>,
     ) -> ResourceResult<Option<DeviceBlock>> {
         let tier = self.tier();
         let Some(len) = round(bytes) else {
@@ -86,8 +88,31 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
                 }
             }
         }
-        let Some(arena) = shard.arena.as_mut() else {
+        if shard.arena.is_none() {
             return Ok(None);
+        }
+        let pooled = capture.and_then(|c| shard.graph_mut(c)?.take_range(len));
+        if let (Some(placed), Some(c)) = (pooled, capture) {
+            // Replays free and allocate in the capture's order: the range
+            // is the graph's again, at the same point of every replay.
+            let Some(arena) = shard.arena.as_ref() else {
+                unreachable!("checked above");
+            };
+            tier.note_reuse(arena, placed, bytes);
+            let ptr = arena.base + placed.off;
+            slot.add_arena_live(bytes as isize - placed.len as isize);
+            shard.stats.hits += 1;
+            shard.graph_entry(c).live += 1;
+            return Ok(Some(self.lease_mapped(
+                &mut shard,
+                placed,
+                ptr,
+                (bytes, stream, tag),
+                capture,
+            )));
+        }
+        let Some(arena) = shard.arena.as_mut() else {
+            unreachable!("checked above");
         };
         let held = tier.held();
         let others = Others {
@@ -108,6 +133,29 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         } else {
             shard.stats.hits += 1;
         }
+        if let Some(c) = capture {
+            shard.graph_entry(c).live += 1;
+        }
+        Ok(Some(self.lease_mapped(
+            &mut shard,
+            placed,
+            ptr,
+            (bytes, stream, tag),
+            capture,
+        )))
+    }
+
+    /// Records the lease of the arena range `placed` at `ptr` and returns
+    /// the user's block.
+    fn lease_mapped(
+        &self,
+        shard: &mut SlotGuard<'_>,
+        placed: Placed,
+        ptr: u64,
+        request: (usize, StreamId, AllocTag),
+        capture: Option<CaptureId>,
+    ) -> DeviceBlock {
+        let (bytes, stream, tag) = request;
         let serial = shard.lease(Lease {
             backing: Backing::Mapped(Mapped {
                 placed,
@@ -120,24 +168,21 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
             class: None,
             home_marked: false,
             cross_used: false,
+            capture,
         });
-        Ok(Some(DeviceBlock::new(
-            BlockId::new(self.id, serial),
-            ptr,
-            bytes,
-            stream,
-            tag,
-        )))
+        DeviceBlock::new(BlockId::new(self.id, serial), ptr, bytes, stream, tag)
     }
 
     /// Ends the arena lease `serial` of the locked `shard`: the stream
     /// waits for the block's uses on other streams, then the range goes
-    /// back to its arena.
+    /// back to its arena, or to the pool of `owner`, the capture whose
+    /// graph still uses it (`now`: the capture the stream is in).
     pub(super) fn free_mapped(
         &self,
         slot: &Slot,
         mut shard: SlotGuard<'_>,
         serial: u64,
+        (owner, now): (Option<CaptureId>, Option<CaptureId>),
     ) -> ResourceResult<()> {
         let tier = self.tier();
         let gpu = &*tier.access.gpu;
@@ -178,6 +223,26 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
             events.give(m.uses.take_all().into_iter().map(|(_, e)| e));
         }
         let cap = self.config.max_cached_bytes;
+        if let Some(c) = owner {
+            let Some(arena) = shard.arena.as_ref() else {
+                unreachable!("checked above");
+            };
+            // A temporary of the graph (handed out and freed in its
+            // capture): the free is the graph's, made at every replay.
+            let noted = lease.capture == Some(c) && now == Some(c);
+            if noted {
+                tier.note_free(arena, m.placed);
+            }
+            // Held for the graph: counted as live for the slack target, as
+            // it cannot be given back.
+            slot.add_arena_live(m.placed.len as isize - lease.size as isize);
+            let pool = shard.graph_entry(c);
+            pool.put_range(m.placed, noted);
+            if lease.capture == Some(c) {
+                pool.live -= 1;
+            }
+            return Ok(());
+        }
         let Some(arena) = shard.arena.as_mut() else {
             unreachable!("checked above");
         };

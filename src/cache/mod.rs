@@ -73,6 +73,19 @@
 //! simulated device still reports it: the cache adds no waits of its own
 //! beyond the ones above.
 //!
+//! # Graph capture
+//!
+//! Memory handed out on a stream while it is being captured into a CUDA
+//! graph, and memory freed on one, belongs to the capture's graph: every
+//! replay touches it at the addresses the capture saw. The shard keeps it
+//! in the capture's pool (see `graph_pool.rs`), reused by later allocations
+//! of the same capture on the same stream, never by anyone else, and
+//! never trimmed, until
+//! [`release_capture`](crate::DeviceMemoryResource::release_capture) says
+//! the graph is gone: the stream then waits for an event recorded where the
+//! replays ran, and the memory is freed there, as any free. No fence is
+//! recorded, no block moved and nothing trimmed on a capturing stream.
+//!
 //! # Failure
 //!
 //! Bad input (a foreign block, a stale or unknown id, a stream of another
@@ -83,6 +96,8 @@
 mod arena;
 mod config;
 mod fences;
+mod graph_pool;
+mod graphs;
 mod mapped;
 mod pages;
 mod resource;

@@ -8,6 +8,7 @@ use super::size_class::SizeClass;
 use super::stats::CacheStats;
 use super::vmm::VmTier;
 use crate::error::{ResourceError, ResourceResult};
+use crate::gpu::{CaptureId, CaptureStatus};
 use crate::resource::DeviceMemoryResource;
 use crate::resource::event_pool::EventPool;
 use crate::types::{Access, AllocTag, BlockId, BlockState, DeviceBlock, ResourceId, StreamId};
@@ -203,9 +204,27 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
     pub fn trim(&self) -> ResourceResult<usize> {
         let mut released = 0;
         let mut first_err = None;
-        for slot in self.slots.iter() {
+        for (index, slot) in self.slots.iter().enumerate() {
             let (stream, blocks) = {
                 let mut shard = slot.lock();
+                if shard.cached == 0 && !slot.deferred.load(Ordering::Relaxed) {
+                    continue;
+                }
+                // A free queued on a capturing stream would be captured (and
+                // run at every replay): its blocks stay until it is done.
+                let capturing = match self.inner.capture_status(shard.stream) {
+                    Ok(status) => status.is_capturing(),
+                    Err(e) => {
+                        first_err.get_or_insert(e);
+                        continue;
+                    }
+                };
+                if capturing {
+                    continue;
+                }
+                if let Err(e) = self.finish_deferred(index, &mut shard) {
+                    first_err.get_or_insert(e);
+                }
                 let blocks = shard.take_all();
                 self.reserved_total
                     .fetch_sub(shard.reserved, Ordering::AcqRel);
@@ -215,7 +234,18 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
             };
             for (class, block) in blocks {
                 let size = block.size();
-                match self.release_to_inner(&block, stream) {
+                // A block moved here from another stream is freed on that
+                // one: not while it is capturing either.
+                let home_capturing = block.stream() != stream
+                    && !matches!(
+                        self.inner.capture_status(block.stream()),
+                        Ok(CaptureStatus::None)
+                    );
+                let freed = match home_capturing {
+                    true => Err(None),
+                    false => self.release_to_inner(&block, stream).map_err(Some),
+                };
+                match freed {
                     Ok(()) => released += size,
                     Err(e) => {
                         // Keep it: the cap may be exceeded until the next
@@ -225,7 +255,9 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
                         shard.push(class, block);
                         shard.reserved += size;
                         self.reserved_total.fetch_add(size, Ordering::AcqRel);
-                        first_err.get_or_insert(e);
+                        if let Some(e) = e {
+                            first_err.get_or_insert(e);
+                        }
                     }
                 }
             }
@@ -273,7 +305,11 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
     /// Frees a block cached on `cached_on` to the inner resource. The inner
     /// resource frees it on its own allocation stream, which must first wait
     /// for the block's last use on `cached_on`.
-    fn release_to_inner(&self, block: &DeviceBlock, cached_on: StreamId) -> ResourceResult<()> {
+    pub(super) fn release_to_inner(
+        &self,
+        block: &DeviceBlock,
+        cached_on: StreamId,
+    ) -> ResourceResult<()> {
         if cached_on != block.stream() {
             self.inner
                 .finish_block_use(block.id(), cached_on, Access::Write)?;
@@ -282,7 +318,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
     }
 
     /// Makes sure the shard holds enough of the cap to cache `bytes` more.
-    fn reserve(&self, shard: &mut SlotGuard<'_>, bytes: usize) -> bool {
+    pub(super) fn reserve(&self, shard: &mut SlotGuard<'_>, bytes: usize) -> bool {
         let Some(need) = shard.cached.checked_add(bytes) else {
             return false;
         };
@@ -347,6 +383,17 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
             let Some(mut other) = slot.try_lock() else {
                 continue;
             };
+            if !other.holds(class) {
+                continue;
+            }
+            // An event recorded on a capturing stream is captured, and a
+            // wait on it would pull this stream into the capture.
+            if !matches!(
+                self.inner.capture_status(other.stream),
+                Ok(CaptureStatus::None)
+            ) {
+                continue;
+            }
             let Some(block) = other.pop(class) else {
                 continue;
             };
@@ -440,6 +487,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
             class,
             home_marked: false,
             cross_used: false,
+            capture: None,
         });
         DeviceBlock::new(BlockId::new(self.id, serial), ptr, bytes, stream, tag)
     }
@@ -468,8 +516,14 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R> {
     ) -> ResourceResult<DeviceBlock> {
         ResourceError::check_device(self.device, stream.device())?;
         let index = self.slot_index(stream);
-        let mapped = self.vm.is_some() && bytes > 0 && index < self.config.streams;
-        if mapped && let Some(block) = self.allocate_mapped(bytes, stream, tag, index)? {
+        let served = bytes > 0 && index < self.config.streams;
+        // Memory handed out on a capturing stream is the capture's graph's.
+        let capture = match served {
+            true => self.capture_on(stream, index)?,
+            false => None,
+        };
+        let mapped = self.vm.is_some() && served;
+        if mapped && let Some(block) = self.allocate_mapped(bytes, stream, tag, index, capture)? {
             return Ok(block);
         }
         let class = SizeClass::of(bytes)
@@ -483,11 +537,18 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R> {
         };
         let seen = {
             let mut shard = self.slots[index].lock();
-            if let Some(inner) = shard.pop(class) {
+            // In a capture: a block its graph freed first, then a cached one
+            // (stream order makes both safe, as below); the block becomes
+            // the graph's.
+            let pooled = capture.and_then(|c| shard.graph_mut(c)?.take_block(class));
+            if let Some(inner) = pooled.or_else(|| shard.pop(class)) {
                 // Stream order alone makes this safe: every use of the block
                 // on this stream was queued before, and uses on other streams
                 // were waited for when it was cached.
                 shard.stats.hits += 1;
+                if let Some(c) = capture {
+                    shard.graph_entry(c).live += 1;
+                }
                 let ptr = inner.ptr();
                 let serial = shard.lease(Lease {
                     backing: Backing::Inner(inner),
@@ -496,6 +557,7 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R> {
                     class: Some(class),
                     home_marked: false,
                     cross_used: false,
+                    capture,
                 });
                 return Ok(DeviceBlock::new(
                     BlockId::new(self.id, serial),
@@ -507,6 +569,13 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R> {
             }
             shard.seen
         };
+        if capture.is_some() {
+            // A miss inside a capture: the inner resource's block is a graph
+            // allocation of its own (CUDA's graph memory node), freed in the
+            // graph or after it by the inner resource, never cached here.
+            let inner = self.inner_allocate(bytes, stream, tag)?;
+            return Ok(self.lease(index, inner, (bytes, stream, tag), None, |s| s.misses += 1));
+        }
         if seen && let Some(inner) = self.steal(class, index, stream) {
             return Ok(
                 self.lease(index, inner, (bytes, stream, tag), Some(class), |s| {
@@ -536,17 +605,32 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R> {
         {
             return Err(ResourceError::UnknownBlock { block: id });
         }
-        let inner = match &lease.backing {
-            Backing::Inner(inner) => inner.clone(),
-            Backing::Mapped(_) => return self.free_mapped(slot, shard, serial),
-        };
-        let (stream, class) = (lease.stream, lease.class);
-        let Some(class) = class else {
+        let (stream, class, leased_in) = (lease.stream, lease.class, lease.capture);
+        if let (None, Backing::Inner(inner)) = (class, &lease.backing) {
             // Allocated from the inner resource on this very stream: it
-            // waits for the recorded uses itself.
-            self.inner.deallocate(inner)?;
+            // waits for the recorded uses itself (and keeps a block freed in
+            // a capture for the graph).
+            self.inner.deallocate(inner.clone())?;
             shard.end_lease(serial);
             return Ok(());
+        }
+        // The graph that owns the memory: the one of the capture that
+        // handed it out while it lives, else the one capturing the stream
+        // now (the replays use the block up to this free).
+        let now = match self.config.capture_aware {
+            true => self.inner.capture_status(stream)?.id(),
+            false => None,
+        };
+        let owner = leased_in.filter(|&c| shard.graph_mut(c).is_some()).or(now);
+        let Some(lease) = shard.lease_mut(serial) else {
+            unreachable!("the lease was found above");
+        };
+        let inner = match &lease.backing {
+            Backing::Inner(inner) => inner.clone(),
+            Backing::Mapped(_) => return self.free_mapped(slot, shard, serial, (owner, now)),
+        };
+        let Some(class) = class else {
+            unreachable!("a size-class lease");
         };
         if lease.cross_used {
             // The next user of the block on this stream (or the inner free)
@@ -554,6 +638,15 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R> {
             // those waits now.
             self.inner
                 .prepare_block_use(inner.id(), stream, Access::Write)?;
+        }
+        if let Some(c) = owner {
+            let pool = shard.graph_entry(c);
+            pool.put_block(class, inner);
+            if leased_in == Some(c) {
+                pool.live -= 1;
+            }
+            shard.end_lease(serial);
+            return Ok(());
         }
         if self.reserve(&mut shard, inner.size()) {
             shard.push(class, inner);
@@ -626,6 +719,20 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R> {
         } else {
             self.inner.allocation_cost(class.size(), stream)
         }
+    }
+
+    fn capture_status(&self, stream: StreamId) -> ResourceResult<CaptureStatus> {
+        self.inner.capture_status(stream)
+    }
+
+    /// Returns the memory `capture`'s graph held in the cache: each stream
+    /// that holds some first waits for `after` (its current end), then the
+    /// memory is reused on it as freed there, and elsewhere behind a fence
+    /// recorded after that point, as any free. A stream capturing at the
+    /// call gets its share back at the first call that finds it not
+    /// capturing. Then the inner resource is told.
+    fn release_capture(&self, capture: CaptureId, after: StreamId) -> ResourceResult<()> {
+        self.release_capture_pools(capture, after)
     }
 
     /// `false`: the cost is estimated before the block is placed (see the

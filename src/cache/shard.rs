@@ -11,11 +11,13 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use super::arena::Placed;
+use super::graph_pool::GraphPool;
 use super::size_class::SizeClass;
 use super::stats::CacheStats;
 use super::vmm::StreamArena;
 use crate::error::ResourceError;
 use crate::fast_hash::FastMap;
+use crate::gpu::CaptureId;
 use crate::resource::block_uses::BlockUses;
 use crate::types::{Access, BlockId, DeviceBlock, StreamId};
 
@@ -76,6 +78,9 @@ pub(crate) struct Lease {
     /// Whether a use on another stream was recorded: the lease stream must
     /// then wait for it before the block is cached again.
     pub(crate) cross_used: bool,
+    /// The capture the block was handed out in: its graph owns the memory
+    /// (the free puts it in the capture's [`GraphPool`]) until released.
+    pub(crate) capture: Option<CaptureId>,
 }
 
 /// The state of one stream's shard; guarded by the mutex of its [`Slot`].
@@ -104,6 +109,9 @@ pub(crate) struct Shard {
     /// except after a failed trim put a block back.
     pub(crate) reserved: usize,
     pub(crate) stats: CacheStats,
+    /// The memory of captures' graphs on this stream (few: one per live
+    /// graph that allocated or freed here).
+    pub(crate) graphs: Vec<GraphPool>,
 }
 
 impl Shard {
@@ -121,6 +129,7 @@ impl Shard {
             leased: 0,
             reserved: 0,
             stats: CacheStats::default(),
+            graphs: Vec::new(),
         }
     }
 
@@ -158,6 +167,33 @@ impl Shard {
     /// Number of blocks in the free lists.
     pub(crate) fn cached_blocks(&self) -> usize {
         self.free.iter().map(Vec::len).sum()
+    }
+
+    /// The pool of `capture`, if it has one here.
+    pub(crate) fn graph_mut(&mut self, capture: CaptureId) -> Option<&mut GraphPool> {
+        self.graphs.iter_mut().find(|g| g.capture == capture)
+    }
+
+    /// The pool of `capture`, made if it has none here.
+    pub(crate) fn graph_entry(&mut self, capture: CaptureId) -> &mut GraphPool {
+        match self.graphs.iter().position(|g| g.capture == capture) {
+            Some(i) => &mut self.graphs[i],
+            None => {
+                self.graphs.push(GraphPool::new(capture));
+                self.graphs.last_mut().expect("just pushed")
+            }
+        }
+    }
+
+    /// Takes the pool of `capture` out of the shard.
+    pub(crate) fn remove_graph(&mut self, capture: CaptureId) -> Option<GraphPool> {
+        let i = self.graphs.iter().position(|g| g.capture == capture)?;
+        Some(self.graphs.swap_remove(i))
+    }
+
+    /// The leases held by users.
+    pub(crate) fn leases_mut(&mut self) -> impl Iterator<Item = &mut Lease> {
+        self.leases.values_mut()
     }
 
     /// Records a new lease and returns its serial.
@@ -206,6 +242,9 @@ pub(crate) struct Slot {
     /// thread looking for a block to move from another stream skips empty
     /// shards.
     nonempty: AtomicBool,
+    /// Whether a released graph pool waits here for the stream to leave a
+    /// capture; written under the shard lock, read without it.
+    pub(crate) deferred: AtomicBool,
     /// Bytes users hold in the stream's arena; written under the shard
     /// lock only (a load and a store, no shared read-modify-write on the
     /// hot path), read without it when the tier sums them.
@@ -217,6 +256,7 @@ impl Slot {
         Slot {
             shard: Mutex::new(Shard::new(stream, index, classes)),
             nonempty: AtomicBool::new(false),
+            deferred: AtomicBool::new(false),
             arena_live: AtomicUsize::new(0),
         }
     }

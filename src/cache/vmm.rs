@@ -216,6 +216,27 @@ impl VmTier {
         }
     }
 
+    /// Tells a checking backend that the range at `placed`, taken out of a
+    /// graph's pool, holds a new allocation of `requested` bytes on the
+    /// arena's stream (as [`alloc`](Self::alloc) does for a placement).
+    pub(crate) fn note_reuse(&self, sa: &StreamArena, placed: Placed, requested: usize) {
+        self.gpu()
+            .note_suballocation(sa.base + placed.off, requested.max(1), sa.raw);
+    }
+
+    /// Tells a checking backend that the block at `placed` is freed at the
+    /// current end of the arena's stream, without giving the range back (a
+    /// graph's pool keeps it).
+    pub(crate) fn note_free(&self, sa: &StreamArena, placed: Placed) {
+        self.gpu().note_subfree(sa.base + placed.off, sa.raw);
+    }
+
+    /// Gives back to the arena a range a graph's pool kept (its free was
+    /// noted already), as freed at the current end of the stream.
+    pub(crate) fn return_range(&self, sa: &mut StreamArena, placed: Placed) {
+        Self::give_to_arena(sa, placed);
+    }
+
     /// Gives the block kept as `recent` back to the arena.
     pub(crate) fn flush_recent(&self, sa: &mut StreamArena) {
         if let Some(recent) = sa.recent.take() {

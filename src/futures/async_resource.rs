@@ -12,7 +12,7 @@ use super::wait_policy::WaitPolicy;
 use super::wait_stats::WaitStats;
 use crate::device::{Device, StreamPool};
 use crate::error::{ResourceError, ResourceResult};
-use crate::gpu::Gpu;
+use crate::gpu::{CaptureId, Gpu};
 use crate::resource::{DeviceMemoryResource, StreamOrderedResource};
 use crate::types::{Access, AllocTag, BlockId, DeviceBlock, StreamId};
 
@@ -305,7 +305,7 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
     /// # Captures
     /// Refused at creation rather than completed at a replay: a replay's
     /// completion is a point recorded after the launch, outside the capture
-    /// (see the graph capture API). One `cuStreamGetCaptureInfo` per call tells.
+    /// (see [`crate::graph`]). One `cuStreamGetCaptureInfo` per call tells.
     pub fn completion(&self, stream: StreamId) -> ResourceResult<EventFuture> {
         EventFuture::point(&self.core, stream)
     }
@@ -359,6 +359,28 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
             total.add(&n.stats());
         }
         total
+    }
+
+    /// The graph of `capture` is gone: returns the memory the stack gave it
+    /// ([`DeviceMemoryResource::release_capture`]), and queues a
+    /// notification on `after` so that the graph's frees reach the
+    /// accounting once the stream passes its last replay, with no
+    /// synchronize.
+    ///
+    /// # Errors
+    /// As [`DeviceMemoryResource::release_capture`].
+    pub fn release_capture(&self, capture: CaptureId, after: StreamId) -> ResourceResult<()> {
+        let notifier = self.core.notifier(after)?;
+        let released = self.inner.release_capture(capture, after);
+        // What was released stays released even when the call failed part
+        // way: its frees are queued on `after` like any.
+        if notifier.mark_free_if_new(self.core.inner.pending_free_seq(after)) {
+            notifier.launch(&*self.core.gpu);
+            self.core.kick.pending();
+        }
+        self.core.mark_frees_elsewhere(Some(after));
+        self.core.allocs.memory_returned();
+        released
     }
 
     pub(crate) fn core(&self) -> &Arc<Core> {

@@ -44,7 +44,7 @@
 use std::collections::BTreeMap;
 use std::task::Waker;
 
-use crate::sync::{AtomicU64, Mutex, MutexGuard, Ordering};
+use crate::sync::{AtomicU64, Mutex, MutexGuard, Ordering, fence};
 use crate::waiters::{self, Waiters};
 
 #[derive(Debug, Default)]
@@ -60,6 +60,10 @@ struct QueueState {
 pub(crate) struct AllocQueue {
     state: Mutex<QueueState>,
     epoch: AtomicU64,
+    /// `waiting.len()`, stored under the lock after every change, so that
+    /// the hot paths (every allocation asks whether anyone waits, every free
+    /// whether to wake someone) read it without taking the lock.
+    waiting_len: AtomicU64,
 }
 
 impl AllocQueue {
@@ -69,18 +73,29 @@ impl AllocQueue {
 
     /// Number of waiting allocations.
     pub(crate) fn len(&self) -> usize {
-        self.lock().waiting.len()
+        self.waiting_len.load(Ordering::SeqCst) as usize
     }
 
     /// Moves whenever memory may have come back: read before a try, and
     /// compared after it fails, so that no wake-up is lost in between.
     pub(crate) fn epoch(&self) -> u64 {
+        fence(Ordering::SeqCst);
         self.epoch.load(Ordering::SeqCst)
     }
 
     /// Memory may have come back: wakes the head (after unlocking).
     pub(crate) fn memory_returned(&self) {
         self.epoch.fetch_add(1, Ordering::SeqCst);
+        // Nobody queued: no lock. A waiter that queues after this load
+        // reads the epoch after it queued and tries once more (see
+        // `AllocFuture::poll`), so it sees the memory given back. The
+        // fences (here and in `epoch`) order the bump before the load and
+        // the waiter's count before its epoch read: one of the two sees
+        // the other.
+        fence(Ordering::SeqCst);
+        if self.waiting_len.load(Ordering::SeqCst) == 0 {
+            return;
+        }
         let head = self
             .lock()
             .waiting
@@ -98,6 +113,8 @@ impl AllocQueue {
             st.next_ticket += 1;
             let ticket = st.next_ticket;
             st.waiting.insert(ticket, waker.clone());
+            self.waiting_len
+                .store(st.waiting.len() as u64, Ordering::SeqCst);
             (ticket, st.waiting.len() == 1)
         };
         if head {
@@ -132,6 +149,8 @@ impl AllocQueue {
             if st.waiting.remove(&ticket).is_none() {
                 return;
             }
+            self.waiting_len
+                .store(st.waiting.len() as u64, Ordering::SeqCst);
             let next = was_head
                 .then(|| st.waiting.first_key_value().map(|(_, w)| w.clone()))
                 .flatten();
@@ -199,6 +218,33 @@ mod loom_tests {
                 "the next waiter was never woken"
             );
             assert_eq!(q.len(), 1);
+        });
+    }
+
+    /// Memory comes back while an allocation that just failed queues
+    /// itself (the free takes no lock when it sees nobody queued): the
+    /// waiter sees the epoch moved since its failed try (and tries again,
+    /// as `AllocFuture::poll` does after queuing), or is woken. Never
+    /// neither.
+    #[test]
+    fn memory_returned_while_a_waiter_queues_is_never_lost() {
+        loom::model(|| {
+            let q = Arc::new(AllocQueue::default());
+            let woken = StdArc::new(Count(LoomUsize::new(0)));
+            // The waiter read the epoch, then its try failed.
+            let before = q.epoch();
+            let release = {
+                let q = q.clone();
+                loom::thread::spawn(move || q.memory_returned())
+            };
+            let (_t, head) = q.enqueue(&Waker::from(woken.clone()));
+            assert!(head);
+            let moved = q.epoch() != before;
+            release.join().unwrap();
+            assert!(
+                moved || woken.0.load(Ordering::Acquire) >= 1,
+                "memory came back, and the waiter neither saw it nor was woken"
+            );
         });
     }
 }

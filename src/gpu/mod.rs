@@ -352,8 +352,9 @@ pub trait Gpu: Send + Sync + 'static {
     /// caller out of memory it manages (a virtual-memory arena), now holds a
     /// new allocation ordered on `stream`, so that uses of it can be checked
     /// for races. The simulated device registers it with its race detector
-    /// (and reports a reuse not ordered after the previous free); CUDA and
-    /// the default do nothing.
+    /// (and reports a reuse not ordered after the previous free; on a
+    /// capturing stream it records the note into the graph, and every replay
+    /// makes it again); CUDA and the default do nothing.
     fn note_suballocation(&self, addr: u64, bytes: usize, stream: RawStream) {
         let _ = (addr, bytes, stream);
     }

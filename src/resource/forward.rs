@@ -102,6 +102,23 @@ macro_rules! forward_to_inner {
             self.$f.frees_across_streams()
         }
     };
+    (@one $f:ident capture_status) => {
+        fn capture_status(
+            &self,
+            stream: $crate::StreamId,
+        ) -> $crate::ResourceResult<$crate::gpu::CaptureStatus> {
+            self.$f.capture_status(stream)
+        }
+    };
+    (@one $f:ident release_capture) => {
+        fn release_capture(
+            &self,
+            capture: $crate::gpu::CaptureId,
+            after: $crate::StreamId,
+        ) -> $crate::ResourceResult<()> {
+            self.$f.release_capture(capture, after)
+        }
+    };
     (@one $f:ident block_state) => {
         fn block_state(&self, block: $crate::BlockId) -> Option<$crate::BlockState> {
             self.$f.block_state(block)

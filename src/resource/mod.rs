@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use crate::device::stream_pool::StreamPool;
 use crate::error::ResourceResult;
-use crate::gpu::Gpu;
+use crate::gpu::{CaptureId, CaptureStatus, Gpu};
 use crate::types::{Access, AllocTag, BlockId, BlockState, DeviceBlock, StreamId};
 
 /// The device behind a resource: its backend and the streams the resource
@@ -289,6 +289,64 @@ pub trait DeviceMemoryResource: Send + Sync {
     fn allocation_limit(&self) -> Option<usize> {
         None
     }
+
+    /// Whether `stream` is being captured into a CUDA graph, and by which
+    /// capture, as the backend at the bottom of the stack reports it
+    /// ([`Gpu::capture_status`]). Decorators forward to the inner resource;
+    /// the stream-ordered resource asks the driver; the default (a resource
+    /// with no backend) is [`CaptureStatus::None`].
+    ///
+    /// A layer that hands memory out or takes it back asks this before it
+    /// decides where the memory goes: memory handed out or freed on a
+    /// capturing stream belongs to that capture's graph (see
+    /// [`release_capture`](Self::release_capture)).
+    ///
+    /// # Errors
+    /// [`UnknownStream`](crate::ResourceError::UnknownStream),
+    /// [`WrongDevice`](crate::ResourceError::WrongDevice), or a driver error.
+    fn capture_status(&self, stream: StreamId) -> ResourceResult<CaptureStatus> {
+        let _ = stream;
+        Ok(CaptureStatus::None)
+    }
+
+    /// The graph recorded by `capture` is gone (destroyed, or the capture
+    /// failed and made none): the memory the stack gave to it may serve
+    /// others once its last replay has run.
+    ///
+    /// Memory handed out on a stream while it was capturing, and memory
+    /// freed on a capturing stream, belongs to the capture's graph: every
+    /// replay of the graph touches it at the addresses the capture saw, so
+    /// no layer gives it to anyone else until this call. Within the graph it
+    /// is reused: a later allocation of the same capture on the same stream
+    /// may get a range freed earlier in the capture, and replays, which run
+    /// the same addresses in the same order, need nothing more.
+    ///
+    /// `after` is a stream whose current end is ordered after every replay
+    /// of the graph: CUDA runs the launches of one executable graph one
+    /// after the other, so the stream of its last launch; for a graph never
+    /// launched, or a capture that made no graph, the stream the capture
+    /// was begun on. The memory returns to general use behind that point,
+    /// through events (never a synchronize): the caching tier makes the
+    /// memory's streams wait for `after`; the stream-ordered resource counts
+    /// the frees the graph made as queued on `after`, reaped as any free is.
+    /// Blocks the graph allocated that a user still holds stay live, and
+    /// their later free is ordered after the replays too.
+    ///
+    /// Call it once per capture, after the capture ended, with no launch of
+    /// its graph queued afterwards. Decorators forward it (a budget then
+    /// settles what the layers below gave back); the default does nothing.
+    ///
+    /// # Errors
+    /// [`WrongDevice`](crate::ResourceError::WrongDevice),
+    /// [`UnknownStream`](crate::ResourceError::UnknownStream) for `after`,
+    /// [`StreamCapturing`](crate::ResourceError::StreamCapturing) when
+    /// `after` is capturing (no point on it can be waited for yet): nothing
+    /// changes. A driver error part way: what was returned stays returned,
+    /// the rest stays with the graph, and a later call returns it.
+    fn release_capture(&self, capture: CaptureId, after: StreamId) -> ResourceResult<()> {
+        let _ = (capture, after);
+        Ok(())
+    }
 }
 
 impl<R: DeviceMemoryResource + ?Sized> DeviceMemoryResource for std::sync::Arc<R> {
@@ -351,5 +409,11 @@ impl<R: DeviceMemoryResource + ?Sized> DeviceMemoryResource for std::sync::Arc<R
     }
     fn allocation_limit(&self) -> Option<usize> {
         (**self).allocation_limit()
+    }
+    fn capture_status(&self, stream: StreamId) -> ResourceResult<CaptureStatus> {
+        (**self).capture_status(stream)
+    }
+    fn release_capture(&self, capture: CaptureId, after: StreamId) -> ResourceResult<()> {
+        (**self).release_capture(capture, after)
     }
 }

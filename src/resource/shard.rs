@@ -19,7 +19,7 @@ use std::sync::atomic::Ordering;
 use super::block_uses::BlockUses;
 use super::live_table::LiveTable;
 use super::pending::StreamFrees;
-use crate::gpu::RawStream;
+use crate::gpu::{CaptureId, RawStream};
 use crate::padded::CachePadded;
 use crate::sync::{AtomicUsize, Mutex, MutexGuard};
 use crate::types::StreamId;
@@ -69,6 +69,11 @@ pub(crate) struct Shard {
     pub(crate) live: usize,
     /// Bytes of the queued frees, all streams of the shard together.
     pub(crate) pending: usize,
+    /// Bytes freed on the shard's streams while they were being captured,
+    /// per capture: frees that run at each replay of the capture's graph,
+    /// counted until the graph is released (then they join the pending
+    /// frees of the stream the release is ordered on).
+    pub(crate) graphs: Vec<(CaptureId, usize)>,
 }
 
 impl Shard {
@@ -99,6 +104,52 @@ impl Shard {
         self.pending += size;
         self.streams[local].push(size);
         true
+    }
+
+    /// Moves the block `seq`, whose free was captured into `capture`'s
+    /// graph, from live to that graph's tally; returns whether it was
+    /// there.
+    pub(crate) fn retire_to_graph(&mut self, seq: u64, capture: CaptureId) -> bool {
+        let Some(size) = self.blocks.remove(seq).map(|r| r.size) else {
+            return false;
+        };
+        self.live -= size;
+        match self.graphs.iter_mut().find(|(c, _)| *c == capture) {
+            Some((_, bytes)) => *bytes += size,
+            None => self.graphs.push((capture, size)),
+        }
+        true
+    }
+
+    /// Bytes freed in `capture`'s graph on the shard's streams.
+    pub(crate) fn graph_bytes(&self, capture: CaptureId) -> usize {
+        self.graphs
+            .iter()
+            .find(|(c, _)| *c == capture)
+            .map_or(0, |&(_, b)| b)
+    }
+
+    /// Bytes freed in every capture's graph on the shard's streams.
+    pub(crate) fn all_graph_bytes(&self) -> usize {
+        self.graphs.iter().map(|&(_, b)| b).sum()
+    }
+
+    /// Stops counting `bytes` of `capture`'s graph (they were moved to a
+    /// stream's pending frees).
+    pub(crate) fn take_graph(&mut self, capture: CaptureId, bytes: usize) {
+        if let Some(i) = self.graphs.iter().position(|(c, _)| *c == capture) {
+            self.graphs[i].1 -= bytes;
+            if self.graphs[i].1 == 0 {
+                self.graphs.swap_remove(i);
+            }
+        }
+    }
+
+    /// Counts `bytes` freed by a released graph as queued on the stream of
+    /// local index `local` (they drain when it passes this point).
+    pub(crate) fn queue_released(&mut self, local: usize, bytes: usize) {
+        self.streams[local].push(bytes);
+        self.pending += bytes;
     }
 
     /// The queued frees of the stream of local index `local`.
@@ -144,6 +195,7 @@ impl ShardSlot {
                 streams: (0..streams).map(|_| StreamFrees::default()).collect(),
                 live: 0,
                 pending: 0,
+                graphs: Vec::new(),
             }),
             outstanding: AtomicUsize::new(0),
         })

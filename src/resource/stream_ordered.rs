@@ -13,8 +13,14 @@
 //! - **Pending frees** ([`StreamFrees`](super::pending)) of the shard's
 //!   streams: bytes whose free is queued on the GPU but not known to have
 //!   run, with per-stream sequence numbers.
-//! - The live and pending byte tallies, and their sum, `outstanding`,
-//!   readable without the lock.
+//! - **Graph frees**: bytes freed on a stream while it was being captured
+//!   into a CUDA graph, per capture. Such a free is a node of the graph,
+//!   which runs at every replay, and the graph keeps its memory while it
+//!   lives: the bytes stay counted until
+//!   [`release_capture`](DeviceMemoryResource::release_capture) moves them
+//!   to the pending frees of the stream the replays are ordered on.
+//! - The live, pending and graph byte tallies, and their sum,
+//!   `outstanding`, readable without the lock.
 //!
 //! A block moves from live to pending when its free is queued (within its
 //! shard, as the free is queued on its allocation stream), and leaves
@@ -51,7 +57,7 @@ use crate::error::{ResourceError, ResourceResult};
 #[cfg(feature = "cuda")]
 use crate::gpu::cuda::CudaGpu;
 use crate::gpu::sim::SimGpu;
-use crate::gpu::{Gpu, RawStream};
+use crate::gpu::{CaptureId, CaptureStatus, Gpu, RawStream};
 use crate::padded::CachePadded;
 use crate::types::{Access, AllocTag, BlockId, BlockState, DeviceBlock, ResourceId, StreamId};
 
@@ -213,6 +219,14 @@ impl<G: Gpu> StreamOrderedResource<G> {
                 .find(|r| r.ptr == ptr && !r.freeing)
                 .map(|r| r.uses.event_count())
         })
+    }
+
+    /// Bytes freed on capturing streams whose graphs are not released yet
+    /// (locks every shard). They count in
+    /// [`bytes_outstanding`](DeviceMemoryResource::bytes_outstanding): see
+    /// [`release_capture`](DeviceMemoryResource::release_capture).
+    pub fn graph_bytes(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().all_graph_bytes()).sum()
     }
 
     /// Number of live blocks (a block whose free is in flight counts until
@@ -453,6 +467,18 @@ impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
                 record.freeing = false;
             }
         };
+        // A free queued on a capturing stream is a node of the capture's
+        // graph: it runs at every replay, and the memory stays the graph's
+        // until the graph is released.
+        // SAFETY: `raw` is the record's pool stream (kept alive by
+        // `self.stream_pool`).
+        let capture = match unsafe { self.gpu.capture_status(raw) } {
+            Ok(status) => status.id(),
+            Err(e) => {
+                restore(uses);
+                return Err(ResourceError::from(e));
+            }
+        };
         let others = uses
             .reads
             .iter()
@@ -479,7 +505,10 @@ impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
         // Live to pending within the shard, under its lock; `outstanding`
         // does not change, so no reader can miss the block meanwhile.
         let (_, local) = self.place(stream);
-        let retired = slot.lock().retire(seq, local);
+        let retired = match capture {
+            Some(capture) => slot.lock().retire_to_graph(seq, capture),
+            None => slot.lock().retire(seq, local),
+        };
         debug_assert!(retired, "a record marked as being freed vanished");
         let mut uses = uses;
         if uses.event_count() > 0 {
@@ -547,6 +576,67 @@ impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
             unsafe { self.gpu.stream_synchronize(raw) }.map_err(ResourceError::from)?;
             self.drain(index, local, seq);
         }
+        Ok(())
+    }
+
+    fn capture_status(&self, stream: StreamId) -> ResourceResult<CaptureStatus> {
+        let raw = self.raw_stream(stream)?;
+        // SAFETY: `raw` was resolved through `self.stream_pool`, which keeps
+        // its streams alive.
+        unsafe { self.gpu.capture_status(raw) }.map_err(ResourceError::from)
+    }
+
+    /// A block allocated on a capturing stream is a graph allocation (CUDA's
+    /// graph memory node): the resource counts it from the allocation, as
+    /// any block. A free queued on a capturing stream is a node of that
+    /// graph, which runs at every replay, and CUDA keeps the graph's memory
+    /// reserved for it while it lives: so the resource counts the bytes
+    /// (in [`graph_bytes`](StreamOrderedResource::graph_bytes)) until this
+    /// call, which moves them to the pending frees of `after`. They leave
+    /// [`bytes_outstanding`](DeviceMemoryResource::bytes_outstanding) when a
+    /// reap learns that `after` passed this point, that is after the last
+    /// replay.
+    fn release_capture(&self, capture: CaptureId, after: StreamId) -> ResourceResult<()> {
+        let raw = self.raw_stream(after)?;
+        // SAFETY: `raw` was resolved through `self.stream_pool`, which keeps
+        // its streams alive.
+        let status = unsafe { self.gpu.capture_status(raw) }?;
+        if status.is_capturing() {
+            return Err(ResourceError::StreamCapturing {
+                stream: after,
+                capture: status.id(),
+            });
+        }
+        let held: Vec<(usize, usize)> = self
+            .shards
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| {
+                let bytes = s.lock().graph_bytes(capture);
+                (bytes > 0).then_some((i, bytes))
+            })
+            .collect();
+        let total: usize = held.iter().map(|&(_, b)| b).sum();
+        if total == 0 {
+            return Ok(());
+        }
+        // Counted on `after` before they leave the graphs' tallies, so a
+        // concurrent reader may count them twice for a moment, never miss
+        // them (a budget above releases late, never early).
+        let (index, local) = self.place(after);
+        {
+            let slot = &self.shards[index];
+            let mut shard = slot.lock();
+            shard.queue_released(local, total);
+            slot.add_outstanding(&shard, total);
+        }
+        for (i, bytes) in held {
+            let slot = &self.shards[i];
+            let mut shard = slot.lock();
+            shard.take_graph(capture, bytes);
+            slot.sub_outstanding(&shard, bytes);
+        }
+        tracing::trace!(bytes = total, %capture, %after, "release_capture");
         Ok(())
     }
 

@@ -71,6 +71,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ctx.bind_to_thread()?;
     }
     let bind = us(t, N);
+    // What a capture-aware layer pays to ask whether a stream is capturing.
+    let t = Instant::now();
+    for _ in 0..N {
+        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        let mut id: sys::cuuint64_t = 0;
+        let (g, n, e, c) = (
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        );
+        let rc = unsafe { sys::cuStreamGetCaptureInfo_v3(s, &mut status, &mut id, g, n, e, c) };
+        assert_eq!(rc, sys::CUresult::CUDA_SUCCESS, "cuStreamGetCaptureInfo");
+    }
+    let capture = us(t, N);
 
     let mut rows = Vec::new();
     for (name, mode) in [("plain", 0), ("+ event record", 1), ("+ write value", 2)] {
@@ -121,6 +136,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("| cuStreamWriteValue64 to pinned host memory, idle stream | {wv:.3} |");
     println!("| cuEventQuery, complete event | {query:.3} |");
     println!("| CudaContext::bind_to_thread (already bound) | {bind:.3} |");
+    println!("| cuStreamGetCaptureInfo, stream not capturing | {capture:.3} |");
     println!();
     println!("| 8 MiB memset loop | submit only | in all |");
     println!("| --- | --- | --- |");

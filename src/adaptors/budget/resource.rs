@@ -4,6 +4,7 @@ use crate::resource::forward::forward_to_inner;
 
 use super::Budget;
 use crate::error::{ResourceError, ResourceResult};
+use crate::gpu::CaptureId;
 use crate::resource::DeviceMemoryResource;
 use crate::sync::{AtomicUsize, Mutex, Ordering};
 use crate::types::{AllocTag, DeviceBlock, StreamId};
@@ -147,7 +148,7 @@ impl<R: DeviceMemoryResource> BudgetResource<R> {
 }
 
 impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> {
-    forward_to_inner!(inner; device_ordinal, bytes_outstanding, pending_free_seq, supports_block_use_tracking, record_block_use, prepare_block_use, finish_block_use, block_state, allocation_cost, allocation_cost_is_exact, frees_across_streams);
+    forward_to_inner!(inner; device_ordinal, bytes_outstanding, pending_free_seq, supports_block_use_tracking, record_block_use, prepare_block_use, finish_block_use, block_state, allocation_cost, allocation_cost_is_exact, frees_across_streams, capture_status);
     /// Reserves what the allocation will take from the device (the inner
     /// resource's [`allocation_cost`](DeviceMemoryResource::allocation_cost):
     /// `bytes`, the rounded size below a cache, nothing for a cache hit),
@@ -228,6 +229,17 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> {
     fn reap_pending(&self) -> ResourceResult<()> {
         let result = self.inner.reap_pending();
         // What was drained stays drained even when the reap failed part way.
+        self.settle();
+        result
+    }
+
+    /// Passes the call on, then releases what the layers below gave back
+    /// (a cache may give idle graph memory back at once; the stream-ordered
+    /// resource counts the graph's frees as pending until they are reaped).
+    fn release_capture(&self, capture: CaptureId, after: StreamId) -> ResourceResult<()> {
+        let result = self.inner.release_capture(capture, after);
+        // What was returned stays returned even when the call failed part
+        // way.
         self.settle();
         result
     }

@@ -277,7 +277,7 @@ impl<R: DeviceMemoryResource> DebugGuard<R> {
 impl<R: DeviceMemoryResource> DeviceMemoryResource for DebugGuard<R> {
     // `bytes_outstanding` is the inner resource's count, which includes
     // quarantined blocks: they are still on the device.
-    forward_to_inner!(inner; device_ordinal, bytes_outstanding, reap_pending, pending_free_seq, reap_through, supports_block_use_tracking, allocation_cost, allocation_cost_is_exact, allocation_limit);
+    forward_to_inner!(inner; device_ordinal, bytes_outstanding, reap_pending, pending_free_seq, reap_through, supports_block_use_tracking, allocation_cost, allocation_cost_is_exact, allocation_limit, capture_status, release_capture);
 
     fn allocate(
         &self,
@@ -296,7 +296,9 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for DebugGuard<R> {
 
     /// Quarantines `block`, first freeing the oldest quarantined blocks
     /// until it fits under both caps. A block larger than the byte cap is
-    /// freed at once.
+    /// freed at once, and so is a block freed on a stream being captured
+    /// into a graph (the layer below keeps it for the graph; see
+    /// [`release_capture`](DeviceMemoryResource::release_capture)).
     ///
     /// The block is marked as being freed first (a short section under the
     /// state lock); then, under the order lock, come the evictions, the
@@ -315,7 +317,7 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for DebugGuard<R> {
     fn deallocate(&self, block: DeviceBlock) -> ResourceResult<()> {
         ResourceError::check_device(self.inner.device_ordinal(), block.device())?;
         let (id, size) = (block.id(), block.size());
-        let straight = self.config.max_blocks == 0 || size > self.config.max_bytes;
+        let mut straight = self.config.max_blocks == 0 || size > self.config.max_bytes;
         let known = {
             let mut state = self.lock();
             let known = state.check(&block)?;
@@ -337,6 +339,14 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for DebugGuard<R> {
             id,
             armed: true,
         };
+        // A free on a capturing stream is a node of the capture's graph: the
+        // block goes straight to the layer below, which keeps it for the
+        // graph (a quarantine would give it back later, outside the capture,
+        // while replays still use it; and its poison fill would be captured).
+        if !straight && self.inner.capture_status(block.stream())?.is_capturing() {
+            straight = true;
+            self.lock().freeing.insert(id, BlockState::Retired);
+        }
 
         let order = self.order();
         if straight {

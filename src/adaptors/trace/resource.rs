@@ -7,6 +7,7 @@ use std::time::Instant;
 use tracing::{Level, debug, enabled, info_span, trace, warn};
 
 use crate::error::ResourceResult;
+use crate::gpu::CaptureId;
 use crate::resource::DeviceMemoryResource;
 use crate::types::{Access, AllocTag, BlockId, DeviceBlock, StreamId};
 
@@ -107,7 +108,7 @@ impl<R: DeviceMemoryResource> TracingResource<R> {
 }
 
 impl<R: DeviceMemoryResource> DeviceMemoryResource for TracingResource<R> {
-    forward_to_inner!(inner; device_ordinal, bytes_outstanding, pending_free_seq, supports_block_use_tracking, block_state, allocation_cost, allocation_cost_is_exact, frees_across_streams, release_idle, allocation_limit);
+    forward_to_inner!(inner; device_ordinal, bytes_outstanding, pending_free_seq, supports_block_use_tracking, block_state, allocation_cost, allocation_cost_is_exact, frees_across_streams, release_idle, allocation_limit, capture_status);
     fn allocate(
         &self,
         bytes: usize,
@@ -201,6 +202,25 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for TracingResource<R> {
                 "reaped"
             ),
             Err(e) => warn!(target: TARGET, device, bytes = drained, error = %e, "reap failed"),
+        }
+        result
+    }
+
+    fn release_capture(&self, capture: CaptureId, after: StreamId) -> ResourceResult<()> {
+        let result = self.inner.release_capture(capture, after);
+        let device = self.inner.device_ordinal();
+        match &result {
+            Ok(()) => {
+                debug!(target: TARGET, device, capture = %capture, after = %after, "release_capture")
+            }
+            Err(e) => warn!(
+                target: TARGET,
+                device,
+                capture = %capture,
+                after = %after,
+                error = %e,
+                "release_capture failed"
+            ),
         }
         result
     }

@@ -366,6 +366,10 @@ impl State {
         if self.streams.get(s).is_none() || bytes == 0 {
             return;
         }
+        if let Some(id) = self.capturing(s) {
+            let op = capture::GraphOp::SubAlloc { addr, len: bytes };
+            return self.captured_note(id, s, op);
+        }
         let at = self.enqueue(s, |_| OpKind::Alloc);
         let clock = self.streams[s].clock.clone();
         self.races.on_suballoc(addr, bytes, at, &clock);
@@ -375,6 +379,9 @@ impl State {
     pub(crate) fn note_subfree(&mut self, addr: u64, s: usize) {
         if self.streams.get(s).is_none() || addr == 0 {
             return;
+        }
+        if let Some(id) = self.capturing(s) {
+            return self.captured_note(id, s, capture::GraphOp::SubFree { addr });
         }
         let at = self.enqueue(s, |_| OpKind::Alloc);
         let clock = self.streams[s].clock.clone();

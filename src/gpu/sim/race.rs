@@ -245,6 +245,14 @@ impl RaceDetector {
         found
     }
 
+    /// Whether a live (not freed) allocation of `len` bytes starts at
+    /// `addr`.
+    pub(crate) fn live_at(&self, addr: u64, len: usize) -> bool {
+        self.allocs
+            .get(&addr)
+            .is_some_and(|h| h.freed.is_none() && h.len == len.max(1))
+    }
+
     /// A new allocation carved by the caller out of memory it manages (an
     /// arena) at `at`: every earlier allocation overlapping it must be
     /// freed, and its free ordered before `clock`, or the reuse races.

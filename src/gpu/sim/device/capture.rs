@@ -63,6 +63,12 @@ pub(crate) enum GraphOp {
     Free { addr: u64, own: bool },
     /// A kernel, memset or copy.
     Kernel(Vec<(u64, Access)>),
+    /// A range of caller-managed memory (a cache's arena) handed out in the
+    /// capture ([`Gpu::note_suballocation`](crate::gpu::Gpu::note_suballocation)):
+    /// at each replay, a new allocation there, checked as the note is.
+    SubAlloc { addr: u64, len: usize },
+    /// Its free ([`Gpu::note_subfree`](crate::gpu::Gpu::note_subfree)).
+    SubFree { addr: u64 },
 }
 
 /// One stream taking part in a capture.
@@ -411,6 +417,12 @@ impl State {
                     self.free_unchecked(addr, s);
                 }
             }
+            // A range the graph keeps across replays (handed out in the
+            // capture and not freed in it: the graph's output) is
+            // allocated by the first replay and stays so.
+            GraphOp::SubAlloc { addr, len } if self.races.live_at(addr, len) => {}
+            GraphOp::SubAlloc { addr, len } => self.note_suballoc(addr, len, s),
+            GraphOp::SubFree { addr } => self.note_subfree(addr, s),
             GraphOp::Kernel(ref accesses) => {
                 let _ = self.kernel(s, accesses);
             }
@@ -498,6 +510,17 @@ impl State {
         c.ops.push(GraphOp::Kernel(accesses.to_vec()));
         c.members.entry(s).or_default().recorded += 1;
         Ok(())
+    }
+
+    /// A note of caller-managed memory (`SubAlloc`, `SubFree`) on stream
+    /// `s`, capturing into `id`: recorded, replayed with the graph. An
+    /// invalidated capture records nothing (a note is not a call that can
+    /// fail).
+    pub(super) fn captured_note(&mut self, id: u64, s: usize, op: GraphOp) {
+        if let Ok(c) = self.active(id, DriverCall::Launch) {
+            c.ops.push(op);
+            c.members.entry(s).or_default().recorded += 1;
+        }
     }
 
     /// A record of event `e` on stream `s`, capturing into `id`: the event

@@ -1,0 +1,232 @@
+//! The cache under CUDA graph capture: which capture a call serves, and
+//! the release of a graph's memory (see [`GraphPool`](super::graph_pool)
+//! for the rules).
+//!
+//! Every allocation and free the cache serves itself asks the stack below
+//! whether the stream is capturing
+//! ([`capture_status`](DeviceMemoryResource::capture_status)): memory
+//! handed out or freed on a capturing stream goes to that capture's pool.
+//! Calls the cache passes down (zero bytes, streams without a shard,
+//! requests it does not hold) are the inner resource's business, which
+//! counts them as its own graph allocations.
+
+use std::sync::atomic::Ordering;
+
+use super::resource::CachingResource;
+use super::shard::{Backing, SlotGuard};
+use crate::error::{ResourceError, ResourceResult};
+use crate::gpu::CaptureId;
+use crate::resource::DeviceMemoryResource;
+use crate::types::{Access, StreamId};
+
+impl<R: DeviceMemoryResource> CachingResource<R> {
+    /// The capture `stream` (of slot `index`) is in, if any. An invalidated
+    /// capture counts as none: its graph never replays. When the stream is
+    /// not capturing, finishes the releases that waited for that.
+    pub(super) fn capture_on(
+        &self,
+        stream: StreamId,
+        index: usize,
+    ) -> ResourceResult<Option<CaptureId>> {
+        if !self.config.capture_aware {
+            return Ok(None);
+        }
+        let capture = self.inner.capture_status(stream)?.id();
+        if capture.is_none() && self.slots[index].deferred.load(Ordering::Relaxed) {
+            let mut shard = self.slots[index].lock();
+            // Best effort: a failure keeps the pool for a later call, and
+            // this call goes on.
+            if let Err(e) = self.finish_deferred(index, &mut shard) {
+                tracing::debug!(error = %e, %stream, "releasing a graph's memory failed; kept");
+            }
+        }
+        Ok(capture)
+    }
+
+    /// Bytes the graphs of live captures hold in the cache: ranges and
+    /// blocks freed in (or after) their capture, kept for their replays.
+    /// They count in
+    /// [`bytes_outstanding`](DeviceMemoryResource::bytes_outstanding) and
+    /// in neither [`cached_bytes`](Self::cached_bytes) nor
+    /// [`leased_bytes`](Self::leased_bytes); blocks a capture handed out
+    /// that users still hold are leased.
+    pub fn graph_bytes(&self) -> usize {
+        self.slots
+            .iter()
+            .map(|s| s.lock().graphs.iter().map(|g| g.bytes).sum::<usize>())
+            .sum()
+    }
+
+    /// [`release_capture`](DeviceMemoryResource::release_capture) for the
+    /// cache's own pools: marks `capture`'s pool released on every shard
+    /// and returns what it can now; the inner resource is told after.
+    pub(super) fn release_capture_pools(
+        &self,
+        capture: CaptureId,
+        after: StreamId,
+    ) -> ResourceResult<()> {
+        ResourceError::check_device(self.device_ordinal(), after.device())?;
+        let status = self.inner.capture_status(after)?;
+        if status.is_capturing() {
+            return Err(ResourceError::StreamCapturing {
+                stream: after,
+                capture: status.id(),
+            });
+        }
+        let mut first_err = None;
+        for (index, slot) in self.slots.iter().enumerate() {
+            let mut shard = slot.lock();
+            let Some(pool) = shard.graph_mut(capture) else {
+                continue;
+            };
+            pool.released = Some(after);
+            slot.deferred.store(true, Ordering::Relaxed);
+            if let Err(e) = self.finish_deferred(index, &mut shard) {
+                first_err.get_or_insert(e);
+            }
+        }
+        let below = self.inner.release_capture(capture, after);
+        match first_err {
+            Some(e) => Err(e),
+            None => below,
+        }
+    }
+
+    /// Returns every released pool of slot `index` to general use, unless
+    /// its stream (or the stream a pool's replays are ordered on) is
+    /// capturing now.
+    pub(super) fn finish_deferred(
+        &self,
+        index: usize,
+        shard: &mut SlotGuard<'_>,
+    ) -> ResourceResult<()> {
+        let stream = shard.stream;
+        let released: Vec<(CaptureId, StreamId)> = shard
+            .graphs
+            .iter()
+            .filter_map(|g| g.released.map(|after| (g.capture, after)))
+            .collect();
+        let mut result = Ok(());
+        for (capture, after) in released {
+            // A wait queued on a capturing stream would join its capture;
+            // an event recorded on one would be captured.
+            if self.inner.capture_status(stream)?.is_capturing()
+                || self.inner.capture_status(after)?.is_capturing()
+            {
+                continue;
+            }
+            if let Err(e) = self.return_pool(shard, capture, after) {
+                result = Err(e);
+                break;
+            }
+        }
+        let waiting = shard.graphs.iter().any(|g| g.released.is_some());
+        self.slots[index].deferred.store(waiting, Ordering::Relaxed);
+        result
+    }
+
+    /// Orders the shard's stream after `after` (the last replay), then gives
+    /// `capture`'s pool back as freed at that point: arena ranges to the
+    /// arena, size-class blocks to the free lists. Leases the capture handed
+    /// out become ordinary ones, their free ordered after the replays too.
+    ///
+    /// # Errors
+    /// A driver error ordering the stream: the pool stays, released, for a
+    /// later call.
+    fn return_pool(
+        &self,
+        shard: &mut SlotGuard<'_>,
+        capture: CaptureId,
+        after: StreamId,
+    ) -> ResourceResult<()> {
+        let stream = shard.stream;
+        if stream != after {
+            self.order_after(shard, capture, after)?;
+        }
+        let Some(pool) = shard.remove_graph(capture) else {
+            return Ok(());
+        };
+        for lease in shard.leases_mut() {
+            if lease.capture == Some(capture) {
+                lease.capture = None;
+            }
+        }
+        if !pool.ranges.is_empty()
+            && let (Some(tier), Some(arena)) = (&self.vm, shard.arena.as_mut())
+        {
+            let mut bytes = 0;
+            for (placed, noted) in pool.ranges {
+                bytes += placed.len as usize;
+                if !noted {
+                    // Freed here, after the wait for the last replay.
+                    tier.note_free(arena, placed);
+                }
+                tier.return_range(arena, placed);
+            }
+            let index = (stream.index() as usize).min(self.config.streams);
+            self.slots[index].add_arena_live(-(bytes as isize));
+        }
+        for (class, block) in pool.blocks {
+            if self.reserve(shard, block.size()) {
+                shard.push(class, block);
+            } else if let Err(e) = self.release_to_inner(&block, stream) {
+                // Kept cached past the cap rather than lost, as a failed
+                // trim does.
+                tracing::debug!(error = %e, %stream, "evicting a graph's block failed; cached");
+                shard.push(class, block);
+            } else {
+                shard.stats.evictions += 1;
+            }
+        }
+        tracing::debug!(%capture, %stream, %after, "graph memory returned");
+        Ok(())
+    }
+
+    /// Makes the shard's stream wait for `after`'s current end before it
+    /// reuses what `capture`'s graph held: one event wait for the arena
+    /// (a range is reused only in the stream's order, or elsewhere behind a
+    /// fence on it); for size-class blocks, a recorded write on `after`
+    /// that the stream waits for now (pooled blocks) or at their free
+    /// (blocks users hold).
+    fn order_after(
+        &self,
+        shard: &mut SlotGuard<'_>,
+        capture: CaptureId,
+        after: StreamId,
+    ) -> ResourceResult<()> {
+        let stream = shard.stream;
+        if let (Some(tier), Some(events), Some(arena)) = (&self.vm, &self.events, &shard.arena) {
+            let gpu = &*tier.access.gpu;
+            let raw_after = tier.access.streams.raw(after)?;
+            let event = events.take().map_err(|e| e.for_request(0, after))?;
+            // SAFETY: a pooled event of the tier, made on `gpu`; `raw_after`
+            // and the arena's stream are streams of the tier's device pool,
+            // which the tier holds. Giving the event back after the wait is
+            // queued is fine: a wait keeps the record it saw.
+            let ordered = unsafe { gpu.event_record(event, raw_after) }
+                .and_then(|()| unsafe { gpu.stream_wait_event(arena.raw, event) });
+            events.give([event]);
+            ordered.map_err(|e| e.for_request(0, stream))?;
+        }
+        let Some(pool) = shard.graph_mut(capture) else {
+            return Ok(());
+        };
+        for (_, block) in &pool.blocks {
+            self.inner
+                .finish_block_use(block.id(), after, Access::Write)?;
+            self.inner
+                .prepare_block_use(block.id(), stream, Access::Write)?;
+        }
+        for lease in shard.leases_mut() {
+            if lease.capture != Some(capture) {
+                continue;
+            }
+            if let Backing::Inner(inner) = &lease.backing {
+                self.inner
+                    .finish_block_use(inner.id(), after, Access::Write)?;
+                lease.cross_used = true;
+            }
+        }
+        Ok(())
+    }
+}

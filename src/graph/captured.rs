@@ -1,0 +1,135 @@
+//! [`CapturedGraph`]: an instantiated graph, replayed on the pool's streams
+//! and awaited with the crate's futures.
+
+#![allow(unsafe_code)]
+
+use std::mem::ManuallyDrop;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::error::ResourceResult;
+use crate::futures::{AsyncResource, EventFuture};
+use crate::gpu::{CaptureId, Gpu, GraphExec};
+use crate::resource::DeviceMemoryResource;
+use crate::types::StreamId;
+
+/// Tells the resource stack that the graph of capture `id` is gone, so that
+/// memory handed out during the capture (the graph's) serves others again
+/// once `after` passes the graph's last replay
+/// ([`AsyncResource::release_capture`]). A failure is logged: what was not
+/// returned stays with the graph's tally.
+pub(super) fn release_capture<R: DeviceMemoryResource + 'static>(
+    res: &AsyncResource<R>,
+    id: CaptureId,
+    after: StreamId,
+) {
+    if let Err(e) = res.release_capture(id, after) {
+        tracing::warn!(capture = %id, %after, error = %e, "releasing a capture's memory failed");
+    }
+}
+
+/// A captured, instantiated CUDA graph: [`launch`](Self::launch) replays it
+/// on a stream of the pool and returns a future of that replay's
+/// completion.
+///
+/// Made by [`GraphCapture::end`](super::GraphCapture::end) or
+/// [`AsyncResource::capture_graph`]. Dropping it destroys the executable
+/// graph (replays already queued still run) and then tells the resource
+/// stack to release the memory of its capture behind the stream of the last
+/// replay ([`AsyncResource::release_capture`]).
+pub struct CapturedGraph<R: DeviceMemoryResource + 'static> {
+    res: AsyncResource<R>,
+    exec: ManuallyDrop<GraphExec<dyn Gpu>>,
+    origin: StreamId,
+    /// The stream of the last replay: the capture's memory is released
+    /// behind it (CUDA runs the launches of one executable in order, so it
+    /// is behind every replay).
+    last_launch: Mutex<Option<StreamId>>,
+    launches: AtomicU64,
+}
+
+impl<R: DeviceMemoryResource + 'static> CapturedGraph<R> {
+    pub(super) fn new(res: AsyncResource<R>, exec: GraphExec<dyn Gpu>, origin: StreamId) -> Self {
+        CapturedGraph {
+            res,
+            exec: ManuallyDrop::new(exec),
+            origin,
+            last_launch: Mutex::new(None),
+            launches: AtomicU64::new(0),
+        }
+    }
+
+    /// Queues one replay on `stream` (any stream of the pool, not
+    /// capturing) and returns a future that completes when the GPU has run
+    /// it: a point recorded right after the launch.
+    ///
+    /// # Errors
+    /// [`UnknownStream`](crate::ResourceError::UnknownStream);
+    /// [`StreamCapturing`](crate::ResourceError::StreamCapturing) when
+    /// `stream` is being captured itself (nothing is queued); the driver's
+    /// error launching (`CUDA_ERROR_INVALID_VALUE` when an allocation the
+    /// graph made and did not free is still live from the last replay).
+    ///
+    /// # Safety
+    /// 1. Every memory range the captured work touches that was not
+    ///    allocated inside the capture is still allocated (not freed, not
+    ///    handed to another allocation) when the replay runs: keep the
+    ///    buffers a graph uses alive until its last replay has completed
+    ///    (awaiting the future this returns, or dropping the graph after
+    ///    the buffers' frees are ordered after it).
+    pub unsafe fn launch(&self, stream: StreamId) -> ResourceResult<EventFuture> {
+        let raw = self.res.stream_pool().raw(stream)?;
+        self.res
+            .core()
+            .notifier(stream)?
+            .refuse_capturing(&**self.res.gpu())?;
+        // SAFETY: `raw` is a stream of the pool the resource holds (alive);
+        // the memory the graph touches is live (this fn's Safety 1), and the
+        // graph's own allocations are the graph's.
+        unsafe { self.exec.launch(raw) }?;
+        *self.last_launch.lock().unwrap_or_else(|p| p.into_inner()) = Some(stream);
+        self.launches.fetch_add(1, Ordering::Relaxed);
+        self.res.completion_outside_capture(stream)
+    }
+
+    /// The capture that recorded the graph.
+    pub fn capture(&self) -> CaptureId {
+        self.exec.capture()
+    }
+
+    /// The stream the graph was captured on.
+    pub fn origin(&self) -> StreamId {
+        self.origin
+    }
+
+    /// Replays queued so far.
+    pub fn launches(&self) -> u64 {
+        self.launches.load(Ordering::Relaxed)
+    }
+}
+
+impl<R: DeviceMemoryResource + 'static> Drop for CapturedGraph<R> {
+    fn drop(&mut self) {
+        let capture = self.capture();
+        let after = self
+            .last_launch
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .unwrap_or(self.origin);
+        // SAFETY: dropped once, here, and not used afterwards. Replays
+        // already queued still run (the driver frees the executable after
+        // them).
+        unsafe { ManuallyDrop::drop(&mut self.exec) };
+        release_capture(&self.res, capture, after);
+    }
+}
+
+impl<R: DeviceMemoryResource + 'static> std::fmt::Debug for CapturedGraph<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CapturedGraph")
+            .field("capture", &self.capture())
+            .field("origin", &self.origin)
+            .field("launches", &self.launches())
+            .finish()
+    }
+}

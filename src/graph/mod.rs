@@ -1,0 +1,78 @@
+//! CUDA graphs: capture a step on one of the pool's streams once, replay it
+//! many times, await each replay with the crate's futures.
+//!
+//! Inference servers capture their steady-state step (a few kernels, copies
+//! and temporary buffers) into a CUDA graph and replay it for every token:
+//! one launch instead of dozens. This module is the safe path through that
+//! with a stream-ordered resource:
+//!
+//! ```text
+//!  res.begin_capture(stream, mode) ─▶ GraphCapture   work queued on `stream` is recorded:
+//!                                      │              allocate, use and free temporaries,
+//!                                      │              launch kernels, copy
+//!                            .end() ───▶ CapturedGraph  instantiated, owned
+//!                                      │
+//!          unsafe graph.launch(s) ──────▶ EventFuture   one replay; completes when the GPU
+//!                                      │                has run it (a point recorded after
+//!                                      │                the launch, outside any capture)
+//!                              drop ───▶ the graph is destroyed, and the resource
+//!                                        stack releases the memory of its capture
+//! ```
+//!
+//! [`AsyncResource::capture_graph`](crate::AsyncResource::capture_graph) wraps the capture around a closure.
+//!
+//! # What a capture changes
+//!
+//! While a stream is capturing, the futures layer refuses to make a
+//! completion future on it
+//! ([`ResourceError::StreamCapturing`](crate::ResourceError::StreamCapturing)): the
+//! point's event would be part of the graph, and querying it would
+//! invalidate the user's capture. Frees queued during the capture are part of
+//! the graph; no notification is queued into it. Await a replay's launch
+//! instead.
+//!
+//! Memory allocated inside the capture (graph memory) belongs to the graph:
+//! every replay allocates and frees it at the same addresses, and it goes
+//! back when the graph is dropped. Allocate and free a step's temporaries
+//! inside the capture; allocate what outlives a step (inputs, outputs,
+//! weights) before it, and keep it alive as long as the graph may run
+//! (that is what [`CapturedGraph::launch`]'s safety contract asks).
+//!
+//! # Examples
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use streamalloc::gpu::CaptureMode;
+//! use streamalloc::gpu::sim::{MemAccess, SimGpu};
+//! use streamalloc::{AllocTag, AsyncResource, Device, ResourceError};
+//!
+//! let gpu = SimGpu::new();
+//! let device = Device::simulated(&gpu, 1);
+//! let res = AsyncResource::on(&device)?;
+//! let s = device.stream(0)?;
+//! let output = res.try_allocate_buffer::<f32>(1024, s, AllocTag("out"))?;
+//!
+//! let ((), graph) = res.capture_graph(s, CaptureMode::Relaxed, |capture| {
+//!     let raw = capture.raw_stream();
+//!     let mut tmp = res.try_allocate_buffer::<f32>(1024, s, AllocTag("tmp"))?;
+//!     tmp.fill_bytes_on(s, 0)?;
+//!     gpu.launch_kernel(raw, &[MemAccess::read(tmp.block()), MemAccess::write(output.block())])
+//!         .map_err(ResourceError::from)?;
+//!     Ok::<_, ResourceError>(()) // `tmp` is freed here, inside the capture
+//! })?;
+//! for _ in 0..3 {
+//!     // SAFETY: `output`, the one buffer the graph uses that it did not
+//!     // allocate, lives until after the graph.
+//!     unsafe { graph.launch(s) }?.await?;
+//! }
+//! drop(graph);
+//! drop(output);
+//! assert!(gpu.races().is_empty());
+//! # Ok(()) }
+//! ```
+
+mod capture;
+mod captured;
+
+pub use capture::GraphCapture;
+pub use captured::CapturedGraph;
