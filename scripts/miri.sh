@@ -13,7 +13,9 @@
 #   (STREAMALLOC_SOAK_SECS) or 50 iterations a thread;
 # - loops that only repeat work are cut with `common::scaled`: futures_event
 #   10,000 -> 100 concurrent futures, futures_reaper 200 -> 16 frees and 20
-#   -> 3 rounds, futures_stress 4 x 48 -> 1 x 12 tasks; the simulated
+#   -> 3 rounds, futures_stress 4 x 48 -> 1 x 12 tasks, cache 4 x 500 -> 4 x
+#   50 thread rounds and 300 -> 30 pipeline items, adaptor_stats 8 x 200 ->
+#   8 x 20 thread rounds; the simulated
 #   kernels of futures_fault (20 ms -> 500 ms), futures_reaper (200 us ->
 #   1 s) and futures_nonblocking (100 ms -> 2 s) are slower, so that work is
 #   still in flight when a waiter queues; the yield budget of
@@ -58,5 +60,6 @@ fi
 if [ "$phase" = all ] || [ "$phase" = futures ]; then
   miri --lib -- futures:: poll_scope::
   miri --test futures_traits --test futures_alloc --test futures_event --test futures_drop \
-    --test futures_fault --test futures_reaper --test futures_stress --test futures_nonblocking
+    --test futures_fault --test futures_reaper --test futures_stress --test futures_nonblocking \
+    --test futures_capture
 fi

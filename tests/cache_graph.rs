@@ -10,7 +10,9 @@ use std::sync::Arc;
 
 use proptest::prelude::*;
 
-use streamalloc::adaptors::{Budget, BudgetResource, Stats, StatsResource};
+use streamalloc::adaptors::{
+    Budget, BudgetResource, DebugGuard, GuardConfig, Stats, StatsResource,
+};
 use streamalloc::cache::{CacheConfig, CachingResource};
 use streamalloc::error::DriverCall;
 use streamalloc::gpu::sim::{MemAccess, SimGpu};
@@ -703,4 +705,78 @@ fn a_graph_keeps_its_memory_on_any_backend_sim() {
 #[ignore = "needs a CUDA GPU"]
 fn a_graph_keeps_its_memory_on_any_backend_cuda() {
     a_graph_keeps_its_memory_on_any_backend(common::cuda(2));
+}
+
+/// A debug guard over the cache does not quarantine a free made in a
+/// capture (it would give the block back later, outside the capture, while
+/// replays still use it): the cache below keeps it for the graph. Bad
+/// input to `release_capture` is refused, changing nothing.
+#[test]
+fn a_guard_passes_frees_in_a_capture_to_the_graph_and_bad_releases_change_nothing() {
+    let f = fixture();
+    let guard = DebugGuard::new(
+        CachingResource::new(SimResource::new(&f.device)),
+        GuardConfig::new().max_blocks(8),
+    );
+    let before = guard.allocate(MIB, f.s, AllocTag::UNTAGGED).unwrap();
+    guard.deallocate(before).unwrap();
+    assert_eq!(
+        guard.quarantined_bytes(),
+        MIB,
+        "quarantined outside a capture"
+    );
+    let capture = f.begin(f.s);
+    let tmp = guard.allocate(MIB, f.s, AllocTag::UNTAGGED).unwrap();
+    f.write(f.s, &tmp);
+    guard.deallocate(tmp).unwrap();
+    assert_eq!(
+        guard.quarantined_bytes(),
+        MIB,
+        "not quarantined in a capture"
+    );
+    let graph = f.end(f.s);
+    assert_eq!(guard.inner().graph_bytes(), MIB);
+
+    let other_device = SimGpu::builder().ordinal(1).build();
+    let foreign = Device::simulated(&other_device, 1).stream(0).unwrap();
+    let e = guard.release_capture(capture, foreign).unwrap_err();
+    assert!(matches!(e, ResourceError::WrongDevice { .. }), "{e}");
+    let unknown = Device::simulated(&f.gpu, 8).stream(7).unwrap();
+    assert!(guard.release_capture(capture, unknown).is_err());
+    assert_eq!(guard.inner().graph_bytes(), MIB, "nothing changed");
+
+    f.replay(graph.1, f.s, 2);
+    f.destroy(graph);
+    guard.release_capture(capture, f.s).unwrap();
+    assert_eq!(guard.inner().graph_bytes(), 0);
+    f.gpu.run_until_idle();
+    assert!(f.gpu.races().is_empty(), "{:?}", f.gpu.races());
+}
+
+/// What capture awareness costs: one capture query per allocation and one
+/// per free the cache serves; none with it turned off (for programs that
+/// never capture).
+#[test]
+fn the_cache_asks_once_per_call_unless_told_nothing_is_captured() {
+    for (aware, per_pair) in [(true, 2), (false, 0)] {
+        for vm in [true, false] {
+            let f = fixture();
+            let config = CacheConfig::default()
+                .virtual_memory(vm)
+                .capture_aware(aware);
+            let cache = CachingResource::with_config(SimResource::new(&f.device), config);
+            let warm = cache.allocate(MIB, f.s, AllocTag::UNTAGGED).unwrap();
+            cache.deallocate(warm).unwrap();
+            let queries = f.gpu.call_count(DriverCall::StreamGetCaptureInfo);
+            for _ in 0..10 {
+                let b = cache.allocate(MIB, f.s, AllocTag::UNTAGGED).unwrap();
+                cache.deallocate(b).unwrap();
+            }
+            assert_eq!(
+                f.gpu.call_count(DriverCall::StreamGetCaptureInfo) - queries,
+                10 * per_pair,
+                "aware {aware}, vm {vm}"
+            );
+        }
+    }
 }

@@ -166,6 +166,28 @@ fn a_failing_or_panicking_capture_leaves_no_stream_capturing_and_no_memory_held(
 }
 
 #[test]
+fn beginning_a_capture_on_a_capturing_or_unknown_stream_is_refused() {
+    let sc = scene();
+    let s = sc.s(0);
+    let capture = sc.res.begin_capture(s, CaptureMode::Relaxed).unwrap();
+    match sc.res.begin_capture(s, CaptureMode::Relaxed) {
+        Err(ResourceError::Driver { code, .. }) => assert_eq!(code, capture_code::ILLEGAL_STATE),
+        other => panic!("expected ILLEGAL_STATE, got {other:?}"),
+    }
+    // The first capture is untouched.
+    assert!(matches!(
+        capture.status().unwrap(),
+        CaptureStatus::Active(_)
+    ));
+    drop(capture.end().unwrap());
+    let foreign = StreamId::new(0, 99);
+    assert!(matches!(
+        sc.res.begin_capture(foreign, CaptureMode::Relaxed),
+        Err(ResourceError::UnknownStream { .. })
+    ));
+}
+
+#[test]
 fn an_invalidated_capture_fails_at_its_end() {
     let sc = scene();
     let s = sc.s(0);

@@ -120,7 +120,7 @@ fn cuda_illegal_calls_invalidate_as_the_simulator_says() {
     // with STREAM_CAPTURE_INVALIDATED; a host function is refused without
     // touching the capture; a query of a captured event fails with
     // CAPTURED_EVENT.
-    let (f, res) = cuda(1);
+    let (f, res) = cuda(2);
     let s = f.stream(0);
     let raw = f.pool.raw(s).unwrap();
     let gpu = res.gpu();
@@ -133,6 +133,16 @@ fn cuda_illegal_calls_invalidate_as_the_simulator_says() {
         assert!(matches!(
             gpu.capture_status(raw).unwrap(),
             CaptureStatus::Active(_)
+        ));
+        // A wait on an event recorded outside the capture: the simulator
+        // assumes the driver accepts it and adds no dependency.
+        let outside = gpu.event_create().unwrap();
+        let other = f.pool.raw(f.stream(1)).unwrap();
+        gpu.event_record(outside, other).unwrap();
+        gpu.stream_wait_event(raw, outside).unwrap();
+        assert!(matches!(
+            gpu.capture_status(other).unwrap(),
+            CaptureStatus::None
         ));
         let e = gpu.stream_synchronize(raw).unwrap_err();
         assert_eq!(e.code(), capture_code::UNSUPPORTED);
@@ -153,5 +163,6 @@ fn cuda_illegal_calls_invalidate_as_the_simulator_says() {
             capture_code::INVALIDATED
         );
         gpu.event_destroy(event).unwrap();
+        gpu.event_destroy(outside).unwrap();
     }
 }

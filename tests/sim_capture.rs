@@ -272,6 +272,46 @@ fn capture_calls_refuse_bad_state() {
     gpu.end_capture(s).unwrap();
 }
 
+#[test]
+fn a_global_capture_ends_only_on_its_thread_and_a_wait_on_an_outside_event_adds_nothing() {
+    let gpu = manual();
+    let (s, other) = (gpu.create_stream(), gpu.create_stream());
+    let outside = Gpu::event_create(gpu.as_ref()).unwrap();
+    gpu.launch_kernel(other, &[]).unwrap();
+    gpu.event_record(outside, other).unwrap();
+    gpu.begin_capture(s, CaptureMode::Global).unwrap();
+    // An event recorded outside the capture: no dependency of the graph,
+    // and the other stream does not join.
+    gpu.stream_wait_event(s, outside).unwrap();
+    assert_eq!(gpu.capture_status(other).unwrap(), CaptureStatus::None);
+    let e = std::thread::scope(|scope| {
+        scope
+            .spawn(|| gpu.end_capture(s).unwrap_err())
+            .join()
+            .unwrap()
+    });
+    assert_eq!(code(&e), capture_code::WRONG_THREAD);
+    gpu.end_capture(s).unwrap();
+}
+
+#[test]
+fn a_wait_across_two_captures_fails_and_invalidates_the_waiting_one() {
+    let gpu = manual();
+    let (a, b) = (gpu.create_stream(), gpu.create_stream());
+    let event = Gpu::event_create(gpu.as_ref()).unwrap();
+    gpu.begin_capture(a, CaptureMode::Relaxed).unwrap();
+    gpu.begin_capture(b, CaptureMode::Relaxed).unwrap();
+    gpu.event_record(event, a).unwrap();
+    let e = gpu.stream_wait_event(b, event).unwrap_err();
+    assert_eq!(code(&e), capture_code::ISOLATION);
+    assert_eq!(gpu.capture_status(b).unwrap(), CaptureStatus::Invalidated);
+    assert_eq!(
+        code(&gpu.end_capture(b).unwrap_err()),
+        capture_code::INVALIDATED
+    );
+    gpu.end_capture(a).unwrap();
+}
+
 /// `Graph::end_capture` on the simulator, whose checked calls need no
 /// proof.
 trait EndCaptureSim {

@@ -21,6 +21,7 @@ pub struct CacheConfig {
     pub(crate) page_multiple: usize,
     pub(crate) max_mapping_bytes: usize,
     pub(crate) slack_percent: usize,
+    pub(crate) capture_aware: bool,
 }
 
 impl Default for CacheConfig {
@@ -38,6 +39,7 @@ impl Default for CacheConfig {
             page_multiple: 1,
             max_mapping_bytes: 1 << 30,
             slack_percent: 7,
+            capture_aware: true,
         }
     }
 }
@@ -105,6 +107,27 @@ impl CacheConfig {
     /// less memory held.
     pub fn slack_percent(mut self, percent: usize) -> Self {
         self.slack_percent = percent;
+        self
+    }
+
+    /// Whether every allocation and free the cache serves asks the driver
+    /// whether its stream is being captured into a CUDA graph
+    /// (`cuStreamGetCaptureInfo`, default true), so that the memory of a
+    /// capture stays its graph's until
+    /// [`release_capture`](crate::DeviceMemoryResource::release_capture)
+    /// (see the [module documentation](super#graph-capture)). On CUDA the
+    /// question reaches the driver only while a capture begun through the
+    /// crate is underway, or always after
+    /// [`detect_foreign_captures(true)`](crate::gpu::detect_foreign_captures)
+    /// (`src/gpu/capture_gate.rs`).
+    ///
+    /// Off, the cache makes no such call on its hot path, and memory
+    /// handed out or freed during a capture is treated as any other: a
+    /// block freed in a capture may then be handed to another allocation
+    /// while the graph's replays still use it. Turn it off only for a
+    /// program that never captures a stream the cache serves.
+    pub fn capture_aware(mut self, on: bool) -> Self {
+        self.capture_aware = on;
         self
     }
 

@@ -28,6 +28,9 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         stream: StreamId,
         index: usize,
     ) -> ResourceResult<Option<CaptureId>> {
+        if !self.config.capture_aware {
+            return Ok(None);
+        }
         let capture = self.inner.capture_status(stream)?.id();
         if capture.is_none() && self.slots[index].deferred.load(Ordering::Relaxed) {
             let mut shard = self.slots[index].lock();

@@ -619,7 +619,10 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R> {
         // The graph that owns the memory: the one of the capture that
         // handed it out while it lives, else the one capturing the stream
         // now (the replays use the block up to this free).
-        let now = self.inner.capture_status(stream)?.id();
+        let now = match self.config.capture_aware {
+            true => self.inner.capture_status(stream)?.id(),
+            false => None,
+        };
         let owner = leased_in.filter(|&c| shard.graph_mut(c).is_some()).or(now);
         let Some(lease) = shard.lease_mut(serial) else {
             unreachable!("the lease was found above");

@@ -142,6 +142,18 @@ fn measure_pairs<G: Gpu>(b: &Bench<G>, cudarc: bool, rows: &mut Vec<Row>) {
             time(|| Bench::<G>::pair(&*b.cache, s0, black_box(bytes))),
         ));
         b.sync();
+        // The same cache without its two capture queries per pair (issue
+        // 19): their cost is the ratio of the row above to this one.
+        let unaware = streamalloc::CachingResource::with_config(
+            b.resource.clone(),
+            streamalloc::cache::CacheConfig::default().capture_aware(false),
+        );
+        peers.push((
+            "Cache, no capture query".into(),
+            time(|| Bench::<G>::pair(&unaware, s0, black_box(bytes))),
+        ));
+        drop(unaware);
+        b.sync();
         // The adaptor stack a service would run, over the same resource (no
         // tracing subscriber installed): compare with StreamOrderedResource.
         let stack = streamalloc::ResourceBuilder::new()
