@@ -780,3 +780,42 @@ fn the_cache_asks_once_per_call_unless_told_nothing_is_captured() {
         }
     }
 }
+
+/// A range another stream's arena lent, freed while the borrower is being
+/// captured: the event that would give it back to its home stream would be
+/// captured, so the range is kept out of use (the home stream never gets
+/// it while the graph may replay the free), with no race.
+#[test]
+fn a_lent_range_freed_in_a_capture_is_kept() {
+    let f = fixture();
+    let cache = CachingResource::new(SimResource::new(&f.device));
+    let home = cache.allocate(4 * MIB, f.l, AllocTag::UNTAGGED).unwrap();
+    let home_ptr = home.ptr();
+    f.write(f.l, &home);
+    cache.deallocate(home).unwrap();
+    // Asking for the idle bytes gives the last free back to its arena.
+    assert_eq!(cache.cached_bytes(), 4 * MIB);
+    // The first request records a fence on the home stream; once it ran,
+    // the next one borrows.
+    let first = cache.allocate(4 * MIB, f.s, AllocTag::UNTAGGED).unwrap();
+    f.gpu.run_until_idle();
+    let lent = cache.allocate(4 * MIB, f.s, AllocTag::UNTAGGED).unwrap();
+    assert_eq!(cache.stats().borrows, 1, "{:?}", cache.stats());
+    assert_eq!(lent.ptr(), home_ptr);
+    f.write(f.s, &lent);
+
+    let _capture = f.begin(f.s);
+    f.write(f.s, &lent);
+    cache.deallocate(lent).unwrap();
+    let graph = f.end(f.s);
+    f.replay(graph.1, f.s, 2);
+
+    let again = cache.allocate(4 * MIB, f.l, AllocTag::UNTAGGED).unwrap();
+    assert_ne!(again.ptr(), home_ptr, "kept from the home stream");
+    f.write(f.l, &again);
+    cache.deallocate(again).unwrap();
+    cache.deallocate(first).unwrap();
+    f.gpu.run_until_idle();
+    assert!(f.gpu.races().is_empty(), "{:?}", f.gpu.races());
+    f.destroy(graph);
+}

@@ -6,9 +6,13 @@
 //! [`supports_block_use_tracking`](DeviceMemoryResource::supports_block_use_tracking),
 //! [`pending_free_seq`](DeviceMemoryResource::pending_free_seq),
 //! [`reap_through`](DeviceMemoryResource::reap_through),
-//! [`reap_pending`](DeviceMemoryResource::reap_pending) and
-//! [`block_state`](DeviceMemoryResource::block_state) included — so that a
-//! stack of them behaves as the resource at its bottom, plus each feature:
+//! [`reap_pending`](DeviceMemoryResource::reap_pending),
+//! [`block_state`](DeviceMemoryResource::block_state),
+//! [`capture_status`](DeviceMemoryResource::capture_status) and
+//! [`release_capture`](DeviceMemoryResource::release_capture) included — so
+//! that a stack of them behaves as the resource at its bottom, plus each
+//! feature (a budget settles after a release; a debug guard does not
+//! quarantine a block freed in a capture, which belongs to the graph):
 //!
 //! | adaptor | changes | module |
 //! | --- | --- | --- |

@@ -273,6 +273,68 @@ impl Arena {
         })
     }
 
+    /// Hands out exactly `[off, off + len)` (multiples of [`UNIT`]) when it
+    /// lies inside one free range, splitting off what is left before and
+    /// after it; `None` otherwise, and nothing changes. Looks through every
+    /// node (the slow path of lending a range to another stream, which
+    /// would otherwise map new memory).
+    pub(crate) fn take_at(&mut self, off: u64, len: u64) -> Option<Placed> {
+        debug_assert!(len > 0 && len.is_multiple_of(UNIT) && off.is_multiple_of(UNIT));
+        let found = self
+            .nodes
+            .iter()
+            .position(|n| n.free && n.off <= off && off + len <= n.off + n.len)?
+            as u32;
+        self.unlink_free(found);
+        let f = self.nodes[found as usize];
+        let block = if f.off < off {
+            // `found` keeps the part before, free; the block follows it.
+            let block = self.node(Node {
+                off,
+                len: f.off + f.len - off,
+                prev_addr: found,
+                next_addr: f.next_addr,
+                free: false,
+                prev_free: NIL,
+                next_free: NIL,
+            });
+            if f.next_addr != NIL {
+                self.nodes[f.next_addr as usize].prev_addr = block;
+            }
+            let n = &mut self.nodes[found as usize];
+            n.len = off - f.off;
+            n.next_addr = block;
+            self.push_free(found);
+            block
+        } else {
+            found
+        };
+        let b = self.nodes[block as usize];
+        if b.len > len {
+            let rest = self.node(Node {
+                off: off + len,
+                len: b.len - len,
+                prev_addr: block,
+                next_addr: b.next_addr,
+                free: false,
+                prev_free: NIL,
+                next_free: NIL,
+            });
+            if b.next_addr != NIL {
+                self.nodes[b.next_addr as usize].prev_addr = rest;
+            }
+            let n = &mut self.nodes[block as usize];
+            n.len = len;
+            n.next_addr = rest;
+            self.push_free(rest);
+        }
+        Some(Placed {
+            node: block,
+            off,
+            len,
+        })
+    }
+
     /// Takes `node` out of the address list and recycles it.
     fn drop_node(&mut self, i: u32) {
         let Node {
@@ -347,6 +409,25 @@ mod tests {
         let all = a.alloc(1 << 20, none).unwrap();
         assert_eq!(all.off, 0, "everything merged back into one range");
         assert!(a.alloc(UNIT, none).is_none());
+    }
+
+    #[test]
+    fn take_at_carves_an_exact_range_and_merges_back() {
+        let mut a = Arena::new(1 << 20);
+        let none = |_| false;
+        let x = a.alloc(4096, none).unwrap();
+        let y = a.take_at(65536, 8192).unwrap();
+        assert_eq!((y.off, y.len), (65536, 8192));
+        assert!(a.take_at(65536 + 4096, 4096).is_none(), "handed out");
+        assert!(a.take_at(0, 512).is_none(), "x is there");
+        assert_eq!(a.free_bytes(), (1 << 20) - 4096 - 8192);
+        // The hole before y is still placeable.
+        let z = a.alloc(65536 - 4096, none).unwrap();
+        assert_eq!(z.off, 4096);
+        for p in [x, y, z] {
+            a.free(p);
+        }
+        assert_eq!(a.alloc(1 << 20, none).unwrap().off, 0, "merged back");
     }
 
     #[test]

@@ -115,7 +115,11 @@ impl CacheConfig {
     /// (`cuStreamGetCaptureInfo`, default true), so that the memory of a
     /// capture stays its graph's until
     /// [`release_capture`](crate::DeviceMemoryResource::release_capture)
-    /// (see the [module documentation](super#graph-capture)).
+    /// (see the [module documentation](super#graph-capture)). On CUDA the
+    /// question reaches the driver only while a capture begun through the
+    /// crate is underway, or always after
+    /// [`detect_foreign_captures(true)`](crate::gpu::detect_foreign_captures)
+    /// (`src/gpu/capture_gate.rs`).
     ///
     /// Off, the cache makes no such call on its hot path, and memory
     /// handed out or freed during a capture is treated as any other: a

@@ -12,9 +12,9 @@
 use super::arena::{Placed, round};
 use super::resource::CachingResource;
 use super::shard::{Backing, Lease, Mapped, Slot, SlotGuard};
-use super::vmm::{OtherArenas, StreamArena, VmTier};
+use super::vmm::{OtherArenas, StreamArena, Taken, VmTier};
 use crate::error::{ResourceError, ResourceResult};
-use crate::gpu::{CaptureId, GpuError};
+use crate::gpu::{CaptureId, GpuError, RawStream};
 use crate::resource::DeviceMemoryResource;
 use crate::resource::block_uses::BlockUses;
 use crate::types::{Access, AllocTag, BlockId, DeviceBlock, StreamId};
@@ -26,7 +26,7 @@ pub(super) struct Others<'a> {
 }
 
 impl OtherArenas for Others<'_> {
-    fn each_other(&self, f: &mut dyn FnMut(&mut StreamArena) -> bool) {
+    fn each_other(&self, f: &mut dyn FnMut(usize, &mut StreamArena) -> bool) {
         for (i, slot) in self.slots.iter().enumerate() {
             if i == self.own {
                 continue;
@@ -35,7 +35,7 @@ impl OtherArenas for Others<'_> {
                 continue;
             };
             if let Some(arena) = shard.arena.as_mut()
-                && f(arena)
+                && f(i, arena)
             {
                 return;
             }
@@ -105,8 +105,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
             shard.graph_entry(c).live += 1;
             return Ok(Some(self.lease_mapped(
                 &mut shard,
-                placed,
-                ptr,
+                (placed, ptr, None),
                 (bytes, stream, tag),
                 capture,
             )));
@@ -120,15 +119,23 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
             own: index,
         };
         slot.add_arena_live(bytes as isize);
-        let placed = match tier.alloc(arena, len, bytes, stream, &others) {
-            Ok(Some(placed)) => placed,
-            other => {
-                slot.add_arena_live(-(bytes as isize));
-                return other.map(|_| None);
-            }
-        };
-        let ptr = arena.base + placed.off;
-        if tier.held() > held {
+        let (placed, ptr, lent_by) =
+            match tier.alloc(arena, len, bytes, stream, &others, capture.is_none()) {
+                Ok(Some(Taken::Own(placed))) => (placed, arena.base + placed.off, None),
+                Ok(Some(Taken::Lent {
+                    home,
+                    home_raw,
+                    placed,
+                    ptr,
+                })) => (placed, ptr, Some((home, home_raw))),
+                other => {
+                    slot.add_arena_live(-(bytes as isize));
+                    return other.map(|_| None);
+                }
+            };
+        if lent_by.is_some() {
+            shard.stats.borrows += 1;
+        } else if tier.held() > held {
             shard.stats.misses += 1;
         } else {
             shard.stats.hits += 1;
@@ -138,20 +145,18 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         }
         Ok(Some(self.lease_mapped(
             &mut shard,
-            placed,
-            ptr,
+            (placed, ptr, lent_by),
             (bytes, stream, tag),
             capture,
         )))
     }
 
-    /// Records the lease of the arena range `placed` at `ptr` and returns
-    /// the user's block.
+    /// Records the lease of the arena range `placed` at `ptr` (lent by the
+    /// arena `lent_by` names, if any) and returns the user's block.
     fn lease_mapped(
         &self,
         shard: &mut SlotGuard<'_>,
-        placed: Placed,
-        ptr: u64,
+        (placed, ptr, lent_by): (Placed, u64, Option<(usize, RawStream)>),
         request: (usize, StreamId, AllocTag),
         capture: Option<CaptureId>,
     ) -> DeviceBlock {
@@ -162,6 +167,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
                 ptr,
                 uses: BlockUses::default(),
                 home_unrecorded: None,
+                lent_by,
             }),
             stream,
             size: bytes,
@@ -211,6 +217,10 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
                 }
             }
         }
+        if let Some(lent_by) = m.lent_by {
+            let (placed, ptr, size) = (m.placed, m.ptr, lease.size);
+            return self.free_lent(slot, shard, serial, (placed, ptr, size), lent_by, owner);
+        }
         let Some(lease) = shard.end_lease(serial) else {
             unreachable!("the lease was found above");
         };
@@ -254,6 +264,76 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
             if arena.pages.idle_bytes() > cap {
                 tier.trim_arena(arena);
             }
+        }
+        Ok(())
+    }
+
+    /// Ends the lease `serial` of a range lent by the arena of slot `home`
+    /// (the borrower's waits for the block's uses elsewhere are queued
+    /// already): the free is noted on the borrower, the home stream waits
+    /// for an event recorded there after it, and the range goes back to
+    /// the home arena as freed at that point. The home stream reuses it in
+    /// stream order after the wait, so after the borrower's work; another
+    /// stream only after a fence on the home stream, which comes after the
+    /// wait too.
+    ///
+    /// Freed while the borrower is capturing, the event would be captured
+    /// (a wait on it would pull the home stream into the capture), so the
+    /// range is kept out of use (touched in the home arena, never reused
+    /// nor unmapped) until the cache is dropped, and a warning is logged.
+    fn free_lent(
+        &self,
+        slot: &Slot,
+        mut shard: SlotGuard<'_>,
+        serial: u64,
+        (placed, ptr, size): (Placed, u64, usize),
+        (home, home_raw): (usize, RawStream),
+        owner: Option<CaptureId>,
+    ) -> ResourceResult<()> {
+        let tier = self.tier();
+        let gpu = &*tier.access.gpu;
+        let raw = match shard.arena.as_ref() {
+            Some(a) => a.raw,
+            None => unreachable!("a lent range is leased through the borrower's arena"),
+        };
+        let stream = shard.stream;
+        let lease_end = |shard: &mut SlotGuard<'_>| {
+            if let Some(lease) = shard.end_lease(serial)
+                && let Backing::Mapped(mut m) = lease.backing
+                && m.uses.event_count() > 0
+                && let Some(events) = &self.events
+            {
+                events.give(m.uses.take_all().into_iter().map(|(_, e)| e));
+            }
+            slot.add_arena_live(-(size as isize));
+        };
+        if owner.is_some() {
+            tracing::warn!(
+                bytes = placed.len,
+                "a range lent by another stream freed inside a capture: kept until the cache is dropped"
+            );
+            lease_end(&mut shard);
+            return Ok(());
+        }
+        let events = self.events.as_ref().expect("made with the tier");
+        let event = events.take().map_err(|e| Self::driver(e, stream))?;
+        gpu.note_subfree(ptr, raw);
+        // SAFETY: a pooled event of the tier, made on `gpu`; `raw` is the
+        // borrower arena's stream, of the tier's device pool.
+        let queued = unsafe { gpu.event_record(event, raw) }.and_then(|()| {
+            // SAFETY: `home_raw` is the stream of the home arena (a stream
+            // of the tier's device pool, held by the tier); the event was
+            // just recorded, on `gpu`.
+            unsafe { gpu.stream_wait_event(home_raw, event) }
+        });
+        events.give([event]);
+        queued.map_err(|e| Self::driver(e, stream))?;
+        lease_end(&mut shard);
+        drop(shard);
+        let mut home_shard = self.slots[home].lock();
+        match home_shard.arena.as_mut() {
+            Some(arena) => tier.return_range(arena, placed),
+            None => unreachable!("an arena lives as long as the cache"),
         }
         Ok(())
     }

@@ -35,6 +35,9 @@ struct Page {
     refs: u32,
     /// The handle mapped here, as an index into `handles`.
     handle: u32,
+    /// The stamp of the free that left the page untouched last (0: never
+    /// touched): a fence past it means the GPU is done with the page.
+    freed: u64,
 }
 
 /// One physical handle mapped over a run of pages.
@@ -99,6 +102,7 @@ impl PageTable {
                 Page {
                     refs: 0,
                     handle: NONE,
+                    freed: 0,
                 },
             );
         }
@@ -129,6 +133,35 @@ impl PageTable {
         // Every known page from `first` on is free: the pages past the
         // table's end are too, up to the arena's end.
         (known + (max - known).min(self.capacity.saturating_sub(past))) as u32
+    }
+
+    /// The first of `n` consecutive pages that another stream may use as
+    /// they are: mapped, touched by no block (so every byte of them is free
+    /// in the arena), and last freed at a stamp at most `done` (the GPU
+    /// finished every use of them). Looks at the pages in order, lowest
+    /// first; `None` when no run is long enough.
+    pub(crate) fn lendable_run(&self, n: u32, done: u64) -> Option<u32> {
+        let n = n.max(1) as usize;
+        let mut run = 0;
+        for (i, p) in self.pages.iter().enumerate() {
+            if p.handle != NONE && p.refs == 0 && p.freed <= done {
+                run += 1;
+                if run == n {
+                    return Some((i + 1 - n) as u32);
+                }
+            } else {
+                run = 0;
+            }
+        }
+        None
+    }
+
+    /// Whether every page of `[off, off + len)` has memory behind it.
+    pub(crate) fn all_backed(&self, off: u64, len: u64) -> bool {
+        let span = self.span(off, len);
+        self.pages
+            .get(span)
+            .is_some_and(|ps| ps.iter().all(|p| p.handle != NONE))
     }
 
     /// Bytes of idle handles.
@@ -175,7 +208,11 @@ impl PageTable {
         for i in self.span(off, len) {
             let p = &mut self.pages[i];
             p.refs -= 1;
-            if p.refs > 0 || p.handle == NONE {
+            if p.refs > 0 {
+                continue;
+            }
+            p.freed = stamp;
+            if p.handle == NONE {
                 continue;
             }
             let hi = p.handle;
@@ -330,6 +367,24 @@ mod tests {
         assert_eq!(t.free_unbacked_from(0, 8), 1, "page 1 is mapped");
         assert_eq!(t.free_unbacked_from(2, 8), 8, "past the table");
         assert!(t.backed(P) && !t.backed(5 * P));
+    }
+
+    #[test]
+    fn only_untouched_mapped_pages_the_gpu_is_done_with_are_lent() {
+        let mut t = PageTable::new(16 * P, P);
+        assert_eq!(t.touch(0, 4 * P), vec![(0, 4)]);
+        t.map(0, 4, RawPhysical::new(1));
+        assert_eq!(t.lendable_run(1, u64::MAX), None, "all touched");
+        t.untouch(0, 4 * P, 5);
+        assert_eq!(t.lendable_run(2, 4), None, "freed at 5, done only to 4");
+        assert_eq!(t.lendable_run(2, 5), Some(0));
+        // A block on page 1 splits the run.
+        assert!(t.touch(P, 512).is_empty());
+        assert_eq!(t.lendable_run(2, 5), Some(2));
+        assert_eq!(t.lendable_run(3, 5), None);
+        assert_eq!(t.lendable_run(1, 5), Some(0));
+        // Unmapped pages are never lent.
+        assert_eq!(t.lendable_run(5, u64::MAX), None);
     }
 
     #[test]

@@ -63,7 +63,9 @@ use crate::types::{Access, AllocTag, BlockId, BlockState, DeviceBlock, ResourceI
 /// another stream only behind an event: a size-class block through an
 /// event recorded on `S` that the new stream waits on; arena memory only
 /// once a fence recorded on `S` after its last free has completed, when it
-/// is unmapped and mapped again where the other stream needs it.
+/// is lent where it is (and given back to `S` behind an event recorded on
+/// the borrower at its free) or unmapped and mapped again where the other
+/// stream needs it.
 pub struct CachingResource<R: DeviceMemoryResource> {
     pub(super) id: ResourceId,
     pub(super) inner: R,

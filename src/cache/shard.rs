@@ -17,7 +17,7 @@ use super::stats::CacheStats;
 use super::vmm::StreamArena;
 use crate::error::ResourceError;
 use crate::fast_hash::FastMap;
-use crate::gpu::CaptureId;
+use crate::gpu::{CaptureId, RawStream};
 use crate::resource::block_uses::BlockUses;
 use crate::types::{Access, BlockId, DeviceBlock, StreamId};
 
@@ -39,6 +39,10 @@ pub(crate) struct Mapped {
     /// free and before later uses on that stream, so no event is recorded
     /// for them until a use on another stream needs one to wait on.
     pub(crate) home_unrecorded: Option<Access>,
+    /// Lent by another stream's arena: the slot index of that arena and
+    /// its stream, which waits for the lease's last use before the range
+    /// goes back there. `None`: the range is in the lease stream's arena.
+    pub(crate) lent_by: Option<(usize, RawStream)>,
 }
 
 /// What is behind a lease.
@@ -47,7 +51,8 @@ pub(crate) enum Backing {
     /// The inner resource's block (allocated at the class size, on the
     /// stream it was first allocated on, where it will finally be freed).
     Inner(DeviceBlock),
-    /// A range of the virtual-memory arena of the lease's stream.
+    /// A range of the virtual-memory arena of the lease's stream, or lent
+    /// by another stream's (see [`Mapped::lent_by`]).
     Mapped(Mapped),
 }
 

@@ -11,6 +11,10 @@ pub struct CacheStats {
     /// Allocations served by a block cached on another stream, behind an
     /// event wait.
     pub steals: u64,
+    /// Allocations served, with no driver call, by mapped memory idle in
+    /// another stream's arena that the GPU was done with (lent to the
+    /// stream until the block is freed).
+    pub borrows: u64,
     /// Allocations that went to the inner resource at a class size, or
     /// that mapped new memory in the arena.
     pub misses: u64,
@@ -28,6 +32,7 @@ impl CacheStats {
     pub(crate) fn add(&mut self, other: &CacheStats) {
         self.hits += other.hits;
         self.steals += other.steals;
+        self.borrows += other.borrows;
         self.misses += other.misses;
         self.bypasses += other.bypasses;
         self.evictions += other.evictions;

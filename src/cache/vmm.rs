@@ -16,8 +16,13 @@
 //! # Who changes it
 //!
 //! An allocation on stream `S` places the block in `S`'s arena. Pages it
-//! touches that are mapped are used as they are, with no driver call;
-//! pages that are not get new physical memory, one handle per run of
+//! touches that are mapped are used as they are, with no driver call.
+//! When some are not, memory another stream left idle is **lent** first:
+//! whole pages of another arena (a `try_lock` only) that are mapped, that
+//! no block touches, and whose last free there is covered by a completed
+//! fence on that stream (queried, never waited for) serve the block where
+//! they are, with no driver call; the lease remembers its home arena.
+//! Otherwise the pages that are not mapped get new physical memory, one handle per run of
 //! pages (so a 40 MiB block costs one `cuMemCreate`, one `cuMemMap` and one
 //! `cuMemSetAccess`, not twenty of each). Before creating memory that would
 //! take the cache past `slack` over the live high-water mark, idle
@@ -32,7 +37,13 @@
 //!
 //! - A range freed on `S` is reused at once on `S`: it is in `S`'s arena
 //!   only, and stream order puts the new user after the old one.
-//! - Memory moves to another stream only through the device: a mapping
+//! - A range is lent to another stream `T` only once a fence recorded on
+//!   `S` after the last free on its pages has completed (learnt by a
+//!   query), so no work queued on `S` touches it any more; its free on `T`
+//!   records an event there that `S` waits on before the range goes back
+//!   to `S`'s arena, so `S` reuses it after `T`'s work, and any fence on
+//!   `S` after that covers `T`'s work too.
+//! - Memory moves to another stream through the device otherwise: a mapping
 //!   is unmapped only once a fence recorded on `S` after the last free on
 //!   it has completed (queried, never waited for, except as the last
 //!   resort before out of memory), so no queued work can touch it, and new
@@ -75,6 +86,23 @@ pub(crate) struct StreamArena {
     recent: Option<Placed>,
 }
 
+/// Where [`VmTier::alloc`] placed a block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Taken {
+    /// In the stream's own arena.
+    Own(Placed),
+    /// Lent by the arena of slot `home`, at `ptr`: mapped memory that
+    /// stream's last frees left and the GPU is done with. Its free goes
+    /// back there behind an event on the borrowing stream that `home_raw`
+    /// waits on.
+    Lent {
+        home: usize,
+        home_raw: RawStream,
+        placed: Placed,
+        ptr: u64,
+    },
+}
+
 /// What the tier shares between streams.
 #[derive(Debug)]
 pub(crate) struct VmTier {
@@ -94,8 +122,9 @@ pub(crate) struct VmTier {
 /// Something that can lend the tier another stream's arena for a moment
 /// (the cache's shards, through `try_lock`).
 pub(crate) trait OtherArenas {
-    /// Calls `f` on each other stream's arena that is not locked now.
-    fn each_other(&self, f: &mut dyn FnMut(&mut StreamArena) -> bool);
+    /// Calls `f` on each other stream's arena that is not locked now, with
+    /// the index of its slot, until `f` returns true.
+    fn each_other(&self, f: &mut dyn FnMut(usize, &mut StreamArena) -> bool);
 
     /// Bytes users hold in every stream's arena, this one included.
     fn live_total(&self) -> usize;
@@ -163,6 +192,10 @@ impl VmTier {
 
     /// Places and backs `bytes` (already rounded) on `sa`'s stream. `None`
     /// when the arena has no room (the caller falls back).
+    ///
+    /// When the block would need new memory and `may_borrow` (not in a
+    /// capture), mapped memory idle in another stream's arena is lent
+    /// first ([`borrow`](Self::borrow)): no driver call but event queries.
     pub(crate) fn alloc(
         &self,
         sa: &mut StreamArena,
@@ -170,13 +203,14 @@ impl VmTier {
         requested: usize,
         stream: StreamId,
         others: &dyn OtherArenas,
-    ) -> ResourceResult<Option<Placed>> {
+        may_borrow: bool,
+    ) -> ResourceResult<Option<Taken>> {
         if let Some(recent) = sa.recent {
             if recent.len == len {
                 sa.recent = None;
                 self.gpu()
                     .note_suballocation(sa.base + recent.off, requested.max(1), sa.raw);
-                return Ok(Some(recent));
+                return Ok(Some(Taken::Own(recent)));
             }
             self.flush_recent(sa);
         }
@@ -184,6 +218,15 @@ impl VmTier {
         let Some(placed) = sa.arena.alloc(len, |off| pages.backed(off)) else {
             return Ok(None);
         };
+        if may_borrow && !sa.pages.all_backed(placed.off, placed.len) {
+            // The block would grow the arena: memory another stream left
+            // idle serves it as it is, if some is (the placement is undone
+            // untouched, as if never made).
+            if let Some(lent) = self.borrow(len, requested, sa.raw, others) {
+                sa.arena.free(placed);
+                return Ok(Some(lent));
+            }
+        }
         let unbacked = sa.pages.touch(placed.off, placed.len);
         let live = (!unbacked.is_empty()).then(|| others.live_total());
         for &(first, count) in &unbacked {
@@ -204,7 +247,61 @@ impl VmTier {
         }
         self.gpu()
             .note_suballocation(sa.base + placed.off, requested.max(1), sa.raw);
-        Ok(Some(placed))
+        Ok(Some(Taken::Own(placed)))
+    }
+
+    /// Lends `len` bytes of another stream's arena to the stream `raw`:
+    /// whole pages there that are mapped, that no block touches, and that
+    /// were last freed before a fence on that stream the GPU has completed
+    /// (learnt by a query, never a wait), so no work queued there can touch
+    /// them any more and the borrower's work may start at once. Arenas that
+    /// are locked now are skipped; where nothing is done yet, a fence is
+    /// recorded over the frees so far, so that a later call finds them.
+    fn borrow(
+        &self,
+        len: u64,
+        requested: usize,
+        raw: RawStream,
+        others: &dyn OtherArenas,
+    ) -> Option<Taken> {
+        let gpu = self.gpu();
+        let pages = len.div_ceil(self.page).min(u32::MAX as u64) as u32;
+        let mut lent = None;
+        others.each_other(&mut |home, h| {
+            if h.pages.mapped_bytes() < len as usize {
+                return false;
+            }
+            let done = h.fences.poll(gpu).unwrap_or(h.fences.done());
+            let run = h.pages.lendable_run(pages, done).or_else(|| {
+                // A fence over the frees so far, queried at once: a stream
+                // with nothing queued has run past it already.
+                let _ = h.fences.cover(gpu, h.raw, h.fences.stamp());
+                let now = h.fences.poll(gpu).unwrap_or(done);
+                (now > done).then(|| h.pages.lendable_run(pages, now))?
+            });
+            let Some(first) = run else {
+                return false;
+            };
+            // Untouched pages hold no handed-out range (every one, kept
+            // as `recent` or by a graph too, touches its pages): the run
+            // lies in one free range of the arena.
+            let Some(placed) = h.arena.take_at(u64::from(first) * self.page, len) else {
+                debug_assert!(false, "untouched pages are free in the arena");
+                return false;
+            };
+            let unbacked = h.pages.touch(placed.off, placed.len);
+            debug_assert!(unbacked.is_empty(), "lendable pages are mapped");
+            let ptr = h.base + placed.off;
+            gpu.note_suballocation(ptr, requested.max(1), raw);
+            lent = Some(Taken::Lent {
+                home,
+                home_raw: h.raw,
+                placed,
+                ptr,
+            });
+            true
+        });
+        lent
     }
 
     /// Gives back the block at `placed`, freed at the current end of the
@@ -390,7 +487,7 @@ impl VmTier {
         if self.reclaim_from(sa, &enough) {
             return;
         }
-        others.each_other(&mut |other| self.reclaim_from(other, &enough));
+        others.each_other(&mut |_, other| self.reclaim_from(other, &enough));
     }
 
     /// From one arena; true once `enough` holds.
@@ -452,7 +549,7 @@ impl VmTier {
         wait: bool,
     ) -> usize {
         let before = self.held();
-        let mut one = |a: &mut StreamArena| {
+        let mut one = |_, a: &mut StreamArena| {
             self.flush_recent(a);
             if a.pages.idle_bytes() > 0 {
                 let gpu = self.gpu();
@@ -464,7 +561,7 @@ impl VmTier {
             }
             false
         };
-        one(sa);
+        one(usize::MAX, sa);
         others.each_other(&mut one);
         before.saturating_sub(self.held())
     }

@@ -22,7 +22,7 @@ use cudarc::driver::sys;
 
 use super::{
     CaptureId, CaptureMode, CaptureStatus, Gpu, GpuError, GpuResult, HeldMemory, HostFn, RawEvent,
-    RawGraph, RawGraphExec, RawPhysical, RawStream, capture_code,
+    RawGraph, RawGraphExec, RawPhysical, RawStream, capture_code, capture_gate,
 };
 use crate::error::{DriverCall, ResourceError, ResourceResult, driver_code};
 
@@ -663,6 +663,11 @@ impl Gpu for CudaGpu {
     unsafe fn capture_status(&self, stream: RawStream) -> GpuResult<CaptureStatus> {
         let call = DriverCall::StreamGetCaptureInfo;
         let s = Self::stream(stream, call)?;
+        if !capture_gate::must_ask() {
+            // No capture begun through the crate is underway, and foreign
+            // ones were not asked for: the stream is not capturing.
+            return Ok(CaptureStatus::None);
+        }
         self.bind(call)?;
         // SAFETY: `s` is a live stream (this fn's Safety 1).
         let (status, id) = unsafe { capture_info(s) }.map_err(|e| cuda_error(call, e))?;
@@ -686,8 +691,15 @@ impl Gpu for CudaGpu {
             }
             CaptureMode::Relaxed => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
         };
+        // Counted before the capture begins, so that no query after it
+        // skips the driver.
+        capture_gate::begin();
         // SAFETY: `s` is a live stream (this fn's Safety 1).
-        unsafe { cu::stream::begin_capture(s, mode) }.map_err(|e| cuda_error(call, e))
+        let begun = unsafe { cu::stream::begin_capture(s, mode) }.map_err(|e| cuda_error(call, e));
+        if begun.is_err() {
+            capture_gate::end();
+        }
+        begun
     }
 
     unsafe fn end_capture(&self, stream: RawStream) -> GpuResult<RawGraph> {
@@ -695,7 +707,18 @@ impl Gpu for CudaGpu {
         let s = Self::stream(stream, call)?;
         self.bind(call)?;
         // SAFETY: `s` is a live stream (this fn's Safety 1).
-        let graph = unsafe { cu::stream::end_capture(s) }.map_err(|e| cuda_error(call, e))?;
+        let ended = unsafe { cu::stream::end_capture(s) }.map_err(|e| cuda_error(call, e));
+        // The capture is over when the driver gave a graph or reported it
+        // invalidated; any other error (a stream that was not capturing, the
+        // wrong thread) leaves the count as it was.
+        let over = match &ended {
+            Ok(_) => true,
+            Err(e) => e.code() == capture_code::INVALIDATED,
+        };
+        if over {
+            capture_gate::end();
+        }
+        let graph = ended?;
         if graph.is_null() {
             return Err(GpuError::driver(
                 call,

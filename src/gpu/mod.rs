@@ -21,6 +21,7 @@
 //! itself, so it offers the same calls as safe inherent methods.
 
 mod capture;
+pub(crate) mod capture_gate;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod error;
@@ -29,6 +30,7 @@ mod held;
 pub mod sim;
 
 pub use capture::{CaptureId, CaptureMode, CaptureStatus, RawGraph, RawGraphExec, capture_code};
+pub use capture_gate::detect_foreign_captures;
 pub use graph::{Graph, GraphExec};
 pub use held::HeldMemory;
 
