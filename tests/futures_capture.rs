@@ -239,10 +239,13 @@ fn a_block_of_another_stream_used_in_a_capture_is_refused_and_keeps_it_valid() {
     sc.res
         .prepare_block_use(block.id(), sc.s, Access::Write)
         .unwrap();
-    sc.res
+    let mut used = sc
+        .res
         .finish_block_use(block.id(), sc.s, Access::Write)
         .unwrap();
-    sc.res.deallocate(block).unwrap();
+    drive(&sc.gpu, &mut used).unwrap();
+    let mut freed = sc.res.deallocate(block).unwrap();
+    drive(&sc.gpu, &mut freed).unwrap();
 }
 
 #[test]
@@ -256,9 +259,11 @@ fn freeing_in_a_capture_a_block_used_on_another_stream_is_refused_and_keeps_it_v
     sc.res
         .prepare_block_use(block.id(), other, Access::Read)
         .unwrap();
-    sc.res
+    let mut used = sc
+        .res
         .finish_block_use(block.id(), other, Access::Read)
         .unwrap();
+    drive(&sc.gpu, &mut used).unwrap();
     sc.begin();
     let e = sc
         .res
