@@ -218,3 +218,64 @@ fn a_launch_on_a_capturing_stream_is_refused_before_it_is_queued() {
     sc.end_valid();
     drop(x);
 }
+
+#[test]
+fn a_block_of_another_stream_used_in_a_capture_is_refused_and_keeps_it_valid() {
+    // Ordering the capturing stream after the block's allocation on
+    // another stream would wait on an event recorded outside the capture,
+    // which the driver refuses with STREAM_CAPTURE_ISOLATION and which
+    // invalidates the capture (H200, `tests/graph_cuda.rs`).
+    let sc = Scene::new();
+    let other = sc.device.stream(1).unwrap();
+    let block = sc.res.try_allocate(4096, other, TAG).unwrap();
+    sc.begin();
+    let e = sc
+        .res
+        .prepare_block_use(block.id(), sc.s, Access::Write)
+        .expect_err("refused");
+    assert!(is_capturing(&e, sc.s), "{e}");
+    sc.end_valid();
+    // After the capture, the same use is ordered as usual.
+    sc.res
+        .prepare_block_use(block.id(), sc.s, Access::Write)
+        .unwrap();
+    let mut used = sc
+        .res
+        .finish_block_use(block.id(), sc.s, Access::Write)
+        .unwrap();
+    drive(&sc.gpu, &mut used).unwrap();
+    let mut freed = sc.res.deallocate(block).unwrap();
+    drive(&sc.gpu, &mut freed).unwrap();
+}
+
+#[test]
+fn freeing_in_a_capture_a_block_used_on_another_stream_is_refused_and_keeps_it_valid() {
+    // The free would wait, from the capture, on the other stream's use
+    // event recorded before it: refused (the block stays live), the
+    // capture stays valid, and the free works after it.
+    let sc = Scene::new();
+    let other = sc.device.stream(1).unwrap();
+    let block = sc.res.try_allocate(4096, sc.s, TAG).unwrap();
+    sc.res
+        .prepare_block_use(block.id(), other, Access::Read)
+        .unwrap();
+    let mut used = sc
+        .res
+        .finish_block_use(block.id(), other, Access::Read)
+        .unwrap();
+    drive(&sc.gpu, &mut used).unwrap();
+    sc.begin();
+    let e = sc
+        .res
+        .inner()
+        .deallocate(block.clone())
+        .expect_err("refused");
+    assert!(is_capturing(&e, sc.s), "{e}");
+    sc.end_valid();
+    let mut handle = sc.res.deallocate(block).unwrap();
+    drive(&sc.gpu, &mut handle).unwrap();
+    let mut reap = sc.res.reap_pending();
+    drive(&sc.gpu, &mut reap).unwrap();
+    assert_eq!(sc.res.bytes_outstanding(), 0);
+    assert!(sc.gpu.races().is_empty(), "{:?}", sc.gpu.races());
+}

@@ -134,19 +134,24 @@ fn cuda_illegal_calls_invalidate_as_the_simulator_says() {
             gpu.capture_status(raw).unwrap(),
             CaptureStatus::Active(_)
         ));
-        // A wait on an event recorded outside the capture: the simulator
-        // assumes the driver accepts it and adds no dependency.
-        let outside = gpu.event_create().unwrap();
-        let other = f.pool.raw(f.stream(1)).unwrap();
-        gpu.event_record(outside, other).unwrap();
-        gpu.stream_wait_event(raw, outside).unwrap();
-        assert!(matches!(
-            gpu.capture_status(other).unwrap(),
-            CaptureStatus::None
-        ));
         let e = gpu.stream_synchronize(raw).unwrap_err();
         assert_eq!(e.code(), capture_code::UNSUPPORTED);
         assert_eq!(gpu.capture_status(raw).unwrap(), CaptureStatus::Invalidated);
+        let e = gpu.end_capture(raw).unwrap_err();
+        assert_eq!(e.code(), capture_code::INVALIDATED);
+
+        // A wait on an event recorded outside the capture fails with
+        // STREAM_CAPTURE_ISOLATION and invalidates the capture (seen on the
+        // H200, driver 580, 2026-12-03; the simulator does the same); the
+        // other stream does not join.
+        let outside = gpu.event_create().unwrap();
+        let other = f.pool.raw(f.stream(1)).unwrap();
+        gpu.event_record(outside, other).unwrap();
+        gpu.begin_capture(raw, CaptureMode::Relaxed).unwrap();
+        let e = gpu.stream_wait_event(raw, outside).unwrap_err();
+        assert_eq!(e.code(), capture_code::ISOLATION);
+        assert_eq!(gpu.capture_status(raw).unwrap(), CaptureStatus::Invalidated);
+        assert_eq!(gpu.capture_status(other).unwrap(), CaptureStatus::None);
         let e = gpu.end_capture(raw).unwrap_err();
         assert_eq!(e.code(), capture_code::INVALIDATED);
 

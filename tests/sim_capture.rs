@@ -273,17 +273,10 @@ fn capture_calls_refuse_bad_state() {
 }
 
 #[test]
-fn a_global_capture_ends_only_on_its_thread_and_a_wait_on_an_outside_event_adds_nothing() {
+fn a_global_capture_ends_only_on_its_thread() {
     let gpu = manual();
-    let (s, other) = (gpu.create_stream(), gpu.create_stream());
-    let outside = Gpu::event_create(gpu.as_ref()).unwrap();
-    gpu.launch_kernel(other, &[]).unwrap();
-    gpu.event_record(outside, other).unwrap();
+    let s = gpu.create_stream();
     gpu.begin_capture(s, CaptureMode::Global).unwrap();
-    // An event recorded outside the capture: no dependency of the graph,
-    // and the other stream does not join.
-    gpu.stream_wait_event(s, outside).unwrap();
-    assert_eq!(gpu.capture_status(other).unwrap(), CaptureStatus::None);
     let e = std::thread::scope(|scope| {
         scope
             .spawn(|| gpu.end_capture(s).unwrap_err())
@@ -292,6 +285,26 @@ fn a_global_capture_ends_only_on_its_thread_and_a_wait_on_an_outside_event_adds_
     });
     assert_eq!(code(&e), capture_code::WRONG_THREAD);
     gpu.end_capture(s).unwrap();
+}
+
+#[test]
+fn a_wait_on_an_event_recorded_outside_the_capture_fails_and_invalidates_it() {
+    // As the H200 answers (driver 580, `tests/graph_cuda.rs`): a capturing
+    // stream may not wait on an event recorded outside its capture.
+    let gpu = manual();
+    let (s, other) = (gpu.create_stream(), gpu.create_stream());
+    let outside = Gpu::event_create(gpu.as_ref()).unwrap();
+    gpu.launch_kernel(other, &[]).unwrap();
+    gpu.event_record(outside, other).unwrap();
+    gpu.begin_capture(s, CaptureMode::Relaxed).unwrap();
+    let e = gpu.stream_wait_event(s, outside).unwrap_err();
+    assert_eq!(code(&e), capture_code::ISOLATION);
+    assert_eq!(gpu.capture_status(s).unwrap(), CaptureStatus::Invalidated);
+    assert_eq!(gpu.capture_status(other).unwrap(), CaptureStatus::None);
+    assert_eq!(
+        code(&gpu.end_capture(s).unwrap_err()),
+        capture_code::INVALIDATED
+    );
 }
 
 #[test]

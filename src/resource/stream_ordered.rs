@@ -318,6 +318,22 @@ impl<G: Gpu> StreamOrderedResource<G> {
         drained
     }
 
+    /// `StreamCapturing` when `stream` is being captured into a graph (on
+    /// CUDA a driver call only while a capture begun through the crate is
+    /// underway, `gpu::capture_gate`).
+    fn refuse_capturing(&self, stream: StreamId, raw: RawStream) -> ResourceResult<()> {
+        // SAFETY: `raw` was resolved through `self.stream_pool`, which keeps
+        // its streams alive.
+        let status = unsafe { self.gpu.capture_status(raw) }?;
+        if status.is_capturing() {
+            return Err(ResourceError::StreamCapturing {
+                stream,
+                capture: status.id(),
+            });
+        }
+        Ok(())
+    }
+
     /// Queues the waits `use_stream` needs before `access` to `record`.
     fn queue_waits(
         &self,
@@ -326,8 +342,15 @@ impl<G: Gpu> StreamOrderedResource<G> {
         raw_use: RawStream,
         access: Access,
     ) -> ResourceResult<()> {
+        let first_elsewhere = record.uses.last_write.is_none() && use_stream != record.stream;
+        if first_elsewhere || record.uses.waits_for(use_stream, access).next().is_some() {
+            // A capturing stream may not wait on an event recorded outside
+            // its capture: the driver refuses with STREAM_CAPTURE_ISOLATION
+            // and invalidates the user's capture (H200, `tests/graph_cuda.rs`).
+            self.refuse_capturing(use_stream, raw_use)?;
+        }
         let mut allocation_point = None;
-        if record.uses.last_write.is_none() && use_stream != record.stream {
+        if first_elsewhere {
             // First use on another stream: order it after the allocation by
             // recording where the allocation stream is now.
             let event = self.events.take().map_err(ResourceError::from)?;
@@ -479,12 +502,25 @@ impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
                 return Err(ResourceError::from(e));
             }
         };
-        let others = uses
+        let mut others = uses
             .reads
             .iter()
             .chain(&uses.last_write)
             .filter(|(s, _)| *s != stream)
-            .map(|&(_, e)| e);
+            .map(|&(_, e)| e)
+            .peekable();
+        if let (Some(c), Some(_)) = (capture, others.peek()) {
+            // Waiting for the uses on other streams would wait, from the
+            // capture, on events recorded outside it: the driver refuses
+            // (STREAM_CAPTURE_ISOLATION) and invalidates the capture.
+            // Refused instead; the block stays live, to be freed after.
+            drop(others);
+            restore(uses);
+            return Err(ResourceError::StreamCapturing {
+                stream,
+                capture: Some(c),
+            });
+        }
         for event in others {
             // SAFETY: `raw` is the record's pool stream (kept alive by
             // `self.stream_pool`); the event is one of the block's uses, from

@@ -24,9 +24,8 @@
 //!
 //! Where the model simplifies: a replay runs the members' work in the order
 //! it was captured, on the launch stream alone (a real graph may run
-//! branches in parallel, which can only add races, not remove them); a wait
-//! of a capturing stream on an event recorded outside the capture adds no
-//! dependency to the graph; a host function is refused on a capturing stream
+//! branches in parallel, which can only add races, not remove them); a
+//! host function is refused on a capturing stream
 //! (the seam's [`HostFn`](crate::gpu::HostFn) runs once, a captured one would
 //! run at every replay); a graph cannot be launched on a capturing stream
 //! (no child graphs).
@@ -546,9 +545,21 @@ impl State {
         let call = DriverCall::StreamWaitEvent;
         let Some(rec) = self.events.get(e).and_then(|ev| ev.captured) else {
             // An event recorded outside any capture: an ordinary wait on a
-            // stream that is not capturing; on a capturing one, no
-            // dependency of the graph.
-            return Ok(self.capturing(s).is_some());
+            // stream that is not capturing. On a capturing one the H200
+            // (driver 580, 2026-12-03, `tests/graph_cuda.rs`) answers
+            // CUDA_ERROR_STREAM_CAPTURE_ISOLATION and invalidates the
+            // capture.
+            return match self.capturing(s) {
+                None => Ok(false),
+                Some(id) => {
+                    self.invalidate(id);
+                    Err(err(
+                        call,
+                        ISOLATION,
+                        "CUDA_ERROR_STREAM_CAPTURE_ISOLATION: a capturing stream waited on an event recorded outside the capture",
+                    ))
+                }
+            };
         };
         match self.capturing(s) {
             Some(id) if id == rec.capture => {
