@@ -18,7 +18,8 @@ use streamalloc::error::DriverCall;
 use streamalloc::gpu::sim::{MemAccess, SimGpu};
 use streamalloc::gpu::{CaptureId, CaptureMode, CaptureStatus, Gpu, Graph, RawGraph, RawGraphExec};
 use streamalloc::{
-    AllocTag, Device, DeviceBlock, DeviceMemoryResource, ResourceError, SimResource, StreamId,
+    Access, AllocTag, Device, DeviceBlock, DeviceMemoryResource, ResourceError, SimResource,
+    StreamId,
 };
 
 const MIB: usize = 1 << 20;
@@ -818,4 +819,82 @@ fn a_lent_range_freed_in_a_capture_is_kept() {
     f.gpu.run_until_idle();
     assert!(f.gpu.races().is_empty(), "{:?}", f.gpu.races());
     f.destroy(graph);
+}
+
+/// A block of another stream used on, or freed from, a capturing stream:
+/// ordering after its uses would make the capture wait on events recorded
+/// outside it, which the driver refuses (STREAM_CAPTURE_ISOLATION) and
+/// which invalidates the capture. With either tier, the use is refused or
+/// the capture stays valid.
+#[test]
+fn a_block_of_another_stream_used_in_a_capture_keeps_the_capture_valid() {
+    for arena in [true, false] {
+        let f = fixture();
+        let config = CacheConfig::default().virtual_memory(arena);
+        let cache = CachingResource::with_config(SimResource::new(&f.device), config);
+        let other = f.device.stream(2).unwrap();
+        let block = cache.allocate(MIB, other, AllocTag("other")).unwrap();
+        f.write(other, &block);
+        f.begin(f.s);
+        let used = cache.prepare_block_use(block.id(), f.s, Access::Write);
+        let raw = f.device.raw(f.s).unwrap();
+        assert!(
+            matches!(f.gpu.capture_status(raw).unwrap(), CaptureStatus::Active(_)),
+            "arena {arena}: the capture was invalidated ({used:?})"
+        );
+        if used.is_ok() {
+            f.write(f.s, &block);
+            cache
+                .finish_block_use(block.id(), f.s, Access::Write)
+                .unwrap();
+        }
+        let graph = f.end(f.s);
+        f.destroy(graph);
+        cache.deallocate(block).unwrap();
+        f.gpu.run_until_idle();
+        assert!(
+            f.gpu.races().is_empty(),
+            "arena {arena}: {:?}",
+            f.gpu.races()
+        );
+    }
+}
+
+/// Freeing, on a capturing stream, a block used on another stream before
+/// the capture: the free would wait on that use's event from inside the
+/// capture. With either tier the capture stays valid and nothing races.
+#[test]
+fn freeing_in_a_capture_a_block_used_on_another_stream_keeps_the_capture_valid() {
+    for arena in [true, false] {
+        let f = fixture();
+        let config = CacheConfig::default().virtual_memory(arena);
+        let cache = CachingResource::with_config(SimResource::new(&f.device), config);
+        let other = f.device.stream(2).unwrap();
+        let block = cache.allocate(MIB, f.s, AllocTag("home")).unwrap();
+        cache
+            .prepare_block_use(block.id(), other, Access::Read)
+            .unwrap();
+        f.write(other, &block);
+        cache
+            .finish_block_use(block.id(), other, Access::Read)
+            .unwrap();
+        f.begin(f.s);
+        let freed = cache.deallocate(block.clone());
+        let raw = f.device.raw(f.s).unwrap();
+        assert!(
+            matches!(f.gpu.capture_status(raw).unwrap(), CaptureStatus::Active(_)),
+            "arena {arena}: the capture was invalidated ({freed:?})"
+        );
+        let graph = f.end(f.s);
+        f.destroy(graph);
+        if freed.is_err() {
+            cache.deallocate(block).unwrap();
+        }
+        f.gpu.run_until_idle();
+        assert!(
+            f.gpu.races().is_empty(),
+            "arena {arena}: {:?}",
+            f.gpu.races()
+        );
+    }
 }

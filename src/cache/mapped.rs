@@ -206,6 +206,22 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         let Backing::Mapped(m) = &lease.backing else {
             unreachable!("free_mapped is called for arena leases only");
         };
+        let elsewhere = m
+            .uses
+            .reads
+            .iter()
+            .chain(&m.uses.last_write)
+            .any(|(s, _)| *s != stream);
+        if let (Some(capture), true) = (now, elsewhere) {
+            // The free would wait, from inside the capture, on uses recorded
+            // outside it: the driver refuses (STREAM_CAPTURE_ISOLATION) and
+            // invalidates the capture. Refused; the block stays live, to be
+            // freed after the capture.
+            return Err(ResourceError::StreamCapturing {
+                stream,
+                capture: Some(capture),
+            });
+        }
         if m.uses.event_count() > 0 {
             for (s, event) in m.uses.reads.iter().chain(&m.uses.last_write) {
                 if *s != stream {
@@ -423,6 +439,22 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         let gpu = &*tier.access.gpu;
         let raw_use = tier.access.streams.raw(use_stream)?;
         let events = self.events.as_ref().expect("made with the tier");
+        if use_stream != home || m.uses.waits_for(use_stream, access).next().is_some() {
+            // A capturing stream may not wait on an event recorded outside
+            // its capture: the driver refuses (STREAM_CAPTURE_ISOLATION) and
+            // invalidates the user's capture. Refused first, changing
+            // nothing.
+            // SAFETY: `raw_use` is a stream of the tier's device pool, which
+            // the tier holds.
+            let status =
+                unsafe { gpu.capture_status(raw_use) }.map_err(|e| Self::driver(e, use_stream))?;
+            if status.is_capturing() {
+                return Err(ResourceError::StreamCapturing {
+                    stream: use_stream,
+                    capture: status.id(),
+                });
+            }
+        }
         if use_stream != home {
             self.flush_home_uses(m, home)?;
         }

@@ -796,6 +796,19 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R> {
                     return self.prepare_mapped_use(m, lease.stream, use_stream, access);
                 }
             };
+            if use_stream != lease.stream || lease.cross_used {
+                // Ordering after uses on other streams would make a
+                // capturing stream wait on events recorded outside its
+                // capture, which the driver refuses and which invalidates
+                // the capture: refused first, changing nothing.
+                let status = self.inner.capture_status(use_stream)?;
+                if status.is_capturing() {
+                    return Err(ResourceError::StreamCapturing {
+                        stream: use_stream,
+                        capture: status.id(),
+                    });
+                }
+            }
             if use_stream != lease.stream && !lease.home_marked {
                 // The inner block may carry records of earlier leases (or of
                 // another stream it was cached on): point its last write at
