@@ -115,6 +115,30 @@ impl Arena {
         self.free_bytes
     }
 
+    /// Splits `node` after its first `keep` bytes (`0 < keep < len`): the
+    /// rest becomes a new node right after it in address order, in no free
+    /// list; returns it. The caller decides which part is free.
+    fn split(&mut self, node: u32, keep: u64) -> u32 {
+        let n = self.nodes[node as usize];
+        debug_assert!(keep > 0 && keep < n.len);
+        let rest = self.node(Node {
+            off: n.off + keep,
+            len: n.len - keep,
+            prev_addr: node,
+            next_addr: n.next_addr,
+            free: false,
+            prev_free: NIL,
+            next_free: NIL,
+        });
+        if n.next_addr != NIL {
+            self.nodes[n.next_addr as usize].prev_addr = rest;
+        }
+        let n = &mut self.nodes[node as usize];
+        n.len = keep;
+        n.next_addr = rest;
+        rest
+    }
+
     fn node(&mut self, node: Node) -> u32 {
         match self.spare_nodes.pop() {
             Some(i) => {
@@ -226,21 +250,7 @@ impl Arena {
         let at_end = !backed(f.off) && backed(f.off + f.len - 1);
         if at_end {
             // The block is a new node after `found`, which stays free.
-            let block = self.node(Node {
-                off: f.off + f.len - len,
-                len,
-                prev_addr: found,
-                next_addr: f.next_addr,
-                free: false,
-                prev_free: NIL,
-                next_free: NIL,
-            });
-            if f.next_addr != NIL {
-                self.nodes[f.next_addr as usize].prev_addr = block;
-            }
-            let n = &mut self.nodes[found as usize];
-            n.len -= len;
-            n.next_addr = block;
+            let block = self.split(found, f.len - len);
             self.push_free(found);
             let off = self.nodes[block as usize].off;
             return Some(Placed {
@@ -250,21 +260,7 @@ impl Arena {
             });
         }
         // The block keeps `found`; the rest is a new free node after it.
-        let rest = self.node(Node {
-            off: f.off + len,
-            len: f.len - len,
-            prev_addr: found,
-            next_addr: f.next_addr,
-            free: false,
-            prev_free: NIL,
-            next_free: NIL,
-        });
-        if f.next_addr != NIL {
-            self.nodes[f.next_addr as usize].prev_addr = rest;
-        }
-        let n = &mut self.nodes[found as usize];
-        n.len = len;
-        n.next_addr = rest;
+        let rest = self.split(found, len);
         self.push_free(rest);
         Some(Placed {
             node: found,
@@ -289,43 +285,14 @@ impl Arena {
         let f = self.nodes[found as usize];
         let block = if f.off < off {
             // `found` keeps the part before, free; the block follows it.
-            let block = self.node(Node {
-                off,
-                len: f.off + f.len - off,
-                prev_addr: found,
-                next_addr: f.next_addr,
-                free: false,
-                prev_free: NIL,
-                next_free: NIL,
-            });
-            if f.next_addr != NIL {
-                self.nodes[f.next_addr as usize].prev_addr = block;
-            }
-            let n = &mut self.nodes[found as usize];
-            n.len = off - f.off;
-            n.next_addr = block;
+            let block = self.split(found, off - f.off);
             self.push_free(found);
             block
         } else {
             found
         };
-        let b = self.nodes[block as usize];
-        if b.len > len {
-            let rest = self.node(Node {
-                off: off + len,
-                len: b.len - len,
-                prev_addr: block,
-                next_addr: b.next_addr,
-                free: false,
-                prev_free: NIL,
-                next_free: NIL,
-            });
-            if b.next_addr != NIL {
-                self.nodes[b.next_addr as usize].prev_addr = rest;
-            }
-            let n = &mut self.nodes[block as usize];
-            n.len = len;
-            n.next_addr = rest;
+        if self.nodes[block as usize].len > len {
+            let rest = self.split(block, len);
             self.push_free(rest);
         }
         Some(Placed {
