@@ -21,6 +21,8 @@
 //! itself, so it offers the same calls as safe inherent methods.
 
 mod capture;
+// Only the CUDA backend asks the gate; without it the gate stands unused.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) mod capture_gate;
 #[cfg(feature = "cuda")]
 pub mod cuda;
