@@ -503,24 +503,6 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         }
     }
 
-    /// Gives back every idle mapping of every arena the GPU is done with
-    /// (fences are recorded for the others, so that a later trim finds
-    /// them done); returns the bytes given back.
-    pub(super) fn trim_mapped(&self) -> usize {
-        let Some(tier) = &self.vm else {
-            return 0;
-        };
-        let mut released = 0;
-        for (i, slot) in self.slots.iter().enumerate() {
-            let mut shard = slot.lock();
-            if let Some(arena) = shard.arena.as_mut() {
-                let others = Others { slots: &[], own: i };
-                released += tier.reclaim_all(arena, &others, false);
-            }
-        }
-        released
-    }
-
     /// Bytes of idle mappings in the arenas.
     pub(super) fn idle_mapped_bytes(&self) -> usize {
         let Some(tier) = &self.vm else {
@@ -556,9 +538,11 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         }
     }
 
-    /// Out of memory in the inner resource: gives the arenas' idle memory
-    /// back (waiting for the GPU when `wait`) so the pool can use it.
-    pub(super) fn release_mapped_for_inner(&self, wait: bool) -> usize {
+    /// Gives back every idle mapping of every arena the GPU is done with,
+    /// waiting for the GPU first when `wait` (fences are recorded for the
+    /// others, so that a later call finds them done); returns the bytes
+    /// given back. For a trim, and when the inner resource is out of memory.
+    pub(super) fn reclaim_mapped(&self, wait: bool) -> usize {
         let Some(tier) = &self.vm else {
             return 0;
         };

@@ -264,7 +264,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
                 }
             }
         }
-        released += self.trim_mapped();
+        released += self.reclaim_mapped(false);
         match first_err {
             Some(e) => Err(e),
             None => Ok(released),
@@ -448,7 +448,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
                 &[false, true]
             };
             for &wait in waits {
-                if self.release_mapped_for_inner(wait) > 0 {
+                if self.reclaim_mapped(wait) > 0 {
                     let again = self.inner.allocate(bytes, stream, tag);
                     if !matches!(again, Err(ResourceError::OutOfMemory { .. })) {
                         return again;
@@ -755,7 +755,7 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R> {
     /// GPU has already finished with.
     fn release_idle(&self) -> ResourceResult<usize> {
         let trimmed = self.trim()?;
-        let unmapped = self.release_mapped_for_inner(!crate::poll_scope::in_poll());
+        let unmapped = self.reclaim_mapped(!crate::poll_scope::in_poll());
         Ok(trimmed + unmapped + self.inner.release_idle()?)
     }
 

@@ -127,6 +127,10 @@ fn err(call: DriverCall, code: i32, message: &str) -> GpuError {
     GpuError::driver(call, code, message)
 }
 
+fn invalid_handle(call: DriverCall) -> GpuError {
+    err(call, INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE")
+}
+
 fn invalidated(call: DriverCall) -> GpuError {
     err(
         call,
@@ -277,7 +281,7 @@ impl State {
             .graphs
             .get(g)
             .and_then(Option::as_ref)
-            .ok_or_else(|| err(call, INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE"))?;
+            .ok_or_else(|| invalid_handle(call))?;
         let exec = SimGraph {
             capture: graph.capture,
             ops: graph.ops.clone(),
@@ -295,13 +299,7 @@ impl State {
             .graphs
             .get_mut(g)
             .and_then(Option::take)
-            .ok_or_else(|| {
-                err(
-                    DriverCall::GraphDestroy,
-                    INVALID_HANDLE,
-                    "CUDA_ERROR_INVALID_HANDLE",
-                )
-            })?;
+            .ok_or_else(|| invalid_handle(DriverCall::GraphDestroy))?;
         self.graph_memory_unref(graph.capture);
         Ok(())
     }
@@ -312,13 +310,7 @@ impl State {
             .execs
             .get_mut(x)
             .and_then(Option::take)
-            .ok_or_else(|| {
-                err(
-                    DriverCall::GraphDestroy,
-                    INVALID_HANDLE,
-                    "CUDA_ERROR_INVALID_HANDLE",
-                )
-            })?;
+            .ok_or_else(|| invalid_handle(DriverCall::GraphDestroy))?;
         self.graph_memory_unref(exec.capture);
         Ok(())
     }
@@ -371,7 +363,7 @@ impl State {
             .execs
             .get(x)
             .and_then(Option::as_ref)
-            .ok_or_else(|| err(call, INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE"))?;
+            .ok_or_else(|| invalid_handle(call))?;
         let (id, ops) = (exec.capture, exec.ops.clone());
         let still_live = ops.iter().any(|op| {
             matches!(op, GraphOp::Alloc { addr, freed_in_graph: false, .. }
@@ -458,7 +450,7 @@ impl State {
         let addr = self
             .spaces
             .get_mut(&device)
-            .ok_or_else(|| err(call, INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE"))?
+            .ok_or_else(|| invalid_handle(call))?
             .alloc(bytes, s, &clock)
             .map_err(|available| GpuError::OutOfMemory { available })?;
         self.captures.reserved.insert(addr, id);
