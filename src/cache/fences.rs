@@ -49,11 +49,6 @@ impl Fences {
         self.stamp
     }
 
-    /// The stamp of the latest free.
-    pub(crate) fn stamp(&self) -> u64 {
-        self.stamp
-    }
-
     /// The highest stamp the GPU is known to be done with.
     pub(crate) fn done(&self) -> u64 {
         self.done
