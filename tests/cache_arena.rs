@@ -175,14 +175,16 @@ fn another_stream_gets_memory_only_once_the_gpu_is_done_with_it() {
     c.assert_race_free();
 }
 
-/// Memory stream `a` left idle is lent in place to another stream, with no
-/// driver call, only once a fence on `a` after its free has completed; the
-/// borrower's free gives it back to `a` behind an event, so that `a`'s
-/// reuse waits for the borrower's work. Fails if the fence check is
-/// skipped (the detector sees `b`'s allocation race `a`'s queued write and
-/// free), or if the wait at the free is (`a`'s write races `c`'s).
+/// Memory stream `a` freed is lent in place to another stream, with no
+/// driver call but events: while `a`'s work on it may still be queued, the
+/// borrower's stream waits on the GPU for a fence recorded on `a` after the
+/// free; once that fence has completed, with no wait at all. The
+/// borrower's free gives the range back to `a` behind an event, so that
+/// `a`'s reuse waits for the borrower's work. Fails if the wait is skipped
+/// (the detector sees `b`'s write race `a`'s queued write and free), or if
+/// the wait at the free is (`a`'s write races the borrower's).
 #[test]
-fn idle_memory_of_another_stream_is_lent_once_the_gpu_is_done_with_it() {
+fn memory_another_stream_freed_is_lent_behind_its_fence() {
     let c = Cache::new(3, CacheConfig::default());
     let (a, b, s3) = (c.s(0), c.s(1), c.s(2));
     let block = c.cache.allocate(4 * P, a, T).unwrap();
@@ -192,24 +194,43 @@ fn idle_memory_of_another_stream_is_lent_once_the_gpu_is_done_with_it() {
     // Asking for the idle bytes gives the last free back to its arena.
     assert_eq!(c.cache.cached_bytes(), 4 * P);
 
-    // Manual device: a's write and free have not run. b must not get them.
+    // Manual device: a's write and free have not run. b gets the range,
+    // its stream waiting for a fence on a: no new memory.
+    let (creates, waits) = (c.creates(), c.gpu.call_count(DriverCall::StreamWaitEvent));
     let on_b = c.cache.allocate(4 * P, b, T).unwrap();
-    assert_eq!(c.cache.stats().borrows, 0, "a's pages are still in use");
-    assert_ne!(on_b.ptr(), home);
-    assert!(c.gpu.races().is_empty(), "{:#?}", c.gpu.races());
+    assert_eq!(c.cache.stats().borrows, 1);
+    assert_eq!(on_b.ptr(), home, "a's range, lent in place");
+    assert_eq!(c.creates(), creates, "no new memory");
+    assert_eq!(c.gpu.call_count(DriverCall::StreamWaitEvent), waits + 1);
     c.kernel(b, MemAccess::write(&on_b));
+    assert!(c.gpu.races().is_empty(), "{:#?}", c.gpu.races());
+    c.cache.deallocate(on_b).unwrap();
 
-    // Once the GPU ran it (and the fence b's attempt recorded), the third
-    // stream gets a's pages where they are: no new memory, nothing unmapped.
+    // Back in a's arena, it is lent again; once a fence on a has
+    // completed, with no wait: no new memory, nothing unmapped.
+    let elsewhere = c.cache.allocate(4 * P, a, T).unwrap();
+    assert_eq!(elsewhere.ptr(), home, "a reuses its range after b's free");
+    c.kernel(a, MemAccess::write(&elsewhere));
+    c.cache.deallocate(elsewhere).unwrap();
+    // A trim records a fence over the idle range (it gives back nothing
+    // the GPU may still use), and the GPU runs past it.
+    c.cache.trim().unwrap();
+    assert_eq!(c.cache.cached_bytes(), 4 * P);
     c.gpu.run_until_idle();
     let (creates, held) = (c.creates(), c.gpu.held_bytes());
+    let waits = c.gpu.call_count(DriverCall::StreamWaitEvent);
     let lent = c.cache.allocate(4 * P, s3, T).unwrap();
-    assert_eq!(c.cache.stats().borrows, 1);
+    assert_eq!(c.cache.stats().borrows, 2);
     assert_eq!(lent.ptr(), home, "a's range, lent in place");
+    assert_eq!(
+        c.gpu.call_count(DriverCall::StreamWaitEvent),
+        waits,
+        "the fence is done"
+    );
     assert_eq!(c.creates(), creates);
     assert_eq!(c.gpu.held_bytes(), held);
     assert_eq!(c.gpu.call_count(DriverCall::MemUnmap), 0);
-    assert_eq!(c.cache.cached_bytes(), 0, "a's pages lent, b's leased");
+    assert_eq!(c.cache.cached_bytes(), 0, "a's pages lent");
 
     // The borrower writes and frees (nothing ran): a reuses the range at
     // once, its write ordered after the borrower's by the event at the free.
@@ -219,7 +240,6 @@ fn idle_memory_of_another_stream_is_lent_once_the_gpu_is_done_with_it() {
     assert_eq!(again.ptr(), home, "back in a's arena");
     c.kernel(a, MemAccess::write(&again));
     c.cache.deallocate(again).unwrap();
-    c.cache.deallocate(on_b).unwrap();
     c.assert_race_free();
     assert_eq!(c.cache.leased_bytes(), 0);
     // A trim gives back what the fences show done, and records fences
@@ -658,13 +678,20 @@ fn an_async_allocation_never_synchronizes_in_a_poll() {
         let cache = CachingResource::new(f.resource.clone());
         // SAFETY: the stack's bottom resource was made on this device.
         let res = unsafe { AsyncResource::with_device(cache, &f.device) }.unwrap();
-        let x = res.try_allocate(6 * P, s0, T).unwrap();
+        // Freed on s0 and still used there: too small to be lent for the
+        // block on s1, which needs its memory given back to the device.
+        let x = res.try_allocate(4 * P, s0, T).unwrap();
         for _ in 0..3 {
             gpu.launch_kernel(f.pool.raw(s0).unwrap(), &[MemAccess::write(&x)])
                 .unwrap();
         }
         drop(res.deallocate(x).unwrap());
-        let _ = tokio::time::timeout(Duration::from_millis(1), res.allocate(6 * P, s1, T)).await;
+        let early =
+            tokio::time::timeout(Duration::from_millis(1), res.allocate(6 * P, s1, T)).await;
+        assert!(
+            early.is_err(),
+            "the allocation waits for the GPU, not in the poll"
+        );
         assert_eq!(gpu.blocking_calls_in_polls(), 0);
         // Outside a poll the last resort waits for the GPU and succeeds.
         let y = res.try_allocate(6 * P, s1, T).unwrap();

@@ -52,6 +52,12 @@ async fn every_request_is_answered_without_race_and_nothing_stays_outstanding() 
             row.peak_held,
             row.peak_requested
         );
+        eprintln!(
+            "RATIO {clients} held={} req={} ratio={:.3}",
+            row.peak_held,
+            row.peak_requested,
+            row.peak_held as f64 / row.peak_requested as f64
+        );
         assert!(row.p50 <= row.p99);
         assert_eq!(row.peak_blocked, 0, "no thread blocks in a wait");
     }

@@ -36,6 +36,10 @@ const BUCKETS: usize = 64 * SUBS;
 /// Ranges looked at per bucket for a better fit.
 const SCAN: usize = 8;
 
+/// Free ranges looked at, at most, for one range to lend another stream
+/// (a path that would otherwise map new memory, at ~60 µs a growth).
+const LEND_SCAN: usize = 64;
+
 #[derive(Debug, Clone, Copy)]
 struct Node {
     off: u64,
@@ -45,6 +49,11 @@ struct Node {
     free: bool,
     prev_free: u32,
     next_free: u32,
+    /// The stamp of the newest free merged into the range (0: never
+    /// freed): once a fence past it completed, the GPU is done with every
+    /// byte of it. Kept while the range is handed out, so that undoing a
+    /// placement restores it.
+    freed: u64,
 }
 
 /// A range handed out by [`Arena::alloc`]; give it back to [`Arena::free`].
@@ -103,6 +112,7 @@ impl Arena {
                 free: false,
                 prev_free: NIL,
                 next_free: NIL,
+                freed: 0,
             });
             arena.push_free(n);
         }
@@ -129,6 +139,7 @@ impl Arena {
             free: false,
             prev_free: NIL,
             next_free: NIL,
+            freed: n.freed,
         });
         if n.next_addr != NIL {
             self.nodes[n.next_addr as usize].prev_addr = rest;
@@ -272,8 +283,8 @@ impl Arena {
     /// Hands out exactly `[off, off + len)` (multiples of [`UNIT`]) when it
     /// lies inside one free range, splitting off what is left before and
     /// after it; `None` otherwise, and nothing changes. Looks through every
-    /// node (the slow path of lending a range to another stream, which
-    /// would otherwise map new memory).
+    /// node (for tests and rare paths).
+    #[cfg(test)]
     pub(crate) fn take_at(&mut self, off: u64, len: u64) -> Option<Placed> {
         debug_assert!(len > 0 && len.is_multiple_of(UNIT) && off.is_multiple_of(UNIT));
         let found = self
@@ -281,8 +292,56 @@ impl Arena {
             .iter()
             .position(|n| n.free && n.off <= off && off + len <= n.off + n.len)?
             as u32;
+        Some(self.carve(found, off, len))
+    }
+
+    /// A range another stream may use as it is: `len` bytes of a free range
+    /// whose newest free is at most `done` (the GPU finished every use of
+    /// it), at its start or its end, wherever `usable(off, len)` says so
+    /// (memory behind every page). Looks at up to [`LEND_SCAN`] free ranges
+    /// large enough, smallest buckets first; `None` when none serves, and
+    /// nothing changes.
+    pub(crate) fn lend(
+        &mut self,
+        len: u64,
+        done: u64,
+        usable: impl Fn(u64, u64) -> bool,
+    ) -> Option<Placed> {
+        debug_assert!(len > 0 && len.is_multiple_of(UNIT));
+        let mut looked = 0;
+        let mut b = self.next_bucket(bucket(len))?;
+        loop {
+            let mut at = self.heads[b];
+            while at != NIL {
+                let n = self.nodes[at as usize];
+                if n.len >= len && n.freed <= done {
+                    let end = n.off + n.len - len;
+                    if let Some(off) = [n.off, end].into_iter().find(|&o| usable(o, len)) {
+                        return Some(self.carve(at, off, len));
+                    }
+                    looked += 1;
+                    if looked == LEND_SCAN {
+                        return None;
+                    }
+                }
+                at = n.next_free;
+            }
+            b = self.next_bucket(b + 1)?;
+        }
+    }
+
+    /// The stamp of the newest free of the range `placed` lies in (as it was
+    /// when handed out).
+    pub(crate) fn freed(&self, placed: Placed) -> u64 {
+        self.nodes[placed.node as usize].freed
+    }
+
+    /// Hands out `[off, off + len)` of the free range `found`, splitting
+    /// off what is left before and after it.
+    fn carve(&mut self, found: u32, off: u64, len: u64) -> Placed {
         self.unlink_free(found);
         let f = self.nodes[found as usize];
+        debug_assert!(f.off <= off && off + len <= f.off + f.len);
         let block = if f.off < off {
             // `found` keeps the part before, free; the block follows it.
             let block = self.split(found, off - f.off);
@@ -295,11 +354,11 @@ impl Arena {
             let rest = self.split(block, len);
             self.push_free(rest);
         }
-        Some(Placed {
+        Placed {
             node: block,
             off,
             len,
-        })
+        }
     }
 
     /// Takes `node` out of the address list and recycles it.
@@ -318,24 +377,32 @@ impl Arena {
         self.spare_nodes.push(i);
     }
 
-    /// Gives back a range [`alloc`](Self::alloc) handed out, merging it
-    /// with free neighbours.
-    pub(crate) fn free(&mut self, placed: Placed) {
+    /// Gives back a range [`alloc`](Self::alloc) handed out, freed at
+    /// `stamp` (0 to undo a placement: the range keeps the stamp it had),
+    /// merging it with free neighbours; the merged range's stamp is the
+    /// newest of theirs.
+    pub(crate) fn free(&mut self, placed: Placed, stamp: u64) {
         let mut i = placed.node;
         debug_assert!(!self.nodes[i as usize].free);
+        let node = &mut self.nodes[i as usize];
+        node.freed = node.freed.max(stamp);
         let prev = self.nodes[i as usize].prev_addr;
         if prev != NIL && self.nodes[prev as usize].free {
             self.unlink_free(prev);
-            let len = self.nodes[i as usize].len;
-            self.nodes[prev as usize].len += len;
+            let Node { len, freed, .. } = self.nodes[i as usize];
+            let p = &mut self.nodes[prev as usize];
+            p.len += len;
+            p.freed = p.freed.max(freed);
             self.drop_node(i);
             i = prev;
         }
         let next = self.nodes[i as usize].next_addr;
         if next != NIL && self.nodes[next as usize].free {
             self.unlink_free(next);
-            let len = self.nodes[next as usize].len;
-            self.nodes[i as usize].len += len;
+            let Node { len, freed, .. } = self.nodes[next as usize];
+            let n = &mut self.nodes[i as usize];
+            n.len += len;
+            n.freed = n.freed.max(freed);
             self.drop_node(next);
         }
         self.push_free(i);
@@ -365,13 +432,13 @@ mod tests {
         let y = a.alloc(8192, none).unwrap();
         let z = a.alloc(4096, none).unwrap();
         assert_eq!((x.off, y.off, z.off), (0, 4096, 12288));
-        a.free(y);
+        a.free(y, 1);
         // Best fit takes the hole, not the tail.
         let w = a.alloc(8192, none).unwrap();
         assert_eq!(w.off, 4096);
-        a.free(w);
-        a.free(x);
-        a.free(z);
+        a.free(w, 2);
+        a.free(x, 3);
+        a.free(z, 4);
         assert_eq!(a.free_bytes(), 1 << 20);
         let all = a.alloc(1 << 20, none).unwrap();
         assert_eq!(all.off, 0, "everything merged back into one range");
@@ -392,9 +459,59 @@ mod tests {
         let z = a.alloc(65536 - 4096, none).unwrap();
         assert_eq!(z.off, 4096);
         for p in [x, y, z] {
-            a.free(p);
+            a.free(p, 1);
         }
         assert_eq!(a.alloc(1 << 20, none).unwrap().off, 0, "merged back");
+    }
+
+    #[test]
+    fn lend_takes_only_ranges_the_gpu_is_done_with() {
+        let mut a = Arena::new(1 << 20);
+        let none = |_| false;
+        let all = |_, _| true;
+        let x = a.alloc(8192, none).unwrap();
+        let y = a.alloc(8192, none).unwrap();
+        let z = a.alloc(8192, none).unwrap();
+        let tail = a.alloc((1 << 20) - 3 * 8192, none).unwrap();
+        a.free(x, 5);
+        a.free(z, 7);
+        assert!(
+            a.lend(4096, 4, all).is_none(),
+            "freed at 5 and 7, done at 4"
+        );
+        let lent = a.lend(4096, 5, all).unwrap();
+        assert_eq!((lent.off, lent.len), (0, 4096), "x's range, from its start");
+        // Merging keeps the newest stamp: y freed at 9 joins what is left
+        // of x (5) and z (7) into one range freed at 9.
+        a.free(y, 9);
+        assert!(a.lend(16384, 8, all).is_none());
+        let big = a.lend(16384, 9, all).unwrap();
+        assert_eq!(big.off, 4096);
+        // Undoing a placement (stamp 0) keeps the stamp the range had.
+        a.free(big, 0);
+        assert!(a.lend(16384, 8, all).is_none());
+        for (p, stamp) in [(lent, 10), (tail, 11)] {
+            a.free(p, stamp);
+        }
+        assert_eq!(a.free_bytes(), 1 << 20);
+    }
+
+    #[test]
+    fn lend_serves_the_usable_end_of_a_range() {
+        let mut a = Arena::new(1 << 20);
+        let none = |_| false;
+        let x = a.alloc(65536, none).unwrap();
+        let _rest = a.alloc((1 << 20) - 65536, none).unwrap();
+        a.free(x, 1);
+        // Only the upper half of x's range has memory behind it.
+        let upper = |off: u64, len: u64| off >= 32768 && off + len <= 65536;
+        let p = a.lend(8192, 1, upper).unwrap();
+        assert_eq!(p.off, 65536 - 8192);
+        assert!(
+            a.lend(65536 - 8192, 1, upper).is_none(),
+            "not usable at either end"
+        );
+        assert_eq!(a.free_bytes(), 65536 - 8192);
     }
 
     #[test]

@@ -49,11 +49,6 @@ impl Fences {
         self.stamp
     }
 
-    /// The stamp of the latest free.
-    pub(crate) fn stamp(&self) -> u64 {
-        self.stamp
-    }
-
     /// The highest stamp the GPU is known to be done with.
     pub(crate) fn done(&self) -> u64 {
         self.done
@@ -112,6 +107,16 @@ impl Fences {
         Ok(())
     }
 
+    /// The event of the oldest fence in flight covering the free at
+    /// `stamp`, if one does: another stream that waits on it is ordered
+    /// after every use of what was freed then.
+    pub(crate) fn covering(&self, stamp: u64) -> Option<RawEvent> {
+        self.in_flight
+            .iter()
+            .find(|&&(_, s)| s >= stamp)
+            .map(|&(event, _)| event)
+    }
+
     /// Blocks until every fence in flight is complete (the last resort
     /// before reporting out of memory).
     ///
@@ -162,6 +167,24 @@ mod tests {
         f.cover(&*gpu, s, b).unwrap();
         assert_eq!(f.in_flight.len(), 1, "one fence covers it already");
         assert_eq!(f.wait_all(&*gpu).unwrap(), b);
+        f.destroy(&*gpu);
+    }
+
+    #[test]
+    fn the_oldest_fence_past_a_free_is_the_one_to_wait_for() {
+        let gpu = SimGpu::builder().manual().build();
+        let s = gpu.create_stream();
+        let mut f = Fences::default();
+        let a = f.next_stamp();
+        f.cover(&*gpu, s, a).unwrap();
+        let b = f.next_stamp();
+        let c = f.next_stamp();
+        f.cover(&*gpu, s, c).unwrap();
+        let (first, second) = (f.in_flight[0].0, f.in_flight[1].0);
+        assert_eq!(f.covering(a), Some(first));
+        assert_eq!(f.covering(b), Some(second), "recorded after b's free");
+        assert_eq!(f.covering(c), Some(second));
+        assert_eq!(f.covering(c + 1), None, "no fence after that free yet");
         f.destroy(&*gpu);
     }
 }

@@ -18,11 +18,14 @@
 //! - **Shared**: physical bytes held (one atomic, written only when memory
 //!   is mapped or given back), the high-water mark of live bytes.
 //! - `allocate` places the block; pages it touches that are mapped are
-//!   used as they are (a **hit**: no driver call); when some are not,
-//!   whole pages another stream's arena holds mapped and idle, the GPU
-//!   done with them (a completed fence), are lent to the block where they
-//!   are (a **borrow**: no driver call; the free gives them back to their
-//!   home arena behind an event); else the pages not mapped get new
+//!   used as they are (a **hit**: no driver call); when some are not, a
+//!   larger free range of the stream's arena with memory behind it serves
+//!   instead; else a free range of another stream's arena with memory
+//!   behind it is lent to the block where it is (a **borrow**: no driver
+//!   call but events; the borrower waits on the GPU for a fence after the
+//!   range's last free unless that fence has completed; the free gives
+//!   the range back to its home arena behind an event); else the pages
+//!   not mapped get new
 //!   memory, one `cuMemCreate` + `cuMemMap` + `cuMemSetAccess` per run of
 //!   pages (a **miss**), which also maps the free pages after the block
 //!   up to [`CacheConfig::slack_percent`] over the live high-water mark,
@@ -67,11 +70,12 @@
 //!   block). When the lease ends, `S` waits for them, so the freed memory
 //!   is again ordered on `S` alone.
 //! - **Moving memory to another stream**: arena memory is lent to
-//!   another stream `T` in place, or unmapped and mapped again where `T`
-//!   needs it, in both cases only once a fence recorded on `S` after its
-//!   last free has completed (queried, never waited for on the allocation path except
-//!   before out of memory), so no queued work can touch it when it is
-//!   unmapped. A lent range goes back to `S` when `T` frees it: `S` waits
+//!   another stream `T` in place behind a fence recorded on `S` after its
+//!   last free (`T` waits for it on the GPU unless a query shows it
+//!   complete), or unmapped and mapped again where `T` needs it only once
+//!   such a fence has completed (queried, never waited for on the
+//!   allocation path except before out of memory), so no queued work can
+//!   touch it when it is unmapped. A lent range goes back to `S` when `T` frees it: `S` waits
 //!   for an event recorded on `T` after the free. A size-class block moves behind an event recorded on `S`
 //!   that the new stream waits on.
 //!

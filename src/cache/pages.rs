@@ -35,9 +35,6 @@ struct Page {
     refs: u32,
     /// The handle mapped here, as an index into `handles`.
     handle: u32,
-    /// The stamp of the free that left the page untouched last (0: never
-    /// touched): a fence past it means the GPU is done with the page.
-    freed: u64,
 }
 
 /// One physical handle mapped over a run of pages.
@@ -102,7 +99,6 @@ impl PageTable {
                 Page {
                     refs: 0,
                     handle: NONE,
-                    freed: 0,
                 },
             );
         }
@@ -133,27 +129,6 @@ impl PageTable {
         // Every known page from `first` on is free: the pages past the
         // table's end are too, up to the arena's end.
         (known + (max - known).min(self.capacity.saturating_sub(past))) as u32
-    }
-
-    /// The first of `n` consecutive pages that another stream may use as
-    /// they are: mapped, touched by no block (so every byte of them is free
-    /// in the arena), and last freed at a stamp at most `done` (the GPU
-    /// finished every use of them). Looks at the pages in order, lowest
-    /// first; `None` when no run is long enough.
-    pub(crate) fn lendable_run(&self, n: u32, done: u64) -> Option<u32> {
-        let n = n.max(1) as usize;
-        let mut run = 0;
-        for (i, p) in self.pages.iter().enumerate() {
-            if p.handle != NONE && p.refs == 0 && p.freed <= done {
-                run += 1;
-                if run == n {
-                    return Some((i + 1 - n) as u32);
-                }
-            } else {
-                run = 0;
-            }
-        }
-        None
     }
 
     /// Whether every page of `[off, off + len)` has memory behind it.
@@ -211,7 +186,6 @@ impl PageTable {
             if p.refs > 0 {
                 continue;
             }
-            p.freed = stamp;
             if p.handle == NONE {
                 continue;
             }
@@ -367,24 +341,6 @@ mod tests {
         assert_eq!(t.free_unbacked_from(0, 8), 1, "page 1 is mapped");
         assert_eq!(t.free_unbacked_from(2, 8), 8, "past the table");
         assert!(t.backed(P) && !t.backed(5 * P));
-    }
-
-    #[test]
-    fn only_untouched_mapped_pages_the_gpu_is_done_with_are_lent() {
-        let mut t = PageTable::new(16 * P, P);
-        assert_eq!(t.touch(0, 4 * P), vec![(0, 4)]);
-        t.map(0, 4, RawPhysical::new(1));
-        assert_eq!(t.lendable_run(1, u64::MAX), None, "all touched");
-        t.untouch(0, 4 * P, 5);
-        assert_eq!(t.lendable_run(2, 4), None, "freed at 5, done only to 4");
-        assert_eq!(t.lendable_run(2, 5), Some(0));
-        // A block on page 1 splits the run.
-        assert!(t.touch(P, 512).is_empty());
-        assert_eq!(t.lendable_run(2, 5), Some(2));
-        assert_eq!(t.lendable_run(3, 5), None);
-        assert_eq!(t.lendable_run(1, 5), Some(0));
-        // Unmapped pages are never lent.
-        assert_eq!(t.lendable_run(5, u64::MAX), None);
     }
 
     #[test]

@@ -17,11 +17,14 @@
 //!
 //! An allocation on stream `S` places the block in `S`'s arena. Pages it
 //! touches that are mapped are used as they are, with no driver call.
-//! When some are not, memory another stream left idle is **lent** first:
-//! whole pages of another arena (a `try_lock` only) that are mapped, that
-//! no block touches, and whose last free there is covered by a completed
-//! fence on that stream (queried, never waited for) serve the block where
-//! they are, with no driver call; the lease remembers its home arena.
+//! When some are not, a larger free range of `S`'s arena with memory
+//! behind every page serves instead (`S`'s own frees need no fence). Else
+//! memory another stream freed is **lent**: a free range of another arena
+//! (a `try_lock` only) with memory behind every page serves the block where
+//! it is, with no driver call but events: at once when a fence recorded on
+//! that stream after the range's last free has completed (queried, never
+//! waited for), else behind a wait of `S` on the GPU for that fence; the
+//! lease remembers its home arena.
 //! Otherwise the pages that are not mapped get new physical memory, one handle per run of
 //! pages (so a 40 MiB block costs one `cuMemCreate`, one `cuMemMap` and one
 //! `cuMemSetAccess`, not twenty of each). Before creating memory that would
@@ -37,12 +40,16 @@
 //!
 //! - A range freed on `S` is reused at once on `S`: it is in `S`'s arena
 //!   only, and stream order puts the new user after the old one.
-//! - A range is lent to another stream `T` only once a fence recorded on
-//!   `S` after the last free on its pages has completed (learnt by a
-//!   query), so no work queued on `S` touches it any more; its free on `T`
+//! - A range of `S`'s arena is lent to another stream `T` behind a fence
+//!   recorded on `S` after the range's last free (every free range keeps
+//!   the stamp of its newest free): once the fence has completed (learnt
+//!   by a query), `T` uses it at once; before, `T` waits for the fence's
+//!   event on the GPU (`cuStreamWaitEvent`: no host wait). Either way no
+//!   work queued on `S` before the free can overlap `T`'s. Its free on `T`
 //!   records an event there that `S` waits on before the range goes back
 //!   to `S`'s arena, so `S` reuses it after `T`'s work, and any fence on
-//!   `S` after that covers `T`'s work too.
+//!   `S` after that covers `T`'s work too. A capturing stream never
+//!   borrows (its wait on an outside event would invalidate the capture).
 //! - Memory moves to another stream through the device otherwise: a mapping
 //!   is unmapped only once a fence recorded on `S` after the last free on
 //!   it has completed (queried, never waited for, except as the last
@@ -215,15 +222,25 @@ impl VmTier {
             self.flush_recent(sa);
         }
         let pages = &sa.pages;
-        let Some(placed) = sa.arena.alloc(len, |off| pages.backed(off)) else {
+        let Some(mut placed) = sa.arena.alloc(len, |off| pages.backed(off)) else {
             return Ok(None);
         };
+        if !sa.pages.all_backed(placed.off, placed.len) {
+            // The good fit needs new memory: a larger free range of this
+            // arena that has memory behind it serves first (the stream's own
+            // frees need no fence).
+            let pages = &sa.pages;
+            if let Some(backed) = sa.arena.lend(len, u64::MAX, |o, l| pages.all_backed(o, l)) {
+                sa.arena.free(placed, 0);
+                placed = backed;
+            }
+        }
         if may_borrow && !sa.pages.all_backed(placed.off, placed.len) {
             // The block would grow the arena: memory another stream left
             // idle serves it as it is, if some is (the placement is undone
             // untouched, as if never made).
             if let Some(lent) = self.borrow(len, requested, sa.raw, others) {
-                sa.arena.free(placed);
+                sa.arena.free(placed, 0);
                 return Ok(Some(lent));
             }
         }
@@ -236,7 +253,7 @@ impl VmTier {
                 if let Err(e) = self.back(sa, at, n, live.unwrap_or(0), stream, others) {
                     let stamp = sa.fences.next_stamp();
                     sa.pages.untouch_failed(placed.off, placed.len, stamp);
-                    sa.arena.free(placed);
+                    sa.arena.free(placed, stamp);
                     return Err(e);
                 }
                 at += n;
@@ -250,13 +267,14 @@ impl VmTier {
         Ok(Some(Taken::Own(placed)))
     }
 
-    /// Lends `len` bytes of another stream's arena to the stream `raw`:
-    /// whole pages there that are mapped, that no block touches, and that
-    /// were last freed before a fence on that stream the GPU has completed
-    /// (learnt by a query, never a wait), so no work queued there can touch
-    /// them any more and the borrower's work may start at once. Arenas that
-    /// are locked now are skipped; where nothing is done yet, a fence is
-    /// recorded over the frees so far, so that a later call finds them.
+    /// Lends `len` bytes of another stream's arena to the stream `raw`: a
+    /// free range there with memory behind every page it covers (pages
+    /// live blocks share included). When the GPU may still use it on the
+    /// home stream (no completed fence past its last free, learnt by a
+    /// query after recording one if needed), `raw` waits on the GPU for
+    /// that fence, so the borrower's work starts after every use queued
+    /// before the free, and no host thread waits. Arenas that are locked
+    /// now are skipped.
     fn borrow(
         &self,
         len: u64,
@@ -265,32 +283,45 @@ impl VmTier {
         others: &dyn OtherArenas,
     ) -> Option<Taken> {
         let gpu = self.gpu();
-        let pages = len.div_ceil(self.page).min(u32::MAX as u64) as u32;
         let mut lent = None;
         others.each_other(&mut |home, h| {
             if h.pages.mapped_bytes() < len as usize {
                 return false;
             }
-            let done = h.fences.poll(gpu).unwrap_or(h.fences.done());
-            let run = h.pages.lendable_run(pages, done).or_else(|| {
-                // A fence over the frees so far, queried at once: a stream
-                // with nothing queued has run past it already.
-                let _ = h.fences.cover(gpu, h.raw, h.fences.stamp());
-                let now = h.fences.poll(gpu).unwrap_or(done);
-                (now > done).then(|| h.pages.lendable_run(pages, now))?
-            });
-            let Some(first) = run else {
+            let StreamArena {
+                arena,
+                pages,
+                fences,
+                ..
+            } = h;
+            let usable = |off, len| pages.all_backed(off, len);
+            let Some(placed) = arena.lend(len, u64::MAX, usable) else {
                 return false;
             };
-            // Untouched pages hold no handed-out range (every one, kept
-            // as `recent` or by a graph too, touches its pages): the run
-            // lies in one free range of the arena.
-            let Some(placed) = h.arena.take_at(u64::from(first) * self.page, len) else {
-                debug_assert!(false, "untouched pages are free in the arena");
-                return false;
-            };
+            let freed = arena.freed(placed);
+            let mut done = fences.poll(gpu).unwrap_or(fences.done());
+            if freed > done {
+                // A fence over the free, queried at once: a stream with
+                // nothing queued has run past it already.
+                let _ = fences.cover(gpu, h.raw, freed);
+                done = fences.poll(gpu).unwrap_or(done);
+            }
+            if freed > done {
+                // The GPU may still use the range on the home stream: the
+                // borrower waits, on the GPU, for the fence.
+                // SAFETY: `raw` is a stream of the tier's device pool (the
+                // borrowing arena's), the event a live fence of the tier's
+                // backend (destroyed only with its arena).
+                let waited = fences
+                    .covering(freed)
+                    .is_some_and(|e| unsafe { gpu.stream_wait_event(raw, e) }.is_ok());
+                if !waited {
+                    arena.free(placed, 0);
+                    return false;
+                }
+            }
             let unbacked = h.pages.touch(placed.off, placed.len);
-            debug_assert!(unbacked.is_empty(), "lendable pages are mapped");
+            debug_assert!(unbacked.is_empty(), "a lent range is mapped");
             let ptr = h.base + placed.off;
             gpu.note_suballocation(ptr, requested.max(1), raw);
             lent = Some(Taken::Lent {
@@ -347,7 +378,7 @@ impl VmTier {
     fn give_to_arena(sa: &mut StreamArena, placed: Placed) {
         let stamp = sa.fences.next_stamp();
         sa.pages.untouch(placed.off, placed.len, stamp);
-        sa.arena.free(placed);
+        sa.arena.free(placed, stamp);
     }
 
     /// The most the tier means to hold: `slack` over the live high-water
