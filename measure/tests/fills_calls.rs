@@ -158,3 +158,29 @@ async fn a_lazy_point_awaited_at_once_records_nothing_when_the_spin_sees_the_wor
         assert_eq!(res.bytes_outstanding(), 0);
     }
 }
+
+/// Every streamalloc fills row of `service_bench` runs to the end on a
+/// threaded simulated device (10,000 fills each), without a race, and
+/// leaves nothing outstanding.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_streamalloc_fills_row_runs_on_the_simulated_device() {
+    use streamalloc_measure::service::fills;
+    let gpu = SimGpu::new();
+    let device = Device::simulated(&gpu, 8);
+    let res = AsyncResource::on(&device).expect("async resource");
+    let targets = fills::fill_targets(&res).unwrap();
+    fills::plain(&res, &targets).unwrap();
+    for point in Point::ALL {
+        fills::spawned_await(&res, &targets, point).await.unwrap();
+        fills::spawned_fill_and_await(&res, &targets, point)
+            .await
+            .unwrap();
+    }
+    assert_eq!(res.parked_points(), 0);
+    for (block, _) in targets {
+        drop(res.deallocate(block).unwrap());
+    }
+    res.reap_pending().await.unwrap();
+    assert_eq!(res.bytes_outstanding(), 0);
+    assert!(gpu.races().is_empty(), "{:?}", gpu.races());
+}

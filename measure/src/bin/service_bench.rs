@@ -30,7 +30,7 @@
 //! rows, one more round of each streamalloc fills row through a
 //! [`CountingGpu`]: the library's driver calls per fill by kind.
 //! `--policy NAME`
-//! sets the streamalloc way's wait policy (`default`, `park`, `spin20`,
+//! sets the streamalloc way's (and the fills rows') wait policy (`default`, `park`, `spin20`,
 //! `yield1ms`, `coalesced`), to tell completion costs from the rest.
 //!
 //! [`Timeline`]: streamalloc_measure::service::timeline::Timeline
@@ -374,7 +374,7 @@ async fn on_cuda(args: &Args) -> BoxResult<()> {
 
     // 10,000 fills with a spawned task awaiting each.
     let fill_device = Device::cuda(0, STREAMS)?;
-    let res = streamalloc_stack(&fill_device, &model, None)?;
+    let res = streamalloc_stack(&fill_device, &model, args.policy)?;
     let targets = fills::fill_targets(&res)?;
     // Rows: the plain loop, then per kind of point the fill queued by the
     // loop and the fill queued in the task, then cuda-async.
@@ -439,7 +439,7 @@ async fn on_cuda(args: &Args) -> BoxResult<()> {
     .expect("fills task")
     .map_err(|e| e as Box<dyn Error>)?;
     if args.diag {
-        fill_calls(&fill_device, &model).await?;
+        fill_calls(&fill_device, &model, args.policy).await?;
     }
     for (block, _) in targets {
         res.deallocate(block)?;
@@ -470,10 +470,14 @@ async fn on_cuda(args: &Args) -> BoxResult<()> {
 /// a [`CountingGpu`] of `device`, printing the library's driver calls per
 /// fill by kind (the fill's own `MemsetAsync` included): how often a lazy
 /// point found its stream idle (a `StreamQuery` and no `EventRecord`).
-async fn fill_calls<G: Gpu>(device: &Device<G>, model: &CudaModel) -> BoxResult<()> {
+async fn fill_calls<G: Gpu>(
+    device: &Device<G>,
+    model: &CudaModel,
+    policy: Option<WaitPolicy>,
+) -> BoxResult<()> {
     let counting = Arc::new(CountingGpu::new(device.gpu().clone()));
     let counted = Device::new(counting.clone(), device.streams().clone())?;
-    let res = streamalloc_stack(&counted, model, None)?;
+    let res = streamalloc_stack(&counted, model, policy)?;
     let targets = fills::fill_targets(&res)?;
     let (r2, t2, c2) = (res.clone(), targets.clone(), counting.clone());
     let lines = tokio::spawn(async move {
