@@ -187,7 +187,8 @@ impl EventFuture {
     }
 
     /// Whether the point is known reached, without waiting: queries the
-    /// event once.
+    /// event once (a lazy point that has recorded none: its stream, unless
+    /// the stream is being captured; nothing is recorded).
     ///
     /// # Errors
     /// The driver's error when the query fails (a device fault).
