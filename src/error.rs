@@ -33,6 +33,8 @@ pub enum DriverCall {
     StreamWaitEvent,
     /// `cuStreamSynchronize`.
     StreamSynchronize,
+    /// `cuStreamQuery`.
+    StreamQuery,
     /// `cuLaunchHostFunc`.
     LaunchHostFunc,
     /// `cuMemsetD8Async`.
@@ -75,7 +77,7 @@ pub enum DriverCall {
 
 impl DriverCall {
     /// Every call kind, in declaration order (used by fault-injection sweeps).
-    pub const ALL: [DriverCall; 28] = [
+    pub const ALL: [DriverCall; 29] = [
         DriverCall::Init,
         DriverCall::AllocAsync,
         DriverCall::FreeAsync,
@@ -86,6 +88,7 @@ impl DriverCall {
         DriverCall::EventDestroy,
         DriverCall::StreamWaitEvent,
         DriverCall::StreamSynchronize,
+        DriverCall::StreamQuery,
         DriverCall::LaunchHostFunc,
         DriverCall::MemsetAsync,
         DriverCall::CopyAsync,

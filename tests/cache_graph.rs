@@ -783,11 +783,13 @@ fn the_cache_asks_once_per_call_unless_told_nothing_is_captured() {
 }
 
 /// A range another stream's arena lent, freed while the borrower is being
-/// captured: the event that would give it back to its home stream would be
-/// captured, so the range is kept out of use (the home stream never gets
-/// it while the graph may replay the free), with no race.
+/// captured: the graph's replays free it, so it stays the graph's, out of
+/// use (the home stream never gets it while the graph may replay the
+/// free), until the graph's release hands it back home behind the last
+/// replay. Fails with a race if the home stream gets it before its wait
+/// for the replays, and on the final count if it is never handed back.
 #[test]
-fn a_lent_range_freed_in_a_capture_is_kept() {
+fn a_lent_range_freed_in_a_capture_is_the_graphs_until_its_release() {
     let f = fixture();
     let cache = CachingResource::new(SimResource::new(&f.device));
     let home = cache.allocate(4 * MIB, f.l, AllocTag::UNTAGGED).unwrap();
@@ -796,26 +798,85 @@ fn a_lent_range_freed_in_a_capture_is_kept() {
     cache.deallocate(home).unwrap();
     // Asking for the idle bytes gives the last free back to its arena.
     assert_eq!(cache.cached_bytes(), 4 * MIB);
-    // The first request records a fence on the home stream; once it ran,
-    // the next one borrows.
-    let first = cache.allocate(4 * MIB, f.s, AllocTag::UNTAGGED).unwrap();
-    f.gpu.run_until_idle();
+    // The request borrows it, behind a wait for a fence on the home stream.
     let lent = cache.allocate(4 * MIB, f.s, AllocTag::UNTAGGED).unwrap();
     assert_eq!(cache.stats().borrows, 1, "{:?}", cache.stats());
     assert_eq!(lent.ptr(), home_ptr);
     f.write(f.s, &lent);
 
-    let _capture = f.begin(f.s);
+    let capture = f.begin(f.s);
     f.write(f.s, &lent);
     cache.deallocate(lent).unwrap();
     let graph = f.end(f.s);
+    assert_eq!(cache.graph_bytes(), 4 * MIB, "the graph's");
     f.replay(graph.1, f.s, 2);
 
     let again = cache.allocate(4 * MIB, f.l, AllocTag::UNTAGGED).unwrap();
     assert_ne!(again.ptr(), home_ptr, "kept from the home stream");
     f.write(f.l, &again);
     cache.deallocate(again).unwrap();
-    cache.deallocate(first).unwrap();
+
+    // Released behind the replays: the home stream gets it back, ordered
+    // after them, and nothing stays outstanding.
+    cache.release_capture(capture, f.s).unwrap();
+    assert_eq!(cache.graph_bytes(), 0);
+    let mut back = Vec::new();
+    for _ in 0..2 {
+        let b = cache.allocate(4 * MIB, f.l, AllocTag::UNTAGGED).unwrap();
+        f.write(f.l, &b);
+        back.push(b);
+    }
+    assert!(back.iter().any(|b| b.ptr() == home_ptr), "back home");
+    for b in back {
+        cache.deallocate(b).unwrap();
+    }
+    f.gpu.run_until_idle();
+    assert!(f.gpu.races().is_empty(), "{:?}", f.gpu.races());
+    f.destroy(graph);
+    cache.release_idle().unwrap();
+    f.gpu.run_until_idle();
+    cache.release_idle().unwrap();
+    assert_eq!(cache.bytes_outstanding(), 0);
+}
+
+/// A range lent to another stream, freed there while its home stream is
+/// being captured: the home stream's wait for the borrower's work would be
+/// refused (an event recorded outside the capture) and would invalidate
+/// the capture, so the range stays out of use until the home stream's
+/// next allocation outside the capture, which queues the wait first.
+/// Fails with STREAM_CAPTURE_ISOLATION if the wait is queued at the free,
+/// and with a race if the range goes back without it.
+#[test]
+fn a_range_freed_while_its_home_stream_is_captured_goes_back_after() {
+    let f = fixture();
+    let cache = CachingResource::new(SimResource::new(&f.device));
+    let home = cache.allocate(4 * MIB, f.s, AllocTag::UNTAGGED).unwrap();
+    let home_ptr = home.ptr();
+    f.write(f.s, &home);
+    cache.deallocate(home).unwrap();
+    assert_eq!(cache.cached_bytes(), 4 * MIB);
+    let lent = cache.allocate(4 * MIB, f.l, AllocTag::UNTAGGED).unwrap();
+    assert_eq!((lent.ptr(), cache.stats().borrows), (home_ptr, 1));
+    f.write(f.l, &lent);
+
+    f.begin(f.s);
+    cache.deallocate(lent).unwrap();
+    let during = cache.allocate(4 * MIB, f.s, AllocTag::UNTAGGED).unwrap();
+    assert_ne!(during.ptr(), home_ptr, "kept out of use during the capture");
+    cache.deallocate(during).unwrap();
+    // Ending fails if the capture was invalidated.
+    let graph = f.end(f.s);
+
+    let after = cache.allocate(4 * MIB, f.s, AllocTag::UNTAGGED).unwrap();
+    f.write(f.s, &after);
+    let again = cache.allocate(4 * MIB, f.s, AllocTag::UNTAGGED).unwrap();
+    f.write(f.s, &again);
+    assert!(
+        [after.ptr(), again.ptr()].contains(&home_ptr),
+        "back in the home arena"
+    );
+    cache.deallocate(after).unwrap();
+    cache.deallocate(again).unwrap();
     f.gpu.run_until_idle();
     assert!(f.gpu.races().is_empty(), "{:?}", f.gpu.races());
     f.destroy(graph);

@@ -102,6 +102,21 @@ fn synchronizing_a_capturing_stream_fails_and_invalidates_the_capture() {
 }
 
 #[test]
+fn querying_a_capturing_stream_fails_and_invalidates_the_capture() {
+    let gpu = manual();
+    let s = gpu.create_stream();
+    gpu.launch_kernel(s, &[]).unwrap();
+    assert_eq!(gpu.stream_query(s), Ok(false), "busy before the capture");
+    gpu.run_until_idle();
+    assert_eq!(gpu.stream_query(s), Ok(true));
+    gpu.begin_capture(s, CaptureMode::Relaxed).unwrap();
+    let e = gpu.stream_query(s).unwrap_err();
+    assert_eq!(code(&e), capture_code::UNSUPPORTED);
+    let e = gpu.end_capture(s).unwrap_err();
+    assert_eq!(code(&e), capture_code::INVALIDATED);
+}
+
+#[test]
 fn a_host_function_on_a_capturing_stream_is_refused_and_the_capture_stays_valid() {
     let gpu = manual();
     let s = gpu.create_stream();

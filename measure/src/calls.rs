@@ -316,6 +316,13 @@ impl<G: Gpu> Gpu for CountingGpu<G> {
         })
     }
 
+    unsafe fn stream_query(&self, stream: RawStream) -> GpuResult<bool> {
+        // SAFETY: forwarded with the caller's guarantees (as above).
+        self.count(DriverCall::StreamQuery, || unsafe {
+            self.inner.stream_query(stream)
+        })
+    }
+
     unsafe fn launch_host_fn(&self, stream: RawStream, f: HostFn) -> GpuResult<()> {
         // SAFETY: forwarded with the caller's guarantees (as above).
         self.count(DriverCall::LaunchHostFunc, || unsafe {

@@ -213,6 +213,9 @@ impl Gpu for NullGpu {
     unsafe fn stream_synchronize(&self, _: RawStream) -> GpuResult<()> {
         Ok(())
     }
+    unsafe fn stream_query(&self, _: RawStream) -> GpuResult<bool> {
+        Ok(true)
+    }
     unsafe fn launch_host_fn(&self, _: RawStream, f: HostFn) -> GpuResult<()> {
         f();
         Ok(())

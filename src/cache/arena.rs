@@ -297,15 +297,15 @@ impl Arena {
 
     /// A range another stream may use as it is: `len` bytes of a free range
     /// whose newest free is at most `done` (the GPU finished every use of
-    /// it), at its start or its end, wherever `usable(off, len)` says so
-    /// (memory behind every page). Looks at up to [`LEND_SCAN`] free ranges
-    /// large enough, smallest buckets first; `None` when none serves, and
-    /// nothing changes.
+    /// it), at the offset `usable(start, end, len)` finds inside the free
+    /// range `[start, end)` (where memory is behind every page). Looks at
+    /// up to [`LEND_SCAN`] free ranges large enough, smallest buckets
+    /// first; `None` when none serves, and nothing changes.
     pub(crate) fn lend(
         &mut self,
         len: u64,
         done: u64,
-        usable: impl Fn(u64, u64) -> bool,
+        usable: impl Fn(u64, u64, u64) -> Option<u64>,
     ) -> Option<Placed> {
         debug_assert!(len > 0 && len.is_multiple_of(UNIT));
         let mut looked = 0;
@@ -315,8 +315,9 @@ impl Arena {
             while at != NIL {
                 let n = self.nodes[at as usize];
                 if n.len >= len && n.freed <= done {
-                    let end = n.off + n.len - len;
-                    if let Some(off) = [n.off, end].into_iter().find(|&o| usable(o, len)) {
+                    if let Some(off) = usable(n.off, n.off + n.len, len) {
+                        debug_assert!(off >= n.off && off + len <= n.off + n.len);
+                        debug_assert!(off.is_multiple_of(UNIT));
                         return Some(self.carve(at, off, len));
                     }
                     looked += 1;
@@ -468,7 +469,7 @@ mod tests {
     fn lend_takes_only_ranges_the_gpu_is_done_with() {
         let mut a = Arena::new(1 << 20);
         let none = |_| false;
-        let all = |_, _| true;
+        let all = |start, _, _| Some(start);
         let x = a.alloc(8192, none).unwrap();
         let y = a.alloc(8192, none).unwrap();
         let z = a.alloc(8192, none).unwrap();
@@ -497,19 +498,22 @@ mod tests {
     }
 
     #[test]
-    fn lend_serves_the_usable_end_of_a_range() {
+    fn lend_serves_the_usable_window_of_a_range() {
         let mut a = Arena::new(1 << 20);
         let none = |_| false;
         let x = a.alloc(65536, none).unwrap();
         let _rest = a.alloc((1 << 20) - 65536, none).unwrap();
         a.free(x, 1);
         // Only the upper half of x's range has memory behind it.
-        let upper = |off: u64, len: u64| off >= 32768 && off + len <= 65536;
+        let upper = |start: u64, end: u64, len: u64| {
+            let at = start.max(32768);
+            (at + len <= end.min(65536)).then_some(at)
+        };
         let p = a.lend(8192, 1, upper).unwrap();
-        assert_eq!(p.off, 65536 - 8192);
+        assert_eq!(p.off, 32768, "the window the closure found");
         assert!(
-            a.lend(65536 - 8192, 1, upper).is_none(),
-            "not usable at either end"
+            a.lend(32768, 1, upper).is_none(),
+            "no window that large left"
         );
         assert_eq!(a.free_bytes(), 65536 - 8192);
     }

@@ -91,6 +91,11 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         if shard.arena.is_none() {
             return Ok(None);
         }
+        if capture.is_none()
+            && let Some(arena) = shard.arena.as_mut()
+        {
+            self.settle_returns(slot, arena);
+        }
         let pooled = capture.and_then(|c| shard.graph_mut(c)?.take_range(len));
         if let (Some(placed), Some(c)) = (pooled, capture) {
             // Replays free and allocate in the capture's order: the range
@@ -293,10 +298,14 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
     /// stream only after a fence on the home stream, which comes after the
     /// wait too.
     ///
-    /// Freed while the borrower is capturing, the event would be captured
-    /// (a wait on it would pull the home stream into the capture), so the
-    /// range is kept out of use (touched in the home arena, never reused
-    /// nor unmapped) until the cache is dropped, and a warning is logged.
+    /// Freed while the borrower is capturing (the capture `owner`), the
+    /// graph's replays free it: it stays the graph's, out of use (touched
+    /// in the home arena), until the graph's release hands it back home
+    /// behind the last replay. Freed while the *home* stream is capturing,
+    /// its wait would be refused (an event recorded outside the capture)
+    /// and would invalidate the capture: the range is handed back to the
+    /// home slot with the event, out of use until the next allocation there
+    /// outside a capture queues the wait.
     fn free_lent(
         &self,
         slot: &Slot,
@@ -323,35 +332,87 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
             }
             slot.add_arena_live(-(size as isize));
         };
-        if owner.is_some() {
-            tracing::warn!(
-                bytes = placed.len,
-                "a range lent by another stream freed inside a capture: kept until the cache is dropped"
-            );
+        if let Some(capture) = owner {
+            // Freed where the capture is: the graph's replays free it, so
+            // it stays the graph's until its release, which hands it back
+            // home behind the last replay.
             lease_end(&mut shard);
+            shard.graph_entry(capture).put_lent(placed, ptr, home);
             return Ok(());
         }
         let events = self.events.as_ref().expect("made with the tier");
         let event = events.take().map_err(|e| Self::driver(e, stream))?;
         gpu.note_subfree(ptr, raw);
+        // SAFETY: `home_raw` is the stream of the home arena, of the tier's
+        // device pool, which the tier holds.
+        let home_capture = unsafe { gpu.capture_status(home_raw) };
         // SAFETY: a pooled event of the tier, made on `gpu`; `raw` is the
         // borrower arena's stream, of the tier's device pool.
-        let queued = unsafe { gpu.event_record(event, raw) }.and_then(|()| {
+        let recorded = home_capture.and_then(|status| {
+            unsafe { gpu.event_record(event, raw) }.map(|()| status.is_capturing())
+        });
+        let home_capturing = match recorded {
+            Ok(capturing) => capturing,
+            Err(e) => {
+                events.give([event]);
+                return Err(Self::driver(e, stream));
+            }
+        };
+        if !home_capturing {
             // SAFETY: `home_raw` is the stream of the home arena (a stream
             // of the tier's device pool, held by the tier); the event was
             // just recorded, on `gpu`.
-            unsafe { gpu.stream_wait_event(home_raw, event) }
-        });
-        events.give([event]);
-        queued.map_err(|e| Self::driver(e, stream))?;
+            let waited = unsafe { gpu.stream_wait_event(home_raw, event) };
+            events.give([event]);
+            waited.map_err(|e| Self::driver(e, stream))?;
+        }
         lease_end(&mut shard);
         drop(shard);
+        if home_capturing {
+            // The home stream's wait would be refused inside its capture: it
+            // is queued at the next allocation there outside one.
+            self.slots[home].push_return(placed, event);
+            return Ok(());
+        }
         let mut home_shard = self.slots[home].lock();
         match home_shard.arena.as_mut() {
             Some(arena) => tier.return_range(arena, placed),
             None => unreachable!("an arena lives as long as the cache"),
         }
         Ok(())
+    }
+
+    /// Gives the ranges handed back to `slot` (its arena lent them; see
+    /// [`Slot::push_return`]) back to `arena`, each behind a wait of its
+    /// stream on the event recorded after its free, unless the stream is
+    /// being captured now. A failed wait keeps the range, for a later call.
+    fn settle_returns(&self, slot: &Slot, arena: &mut StreamArena) {
+        if !slot.has_returns() {
+            return;
+        }
+        let tier = self.tier();
+        // SAFETY: the arena's stream is of the tier's device pool, which the
+        // tier holds.
+        let capturing = unsafe { tier.access.gpu.capture_status(arena.raw) };
+        if capturing.is_ok_and(|c| c.is_capturing()) {
+            return;
+        }
+        let events = self.events.as_ref().expect("made with the tier");
+        for (placed, event) in slot.take_returns() {
+            // SAFETY: the arena's stream is of the tier's device pool, held
+            // by the tier; the event is a pooled event of the tier, kept
+            // out of the pool (never recorded again) since its record.
+            match unsafe { tier.access.gpu.stream_wait_event(arena.raw, event) } {
+                Ok(()) => {
+                    events.give([event]);
+                    tier.return_range(arena, placed);
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "a lent range's return stays pending");
+                    slot.push_return(placed, event);
+                }
+            }
+        }
     }
 
     /// Records a use of an arena block leased on `home` on `use_stream`:
@@ -530,6 +591,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
             let mut shard = slot.lock();
             let leased = shard.lease_count();
             if let Some(arena) = shard.arena.as_mut() {
+                self.settle_returns(slot, arena);
                 let closed = tier.close(arena);
                 if !closed && leased == 0 {
                     tracing::warn!("an arena could not be given back");
@@ -550,6 +612,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         for (i, slot) in self.slots.iter().enumerate() {
             let mut shard = slot.lock();
             if let Some(arena) = shard.arena.as_mut() {
+                self.settle_returns(slot, arena);
                 let others = Others { slots: &[], own: i };
                 released += tier.reclaim_all(arena, &others, wait);
             }

@@ -139,6 +139,28 @@ impl PageTable {
             .is_some_and(|ps| ps.iter().all(|p| p.handle != NONE))
     }
 
+    /// The lowest offset `o` in `[start, end - len]`, `start` or a page
+    /// boundary, such that every page of `[o, o + len)` has memory behind
+    /// it; `None` if there is none.
+    pub(crate) fn backed_window(&self, start: u64, end: u64, len: u64) -> Option<u64> {
+        let mut at = start;
+        while at + len <= end {
+            if (at / self.page) as usize >= self.pages.len() {
+                return None;
+            }
+            let span = self.span(at, len);
+            let last_unbacked = span
+                .clone()
+                .rev()
+                .find(|&i| self.pages.get(i).is_none_or(|p| p.handle == NONE));
+            match last_unbacked {
+                None => return Some(at),
+                Some(i) => at = (i as u64 + 1) * self.page,
+            }
+        }
+        None
+    }
+
     /// Bytes of idle handles.
     pub(crate) fn idle_bytes(&self) -> usize {
         self.idle_pages * self.page as usize
@@ -341,6 +363,26 @@ mod tests {
         assert_eq!(t.free_unbacked_from(0, 8), 1, "page 1 is mapped");
         assert_eq!(t.free_unbacked_from(2, 8), 8, "past the table");
         assert!(t.backed(P) && !t.backed(5 * P));
+    }
+
+    #[test]
+    fn a_backed_window_skips_pages_with_no_memory() {
+        let mut t = PageTable::new(16 * P, P);
+        assert_eq!(t.touch(0, 6 * P), vec![(0, 6)]);
+        t.map(0, 1, RawPhysical::new(1));
+        t.map(2, 3, RawPhysical::new(2));
+        t.untouch(0, 6 * P, 1);
+        // Page 1 and page 5 have no memory: pages 2..5 do.
+        assert_eq!(t.backed_window(0, 6 * P, P / 2), Some(0));
+        assert_eq!(t.backed_window(512, 6 * P, P), Some(2 * P));
+        assert_eq!(t.backed_window(0, 6 * P, 3 * P), Some(2 * P));
+        assert_eq!(t.backed_window(0, 6 * P, 3 * P + 512), None);
+        assert_eq!(
+            t.backed_window(0, 4 * P, 3 * P),
+            None,
+            "the range ends first"
+        );
+        assert_eq!(t.backed_window(6 * P, 16 * P, P), None, "past the table");
     }
 
     #[test]

@@ -17,7 +17,7 @@ use super::stats::CacheStats;
 use super::vmm::StreamArena;
 use crate::error::ResourceError;
 use crate::fast_hash::FastMap;
-use crate::gpu::{CaptureId, RawStream};
+use crate::gpu::{CaptureId, RawEvent, RawStream};
 use crate::resource::block_uses::BlockUses;
 use crate::types::{Access, BlockId, DeviceBlock, StreamId};
 
@@ -254,6 +254,15 @@ pub(crate) struct Slot {
     /// lock only (a load and a store, no shared read-modify-write on the
     /// hot path), read without it when the tier sums them.
     pub(crate) arena_live: AtomicUsize,
+    /// Ranges this stream's arena lent that come back behind a wait the
+    /// stream could not queue when they were freed (it was being captured,
+    /// or the borrower was and its graph has been released since), each
+    /// with the event to wait for; their own lock, never held across a
+    /// driver call, so that any thread can hand one back without the
+    /// shard's. Queued at the next allocation on the stream outside a
+    /// capture, a trim, or the cache's drop.
+    returns: Mutex<Vec<(Placed, RawEvent)>>,
+    has_returns: AtomicBool,
 }
 
 impl Slot {
@@ -263,7 +272,34 @@ impl Slot {
             nonempty: AtomicBool::new(false),
             deferred: AtomicBool::new(false),
             arena_live: AtomicUsize::new(0),
+            returns: Mutex::new(Vec::new()),
+            has_returns: AtomicBool::new(false),
         }
+    }
+
+    /// Hands back a lent range, to go back to the arena once the stream
+    /// waits for `event`.
+    pub(crate) fn push_return(&self, placed: Placed, event: RawEvent) {
+        let mut returns = self.returns.lock().unwrap_or_else(|p| p.into_inner());
+        returns.push((placed, event));
+        self.has_returns.store(true, Ordering::Release);
+    }
+
+    /// Whether a range was handed back and not taken yet (without the
+    /// lock).
+    pub(crate) fn has_returns(&self) -> bool {
+        self.has_returns.load(Ordering::Acquire)
+    }
+
+    /// The ranges handed back so far (none without taking the lock when
+    /// there are none).
+    pub(crate) fn take_returns(&self) -> Vec<(Placed, RawEvent)> {
+        if !self.has_returns() {
+            return Vec::new();
+        }
+        let mut returns = self.returns.lock().unwrap_or_else(|p| p.into_inner());
+        self.has_returns.store(false, Ordering::Release);
+        std::mem::take(&mut *returns)
     }
 
     pub(crate) fn lock(&self) -> SlotGuard<'_> {

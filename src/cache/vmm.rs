@@ -230,7 +230,8 @@ impl VmTier {
             // arena that has memory behind it serves first (the stream's own
             // frees need no fence).
             let pages = &sa.pages;
-            if let Some(backed) = sa.arena.lend(len, u64::MAX, |o, l| pages.all_backed(o, l)) {
+            let window = |start, end, len| pages.backed_window(start, end, len);
+            if let Some(backed) = sa.arena.lend(len, u64::MAX, window) {
                 sa.arena.free(placed, 0);
                 placed = backed;
             }
@@ -294,7 +295,7 @@ impl VmTier {
                 fences,
                 ..
             } = h;
-            let usable = |off, len| pages.all_backed(off, len);
+            let usable = |start, end, len| pages.backed_window(start, end, len);
             let Some(placed) = arena.lend(len, u64::MAX, usable) else {
                 return false;
             };

@@ -114,6 +114,10 @@ impl Gpu for Backend {
         forward_unsafe!(self.stream_synchronize(stream))
     }
 
+    unsafe fn stream_query(&self, stream: RawStream) -> GpuResult<bool> {
+        forward_unsafe!(self.stream_query(stream))
+    }
+
     unsafe fn launch_host_fn(&self, stream: RawStream, f: HostFn) -> GpuResult<()> {
         forward_unsafe!(self.launch_host_fn(stream, f))
     }

@@ -310,6 +310,45 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
         EventFuture::point(&self.core, stream)
     }
 
+    /// A future that completes when the GPU has executed everything queued
+    /// on `stream` before the call, and that records nothing until it is
+    /// polled: for a completion awaited right away, as a task that queues
+    /// work and awaits it does.
+    ///
+    /// Making it costs no driver call (but the capture check of
+    /// [`completion`](Self::completion)). Its polls ask the stream
+    /// (`cuStreamQuery`) where a [`completion`](Self::completion) queries
+    /// the event it recorded: on the first poll once, then for
+    /// [`WaitPolicy::spin`]. When the stream is idle the future is done
+    /// with that one call and no event at all, and every point of the
+    /// stream made before the query is settled with it. When the stream is
+    /// still busy after the spin, the future records its event then and
+    /// waits on it as a [`completion`](Self::completion) does (yielding,
+    /// then parking on a notification).
+    ///
+    /// # Completes later than its point, when others feed the stream
+    /// The stream is idle only once everything queued on it has run, and
+    /// the event recorded after the spin covers what was queued until
+    /// then: work queued on `stream` after the call and before the first
+    /// poll's spin ends (by this thread or another) delays it. Made long
+    /// before it is polled, in a loop that queues more behind it, it may
+    /// complete only when the stream drains: use
+    /// [`completion`](Self::completion) there, whose event marks the point
+    /// exactly.
+    ///
+    /// # Errors
+    /// As [`completion`](Self::completion) when made; when polled, the
+    /// driver's error of the query or of the late record (a device fault).
+    ///
+    /// # Captures
+    /// Refused at creation as [`completion`](Self::completion) is. A stream
+    /// that begins a capture before the first poll is never queried (a
+    /// query would invalidate the capture): the future then completes
+    /// after the capture ends, by a notification.
+    pub fn completion_lazy(&self, stream: StreamId) -> ResourceResult<EventFuture> {
+        EventFuture::lazy_point(&self.core, stream)
+    }
+
     /// [`completion`](Self::completion) on a stream the caller just found
     /// not capturing.
     pub(crate) fn completion_outside_capture(

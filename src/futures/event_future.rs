@@ -20,13 +20,18 @@ use crate::types::StreamId;
 /// one stream before the point it stands for.
 ///
 /// Made by [`AsyncResource::finish_block_use`](super::AsyncResource::finish_block_use)
-/// and [`AsyncResource::completion`](super::AsyncResource::completion). It
+/// and [`AsyncResource::completion`](super::AsyncResource::completion),
+/// which record an event at the point, and by
+/// [`AsyncResource::completion_lazy`](super::AsyncResource::completion_lazy),
+/// which records none until polled. It
 /// works on any executor: it is `Send + 'static`, and its wake-up comes from
 /// a host function or from the [fallback](super::watchdog), never from a
 /// runtime's timer or reactor.
 ///
 /// Polling first queries the point's event (cheap when the work is done; a
-/// done query also settles every earlier point of the stream), then
+/// done query also settles every earlier point of the stream; a lazy point
+/// queries its stream instead, until the first poll's spin is over, and
+/// then records its event), then
 /// queries for a bounded while as the resource's [`WaitPolicy`] says (busy
 /// on the first poll, then yielding to the executor); only then does it
 /// park, asking the stream's notifier for a notification if none is in
@@ -136,6 +141,22 @@ impl EventFuture {
         ))
     }
 
+    /// A completion point at the current end of `stream` that records no
+    /// event yet (see [`AsyncResource::completion_lazy`](super::AsyncResource::completion_lazy)),
+    /// refused while the stream is being captured into a graph.
+    pub(crate) fn lazy_point(core: &Arc<Core>, stream: StreamId) -> ResourceResult<EventFuture> {
+        let notifier = core.notifier(stream)?;
+        notifier.refuse_capturing(&*core.gpu)?;
+        let seq = notifier.mark();
+        Ok(EventFuture::new(
+            core.clone(),
+            stream,
+            seq,
+            None,
+            core.policy.get(),
+        ))
+    }
+
     fn new(
         core: Arc<Core>,
         stream: StreamId,
@@ -166,7 +187,8 @@ impl EventFuture {
     }
 
     /// Whether the point is known reached, without waiting: queries the
-    /// event once.
+    /// event once (a lazy point that has recorded none: its stream, unless
+    /// the stream is being captured; nothing is recorded).
     ///
     /// # Errors
     /// The driver's error when the query fails (a device fault).
@@ -181,17 +203,88 @@ impl EventFuture {
         {
             return r.map(|()| true);
         }
-        Ok(self.query_event().transpose()?.is_some())
+        Ok(self.query_once().transpose()?.is_some())
     }
 
-    /// One query of the event: `Some` when it settles the outcome. A done
-    /// query settles every earlier point of the stream too.
+    /// One query: `Some` when it settles the outcome. A done query settles
+    /// every earlier point of the stream too.
     fn query(&mut self) -> Option<ResourceResult<()>> {
-        self.tally.queries = self
-            .tally
-            .queries
-            .saturating_add(u32::from(self.event.is_some()));
-        self.query_event()
+        self.tally.queries = self.tally.queries.saturating_add(1);
+        self.query_once()
+    }
+
+    /// Of the point's event, or of the stream while a lazy point has none.
+    fn query_once(&self) -> Option<ResourceResult<()>> {
+        match self.event {
+            Some(_) => self.query_event(),
+            None => self.query_stream(),
+        }
+    }
+
+    /// A lazy point's query: whether its stream is idle. An idle stream has
+    /// run everything queued before every point marked so far, so the
+    /// query settles them all. A busy one says nothing about this point
+    /// (work queued after it may be running): `None`. A capturing stream is
+    /// not asked (a query would invalidate the capture): `None`, and the
+    /// point waits for a notification after the capture.
+    fn query_stream(&self) -> Option<ResourceResult<()>> {
+        let gpu = &*self.core.gpu;
+        let n = self.core.checked_notifier(self.stream)?;
+        if n.user_capturing(gpu) {
+            return None;
+        }
+        // Read before the query: only points marked by then are known to
+        // have had their work queued before it.
+        let through = n.marked().max(self.seq);
+        // SAFETY: `gpu` is the notifier's backend (`Core::gpu`); the user
+        // stream is a stream of the pool `core` holds, which keeps it alive,
+        // and it was found not capturing just above.
+        match unsafe { gpu.stream_query(n.user_stream()) } {
+            Ok(true) => {
+                n.observe(gpu, through);
+                Some(Ok(()))
+            }
+            Ok(false) => None,
+            // A capture begun since the check refused the query: wait for
+            // it to end, as above.
+            Err(_) if n.user_capturing(gpu) => None,
+            Err(e) => Some(Err(ResourceError::from(e))),
+        }
+    }
+
+    /// A lazy point stops querying its stream: it records its event now
+    /// and waits on that from here on, as a point made by
+    /// [`completion`](super::AsyncResource::completion) does. The event
+    /// covers the point's work and whatever was queued on the stream since
+    /// the point was made. Nothing is recorded while the stream is being
+    /// captured: the point then waits for a notification after the
+    /// capture.
+    fn record_now(&mut self) -> ResourceResult<()> {
+        if self.event.is_some() {
+            return Ok(());
+        }
+        let Some(n) = self.core.checked_notifier(self.stream) else {
+            return Err(ResourceError::Shutdown);
+        };
+        let gpu = &*self.core.gpu;
+        if n.user_capturing(gpu) {
+            return Ok(());
+        }
+        let event = match n.spare_event() {
+            Some(e) => e,
+            None => gpu.event_create().map_err(ResourceError::from)?,
+        };
+        // SAFETY: `event` was made by `core.gpu` (a spare of this notifier
+        // or just created) and is destroyed only by `release_handles`, when
+        // `core` drops; the user stream is kept alive by `core.pool`, and
+        // was found not capturing just above.
+        if let Err(e) = unsafe { gpu.event_record(event, n.user_stream()) } {
+            n.return_spare(event);
+            return Err(ResourceError::from(e));
+        }
+        n.recorded(self.seq, event);
+        self.event = Some(event);
+        Ok(())
     }
 
     fn query_event(&self) -> Option<ResourceResult<()>> {
@@ -280,6 +373,9 @@ impl EventFuture {
                 }
             }
         }
+        if let Err(e) = self.record_now() {
+            return Err(self.settle(Err(e)));
+        }
         self.phase = Phase::Querying { since, last };
         Ok(since)
     }
@@ -339,6 +435,9 @@ impl Future for EventFuture {
                 self.phase = Phase::Querying { since, last: now };
                 if let Some(r) = self.query() {
                     return self.settle(r);
+                }
+                if let Err(e) = self.record_now() {
+                    return self.settle(Err(e));
                 }
                 since
             }

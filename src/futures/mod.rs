@@ -25,7 +25,12 @@
 //! 1. **Sequence numbers.** Every awaited point and every free on stream S
 //!    takes the next sequence number of S's notifier, after its
 //!    work was queued. An `EventFuture` also records a pooled event at its
-//!    point.
+//!    point, unless it is lazy ([`AsyncResource::completion_lazy`]): that
+//!    one asks S itself (`cuStreamQuery`) on its first poll and spin, and
+//!    records its event only when S is still busy after them. An idle S
+//!    settles every point marked before the query, with no event at all;
+//!    the price is that the late event also covers whatever was queued on
+//!    S between the point and the record.
 //! 2. **Query first.** Polling an `EventFuture` queries its event (0.13 µs on
 //!    an H200, `examples/driver_costs.rs`) and keeps querying for a bounded
 //!    few microseconds ([`WaitPolicy`]: spinning on the first poll, then

@@ -200,6 +200,11 @@ pub(crate) struct Signal {
     /// The stream failed (`SignalState::failed` is set): read without the
     /// lock by every waiting allocation's poll.
     dead: AtomicBool,
+    /// The last sequence number handed out (`SignalState::next_seq`),
+    /// published when the lock is released: a query that finds the stream
+    /// idle after reading it settles every point up to it (their work was
+    /// queued before they were marked), without the lock.
+    marked: AtomicU64,
     kick: Arc<Kick>,
 }
 
@@ -231,6 +236,10 @@ impl Drop for StateGuard<'_> {
         let base = self.state.points.base();
         if self.signal.settled_below.load(Ordering::Relaxed) != base {
             self.signal.settled_below.store(base, Ordering::Release);
+        }
+        let marked = self.state.next_seq;
+        if self.signal.marked.load(Ordering::Relaxed) != marked {
+            self.signal.marked.store(marked, Ordering::Release);
         }
     }
 }
@@ -330,6 +339,7 @@ impl Notifier {
                 settled_below: AtomicU64::new(Points::default().base()),
                 any_failed: AtomicBool::new(false),
                 dead: AtomicBool::new(false),
+                marked: AtomicU64::new(0),
                 state: Mutex::new(SignalState {
                     next_seq: 0,
                     reached: 0,
@@ -393,6 +403,25 @@ impl Notifier {
         if long {
             self.signal.kick.pending();
         }
+    }
+
+    /// The last sequence number handed out. Every point at or below it had
+    /// its work queued before this returned it: a stream found idle
+    /// afterwards has reached them all.
+    pub(crate) fn marked(&self) -> u64 {
+        self.signal.marked.load(Ordering::Acquire)
+    }
+
+    /// A spare event for a point that records one late (`None` when there
+    /// is none: the caller creates one).
+    pub(crate) fn spare_event(&self) -> Option<RawEvent> {
+        self.signal.lock().spare.pop()
+    }
+
+    /// Gives back an event taken with [`spare_event`](Self::spare_event)
+    /// that was never recorded for a point.
+    pub(crate) fn return_spare(&self, event: RawEvent) {
+        self.signal.lock().spare.push(event);
     }
 
     /// [`mark`](Self::mark), also taking a spare event for the point (`None`
@@ -738,8 +767,8 @@ impl Notifier {
     }
 
     /// Whether the user stream is inside a capture (an error asking counts
-    /// as not: the record that follows reports it).
-    fn user_capturing(&self, gpu: &dyn Gpu) -> bool {
+    /// as not: the record or query that follows reports it).
+    pub(crate) fn user_capturing(&self, gpu: &dyn Gpu) -> bool {
         // SAFETY: as in `refuse_capturing`.
         unsafe { gpu.capture_status(self.user) }.is_ok_and(CaptureStatus::is_capturing)
     }

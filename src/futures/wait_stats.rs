@@ -38,7 +38,8 @@ use crate::sync::{AtomicU64, Ordering};
 pub struct WaitStats {
     /// Completion points made (futures and queued frees).
     pub points: u64,
-    /// Queries of a future's own event.
+    /// Queries of a future's own event, or of its stream while a lazy
+    /// point has none ([`completion_lazy`](super::AsyncResource::completion_lazy)).
     pub queries: u64,
     /// Queries of a stream's newest point made to settle the points before
     /// it at once.

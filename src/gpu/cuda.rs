@@ -432,6 +432,18 @@ impl Gpu for CudaGpu {
         unsafe { cu::stream::synchronize(s) }.map_err(|e| cuda_error(call, e))
     }
 
+    unsafe fn stream_query(&self, stream: RawStream) -> GpuResult<bool> {
+        let call = DriverCall::StreamQuery;
+        let s = Self::stream(stream, call)?;
+        self.bind(call)?;
+        // SAFETY: `s` is a live stream (this fn's Safety 1).
+        match unsafe { sys::cuStreamQuery(s) }.result() {
+            Ok(()) => Ok(true),
+            Err(err) if err.0 == sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            Err(err) => Err(cuda_error(call, err)),
+        }
+    }
+
     unsafe fn launch_host_fn(&self, stream: RawStream, f: HostFn) -> GpuResult<()> {
         let call = DriverCall::LaunchHostFunc;
         let s = Self::stream(stream, call)?;

@@ -213,6 +213,17 @@ pub trait Gpu: Send + Sync + 'static {
     /// 1. `stream` is a live stream.
     unsafe fn stream_synchronize(&self, stream: RawStream) -> GpuResult<()>;
 
+    /// Whether everything queued on `stream` so far has executed, without
+    /// waiting (`cuStreamQuery`).
+    ///
+    /// Refused on a capturing stream with
+    /// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`, and the capture is
+    /// invalidated: ask [`capture_status`](Self::capture_status) first.
+    ///
+    /// # Safety
+    /// 1. `stream` is a live stream.
+    unsafe fn stream_query(&self, stream: RawStream) -> GpuResult<bool>;
+
     /// Queues a host function on `stream`. Not called after a device fault.
     ///
     /// Refused on a capturing stream with

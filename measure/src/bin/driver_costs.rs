@@ -66,6 +66,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let _ = unsafe { result::event::query(ev) };
     }
     let query = us(t, N);
+    // What `completion_lazy()` (and cuda-async's first poll) asks instead.
+    let t = Instant::now();
+    for _ in 0..N {
+        let rc = unsafe { sys::cuStreamQuery(s) };
+        assert_eq!(
+            rc,
+            sys::CUresult::CUDA_SUCCESS,
+            "cuStreamQuery, idle stream"
+        );
+    }
+    let stream_query = us(t, N);
     let t = Instant::now();
     for _ in 0..N {
         ctx.bind_to_thread()?;
@@ -106,8 +117,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // Wake latency of a 4-byte memset: event polling vs the host slot.
     let mut lat_ev = Vec::with_capacity(N);
+    let mut lat_sq = Vec::with_capacity(N);
     let mut lat_wv = Vec::with_capacity(N);
     for i in 0..N {
+        let t = Instant::now();
+        memset(4);
+        while unsafe { sys::cuStreamQuery(s) } != sys::CUresult::CUDA_SUCCESS {}
+        lat_sq.push(t.elapsed());
         let t = Instant::now();
         memset(4);
         unsafe { result::event::record(ev, s)? };
@@ -128,6 +144,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         (at(0.5), at(0.99))
     };
     let (e50, e99) = pct(lat_ev);
+    let (s50, s99) = pct(lat_sq);
     let (w50, w99) = pct(lat_wv);
 
     println!("| primitive | µs per call |");
@@ -135,6 +152,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("| cuEventRecord, idle stream | {record:.3} |");
     println!("| cuStreamWriteValue64 to pinned host memory, idle stream | {wv:.3} |");
     println!("| cuEventQuery, complete event | {query:.3} |");
+    println!("| cuStreamQuery, idle stream | {stream_query:.3} |");
     println!("| CudaContext::bind_to_thread (already bound) | {bind:.3} |");
     println!("| cuStreamGetCaptureInfo, stream not capturing | {capture:.3} |");
     println!();
@@ -147,6 +165,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("| 4-byte memset, spin until seen | p50 | p99 |");
     println!("| --- | --- | --- |");
     println!("| event record + cuEventQuery loop | {e50:.2} | {e99:.2} |");
+    println!("| cuStreamQuery loop | {s50:.2} | {s99:.2} |");
     println!("| write value + host memory load loop | {w50:.2} | {w99:.2} |");
     Ok(())
 }

@@ -9,7 +9,9 @@
 //! rotating order; each level sends about `--requests` requests (default
 //! 4,096, at least 2 per client). Then "10,000 fills with a spawned task
 //! awaiting each", streamalloc against cuda-async, interleaved over
-//! `--fill-rounds` rounds (default 9, medians).
+//! `--fill-rounds` rounds (default 9, medians): streamalloc with each kind
+//! of completion point (`completion()`, `completion_lazy()`), the fill
+//! queued by the loop or in the task.
 //!
 //! Writes into `--out DIR` (default `service-out`): `service.csv` (every
 //! round), `service.md` (the medians as a Markdown table, and the fills
@@ -24,8 +26,11 @@
 //! calls per request by kind and the µs spent in each (through a
 //! [`CountingGpu`]), and its futures' wait statistics; for every way, the
 //! GPU's busy fraction and a request's mean time in progress on the GPU
-//! (timing events around each request, [`Timeline`]). `--policy NAME`
-//! sets the streamalloc way's wait policy (`default`, `park`, `spin20`,
+//! (timing events around each request, [`Timeline`]); and after the fills
+//! rows, one more round of each streamalloc fills row through a
+//! [`CountingGpu`]: the library's driver calls per fill by kind.
+//! `--policy NAME`
+//! sets the streamalloc way's (and the fills rows') wait policy (`default`, `park`, `spin20`,
 //! `yield1ms`, `coalesced`), to tell completion costs from the rest.
 //!
 //! [`Timeline`]: streamalloc_measure::service::timeline::Timeline
@@ -49,6 +54,7 @@ use streamalloc::gpu::sim::SimGpu;
 use streamalloc::{CachingResource, Device, SimResource, StreamOrderedResource};
 use streamalloc_measure::calls::CountingGpu;
 use streamalloc_measure::service::cuda_model::CudaModel;
+use streamalloc_measure::service::fills::Point;
 use streamalloc_measure::service::streamalloc_way::{Edge, Level};
 use streamalloc_measure::service::{
     Dims, LevelResult, SimKernels, csv_header, cudarc_way, fills, plot, streamalloc_way,
@@ -367,23 +373,33 @@ async fn on_cuda(args: &Args) -> BoxResult<()> {
     }
 
     // 10,000 fills with a spawned task awaiting each.
-    let res = streamalloc_stack(&Device::cuda(0, STREAMS)?, &model, None)?;
+    let fill_device = Device::cuda(0, STREAMS)?;
+    let res = streamalloc_stack(&fill_device, &model, args.policy)?;
     let targets = fills::fill_targets(&res)?;
-    let mut fill_rows: Vec<(&str, Vec<Duration>)> = vec![
-        ("plain loop (no future)", Vec::new()),
-        (
-            "streamalloc: fill queued by the loop, a spawned task awaits its completion",
+    // Rows: the plain loop, then per kind of point the fill queued by the
+    // loop and the fill queued in the task, then cuda-async.
+    let mut fill_rows: Vec<(String, Vec<Duration>)> =
+        vec![("plain loop (no future)".to_string(), Vec::new())];
+    for point in Point::ALL {
+        fill_rows.push((
+            format!(
+                "streamalloc {}: fill queued by the loop, a spawned task awaits its completion",
+                point.name()
+            ),
             Vec::new(),
-        ),
-        (
-            "streamalloc: a spawned task queues the fill and awaits it",
+        ));
+        fill_rows.push((
+            format!(
+                "streamalloc {}: a spawned task queues the fill and awaits it",
+                point.name()
+            ),
             Vec::new(),
-        ),
-    ];
+        ));
+    }
     #[cfg(feature = "peer-cuda-async")]
     if peer.is_some() {
         fill_rows.push((
-            "cuda-async 0.5: a spawned task awaits a DeviceOp (queued on first poll)",
+            "cuda-async 0.5: a spawned task awaits a DeviceOp (queued on first poll)".to_string(),
             Vec::new(),
         ));
     }
@@ -394,20 +410,27 @@ async fn on_cuda(args: &Args) -> BoxResult<()> {
     // Measured inside a task, as a request handler would run.
     let fill_rows = tokio::spawn(async move {
         // Warm-up of each.
-        fills::spawned_await(&r2, &t2).await?;
+        for point in Point::ALL {
+            fills::spawned_await(&r2, &t2, point).await?;
+            fills::spawned_fill_and_await(&r2, &t2, point).await?;
+        }
         #[cfg(feature = "peer-cuda-async")]
         if let Some(p) = &peer2 {
             p.fills().await?;
         }
         for _ in 0..fill_rounds {
             fill_rows[0].1.push(fills::plain(&r2, &t2)?);
-            fill_rows[1].1.push(fills::spawned_await(&r2, &t2).await?);
-            fill_rows[2]
-                .1
-                .push(fills::spawned_fill_and_await(&r2, &t2).await?);
+            for (k, point) in Point::ALL.into_iter().enumerate() {
+                fill_rows[1 + 2 * k]
+                    .1
+                    .push(fills::spawned_await(&r2, &t2, point).await?);
+                fill_rows[2 + 2 * k]
+                    .1
+                    .push(fills::spawned_fill_and_await(&r2, &t2, point).await?);
+            }
             #[cfg(feature = "peer-cuda-async")]
             if let Some(p) = &peer2 {
-                fill_rows[3].1.push(p.fills().await?);
+                fill_rows[1 + 2 * Point::ALL.len()].1.push(p.fills().await?);
             }
         }
         Ok::<_, Box<dyn Error + Send + Sync>>(fill_rows)
@@ -415,13 +438,16 @@ async fn on_cuda(args: &Args) -> BoxResult<()> {
     .await
     .expect("fills task")
     .map_err(|e| e as Box<dyn Error>)?;
+    if args.diag {
+        fill_calls(&fill_device, &model, args.policy).await?;
+    }
     for (block, _) in targets {
         res.deallocate(block)?;
     }
     res.reap_pending().await?;
     let fill_medians: Vec<(String, f64)> = fill_rows
         .iter()
-        .map(|(name, v)| (name.to_string(), median_us(v)))
+        .map(|(name, v)| (name.clone(), median_us(v)))
         .collect();
     let mut f = std::fs::File::create(args.out.join("fills.csv"))?;
     writeln!(f, "row,round,us_per_op")?;
@@ -437,6 +463,58 @@ async fn on_cuda(args: &Args) -> BoxResult<()> {
         println!("  {us:8.3}  {name}");
     }
     write_outputs(args, &rows, &fill_medians, "H200")?;
+    Ok(())
+}
+
+/// `--diag`: one more round of each streamalloc fills row over a stack on
+/// a [`CountingGpu`] of `device`, printing the library's driver calls per
+/// fill by kind (the fill's own `MemsetAsync` included): how often a lazy
+/// point found its stream idle (a `StreamQuery` and no `EventRecord`).
+async fn fill_calls<G: Gpu>(
+    device: &Device<G>,
+    model: &CudaModel,
+    policy: Option<WaitPolicy>,
+) -> BoxResult<()> {
+    let counting = Arc::new(CountingGpu::new(device.gpu().clone()));
+    let counted = Device::new(counting.clone(), device.streams().clone())?;
+    let res = streamalloc_stack(&counted, model, policy)?;
+    let targets = fills::fill_targets(&res)?;
+    let (r2, t2, c2) = (res.clone(), targets.clone(), counting.clone());
+    let lines = tokio::spawn(async move {
+        let mut lines = Vec::new();
+        for point in Point::ALL {
+            for in_task in [false, true] {
+                let before = c2.counts();
+                let per_op = if in_task {
+                    fills::spawned_fill_and_await(&r2, &t2, point).await?
+                } else {
+                    fills::spawned_await(&r2, &t2, point).await?
+                };
+                let shape = if in_task {
+                    "in the task"
+                } else {
+                    "by the loop"
+                };
+                lines.push(format!(
+                    "  diag fills, {} queued {shape} ({:.2} µs per op counted):{}",
+                    point.name(),
+                    per_op.as_secs_f64() * 1e6,
+                    c2.counts().since(&before).per_request_line(fills::FILLS)
+                ));
+            }
+        }
+        Ok::<_, Box<dyn Error + Send + Sync>>(lines)
+    })
+    .await
+    .expect("fill calls task")
+    .map_err(|e| e as Box<dyn Error>)?;
+    for line in lines {
+        println!("{line}");
+    }
+    for (block, _) in targets {
+        res.deallocate(block)?;
+    }
+    res.reap_pending().await?;
     Ok(())
 }
 

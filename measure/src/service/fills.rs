@@ -6,12 +6,54 @@
 //! Two shapes: the fill queued by the submitting loop and only its
 //! completion awaited in the task (as `gpu_latency` measures), and the fill
 //! queued inside the task before it awaits (the shape of a cuda-async
-//! `DeviceFuture`, which queues its work on first poll).
+//! `DeviceFuture`, which queues its work on first poll). Each with either
+//! kind of completion point ([`Point`]).
 
 use std::time::{Duration, Instant};
 
-use streamalloc::futures::AsyncResource;
-use streamalloc::{AllocTag, DeviceBlock, DeviceMemoryResource, RawStream, ResourceResult};
+use streamalloc::futures::{AsyncResource, EventFuture};
+use streamalloc::{
+    AllocTag, DeviceBlock, DeviceMemoryResource, RawStream, ResourceResult, StreamId,
+};
+
+/// How a fill's completion future is made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Point {
+    /// [`AsyncResource::completion`]: an event recorded when it is made.
+    Recorded,
+    /// [`AsyncResource::completion_lazy`]: the stream asked when polled, an
+    /// event recorded only if it is still busy after the first poll's spin
+    /// (cuda-async's way: `cuStreamQuery` at the first poll).
+    Lazy,
+}
+
+impl Point {
+    /// Both, in the order the rows print.
+    pub const ALL: [Point; 2] = [Point::Recorded, Point::Lazy];
+
+    /// How the rows name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Point::Recorded => "completion()",
+            Point::Lazy => "completion_lazy()",
+        }
+    }
+
+    /// The completion point of what was queued on `stream` so far.
+    ///
+    /// # Errors
+    /// As [`AsyncResource::completion`].
+    pub fn make<R: DeviceMemoryResource + 'static>(
+        self,
+        res: &AsyncResource<R>,
+        stream: StreamId,
+    ) -> ResourceResult<EventFuture> {
+        match self {
+            Point::Recorded => res.completion(stream),
+            Point::Lazy => res.completion_lazy(stream),
+        }
+    }
+}
 
 /// Fills per measurement.
 pub const FILLS: usize = 10_000;
@@ -67,6 +109,7 @@ pub fn plain<R: DeviceMemoryResource + 'static>(
 pub async fn spawned_await<R: DeviceMemoryResource + 'static>(
     res: &AsyncResource<R>,
     targets: &[(DeviceBlock, RawStream)],
+    point: Point,
 ) -> ResourceResult<Duration> {
     sync_all(res, targets)?;
     let t = Instant::now();
@@ -75,7 +118,7 @@ pub async fn spawned_await<R: DeviceMemoryResource + 'static>(
         let (b, raw) = &targets[i % targets.len()];
         // SAFETY: a stream of the device's pool; the block is live (freed later).
         unsafe { res.gpu().memset_async(b.ptr(), 3, 4, *raw) }?;
-        tasks.push(tokio::spawn(res.completion(b.stream())?));
+        tasks.push(tokio::spawn(point.make(res, b.stream())?));
     }
     for task in tasks {
         task.await.expect("fill task")?;
@@ -92,6 +135,7 @@ pub async fn spawned_await<R: DeviceMemoryResource + 'static>(
 pub async fn spawned_fill_and_await<R: DeviceMemoryResource + 'static>(
     res: &AsyncResource<R>,
     targets: &[(DeviceBlock, RawStream)],
+    point: Point,
 ) -> ResourceResult<Duration> {
     sync_all(res, targets)?;
     let t = Instant::now();
@@ -102,7 +146,7 @@ pub async fn spawned_fill_and_await<R: DeviceMemoryResource + 'static>(
         tasks.push(tokio::spawn(async move {
             // SAFETY: a stream of the device's pool; the block is live (freed later).
             unsafe { res.gpu().memset_async(b.ptr(), 3, 4, raw) }?;
-            res.completion(b.stream())?.await
+            point.make(&res, b.stream())?.await
         }));
     }
     for task in tasks {

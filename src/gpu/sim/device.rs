@@ -507,6 +507,19 @@ impl State {
         Ok(self.stream(s, DriverCall::StreamSynchronize)?.clock.clone())
     }
 
+    /// Whether stream `s` ran everything queued on it (`cuStreamQuery`);
+    /// when it did, the host has seen all of it.
+    pub(crate) fn stream_query(&mut self, s: usize, device: u32) -> GpuResult<bool> {
+        self.own_stream(s, device, DriverCall::StreamQuery)?;
+        self.check_query_allowed(s)?;
+        let idle = self.stream_idle(s);
+        if idle {
+            let clock = self.streams[s].clock.clone();
+            self.host.join(&clock);
+        }
+        Ok(idle)
+    }
+
     pub(crate) fn stream_idle(&self, s: usize) -> bool {
         self.streams
             .get(s)

@@ -672,6 +672,14 @@ impl SimGpu {
         self.shared.lock().host_saw(&clock);
         Ok(())
     }
+    /// Whether `stream` ran everything queued on it (see
+    /// [`Gpu::stream_query`]). Safe: the simulator checks every handle and
+    /// address, and refuses what is not its own.
+    pub fn stream_query(&self, stream: RawStream) -> GpuResult<bool> {
+        let mut state = self.shared.lock();
+        state.enter(DriverCall::StreamQuery)?;
+        state.stream_query(sim_index(stream), self.ordinal)
+    }
     /// Queues a host function on `stream` (see [`Gpu::launch_host_fn`]). Safe: the simulator checks every
     /// handle and address, and refuses what is not its own.
     pub fn launch_host_fn(&self, stream: RawStream, f: HostFn) -> GpuResult<()> {
@@ -880,6 +888,10 @@ impl Gpu for SimGpu {
 
     unsafe fn stream_synchronize(&self, stream: RawStream) -> GpuResult<()> {
         SimGpu::stream_synchronize(self, stream)
+    }
+
+    unsafe fn stream_query(&self, stream: RawStream) -> GpuResult<bool> {
+        SimGpu::stream_query(self, stream)
     }
 
     unsafe fn launch_host_fn(&self, stream: RawStream, f: HostFn) -> GpuResult<()> {

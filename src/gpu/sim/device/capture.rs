@@ -18,7 +18,8 @@
 //!   of an event whose latest record was captured
 //!   (`CUDA_ERROR_CAPTURED_EVENT`), a synchronize of a capturing stream, or,
 //!   under a global (any thread) or thread-local (the capturing thread)
-//!   capture, any synchronize (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`); an
+//!   capture, any synchronize, and a query of a capturing stream
+//!   (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`); an
 //!   invalidated capture records nothing more and its end fails with
 //!   `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`.
 //!
@@ -629,6 +630,20 @@ impl State {
             call,
             UNSUPPORTED,
             "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: not allowed during a stream capture",
+        ))
+    }
+
+    /// Refuses a query of capturing stream `s`, invalidating the capture
+    /// (`cuStreamQuery` is not allowed on a capturing stream).
+    pub(super) fn check_query_allowed(&mut self, s: usize) -> GpuResult<()> {
+        let Some(id) = self.capturing(s) else {
+            return Ok(());
+        };
+        self.invalidate(id);
+        Err(err(
+            DriverCall::StreamQuery,
+            UNSUPPORTED,
+            "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: a capturing stream cannot be queried",
         ))
     }
 
