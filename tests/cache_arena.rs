@@ -175,6 +175,31 @@ fn another_stream_gets_memory_only_once_the_gpu_is_done_with_it() {
     c.assert_race_free();
 }
 
+/// A backend that cannot make events lends nothing between streams (a lent
+/// range goes back home behind an event): each stream maps its own memory,
+/// and every free succeeds. Fails if a range is lent anyway (its free
+/// would fail for want of an event).
+#[test]
+fn a_backend_without_events_lends_nothing() {
+    let gpu = SimGpu::builder().manual().capacity(64 << 30).build();
+    // The tier asks for one event when it is made: that one fails.
+    gpu.fail_nth(DriverCall::EventCreate, 1);
+    let c = Cache::on(gpu, 2, CacheConfig::default());
+    let (a, b) = (c.s(0), c.s(1));
+    let x = c.cache.allocate(4 * P, a, T).unwrap();
+    c.kernel(a, MemAccess::write(&x));
+    c.cache.deallocate(x).unwrap();
+    assert_eq!(c.cache.cached_bytes(), 4 * P);
+    c.gpu.run_until_idle();
+    let creates = c.creates();
+    let y = c.cache.allocate(4 * P, b, T).unwrap();
+    assert_eq!(c.cache.stats().borrows, 0);
+    assert!(c.creates() > creates, "b mapped its own memory");
+    c.kernel(b, MemAccess::write(&y));
+    c.cache.deallocate(y).unwrap();
+    c.assert_race_free();
+}
+
 /// Memory stream `a` freed is lent in place to another stream, with no
 /// driver call but events: while `a`'s work on it may still be queued, the
 /// borrower's stream waits on the GPU for a fence recorded on `a` after the

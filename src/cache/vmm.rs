@@ -118,6 +118,9 @@ pub(crate) struct VmTier {
     arena_len: u64,
     max_run_pages: u32,
     slack_percent: usize,
+    /// Whether the backend makes events: a lent range goes back to its
+    /// home arena behind one, so a backend without them lends nothing.
+    lends: bool,
     held: AtomicUsize,
     /// The highest sum of the streams' live bytes seen where memory was
     /// wanted (live bytes are kept per stream, so that the hot path
@@ -154,12 +157,19 @@ impl VmTier {
         // Twice the device, so that scattered free ranges never run the
         // arena out of addresses before the device runs out of memory.
         let arena_len = (2 * total.max(page)).next_multiple_of(page);
+        let lends = match access.gpu.event_create() {
+            // SAFETY: the event was just made on this backend, and nothing
+            // else has it.
+            Ok(event) => unsafe { access.gpu.event_destroy(event) }.is_ok(),
+            Err(_) => false,
+        };
         Some(VmTier {
             access,
             page,
             arena_len,
             max_run_pages: (max_run_bytes as u64 / page).clamp(1, u32::MAX as u64) as u32,
             slack_percent,
+            lends,
             held: AtomicUsize::new(0),
             live_peak: AtomicUsize::new(0),
         })
@@ -236,7 +246,7 @@ impl VmTier {
                 placed = backed;
             }
         }
-        if may_borrow && !sa.pages.all_backed(placed.off, placed.len) {
+        if may_borrow && self.lends && !sa.pages.all_backed(placed.off, placed.len) {
             // The block would grow the arena: memory another stream left
             // idle serves it as it is, if some is (the placement is undone
             // untouched, as if never made).
