@@ -608,6 +608,12 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R> {
             return Err(ResourceError::UnknownBlock { block: id });
         }
         let (stream, class, leased_in) = (lease.stream, lease.class, lease.capture);
+        // An arena lease used on its own stream only, not lent: its free
+        // makes no driver call before the lease ends.
+        let mapped = match &lease.backing {
+            Backing::Mapped(m) => Some(m.uses.event_count() == 0 && m.lent_by.is_none()),
+            Backing::Inner(_) => None,
+        };
         if let (None, Backing::Inner(inner)) = (class, &lease.backing) {
             // Allocated from the inner resource on this very stream: it
             // waits for the recorded uses itself (and keeps a block freed in
@@ -624,13 +630,16 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R> {
             false => None,
         };
         let owner = leased_in.filter(|&c| shard.graph_mut(c).is_some()).or(now);
+        if let Some(plain) = mapped {
+            return self.free_mapped(slot, shard, serial, (owner, now), plain);
+        }
         let Some(lease) = shard.lease_mut(serial) else {
             unreachable!("the lease was found above");
         };
-        let inner = match &lease.backing {
-            Backing::Inner(inner) => inner.clone(),
-            Backing::Mapped(_) => return self.free_mapped(slot, shard, serial, (owner, now)),
+        let Backing::Inner(inner) = &lease.backing else {
+            unreachable!("an arena lease returned above");
         };
+        let inner = inner.clone();
         let Some(class) = class else {
             unreachable!("a size-class lease");
         };
