@@ -682,6 +682,48 @@ fn on_cuda_the_arena_maps_reuses_and_gives_back() {
     assert_eq!(gpu.memory_held().unwrap().current, held_before);
 }
 
+/// On the GPU: a range stream `a` freed while 50 fills of it are still
+/// queued there is lent to stream `b` at once, behind a wait of `b` on the
+/// GPU for a fence on `a`; `b`'s fill lands after all of `a`'s. Fails
+/// (the range reads `a`'s last value) if the borrower does not wait.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn on_cuda_a_lent_range_is_written_after_the_home_streams_queued_work() {
+    use streamalloc::gpu::Gpu;
+    const N: usize = 64 << 20;
+    let f = common::cuda(2);
+    let gpu = f.resource.gpu().clone();
+    let cache = CachingResource::new(f.resource.clone());
+    let (a, b) = (f.stream(0), f.stream(1));
+    let (raw_a, raw_b) = (f.pool.raw(a).unwrap(), f.pool.raw(b).unwrap());
+    let x = cache.allocate(N, a, T).unwrap();
+    let home = x.ptr();
+    for value in 1..=50u8 {
+        // SAFETY: a stream of the fixture's pool; the block is live.
+        unsafe { gpu.memset_async(x.ptr(), value, N, raw_a) }.unwrap();
+    }
+    cache.deallocate(x).unwrap();
+    assert_eq!(cache.cached_bytes(), N, "the free is back in a's arena");
+    let y = cache.allocate(N, b, T).unwrap();
+    assert_eq!((y.ptr(), cache.stats().borrows), (home, 1), "lent in place");
+    // SAFETY: a stream of the fixture's pool; the block is live.
+    unsafe { gpu.memset_async(y.ptr(), 0xab, N, raw_b) }.unwrap();
+    // SAFETY: a stream of the fixture's pool, which it holds.
+    unsafe { gpu.stream_synchronize(raw_b) }.unwrap();
+    let mut host = vec![0u8; N];
+    gpu.context().bind_to_thread().unwrap();
+    // SAFETY: `y` is a live device range of `N` bytes, and every write to
+    // it (queued on `b`, which waited for `a`'s) has completed.
+    unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut host, y.ptr()) }.unwrap();
+    let wrong = host.iter().filter(|&&v| v != 0xab).count();
+    assert_eq!(wrong, 0, "bytes left by a's fills after b's");
+    cache.deallocate(y).unwrap();
+    // SAFETY: streams of the fixture's pool, which it holds.
+    unsafe { gpu.stream_synchronize(raw_a) }.unwrap();
+    // SAFETY: as above.
+    unsafe { gpu.stream_synchronize(raw_b) }.unwrap();
+}
+
 /// Under the futures layer, an allocation that needs memory the GPU still
 /// uses does not wait for it inside a poll (no synchronize in a poll); the
 /// same allocation outside a poll waits as the last resort.
