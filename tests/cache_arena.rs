@@ -703,7 +703,9 @@ fn on_cuda_a_lent_range_is_written_after_the_home_streams_queued_work() {
         unsafe { gpu.memset_async(x.ptr(), value, N, raw_a) }.unwrap();
     }
     cache.deallocate(x).unwrap();
-    assert_eq!(cache.cached_bytes(), N, "the free is back in a's arena");
+    // Asking for the idle bytes gives the last free back to a's arena
+    // (with what the arena mapped ahead of it).
+    assert!(cache.cached_bytes() >= N, "the free is back in a's arena");
     let y = cache.allocate(N, b, T).unwrap();
     assert_eq!((y.ptr(), cache.stats().borrows), (home, 1), "lent in place");
     // SAFETY: a stream of the fixture's pool; the block is live.
