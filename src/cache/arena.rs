@@ -280,31 +280,16 @@ impl Arena {
         })
     }
 
-    /// Hands out exactly `[off, off + len)` (multiples of [`UNIT`]) when it
-    /// lies inside one free range, splitting off what is left before and
-    /// after it; `None` otherwise, and nothing changes. Looks through every
-    /// node (for tests and rare paths).
-    #[cfg(test)]
-    pub(crate) fn take_at(&mut self, off: u64, len: u64) -> Option<Placed> {
-        debug_assert!(len > 0 && len.is_multiple_of(UNIT) && off.is_multiple_of(UNIT));
-        let found = self
-            .nodes
-            .iter()
-            .position(|n| n.free && n.off <= off && off + len <= n.off + n.len)?
-            as u32;
-        Some(self.carve(found, off, len))
-    }
-
-    /// A range another stream may use as it is: `len` bytes of a free range
-    /// whose newest free is at most `done` (the GPU finished every use of
-    /// it), at the offset `usable(start, end, len)` finds inside the free
-    /// range `[start, end)` (where memory is behind every page). Looks at
-    /// up to [`LEND_SCAN`] free ranges large enough, smallest buckets
-    /// first; `None` when none serves, and nothing changes.
+    /// A range to use as it is: `len` bytes of a free range, at the offset
+    /// `usable(start, end, len)` finds inside the free range `[start, end)`
+    /// (where memory is behind every page). Looks at up to [`LEND_SCAN`]
+    /// free ranges large enough, smallest buckets first; `None` when none
+    /// serves, and nothing changes. The range keeps the stamp of its newest
+    /// free ([`freed`](Self::freed)), for a borrower on another stream to
+    /// order itself after.
     pub(crate) fn lend(
         &mut self,
         len: u64,
-        done: u64,
         usable: impl Fn(u64, u64, u64) -> Option<u64>,
     ) -> Option<Placed> {
         debug_assert!(len > 0 && len.is_multiple_of(UNIT));
@@ -314,7 +299,7 @@ impl Arena {
             let mut at = self.heads[b];
             while at != NIL {
                 let n = self.nodes[at as usize];
-                if n.len >= len && n.freed <= done {
+                if n.len >= len {
                     if let Some(off) = usable(n.off, n.off + n.len, len) {
                         debug_assert!(off >= n.off && off + len <= n.off + n.len);
                         debug_assert!(off.is_multiple_of(UNIT));
@@ -447,14 +432,15 @@ mod tests {
     }
 
     #[test]
-    fn take_at_carves_an_exact_range_and_merges_back() {
+    fn lend_carves_the_window_it_is_given_and_merges_back() {
         let mut a = Arena::new(1 << 20);
         let none = |_| false;
         let x = a.alloc(4096, none).unwrap();
-        let y = a.take_at(65536, 8192).unwrap();
+        let at = |off: u64| move |s: u64, e: u64, l: u64| (s <= off && off + l <= e).then_some(off);
+        let y = a.lend(8192, at(65536)).unwrap();
         assert_eq!((y.off, y.len), (65536, 8192));
-        assert!(a.take_at(65536 + 4096, 4096).is_none(), "handed out");
-        assert!(a.take_at(0, 512).is_none(), "x is there");
+        assert!(a.lend(4096, at(65536 + 4096)).is_none(), "handed out");
+        assert!(a.lend(512, at(0)).is_none(), "x is there");
         assert_eq!(a.free_bytes(), (1 << 20) - 4096 - 8192);
         // The hole before y is still placeable.
         let z = a.alloc(65536 - 4096, none).unwrap();
@@ -466,7 +452,7 @@ mod tests {
     }
 
     #[test]
-    fn lend_takes_only_ranges_the_gpu_is_done_with() {
+    fn a_free_range_keeps_the_stamp_of_its_newest_free() {
         let mut a = Arena::new(1 << 20);
         let none = |_| false;
         let all = |start, _, _| Some(start);
@@ -476,22 +462,28 @@ mod tests {
         let tail = a.alloc((1 << 20) - 3 * 8192, none).unwrap();
         a.free(x, 5);
         a.free(z, 7);
-        assert!(
-            a.lend(4096, 4, all).is_none(),
-            "freed at 5 and 7, done at 4"
-        );
-        let lent = a.lend(4096, 5, all).unwrap();
-        assert_eq!((lent.off, lent.len), (0, 4096), "x's range, from its start");
-        // Merging keeps the newest stamp: y freed at 9 joins what is left
-        // of x (5) and z (7) into one range freed at 9.
-        a.free(y, 9);
-        assert!(a.lend(16384, 8, all).is_none());
-        let big = a.lend(16384, 9, all).unwrap();
-        assert_eq!(big.off, 4096);
+        // Each range lent keeps the stamp of the free that left it free.
+        let first = a.lend(8192, all).unwrap();
+        let second = a.lend(8192, all).unwrap();
+        let mut stamps = [(first.off, a.freed(first)), (second.off, a.freed(second))];
+        stamps.sort();
+        assert_eq!(stamps, [(0, 5), (16384, 7)]);
+        let (x, z) = if first.off == 0 {
+            (first, second)
+        } else {
+            (second, first)
+        };
         // Undoing a placement (stamp 0) keeps the stamp the range had.
-        a.free(big, 0);
-        assert!(a.lend(16384, 8, all).is_none());
-        for (p, stamp) in [(lent, 10), (tail, 11)] {
+        a.free(x, 0);
+        let x = a.lend(8192, all).unwrap();
+        assert_eq!((x.off, a.freed(x)), (0, 5));
+        a.free(x, 0);
+        // Merging keeps the newest stamp: y freed at 9 joins x's range
+        // (freed at 5) into one range freed at 9.
+        a.free(y, 9);
+        let both = a.lend(16384, all).unwrap();
+        assert_eq!((both.off, a.freed(both)), (0, 9));
+        for (p, stamp) in [(both, 10), (z, 10), (tail, 11)] {
             a.free(p, stamp);
         }
         assert_eq!(a.free_bytes(), 1 << 20);
@@ -509,12 +501,9 @@ mod tests {
             let at = start.max(32768);
             (at + len <= end.min(65536)).then_some(at)
         };
-        let p = a.lend(8192, 1, upper).unwrap();
+        let p = a.lend(8192, upper).unwrap();
         assert_eq!(p.off, 32768, "the window the closure found");
-        assert!(
-            a.lend(32768, 1, upper).is_none(),
-            "no window that large left"
-        );
+        assert!(a.lend(32768, upper).is_none(), "no window that large left");
         assert_eq!(a.free_bytes(), 65536 - 8192);
     }
 

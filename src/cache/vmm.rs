@@ -241,7 +241,7 @@ impl VmTier {
             // frees need no fence).
             let pages = &sa.pages;
             let window = |start, end, len| pages.backed_window(start, end, len);
-            if let Some(backed) = sa.arena.lend(len, u64::MAX, window) {
+            if let Some(backed) = sa.arena.lend(len, window) {
                 sa.arena.free(placed, 0);
                 placed = backed;
             }
@@ -306,7 +306,7 @@ impl VmTier {
                 ..
             } = h;
             let usable = |start, end, len| pages.backed_window(start, end, len);
-            let Some(placed) = arena.lend(len, u64::MAX, usable) else {
+            let Some(placed) = arena.lend(len, usable) else {
                 return false;
             };
             let freed = arena.freed(placed);
