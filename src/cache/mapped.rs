@@ -16,7 +16,6 @@ use super::vmm::{OtherArenas, StreamArena, Taken, VmTier};
 use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::{CaptureId, GpuError, RawStream};
 use crate::resource::DeviceMemoryResource;
-use crate::resource::block_uses::BlockUses;
 use crate::types::{Access, AllocTag, BlockId, DeviceBlock, StreamId};
 
 /// The arenas of the other streams' shards, each lent while not locked.
@@ -170,7 +169,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
             backing: Backing::Mapped(Mapped {
                 placed,
                 ptr,
-                uses: BlockUses::default(),
+                uses: None,
                 home_unrecorded: None,
                 lent_by,
             }),
@@ -231,12 +230,13 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         let Backing::Mapped(m) = &lease.backing else {
             unreachable!("free_mapped is called for arena leases only");
         };
-        let elsewhere = m
-            .uses
-            .reads
-            .iter()
-            .chain(&m.uses.last_write)
-            .any(|(s, _)| *s != stream);
+        let uses = m.uses.as_deref();
+        let elsewhere = uses.is_some_and(|u| {
+            u.reads
+                .iter()
+                .chain(&u.last_write)
+                .any(|(s, _)| *s != stream)
+        });
         if let (Some(capture), true) = (now, elsewhere) {
             // The free would wait, from inside the capture, on uses recorded
             // outside it: the driver refuses (STREAM_CAPTURE_ISOLATION) and
@@ -247,8 +247,8 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
                 capture: Some(capture),
             });
         }
-        if m.uses.event_count() > 0 {
-            for (s, event) in m.uses.reads.iter().chain(&m.uses.last_write) {
+        if let Some(u) = uses {
+            for (s, event) in u.reads.iter().chain(&u.last_write) {
                 if *s != stream {
                     // SAFETY: `raw` is a stream of the tier's device pool
                     // (held by the tier); the event is one of the lease's
@@ -283,10 +283,10 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         let Backing::Mapped(mut m) = lease.backing else {
             unreachable!("free_mapped is called for arena leases only");
         };
-        if m.uses.event_count() > 0
+        if m.event_count() > 0
             && let Some(events) = &self.events
         {
-            events.give(m.uses.take_all().into_iter().map(|(_, e)| e));
+            events.give(m.take_events().into_iter().map(|(_, e)| e));
         }
         let cap = self.config.max_cached_bytes;
         if let Some(c) = owner {
@@ -360,10 +360,10 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         let lease_end = |shard: &mut SlotGuard<'_>| {
             if let Some(lease) = shard.end_lease(serial)
                 && let Backing::Mapped(mut m) = lease.backing
-                && m.uses.event_count() > 0
+                && m.event_count() > 0
                 && let Some(events) = &self.events
             {
-                events.give(m.uses.take_all().into_iter().map(|(_, e)| e));
+                events.give(m.take_events().into_iter().map(|(_, e)| e));
             }
             slot.add_arena_live(-(size as isize));
         };
@@ -499,7 +499,8 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         let gpu = &*tier.access.gpu;
         let raw_use = tier.access.streams.raw(use_stream)?;
         let events = self.events.as_ref().expect("made with the tier");
-        let (event, fresh) = match m.uses.slot(use_stream, access) {
+        let uses = m.uses_mut();
+        let (event, fresh) = match uses.slot(use_stream, access) {
             Some(e) => (e, false),
             None => (
                 events.take().map_err(|e| Self::driver(e, use_stream))?,
@@ -514,7 +515,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
             }
             return Err(Self::driver(e, use_stream));
         }
-        if let Some(old) = m.uses.store(use_stream, access, event) {
+        if let Some(old) = uses.store(use_stream, access, event) {
             events.give([old]);
         }
         Ok(())
@@ -535,7 +536,12 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         let gpu = &*tier.access.gpu;
         let raw_use = tier.access.streams.raw(use_stream)?;
         let events = self.events.as_ref().expect("made with the tier");
-        if use_stream != home || m.uses.waits_for(use_stream, access).next().is_some() {
+        let waits = |m: &Mapped| {
+            m.uses
+                .as_ref()
+                .is_some_and(|u| u.waits_for(use_stream, access).next().is_some())
+        };
+        if use_stream != home || waits(m) {
             // A capturing stream may not wait on an event recorded outside
             // its capture: the driver refuses (STREAM_CAPTURE_ISOLATION) and
             // invalidates the user's capture. Refused first, changing
@@ -555,7 +561,11 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
             self.flush_home_uses(m, home)?;
         }
         let mut allocation_point = None;
-        if m.uses.last_write.is_none() && use_stream != home {
+        if use_stream == home && !waits(m) {
+            return Ok(());
+        }
+        let uses = m.uses_mut();
+        if uses.last_write.is_none() && use_stream != home {
             let raw_home = tier.access.streams.raw(home)?;
             let event = events.take().map_err(|e| Self::driver(e, home))?;
             // SAFETY: as above, on the lease's home stream.
@@ -563,11 +573,10 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
                 events.give([event]);
                 return Err(Self::driver(e, home));
             }
-            m.uses.last_write = Some((home, event));
+            uses.last_write = Some((home, event));
             allocation_point = Some(event);
         }
-        let failed = m
-            .uses
+        let failed = uses
             .waits_for(use_stream, access)
             // SAFETY: the lease's use events, pooled and made on `gpu`;
             // `raw_use` a stream of the tier's device pool.
@@ -576,7 +585,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
             None => Ok(()),
             Some(e) => {
                 if let Some(event) = allocation_point {
-                    m.uses.last_write = None;
+                    uses.last_write = None;
                     events.give([event]);
                 }
                 Err(Self::driver(e, use_stream))

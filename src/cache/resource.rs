@@ -611,7 +611,7 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R> {
         // An arena lease used on its own stream only, not lent: its free
         // makes no driver call before the lease ends.
         let mapped = match &lease.backing {
-            Backing::Mapped(m) => Some(m.uses.event_count() == 0 && m.lent_by.is_none()),
+            Backing::Mapped(m) => Some(m.event_count() == 0 && m.lent_by.is_none()),
             Backing::Inner(_) => None,
         };
         if let (None, Backing::Inner(inner)) = (class, &lease.backing) {

@@ -33,7 +33,10 @@ pub(crate) const SHARD_MASK: u64 = (1 << SHARD_BITS) - 1;
 pub(crate) struct Mapped {
     pub(crate) placed: Placed,
     pub(crate) ptr: u64,
-    pub(crate) uses: BlockUses,
+    /// Its uses on other streams; boxed on the first such use, so that the
+    /// lease of a block used on its own stream only stays small (it moves
+    /// in and out of the shard's map on every allocation and free).
+    pub(crate) uses: Option<Box<BlockUses>>,
     /// Uses on the lease's own stream finished since its last event there
     /// (the strongest access): stream order already puts them before the
     /// free and before later uses on that stream, so no event is recorded
@@ -43,6 +46,23 @@ pub(crate) struct Mapped {
     /// its stream, which waits for the lease's last use before the range
     /// goes back there. `None`: the range is in the lease stream's arena.
     pub(crate) lent_by: Option<(usize, RawStream)>,
+}
+
+impl Mapped {
+    /// Events recorded for uses on other streams.
+    pub(crate) fn event_count(&self) -> usize {
+        self.uses.as_ref().map_or(0, |u| u.event_count())
+    }
+
+    /// The uses, made on first need.
+    pub(crate) fn uses_mut(&mut self) -> &mut BlockUses {
+        self.uses.get_or_insert_default()
+    }
+
+    /// Every event recorded, leaving none.
+    pub(crate) fn take_events(&mut self) -> Vec<(StreamId, RawEvent)> {
+        self.uses.as_mut().map(|u| u.take_all()).unwrap_or_default()
+    }
 }
 
 /// What is behind a lease.
