@@ -4,7 +4,7 @@ mod common;
 
 use std::task::Poll;
 
-use common::{CountingWaker, poll_once};
+use common::{CountingWaker, poll_once, step_until_ready};
 use streamalloc::futures::{Behind, WaitPolicy, WaitStats};
 use streamalloc::gpu::Gpu;
 use streamalloc::gpu::sim::{MemAccess, SimGpu};
@@ -38,16 +38,8 @@ fn a_future_never_completes_before_its_point() {
         let (counter, waker) = CountingWaker::new();
         assert!(poll_once(&mut fut, &waker).is_pending());
         assert_eq!(res.parked_points(), 1);
-        let mut steps = 0;
-        loop {
-            if poll_once(&mut fut, &waker).is_ready() {
-                assert!(gpu.event_query(probe).unwrap(), "ready before its point");
-                break;
-            }
-            assert!(gpu.step(), "nothing left to run but the future is pending");
-            steps += 1;
-            assert!(steps < 100);
-        }
+        let (_, steps) = step_until_ready(&gpu, &mut fut, &waker);
+        assert!(gpu.event_query(probe).unwrap(), "ready before its point");
         assert!(steps >= 3, "three kernels had to run first");
         assert_eq!(res.parked_points(), 0);
         let _ = counter.count();

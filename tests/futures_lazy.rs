@@ -8,7 +8,7 @@ mod common;
 use std::task::Poll;
 use std::time::Duration;
 
-use common::{CountingWaker, drive, poll_once};
+use common::{CountingWaker, drive, poll_once, step_until_ready};
 use streamalloc::futures::{AsyncResource, Behind, WaitPolicy};
 use streamalloc::gpu::sim::SimGpu;
 use streamalloc::gpu::{CaptureMode, CaptureStatus, Gpu};
@@ -158,16 +158,8 @@ fn a_busy_stream_makes_the_point_record_its_event_and_never_complete_early() {
         let first = calls(&gpu).since(before);
         assert!(first.stream_queries >= 1, "the first poll asks the stream");
         assert_eq!(first.recorded, 1, "busy after the spin: one event");
-        let mut steps = 0;
-        loop {
-            if poll_once(&mut fut, &waker).is_ready() {
-                assert!(gpu.event_query(probe).unwrap(), "ready before its point");
-                break;
-            }
-            assert!(gpu.step(), "nothing left to run but the future is pending");
-            steps += 1;
-            assert!(steps < 100);
-        }
+        let (_, steps) = step_until_ready(&gpu, &mut fut, &waker);
+        assert!(gpu.event_query(probe).unwrap(), "ready before its point");
         assert!(steps >= 3, "three kernels had to run first");
         assert_eq!(calls(&gpu).since(before).recorded, 1, "recorded once");
         drop(fut);

@@ -99,6 +99,25 @@ pub fn poll_once<F: std::future::Future + Unpin>(
     std::pin::Pin::new(f).poll(&mut cx)
 }
 
+/// Polls `f` until it is ready, running a manual `SimGpu` one operation
+/// between polls; returns the output and the operations run. Panics if
+/// the device runs dry while `f` is pending, or after 100 operations.
+pub fn step_until_ready<F: std::future::Future + Unpin>(
+    gpu: &SimGpu,
+    f: &mut F,
+    waker: &std::task::Waker,
+) -> (F::Output, usize) {
+    let mut steps = 0;
+    loop {
+        if let std::task::Poll::Ready(out) = poll_once(f, waker) {
+            return (out, steps);
+        }
+        assert!(gpu.step(), "nothing left to run but the future is pending");
+        steps += 1;
+        assert!(steps < 100);
+    }
+}
+
 /// An async resource over a fixture's resource.
 pub fn async_resource(f: &Fixture<SimGpu>) -> streamalloc::futures::AsyncResource<SimResource> {
     streamalloc::futures::AsyncResource::new(f.resource.clone()).expect("async resource")
