@@ -148,29 +148,37 @@ fn a_growing_workload_maps_in_geometric_steps_within_the_slack() {
     }
 }
 
+/// Memory one stream freed reaches another while the GPU may still use it
+/// only in place, behind a wait on the GPU: never unmapped before the work
+/// queued on it ran. Fails if the page is unmapped early or `b` is not
+/// ordered after `a`'s write (the detector sees the race).
 #[test]
-fn another_stream_gets_memory_only_once_the_gpu_is_done_with_it() {
+fn another_stream_gets_memory_only_behind_the_gpu() {
     // No slack: every new page first looks for idle memory to give back.
     let c = Cache::new(2, CacheConfig::default().slack_percent(0));
     let (a, b) = (c.s(0), c.s(1));
     let block = c.cache.allocate(P, a, T).unwrap();
+    let home = block.ptr();
     c.kernel(a, MemAccess::write(&block));
     c.cache.deallocate(block).unwrap();
-    // Manual device: the write on a has not run. b must not get a's page.
+    // Manual device: the write on a has not run.
+    let waits = c.gpu.call_count(DriverCall::StreamWaitEvent);
     let on_b = c.cache.allocate(P, b, T).unwrap();
     assert_eq!(c.gpu.call_count(DriverCall::MemUnmap), 0);
-    assert_eq!(c.cache.bytes_outstanding(), 2 * P, "new memory instead");
+    assert_eq!(on_b.ptr(), home, "a's page, in place");
+    assert_eq!(c.gpu.call_count(DriverCall::StreamWaitEvent), waits + 1);
+    assert_eq!(c.cache.bytes_outstanding(), P, "no new memory");
     c.kernel(b, MemAccess::write(&on_b));
     c.cache.deallocate(on_b).unwrap();
     assert!(c.gpu.races().is_empty(), "{:#?}", c.gpu.races());
 
-    // Once the work ran, the next page b needs comes from a's idle one.
+    // Once the work ran, a larger block on b grows over the same page.
     c.gpu.run_until_idle();
     let held = c.gpu.held_bytes();
     let big = c.cache.allocate(3 * P, b, T).unwrap();
-    assert!(c.gpu.call_count(DriverCall::MemUnmap) >= 1, "memory moved");
     assert!(c.gpu.held_bytes() <= held + 2 * P);
     c.kernel(b, MemAccess::write(&big));
+    c.kernel(a, MemAccess::write(&big));
     c.cache.deallocate(big).unwrap();
     c.assert_race_free();
 }

@@ -15,14 +15,25 @@
 //!
 //! # Who changes it
 //!
-//! The owning stream's shard, under its lock: [`Arena::alloc`] splits,
+//! The tier's shared state, under its lock: [`Arena::alloc`] splits,
 //! [`Arena::free`] merges. No driver call is made here: the arena only
 //! places ranges; backing them with memory is the page table's business.
+//!
+//! # Tags
+//!
+//! Every range keeps a [`Freed`] tag: the stream that last freed (part of)
+//! it, and when. Two free neighbours merge when one tag says both (frees
+//! of one stream, or one side clean); frees of two streams stay two ranges
+//! until a fence shows one of them done ([`Arena::settle`], or the next
+//! free beside them). Where a range may go is the caller's decision
+//! (`fit`): the arena only reports each candidate's tag.
 //!
 //! # Bounded
 //!
 //! Nodes: at most one per handed-out range plus one per free range between
 //! them; a free node's slot is reused by the next split.
+
+use super::freed::Freed;
 
 /// Sizes are multiples of this, and addresses are aligned to it (as the
 /// driver's pool aligns).
@@ -49,11 +60,10 @@ struct Node {
     free: bool,
     prev_free: u32,
     next_free: u32,
-    /// The stamp of the newest free merged into the range (0: never
-    /// freed): once a fence past it completed, the GPU is done with every
-    /// byte of it. Kept while the range is handed out, so that undoing a
-    /// placement restores it.
-    freed: u64,
+    /// Who last freed (part of) the range: once a fence past it
+    /// completed, the GPU is done with every byte of it. Kept while the
+    /// range is handed out, so that undoing a placement restores it.
+    freed: Freed,
 }
 
 /// A range handed out by [`Arena::alloc`]; give it back to [`Arena::free`].
@@ -112,7 +122,7 @@ impl Arena {
                 free: false,
                 prev_free: NIL,
                 next_free: NIL,
-                freed: 0,
+                freed: Freed::CLEAN,
             });
             arena.push_free(n);
         }
@@ -217,80 +227,62 @@ impl Arena {
         }
     }
 
-    /// The smallest of the first [`SCAN`] ranges of bucket `b` that fits
-    /// `len`.
-    fn best_in(&self, b: usize, len: u64) -> Option<u32> {
+    /// The smallest of the first [`SCAN`] ranges of bucket `b` where `fit`
+    /// places `len` bytes, with the offset it chose.
+    fn best_in(&self, b: usize, len: u64, fit: &impl Fn(u64, u64, Freed) -> Option<u64>) -> Option<(u32, u64)> {
         let mut at = self.heads[b];
-        let mut best: Option<(u64, u32)> = None;
+        let mut best: Option<(u64, u32, u64)> = None;
         for _ in 0..SCAN {
             if at == NIL {
                 break;
             }
             let n = &self.nodes[at as usize];
-            if n.len >= len && best.is_none_or(|(l, _)| n.len < l) {
-                best = Some((n.len, at));
+            if n.len >= len
+                && best.is_none_or(|(l, _, _)| n.len < l)
+                && let Some(off) = fit(n.off, n.off + n.len, n.freed)
+            {
+                debug_assert!(off >= n.off && off + len <= n.off + n.len);
+                debug_assert!(off.is_multiple_of(UNIT));
+                best = Some((n.len, at, off));
                 if n.len == len {
                     break;
                 }
             }
             at = n.next_free;
         }
-        best.map(|(_, i)| i)
+        best.map(|(_, i, off)| (i, off))
     }
 
-    /// Places `len` bytes (a multiple of [`UNIT`]). When the free range
-    /// found is larger, the block goes to the end of it that `backed` says
-    /// has memory behind it (the start when neither or both do), so that
-    /// an allocation lands on memory already mapped where it can.
-    pub(crate) fn alloc(&mut self, len: u64, backed: impl Fn(u64) -> bool) -> Option<Placed> {
+    /// Places `len` bytes (a multiple of [`UNIT`]): a good fit among the
+    /// free ranges where `fit(start, end, freed)` finds room, at the offset
+    /// it returns (inside `[start, end)`, a multiple of [`UNIT`]). Looks at
+    /// the request's own bucket, then at the buckets above, a few ranges
+    /// each.
+    pub(crate) fn alloc(&mut self, len: u64, fit: impl Fn(u64, u64, Freed) -> Option<u64>) -> Option<Placed> {
         debug_assert!(len > 0 && len.is_multiple_of(UNIT));
         let b = bucket(len);
-        let found = self.best_in(b, len).or_else(|| {
-            let above = self.next_bucket(b + 1)?;
-            self.best_in(above, len)
-        })?;
-        self.unlink_free(found);
-        let f = self.nodes[found as usize];
-        if f.len == len {
-            return Some(Placed {
-                node: found,
-                off: f.off,
-                len,
-            });
+        let mut found = self.best_in(b, len, &fit);
+        let mut above = b + 1;
+        while found.is_none() {
+            let next = self.next_bucket(above)?;
+            found = self.best_in(next, len, &fit);
+            above = next + 1;
         }
-        let at_end = !backed(f.off) && backed(f.off + f.len - 1);
-        if at_end {
-            // The block is a new node after `found`, which stays free.
-            let block = self.split(found, f.len - len);
-            self.push_free(found);
-            let off = self.nodes[block as usize].off;
-            return Some(Placed {
-                node: block,
-                off,
-                len,
-            });
-        }
-        // The block keeps `found`; the rest is a new free node after it.
-        let rest = self.split(found, len);
-        self.push_free(rest);
-        Some(Placed {
-            node: found,
-            off: f.off,
-            len,
-        })
+        let (node, off) = found?;
+        Some(self.carve(node, off, len))
     }
 
     /// A range to use as it is: `len` bytes of a free range, at the offset
-    /// `usable(start, end, len)` finds inside the free range `[start, end)`
-    /// (where memory is behind every page). Looks at up to [`LEND_SCAN`]
-    /// free ranges large enough, smallest buckets first; `None` when none
-    /// serves, and nothing changes. The range keeps the stamp of its newest
-    /// free ([`freed`](Self::freed)), for a borrower on another stream to
-    /// order itself after.
+    /// `usable(start, end, freed)` finds inside the free range `[start,
+    /// end)` (where memory is behind every page, say). Looks at up to
+    /// [`LEND_SCAN`] free ranges large enough, smallest buckets first;
+    /// `None` when none serves, and nothing changes. The range keeps its
+    /// tag ([`freed`](Self::freed)), for a user on another stream to order
+    /// itself after.
     pub(crate) fn lend(
         &mut self,
         len: u64,
-        usable: impl Fn(u64, u64, u64) -> Option<u64>,
+        usable: impl Fn(u64, u64, Freed) -> Option<u64>,
     ) -> Option<Placed> {
         debug_assert!(len > 0 && len.is_multiple_of(UNIT));
         let mut looked = 0;
@@ -300,7 +292,7 @@ impl Arena {
             while at != NIL {
                 let n = self.nodes[at as usize];
                 if n.len >= len {
-                    if let Some(off) = usable(n.off, n.off + n.len, len) {
+                    if let Some(off) = usable(n.off, n.off + n.len, n.freed) {
                         debug_assert!(off >= n.off && off + len <= n.off + n.len);
                         debug_assert!(off.is_multiple_of(UNIT));
                         return Some(self.carve(at, off, len));
@@ -316,9 +308,8 @@ impl Arena {
         }
     }
 
-    /// The stamp of the newest free of the range `placed` lies in (as it was
-    /// when handed out).
-    pub(crate) fn freed(&self, placed: Placed) -> u64 {
+    /// The tag of the range `placed` lies in (as it was when handed out).
+    pub(crate) fn freed(&self, placed: Placed) -> Freed {
         self.nodes[placed.node as usize].freed
     }
 
@@ -363,41 +354,110 @@ impl Arena {
         self.spare_nodes.push(i);
     }
 
-    /// Gives back a range [`alloc`](Self::alloc) handed out, freed at
-    /// `stamp` (0 to undo a placement: the range keeps the stamp it had),
-    /// merging it with free neighbours; the merged range's stamp is the
-    /// newest of theirs.
-    pub(crate) fn free(&mut self, placed: Placed, stamp: u64) {
-        let mut i = placed.node;
+    /// Gives back a range [`alloc`](Self::alloc) handed out, freed as
+    /// `freed` says (`None` to undo a placement: the range keeps the tag it
+    /// had), merging it with free neighbours where one tag says both. A tag
+    /// `done` says the GPU finished with counts as clean.
+    pub(crate) fn free(&mut self, placed: Placed, freed: Option<Freed>, done: impl Fn(Freed) -> bool) {
+        let i = placed.node;
         debug_assert!(!self.nodes[i as usize].free);
         let node = &mut self.nodes[i as usize];
-        node.freed = node.freed.max(stamp);
-        let prev = self.nodes[i as usize].prev_addr;
-        if prev != NIL && self.nodes[prev as usize].free {
-            self.unlink_free(prev);
-            let Node { len, freed, .. } = self.nodes[i as usize];
-            let p = &mut self.nodes[prev as usize];
-            p.len += len;
-            p.freed = p.freed.max(freed);
-            self.drop_node(i);
-            i = prev;
+        if let Some(f) = freed {
+            // Within one stream stamps only grow; a free by another stream
+            // is the one to wait for now (the range was handed out and used
+            // after the older free).
+            node.freed = f;
         }
-        let next = self.nodes[i as usize].next_addr;
-        if next != NIL && self.nodes[next as usize].free {
-            self.unlink_free(next);
-            let Node { len, freed, .. } = self.nodes[next as usize];
-            let n = &mut self.nodes[i as usize];
-            n.len += len;
-            n.freed = n.freed.max(freed);
-            self.drop_node(next);
+        if done(node.freed) {
+            node.freed = Freed::CLEAN;
         }
         self.push_free(i);
+        self.merge_around(i, &done);
+    }
+
+    /// Merges the free node `i` with its free neighbours where one tag says
+    /// both (tags `done` says are finished count as clean).
+    fn merge_around(&mut self, i: u32, done: &impl Fn(Freed) -> bool) {
+        let prev = self.nodes[i as usize].prev_addr;
+        let i = if prev != NIL && self.nodes[prev as usize].free && self.merge_next(prev, done) {
+            prev
+        } else {
+            i
+        };
+        self.merge_next(i, done);
+    }
+
+    /// Merges the free node `i` with the next one, if that is free and one
+    /// tag says both; whether it did. `i` stays on the free lists.
+    fn merge_next(&mut self, i: u32, done: &impl Fn(Freed) -> bool) -> bool {
+        let next = self.nodes[i as usize].next_addr;
+        if next == NIL || !self.nodes[next as usize].free {
+            return false;
+        }
+        let Some(tag) = self.joined(i, next, done) else {
+            return false;
+        };
+        self.unlink_free(i);
+        self.unlink_free(next);
+        let len = self.nodes[next as usize].len;
+        let n = &mut self.nodes[i as usize];
+        n.len += len;
+        n.freed = tag;
+        self.drop_node(next);
+        self.push_free(i);
+        true
+    }
+
+    /// The tag of nodes `a` and `b` merged, if one says both.
+    fn joined(&mut self, a: u32, b: u32, done: &impl Fn(Freed) -> bool) -> Option<Freed> {
+        for i in [a, b] {
+            let n = &mut self.nodes[i as usize];
+            if !n.freed.is_clean() && done(n.freed) {
+                n.freed = Freed::CLEAN;
+            }
+        }
+        self.nodes[a as usize].freed.join(self.nodes[b as usize].freed)
+    }
+
+    /// Marks clean every free range whose tag `done` says is finished and
+    /// merges the neighbours that one tag now says (frees of two streams
+    /// left apart until one of them was known done). Walks every range.
+    pub(crate) fn settle(&mut self, done: impl Fn(Freed) -> bool) {
+        if self.nodes.is_empty() {
+            return;
+        }
+        // Node 0 is the range at offset 0 for good: a split keeps the first
+        // part in the node split, and a merge keeps the earlier node.
+        let mut i = 0;
+        while i != NIL {
+            let n = &mut self.nodes[i as usize];
+            if n.free {
+                if !n.freed.is_clean() && done(n.freed) {
+                    n.freed = Freed::CLEAN;
+                }
+                while self.merge_next(i, &done) {}
+            }
+            i = self.nodes[i as usize].next_addr;
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// At the start of the first range that fits.
+    fn first(start: u64, _: u64, _: Freed) -> Option<u64> {
+        Some(start)
+    }
+
+    fn never(_: Freed) -> bool {
+        false
+    }
+
+    fn by(slot: usize, stamp: u64) -> Option<Freed> {
+        Some(Freed::by(slot, stamp))
+    }
 
     #[test]
     fn buckets_grow_with_the_size() {
@@ -413,104 +473,93 @@ mod tests {
     #[test]
     fn split_merge_and_reuse() {
         let mut a = Arena::new(1 << 20);
-        let none = |_| false;
-        let x = a.alloc(4096, none).unwrap();
-        let y = a.alloc(8192, none).unwrap();
-        let z = a.alloc(4096, none).unwrap();
+        let x = a.alloc(4096, first).unwrap();
+        let y = a.alloc(8192, first).unwrap();
+        let z = a.alloc(4096, first).unwrap();
         assert_eq!((x.off, y.off, z.off), (0, 4096, 12288));
-        a.free(y, 1);
+        a.free(y, by(0, 1), never);
         // Best fit takes the hole, not the tail.
-        let w = a.alloc(8192, none).unwrap();
+        let w = a.alloc(8192, first).unwrap();
         assert_eq!(w.off, 4096);
-        a.free(w, 2);
-        a.free(x, 3);
-        a.free(z, 4);
+        a.free(w, by(0, 2), never);
+        a.free(x, by(0, 3), never);
+        a.free(z, by(0, 4), never);
         assert_eq!(a.free_bytes(), 1 << 20);
-        let all = a.alloc(1 << 20, none).unwrap();
+        let all = a.alloc(1 << 20, first).unwrap();
         assert_eq!(all.off, 0, "everything merged back into one range");
-        assert!(a.alloc(UNIT, none).is_none());
+        assert_eq!(a.freed(all), Freed::by(0, 4), "the newest free");
+        assert!(a.alloc(UNIT, first).is_none());
     }
 
     #[test]
     fn lend_carves_the_window_it_is_given_and_merges_back() {
         let mut a = Arena::new(1 << 20);
-        let none = |_| false;
-        let x = a.alloc(4096, none).unwrap();
-        let at = |off: u64| move |s: u64, e: u64, l: u64| (s <= off && off + l <= e).then_some(off);
+        let x = a.alloc(4096, first).unwrap();
+        let at = |off: u64| move |s: u64, e: u64, _: Freed| (s <= off && off + 8192 <= e).then_some(off);
         let y = a.lend(8192, at(65536)).unwrap();
         assert_eq!((y.off, y.len), (65536, 8192));
         assert!(a.lend(4096, at(65536 + 4096)).is_none(), "handed out");
         assert!(a.lend(512, at(0)).is_none(), "x is there");
         assert_eq!(a.free_bytes(), (1 << 20) - 4096 - 8192);
         // The hole before y is still placeable.
-        let z = a.alloc(65536 - 4096, none).unwrap();
+        let z = a.alloc(65536 - 4096, first).unwrap();
         assert_eq!(z.off, 4096);
         for p in [x, y, z] {
-            a.free(p, 1);
+            a.free(p, by(0, 1), never);
         }
-        assert_eq!(a.alloc(1 << 20, none).unwrap().off, 0, "merged back");
+        assert_eq!(a.alloc(1 << 20, first).unwrap().off, 0, "merged back");
     }
 
     #[test]
-    fn a_free_range_keeps_the_stamp_of_its_newest_free() {
+    fn frees_of_two_streams_stay_apart_until_one_is_done() {
         let mut a = Arena::new(1 << 20);
-        let none = |_| false;
-        let all = |start, _, _| Some(start);
-        let x = a.alloc(8192, none).unwrap();
-        let y = a.alloc(8192, none).unwrap();
-        let z = a.alloc(8192, none).unwrap();
-        let tail = a.alloc((1 << 20) - 3 * 8192, none).unwrap();
-        a.free(x, 5);
-        a.free(z, 7);
-        // Each range lent keeps the stamp of the free that left it free.
-        let first = a.lend(8192, all).unwrap();
-        let second = a.lend(8192, all).unwrap();
-        let mut stamps = [(first.off, a.freed(first)), (second.off, a.freed(second))];
-        stamps.sort();
-        assert_eq!(stamps, [(0, 5), (16384, 7)]);
-        let (x, z) = if first.off == 0 {
-            (first, second)
-        } else {
-            (second, first)
-        };
-        // Undoing a placement (stamp 0) keeps the stamp the range had.
-        a.free(x, 0);
-        let x = a.lend(8192, all).unwrap();
-        assert_eq!((x.off, a.freed(x)), (0, 5));
-        a.free(x, 0);
-        // Merging keeps the newest stamp: y freed at 9 joins x's range
-        // (freed at 5) into one range freed at 9.
-        a.free(y, 9);
-        let both = a.lend(16384, all).unwrap();
-        assert_eq!((both.off, a.freed(both)), (0, 9));
-        for (p, stamp) in [(both, 10), (z, 10), (tail, 11)] {
-            a.free(p, stamp);
-        }
-        assert_eq!(a.free_bytes(), 1 << 20);
+        let x = a.alloc(8192, first).unwrap();
+        let y = a.alloc(8192, first).unwrap();
+        let rest = a.alloc((1 << 20) - 16384, first).unwrap();
+        a.free(x, by(0, 5), never);
+        a.free(y, by(1, 7), never);
+        assert!(a.alloc(16384, first).is_none(), "two ranges of 8 KiB");
+        // Undoing a placement keeps the tag the range had.
+        let p = a.alloc(8192, |s, _, f| (f.slot() == Some(1)).then_some(s)).unwrap();
+        assert_eq!((p.off, a.freed(p)), (8192, Freed::by(1, 7)));
+        a.free(p, None, never);
+        // Once stream 1's free is known done, the two merge, tagged by
+        // stream 0's free.
+        a.settle(|f| f.slot() == Some(1));
+        let both = a.alloc(16384, first).unwrap();
+        assert_eq!((both.off, a.freed(both)), (0, Freed::by(0, 5)));
+        a.free(both, by(0, 8), never);
+        a.free(rest, by(0, 9), never);
+        assert_eq!(a.alloc(1 << 20, first).unwrap().off, 0, "one range again");
     }
 
     #[test]
-    fn lend_serves_the_usable_window_of_a_range() {
+    fn a_free_beside_a_done_range_merges_at_once() {
         let mut a = Arena::new(1 << 20);
-        let none = |_| false;
-        let x = a.alloc(65536, none).unwrap();
-        let _rest = a.alloc((1 << 20) - 65536, none).unwrap();
-        a.free(x, 1);
-        // Only the upper half of x's range has memory behind it.
-        let upper = |start: u64, end: u64, len: u64| {
+        let x = a.alloc(8192, first).unwrap();
+        let y = a.alloc(8192, first).unwrap();
+        let _rest = a.alloc((1 << 20) - 16384, first).unwrap();
+        a.free(x, by(0, 5), never);
+        a.free(y, by(1, 7), |f| f.slot() == Some(0));
+        let both = a.alloc(16384, first).unwrap();
+        assert_eq!(a.freed(both), Freed::by(1, 7));
+    }
+
+    #[test]
+    fn fit_sees_each_ranges_tag_and_chooses_the_offset() {
+        let mut a = Arena::new(1 << 20);
+        let x = a.alloc(65536, first).unwrap();
+        let _rest = a.alloc((1 << 20) - 65536, first).unwrap();
+        a.free(x, by(3, 1), never);
+        // Only the upper half of x's range may be used.
+        let upper = |start: u64, end: u64, f: Freed| {
+            assert_eq!(f, Freed::by(3, 1));
             let at = start.max(32768);
-            (at + len <= end.min(65536)).then_some(at)
+            (at + 8192 <= end).then_some(at)
         };
-        let p = a.lend(8192, upper).unwrap();
-        assert_eq!(p.off, 32768, "the window the closure found");
-        assert!(a.lend(32768, upper).is_none(), "no window that large left");
+        let p = a.alloc(8192, upper).unwrap();
+        assert_eq!(p.off, 32768, "the offset fit chose");
         assert_eq!(a.free_bytes(), 65536 - 8192);
-    }
-
-    #[test]
-    fn placement_prefers_the_backed_end() {
-        let mut a = Arena::new(1 << 20);
-        let p = a.alloc(4096, |off| off >= (1 << 20) - 8192).unwrap();
-        assert_eq!(p.off, (1 << 20) - 4096);
+        assert!(a.alloc(8192, |_, _, _| None).is_none(), "nowhere fits");
     }
 }

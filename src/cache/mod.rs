@@ -106,6 +106,7 @@
 mod arena;
 mod config;
 mod fences;
+mod freed;
 mod graph_pool;
 mod graphs;
 mod mapped;

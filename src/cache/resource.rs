@@ -608,10 +608,10 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R> {
             return Err(ResourceError::UnknownBlock { block: id });
         }
         let (stream, class, leased_in) = (lease.stream, lease.class, lease.capture);
-        // An arena lease used on its own stream only, not lent: its free
+        // An arena lease used on its own stream only: its free
         // makes no driver call before the lease ends.
         let mapped = match &lease.backing {
-            Backing::Mapped(m) => Some(m.event_count() == 0 && m.lent_by.is_none()),
+            Backing::Mapped(m) => Some(m.event_count() == 0),
             Backing::Inner(_) => None,
         };
         if let (None, Backing::Inner(inner)) = (class, &lease.backing) {
