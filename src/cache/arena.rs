@@ -21,12 +21,13 @@
 //!
 //! # Tags
 //!
-//! Every range keeps a [`Freed`] tag: the stream that last freed (part of)
-//! it, and when. Two free neighbours merge when one tag says both (frees
-//! of one stream, or one side clean); frees of two streams stay two ranges
-//! until a fence shows one of them done ([`Arena::settle`], or the next
-//! free beside them). Where a range may go is the caller's decision
-//! (`fit`): the arena only reports each candidate's tag.
+//! Every range keeps its [`Freed`] tags: per stream that freed (part of)
+//! it, the newest such free. Free neighbours always merge, the merged
+//! range keeping the tags of both (one per stream: the newer); tags a fence
+//! shows done are dropped as ranges merge. A range freed by one stream
+//! (the common case) keeps its one tag in its node; only ranges freed by
+//! several hold a list. Where a range may go is the caller's decision
+//! (`fit`): the arena only reports each candidate's tags.
 //!
 //! # Bounded
 //!
@@ -60,10 +61,14 @@ struct Node {
     free: bool,
     prev_free: u32,
     next_free: u32,
-    /// Who last freed (part of) the range: once a fence past it
-    /// completed, the GPU is done with every byte of it. Kept while the
-    /// range is handed out, so that undoing a placement restores it.
+    /// Who last freed (part of) the range, when one stream did: once a
+    /// fence past it completed, the GPU is done with every byte of it.
+    /// Kept while the range is handed out, so that undoing a placement
+    /// restores it.
     freed: Freed,
+    /// When several streams did: their tags, an index into `Arena::sets`
+    /// (`NIL`: `freed` says it all).
+    set: u32,
 }
 
 /// A range handed out by [`Arena::alloc`]; give it back to [`Arena::free`].
@@ -84,6 +89,9 @@ pub(crate) struct Arena {
     heads: Vec<u32>,
     bitmap: [u64; BUCKETS / 64],
     free_bytes: u64,
+    /// Tag lists of ranges several streams freed (see `Node::set`).
+    sets: Vec<Vec<Freed>>,
+    spare_sets: Vec<u32>,
 }
 
 /// `bytes` rounded up to [`UNIT`] (at least one unit), or `None` on
@@ -112,6 +120,8 @@ impl Arena {
             heads: vec![NIL; BUCKETS],
             bitmap: [0; BUCKETS / 64],
             free_bytes: 0,
+            sets: Vec::new(),
+            spare_sets: Vec::new(),
         };
         if len > 0 {
             let n = arena.node(Node {
@@ -123,6 +133,7 @@ impl Arena {
                 prev_free: NIL,
                 next_free: NIL,
                 freed: Freed::CLEAN,
+                set: NIL,
             });
             arena.push_free(n);
         }
@@ -141,6 +152,13 @@ impl Arena {
     fn split(&mut self, node: u32, keep: u64) -> u32 {
         let n = self.nodes[node as usize];
         debug_assert!(keep > 0 && keep < n.len);
+        let set = match n.set {
+            NIL => NIL,
+            s => {
+                let tags = self.sets[s as usize].clone();
+                self.new_set(tags)
+            }
+        };
         let rest = self.node(Node {
             off: n.off + keep,
             len: n.len - keep,
@@ -150,6 +168,7 @@ impl Arena {
             prev_free: NIL,
             next_free: NIL,
             freed: n.freed,
+            set,
         });
         if n.next_addr != NIL {
             self.nodes[n.next_addr as usize].prev_addr = rest;
@@ -229,7 +248,12 @@ impl Arena {
 
     /// The smallest of the first [`SCAN`] ranges of bucket `b` where `fit`
     /// places `len` bytes, with the offset it chose.
-    fn best_in(&self, b: usize, len: u64, fit: &impl Fn(u64, u64, Freed) -> Option<u64>) -> Option<(u32, u64)> {
+    fn best_in(
+        &self,
+        b: usize,
+        len: u64,
+        fit: &impl Fn(u64, u64, &[Freed]) -> Option<u64>,
+    ) -> Option<(u32, u64)> {
         let mut at = self.heads[b];
         let mut best: Option<(u64, u32, u64)> = None;
         for _ in 0..SCAN {
@@ -239,7 +263,7 @@ impl Arena {
             let n = &self.nodes[at as usize];
             if n.len >= len
                 && best.is_none_or(|(l, _, _)| n.len < l)
-                && let Some(off) = fit(n.off, n.off + n.len, n.freed)
+                && let Some(off) = fit(n.off, n.off + n.len, self.tags(at))
             {
                 debug_assert!(off >= n.off && off + len <= n.off + n.len);
                 debug_assert!(off.is_multiple_of(UNIT));
@@ -258,7 +282,11 @@ impl Arena {
     /// it returns (inside `[start, end)`, a multiple of [`UNIT`]). Looks at
     /// the request's own bucket, then at the buckets above, a few ranges
     /// each.
-    pub(crate) fn alloc(&mut self, len: u64, fit: impl Fn(u64, u64, Freed) -> Option<u64>) -> Option<Placed> {
+    pub(crate) fn alloc(
+        &mut self,
+        len: u64,
+        fit: impl Fn(u64, u64, &[Freed]) -> Option<u64>,
+    ) -> Option<Placed> {
         debug_assert!(len > 0 && len.is_multiple_of(UNIT));
         let b = bucket(len);
         let mut found = self.best_in(b, len, &fit);
@@ -282,7 +310,7 @@ impl Arena {
     pub(crate) fn lend(
         &mut self,
         len: u64,
-        usable: impl Fn(u64, u64, Freed) -> Option<u64>,
+        usable: impl Fn(u64, u64, &[Freed]) -> Option<u64>,
     ) -> Option<Placed> {
         debug_assert!(len > 0 && len.is_multiple_of(UNIT));
         let mut looked = 0;
@@ -292,7 +320,7 @@ impl Arena {
             while at != NIL {
                 let n = self.nodes[at as usize];
                 if n.len >= len {
-                    if let Some(off) = usable(n.off, n.off + n.len, n.freed) {
+                    if let Some(off) = usable(n.off, n.off + n.len, self.tags(at)) {
                         debug_assert!(off >= n.off && off + len <= n.off + n.len);
                         debug_assert!(off.is_multiple_of(UNIT));
                         return Some(self.carve(at, off, len));
@@ -308,9 +336,54 @@ impl Arena {
         }
     }
 
-    /// The tag of the range `placed` lies in (as it was when handed out).
-    pub(crate) fn freed(&self, placed: Placed) -> Freed {
-        self.nodes[placed.node as usize].freed
+    /// The tags of the range `placed` lies in (as they were when handed
+    /// out): none when clean.
+    pub(crate) fn freed(&self, placed: Placed) -> &[Freed] {
+        self.tags(placed.node)
+    }
+
+    fn tags(&self, i: u32) -> &[Freed] {
+        let n = &self.nodes[i as usize];
+        match n.set {
+            NIL if n.freed.is_clean() => &[],
+            NIL => std::slice::from_ref(&n.freed),
+            s => &self.sets[s as usize],
+        }
+    }
+
+    fn new_set(&mut self, tags: Vec<Freed>) -> u32 {
+        match self.spare_sets.pop() {
+            Some(s) => {
+                self.sets[s as usize] = tags;
+                s
+            }
+            None => {
+                self.sets.push(tags);
+                (self.sets.len() - 1) as u32
+            }
+        }
+    }
+
+    /// Sets node `i`'s tags to `tags` (done ones already dropped).
+    fn set_tags(&mut self, i: u32, mut tags: Vec<Freed>) {
+        let old = self.nodes[i as usize].set;
+        if tags.len() <= 1 {
+            if old != NIL {
+                self.sets[old as usize].clear();
+                self.spare_sets.push(old);
+            }
+            let n = &mut self.nodes[i as usize];
+            n.freed = tags.pop().unwrap_or(Freed::CLEAN);
+            n.set = NIL;
+            return;
+        }
+        self.nodes[i as usize].freed = tags[0];
+        if old != NIL {
+            self.sets[old as usize] = tags;
+        } else {
+            let s = self.new_set(tags);
+            self.nodes[i as usize].set = s;
+        }
     }
 
     /// Hands out `[off, off + len)` of the free range `found`, splitting
@@ -351,94 +424,85 @@ impl Arena {
         if next_addr != NIL {
             self.nodes[next_addr as usize].prev_addr = prev_addr;
         }
+        let set = std::mem::replace(&mut self.nodes[i as usize].set, NIL);
+        if set != NIL {
+            self.sets[set as usize].clear();
+            self.spare_sets.push(set);
+        }
         self.spare_nodes.push(i);
     }
 
     /// Gives back a range [`alloc`](Self::alloc) handed out, freed as
-    /// `freed` says (`None` to undo a placement: the range keeps the tag it
-    /// had), merging it with free neighbours where one tag says both. A tag
-    /// `done` says the GPU finished with counts as clean.
-    pub(crate) fn free(&mut self, placed: Placed, freed: Option<Freed>, done: impl Fn(Freed) -> bool) {
+    /// `freed` says (`None` to undo a placement: the range keeps the tags
+    /// it had), merging it with its free neighbours. Tags `done` says the
+    /// GPU finished are dropped.
+    pub(crate) fn free(
+        &mut self,
+        placed: Placed,
+        freed: Option<Freed>,
+        done: impl Fn(Freed) -> bool,
+    ) {
         let i = placed.node;
         debug_assert!(!self.nodes[i as usize].free);
-        let node = &mut self.nodes[i as usize];
         if let Some(f) = freed {
-            // Within one stream stamps only grow; a free by another stream
-            // is the one to wait for now (the range was handed out and used
-            // after the older free).
-            node.freed = f;
-        }
-        if done(node.freed) {
-            node.freed = Freed::CLEAN;
+            // The user of the range was ordered after every free in its
+            // tags (it waited for them, or they were its stream's own), so
+            // the new free covers them all.
+            let tags = if done(f) { Vec::new() } else { vec![f] };
+            self.set_tags(i, tags);
         }
         self.push_free(i);
-        self.merge_around(i, &done);
-    }
-
-    /// Merges the free node `i` with its free neighbours where one tag says
-    /// both (tags `done` says are finished count as clean).
-    fn merge_around(&mut self, i: u32, done: &impl Fn(Freed) -> bool) {
         let prev = self.nodes[i as usize].prev_addr;
-        let i = if prev != NIL && self.nodes[prev as usize].free && self.merge_next(prev, done) {
+        let i = if prev != NIL && self.nodes[prev as usize].free {
+            self.merge_next(prev, &done);
             prev
         } else {
             i
         };
-        self.merge_next(i, done);
+        let next = self.nodes[i as usize].next_addr;
+        if next != NIL && self.nodes[next as usize].free {
+            self.merge_next(i, &done);
+        }
     }
 
-    /// Merges the free node `i` with the next one, if that is free and one
-    /// tag says both; whether it did. `i` stays on the free lists.
-    fn merge_next(&mut self, i: u32, done: &impl Fn(Freed) -> bool) -> bool {
+    /// Merges the free node `i` with the next one (free too): the merged
+    /// range keeps both's tags, one per stream, the ones `done` says
+    /// finished dropped.
+    fn merge_next(&mut self, i: u32, done: &impl Fn(Freed) -> bool) {
         let next = self.nodes[i as usize].next_addr;
-        if next == NIL || !self.nodes[next as usize].free {
-            return false;
-        }
-        let Some(tag) = self.joined(i, next, done) else {
-            return false;
+        let a = self.tags(i);
+        let b = self.tags(next);
+        let simple = match (a, b) {
+            ([], []) => Some(Freed::CLEAN),
+            ([x], []) | ([], [x]) => Some(*x),
+            ([x], [y]) => x.join(*y),
+            _ => None,
+        };
+        let tags: Vec<Freed> = match simple {
+            // One stream (or none): no list to build.
+            Some(f) if f.is_clean() || !done(f) => f.slot().map(|_| f).into_iter().collect(),
+            Some(_) => Vec::new(),
+            None => {
+                let mut all: Vec<Freed> = Vec::with_capacity(a.len() + b.len());
+                for &t in a.iter().chain(b) {
+                    if done(t) {
+                        continue;
+                    }
+                    match all.iter_mut().find(|u| u.slot() == t.slot()) {
+                        Some(u) => *u = u.join(t).unwrap_or(t),
+                        None => all.push(t),
+                    }
+                }
+                all
+            }
         };
         self.unlink_free(i);
         self.unlink_free(next);
         let len = self.nodes[next as usize].len;
-        let n = &mut self.nodes[i as usize];
-        n.len += len;
-        n.freed = tag;
+        self.nodes[i as usize].len += len;
         self.drop_node(next);
+        self.set_tags(i, tags);
         self.push_free(i);
-        true
-    }
-
-    /// The tag of nodes `a` and `b` merged, if one says both.
-    fn joined(&mut self, a: u32, b: u32, done: &impl Fn(Freed) -> bool) -> Option<Freed> {
-        for i in [a, b] {
-            let n = &mut self.nodes[i as usize];
-            if !n.freed.is_clean() && done(n.freed) {
-                n.freed = Freed::CLEAN;
-            }
-        }
-        self.nodes[a as usize].freed.join(self.nodes[b as usize].freed)
-    }
-
-    /// Marks clean every free range whose tag `done` says is finished and
-    /// merges the neighbours that one tag now says (frees of two streams
-    /// left apart until one of them was known done). Walks every range.
-    pub(crate) fn settle(&mut self, done: impl Fn(Freed) -> bool) {
-        if self.nodes.is_empty() {
-            return;
-        }
-        // Node 0 is the range at offset 0 for good: a split keeps the first
-        // part in the node split, and a merge keeps the earlier node.
-        let mut i = 0;
-        while i != NIL {
-            let n = &mut self.nodes[i as usize];
-            if n.free {
-                if !n.freed.is_clean() && done(n.freed) {
-                    n.freed = Freed::CLEAN;
-                }
-                while self.merge_next(i, &done) {}
-            }
-            i = self.nodes[i as usize].next_addr;
-        }
     }
 }
 
@@ -447,7 +511,7 @@ mod tests {
     use super::*;
 
     /// At the start of the first range that fits.
-    fn first(start: u64, _: u64, _: Freed) -> Option<u64> {
+    fn first(start: u64, _: u64, _: &[Freed]) -> Option<u64> {
         Some(start)
     }
 
@@ -487,7 +551,7 @@ mod tests {
         assert_eq!(a.free_bytes(), 1 << 20);
         let all = a.alloc(1 << 20, first).unwrap();
         assert_eq!(all.off, 0, "everything merged back into one range");
-        assert_eq!(a.freed(all), Freed::by(0, 4), "the newest free");
+        assert_eq!(a.freed(all), [Freed::by(0, 4)], "the newest free");
         assert!(a.alloc(UNIT, first).is_none());
     }
 
@@ -495,7 +559,9 @@ mod tests {
     fn lend_carves_the_window_it_is_given_and_merges_back() {
         let mut a = Arena::new(1 << 20);
         let x = a.alloc(4096, first).unwrap();
-        let at = |off: u64| move |s: u64, e: u64, _: Freed| (s <= off && off + 8192 <= e).then_some(off);
+        let at = |off: u64| {
+            move |s: u64, e: u64, _: &[Freed]| (s <= off && off + 8192 <= e).then_some(off)
+        };
         let y = a.lend(8192, at(65536)).unwrap();
         assert_eq!((y.off, y.len), (65536, 8192));
         assert!(a.lend(4096, at(65536 + 4096)).is_none(), "handed out");
@@ -511,30 +577,42 @@ mod tests {
     }
 
     #[test]
-    fn frees_of_two_streams_stay_apart_until_one_is_done() {
+    fn frees_of_two_streams_merge_keeping_both_tags() {
         let mut a = Arena::new(1 << 20);
         let x = a.alloc(8192, first).unwrap();
         let y = a.alloc(8192, first).unwrap();
-        let rest = a.alloc((1 << 20) - 16384, first).unwrap();
+        let z = a.alloc(8192, first).unwrap();
+        let rest = a.alloc((1 << 20) - 3 * 8192, first).unwrap();
         a.free(x, by(0, 5), never);
         a.free(y, by(1, 7), never);
-        assert!(a.alloc(16384, first).is_none(), "two ranges of 8 KiB");
-        // Undoing a placement keeps the tag the range had.
-        let p = a.alloc(8192, |s, _, f| (f.slot() == Some(1)).then_some(s)).unwrap();
-        assert_eq!((p.off, a.freed(p)), (8192, Freed::by(1, 7)));
-        a.free(p, None, never);
-        // Once stream 1's free is known done, the two merge, tagged by
-        // stream 0's free.
-        a.settle(|f| f.slot() == Some(1));
-        let both = a.alloc(16384, first).unwrap();
-        assert_eq!((both.off, a.freed(both)), (0, Freed::by(0, 5)));
-        a.free(both, by(0, 8), never);
-        a.free(rest, by(0, 9), never);
-        assert_eq!(a.alloc(1 << 20, first).unwrap().off, 0, "one range again");
+        a.free(z, by(0, 6), never);
+        let all = a.alloc(3 * 8192, first).unwrap();
+        assert_eq!(all.off, 0, "one range");
+        let mut tags = a.freed(all).to_vec();
+        tags.sort_by_key(|f| f.slot());
+        assert_eq!(
+            tags,
+            [Freed::by(0, 6), Freed::by(1, 7)],
+            "the newest of each"
+        );
+        // Undoing a placement keeps the tags; a part split off keeps them.
+        a.free(all, None, never);
+        let part = a.alloc(8192, first).unwrap();
+        assert_eq!(a.freed(part).len(), 2);
+        a.free(part, None, never);
+        // A free ordered after both (its user waited) leaves one tag.
+        let all = a.alloc(3 * 8192, first).unwrap();
+        a.free(all, by(2, 1), never);
+        let again = a.alloc(8192, first).unwrap();
+        assert_eq!(a.freed(again), [Freed::by(2, 1)]);
+        a.free(again, None, never);
+        a.free(rest, by(0, 9), |f| f.slot() == Some(2));
+        let whole = a.alloc(1 << 20, first).unwrap();
+        assert_eq!(a.freed(whole), [Freed::by(0, 9)], "done tags dropped");
     }
 
     #[test]
-    fn a_free_beside_a_done_range_merges_at_once() {
+    fn a_free_beside_a_done_range_drops_its_tag() {
         let mut a = Arena::new(1 << 20);
         let x = a.alloc(8192, first).unwrap();
         let y = a.alloc(8192, first).unwrap();
@@ -542,7 +620,7 @@ mod tests {
         a.free(x, by(0, 5), never);
         a.free(y, by(1, 7), |f| f.slot() == Some(0));
         let both = a.alloc(16384, first).unwrap();
-        assert_eq!(a.freed(both), Freed::by(1, 7));
+        assert_eq!(a.freed(both), [Freed::by(1, 7)]);
     }
 
     #[test]
@@ -552,8 +630,8 @@ mod tests {
         let _rest = a.alloc((1 << 20) - 65536, first).unwrap();
         a.free(x, by(3, 1), never);
         // Only the upper half of x's range may be used.
-        let upper = |start: u64, end: u64, f: Freed| {
-            assert_eq!(f, Freed::by(3, 1));
+        let upper = |start: u64, end: u64, f: &[Freed]| {
+            assert_eq!(f, [Freed::by(3, 1)]);
             let at = start.max(32768);
             (at + 8192 <= end).then_some(at)
         };

@@ -120,9 +120,9 @@ pub(crate) struct SharedArena {
     pages: PageTable,
     /// Per slot, once its stream opened the arena.
     streams: Vec<Option<StreamFences>>,
-    /// The sum of the streams' done stamps when the arena was last
-    /// settled: a growth settles it again only when a fence completed
-    /// since.
+    /// The sum of the streams' done stamps when a growth last looked
+    /// again: it looks again only when a fence completed since (or other
+    /// streams' last frees came back).
     settled_at: u64,
 }
 
@@ -140,11 +140,7 @@ fn is_done(streams: &[Option<StreamFences>], freed: Freed) -> bool {
 
 impl SharedArena {
     fn done_sum(&self) -> u64 {
-        self.streams
-            .iter()
-            .flatten()
-            .map(|s| s.fences.done())
-            .sum()
+        self.streams.iter().flatten().map(|s| s.fences.done()).sum()
     }
 
     /// Queries every stream's fences.
@@ -159,7 +155,11 @@ impl SharedArena {
     /// done.
     fn cover_idle(&mut self, gpu: &dyn Gpu) {
         for tag in self.pages.idle_tags() {
-            if let Some(s) = tag.slot().and_then(|i| self.streams.get_mut(i)).and_then(Option::as_mut) {
+            if let Some(s) = tag
+                .slot()
+                .and_then(|i| self.streams.get_mut(i))
+                .and_then(Option::as_mut)
+            {
                 let _ = s.fences.cover(gpu, s.raw, tag.stamp());
             }
         }
@@ -391,11 +391,14 @@ impl VmTier {
         }))
     }
 
-    /// Where the block goes: a good fit the stream may use as it is (see
-    /// the module documentation); when it would need new memory, a free
-    /// range the stream may use with memory behind it, then (when
-    /// `may_wait`) memory another stream freed, behind a wait for its
-    /// fence. Returns the placement and whether it is such a borrow.
+    /// Where the block goes: a good fit, preferring memory already mapped
+    /// (a larger free range with memory behind it before new memory; the
+    /// blocks other streams freed last and ranges merged once fences
+    /// completed before a growth). When `may_wait`, any free range serves,
+    /// the stream waiting on the GPU for the fence of another stream's
+    /// free where it may still run; otherwise only ranges it may use as
+    /// they are. Returns the placement and whether memory another stream
+    /// freed serves it.
     fn place(
         &self,
         st: &mut SharedArena,
@@ -405,83 +408,117 @@ impl VmTier {
         may_wait: bool,
     ) -> Option<(Placed, bool)> {
         let slot = ss.slot;
-        let mut placed = Self::fit(st, slot, len)?;
-        if st.pages.all_backed(placed.off, placed.len) {
-            return Some((placed, false));
-        }
-        if let Some(backed) = Self::backed_fit(st, slot, len) {
+        let any = may_wait && self.lends;
+        let mut placed = self.choose(st, slot, len, any, others)?;
+        let SharedArena { arena, streams, .. } = &mut *st;
+        if any && !self.order_after(streams, ss, arena.freed(placed)) {
             st.arena.free(placed, None, |_| false);
-            return Some((backed, false));
+            placed = self.choose(st, slot, len, false, others)?;
+        }
+        let borrowed = st
+            .arena
+            .freed(placed)
+            .iter()
+            .any(|f| f.slot() != Some(slot));
+        Some((placed, borrowed))
+    }
+
+    /// A good fit (see [`place`](Self::place)); `any`: on any free range,
+    /// else only where the stream may use it as it is.
+    fn choose(
+        &self,
+        st: &mut SharedArena,
+        slot: usize,
+        len: u64,
+        any: bool,
+        others: &dyn OtherSlots,
+    ) -> Option<Placed> {
+        let placed = Self::fit(st, slot, len, any)?;
+        if st.pages.all_backed(placed.off, placed.len) {
+            return Some(placed);
+        }
+        if let Some(backed) = Self::backed_fit(st, slot, len, any) {
+            st.arena.free(placed, None, |_| false);
+            return Some(backed);
         }
         // The block would grow the arena. The blocks other streams freed
-        // last go back to it, and fences may have completed since the
-        // ranges beside each other were freed: merged now, they may hold
-        // the block.
-        let gpu = self.gpu();
+        // last go back to it (they may hold it, or merge into a range that
+        // does), and fences may have completed since.
         let mut flushed = false;
         others.take_recents(&mut |slot, recent| {
             st.give(slot, recent);
             flushed = true;
         });
-        st.poll_all(gpu);
-        let done = st.done_sum();
-        if done != st.settled_at || flushed {
-            st.settled_at = done;
-            st.arena.free(placed, None, |_| false);
-            let SharedArena { arena, streams, .. } = &mut *st;
-            arena.settle(|f| is_done(streams, f));
-            placed = Self::fit(st, slot, len)?;
-            if st.pages.all_backed(placed.off, placed.len) {
-                return Some((placed, false));
-            }
-            if let Some(backed) = Self::backed_fit(st, slot, len) {
-                st.arena.free(placed, None, |_| false);
-                return Some((backed, false));
-            }
-        }
-        if !may_wait || !self.lends {
-            return Some((placed, false));
-        }
-        // Memory another stream freed, where it is, behind its fence.
-        let SharedArena {
-            arena,
-            pages,
-            streams,
-            ..
-        } = &mut *st;
-        let Some(lent) = arena.lend(len, |start, end, _| pages.backed_window(start, end, len)) else {
-            return Some((placed, false));
+        let done = {
+            st.poll_all(self.gpu());
+            st.done_sum()
         };
-        let freed = arena.freed(lent);
-        if !is_done(streams, freed) && freed.slot() != Some(slot) {
-            let home = freed.slot().and_then(|i| streams.get_mut(i)).and_then(Option::as_mut);
-            let waited = home.is_some_and(|h| {
+        if done == st.settled_at && !flushed {
+            return Some(placed);
+        }
+        st.settled_at = done;
+        st.arena.free(placed, None, |_| false);
+        let placed = Self::fit(st, slot, len, any)?;
+        if st.pages.all_backed(placed.off, placed.len) {
+            return Some(placed);
+        }
+        match Self::backed_fit(st, slot, len, any) {
+            Some(backed) => {
+                st.arena.free(placed, None, |_| false);
+                Some(backed)
+            }
+            None => Some(placed),
+        }
+    }
+
+    /// Orders the stream of `ss` after the frees `freed` names that may
+    /// still be running: at once where a fence past one has completed (or
+    /// completes at a query right after it is recorded), else behind a
+    /// wait on the GPU for that fence. False when that cannot be done (the
+    /// waits queued before stay: they only order the stream further).
+    fn order_after(
+        &self,
+        streams: &mut [Option<StreamFences>],
+        ss: &StreamSlot,
+        freed: &[Freed],
+    ) -> bool {
+        let gpu = self.gpu();
+        freed.iter().all(|&f| {
+            if f.slot().is_none_or(|s| s == ss.slot) || is_done(streams, f) {
+                return true;
+            }
+            let home = f
+                .slot()
+                .and_then(|i| streams.get_mut(i))
+                .and_then(Option::as_mut);
+            home.is_some_and(|h| {
                 // A fence over the free, queried at once: a stream with
                 // nothing queued has run past it already.
-                let _ = h.fences.cover(gpu, h.raw, freed.stamp());
+                let _ = h.fences.cover(gpu, h.raw, f.stamp());
                 let done = h.fences.poll(gpu).unwrap_or(h.fences.done());
                 // SAFETY: `ss.raw` is a stream of the tier's device pool
                 // (the slot's), the event a live fence of the tier's
                 // backend (destroyed only when the tier closes).
-                done >= freed.stamp()
-                    || h
-                        .fences
-                        .covering(freed.stamp())
+                done >= f.stamp()
+                    || h.fences
+                        .covering(f.stamp())
                         .is_some_and(|e| unsafe { gpu.stream_wait_event(ss.raw, e) }.is_ok())
-            });
-            if !waited {
-                arena.free(lent, None, |_| false);
-                return Some((placed, false));
-            }
-        }
-        arena.free(placed, None, |_| false);
-        Some((lent, freed.slot().is_some_and(|s| s != slot)))
+            })
+        })
+    }
+
+    /// Whether the stream of `slot` may use a range with tags `freed` as
+    /// it is: its own frees, or frees the GPU is known done with.
+    fn usable_now(streams: &[Option<StreamFences>], slot: usize, freed: &[Freed]) -> bool {
+        freed
+            .iter()
+            .all(|&f| f.slot() == Some(slot) || is_done(streams, f))
     }
 
     /// A good fit the stream of `slot` may use now: where its tag allows
     /// (its own frees, nobody's, or done), at the end with memory behind
     /// it if only one end has; elsewhere only on pages with no memory.
-    fn fit(st: &mut SharedArena, slot: usize, len: u64) -> Option<Placed> {
+    fn fit(st: &mut SharedArena, slot: usize, len: u64, any: bool) -> Option<Placed> {
         let SharedArena {
             arena,
             pages,
@@ -489,7 +526,7 @@ impl VmTier {
             ..
         } = st;
         arena.alloc(len, |start, end, freed| {
-            if freed.slot().is_none_or(|s| s == slot) || is_done(streams, freed) {
+            if any || Self::usable_now(streams, slot, freed) {
                 let at_end = end - start > len && !pages.backed(start) && pages.backed(end - 1);
                 Some(if at_end { end - len } else { start })
             } else {
@@ -500,7 +537,7 @@ impl VmTier {
 
     /// A free range the stream of `slot` may use now with memory behind
     /// every page the block needs.
-    fn backed_fit(st: &mut SharedArena, slot: usize, len: u64) -> Option<Placed> {
+    fn backed_fit(st: &mut SharedArena, slot: usize, len: u64, any: bool) -> Option<Placed> {
         let SharedArena {
             arena,
             pages,
@@ -508,7 +545,7 @@ impl VmTier {
             ..
         } = st;
         arena.lend(len, |start, end, freed| {
-            (freed.slot().is_none_or(|s| s == slot) || is_done(streams, freed))
+            (any || Self::usable_now(streams, slot, freed))
                 .then(|| pages.backed_window(start, end, len))
                 .flatten()
         })
@@ -604,9 +641,7 @@ impl VmTier {
             // Short of memory: what the block needs, nothing ahead.
             Err(GpuError::OutOfMemory { .. }) => match self.gpu().mem_create(need) {
                 Ok(h) => (h, n),
-                Err(GpuError::OutOfMemory { .. }) => {
-                    (self.create_when_short(st, need, stream)?, n)
-                }
+                Err(GpuError::OutOfMemory { .. }) => (self.create_when_short(st, need, stream)?, n),
                 Err(e) => return Err(e.for_request(need, stream)),
             },
             Err(e) => return Err(e.for_request(need, stream)),
