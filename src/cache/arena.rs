@@ -364,17 +364,21 @@ impl Arena {
         }
     }
 
+    /// Sets node `i`'s tag to the one `freed` (clean: none).
+    fn set_one(&mut self, i: u32, freed: Freed) {
+        let old = std::mem::replace(&mut self.nodes[i as usize].set, NIL);
+        if old != NIL {
+            self.sets[old as usize].clear();
+            self.spare_sets.push(old);
+        }
+        self.nodes[i as usize].freed = freed;
+    }
+
     /// Sets node `i`'s tags to `tags` (done ones already dropped).
     fn set_tags(&mut self, i: u32, mut tags: Vec<Freed>) {
         let old = self.nodes[i as usize].set;
         if tags.len() <= 1 {
-            if old != NIL {
-                self.sets[old as usize].clear();
-                self.spare_sets.push(old);
-            }
-            let n = &mut self.nodes[i as usize];
-            n.freed = tags.pop().unwrap_or(Freed::CLEAN);
-            n.set = NIL;
+            self.set_one(i, tags.pop().unwrap_or(Freed::CLEAN));
             return;
         }
         self.nodes[i as usize].freed = tags[0];
@@ -448,8 +452,7 @@ impl Arena {
             // The user of the range was ordered after every free in its
             // tags (it waited for them, or they were its stream's own), so
             // the new free covers them all.
-            let tags = if done(f) { Vec::new() } else { vec![f] };
-            self.set_tags(i, tags);
+            self.set_one(i, if done(f) { Freed::CLEAN } else { f });
         }
         self.push_free(i);
         let prev = self.nodes[i as usize].prev_addr;
@@ -478,10 +481,9 @@ impl Arena {
             ([x], [y]) => x.join(*y),
             _ => None,
         };
-        let tags: Vec<Freed> = match simple {
+        let list = match simple {
             // One stream (or none): no list to build.
-            Some(f) if f.is_clean() || !done(f) => f.slot().map(|_| f).into_iter().collect(),
-            Some(_) => Vec::new(),
+            Some(_) => None,
             None => {
                 let mut all: Vec<Freed> = Vec::with_capacity(a.len() + b.len());
                 for &t in a.iter().chain(b) {
@@ -493,7 +495,7 @@ impl Arena {
                         None => all.push(t),
                     }
                 }
-                all
+                Some(all)
             }
         };
         self.unlink_free(i);
@@ -501,7 +503,11 @@ impl Arena {
         let len = self.nodes[next as usize].len;
         self.nodes[i as usize].len += len;
         self.drop_node(next);
-        self.set_tags(i, tags);
+        match (list, simple) {
+            (Some(all), _) => self.set_tags(i, all),
+            (None, Some(f)) => self.set_one(i, if done(f) { Freed::CLEAN } else { f }),
+            (None, None) => unreachable!("one or the other"),
+        }
         self.push_free(i);
     }
 }
