@@ -205,14 +205,14 @@ fn a_backend_without_events_never_waits_across_streams() {
     c.assert_race_free();
 }
 
-/// Memory stream `a` freed is lent in place to another stream, with no
+/// Memory stream `a` freed serves another stream where it is, with no
 /// driver call but events: while `a`'s work on it may still be queued, the
 /// borrower's stream waits on the GPU for a fence recorded on `a` after the
 /// free; once that fence has completed, with no wait at all. The
-/// borrower's free gives the range back to `a` behind an event, so that
-/// `a`'s reuse waits for the borrower's work. Fails if the wait is skipped
-/// (the detector sees `b`'s write race `a`'s queued write and free), or if
-/// the wait at the free is (`a`'s write races the borrower's).
+/// borrower's free tags the range with the borrower, so that `a`'s reuse
+/// waits for the borrower's work in turn. Fails if a wait is skipped (the
+/// detector sees one stream's write race another's queued write and
+/// free).
 #[test]
 fn memory_another_stream_freed_is_lent_behind_its_fence() {
     let c = Cache::new(3, CacheConfig::default());
@@ -221,7 +221,7 @@ fn memory_another_stream_freed_is_lent_behind_its_fence() {
     let home = block.ptr();
     c.kernel(a, MemAccess::write(&block));
     c.cache.deallocate(block).unwrap();
-    // Asking for the idle bytes gives the last free back to its arena.
+    // Asking for the idle bytes puts the last free in the arena.
     assert_eq!(c.cache.cached_bytes(), 4 * P);
 
     // Manual device: a's write and free have not run. b gets the range,
@@ -229,15 +229,16 @@ fn memory_another_stream_freed_is_lent_behind_its_fence() {
     let (creates, waits) = (c.creates(), c.gpu.call_count(DriverCall::StreamWaitEvent));
     let on_b = c.cache.allocate(4 * P, b, T).unwrap();
     assert_eq!(c.cache.stats().borrows, 1);
-    assert_eq!(on_b.ptr(), home, "a's range, lent in place");
+    assert_eq!(on_b.ptr(), home, "a's range, where it is");
     assert_eq!(c.creates(), creates, "no new memory");
     assert_eq!(c.gpu.call_count(DriverCall::StreamWaitEvent), waits + 1);
     c.kernel(b, MemAccess::write(&on_b));
     assert!(c.gpu.races().is_empty(), "{:#?}", c.gpu.races());
     c.cache.deallocate(on_b).unwrap();
 
-    // Back in a's arena, it is lent again; once a fence on a has
-    // completed, with no wait: no new memory, nothing unmapped.
+    // Tagged with b, it serves a behind a wait for b's fence; once a
+    // fence on a has completed, it serves a third stream with no wait: no
+    // new memory, nothing unmapped.
     let elsewhere = c.cache.allocate(4 * P, a, T).unwrap();
     assert_eq!(elsewhere.ptr(), home, "a reuses its range after b's free");
     assert_eq!(c.cache.stats().borrows, 2, "b's free, behind b's fence");
@@ -252,7 +253,7 @@ fn memory_another_stream_freed_is_lent_behind_its_fence() {
     let waits = c.gpu.call_count(DriverCall::StreamWaitEvent);
     let lent = c.cache.allocate(4 * P, s3, T).unwrap();
     assert_eq!(c.cache.stats().borrows, 3);
-    assert_eq!(lent.ptr(), home, "a's range, lent in place");
+    assert_eq!(lent.ptr(), home, "a's range, where it is");
     assert_eq!(
         c.gpu.call_count(DriverCall::StreamWaitEvent),
         waits,
@@ -261,14 +262,14 @@ fn memory_another_stream_freed_is_lent_behind_its_fence() {
     assert_eq!(c.creates(), creates);
     assert_eq!(c.gpu.held_bytes(), held);
     assert_eq!(c.gpu.call_count(DriverCall::MemUnmap), 0);
-    assert_eq!(c.cache.cached_bytes(), 0, "a's pages lent");
+    assert_eq!(c.cache.cached_bytes(), 0, "a's pages in use");
 
-    // The borrower writes and frees (nothing ran): a reuses the range at
-    // once, its write ordered after the borrower's by the event at the free.
+    // The borrower writes and frees (nothing ran): a reuses the range,
+    // its write ordered after the borrower's by a wait for its fence.
     c.kernel(s3, MemAccess::write(&lent));
     c.cache.deallocate(lent).unwrap();
     let again = c.cache.allocate(4 * P, a, T).unwrap();
-    assert_eq!(again.ptr(), home, "back in a's arena");
+    assert_eq!(again.ptr(), home, "the same range for a");
     c.kernel(a, MemAccess::write(&again));
     c.cache.deallocate(again).unwrap();
     c.assert_race_free();

@@ -38,10 +38,10 @@
 //! the block's range back in the arena, tagged with the stream and its
 //! free, and leaves pages no live block touches idle but mapped.
 //!
-//! Frees of two streams side by side stay two ranges until a fence shows
-//! one of them done (then they merge, at the next free beside them or when
-//! a growth looks for room): within one stream's frees, and with ranges
-//! the GPU is done with, ranges merge at once, as in one stream's arena.
+//! Free neighbours always merge, whoever freed them: the merged range
+//! keeps, per stream, the newest free on it (dropping those a fence shows
+//! the GPU done with), so a range is as large as the free space around it
+//! and still says whom a reuse must wait for.
 //!
 //! # Stream ordering
 //!
@@ -68,8 +68,8 @@
 //! # Lock order
 //!
 //! A shard's lock, then the tier's. The tier's lock is held across the
-//! driver calls of a growth (tens of µs), as the shard lock was when each
-//! stream had its own arena.
+//! driver calls of a growth (tens of µs): two growths at once would map
+//! the same pages.
 //!
 //! # Failure
 //!
