@@ -782,21 +782,21 @@ fn the_cache_asks_once_per_call_unless_told_nothing_is_captured() {
     }
 }
 
-/// A range another stream's arena lent, freed while the borrower is being
-/// captured: the graph's replays free it, so it stays the graph's, out of
-/// use (the home stream never gets it while the graph may replay the
-/// free), until the graph's release hands it back home behind the last
-/// replay. Fails with a race if the home stream gets it before its wait
+/// A range another stream freed, taken behind a wait and freed while the
+/// borrower is being captured: the graph's replays free it, so it stays
+/// the graph's, out of use (the first stream never gets it while the
+/// graph may replay the free), until the graph's release puts it back in
+/// the arena behind the last replay. Fails with a race if the first stream gets it before its wait
 /// for the replays, and on the final count if it is never handed back.
 #[test]
-fn a_lent_range_freed_in_a_capture_is_the_graphs_until_its_release() {
+fn a_borrowed_range_freed_in_a_capture_is_the_graphs_until_its_release() {
     let f = fixture();
     let cache = CachingResource::new(SimResource::new(&f.device));
     let home = cache.allocate(4 * MIB, f.l, AllocTag::UNTAGGED).unwrap();
     let home_ptr = home.ptr();
     f.write(f.l, &home);
     cache.deallocate(home).unwrap();
-    // Asking for the idle bytes gives the last free back to its arena.
+    // Asking for the idle bytes puts the last free in the arena.
     assert_eq!(cache.cached_bytes(), 4 * MIB);
     // The request borrows it, behind a wait for a fence on the home stream.
     let lent = cache.allocate(4 * MIB, f.s, AllocTag::UNTAGGED).unwrap();
@@ -812,11 +812,11 @@ fn a_lent_range_freed_in_a_capture_is_the_graphs_until_its_release() {
     f.replay(graph.1, f.s, 2);
 
     let again = cache.allocate(4 * MIB, f.l, AllocTag::UNTAGGED).unwrap();
-    assert_ne!(again.ptr(), home_ptr, "kept from the home stream");
+    assert_ne!(again.ptr(), home_ptr, "kept from the first stream");
     f.write(f.l, &again);
     cache.deallocate(again).unwrap();
 
-    // Released behind the replays: the home stream gets it back, ordered
+    // Released behind the replays: the first stream gets it back, ordered
     // after them, and nothing stays outstanding.
     cache.release_capture(capture, f.s).unwrap();
     assert_eq!(cache.graph_bytes(), 0);
@@ -826,7 +826,10 @@ fn a_lent_range_freed_in_a_capture_is_the_graphs_until_its_release() {
         f.write(f.l, &b);
         back.push(b);
     }
-    assert!(back.iter().any(|b| b.ptr() == home_ptr), "back home");
+    assert!(
+        back.iter().any(|b| b.ptr() == home_ptr),
+        "in the arena again"
+    );
     for b in back {
         cache.deallocate(b).unwrap();
     }
@@ -839,15 +842,15 @@ fn a_lent_range_freed_in_a_capture_is_the_graphs_until_its_release() {
     assert_eq!(cache.bytes_outstanding(), 0);
 }
 
-/// A range lent to another stream, freed there while its home stream is
-/// being captured: the home stream's wait for the borrower's work would be
-/// refused (an event recorded outside the capture) and would invalidate
-/// the capture, so the range stays out of use until the home stream's
-/// next allocation outside the capture, which queues the wait first.
-/// Fails with STREAM_CAPTURE_ISOLATION if the wait is queued at the free,
-/// and with a race if the range goes back without it.
+/// A range taken by another stream, freed there while the stream that
+/// freed it first is being captured: that stream's wait for the borrower's
+/// work would be refused (an event recorded outside the capture) and would
+/// invalidate the capture, so the capture never gets the range; its next
+/// allocation outside the capture does, behind the wait. Fails with
+/// STREAM_CAPTURE_ISOLATION if a wait is queued in the capture, and with a
+/// race if the range is reused without it.
 #[test]
-fn a_range_freed_while_its_home_stream_is_captured_goes_back_after() {
+fn a_range_freed_while_its_first_stream_is_captured_serves_it_after() {
     let f = fixture();
     let cache = CachingResource::new(SimResource::new(&f.device));
     let home = cache.allocate(4 * MIB, f.s, AllocTag::UNTAGGED).unwrap();
@@ -873,7 +876,7 @@ fn a_range_freed_while_its_home_stream_is_captured_goes_back_after() {
     f.write(f.s, &again);
     assert!(
         [after.ptr(), again.ptr()].contains(&home_ptr),
-        "back in the home arena"
+        "the range again, behind the wait"
     );
     cache.deallocate(after).unwrap();
     cache.deallocate(again).unwrap();

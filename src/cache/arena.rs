@@ -15,14 +15,26 @@
 //!
 //! # Who changes it
 //!
-//! The owning stream's shard, under its lock: [`Arena::alloc`] splits,
+//! The tier's shared state, under its lock: [`Arena::alloc`] splits,
 //! [`Arena::free`] merges. No driver call is made here: the arena only
 //! places ranges; backing them with memory is the page table's business.
+//!
+//! # Tags
+//!
+//! Every range keeps its [`Freed`] tags: per stream that freed (part of)
+//! it, the newest such free. Free neighbours always merge, the merged
+//! range keeping the tags of both (one per stream: the newer); tags a fence
+//! shows done are dropped as ranges merge. A range freed by one stream
+//! (the common case) keeps its one tag in its node; only ranges freed by
+//! several hold a list. Where a range may go is the caller's decision
+//! (`fit`): the arena only reports each candidate's tags.
 //!
 //! # Bounded
 //!
 //! Nodes: at most one per handed-out range plus one per free range between
 //! them; a free node's slot is reused by the next split.
+
+use super::freed::Freed;
 
 /// Sizes are multiples of this, and addresses are aligned to it (as the
 /// driver's pool aligns).
@@ -49,11 +61,14 @@ struct Node {
     free: bool,
     prev_free: u32,
     next_free: u32,
-    /// The stamp of the newest free merged into the range (0: never
-    /// freed): once a fence past it completed, the GPU is done with every
-    /// byte of it. Kept while the range is handed out, so that undoing a
-    /// placement restores it.
-    freed: u64,
+    /// Who last freed (part of) the range, when one stream did: once a
+    /// fence past it completed, the GPU is done with every byte of it.
+    /// Kept while the range is handed out, so that undoing a placement
+    /// restores it.
+    freed: Freed,
+    /// When several streams did: their tags, an index into `Arena::sets`
+    /// (`NIL`: `freed` says it all).
+    set: u32,
 }
 
 /// A range handed out by [`Arena::alloc`]; give it back to [`Arena::free`].
@@ -74,6 +89,9 @@ pub(crate) struct Arena {
     heads: Vec<u32>,
     bitmap: [u64; BUCKETS / 64],
     free_bytes: u64,
+    /// Tag lists of ranges several streams freed (see `Node::set`).
+    sets: Vec<Vec<Freed>>,
+    spare_sets: Vec<u32>,
 }
 
 /// `bytes` rounded up to [`UNIT`] (at least one unit), or `None` on
@@ -102,6 +120,8 @@ impl Arena {
             heads: vec![NIL; BUCKETS],
             bitmap: [0; BUCKETS / 64],
             free_bytes: 0,
+            sets: Vec::new(),
+            spare_sets: Vec::new(),
         };
         if len > 0 {
             let n = arena.node(Node {
@@ -112,7 +132,8 @@ impl Arena {
                 free: false,
                 prev_free: NIL,
                 next_free: NIL,
-                freed: 0,
+                freed: Freed::CLEAN,
+                set: NIL,
             });
             arena.push_free(n);
         }
@@ -131,6 +152,13 @@ impl Arena {
     fn split(&mut self, node: u32, keep: u64) -> u32 {
         let n = self.nodes[node as usize];
         debug_assert!(keep > 0 && keep < n.len);
+        let set = match n.set {
+            NIL => NIL,
+            s => {
+                let tags = self.sets[s as usize].clone();
+                self.new_set(tags)
+            }
+        };
         let rest = self.node(Node {
             off: n.off + keep,
             len: n.len - keep,
@@ -140,6 +168,7 @@ impl Arena {
             prev_free: NIL,
             next_free: NIL,
             freed: n.freed,
+            set,
         });
         if n.next_addr != NIL {
             self.nodes[n.next_addr as usize].prev_addr = rest;
@@ -217,80 +246,71 @@ impl Arena {
         }
     }
 
-    /// The smallest of the first [`SCAN`] ranges of bucket `b` that fits
-    /// `len`.
-    fn best_in(&self, b: usize, len: u64) -> Option<u32> {
+    /// The smallest of the first [`SCAN`] ranges of bucket `b` where `fit`
+    /// places `len` bytes, with the offset it chose.
+    fn best_in(
+        &self,
+        b: usize,
+        len: u64,
+        fit: &impl Fn(u64, u64, &[Freed]) -> Option<u64>,
+    ) -> Option<(u32, u64)> {
         let mut at = self.heads[b];
-        let mut best: Option<(u64, u32)> = None;
+        let mut best: Option<(u64, u32, u64)> = None;
         for _ in 0..SCAN {
             if at == NIL {
                 break;
             }
             let n = &self.nodes[at as usize];
-            if n.len >= len && best.is_none_or(|(l, _)| n.len < l) {
-                best = Some((n.len, at));
+            if n.len >= len
+                && best.is_none_or(|(l, _, _)| n.len < l)
+                && let Some(off) = fit(n.off, n.off + n.len, self.tags(at))
+            {
+                debug_assert!(off >= n.off && off + len <= n.off + n.len);
+                debug_assert!(off.is_multiple_of(UNIT));
+                best = Some((n.len, at, off));
                 if n.len == len {
                     break;
                 }
             }
             at = n.next_free;
         }
-        best.map(|(_, i)| i)
+        best.map(|(_, i, off)| (i, off))
     }
 
-    /// Places `len` bytes (a multiple of [`UNIT`]). When the free range
-    /// found is larger, the block goes to the end of it that `backed` says
-    /// has memory behind it (the start when neither or both do), so that
-    /// an allocation lands on memory already mapped where it can.
-    pub(crate) fn alloc(&mut self, len: u64, backed: impl Fn(u64) -> bool) -> Option<Placed> {
+    /// Places `len` bytes (a multiple of [`UNIT`]): a good fit among the
+    /// free ranges where `fit(start, end, freed)` finds room, at the offset
+    /// it returns (inside `[start, end)`, a multiple of [`UNIT`]). Looks at
+    /// the request's own bucket, then at the buckets above, a few ranges
+    /// each.
+    pub(crate) fn alloc(
+        &mut self,
+        len: u64,
+        fit: impl Fn(u64, u64, &[Freed]) -> Option<u64>,
+    ) -> Option<Placed> {
         debug_assert!(len > 0 && len.is_multiple_of(UNIT));
         let b = bucket(len);
-        let found = self.best_in(b, len).or_else(|| {
-            let above = self.next_bucket(b + 1)?;
-            self.best_in(above, len)
-        })?;
-        self.unlink_free(found);
-        let f = self.nodes[found as usize];
-        if f.len == len {
-            return Some(Placed {
-                node: found,
-                off: f.off,
-                len,
-            });
+        let mut found = self.best_in(b, len, &fit);
+        let mut above = b + 1;
+        while found.is_none() {
+            let next = self.next_bucket(above)?;
+            found = self.best_in(next, len, &fit);
+            above = next + 1;
         }
-        let at_end = !backed(f.off) && backed(f.off + f.len - 1);
-        if at_end {
-            // The block is a new node after `found`, which stays free.
-            let block = self.split(found, f.len - len);
-            self.push_free(found);
-            let off = self.nodes[block as usize].off;
-            return Some(Placed {
-                node: block,
-                off,
-                len,
-            });
-        }
-        // The block keeps `found`; the rest is a new free node after it.
-        let rest = self.split(found, len);
-        self.push_free(rest);
-        Some(Placed {
-            node: found,
-            off: f.off,
-            len,
-        })
+        let (node, off) = found?;
+        Some(self.carve(node, off, len))
     }
 
     /// A range to use as it is: `len` bytes of a free range, at the offset
-    /// `usable(start, end, len)` finds inside the free range `[start, end)`
-    /// (where memory is behind every page). Looks at up to [`LEND_SCAN`]
-    /// free ranges large enough, smallest buckets first; `None` when none
-    /// serves, and nothing changes. The range keeps the stamp of its newest
-    /// free ([`freed`](Self::freed)), for a borrower on another stream to
-    /// order itself after.
+    /// `usable(start, end, freed)` finds inside the free range `[start,
+    /// end)` (where memory is behind every page, say). Looks at up to
+    /// [`LEND_SCAN`] free ranges large enough, smallest buckets first;
+    /// `None` when none serves, and nothing changes. The range keeps its
+    /// tag ([`freed`](Self::freed)), for a user on another stream to order
+    /// itself after.
     pub(crate) fn lend(
         &mut self,
         len: u64,
-        usable: impl Fn(u64, u64, u64) -> Option<u64>,
+        usable: impl Fn(u64, u64, &[Freed]) -> Option<u64>,
     ) -> Option<Placed> {
         debug_assert!(len > 0 && len.is_multiple_of(UNIT));
         let mut looked = 0;
@@ -300,7 +320,7 @@ impl Arena {
             while at != NIL {
                 let n = self.nodes[at as usize];
                 if n.len >= len {
-                    if let Some(off) = usable(n.off, n.off + n.len, len) {
+                    if let Some(off) = usable(n.off, n.off + n.len, self.tags(at)) {
                         debug_assert!(off >= n.off && off + len <= n.off + n.len);
                         debug_assert!(off.is_multiple_of(UNIT));
                         return Some(self.carve(at, off, len));
@@ -316,10 +336,58 @@ impl Arena {
         }
     }
 
-    /// The stamp of the newest free of the range `placed` lies in (as it was
-    /// when handed out).
-    pub(crate) fn freed(&self, placed: Placed) -> u64 {
-        self.nodes[placed.node as usize].freed
+    /// The tags of the range `placed` lies in (as they were when handed
+    /// out): none when clean.
+    pub(crate) fn freed(&self, placed: Placed) -> &[Freed] {
+        self.tags(placed.node)
+    }
+
+    fn tags(&self, i: u32) -> &[Freed] {
+        let n = &self.nodes[i as usize];
+        match n.set {
+            NIL if n.freed.is_clean() => &[],
+            NIL => std::slice::from_ref(&n.freed),
+            s => &self.sets[s as usize],
+        }
+    }
+
+    fn new_set(&mut self, tags: Vec<Freed>) -> u32 {
+        match self.spare_sets.pop() {
+            Some(s) => {
+                self.sets[s as usize] = tags;
+                s
+            }
+            None => {
+                self.sets.push(tags);
+                (self.sets.len() - 1) as u32
+            }
+        }
+    }
+
+    /// Sets node `i`'s tag to the one `freed` (clean: none).
+    fn set_one(&mut self, i: u32, freed: Freed) {
+        let old = std::mem::replace(&mut self.nodes[i as usize].set, NIL);
+        if old != NIL {
+            self.sets[old as usize].clear();
+            self.spare_sets.push(old);
+        }
+        self.nodes[i as usize].freed = freed;
+    }
+
+    /// Sets node `i`'s tags to `tags` (done ones already dropped).
+    fn set_tags(&mut self, i: u32, mut tags: Vec<Freed>) {
+        let old = self.nodes[i as usize].set;
+        if tags.len() <= 1 {
+            self.set_one(i, tags.pop().unwrap_or(Freed::CLEAN));
+            return;
+        }
+        self.nodes[i as usize].freed = tags[0];
+        if old != NIL {
+            self.sets[old as usize] = tags;
+        } else {
+            let s = self.new_set(tags);
+            self.nodes[i as usize].set = s;
+        }
     }
 
     /// Hands out `[off, off + len)` of the free range `found`, splitting
@@ -360,36 +428,85 @@ impl Arena {
         if next_addr != NIL {
             self.nodes[next_addr as usize].prev_addr = prev_addr;
         }
+        let set = std::mem::replace(&mut self.nodes[i as usize].set, NIL);
+        if set != NIL {
+            self.sets[set as usize].clear();
+            self.spare_sets.push(set);
+        }
         self.spare_nodes.push(i);
     }
 
-    /// Gives back a range [`alloc`](Self::alloc) handed out, freed at
-    /// `stamp` (0 to undo a placement: the range keeps the stamp it had),
-    /// merging it with free neighbours; the merged range's stamp is the
-    /// newest of theirs.
-    pub(crate) fn free(&mut self, placed: Placed, stamp: u64) {
-        let mut i = placed.node;
+    /// Gives back a range [`alloc`](Self::alloc) handed out, freed as
+    /// `freed` says (`None` to undo a placement: the range keeps the tags
+    /// it had), merging it with its free neighbours. Tags `done` says the
+    /// GPU finished are dropped.
+    pub(crate) fn free(
+        &mut self,
+        placed: Placed,
+        freed: Option<Freed>,
+        done: impl Fn(Freed) -> bool,
+    ) {
+        let i = placed.node;
         debug_assert!(!self.nodes[i as usize].free);
-        let node = &mut self.nodes[i as usize];
-        node.freed = node.freed.max(stamp);
-        let prev = self.nodes[i as usize].prev_addr;
-        if prev != NIL && self.nodes[prev as usize].free {
-            self.unlink_free(prev);
-            let Node { len, freed, .. } = self.nodes[i as usize];
-            let p = &mut self.nodes[prev as usize];
-            p.len += len;
-            p.freed = p.freed.max(freed);
-            self.drop_node(i);
-            i = prev;
+        if let Some(f) = freed {
+            // The user of the range was ordered after every free in its
+            // tags (it waited for them, or they were its stream's own), so
+            // the new free covers them all.
+            self.set_one(i, if done(f) { Freed::CLEAN } else { f });
         }
+        self.push_free(i);
+        let prev = self.nodes[i as usize].prev_addr;
+        let i = if prev != NIL && self.nodes[prev as usize].free {
+            self.merge_next(prev, &done);
+            prev
+        } else {
+            i
+        };
         let next = self.nodes[i as usize].next_addr;
         if next != NIL && self.nodes[next as usize].free {
-            self.unlink_free(next);
-            let Node { len, freed, .. } = self.nodes[next as usize];
-            let n = &mut self.nodes[i as usize];
-            n.len += len;
-            n.freed = n.freed.max(freed);
-            self.drop_node(next);
+            self.merge_next(i, &done);
+        }
+    }
+
+    /// Merges the free node `i` with the next one (free too): the merged
+    /// range keeps both's tags, one per stream, the ones `done` says
+    /// finished dropped.
+    fn merge_next(&mut self, i: u32, done: &impl Fn(Freed) -> bool) {
+        let next = self.nodes[i as usize].next_addr;
+        let a = self.tags(i);
+        let b = self.tags(next);
+        let simple = match (a, b) {
+            ([], []) => Some(Freed::CLEAN),
+            ([x], []) | ([], [x]) => Some(*x),
+            ([x], [y]) => x.join(*y),
+            _ => None,
+        };
+        let list = match simple {
+            // One stream (or none): no list to build.
+            Some(_) => None,
+            None => {
+                let mut all: Vec<Freed> = Vec::with_capacity(a.len() + b.len());
+                for &t in a.iter().chain(b) {
+                    if done(t) {
+                        continue;
+                    }
+                    match all.iter_mut().find(|u| u.slot() == t.slot()) {
+                        Some(u) => *u = u.join(t).unwrap_or(t),
+                        None => all.push(t),
+                    }
+                }
+                Some(all)
+            }
+        };
+        self.unlink_free(i);
+        self.unlink_free(next);
+        let len = self.nodes[next as usize].len;
+        self.nodes[i as usize].len += len;
+        self.drop_node(next);
+        match (list, simple) {
+            (Some(all), _) => self.set_tags(i, all),
+            (None, Some(f)) => self.set_one(i, if done(f) { Freed::CLEAN } else { f }),
+            (None, None) => unreachable!("one or the other"),
         }
         self.push_free(i);
     }
@@ -398,6 +515,19 @@ impl Arena {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// At the start of the first range that fits.
+    fn first(start: u64, _: u64, _: &[Freed]) -> Option<u64> {
+        Some(start)
+    }
+
+    fn never(_: Freed) -> bool {
+        false
+    }
+
+    fn by(slot: usize, stamp: u64) -> Option<Freed> {
+        Some(Freed::by(slot, stamp))
+    }
 
     #[test]
     fn buckets_grow_with_the_size() {
@@ -413,104 +543,107 @@ mod tests {
     #[test]
     fn split_merge_and_reuse() {
         let mut a = Arena::new(1 << 20);
-        let none = |_| false;
-        let x = a.alloc(4096, none).unwrap();
-        let y = a.alloc(8192, none).unwrap();
-        let z = a.alloc(4096, none).unwrap();
+        let x = a.alloc(4096, first).unwrap();
+        let y = a.alloc(8192, first).unwrap();
+        let z = a.alloc(4096, first).unwrap();
         assert_eq!((x.off, y.off, z.off), (0, 4096, 12288));
-        a.free(y, 1);
+        a.free(y, by(0, 1), never);
         // Best fit takes the hole, not the tail.
-        let w = a.alloc(8192, none).unwrap();
+        let w = a.alloc(8192, first).unwrap();
         assert_eq!(w.off, 4096);
-        a.free(w, 2);
-        a.free(x, 3);
-        a.free(z, 4);
+        a.free(w, by(0, 2), never);
+        a.free(x, by(0, 3), never);
+        a.free(z, by(0, 4), never);
         assert_eq!(a.free_bytes(), 1 << 20);
-        let all = a.alloc(1 << 20, none).unwrap();
+        let all = a.alloc(1 << 20, first).unwrap();
         assert_eq!(all.off, 0, "everything merged back into one range");
-        assert!(a.alloc(UNIT, none).is_none());
+        assert_eq!(a.freed(all), [Freed::by(0, 4)], "the newest free");
+        assert!(a.alloc(UNIT, first).is_none());
     }
 
     #[test]
     fn lend_carves_the_window_it_is_given_and_merges_back() {
         let mut a = Arena::new(1 << 20);
-        let none = |_| false;
-        let x = a.alloc(4096, none).unwrap();
-        let at = |off: u64| move |s: u64, e: u64, l: u64| (s <= off && off + l <= e).then_some(off);
+        let x = a.alloc(4096, first).unwrap();
+        let at = |off: u64| {
+            move |s: u64, e: u64, _: &[Freed]| (s <= off && off + 8192 <= e).then_some(off)
+        };
         let y = a.lend(8192, at(65536)).unwrap();
         assert_eq!((y.off, y.len), (65536, 8192));
         assert!(a.lend(4096, at(65536 + 4096)).is_none(), "handed out");
         assert!(a.lend(512, at(0)).is_none(), "x is there");
         assert_eq!(a.free_bytes(), (1 << 20) - 4096 - 8192);
         // The hole before y is still placeable.
-        let z = a.alloc(65536 - 4096, none).unwrap();
+        let z = a.alloc(65536 - 4096, first).unwrap();
         assert_eq!(z.off, 4096);
         for p in [x, y, z] {
-            a.free(p, 1);
+            a.free(p, by(0, 1), never);
         }
-        assert_eq!(a.alloc(1 << 20, none).unwrap().off, 0, "merged back");
+        assert_eq!(a.alloc(1 << 20, first).unwrap().off, 0, "merged back");
     }
 
     #[test]
-    fn a_free_range_keeps_the_stamp_of_its_newest_free() {
+    fn frees_of_two_streams_merge_keeping_both_tags() {
         let mut a = Arena::new(1 << 20);
-        let none = |_| false;
-        let all = |start, _, _| Some(start);
-        let x = a.alloc(8192, none).unwrap();
-        let y = a.alloc(8192, none).unwrap();
-        let z = a.alloc(8192, none).unwrap();
-        let tail = a.alloc((1 << 20) - 3 * 8192, none).unwrap();
-        a.free(x, 5);
-        a.free(z, 7);
-        // Each range lent keeps the stamp of the free that left it free.
-        let first = a.lend(8192, all).unwrap();
-        let second = a.lend(8192, all).unwrap();
-        let mut stamps = [(first.off, a.freed(first)), (second.off, a.freed(second))];
-        stamps.sort();
-        assert_eq!(stamps, [(0, 5), (16384, 7)]);
-        let (x, z) = if first.off == 0 {
-            (first, second)
-        } else {
-            (second, first)
-        };
-        // Undoing a placement (stamp 0) keeps the stamp the range had.
-        a.free(x, 0);
-        let x = a.lend(8192, all).unwrap();
-        assert_eq!((x.off, a.freed(x)), (0, 5));
-        a.free(x, 0);
-        // Merging keeps the newest stamp: y freed at 9 joins x's range
-        // (freed at 5) into one range freed at 9.
-        a.free(y, 9);
-        let both = a.lend(16384, all).unwrap();
-        assert_eq!((both.off, a.freed(both)), (0, 9));
-        for (p, stamp) in [(both, 10), (z, 10), (tail, 11)] {
-            a.free(p, stamp);
-        }
-        assert_eq!(a.free_bytes(), 1 << 20);
+        let x = a.alloc(8192, first).unwrap();
+        let y = a.alloc(8192, first).unwrap();
+        let z = a.alloc(8192, first).unwrap();
+        let rest = a.alloc((1 << 20) - 3 * 8192, first).unwrap();
+        a.free(x, by(0, 5), never);
+        a.free(y, by(1, 7), never);
+        a.free(z, by(0, 6), never);
+        let all = a.alloc(3 * 8192, first).unwrap();
+        assert_eq!(all.off, 0, "one range");
+        let mut tags = a.freed(all).to_vec();
+        tags.sort_by_key(|f| f.slot());
+        assert_eq!(
+            tags,
+            [Freed::by(0, 6), Freed::by(1, 7)],
+            "the newest of each"
+        );
+        // Undoing a placement keeps the tags; a part split off keeps them.
+        a.free(all, None, never);
+        let part = a.alloc(8192, first).unwrap();
+        assert_eq!(a.freed(part).len(), 2);
+        a.free(part, None, never);
+        // A free ordered after both (its user waited) leaves one tag.
+        let all = a.alloc(3 * 8192, first).unwrap();
+        a.free(all, by(2, 1), never);
+        let again = a.alloc(8192, first).unwrap();
+        assert_eq!(a.freed(again), [Freed::by(2, 1)]);
+        a.free(again, None, never);
+        a.free(rest, by(0, 9), |f| f.slot() == Some(2));
+        let whole = a.alloc(1 << 20, first).unwrap();
+        assert_eq!(a.freed(whole), [Freed::by(0, 9)], "done tags dropped");
     }
 
     #[test]
-    fn lend_serves_the_usable_window_of_a_range() {
+    fn a_free_beside_a_done_range_drops_its_tag() {
         let mut a = Arena::new(1 << 20);
-        let none = |_| false;
-        let x = a.alloc(65536, none).unwrap();
-        let _rest = a.alloc((1 << 20) - 65536, none).unwrap();
-        a.free(x, 1);
-        // Only the upper half of x's range has memory behind it.
-        let upper = |start: u64, end: u64, len: u64| {
+        let x = a.alloc(8192, first).unwrap();
+        let y = a.alloc(8192, first).unwrap();
+        let _rest = a.alloc((1 << 20) - 16384, first).unwrap();
+        a.free(x, by(0, 5), never);
+        a.free(y, by(1, 7), |f| f.slot() == Some(0));
+        let both = a.alloc(16384, first).unwrap();
+        assert_eq!(a.freed(both), [Freed::by(1, 7)]);
+    }
+
+    #[test]
+    fn fit_sees_each_ranges_tag_and_chooses_the_offset() {
+        let mut a = Arena::new(1 << 20);
+        let x = a.alloc(65536, first).unwrap();
+        let _rest = a.alloc((1 << 20) - 65536, first).unwrap();
+        a.free(x, by(3, 1), never);
+        // Only the upper half of x's range may be used.
+        let upper = |start: u64, end: u64, f: &[Freed]| {
+            assert_eq!(f, [Freed::by(3, 1)]);
             let at = start.max(32768);
-            (at + len <= end.min(65536)).then_some(at)
+            (at + 8192 <= end).then_some(at)
         };
-        let p = a.lend(8192, upper).unwrap();
-        assert_eq!(p.off, 32768, "the window the closure found");
-        assert!(a.lend(32768, upper).is_none(), "no window that large left");
+        let p = a.alloc(8192, upper).unwrap();
+        assert_eq!(p.off, 32768, "the offset fit chose");
         assert_eq!(a.free_bytes(), 65536 - 8192);
-    }
-
-    #[test]
-    fn placement_prefers_the_backed_end() {
-        let mut a = Arena::new(1 << 20);
-        let p = a.alloc(4096, |off| off >= (1 << 20) - 8192).unwrap();
-        assert_eq!(p.off, (1 << 20) - 4096);
+        assert!(a.alloc(8192, |_, _, _| None).is_none(), "nowhere fits");
     }
 }

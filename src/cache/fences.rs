@@ -31,7 +31,7 @@ use std::collections::VecDeque;
 use crate::gpu::{Gpu, GpuResult, RawEvent, RawStream};
 
 /// Fences in flight per stream, at most.
-const MAX_IN_FLIGHT: usize = 4;
+const MAX_IN_FLIGHT: usize = 64;
 
 #[derive(Debug, Default)]
 pub(crate) struct Fences {

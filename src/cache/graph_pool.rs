@@ -50,10 +50,6 @@ pub(crate) struct GraphPool {
     pub(crate) ranges: Vec<(Placed, bool)>,
     /// Size-class blocks freed while the graph owns them.
     pub(crate) blocks: Vec<(SizeClass, DeviceBlock)>,
-    /// Ranges other streams' arenas lent, freed in the capture, with their
-    /// address and the slot of their home arena: handed back home at the
-    /// release.
-    pub(crate) lent: Vec<(Placed, u64, usize)>,
     /// Leases of the shard the capture handed out that users still hold.
     pub(crate) live: usize,
     /// Bytes of `ranges` and `blocks` (their placed or class sizes).
@@ -76,7 +72,6 @@ impl GraphPool {
             capture,
             ranges: Vec::new(),
             blocks: Vec::new(),
-            lent: Vec::new(),
             live: 0,
             bytes: 0,
             released: None,
@@ -103,13 +98,6 @@ impl GraphPool {
     }
 
     /// Takes a block of `class`.
-    /// Keeps a range at `ptr` the arena of slot `home` lent, freed in the
-    /// capture.
-    pub(crate) fn put_lent(&mut self, placed: Placed, ptr: u64, home: usize) {
-        self.bytes += placed.len as usize;
-        self.lent.push((placed, ptr, home));
-    }
-
     pub(crate) fn take_block(&mut self, class: SizeClass) -> Option<DeviceBlock> {
         let i = self.blocks.iter().rposition(|(c, _)| *c == class)?;
         let (_, block) = self.blocks.swap_remove(i);

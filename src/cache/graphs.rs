@@ -166,7 +166,6 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
             let index = (stream.index() as usize).min(self.config.streams);
             self.slots[index].add_arena_live(-(bytes as isize));
         }
-        self.hand_back_lent(shard, pool.lent)?;
         for (class, block) in pool.blocks {
             if self.reserve(shard, block.size()) {
                 shard.push(class, block);
@@ -180,38 +179,6 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
             }
         }
         tracing::debug!(%capture, %stream, %after, "graph memory returned");
-        Ok(())
-    }
-
-    /// Hands the ranges other arenas lent, freed in a released capture,
-    /// back to their home slots, each with an event recorded on the shard's
-    /// stream (ordered after the last replay already) for the home stream
-    /// to wait for before it reuses the range.
-    ///
-    /// # Errors
-    /// A driver error recording an event: the ranges not handed back stay
-    /// out of use (touched in their home arenas) until the cache goes.
-    fn hand_back_lent(
-        &self,
-        shard: &SlotGuard<'_>,
-        lent: Vec<(super::arena::Placed, u64, usize)>,
-    ) -> ResourceResult<()> {
-        let (Some(tier), Some(events), Some(arena)) = (&self.vm, &self.events, &shard.arena) else {
-            return Ok(());
-        };
-        let gpu = &*tier.access.gpu;
-        for (placed, ptr, home) in lent {
-            let event = events.take().map_err(|e| e.for_request(0, shard.stream))?;
-            // Freed here, after the wait for the last replay.
-            gpu.note_subfree(ptr, arena.raw);
-            // SAFETY: a pooled event of the tier, made on `gpu`; the arena's
-            // stream is of the tier's device pool, which the tier holds.
-            if let Err(e) = unsafe { gpu.event_record(event, arena.raw) } {
-                events.give([event]);
-                return Err(e.for_request(0, shard.stream));
-            }
-            self.slots[home].push_return(placed, event);
-        }
         Ok(())
     }
 

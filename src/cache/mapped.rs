@@ -12,31 +12,30 @@
 use super::arena::{Placed, round};
 use super::resource::CachingResource;
 use super::shard::{Backing, Lease, Mapped, Slot, SlotGuard};
-use super::vmm::{OtherArenas, StreamArena, Taken, VmTier};
+use super::vmm::{OtherSlots, Taken, VmTier};
 use crate::error::{ResourceError, ResourceResult};
-use crate::gpu::{CaptureId, GpuError, RawStream};
+use crate::gpu::{CaptureId, GpuError};
 use crate::resource::DeviceMemoryResource;
 use crate::types::{Access, AllocTag, BlockId, DeviceBlock, StreamId};
 
-/// The arenas of the other streams' shards, each lent while not locked.
-pub(super) struct Others<'a> {
-    pub(super) slots: &'a [Slot],
-    pub(super) own: usize,
+/// The other streams' shards, each lent while not locked.
+struct Others<'a> {
+    slots: &'a [Slot],
+    own: usize,
+    tier: &'a VmTier,
 }
 
-impl OtherArenas for Others<'_> {
-    fn each_other(&self, f: &mut dyn FnMut(usize, &mut StreamArena) -> bool) {
+impl OtherSlots for Others<'_> {
+    fn take_recents(&self, give: &mut dyn FnMut(usize, Placed)) {
         for (i, slot) in self.slots.iter().enumerate() {
             if i == self.own {
                 continue;
             }
-            let Some(mut shard) = slot.try_lock() else {
-                continue;
-            };
-            if let Some(arena) = shard.arena.as_mut()
-                && f(i, arena)
+            if let Some(mut shard) = slot.try_lock()
+                && let Some(arena) = shard.arena.as_mut()
+                && let Some(recent) = self.tier.take_recent(arena)
             {
-                return;
+                give(i, recent);
             }
         }
     }
@@ -79,7 +78,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         let slot = &self.slots[index];
         let mut shard = slot.lock();
         if shard.arena.is_none() && !shard.arena_failed {
-            match tier.open(stream) {
+            match tier.open(stream, index) {
                 Ok(arena) => shard.arena = Some(arena),
                 Err(e) => {
                     tracing::debug!(error = %e, %stream, "no arena for the stream: size classes");
@@ -90,11 +89,6 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         if shard.arena.is_none() {
             return Ok(None);
         }
-        if capture.is_none()
-            && let Some(arena) = shard.arena.as_mut()
-        {
-            self.settle_returns(slot, arena);
-        }
         let pooled = capture.and_then(|c| shard.graph_mut(c)?.take_range(len));
         if let (Some(placed), Some(c)) = (pooled, capture) {
             // Replays free and allocate in the capture's order: the range
@@ -103,13 +97,13 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
                 unreachable!("checked above");
             };
             tier.note_reuse(arena, placed, bytes);
-            let ptr = arena.base + placed.off;
+            let ptr = tier.ptr(placed);
             slot.add_arena_live(bytes as isize - placed.len as isize);
             shard.stats.hits += 1;
             shard.graph_entry(c).live += 1;
             return Ok(Some(self.lease_mapped(
                 &mut shard,
-                (placed, ptr, None),
+                (placed, ptr),
                 (bytes, stream, tag),
                 capture,
             )));
@@ -118,26 +112,25 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
             unreachable!("checked above");
         };
         let held = tier.held();
+        slot.add_arena_live(bytes as isize);
         let others = Others {
             slots: &self.slots,
             own: index,
+            tier,
         };
-        slot.add_arena_live(bytes as isize);
-        let (placed, ptr, lent_by) =
-            match tier.alloc(arena, len, bytes, stream, &others, capture.is_none()) {
-                Ok(Some(Taken::Own(placed))) => (placed, arena.base + placed.off, None),
-                Ok(Some(Taken::Lent {
-                    home,
-                    home_raw,
-                    placed,
-                    ptr,
-                })) => (placed, ptr, Some((home, home_raw))),
-                other => {
-                    slot.add_arena_live(-(bytes as isize));
-                    return other.map(|_| None);
-                }
-            };
-        if lent_by.is_some() {
+        let taken = match tier.alloc(arena, len, bytes, stream, &others, capture.is_none()) {
+            Ok(Some(taken)) => taken,
+            other => {
+                slot.add_arena_live(-(bytes as isize));
+                return other.map(|_| None);
+            }
+        };
+        let Taken {
+            placed,
+            ptr,
+            borrowed,
+        } = taken;
+        if borrowed {
             shard.stats.borrows += 1;
         } else if tier.held() > held {
             shard.stats.misses += 1;
@@ -149,18 +142,18 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         }
         Ok(Some(self.lease_mapped(
             &mut shard,
-            (placed, ptr, lent_by),
+            (placed, ptr),
             (bytes, stream, tag),
             capture,
         )))
     }
 
-    /// Records the lease of the arena range `placed` at `ptr` (lent by the
-    /// arena `lent_by` names, if any) and returns the user's block.
+    /// Records the lease of the arena range `placed` at `ptr` and returns
+    /// the user's block.
     fn lease_mapped(
         &self,
         shard: &mut SlotGuard<'_>,
-        (placed, ptr, lent_by): (Placed, u64, Option<(usize, RawStream)>),
+        (placed, ptr): (Placed, u64),
         request: (usize, StreamId, AllocTag),
         capture: Option<CaptureId>,
     ) -> DeviceBlock {
@@ -171,7 +164,6 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
                 ptr,
                 uses: None,
                 home_unrecorded: None,
-                lent_by,
             }),
             stream,
             size: bytes,
@@ -187,8 +179,8 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
     /// waits for the block's uses on other streams, then the range goes
     /// back to its arena, or to the pool of `owner`, the capture whose
     /// graph still uses it (`now`: the capture the stream is in). `plain`:
-    /// the caller saw the lease used on its own stream only and not lent,
-    /// so nothing is waited for before the lease ends (two map lookups
+    /// the caller saw the lease used on its own stream only, so nothing is
+    /// waited for before the lease ends (two map lookups
     /// fewer on the hot path).
     pub(super) fn free_mapped(
         &self,
@@ -205,8 +197,8 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
     }
 
     /// The part of [`free_mapped`](Self::free_mapped) for a lease used on
-    /// other streams or lent: the waits for the uses elsewhere, then the
-    /// lent range's way home or the end of the lease.
+    /// other streams: the waits for the uses elsewhere, then the end of the
+    /// lease.
     fn free_mapped_waits(
         &self,
         slot: &Slot,
@@ -257,10 +249,6 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
                         .map_err(|e| Self::driver(e, stream))?;
                 }
             }
-        }
-        if let Some(lent_by) = m.lent_by {
-            let (placed, ptr, size) = (m.placed, m.ptr, lease.size);
-            return self.free_lent(slot, shard, serial, (placed, ptr, size), lent_by, owner);
         }
         self.end_mapped_lease(slot, shard, serial, (owner, now))
     }
@@ -317,137 +305,11 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         if cap != usize::MAX {
             // Under a cap, the freed block counts as idle at once.
             tier.flush_recent(arena);
-            if arena.pages.idle_bytes() > cap {
-                tier.trim_arena(arena);
+            if tier.idle_bytes() > cap {
+                tier.trim_idle();
             }
         }
         Ok(())
-    }
-
-    /// Ends the lease `serial` of a range lent by the arena of slot `home`
-    /// (the borrower's waits for the block's uses elsewhere are queued
-    /// already): the free is noted on the borrower, the home stream waits
-    /// for an event recorded there after it, and the range goes back to
-    /// the home arena as freed at that point. The home stream reuses it in
-    /// stream order after the wait, so after the borrower's work; another
-    /// stream only after a fence on the home stream, which comes after the
-    /// wait too.
-    ///
-    /// Freed while the borrower is capturing (the capture `owner`), the
-    /// graph's replays free it: it stays the graph's, out of use (touched
-    /// in the home arena), until the graph's release hands it back home
-    /// behind the last replay. Freed while the *home* stream is capturing,
-    /// its wait would be refused (an event recorded outside the capture)
-    /// and would invalidate the capture: the range is handed back to the
-    /// home slot with the event, out of use until the next allocation there
-    /// outside a capture queues the wait.
-    fn free_lent(
-        &self,
-        slot: &Slot,
-        mut shard: SlotGuard<'_>,
-        serial: u64,
-        (placed, ptr, size): (Placed, u64, usize),
-        (home, home_raw): (usize, RawStream),
-        owner: Option<CaptureId>,
-    ) -> ResourceResult<()> {
-        let tier = self.tier();
-        let gpu = &*tier.access.gpu;
-        let raw = match shard.arena.as_ref() {
-            Some(a) => a.raw,
-            None => unreachable!("a lent range is leased through the borrower's arena"),
-        };
-        let stream = shard.stream;
-        let lease_end = |shard: &mut SlotGuard<'_>| {
-            if let Some(lease) = shard.end_lease(serial)
-                && let Backing::Mapped(mut m) = lease.backing
-                && m.event_count() > 0
-                && let Some(events) = &self.events
-            {
-                events.give(m.take_events().into_iter().map(|(_, e)| e));
-            }
-            slot.add_arena_live(-(size as isize));
-        };
-        if let Some(capture) = owner {
-            // Freed where the capture is: the graph's replays free it, so
-            // it stays the graph's until its release, which hands it back
-            // home behind the last replay.
-            lease_end(&mut shard);
-            shard.graph_entry(capture).put_lent(placed, ptr, home);
-            return Ok(());
-        }
-        let events = self.events.as_ref().expect("made with the tier");
-        let event = events.take().map_err(|e| Self::driver(e, stream))?;
-        gpu.note_subfree(ptr, raw);
-        // SAFETY: `home_raw` is the stream of the home arena, of the tier's
-        // device pool, which the tier holds.
-        let home_capture = unsafe { gpu.capture_status(home_raw) };
-        // SAFETY: a pooled event of the tier, made on `gpu`; `raw` is the
-        // borrower arena's stream, of the tier's device pool.
-        let recorded = home_capture.and_then(|status| {
-            unsafe { gpu.event_record(event, raw) }.map(|()| status.is_capturing())
-        });
-        let home_capturing = match recorded {
-            Ok(capturing) => capturing,
-            Err(e) => {
-                events.give([event]);
-                return Err(Self::driver(e, stream));
-            }
-        };
-        if !home_capturing {
-            // SAFETY: `home_raw` is the stream of the home arena (a stream
-            // of the tier's device pool, held by the tier); the event was
-            // just recorded, on `gpu`.
-            let waited = unsafe { gpu.stream_wait_event(home_raw, event) };
-            events.give([event]);
-            waited.map_err(|e| Self::driver(e, stream))?;
-        }
-        lease_end(&mut shard);
-        drop(shard);
-        if home_capturing {
-            // The home stream's wait would be refused inside its capture: it
-            // is queued at the next allocation there outside one.
-            self.slots[home].push_return(placed, event);
-            return Ok(());
-        }
-        let mut home_shard = self.slots[home].lock();
-        match home_shard.arena.as_mut() {
-            Some(arena) => tier.return_range(arena, placed),
-            None => unreachable!("an arena lives as long as the cache"),
-        }
-        Ok(())
-    }
-
-    /// Gives the ranges handed back to `slot` (its arena lent them; see
-    /// [`Slot::push_return`]) back to `arena`, each behind a wait of its
-    /// stream on the event recorded after its free, unless the stream is
-    /// being captured now. A failed wait keeps the range, for a later call.
-    fn settle_returns(&self, slot: &Slot, arena: &mut StreamArena) {
-        if !slot.has_returns() {
-            return;
-        }
-        let tier = self.tier();
-        // SAFETY: the arena's stream is of the tier's device pool, which the
-        // tier holds.
-        let capturing = unsafe { tier.access.gpu.capture_status(arena.raw) };
-        if capturing.is_ok_and(|c| c.is_capturing()) {
-            return;
-        }
-        let events = self.events.as_ref().expect("made with the tier");
-        for (placed, event) in slot.take_returns() {
-            // SAFETY: the arena's stream is of the tier's device pool, held
-            // by the tier; the event is a pooled event of the tier, kept
-            // out of the pool (never recorded again) since its record.
-            match unsafe { tier.access.gpu.stream_wait_event(arena.raw, event) } {
-                Ok(()) => {
-                    events.give([event]);
-                    tier.return_range(arena, placed);
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e, "a lent range's return stays pending");
-                    slot.push_return(placed, event);
-                }
-            }
-        }
     }
 
     /// Records a use of an arena block leased on `home` on `use_stream`:
@@ -594,73 +456,61 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
     }
 
     /// An estimate of the new memory an arena allocation of `bytes` on slot
-    /// `index` maps: nothing when the stream's idle mappings could hold it,
-    /// else the pages it spans.
+    /// `index` maps: nothing when the idle mappings could hold it, else the
+    /// pages it spans.
     pub(super) fn mapped_cost(&self, tier: &VmTier, bytes: usize, index: usize) -> usize {
         let pages = bytes.div_ceil(tier.page()) * tier.page();
         let mut shard = self.slots[index].lock();
         if let Some(arena) = shard.arena.as_mut() {
             tier.flush_recent(arena);
         }
-        match shard.arena.as_ref() {
-            Some(arena) if arena.pages.idle_bytes() >= pages => 0,
-            _ => pages,
-        }
+        drop(shard);
+        if tier.idle_bytes() >= pages { 0 } else { pages }
     }
 
-    /// Bytes of idle mappings in the arenas.
+    /// Gives each stream's block freed last back to the arena.
+    fn flush_recents(&self, tier: &VmTier) -> usize {
+        let mut leased = 0;
+        for slot in self.slots.iter() {
+            let mut shard = slot.lock();
+            leased += shard.lease_count();
+            if let Some(arena) = shard.arena.as_mut() {
+                tier.flush_recent(arena);
+            }
+        }
+        leased
+    }
+
+    /// Bytes of idle mappings in the arena.
     pub(super) fn idle_mapped_bytes(&self) -> usize {
         let Some(tier) = &self.vm else {
             return 0;
         };
-        self.slots
-            .iter()
-            .map(|s| {
-                let mut shard = s.lock();
-                shard.arena.as_mut().map_or(0, |a| {
-                    tier.flush_recent(a);
-                    a.pages.idle_bytes()
-                })
-            })
-            .sum()
+        self.flush_recents(tier);
+        tier.idle_bytes()
     }
 
-    /// Closes every arena (waiting for the GPU): what no lease holds goes
+    /// Closes the arena (waiting for the GPU): what no lease holds goes
     /// back to the device.
     pub(super) fn close_mapped(&mut self) {
         let Some(tier) = &self.vm else {
             return;
         };
-        for slot in self.slots.iter() {
-            let mut shard = slot.lock();
-            let leased = shard.lease_count();
-            if let Some(arena) = shard.arena.as_mut() {
-                self.settle_returns(slot, arena);
-                let closed = tier.close(arena);
-                if !closed && leased == 0 {
-                    tracing::warn!("an arena could not be given back");
-                }
-            }
+        let leased = self.flush_recents(tier);
+        if !tier.close() && leased == 0 {
+            tracing::warn!("the arena could not be given back");
         }
     }
 
-    /// Gives back every idle mapping of every arena the GPU is done with,
-    /// waiting for the GPU first when `wait` (fences are recorded for the
-    /// others, so that a later call finds them done); returns the bytes
-    /// given back. For a trim, and when the inner resource is out of memory.
+    /// Gives back every idle mapping the GPU is done with, waiting for the
+    /// GPU first when `wait` (fences are recorded for the others, so that a
+    /// later call finds them done); returns the bytes given back. For a
+    /// trim, and when the inner resource is out of memory.
     pub(super) fn reclaim_mapped(&self, wait: bool) -> usize {
         let Some(tier) = &self.vm else {
             return 0;
         };
-        let mut released = 0;
-        for (i, slot) in self.slots.iter().enumerate() {
-            let mut shard = slot.lock();
-            if let Some(arena) = shard.arena.as_mut() {
-                self.settle_returns(slot, arena);
-                let others = Others { slots: &[], own: i };
-                released += tier.reclaim_all(arena, &others, wait);
-            }
-        }
-        released
+        self.flush_recents(tier);
+        tier.reclaim_all(wait)
     }
 }

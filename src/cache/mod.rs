@@ -9,31 +9,33 @@
 //!
 //! # The virtual-memory arena (the default where the device has one)
 //!
-//! - **Per stream** (in its shard, behind its own lock): a reserved range
-//!   of addresses (twice the device's memory, `cuMemAddressReserve`), an
-//!   arena placing blocks in it (good fit with splitting and merging,
-//!   TLSF-style buckets: bounded work per call), a page table (which 2 MiB
-//!   pages are mapped, how many live blocks touch each) and fences (events
-//!   telling when the GPU is done with what was freed).
-//! - **Shared**: physical bytes held (one atomic, written only when memory
-//!   is mapped or given back), the high-water mark of live bytes.
+//! - **Shared by every stream** (behind the tier's lock): one reserved
+//!   range of addresses (twice the device's memory,
+//!   `cuMemAddressReserve`), an arena placing blocks in it (good fit with
+//!   splitting and merging, TLSF-style buckets: bounded work per call),
+//!   where each free range remembers, per stream, the newest free on it;
+//!   a page table (which 2 MiB pages are mapped, how many live blocks
+//!   touch each) and, per stream, fences (events telling when the GPU is
+//!   done with what that stream freed).
+//! - **Per stream** (in its shard, behind its own lock): the block it
+//!   freed last, taken back by the next allocation of that size with no
+//!   other lock, so a loop on one stream never contends.
+//! - **Counters**: physical bytes held (one atomic, written only when
+//!   memory is mapped or given back), the high-water mark of live bytes.
 //! - `allocate` places the block; pages it touches that are mapped are
 //!   used as they are (a **hit**: no driver call); when some are not, a
-//!   larger free range of the stream's arena with memory behind it serves
-//!   instead; else a free range of another stream's arena with memory
-//!   behind it is lent to the block where it is (a **borrow**: no driver
-//!   call but events; the borrower waits on the GPU for a fence after the
-//!   range's last free unless that fence has completed; the free gives
-//!   the range back to its home arena behind an event); else the pages
-//!   not mapped get new
-//!   memory, one `cuMemCreate` + `cuMemMap` + `cuMemSetAccess` per run of
-//!   pages (a **miss**), which also maps the free pages after the block
-//!   up to [`CacheConfig::slack_percent`] over the live high-water mark,
-//!   so that a growing workload grows in a few geometric steps. A new
-//!   mapping that would take the cache past that is preceded by giving
-//!   back idle mappings the GPU is done with (unmap and release), this
-//!   stream's first, then other streams'. Physical memory is fungible:
-//!   freed to the device, created again where it is needed.
+//!   free range with memory behind it serves instead. A range freed on
+//!   another stream serves at once if a fence shows the GPU done with the
+//!   free, and otherwise behind a wait of this stream for that fence *on
+//!   the GPU* (a **borrow**: `cuStreamWaitEvent`, no host wait). Else the
+//!   pages not mapped get new memory, one `cuMemCreate` + `cuMemMap` +
+//!   `cuMemSetAccess` per run of pages (a **miss**), which also maps the
+//!   free pages after the block up to [`CacheConfig::slack_percent`] over
+//!   the live high-water mark, so that a growing workload grows in a few
+//!   geometric steps. A new mapping that would take the cache past that is
+//!   preceded by giving back idle mappings the GPU is done with (unmap and
+//!   release). Physical memory is fungible: freed to the device, created
+//!   again where it is needed.
 //! - `deallocate` puts the range back in the arena; pages no live block
 //!   touches stay mapped, idle, until reused in place or given back.
 //! - [`trim`](CachingResource::trim) gives back every idle mapping the GPU
@@ -69,15 +71,15 @@
 //!   them per lease; size-class blocks forward the hooks to the inner
 //!   block). When the lease ends, `S` waits for them, so the freed memory
 //!   is again ordered on `S` alone.
-//! - **Moving memory to another stream**: arena memory is lent to
-//!   another stream `T` in place behind a fence recorded on `S` after its
-//!   last free (`T` waits for it on the GPU unless a query shows it
-//!   complete), or unmapped and mapped again where `T` needs it only once
-//!   such a fence has completed (queried, never waited for on the
-//!   allocation path except before out of memory), so no queued work can
-//!   touch it when it is unmapped. A lent range goes back to `S` when `T` frees it: `S` waits
-//!   for an event recorded on `T` after the free. A size-class block moves behind an event recorded on `S`
-//!   that the new stream waits on.
+//! - **Moving memory to another stream** `T`: an arena range freed on
+//!   `S` serves `T` where it is once a fence recorded on `S` after the
+//!   free has completed (queried), or before, behind `T`'s wait for that
+//!   fence on the GPU; `T`'s later free tags the range with `T`, whose
+//!   stream order includes the wait. A mapping is unmapped only once the
+//!   fences past every free on it have completed (never waited for on
+//!   the allocation path except before out of memory), so no queued work
+//!   can touch it. A size-class block moves behind an event recorded on
+//!   `S` that the new stream waits on.
 //!
 //! A use on another stream without the hooks is still a race, and the
 //! simulated device still reports it: the cache adds no waits of its own
@@ -106,6 +108,7 @@
 mod arena;
 mod config;
 mod fences;
+mod freed;
 mod graph_pool;
 mod graphs;
 mod mapped;

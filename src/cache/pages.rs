@@ -1,5 +1,5 @@
-//! [`PageTable`]: which pages of one stream's arena have physical memory
-//! behind them, and which of that memory no live block touches.
+//! [`PageTable`]: which pages of the arena have physical memory behind
+//! them, and which of that memory no live block touches.
 //!
 //! # State
 //!
@@ -11,23 +11,30 @@
 //!   pages is touched is **idle**: an allocation that lands on it again
 //!   uses it with no driver call, and it can be given back to the device
 //!   (unmapped and released) once the GPU is done with it.
-//! - **The idle queue**: idle handles in the order they became idle, each
-//!   with the stamp of the free that made it idle (the stream's free count
-//!   then; see [`Fences`](super::fences::Fences)). Entries are checked when
-//!   popped, so a handle that became busy again is skipped, not searched
-//!   for.
+//! - **Tags per handle**: the newest free of each stream on its pages
+//!   ([`Freed`]), since it was mapped: the GPU is done with the handle
+//!   once a fence past each has completed (see
+//!   [`Fences`](super::fences::Fences)).
+//! - **The idle queue**: idle handles in the order they became idle.
+//!   Entries are checked when popped, so a handle that became busy again
+//!   is skipped, not searched for.
 //!
 //! # Who changes it
 //!
-//! The owning stream's shard, under its lock: `touch` when a block is
+//! The tier's shared state, under its lock: `touch` when a block is
 //! placed, `untouch` when it is freed, `map`/`take_idle` around the driver
 //! calls the tier makes.
 
 use std::collections::VecDeque;
 
+use super::freed::Freed;
 use crate::gpu::RawPhysical;
 
 const NONE: u32 = u32::MAX;
+/// Idle handles looked at, at most, for one the GPU is done with (the
+/// oldest may wait on a busy stream while a younger one of another stream
+/// is done).
+const IDLE_SCAN: usize = 16;
 
 #[derive(Debug, Clone, Copy)]
 struct Page {
@@ -45,8 +52,8 @@ pub(crate) struct Handle {
     pub(crate) pages: u32,
     /// Pages of the run that live blocks touch.
     busy: u32,
-    /// The free stamp at which it last became idle.
-    idle_stamp: u64,
+    /// How many times it became idle (names one idle spell in the queue).
+    idle_gen: u32,
     live: bool,
 }
 
@@ -63,8 +70,10 @@ pub(crate) struct PageTable {
     /// Pages in the arena.
     capacity: usize,
     handles: Vec<Handle>,
+    /// Per handle, the newest free of each stream on its pages.
+    tags: Vec<Vec<Freed>>,
     spare_handles: Vec<u32>,
-    idle: VecDeque<(u32, u64)>,
+    idle: VecDeque<(u32, u32)>,
     /// Idle handles, in pages.
     idle_pages: usize,
     /// Mapped pages.
@@ -79,6 +88,7 @@ impl PageTable {
             pages: Vec::new(),
             capacity: len.div_ceil(page) as usize,
             handles: Vec::new(),
+            tags: Vec::new(),
             spare_handles: Vec::new(),
             idle: VecDeque::new(),
             idle_pages: 0,
@@ -161,6 +171,28 @@ impl PageTable {
         None
     }
 
+    /// The lowest offset `o` in `[start, end - len]`, `start` or a page
+    /// boundary, such that no page of `[o, o + len)` has memory behind it
+    /// (so no queued work can touch it: memory is unmapped only once the
+    /// GPU is done with it); `None` if there is none.
+    pub(crate) fn unbacked_window(&self, start: u64, end: u64, len: u64) -> Option<u64> {
+        let mut at = start;
+        while at + len <= end {
+            let span = self.span(at, len);
+            if span.start >= self.pages.len() {
+                return Some(at);
+            }
+            let last_backed = span
+                .rev()
+                .find(|&i| self.pages.get(i).is_some_and(|p| p.handle != NONE));
+            match last_backed {
+                None => return Some(at),
+                Some(i) => at = (i as u64 + 1) * self.page,
+            }
+        }
+        None
+    }
+
     /// Bytes of idle handles.
     pub(crate) fn idle_bytes(&self) -> usize {
         self.idle_pages * self.page as usize
@@ -199,25 +231,32 @@ impl PageTable {
         unbacked
     }
 
-    /// The block on `[off, off + len)` is gone, freed at `stamp`: handles
-    /// it leaves untouched become idle.
-    pub(crate) fn untouch(&mut self, off: u64, len: u64, stamp: u64) {
+    /// The block on `[off, off + len)` is gone, freed as `freed` says: the
+    /// handles under it keep the tag, and those it leaves untouched become
+    /// idle.
+    pub(crate) fn untouch(&mut self, off: u64, len: u64, freed: Freed) {
+        let mut tagged = NONE;
         for i in self.span(off, len) {
             let p = &mut self.pages[i];
             p.refs -= 1;
-            if p.refs > 0 {
-                continue;
-            }
             if p.handle == NONE {
                 continue;
             }
             let hi = p.handle;
+            let refs = p.refs;
+            if hi != tagged {
+                tagged = hi;
+                add_tag(&mut self.tags[hi as usize], freed);
+            }
+            if refs > 0 {
+                continue;
+            }
             let h = &mut self.handles[hi as usize];
             h.busy -= 1;
             if h.busy == 0 {
-                h.idle_stamp = stamp;
+                h.idle_gen = h.idle_gen.wrapping_add(1);
                 self.idle_pages += h.pages as usize;
-                self.idle.push_back((hi, stamp));
+                self.idle.push_back((hi, h.idle_gen));
             }
         }
         if self.idle.len() > 64 + 2 * self.handles.len() {
@@ -226,9 +265,9 @@ impl PageTable {
             // one mapping does not grow the queue (amortised: at least half
             // the entries go).
             let handles = &self.handles;
-            self.idle.retain(|&(hi, stamp)| {
+            self.idle.retain(|&(hi, generation)| {
                 let h = &handles[hi as usize];
-                h.live && h.busy == 0 && h.idle_stamp == stamp
+                h.live && h.busy == 0 && h.idle_gen == generation
             });
         }
     }
@@ -241,16 +280,18 @@ impl PageTable {
             first,
             pages,
             busy: 0,
-            idle_stamp: 0,
+            idle_gen: 0,
             live: true,
         };
         let hi = match self.spare_handles.pop() {
             Some(i) => {
                 self.handles[i as usize] = handle;
+                self.tags[i as usize].clear();
                 i
             }
             None => {
                 self.handles.push(handle);
+                self.tags.push(Vec::new());
                 (self.handles.len() - 1) as u32
             }
         };
@@ -267,29 +308,52 @@ impl PageTable {
 
     /// Undoes [`touch`](Self::touch) for a block that could not be backed:
     /// the counts go back, nothing becomes idle that was not (pages mapped
-    /// by `map` for it stay mapped and are idle now, stamped `stamp`).
-    pub(crate) fn untouch_failed(&mut self, off: u64, len: u64, stamp: u64) {
-        self.untouch(off, len, stamp);
+    /// by `map` for it stay mapped and are idle now, tagged `freed`).
+    pub(crate) fn untouch_failed(&mut self, off: u64, len: u64, freed: Freed) {
+        self.untouch(off, len, freed);
     }
 
-    /// The oldest idle handle whose idle stamp is at most `done` (the GPU
-    /// finished every use of it), taken out of the table: its pages have
-    /// no memory behind them any more. The caller unmaps and releases it.
-    pub(crate) fn take_idle(&mut self, done: u64) -> Option<Handle> {
-        while let Some(&(hi, stamp)) = self.idle.front() {
+    /// An idle handle every tag of which `done` says the GPU finished (the
+    /// oldest such among the first few idle), taken out of the table: its
+    /// pages have no memory behind them any more. The caller unmaps and
+    /// releases it.
+    pub(crate) fn take_idle(&mut self, done: impl Fn(Freed) -> bool) -> Option<Handle> {
+        let mut i = 0;
+        let mut looked = 0;
+        while i < self.idle.len() && looked < IDLE_SCAN {
+            let (hi, generation) = self.idle[i];
             let h = self.handles[hi as usize];
-            if !h.live || h.busy > 0 || h.idle_stamp != stamp {
-                self.idle.pop_front();
+            if !h.live || h.busy > 0 || h.idle_gen != generation {
+                self.idle.remove(i);
                 continue;
             }
-            if stamp > done {
-                return None;
+            looked += 1;
+            let tags = &mut self.tags[hi as usize];
+            tags.retain(|&t| !done(t));
+            if !tags.is_empty() {
+                i += 1;
+                continue;
             }
-            self.idle.pop_front();
+            self.idle.remove(i);
             self.remove(hi);
             return Some(h);
         }
         None
+    }
+
+    /// The newest tag of each stream among the idle handles' (one per
+    /// stream): fences past them would let every idle handle go.
+    pub(crate) fn idle_tags(&self) -> Vec<Freed> {
+        let mut newest = Vec::new();
+        for &(hi, generation) in &self.idle {
+            let h = &self.handles[hi as usize];
+            if h.live && h.busy == 0 && h.idle_gen == generation {
+                for &t in &self.tags[hi as usize] {
+                    add_tag(&mut newest, t);
+                }
+            }
+        }
+        newest
     }
 
     fn remove(&mut self, hi: u32) {
@@ -305,23 +369,27 @@ impl PageTable {
     }
 
     /// Puts back a handle [`take_idle`](Self::take_idle) took, when giving
-    /// it back to the device failed.
+    /// it back to the device failed (idle, with no tag: the GPU was done
+    /// with it).
     pub(crate) fn restore(&mut self, h: Handle) {
         self.map(h.first, h.pages, h.raw);
         let hi = self.pages[h.first as usize].handle;
         let handle = &mut self.handles[hi as usize];
-        handle.idle_stamp = h.idle_stamp;
+        handle.idle_gen = handle.idle_gen.wrapping_add(1);
         self.idle_pages += h.pages as usize;
-        self.idle.push_front((hi, h.idle_stamp));
+        self.idle.push_front((hi, handle.idle_gen));
     }
+}
 
-    /// The newest idle stamp (0 when nothing is idle): a fence at or after
-    /// it covers every idle handle.
-    pub(crate) fn newest_idle_stamp(&self) -> u64 {
-        if self.idle_pages == 0 {
-            return 0;
-        }
-        self.idle.back().map_or(0, |&(_, s)| s)
+/// Adds `freed` to a handle's tags: the newer of one stream's frees, one
+/// entry per stream.
+fn add_tag(tags: &mut Vec<Freed>, freed: Freed) {
+    if freed.is_clean() {
+        return;
+    }
+    match tags.iter_mut().find(|t| t.slot() == freed.slot()) {
+        Some(t) => *t = t.join(freed).unwrap_or(freed),
+        None => tags.push(freed),
     }
 }
 
@@ -330,6 +398,15 @@ mod tests {
     use super::*;
 
     const P: u64 = 2 << 20;
+
+    fn by(slot: usize, stamp: u64) -> Freed {
+        Freed::by(slot, stamp)
+    }
+
+    /// Done up to `stamp` on every stream.
+    fn upto(stamp: u64) -> impl Fn(Freed) -> bool {
+        move |f: Freed| f.stamp() <= stamp
+    }
 
     #[test]
     fn handles_go_idle_when_no_block_touches_them() {
@@ -340,15 +417,35 @@ mod tests {
         // A second block on page 2 only: already backed.
         assert!(t.touch(2 * P + 4096, 512).is_empty());
         assert_eq!(t.idle_bytes(), 0);
-        t.untouch(100, 2 * P + 5, 1);
+        t.untouch(100, 2 * P + 5, by(0, 1));
         assert_eq!(t.idle_bytes(), 0, "page 2 is still touched");
-        t.untouch(2 * P + 4096, 512, 2);
+        t.untouch(2 * P + 4096, 512, by(0, 2));
         assert_eq!(t.idle_bytes(), 3 * P as usize);
-        assert!(t.take_idle(1).is_none(), "idle since stamp 2");
-        let h = t.take_idle(2).unwrap();
+        assert!(t.take_idle(upto(1)).is_none(), "idle since stamp 2");
+        let h = t.take_idle(upto(2)).unwrap();
         assert_eq!((h.first, h.pages, h.raw.get()), (0, 3, 7));
         assert_eq!((t.idle_bytes(), t.mapped_bytes()), (0, 0));
         assert!(!t.backed(0));
+    }
+
+    #[test]
+    fn an_idle_handle_waits_for_every_stream_that_freed_on_it() {
+        let mut t = PageTable::new(16 * P, P);
+        assert_eq!(t.touch(0, 512), vec![(0, 1)]);
+        t.map(0, 1, RawPhysical::new(7));
+        assert!(t.touch(4096, 512).is_empty());
+        // Stream 1 frees first, while stream 0's block keeps the page busy.
+        t.untouch(4096, 512, by(1, 9));
+        t.untouch(0, 512, by(0, 3));
+        let mut tags = t.idle_tags();
+        tags.sort_by_key(|f| f.slot());
+        assert_eq!(tags, [by(0, 3), by(1, 9)]);
+        assert!(
+            t.take_idle(|f| f.slot() == Some(0)).is_none(),
+            "stream 1's work may still use it"
+        );
+        assert_eq!(t.idle_tags(), [by(1, 9)], "done tags dropped");
+        assert!(t.take_idle(|f| f.slot() == Some(1)).is_some());
     }
 
     #[test]
@@ -366,12 +463,12 @@ mod tests {
     }
 
     #[test]
-    fn a_backed_window_skips_pages_with_no_memory() {
+    fn windows_skip_pages_with_and_without_memory() {
         let mut t = PageTable::new(16 * P, P);
         assert_eq!(t.touch(0, 6 * P), vec![(0, 6)]);
         t.map(0, 1, RawPhysical::new(1));
         t.map(2, 3, RawPhysical::new(2));
-        t.untouch(0, 6 * P, 1);
+        t.untouch(0, 6 * P, by(0, 1));
         // Page 1 and page 5 have no memory: pages 2..5 do.
         assert_eq!(t.backed_window(0, 6 * P, P / 2), Some(0));
         assert_eq!(t.backed_window(512, 6 * P, P), Some(2 * P));
@@ -383,6 +480,10 @@ mod tests {
             "the range ends first"
         );
         assert_eq!(t.backed_window(6 * P, 16 * P, P), None, "past the table");
+        assert_eq!(t.unbacked_window(0, 16 * P, P), Some(P));
+        assert_eq!(t.unbacked_window(0, 16 * P, P + 512), Some(5 * P));
+        assert_eq!(t.unbacked_window(0, 6 * P, P + 512), None);
+        assert_eq!(t.unbacked_window(7 * P, 16 * P, 9 * P), Some(7 * P));
     }
 
     #[test]
@@ -390,10 +491,10 @@ mod tests {
         let mut t = PageTable::new(4 * P, P);
         assert_eq!(t.touch(0, P), vec![(0, 1)]);
         t.map(0, 1, RawPhysical::new(1));
-        t.untouch(0, P, 1);
+        t.untouch(0, P, by(0, 1));
         assert!(t.touch(0, 512).is_empty());
-        assert!(t.take_idle(u64::MAX).is_none());
-        t.untouch(0, 512, 2);
-        assert!(t.take_idle(u64::MAX).is_some());
+        assert!(t.take_idle(upto(u64::MAX)).is_none());
+        t.untouch(0, 512, by(0, 2));
+        assert!(t.take_idle(upto(u64::MAX)).is_some());
     }
 }

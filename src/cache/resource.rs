@@ -18,7 +18,7 @@ use crate::types::{Access, AllocTag, BlockId, BlockState, DeviceBlock, ResourceI
 /// Where the inner resource lends its device
 /// ([`device_access`](DeviceMemoryResource::device_access)) and the device
 /// has virtual memory management (CUDA, [`SimGpu`](crate::gpu::sim::SimGpu)),
-/// each stream allocates from its own reserved address range, with best
+/// every stream allocates from one reserved address range, with good
 /// fit, splitting and merging, and physical memory is mapped only where a
 /// live block needs it: the cache holds little more than what is live.
 /// Elsewhere, freed blocks are kept in exact size classes per stream. See
@@ -61,11 +61,9 @@ use crate::types::{Access, AllocTag, BlockId, BlockState, DeviceBlock, ResourceI
 /// as for any resource. Memory freed on `S` is reused on `S` at once
 /// (stream order puts the new user's work after the old one's). It reaches
 /// another stream only behind an event: a size-class block through an
-/// event recorded on `S` that the new stream waits on; arena memory only
-/// once a fence recorded on `S` after its last free has completed, when it
-/// is lent where it is (and given back to `S` behind an event recorded on
-/// the borrower at its free) or unmapped and mapped again where the other
-/// stream needs it.
+/// event recorded on `S` that the new stream waits on; an arena range
+/// once a fence recorded on `S` after its last free has completed, or
+/// before, behind the new stream's wait for that fence on the GPU.
 pub struct CachingResource<R: DeviceMemoryResource> {
     pub(super) id: ResourceId,
     pub(super) inner: R,
@@ -608,10 +606,10 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R> {
             return Err(ResourceError::UnknownBlock { block: id });
         }
         let (stream, class, leased_in) = (lease.stream, lease.class, lease.capture);
-        // An arena lease used on its own stream only, not lent: its free
+        // An arena lease used on its own stream only: its free
         // makes no driver call before the lease ends.
         let mapped = match &lease.backing {
-            Backing::Mapped(m) => Some(m.event_count() == 0 && m.lent_by.is_none()),
+            Backing::Mapped(m) => Some(m.event_count() == 0),
             Backing::Inner(_) => None,
         };
         if let (None, Backing::Inner(inner)) = (class, &lease.backing) {

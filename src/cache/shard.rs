@@ -14,10 +14,10 @@ use super::arena::Placed;
 use super::graph_pool::GraphPool;
 use super::size_class::SizeClass;
 use super::stats::CacheStats;
-use super::vmm::StreamArena;
+use super::vmm::StreamSlot;
 use crate::error::ResourceError;
 use crate::fast_hash::FastMap;
-use crate::gpu::{CaptureId, RawEvent, RawStream};
+use crate::gpu::{CaptureId, RawEvent};
 use crate::resource::block_uses::BlockUses;
 use crate::types::{Access, BlockId, DeviceBlock, StreamId};
 
@@ -27,8 +27,8 @@ use crate::types::{Access, BlockId, DeviceBlock, StreamId};
 pub(crate) const SHARD_BITS: u32 = 20;
 pub(crate) const SHARD_MASK: u64 = (1 << SHARD_BITS) - 1;
 
-/// A range of the stream's arena handed to a user, and its uses on other
-/// streams (events the stream waits on before the range is reused).
+/// A range of the arena handed to a user, and its uses on other streams
+/// (events the lease's stream waits on before the range is reused).
 #[derive(Debug)]
 pub(crate) struct Mapped {
     pub(crate) placed: Placed,
@@ -42,10 +42,6 @@ pub(crate) struct Mapped {
     /// free and before later uses on that stream, so no event is recorded
     /// for them until a use on another stream needs one to wait on.
     pub(crate) home_unrecorded: Option<Access>,
-    /// Lent by another stream's arena: the slot index of that arena and
-    /// its stream, which waits for the lease's last use before the range
-    /// goes back there. `None`: the range is in the lease stream's arena.
-    pub(crate) lent_by: Option<(usize, RawStream)>,
 }
 
 impl Mapped {
@@ -71,8 +67,7 @@ pub(crate) enum Backing {
     /// The inner resource's block (allocated at the class size, on the
     /// stream it was first allocated on, where it will finally be freed).
     Inner(DeviceBlock),
-    /// A range of the virtual-memory arena of the lease's stream, or lent
-    /// by another stream's (see [`Mapped::lent_by`]).
+    /// A range of the virtual-memory arena.
     Mapped(Mapped),
 }
 
@@ -117,8 +112,9 @@ pub(crate) struct Shard {
     /// succeeded): only then may blocks of other streams be moved to it,
     /// since a move queues a wait on it before the inner resource sees it.
     pub(crate) seen: bool,
-    /// The stream's virtual-memory arena, once it allocated there.
-    pub(crate) arena: Option<StreamArena>,
+    /// The stream's part of the virtual-memory tier, once it allocated
+    /// there.
+    pub(crate) arena: Option<StreamSlot>,
     /// Reserving the arena failed: the stream uses the size classes.
     pub(crate) arena_failed: bool,
     /// Free blocks per size class, most recently freed last (the hottest).
@@ -274,15 +270,6 @@ pub(crate) struct Slot {
     /// lock only (a load and a store, no shared read-modify-write on the
     /// hot path), read without it when the tier sums them.
     pub(crate) arena_live: AtomicUsize,
-    /// Ranges this stream's arena lent that come back behind a wait the
-    /// stream could not queue when they were freed (it was being captured,
-    /// or the borrower was and its graph has been released since), each
-    /// with the event to wait for; their own lock, never held across a
-    /// driver call, so that any thread can hand one back without the
-    /// shard's. Queued at the next allocation on the stream outside a
-    /// capture, a trim, or the cache's drop.
-    returns: Mutex<Vec<(Placed, RawEvent)>>,
-    has_returns: AtomicBool,
 }
 
 impl Slot {
@@ -292,34 +279,7 @@ impl Slot {
             nonempty: AtomicBool::new(false),
             deferred: AtomicBool::new(false),
             arena_live: AtomicUsize::new(0),
-            returns: Mutex::new(Vec::new()),
-            has_returns: AtomicBool::new(false),
         }
-    }
-
-    /// Hands back a lent range, to go back to the arena once the stream
-    /// waits for `event`.
-    pub(crate) fn push_return(&self, placed: Placed, event: RawEvent) {
-        let mut returns = self.returns.lock().unwrap_or_else(|p| p.into_inner());
-        returns.push((placed, event));
-        self.has_returns.store(true, Ordering::Release);
-    }
-
-    /// Whether a range was handed back and not taken yet (without the
-    /// lock).
-    pub(crate) fn has_returns(&self) -> bool {
-        self.has_returns.load(Ordering::Acquire)
-    }
-
-    /// The ranges handed back so far (none without taking the lock when
-    /// there are none).
-    pub(crate) fn take_returns(&self) -> Vec<(Placed, RawEvent)> {
-        if !self.has_returns() {
-            return Vec::new();
-        }
-        let mut returns = self.returns.lock().unwrap_or_else(|p| p.into_inner());
-        self.has_returns.store(false, Ordering::Release);
-        std::mem::take(&mut *returns)
     }
 
     pub(crate) fn lock(&self) -> SlotGuard<'_> {
@@ -379,12 +339,7 @@ impl Drop for SlotGuard<'_> {
     fn drop(&mut self) {
         // A hint only (read relaxed, without the lock): a stale value costs a
         // useless try_lock or a missed move, never a wrong one.
-        let nonempty = self.guard.cached > 0
-            || self
-                .guard
-                .arena
-                .as_ref()
-                .is_some_and(|a| a.pages.idle_bytes() > 0);
+        let nonempty = self.guard.cached > 0;
         if self.nonempty.load(Ordering::Relaxed) != nonempty {
             self.nonempty.store(nonempty, Ordering::Relaxed);
         }

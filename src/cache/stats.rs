@@ -11,9 +11,10 @@ pub struct CacheStats {
     /// Allocations served by a block cached on another stream, behind an
     /// event wait.
     pub steals: u64,
-    /// Allocations served, with no driver call, by mapped memory idle in
-    /// another stream's arena that the GPU was done with (lent to the
-    /// stream until the block is freed).
+    /// Allocations served, with no driver call but events, by mapped
+    /// memory another stream freed, where it lies in the shared arena
+    /// (behind a wait on the GPU for that stream's fence, unless a query
+    /// showed it done).
     pub borrows: u64,
     /// Allocations that went to the inner resource at a class size, or
     /// that mapped new memory in the arena.

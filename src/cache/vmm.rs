@@ -1,63 +1,75 @@
-//! The virtual-memory tier of the cache: one reserved address range per
-//! stream, placed by an [`Arena`], backed by physical memory mapped where a
-//! live block needs it, and given back to the device when idle.
+//! The virtual-memory tier of the cache: one reserved address range that
+//! every stream places its blocks in, backed by physical memory mapped
+//! where a live block needs it, and given back to the device when idle.
 //!
 //! # State
 //!
-//! - Per stream, in its shard ([`StreamArena`]): the reserved range, its
-//!   [`Arena`] (which addresses are free), its [`PageTable`] (which pages
-//!   are mapped, which mappings are idle) and its [`Fences`] (which frees
-//!   the GPU is done with).
-//! - Shared ([`VmTier`]): the device, the page size, and three counters:
-//!   physical bytes held (what the device gave the cache: what
-//!   `bytes_outstanding` and a budget above see), live bytes, and the
-//!   high-water mark of live bytes.
+//! - Shared, under the tier's lock ([`SharedArena`]): the reserved range,
+//!   its [`Arena`] (which addresses are free, each free range tagged with
+//!   the stream that freed it and when: [`Freed`]), its [`PageTable`]
+//!   (which pages are mapped, which mappings are idle) and, per stream,
+//!   its [`Fences`] (which of its frees the GPU is done with).
+//! - Per stream, in its shard ([`StreamSlot`]): the stream and the block
+//!   it freed last, kept out of the arena so that an allocate/free loop on
+//!   one stream never takes the shared lock.
+//! - Shared counters: physical bytes held (what the device gave the cache:
+//!   what `bytes_outstanding` and a budget above see) and the high-water
+//!   mark of live bytes.
 //!
 //! # Who changes it
 //!
-//! An allocation on stream `S` places the block in `S`'s arena. Pages it
-//! touches that are mapped are used as they are, with no driver call.
-//! When some are not, a larger free range of `S`'s arena with memory
-//! behind every page serves instead (`S`'s own frees need no fence). Else
-//! memory another stream freed is **lent**: a free range of another arena
-//! (a `try_lock` only) with memory behind every page serves the block where
-//! it is, with no driver call but events: at once when a fence recorded on
-//! that stream after the range's last free has completed (queried, never
-//! waited for), else behind a wait of `S` on the GPU for that fence; the
-//! lease remembers its home arena.
-//! Otherwise the pages that are not mapped get new physical memory, one handle per run of
-//! pages (so a 40 MiB block costs one `cuMemCreate`, one `cuMemMap` and one
-//! `cuMemSetAccess`, not twenty of each). Before creating memory that would
-//! take the cache past `slack` over the live high-water mark, idle
-//! mappings the GPU is done with (their fence completed, learnt by a
-//! query) are unmapped and released, the stream's own first, then other
-//! streams' (a `try_lock` only, so two streams doing this cannot
-//! deadlock). A free puts the block's range back in the arena and leaves
-//! pages no live block touches idle but mapped: the next allocation on
-//! that stream that lands there needs no driver call.
+//! An allocation on stream `S` of the size `S` freed last takes that block
+//! back, with no lock but its shard's. Any other places the block in the
+//! arena, where a range may serve `S` as it is when `S` freed it, nobody
+//! did, or a fence shows the GPU done with its last free; a range another
+//! stream freed that the GPU may still use serves only where no memory is
+//! behind it (new memory mapped there cannot be in use). Pages it touches
+//! that are mapped are used as they are, with no driver call. When some
+//! are not, a free range such an allocation may use with memory behind
+//! every page serves instead. Else memory another stream freed serves
+//! where it is, behind a wait of `S` *on the GPU* for a fence of that
+//! stream past the free (no host wait). Otherwise the pages that are not
+//! mapped get new physical memory, one handle per run of pages (so a
+//! 40 MiB block costs one `cuMemCreate`, one `cuMemMap` and one
+//! `cuMemSetAccess`, not twenty of each). Before creating memory that
+//! would take the cache past `slack` over the live high-water mark, idle
+//! mappings the GPU is done with (a fence past every free on them has
+//! completed, learnt by a query) are unmapped and released. A free puts
+//! the block's range back in the arena, tagged with the stream and its
+//! free, and leaves pages no live block touches idle but mapped.
+//!
+//! Free neighbours always merge, whoever freed them: the merged range
+//! keeps, per stream, the newest free on it (dropping those a fence shows
+//! the GPU done with), so a range is as large as the free space around it
+//! and still says whom a reuse must wait for.
 //!
 //! # Stream ordering
 //!
-//! - A range freed on `S` is reused at once on `S`: it is in `S`'s arena
-//!   only, and stream order puts the new user after the old one.
-//! - A range of `S`'s arena is lent to another stream `T` behind a fence
-//!   recorded on `S` after the range's last free (every free range keeps
-//!   the stamp of its newest free): once the fence has completed (learnt
-//!   by a query), `T` uses it at once; before, `T` waits for the fence's
-//!   event on the GPU (`cuStreamWaitEvent`: no host wait). Either way no
-//!   work queued on `S` before the free can overlap `T`'s. Its free on `T`
-//!   records an event there that `S` waits on before the range goes back
-//!   to `S`'s arena, so `S` reuses it after `T`'s work, and any fence on
-//!   `S` after that covers `T`'s work too. A capturing stream never
-//!   borrows (its wait on an outside event would invalidate the capture).
-//! - Memory moves to another stream through the device otherwise: a mapping
-//!   is unmapped only once a fence recorded on `S` after the last free on
-//!   it has completed (queried, never waited for, except as the last
-//!   resort before out of memory), so no queued work can touch it, and new
-//!   physical memory is mapped where the other stream needs it.
+//! - A range freed on `S` is reused at once on `S`: stream order puts the
+//!   new user after the old one.
+//! - On another stream `T`, a range freed on `S` is used once a fence
+//!   recorded on `S` after the free has completed (learnt by a query), or
+//!   before, behind `T`'s wait for that fence's event on the GPU
+//!   (`cuStreamWaitEvent`): either way no work queued on `S` before the
+//!   free can overlap `T`'s. `T`'s own later free of it tags it with `T`,
+//!   whose stream order now includes that wait. A capturing stream never
+//!   waits (a wait on an outside event would invalidate the capture): it
+//!   uses only ranges the GPU is known done with, its own, and pages with
+//!   no memory behind them.
+//! - A mapping is unmapped only once fences past the last free of every
+//!   stream on its pages have completed (queried, never waited for, except
+//!   as the last resort before out of memory), so no queued work can touch
+//!   it.
 //! - Uses of a block on other streams are recorded with events (the same
 //!   per-stream read events and last write as the resource keeps); the
-//!   free makes `S` wait for them before the range goes back to the arena.
+//!   free makes the block's stream wait for them before the range goes
+//!   back to the arena, so its tag covers them.
+//!
+//! # Lock order
+//!
+//! A shard's lock, then the tier's. The tier's lock is held across the
+//! driver calls of a growth (tens of µs): two growths at once would map
+//! the same pages.
 //!
 //! # Failure
 //!
@@ -66,48 +78,109 @@
 //! stays as idle mappings (given back by the next trim, or when memory is
 //! short).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard};
 
 use super::arena::{Arena, Placed};
 use super::fences::Fences;
+use super::freed::Freed;
 use super::pages::{Handle, PageTable};
 use crate::error::ResourceResult;
 use crate::gpu::{Gpu, GpuError, RawStream};
 use crate::resource::DeviceAccess;
 use crate::types::StreamId;
 
-/// One stream's arena: guarded by its shard's lock.
+/// One stream's part of the tier; in its shard, guarded by the shard's
+/// lock.
 #[derive(Debug)]
-pub(crate) struct StreamArena {
-    pub(crate) base: u64,
-    len: u64,
+pub(crate) struct StreamSlot {
     pub(crate) raw: RawStream,
-    pub(crate) arena: Arena,
-    pub(crate) pages: PageTable,
-    pub(crate) fences: Fences,
+    /// The slot's index (the tag its frees carry).
+    slot: usize,
     /// The block freed last, not yet given back to the arena: an
     /// allocation of the same rounded size right after takes it as it is
-    /// (the allocate/free loop costs no placement at all), and any other
-    /// call on the arena gives it back first, so it never keeps memory
-    /// from an allocation that needs it.
+    /// (the allocate/free loop costs no placement and no shared lock), and
+    /// any other call on the arena from this stream gives it back first.
     recent: Option<Placed>,
 }
 
-/// Where [`VmTier::alloc`] placed a block.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Taken {
-    /// In the stream's own arena.
-    Own(Placed),
-    /// Lent by the arena of slot `home`, at `ptr`: mapped memory that
-    /// stream's last frees left and the GPU is done with. Its free goes
-    /// back there behind an event on the borrowing stream that `home_raw`
-    /// waits on.
-    Lent {
-        home: usize,
-        home_raw: RawStream,
-        placed: Placed,
-        ptr: u64,
-    },
+/// A stream's fences, in the shared state.
+#[derive(Debug)]
+struct StreamFences {
+    raw: RawStream,
+    fences: Fences,
+}
+
+/// The arena every stream places in; guarded by the tier's lock.
+#[derive(Debug)]
+pub(crate) struct SharedArena {
+    /// The reservation's start; 0 until the first stream opens it.
+    base: u64,
+    arena: Arena,
+    pages: PageTable,
+    /// Per slot, once its stream opened the arena.
+    streams: Vec<Option<StreamFences>>,
+    /// The sum of the streams' done stamps when a growth last looked
+    /// again: it looks again only when a fence completed since (or other
+    /// streams' last frees came back).
+    settled_at: u64,
+}
+
+/// Whether the GPU is done with what `freed` names, as far as the fences
+/// seen complete say.
+fn is_done(streams: &[Option<StreamFences>], freed: Freed) -> bool {
+    match freed.slot() {
+        None => true,
+        Some(s) => streams
+            .get(s)
+            .and_then(Option::as_ref)
+            .is_some_and(|f| f.fences.done() >= freed.stamp()),
+    }
+}
+
+impl SharedArena {
+    fn done_sum(&self) -> u64 {
+        self.streams.iter().flatten().map(|s| s.fences.done()).sum()
+    }
+
+    /// Queries every stream's fences.
+    fn poll_all(&mut self, gpu: &dyn Gpu) {
+        for s in self.streams.iter_mut().flatten() {
+            let _ = s.fences.poll(gpu);
+        }
+    }
+
+    /// Records fences past the newest free of each stream on idle handles
+    /// (where none in flight covers it), so that a later look finds them
+    /// done.
+    fn cover_idle(&mut self, gpu: &dyn Gpu) {
+        for tag in self.pages.idle_tags() {
+            if let Some(s) = tag
+                .slot()
+                .and_then(|i| self.streams.get_mut(i))
+                .and_then(Option::as_mut)
+            {
+                let _ = s.fences.cover(gpu, s.raw, tag.stamp());
+            }
+        }
+    }
+
+    /// The range goes back to the arena tagged with a new free of `slot`;
+    /// pages it leaves untouched go idle.
+    fn give(&mut self, slot: usize, placed: Placed) {
+        let SharedArena {
+            arena,
+            pages,
+            streams,
+            ..
+        } = self;
+        let Some(Some(s)) = streams.get_mut(slot) else {
+            unreachable!("a stream places in the arena only once it opened it");
+        };
+        let freed = Freed::by(slot, s.fences.next_stamp());
+        pages.untouch(placed.off, placed.len, freed);
+        arena.free(placed, Some(freed), |f| is_done(streams, f));
+    }
 }
 
 /// What the tier shares between streams.
@@ -118,9 +191,13 @@ pub(crate) struct VmTier {
     arena_len: u64,
     max_run_pages: u32,
     slack_percent: usize,
-    /// Whether the backend makes events: a lent range goes back to its
-    /// home arena behind one, so a backend without them lends nothing.
+    /// Whether the backend makes events: a range another stream freed is
+    /// used before its fence completed only behind a wait on one.
     lends: bool,
+    state: Mutex<SharedArena>,
+    /// The reservation's start (0 until reserved), readable without the
+    /// lock.
+    base: AtomicU64,
     held: AtomicUsize,
     /// The highest sum of the streams' live bytes seen where memory was
     /// wanted (live bytes are kept per stream, so that the hot path
@@ -129,15 +206,26 @@ pub(crate) struct VmTier {
     live_peak: AtomicUsize,
 }
 
-/// Something that can lend the tier another stream's arena for a moment
-/// (the cache's shards, through `try_lock`).
-pub(crate) trait OtherArenas {
-    /// Calls `f` on each other stream's arena that is not locked now, with
-    /// the index of its slot, until `f` returns true.
-    fn each_other(&self, f: &mut dyn FnMut(usize, &mut StreamArena) -> bool);
+/// The other streams' slots, as the cache's shards lend them for a moment
+/// (through `try_lock`: the tier's lock is held, and the lock order is a
+/// shard's, then the tier's).
+pub(crate) trait OtherSlots {
+    /// Takes the block each other stream freed last that is not locked
+    /// now, with the stream's slot, giving it to `give`.
+    fn take_recents(&self, give: &mut dyn FnMut(usize, Placed));
 
-    /// Bytes users hold in every stream's arena, this one included.
+    /// Bytes users hold in the arena, on every stream.
     fn live_total(&self) -> usize;
+}
+
+/// Where [`VmTier::alloc`] placed a block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Taken {
+    pub(crate) placed: Placed,
+    pub(crate) ptr: u64,
+    /// Memory another stream freed, used behind its fence (a wait on the
+    /// GPU when the fence had not completed).
+    pub(crate) borrowed: bool,
 }
 
 impl VmTier {
@@ -170,6 +258,14 @@ impl VmTier {
             max_run_pages: (max_run_bytes as u64 / page).clamp(1, u32::MAX as u64) as u32,
             slack_percent,
             lends,
+            state: Mutex::new(SharedArena {
+                base: 0,
+                arena: Arena::new(arena_len),
+                pages: PageTable::new(arena_len, page),
+                streams: Vec::new(),
+                settled_at: 0,
+            }),
+            base: AtomicU64::new(0),
             held: AtomicUsize::new(0),
             live_peak: AtomicUsize::new(0),
         })
@@ -177,6 +273,10 @@ impl VmTier {
 
     fn gpu(&self) -> &dyn Gpu {
         &*self.access.gpu
+    }
+
+    fn lock(&self) -> MutexGuard<'_, SharedArena> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Physical bytes the tier holds.
@@ -189,82 +289,91 @@ impl VmTier {
         self.page as usize
     }
 
-    /// Reserves the arena of `stream`.
-    pub(crate) fn open(&self, stream: StreamId) -> ResourceResult<StreamArena> {
+    /// The address of a placement.
+    pub(crate) fn ptr(&self, placed: Placed) -> u64 {
+        self.base.load(Ordering::Acquire) + placed.off
+    }
+
+    /// Opens the arena to `stream` (of slot `slot`), reserving it on the
+    /// first call.
+    pub(crate) fn open(&self, stream: StreamId, slot: usize) -> ResourceResult<StreamSlot> {
         let raw = self.access.streams.raw(stream)?;
-        let base = self
-            .gpu()
-            .address_reserve(self.arena_len as usize)
-            .map_err(|e| e.for_request(0, stream))?;
-        Ok(StreamArena {
-            base,
-            len: self.arena_len,
+        let mut st = self.lock();
+        if st.base == 0 {
+            st.base = self
+                .gpu()
+                .address_reserve(self.arena_len as usize)
+                .map_err(|e| e.for_request(0, stream))?;
+            self.base.store(st.base, Ordering::Release);
+        }
+        if st.streams.len() <= slot {
+            st.streams.resize_with(slot + 1, || None);
+        }
+        st.streams[slot].get_or_insert(StreamFences {
             raw,
-            arena: Arena::new(self.arena_len),
-            pages: PageTable::new(self.arena_len, self.page),
             fences: Fences::default(),
+        });
+        Ok(StreamSlot {
+            raw,
+            slot,
             recent: None,
         })
     }
 
-    /// Places and backs `bytes` (already rounded) on `sa`'s stream. `None`
-    /// when the arena has no room (the caller falls back).
+    /// Places and backs `len` bytes (already rounded) on `ss`'s stream.
+    /// `None` when the arena has no room (the caller falls back).
     ///
-    /// When the block would need new memory and `may_borrow` (not in a
-    /// capture), mapped memory idle in another stream's arena is lent
-    /// first ([`borrow`](Self::borrow)): no driver call but event queries.
+    /// `may_wait`: not in a capture, so the stream may wait on the GPU for
+    /// another stream's fence, to use memory that stream freed. `others`
+    /// gives the blocks other streams freed last before the arena grows,
+    /// and sums the bytes users hold, for the slack target.
     pub(crate) fn alloc(
         &self,
-        sa: &mut StreamArena,
+        ss: &mut StreamSlot,
         len: u64,
         requested: usize,
         stream: StreamId,
-        others: &dyn OtherArenas,
-        may_borrow: bool,
+        others: &dyn OtherSlots,
+        may_wait: bool,
     ) -> ResourceResult<Option<Taken>> {
-        if let Some(recent) = sa.recent {
-            if recent.len == len {
-                sa.recent = None;
-                self.gpu()
-                    .note_suballocation(sa.base + recent.off, requested.max(1), sa.raw);
-                return Ok(Some(Taken::Own(recent)));
-            }
-            self.flush_recent(sa);
+        if let Some(recent) = ss.recent
+            && recent.len == len
+        {
+            ss.recent = None;
+            let ptr = self.ptr(recent);
+            self.gpu().note_suballocation(ptr, requested.max(1), ss.raw);
+            return Ok(Some(Taken {
+                placed: recent,
+                ptr,
+                borrowed: false,
+            }));
         }
-        let pages = &sa.pages;
-        let Some(mut placed) = sa.arena.alloc(len, |off| pages.backed(off)) else {
+        let mut st = self.lock();
+        if let Some(recent) = ss.recent.take() {
+            st.give(ss.slot, recent);
+        }
+        let Some((placed, borrowed)) = self.place(&mut st, ss, len, others, may_wait) else {
             return Ok(None);
         };
-        if !sa.pages.all_backed(placed.off, placed.len) {
-            // The good fit needs new memory: a larger free range of this
-            // arena that has memory behind it serves first (the stream's own
-            // frees need no fence).
-            let pages = &sa.pages;
-            let window = |start, end, len| pages.backed_window(start, end, len);
-            if let Some(backed) = sa.arena.lend(len, window) {
-                sa.arena.free(placed, 0);
-                placed = backed;
-            }
-        }
-        if may_borrow && self.lends && !sa.pages.all_backed(placed.off, placed.len) {
-            // The block would grow the arena: memory another stream left
-            // idle serves it as it is, if some is (the placement is undone
-            // untouched, as if never made).
-            if let Some(lent) = self.borrow(len, requested, sa.raw, others) {
-                sa.arena.free(placed, 0);
-                return Ok(Some(lent));
-            }
-        }
-        let unbacked = sa.pages.touch(placed.off, placed.len);
+        let unbacked = st.pages.touch(placed.off, placed.len);
         let live = (!unbacked.is_empty()).then(|| others.live_total());
         for &(first, count) in &unbacked {
             let mut at = first;
             while at < first + count {
                 let n = (first + count - at).min(self.max_run_pages);
-                if let Err(e) = self.back(sa, at, n, live.unwrap_or(0), stream, others) {
-                    let stamp = sa.fences.next_stamp();
-                    sa.pages.untouch_failed(placed.off, placed.len, stamp);
-                    sa.arena.free(placed, stamp);
+                if let Err(e) = self.back(&mut st, at, n, live.unwrap_or(0), stream) {
+                    let SharedArena {
+                        arena,
+                        pages,
+                        streams,
+                        ..
+                    } = &mut *st;
+                    let Some(Some(s)) = streams.get_mut(ss.slot) else {
+                        unreachable!("opened");
+                    };
+                    let freed = Freed::by(ss.slot, s.fences.next_stamp());
+                    pages.untouch_failed(placed.off, placed.len, freed);
+                    arena.free(placed, Some(freed), |f| is_done(streams, f));
                     return Err(e);
                 }
                 at += n;
@@ -273,123 +382,221 @@ impl VmTier {
         if let Some(live) = live {
             self.live_peak.fetch_max(live, Ordering::AcqRel);
         }
-        self.gpu()
-            .note_suballocation(sa.base + placed.off, requested.max(1), sa.raw);
-        Ok(Some(Taken::Own(placed)))
+        let ptr = st.base + placed.off;
+        self.gpu().note_suballocation(ptr, requested.max(1), ss.raw);
+        Ok(Some(Taken {
+            placed,
+            ptr,
+            borrowed,
+        }))
     }
 
-    /// Lends `len` bytes of another stream's arena to the stream `raw`: a
-    /// free range there with memory behind every page it covers (pages
-    /// live blocks share included). When the GPU may still use it on the
-    /// home stream (no completed fence past its last free, learnt by a
-    /// query after recording one if needed), `raw` waits on the GPU for
-    /// that fence, so the borrower's work starts after every use queued
-    /// before the free, and no host thread waits. Arenas that are locked
-    /// now are skipped.
-    fn borrow(
+    /// Where the block goes: a good fit, preferring memory already mapped
+    /// (a larger free range with memory behind it before new memory; the
+    /// blocks other streams freed last and ranges merged once fences
+    /// completed before a growth). When `may_wait`, any free range serves,
+    /// the stream waiting on the GPU for the fence of another stream's
+    /// free where it may still run; otherwise only ranges it may use as
+    /// they are. Returns the placement and whether memory another stream
+    /// freed serves it.
+    fn place(
         &self,
+        st: &mut SharedArena,
+        ss: &StreamSlot,
         len: u64,
-        requested: usize,
-        raw: RawStream,
-        others: &dyn OtherArenas,
-    ) -> Option<Taken> {
-        let gpu = self.gpu();
-        let mut lent = None;
-        others.each_other(&mut |home, h| {
-            if h.pages.mapped_bytes() < len as usize {
-                return false;
+        others: &dyn OtherSlots,
+        may_wait: bool,
+    ) -> Option<(Placed, bool)> {
+        let slot = ss.slot;
+        let any = may_wait && self.lends;
+        let mut placed = self.choose(st, slot, len, any, others)?;
+        let SharedArena { arena, streams, .. } = &mut *st;
+        if any && !self.order_after(streams, ss, arena.freed(placed)) {
+            st.arena.free(placed, None, |_| false);
+            placed = self.choose(st, slot, len, false, others)?;
+        }
+        let borrowed = st
+            .arena
+            .freed(placed)
+            .iter()
+            .any(|f| f.slot() != Some(slot));
+        Some((placed, borrowed))
+    }
+
+    /// A good fit (see [`place`](Self::place)); `any`: on any free range,
+    /// else only where the stream may use it as it is.
+    fn choose(
+        &self,
+        st: &mut SharedArena,
+        slot: usize,
+        len: u64,
+        any: bool,
+        others: &dyn OtherSlots,
+    ) -> Option<Placed> {
+        let placed = Self::fit(st, slot, len, any)?;
+        if st.pages.all_backed(placed.off, placed.len) {
+            return Some(placed);
+        }
+        if let Some(backed) = Self::backed_fit(st, slot, len, any) {
+            st.arena.free(placed, None, |_| false);
+            return Some(backed);
+        }
+        // The block would grow the arena. The blocks other streams freed
+        // last go back to it (they may hold it, or merge into a range that
+        // does), and fences may have completed since.
+        let mut flushed = false;
+        others.take_recents(&mut |slot, recent| {
+            st.give(slot, recent);
+            flushed = true;
+        });
+        let done = {
+            st.poll_all(self.gpu());
+            st.done_sum()
+        };
+        if done == st.settled_at && !flushed {
+            return Some(placed);
+        }
+        st.settled_at = done;
+        st.arena.free(placed, None, |_| false);
+        let placed = Self::fit(st, slot, len, any)?;
+        if st.pages.all_backed(placed.off, placed.len) {
+            return Some(placed);
+        }
+        match Self::backed_fit(st, slot, len, any) {
+            Some(backed) => {
+                st.arena.free(placed, None, |_| false);
+                Some(backed)
             }
-            let StreamArena {
-                arena,
-                pages,
-                fences,
-                ..
-            } = h;
-            let usable = |start, end, len| pages.backed_window(start, end, len);
-            let Some(placed) = arena.lend(len, usable) else {
-                return false;
-            };
-            let freed = arena.freed(placed);
-            let mut done = fences.poll(gpu).unwrap_or(fences.done());
-            if freed > done {
+            None => Some(placed),
+        }
+    }
+
+    /// Orders the stream of `ss` after the frees `freed` names that may
+    /// still be running: at once where a fence past one has completed (or
+    /// completes at a query right after it is recorded), else behind a
+    /// wait on the GPU for that fence. False when that cannot be done (the
+    /// waits queued before stay: they only order the stream further).
+    fn order_after(
+        &self,
+        streams: &mut [Option<StreamFences>],
+        ss: &StreamSlot,
+        freed: &[Freed],
+    ) -> bool {
+        let gpu = self.gpu();
+        freed.iter().all(|&f| {
+            if f.slot().is_none_or(|s| s == ss.slot) || is_done(streams, f) {
+                return true;
+            }
+            let home = f
+                .slot()
+                .and_then(|i| streams.get_mut(i))
+                .and_then(Option::as_mut);
+            home.is_some_and(|h| {
                 // A fence over the free, queried at once: a stream with
                 // nothing queued has run past it already.
-                let _ = fences.cover(gpu, h.raw, freed);
-                done = fences.poll(gpu).unwrap_or(done);
+                let _ = h.fences.cover(gpu, h.raw, f.stamp());
+                let done = h.fences.poll(gpu).unwrap_or(h.fences.done());
+                // SAFETY: `ss.raw` is a stream of the tier's device pool
+                // (the slot's), the event a live fence of the tier's
+                // backend (destroyed only when the tier closes).
+                done >= f.stamp()
+                    || h.fences
+                        .covering(f.stamp())
+                        .is_some_and(|e| unsafe { gpu.stream_wait_event(ss.raw, e) }.is_ok())
+            })
+        })
+    }
+
+    /// Whether the stream of `slot` may use a range with tags `freed` as
+    /// it is: its own frees, or frees the GPU is known done with.
+    fn usable_now(streams: &[Option<StreamFences>], slot: usize, freed: &[Freed]) -> bool {
+        freed
+            .iter()
+            .all(|&f| f.slot() == Some(slot) || is_done(streams, f))
+    }
+
+    /// A good fit the stream of `slot` may use now: where its tag allows
+    /// (its own frees, nobody's, or done), at the end with memory behind
+    /// it if only one end has; elsewhere only on pages with no memory.
+    fn fit(st: &mut SharedArena, slot: usize, len: u64, any: bool) -> Option<Placed> {
+        let SharedArena {
+            arena,
+            pages,
+            streams,
+            ..
+        } = st;
+        arena.alloc(len, |start, end, freed| {
+            if any || Self::usable_now(streams, slot, freed) {
+                let at_end = end - start > len && !pages.backed(start) && pages.backed(end - 1);
+                Some(if at_end { end - len } else { start })
+            } else {
+                pages.unbacked_window(start, end, len)
             }
-            if freed > done {
-                // The GPU may still use the range on the home stream: the
-                // borrower waits, on the GPU, for the fence.
-                // SAFETY: `raw` is a stream of the tier's device pool (the
-                // borrowing arena's), the event a live fence of the tier's
-                // backend (destroyed only with its arena).
-                let waited = fences
-                    .covering(freed)
-                    .is_some_and(|e| unsafe { gpu.stream_wait_event(raw, e) }.is_ok());
-                if !waited {
-                    arena.free(placed, 0);
-                    return false;
-                }
-            }
-            let unbacked = h.pages.touch(placed.off, placed.len);
-            debug_assert!(unbacked.is_empty(), "a lent range is mapped");
-            let ptr = h.base + placed.off;
-            gpu.note_suballocation(ptr, requested.max(1), raw);
-            lent = Some(Taken::Lent {
-                home,
-                home_raw: h.raw,
-                placed,
-                ptr,
-            });
-            true
-        });
-        lent
+        })
+    }
+
+    /// A free range the stream of `slot` may use now with memory behind
+    /// every page the block needs.
+    fn backed_fit(st: &mut SharedArena, slot: usize, len: u64, any: bool) -> Option<Placed> {
+        let SharedArena {
+            arena,
+            pages,
+            streams,
+            ..
+        } = st;
+        arena.lend(len, |start, end, freed| {
+            (any || Self::usable_now(streams, slot, freed))
+                .then(|| pages.backed_window(start, end, len))
+                .flatten()
+        })
     }
 
     /// Gives back the block at `placed`, freed at the current end of the
     /// stream (after the waits for its uses elsewhere were queued).
-    pub(crate) fn free(&self, sa: &mut StreamArena, placed: Placed) {
-        self.gpu().note_subfree(sa.base + placed.off, sa.raw);
-        if let Some(previous) = sa.recent.replace(placed) {
-            Self::give_to_arena(sa, previous);
+    pub(crate) fn free(&self, ss: &mut StreamSlot, placed: Placed) {
+        self.gpu().note_subfree(self.ptr(placed), ss.raw);
+        if let Some(previous) = ss.recent.replace(placed) {
+            self.lock().give(ss.slot, previous);
         }
     }
 
     /// Tells a checking backend that the range at `placed`, taken out of a
     /// graph's pool, holds a new allocation of `requested` bytes on the
-    /// arena's stream (as [`alloc`](Self::alloc) does for a placement).
-    pub(crate) fn note_reuse(&self, sa: &StreamArena, placed: Placed, requested: usize) {
+    /// slot's stream (as [`alloc`](Self::alloc) does for a placement).
+    pub(crate) fn note_reuse(&self, ss: &StreamSlot, placed: Placed, requested: usize) {
         self.gpu()
-            .note_suballocation(sa.base + placed.off, requested.max(1), sa.raw);
+            .note_suballocation(self.ptr(placed), requested.max(1), ss.raw);
     }
 
     /// Tells a checking backend that the block at `placed` is freed at the
-    /// current end of the arena's stream, without giving the range back (a
+    /// current end of the slot's stream, without giving the range back (a
     /// graph's pool keeps it).
-    pub(crate) fn note_free(&self, sa: &StreamArena, placed: Placed) {
-        self.gpu().note_subfree(sa.base + placed.off, sa.raw);
+    pub(crate) fn note_free(&self, ss: &StreamSlot, placed: Placed) {
+        self.gpu().note_subfree(self.ptr(placed), ss.raw);
     }
 
     /// Gives back to the arena a range a graph's pool kept (its free was
-    /// noted already), as freed at the current end of the stream.
-    pub(crate) fn return_range(&self, sa: &mut StreamArena, placed: Placed) {
-        Self::give_to_arena(sa, placed);
+    /// noted already), as freed at the current end of the slot's stream.
+    pub(crate) fn return_range(&self, ss: &StreamSlot, placed: Placed) {
+        self.lock().give(ss.slot, placed);
+    }
+
+    /// Takes the block the slot's stream freed last out of its slot, for
+    /// the caller to give to the arena (holding the tier's lock already).
+    pub(crate) fn take_recent(&self, ss: &mut StreamSlot) -> Option<Placed> {
+        ss.recent.take()
     }
 
     /// Gives the block kept as `recent` back to the arena.
-    pub(crate) fn flush_recent(&self, sa: &mut StreamArena) {
-        if let Some(recent) = sa.recent.take() {
-            Self::give_to_arena(sa, recent);
+    pub(crate) fn flush_recent(&self, ss: &mut StreamSlot) {
+        if let Some(recent) = ss.recent.take() {
+            self.lock().give(ss.slot, recent);
         }
     }
 
-    /// The range goes back to the arena; pages it leaves untouched go idle,
-    /// stamped with this free (queued after the block's last use, so a
-    /// fence after the stamp covers it).
-    fn give_to_arena(sa: &mut StreamArena, placed: Placed) {
-        let stamp = sa.fences.next_stamp();
-        sa.pages.untouch(placed.off, placed.len, stamp);
-        sa.arena.free(placed, stamp);
+    /// Bytes of idle mappings.
+    pub(crate) fn idle_bytes(&self) -> usize {
+        self.lock().pages.idle_bytes()
     }
 
     /// The most the tier means to hold: `slack` over the live high-water
@@ -400,19 +607,18 @@ impl VmTier {
         (peak + peak / 100 * self.slack_percent).max(self.page as usize)
     }
 
-    /// Maps new memory over pages `first..first + n` of `sa`.
+    /// Maps new memory over pages `first..first + n` of the arena.
     fn back(
         &self,
-        sa: &mut StreamArena,
+        st: &mut SharedArena,
         first: u32,
         n: u32,
         live: usize,
         stream: StreamId,
-        others: &dyn OtherArenas,
     ) -> ResourceResult<()> {
         let need = n as usize * self.page as usize;
         if self.held() + need > self.target(live) {
-            self.reclaim(sa, others, |tier| tier.held() + need <= tier.target(live));
+            self.reclaim(st, |tier| tier.held() + need <= tier.target(live));
         }
         // Map ahead, up to the target: the free pages right after the block,
         // where the next block placed at the end of the arena lands. A
@@ -426,7 +632,7 @@ impl VmTier {
         let room = self.target(live).saturating_sub(self.held() + need) / self.page as usize;
         let ahead_max =
             (room.min(u32::MAX as usize) as u32).min(self.max_run_pages.saturating_sub(n));
-        let ahead = sa.pages.free_unbacked_from(first + n, ahead_max);
+        let ahead = st.pages.free_unbacked_from(first + n, ahead_max);
         let (handle, n) = match self
             .gpu()
             .mem_create(need + ahead as usize * self.page as usize)
@@ -435,18 +641,16 @@ impl VmTier {
             // Short of memory: what the block needs, nothing ahead.
             Err(GpuError::OutOfMemory { .. }) => match self.gpu().mem_create(need) {
                 Ok(h) => (h, n),
-                Err(GpuError::OutOfMemory { .. }) => {
-                    (self.create_when_short(sa, need, stream, others)?, n)
-                }
+                Err(GpuError::OutOfMemory { .. }) => (self.create_when_short(st, need, stream)?, n),
                 Err(e) => return Err(e.for_request(need, stream)),
             },
             Err(e) => return Err(e.for_request(need, stream)),
         };
         let bytes = n as usize * self.page as usize;
-        let addr = sa.base + u64::from(first) * self.page;
-        // SAFETY: (1) `sa.base..sa.base + sa.len` is a live reservation: `open`
-        // got it from `address_reserve` of this tier's backend and only
-        // `close`, when the cache is dropped, frees it; pages are
+        let addr = st.base + u64::from(first) * self.page;
+        // SAFETY: (1) `st.base..st.base + arena_len` is a live reservation:
+        // `open` got it from `address_reserve` of this tier's backend and
+        // only `close`, when the cache is dropped, frees it; pages are
         // granularity-sized (`page` is a multiple of `vm_granularity`) and
         // `first + n` stays inside the arena's page table, so the range is
         // aligned and inside it. (2) pages `first..first + n` are a run that
@@ -457,7 +661,7 @@ impl VmTier {
         // the `n` pages chosen beside it, so of exactly `bytes`, and not
         // released.
         let mapped = unsafe { self.gpu().mem_map(addr, bytes, handle) }.and_then(|()| {
-            // SAFETY: (1) the range lies in `sa`'s live reservation (as
+            // SAFETY: (1) the range lies in the live reservation (as
             // above) and is exactly the mapping just made.
             let access = unsafe { self.gpu().mem_set_access(addr, bytes) };
             if access.is_err() {
@@ -475,7 +679,7 @@ impl VmTier {
             let _ = unsafe { self.gpu().mem_release(handle) };
             return Err(e.for_request(bytes, stream));
         }
-        sa.pages.map(first, n, handle);
+        st.pages.map(first, n, handle);
         self.held.fetch_add(bytes, Ordering::AcqRel);
         Ok(())
     }
@@ -486,10 +690,9 @@ impl VmTier {
     /// rest, retrying after each.
     fn create_when_short(
         &self,
-        sa: &mut StreamArena,
+        st: &mut SharedArena,
         bytes: usize,
         stream: StreamId,
-        others: &dyn OtherArenas,
     ) -> ResourceResult<crate::gpu::RawPhysical> {
         let gpu = self.gpu();
         let mut last = GpuError::OutOfMemory { available: 0 };
@@ -501,7 +704,7 @@ impl VmTier {
             &[false, true]
         };
         for &wait in waits {
-            let released = self.reclaim_all(sa, others, wait);
+            let released = self.reclaim_locked(st, wait);
             tracing::debug!(
                 released,
                 bytes,
@@ -517,49 +720,36 @@ impl VmTier {
         Err(last.for_request(bytes, stream))
     }
 
-    /// Gives back idle mappings of `sa`, then of other streams, that the
-    /// GPU is done with, until `enough` holds. Fences are recorded where
-    /// idle mappings are not covered yet, so that a later call finds them.
-    fn reclaim(
-        &self,
-        sa: &mut StreamArena,
-        others: &dyn OtherArenas,
-        enough: impl Fn(&Self) -> bool,
-    ) {
-        if self.reclaim_from(sa, &enough) {
-            return;
-        }
-        others.each_other(&mut |_, other| self.reclaim_from(other, &enough));
-    }
-
-    /// From one arena; true once `enough` holds.
-    fn reclaim_from(&self, sa: &mut StreamArena, enough: &dyn Fn(&Self) -> bool) -> bool {
-        self.flush_recent(sa);
-        if sa.pages.idle_bytes() == 0 {
+    /// Gives back idle mappings the GPU is done with until `enough` holds.
+    /// Fences are recorded where idle mappings are not covered yet, so
+    /// that a later call finds them; true once `enough` holds.
+    fn reclaim(&self, st: &mut SharedArena, enough: impl Fn(&Self) -> bool) -> bool {
+        if st.pages.idle_bytes() == 0 {
             return enough(self);
         }
         let gpu = self.gpu();
-        let done = sa.fences.poll(gpu).unwrap_or(sa.fences.done());
+        st.poll_all(gpu);
         while !enough(self) {
-            let Some(h) = sa.pages.take_idle(done) else {
+            let SharedArena { pages, streams, .. } = &mut *st;
+            let Some(h) = pages.take_idle(|f| is_done(streams, f)) else {
                 break;
             };
-            self.give_back(sa, h);
+            self.give_back(st, h);
         }
         if !enough(self) {
-            // Ask for a fence over what stays idle, for the next time.
-            let _ = sa.fences.cover(gpu, sa.raw, sa.pages.newest_idle_stamp());
+            // Ask for fences over what stays idle, for the next time.
+            st.cover_idle(gpu);
         }
         enough(self)
     }
 
     /// Unmaps and releases one idle handle the GPU is done with.
-    fn give_back(&self, sa: &mut StreamArena, h: Handle) {
+    fn give_back(&self, st: &mut SharedArena, h: Handle) {
         let gpu = self.gpu();
-        let addr = sa.base + u64::from(h.first) * self.page;
+        let addr = st.base + u64::from(h.first) * self.page;
         let bytes = h.pages as usize * self.page as usize;
         // SAFETY: (1) the page table's handle `h` is the one mapping of
-        // pages `h.first..h.first + h.pages` of `sa`'s reservation, which is
+        // pages `h.first..h.first + h.pages` of the reservation, which is
         // live until `close`; (2) idle: `take_idle` returned it only because
         // no live block touches its pages and its idle stamp is covered by a
         // fence on this arena's stream that has completed (every free on
@@ -568,7 +758,7 @@ impl VmTier {
         // these pages until they are mapped again.
         if let Err(e) = unsafe { gpu.mem_unmap(addr, bytes) } {
             tracing::warn!(error = %e, "unmapping an idle mapping failed; kept");
-            sa.pages.restore(h);
+            st.pages.restore(h);
             return;
         }
         // SAFETY: (1) `h.raw` came from `mem_create` and the page table held
@@ -581,57 +771,59 @@ impl VmTier {
         self.held.fetch_sub(bytes, Ordering::AcqRel);
     }
 
-    /// Gives back every idle mapping the GPU is done with, in every arena
-    /// (waiting for the fences in flight first when `wait`); returns the
-    /// bytes given back.
-    pub(crate) fn reclaim_all(
-        &self,
-        sa: &mut StreamArena,
-        others: &dyn OtherArenas,
-        wait: bool,
-    ) -> usize {
+    /// Gives back every idle mapping the GPU is done with (waiting for the
+    /// fences in flight first when `wait`); returns the bytes given back.
+    fn reclaim_locked(&self, st: &mut SharedArena, wait: bool) -> usize {
         let before = self.held();
-        let mut one = |_, a: &mut StreamArena| {
-            self.flush_recent(a);
-            if a.pages.idle_bytes() > 0 {
-                let gpu = self.gpu();
-                let _ = a.fences.cover(gpu, a.raw, a.pages.newest_idle_stamp());
-                if wait {
-                    let _ = a.fences.wait_all(gpu);
+        if st.pages.idle_bytes() > 0 {
+            let gpu = self.gpu();
+            st.cover_idle(gpu);
+            if wait {
+                for s in st.streams.iter_mut().flatten() {
+                    let _ = s.fences.wait_all(gpu);
                 }
-                self.reclaim_from(a, &|_| false);
             }
-            false
-        };
-        one(usize::MAX, sa);
-        others.each_other(&mut one);
+            self.reclaim(st, |_| false);
+        }
         before.saturating_sub(self.held())
     }
 
-    /// Gives back the idle mappings of `sa` the GPU is done with, and
-    /// records a fence over the others (the cache's cap was passed).
-    pub(crate) fn trim_arena(&self, sa: &mut StreamArena) {
-        self.reclaim_from(sa, &|_| false);
+    /// Gives back every idle mapping the GPU is done with (waiting for the
+    /// fences in flight first when `wait`; fences are recorded over the
+    /// others, so that a later call finds them); returns the bytes given
+    /// back. Blocks the streams freed last are not in it: flush them first.
+    pub(crate) fn reclaim_all(&self, wait: bool) -> usize {
+        self.reclaim_locked(&mut self.lock(), wait)
     }
 
-    /// Gives back everything of an arena no block uses any more, waiting
-    /// for the GPU first, and the reservation too when nothing is live in
-    /// it; returns whether the reservation went.
-    pub(crate) fn close(&self, sa: &mut StreamArena) -> bool {
-        self.flush_recent(sa);
+    /// Gives back the idle mappings the GPU is done with, and records
+    /// fences over the others (the cache's cap was passed).
+    pub(crate) fn trim_idle(&self) {
+        self.reclaim(&mut self.lock(), |_| false);
+    }
+
+    /// Gives back what no block uses any more, waiting for the GPU first,
+    /// and the reservation too when nothing is live in it; returns whether
+    /// the reservation went. Called once, when the cache goes, after every
+    /// stream's recent block was flushed.
+    pub(crate) fn close(&self) -> bool {
+        let mut st = self.lock();
+        if st.base == 0 {
+            return true;
+        }
         let gpu = self.gpu();
-        let _ = sa.fences.cover(gpu, sa.raw, sa.pages.newest_idle_stamp());
-        let _ = sa.fences.wait_all(gpu);
-        self.reclaim_from(sa, &|_| false);
-        sa.fences.destroy(gpu);
-        if sa.pages.mapped_bytes() > 0 {
+        self.reclaim_locked(&mut st, true);
+        for s in st.streams.iter_mut().flatten() {
+            s.fences.destroy(gpu);
+        }
+        if st.pages.mapped_bytes() > 0 {
             return false;
         }
-        // SAFETY: (1) `sa.base`, `sa.len` are exactly what `open` asked of
-        // `address_reserve` and got; `close` runs once, from the cache's
+        // SAFETY: (1) `st.base` and `arena_len` are exactly what `open` asked
+        // of `address_reserve` and got; `close` runs once, from the cache's
         // drop (`close_mapped`), so the reservation is live and never used
         // after; (2) the page table has no mapped page left, and its handles
         // are exactly the mappings made in the arena.
-        unsafe { gpu.address_free(sa.base, sa.len as usize) }.is_ok()
+        unsafe { gpu.address_free(st.base, self.arena_len as usize) }.is_ok()
     }
 }
