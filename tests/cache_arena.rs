@@ -806,3 +806,35 @@ fn the_cap_gives_idle_memory_back_once_the_gpu_is_done() {
     );
     c.assert_race_free();
 }
+
+/// The block a stream freed last stays in its slot (its next allocation
+/// of that size takes it back with no shared lock), but a growth of
+/// another stream takes it first: `b` gets `a`'s memory behind a wait on
+/// the GPU instead of new memory. Fails if kept blocks are invisible to
+/// other streams (a second 4-page mapping), or if `b` skips the wait (a
+/// race with `a`'s queued write).
+#[test]
+fn a_growth_takes_the_block_another_stream_freed_last() {
+    let c = Cache::new(2, CacheConfig::default());
+    let (a, b) = (c.s(0), c.s(1));
+    let block = c.cache.allocate(4 * P, a, T).unwrap();
+    let ptr = block.ptr();
+    c.kernel(a, MemAccess::write(&block));
+    c.cache.deallocate(block).unwrap();
+
+    let creates = c.creates();
+    let on_b = c.cache.allocate(4 * P, b, T).unwrap();
+    assert_eq!(on_b.ptr(), ptr, "a's block, where it is");
+    assert_eq!(c.creates(), creates, "no new memory");
+    assert_eq!(c.cache.stats().borrows, 1);
+    c.kernel(b, MemAccess::write(&on_b));
+    c.cache.deallocate(on_b).unwrap();
+
+    // a's next allocation of that size no longer finds it kept, and
+    // places it again, behind a wait for b.
+    let again = c.cache.allocate(4 * P, a, T).unwrap();
+    assert_eq!(again.ptr(), ptr);
+    c.kernel(a, MemAccess::write(&again));
+    c.cache.deallocate(again).unwrap();
+    c.assert_race_free();
+}

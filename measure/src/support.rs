@@ -257,6 +257,13 @@ impl Gpu for NullGpu {
     unsafe fn mem_unmap(&self, _: u64, _: usize) -> GpuResult<()> {
         Ok(())
     }
+    /// Nothing is held: the null backend's memory is not real.
+    fn memory_held(&self) -> GpuResult<streamalloc::gpu::HeldMemory> {
+        Ok(streamalloc::gpu::HeldMemory::default())
+    }
+    fn reset_memory_held_high(&self) -> GpuResult<()> {
+        Ok(())
+    }
 }
 
 /// The null backend, on the stream handles of a (never used) simulated

@@ -336,6 +336,17 @@ impl Arena {
         }
     }
 
+    /// The placement of `node`, a range handed out and not freed since.
+    pub(crate) fn placed(&self, node: u32) -> Placed {
+        let n = &self.nodes[node as usize];
+        debug_assert!(!n.free, "node {node} is free");
+        Placed {
+            node,
+            off: n.off,
+            len: n.len,
+        }
+    }
+
     /// The tags of the range `placed` lies in (as they were when handed
     /// out): none when clean.
     pub(crate) fn freed(&self, placed: Placed) -> &[Freed] {

@@ -12,41 +12,11 @@
 use super::arena::{Placed, round};
 use super::resource::CachingResource;
 use super::shard::{Backing, Lease, Mapped, Slot, SlotGuard};
-use super::vmm::{OtherSlots, Taken, VmTier};
+use super::vmm::{Taken, VmTier};
 use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::{CaptureId, GpuError};
 use crate::resource::DeviceMemoryResource;
 use crate::types::{Access, AllocTag, BlockId, DeviceBlock, StreamId};
-
-/// The other streams' shards, each lent while not locked.
-struct Others<'a> {
-    slots: &'a [Slot],
-    own: usize,
-    tier: &'a VmTier,
-}
-
-impl OtherSlots for Others<'_> {
-    fn take_recents(&self, give: &mut dyn FnMut(usize, Placed)) {
-        for (i, slot) in self.slots.iter().enumerate() {
-            if i == self.own {
-                continue;
-            }
-            if let Some(mut shard) = slot.try_lock()
-                && let Some(arena) = shard.arena.as_mut()
-                && let Some(recent) = self.tier.take_recent(arena)
-            {
-                give(i, recent);
-            }
-        }
-    }
-
-    fn live_total(&self) -> usize {
-        self.slots
-            .iter()
-            .map(|s| s.arena_live.load(std::sync::atomic::Ordering::Relaxed))
-            .sum()
-    }
-}
 
 impl<R: DeviceMemoryResource> CachingResource<R> {
     fn tier(&self) -> &VmTier {
@@ -113,12 +83,15 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         };
         let held = tier.held();
         slot.add_arena_live(bytes as isize);
-        let others = Others {
-            slots: &self.slots,
-            own: index,
-            tier,
+        // Bytes users hold on every stream (each shard's count, read
+        // without its lock).
+        let live_total = || {
+            self.slots
+                .iter()
+                .map(|s| s.arena_live.load(std::sync::atomic::Ordering::Relaxed))
+                .sum()
         };
-        let taken = match tier.alloc(arena, len, bytes, stream, &others, capture.is_none()) {
+        let taken = match tier.alloc(arena, len, bytes, stream, &live_total, capture.is_none()) {
             Ok(Some(taken)) => taken,
             other => {
                 slot.add_arena_live(-(bytes as isize));

@@ -116,6 +116,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
             .flatten()
             .and_then(|access| {
                 VmTier::new(
+                    config.streams + 1,
                     access,
                     config.page_multiple,
                     config.max_mapping_bytes,

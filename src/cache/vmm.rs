@@ -101,6 +101,9 @@ pub(crate) struct StreamSlot {
     /// allocation of the same rounded size right after takes it as it is
     /// (the allocate/free loop costs no placement and no shared lock), and
     /// any other call on the arena from this stream gives it back first.
+    /// It is this stream's only while the slot's entry of
+    /// [`VmTier::recents`] still names it: a growth elsewhere may take it
+    /// (see [`VmTier::claim_recent`]).
     recent: Option<Placed>,
 }
 
@@ -204,18 +207,14 @@ pub(crate) struct VmTier {
     /// touches no shared counter; a peak between two such moments was
     /// covered by memory held already).
     live_peak: AtomicUsize,
-}
-
-/// The other streams' slots, as the cache's shards lend them for a moment
-/// (through `try_lock`: the tier's lock is held, and the lock order is a
-/// shard's, then the tier's).
-pub(crate) trait OtherSlots {
-    /// Takes the block each other stream freed last that is not locked
-    /// now, with the stream's slot, giving it to `give`.
-    fn take_recents(&self, give: &mut dyn FnMut(usize, Placed));
-
-    /// Bytes users hold in the arena, on every stream.
-    fn live_total(&self) -> usize;
+    /// Per slot, the arena node of the block its stream freed last and
+    /// kept (`node + 1`; 0: none). Its stream stores it at the free, under
+    /// its shard's lock; whoever swaps it out owns the block: the stream
+    /// taking it back, or a growth of another stream, under the tier's
+    /// lock, giving it to the arena. So a growth always finds every idle
+    /// block, without the shard locks it may not take (the lock order is
+    /// a shard's, then the tier's).
+    recents: Box<[AtomicU64]>,
 }
 
 /// Where [`VmTier::alloc`] placed a block.
@@ -229,9 +228,10 @@ pub(crate) struct Taken {
 }
 
 impl VmTier {
-    /// A tier over `access`, or `None` when the device has no virtual memory
-    /// management.
+    /// A tier over `access` for `slots` streams (slots `0..slots`), or
+    /// `None` when the device has no virtual memory management.
     pub(crate) fn new(
+        slots: usize,
         access: DeviceAccess,
         page_multiple: usize,
         max_run_bytes: usize,
@@ -268,6 +268,7 @@ impl VmTier {
             base: AtomicU64::new(0),
             held: AtomicUsize::new(0),
             live_peak: AtomicUsize::new(0),
+            recents: (0..slots).map(|_| AtomicU64::new(0)).collect(),
         })
     }
 
@@ -297,6 +298,7 @@ impl VmTier {
     /// Opens the arena to `stream` (of slot `slot`), reserving it on the
     /// first call.
     pub(crate) fn open(&self, stream: StreamId, slot: usize) -> ResourceResult<StreamSlot> {
+        debug_assert!(slot < self.recents.len(), "slot {slot} out of range");
         let raw = self.access.streams.raw(stream)?;
         let mut st = self.lock();
         if st.base == 0 {
@@ -324,22 +326,21 @@ impl VmTier {
     /// `None` when the arena has no room (the caller falls back).
     ///
     /// `may_wait`: not in a capture, so the stream may wait on the GPU for
-    /// another stream's fence, to use memory that stream freed. `others`
-    /// gives the blocks other streams freed last before the arena grows,
-    /// and sums the bytes users hold, for the slack target.
+    /// another stream's fence, to use memory that stream freed.
+    /// `live_total` sums the bytes users hold on every stream, for the
+    /// slack target.
     pub(crate) fn alloc(
         &self,
         ss: &mut StreamSlot,
         len: u64,
         requested: usize,
         stream: StreamId,
-        others: &dyn OtherSlots,
+        live_total: &dyn Fn() -> usize,
         may_wait: bool,
     ) -> ResourceResult<Option<Taken>> {
-        if let Some(recent) = ss.recent
-            && recent.len == len
+        if ss.recent.is_some_and(|r| r.len == len)
+            && let Some(recent) = self.claim_recent(ss)
         {
-            ss.recent = None;
             let ptr = self.ptr(recent);
             self.gpu().note_suballocation(ptr, requested.max(1), ss.raw);
             return Ok(Some(Taken {
@@ -349,14 +350,14 @@ impl VmTier {
             }));
         }
         let mut st = self.lock();
-        if let Some(recent) = ss.recent.take() {
+        if let Some(recent) = self.claim_recent(ss) {
             st.give(ss.slot, recent);
         }
-        let Some((placed, borrowed)) = self.place(&mut st, ss, len, others, may_wait) else {
+        let Some((placed, borrowed)) = self.place(&mut st, ss, len, may_wait) else {
             return Ok(None);
         };
         let unbacked = st.pages.touch(placed.off, placed.len);
-        let live = (!unbacked.is_empty()).then(|| others.live_total());
+        let live = (!unbacked.is_empty()).then(live_total);
         for &(first, count) in &unbacked {
             let mut at = first;
             while at < first + count {
@@ -404,16 +405,15 @@ impl VmTier {
         st: &mut SharedArena,
         ss: &StreamSlot,
         len: u64,
-        others: &dyn OtherSlots,
         may_wait: bool,
     ) -> Option<(Placed, bool)> {
         let slot = ss.slot;
         let any = may_wait && self.lends;
-        let mut placed = self.choose(st, slot, len, any, others)?;
+        let mut placed = self.choose(st, slot, len, any)?;
         let SharedArena { arena, streams, .. } = &mut *st;
         if any && !self.order_after(streams, ss, arena.freed(placed)) {
             st.arena.free(placed, None, |_| false);
-            placed = self.choose(st, slot, len, false, others)?;
+            placed = self.choose(st, slot, len, false)?;
         }
         let borrowed = st
             .arena
@@ -425,14 +425,7 @@ impl VmTier {
 
     /// A good fit (see [`place`](Self::place)); `any`: on any free range,
     /// else only where the stream may use it as it is.
-    fn choose(
-        &self,
-        st: &mut SharedArena,
-        slot: usize,
-        len: u64,
-        any: bool,
-        others: &dyn OtherSlots,
-    ) -> Option<Placed> {
+    fn choose(&self, st: &mut SharedArena, slot: usize, len: u64, any: bool) -> Option<Placed> {
         let placed = Self::fit(st, slot, len, any)?;
         if st.pages.all_backed(placed.off, placed.len) {
             return Some(placed);
@@ -445,10 +438,13 @@ impl VmTier {
         // last go back to it (they may hold it, or merge into a range that
         // does), and fences may have completed since.
         let mut flushed = false;
-        others.take_recents(&mut |slot, recent| {
-            st.give(slot, recent);
-            flushed = true;
-        });
+        for (i, recent) in self.recents.iter().enumerate() {
+            if let Some(node) = recent.swap(0, Ordering::AcqRel).checked_sub(1) {
+                let placed = st.arena.placed(node as u32);
+                st.give(i, placed);
+                flushed = true;
+            }
+        }
         let done = {
             st.poll_all(self.gpu());
             st.done_sum()
@@ -555,7 +551,10 @@ impl VmTier {
     /// stream (after the waits for its uses elsewhere were queued).
     pub(crate) fn free(&self, ss: &mut StreamSlot, placed: Placed) {
         self.gpu().note_subfree(self.ptr(placed), ss.raw);
-        if let Some(previous) = ss.recent.replace(placed) {
+        let previous = ss.recent.replace(placed);
+        let kept = self.recents[ss.slot].swap(u64::from(placed.node) + 1, Ordering::AcqRel);
+        if let Some(previous) = previous.filter(|_| kept != 0) {
+            debug_assert_eq!(kept, u64::from(previous.node) + 1);
             self.lock().give(ss.slot, previous);
         }
     }
@@ -581,15 +580,18 @@ impl VmTier {
         self.lock().give(ss.slot, placed);
     }
 
-    /// Takes the block the slot's stream freed last out of its slot, for
-    /// the caller to give to the arena (holding the tier's lock already).
-    pub(crate) fn take_recent(&self, ss: &mut StreamSlot) -> Option<Placed> {
-        ss.recent.take()
+    /// Takes the block the slot's stream freed last back from the slot,
+    /// unless a growth gave it to the arena already.
+    fn claim_recent(&self, ss: &mut StreamSlot) -> Option<Placed> {
+        let recent = ss.recent.take()?;
+        let kept = self.recents[ss.slot].swap(0, Ordering::AcqRel);
+        debug_assert!(kept == 0 || kept == u64::from(recent.node) + 1);
+        (kept != 0).then_some(recent)
     }
 
     /// Gives the block kept as `recent` back to the arena.
     pub(crate) fn flush_recent(&self, ss: &mut StreamSlot) {
-        if let Some(recent) = ss.recent.take() {
+        if let Some(recent) = self.claim_recent(ss) {
             self.lock().give(ss.slot, recent);
         }
     }

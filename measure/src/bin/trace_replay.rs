@@ -4,7 +4,7 @@
 //! requested bytes, the peak device memory each stack held, and their ratio.
 //!
 //! ```text
-//! trace_replay TRACE [--stack NAME[,NAME...]]... [--sim] [--sim-capacity BYTES]
+//! trace_replay TRACE [--stack NAME[,NAME...]]... [--sim | --null] [--sim-capacity BYTES]
 //!              [--repeat N] [--png OUT.png] [--budget-ratio R] [--calls]
 //!              [--slack PERCENT]
 //! trace_replay TRACE --cut N OUT.csv.gz
@@ -14,6 +14,9 @@
 //!   `cache-budget`, or `all`; by default `resource` and `cache`.
 //! - `--sim`: the simulated device (deterministic), even where CUDA is
 //!   present; without CUDA the simulated device is used anyway, and said.
+//! - `--null`: driver calls that do nothing (`support::NullGpu`), so
+//!   ns/op is the stack's own bookkeeping, with no device to simulate (for
+//!   profiling; held memory reads 0).
 //! - `--repeat N`: N rounds (default 1), each replaying every stack once on a
 //!   fresh stack, interleaved so that drift of the host touches all alike.
 //! - `--png OUT.png`: after the timed rounds, one more replay per stack that
@@ -63,6 +66,7 @@ struct Args {
     trace: PathBuf,
     stacks: Vec<StackKind>,
     sim: bool,
+    null: bool,
     sim_capacity: usize,
     repeat: usize,
     png: Option<PathBuf>,
@@ -73,7 +77,7 @@ struct Args {
 }
 
 const USAGE: &str = "usage: trace_replay TRACE [--stack resource|cache|cache-budget|all]... \
-[--sim] [--sim-capacity BYTES] [--repeat N] [--png OUT.png] [--budget-ratio R] [--calls] [--slack PERCENT] | TRACE --cut N OUT.csv.gz";
+[--sim | --null] [--sim-capacity BYTES] [--repeat N] [--png OUT.png] [--budget-ratio R] [--calls] [--slack PERCENT] | TRACE --cut N OUT.csv.gz";
 
 fn parse_args() -> Result<Args, String> {
     let mut args = std::env::args().skip(1);
@@ -81,6 +85,7 @@ fn parse_args() -> Result<Args, String> {
         trace: PathBuf::new(),
         stacks: Vec::new(),
         sim: false,
+        null: false,
         sim_capacity: SIM_CAPACITY,
         repeat: 1,
         png: None,
@@ -110,6 +115,7 @@ fn parse_args() -> Result<Args, String> {
                 }
             }
             "--sim" => out.sim = true,
+            "--null" => out.null = true,
             "--calls" => out.calls = true,
             "--slack" => out.slack = Some(value("--slack", args.next())?),
             "--sim-capacity" => out.sim_capacity = value("--sim-capacity", args.next())?,
@@ -129,6 +135,9 @@ fn parse_args() -> Result<Args, String> {
     out.trace = trace.ok_or("no trace given")?;
     if out.stacks.is_empty() {
         out.stacks = vec![StackKind::Resource, StackKind::Cache];
+    }
+    if out.sim && out.null {
+        return Err("--sim and --null exclude each other".into());
     }
     if out.repeat == 0 {
         return Err("--repeat must be at least 1".into());
@@ -177,6 +186,7 @@ fn main() -> ExitCode {
     let backend_name = match backend {
         DeviceKind::Cuda(_) => "cuda",
         DeviceKind::Sim { .. } => "sim",
+        DeviceKind::Null => "null",
     };
     let name = args
         .trace
@@ -301,6 +311,9 @@ fn backend(args: &Args) -> Result<DeviceKind, String> {
     };
     if args.sim {
         return Ok(sim);
+    }
+    if args.null {
+        return Ok(DeviceKind::Null);
     }
     if !cuda_present() {
         println!("no CUDA driver here: replaying on the simulated device");

@@ -80,6 +80,10 @@ pub enum DeviceKind {
         /// Simulated device memory.
         capacity: usize,
     },
+    /// The null backend ([`NullGpu`](crate::support::NullGpu)): driver
+    /// calls that do nothing, so a replay's time is the stack's own
+    /// bookkeeping. It holds no memory: its held bytes read 0.
+    Null,
 }
 
 /// How a stack is replayed.
@@ -141,6 +145,11 @@ pub fn replay_stack(
             let drain_gpu = gpu.clone();
             let drain = move || drain_gpu.run_until_idle();
             on_backend(kind, gpu, pool, Some(&drain), trace, peak_requested, config)
+        }
+        DeviceKind::Null => {
+            let gpu = Arc::new(crate::support::NullGpu::with_events());
+            let pool = SimGpu::builder().manual().build().stream_pool(streams);
+            on_backend(kind, gpu, pool, None, trace, peak_requested, config)
         }
     }
 }
