@@ -36,7 +36,9 @@
 //! [`Timeline`]: streamalloc_measure::service::timeline::Timeline
 //!
 //! On the simulated device (or `--sim`) only the streamalloc way runs, with
-//! simulated kernels: the numbers measure the futures layer only.
+//! simulated kernels, each operation `--sim-latency-us` long (default 5; a
+//! longer one keeps more work queued, as a loaded GPU does): the numbers
+//! measure the futures layer and the memory held only.
 //! cuBLAS is loaded at run time: put `/usr/local/cuda/lib64` on
 //! `LD_LIBRARY_PATH`.
 
@@ -72,6 +74,7 @@ struct Args {
     fill_rounds: usize,
     seed: u64,
     sim: bool,
+    sim_latency_us: u64,
     workers: usize,
     diag: bool,
     policy: Option<WaitPolicy>,
@@ -86,6 +89,7 @@ fn parse_args() -> BoxResult<Args> {
         fill_rounds: 9,
         seed: 2026,
         sim: false,
+        sim_latency_us: 5,
         workers: 4,
         diag: false,
         policy: None,
@@ -114,6 +118,7 @@ fn parse_args() -> BoxResult<Args> {
             "--seed" => args.seed = value("--seed")?.parse()?,
             "--workers" => args.workers = value("--workers")?.parse::<usize>()?.max(1),
             "--sim" => args.sim = true,
+            "--sim-latency-us" => args.sim_latency_us = value("--sim-latency-us")?.parse()?,
             "--diag" => args.diag = true,
             "--policy" => args.policy = Some(parse_policy(&value("--policy")?)?),
             other => return Err(format!("unknown argument {other} (see the file's docs)").into()),
@@ -184,7 +189,7 @@ fn requests_per_client(args: &Args, clients: usize) -> usize {
 
 async fn on_sim(args: &Args) -> BoxResult<()> {
     let gpu = SimGpu::builder()
-        .op_latency(Duration::from_micros(5))
+        .op_latency(Duration::from_micros(args.sim_latency_us))
         .build();
     let device = Device::simulated(&gpu, STREAMS);
     let inner = Arc::new(SimResource::new(&device));
