@@ -26,8 +26,10 @@
 //!   used as they are (a **hit**: no driver call); when some are not, a
 //!   free range with memory behind it serves instead. A range freed on
 //!   another stream serves at once if a fence shows the GPU done with the
-//!   free, and otherwise behind a wait of this stream for that fence *on
-//!   the GPU* (a **borrow**: `cuStreamWaitEvent`, no host wait). Else the
+//!   free, and otherwise, when no such range fits, behind a wait of this
+//!   stream for that fence *on the GPU* (a **borrow**: `cuStreamWaitEvent`,
+//!   no host wait, but this stream's next work then runs after all the
+//!   other stream had queued). Else the
 //!   pages not mapped get new memory, one `cuMemCreate` + `cuMemMap` +
 //!   `cuMemSetAccess` per run of pages (a **miss**), which also maps the
 //!   free pages after the block up to [`CacheConfig::slack_percent`] over
