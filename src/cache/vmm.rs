@@ -423,8 +423,9 @@ impl VmTier {
         // work queued there before it ahead of this stream's next work:
         // independent requests on two streams run one after the other.
         // Taking such memory first (the best fit over every free range)
-        // held 3% less on the H200 service but served 15% fewer requests
-        // at 1,024 clients (`notes/gpu-runs.md`, 2026-12-04, call 5).
+        // held up to 5% less in an A/B of the service on the H200 but
+        // served about 15% fewer requests at 1,024 clients
+        // (`notes/gpu-runs.md`, 2026-12-04, call 5).
         if any && let Some(placed) = Self::backed_now(st, slot, len) {
             let borrowed = st
                 .arena
