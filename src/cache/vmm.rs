@@ -30,9 +30,9 @@
 //! where it is, behind a wait of `S` *on the GPU* for a fence of that
 //! stream past the free (no host wait): only there, since such a wait
 //! makes `S`'s next work run after everything queued on that stream.
-//! Otherwise the pages that are not mapped get new physical memory, one handle per run of pages (so a
-//! 40 MiB block costs one `cuMemCreate`, one `cuMemMap` and one
-//! `cuMemSetAccess`, not twenty of each). Before creating memory that
+//! Otherwise the pages that are not mapped get new physical memory, one
+//! handle per run of pages (so a 40 MiB block costs one `cuMemCreate`,
+//! one `cuMemMap` and one `cuMemSetAccess`, not twenty of each). Before creating memory that
 //! would take the cache past `slack` over the live high-water mark, idle
 //! mappings the GPU is done with (a fence past every free on them has
 //! completed, learnt by a query) are unmapped and released. A free puts
@@ -407,8 +407,9 @@ impl VmTier {
     /// completed before a growth), and among mapped memory, ranges the
     /// stream may use as they are. When `may_wait` and nothing such fits,
     /// any free range serves before new memory, the stream waiting on the
-    /// GPU for the fence of another stream's free where it may still run. Returns the placement and whether memory another stream
-    /// freed serves it.
+    /// GPU for the fence of another stream's free where it may still run.
+    /// Returns the placement and whether memory another stream freed
+    /// serves it.
     fn place(
         &self,
         st: &mut SharedArena,
