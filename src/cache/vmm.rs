@@ -222,9 +222,31 @@ pub(crate) struct VmTier {
 /// each stream's thread swaps its own at every allocate and free, and
 /// eight entries sharing a line made sixteen threads' loops contend (12 M
 /// pairs/s instead of 57 M on the H200).
+/// Holds `node + 1` of the kept block, 0 for none.
 #[derive(Debug, Default)]
 #[repr(align(128))]
 struct Kept(AtomicU64);
+
+impl Kept {
+    /// Takes the kept block's node out, if one is there.
+    fn take(&self) -> Option<u32> {
+        let v = self.0.swap(0, Ordering::AcqRel);
+        v.checked_sub(1).map(|n| n as u32)
+    }
+
+    /// Keeps `node`, returning the node kept before, if one was.
+    fn replace(&self, node: u32) -> Option<u32> {
+        let v = self.0.swap(u64::from(node) + 1, Ordering::AcqRel);
+        v.checked_sub(1).map(|n| n as u32)
+    }
+
+    /// Keeps `node` where none is kept: only the owning stream writes a
+    /// node, and a growth only takes one out, so a plain store publishes
+    /// it with no read-modify-write.
+    fn put(&self, node: u32) {
+        self.0.store(u64::from(node) + 1, Ordering::Release);
+    }
+}
 
 /// Where [`VmTier::alloc`] placed a block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -427,20 +449,19 @@ impl VmTier {
         // held up to 5% less in an A/B of the service on the H200 but
         // served about 15% fewer requests at 1,024 clients
         // (`notes/gpu-runs.md`, 2026-12-04, call 5).
-        if any && let Some(placed) = Self::backed_now(st, slot, len) {
-            let borrowed = st
-                .arena
-                .freed(placed)
-                .iter()
-                .any(|f| f.slot() != Some(slot));
-            return Some((placed, borrowed));
-        }
-        let mut placed = self.choose(st, slot, len, any)?;
-        let SharedArena { arena, streams, .. } = &mut *st;
-        if any && !self.order_after(streams, ss, arena.freed(placed)) {
-            st.arena.free(placed, None, |_| false);
-            placed = self.choose(st, slot, len, false)?;
-        }
+        let placed = match any.then(|| Self::backed_now(st, slot, len)).flatten() {
+            Some(placed) => placed,
+            None => {
+                let placed = self.choose(st, slot, len, any)?;
+                let SharedArena { arena, streams, .. } = &mut *st;
+                if any && !self.order_after(streams, ss, arena.freed(placed)) {
+                    st.arena.free(placed, None, |_| false);
+                    self.choose(st, slot, len, false)?
+                } else {
+                    placed
+                }
+            }
+        };
         let borrowed = st
             .arena
             .freed(placed)
@@ -477,8 +498,8 @@ impl VmTier {
         // does), and fences may have completed since.
         let mut flushed = false;
         for (i, recent) in self.recents.iter().enumerate() {
-            if let Some(node) = recent.0.swap(0, Ordering::AcqRel).checked_sub(1) {
-                let placed = st.arena.placed(node as u32);
+            if let Some(node) = recent.take() {
+                let placed = st.arena.placed(node);
                 st.give(i, placed);
                 flushed = true;
             }
@@ -589,17 +610,12 @@ impl VmTier {
     /// stream (after the waits for its uses elsewhere were queued).
     pub(crate) fn free(&self, ss: &mut StreamSlot, placed: Placed) {
         self.gpu().note_subfree(self.ptr(placed), ss.raw);
-        let entry = &self.recents[ss.slot].0;
-        let node = u64::from(placed.node) + 1;
+        let kept = &self.recents[ss.slot];
         match ss.recent.replace(placed) {
-            // The entry is 0 (only this stream writes anything else, and a
-            // growth only swaps a block out): a plain store publishes the
-            // block, with no read-modify-write on the allocate/free loop.
-            None => entry.store(node, Ordering::Release),
+            None => kept.put(placed.node),
             Some(previous) => {
-                let kept = entry.swap(node, Ordering::AcqRel);
-                if kept != 0 {
-                    debug_assert_eq!(kept, u64::from(previous.node) + 1);
+                if let Some(node) = kept.replace(placed.node) {
+                    debug_assert_eq!(node, previous.node);
                     self.lock().give(ss.slot, previous);
                 }
             }
@@ -631,9 +647,9 @@ impl VmTier {
     /// unless a growth gave it to the arena already.
     fn claim_recent(&self, ss: &mut StreamSlot) -> Option<Placed> {
         let recent = ss.recent.take()?;
-        let kept = self.recents[ss.slot].0.swap(0, Ordering::AcqRel);
-        debug_assert!(kept == 0 || kept == u64::from(recent.node) + 1);
-        (kept != 0).then_some(recent)
+        let kept = self.recents[ss.slot].take();
+        debug_assert!(kept.is_none_or(|node| node == recent.node));
+        kept.map(|_| recent)
     }
 
     /// Gives the block kept as `recent` back to the arena.
