@@ -492,32 +492,29 @@ impl Arena {
             ([x], [y]) => x.join(*y),
             _ => None,
         };
-        let list = match simple {
-            // One stream (or none): no list to build.
-            Some(_) => None,
-            None => {
-                let mut all: Vec<Freed> = Vec::with_capacity(a.len() + b.len());
-                for &t in a.iter().chain(b) {
-                    if done(t) {
-                        continue;
-                    }
-                    match all.iter_mut().find(|u| u.slot() == t.slot()) {
-                        Some(u) => *u = u.join(t).unwrap_or(t),
-                        None => all.push(t),
-                    }
+        // `Ok`: one stream's tag (or none), no list to build; `Err`: the
+        // newest tag of each of several streams.
+        let merged = simple.ok_or_else(|| {
+            let mut all: Vec<Freed> = Vec::with_capacity(a.len() + b.len());
+            for &t in a.iter().chain(b) {
+                if done(t) {
+                    continue;
                 }
-                Some(all)
+                match all.iter_mut().find(|u| u.slot() == t.slot()) {
+                    Some(u) => *u = u.join(t).unwrap_or(t),
+                    None => all.push(t),
+                }
             }
-        };
+            all
+        });
         self.unlink_free(i);
         self.unlink_free(next);
         let len = self.nodes[next as usize].len;
         self.nodes[i as usize].len += len;
         self.drop_node(next);
-        match (list, simple) {
-            (Some(all), _) => self.set_tags(i, all),
-            (None, Some(f)) => self.set_one(i, if done(f) { Freed::CLEAN } else { f }),
-            (None, None) => unreachable!("one or the other"),
+        match merged {
+            Ok(f) => self.set_one(i, if done(f) { Freed::CLEAN } else { f }),
+            Err(all) => self.set_tags(i, all),
         }
         self.push_free(i);
     }
