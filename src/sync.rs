@@ -4,17 +4,17 @@
 //! implementation. See `scripts/model-check.sh`.
 //!
 //! The resource layer's state, the debug guard's two locks, the budget's
-//! counters and the futures layer's state (the notifiers' points and their
+//! counters, the cache's kept-block entries and the futures layer's state (the notifiers' points and their
 //! settled mirror, the wait queue) go through here; the simulated device keeps std's primitives (it never
 //! blocks on a loom object while holding its own lock, so loom's scheduler
 //! cannot switch inside its critical sections).
 
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, fence};
+pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, fence};
 #[cfg(loom)]
 pub(crate) use loom::sync::{Mutex, MutexGuard};
 pub(crate) use std::sync::atomic::Ordering;
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, fence};
+pub(crate) use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, fence};
 #[cfg(not(loom))]
 pub(crate) use std::sync::{Mutex, MutexGuard};

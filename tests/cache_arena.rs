@@ -838,3 +838,33 @@ fn a_growth_takes_the_block_another_stream_freed_last() {
     c.cache.deallocate(again).unwrap();
     c.assert_race_free();
 }
+
+/// Each stream keeps the last blocks it freed (`src/cache/kept.rs`): an
+/// allocation of any of their sizes takes one back where it is, with no
+/// placement in the arena. Placed in the arena, the second size would go
+/// where the first was (the three ranges merge into one, and the best fit
+/// starts at its start).
+#[test]
+fn a_stream_takes_back_any_of_the_blocks_it_freed_last() {
+    let c = Cache::new(1, CacheConfig::default());
+    let a = c.s(0);
+    let sizes = [P / 2, P, 3 * P / 2];
+    let blocks: Vec<_> = sizes
+        .iter()
+        .map(|&s| c.cache.allocate(s, a, T).unwrap())
+        .collect();
+    let ptrs: Vec<u64> = blocks.iter().map(|b| b.ptr()).collect();
+    for block in blocks {
+        c.kernel(a, MemAccess::write(&block));
+        c.cache.deallocate(block).unwrap();
+    }
+    let creates = c.creates();
+    for i in [1, 2, 0] {
+        let block = c.cache.allocate(sizes[i], a, T).unwrap();
+        assert_eq!(block.ptr(), ptrs[i], "size {} where it was", sizes[i]);
+        c.kernel(a, MemAccess::write(&block));
+        c.cache.deallocate(block).unwrap();
+    }
+    assert_eq!(c.creates(), creates, "no new memory");
+    c.assert_race_free();
+}

@@ -277,7 +277,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         slot.add_arena_live(-(lease.size as isize));
         if cap != usize::MAX {
             // Under a cap, the freed block counts as idle at once.
-            tier.flush_recent(arena);
+            tier.flush_kept(arena);
             if tier.idle_bytes() > cap {
                 tier.trim_idle();
             }
@@ -435,20 +435,21 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         let pages = bytes.div_ceil(tier.page()) * tier.page();
         let mut shard = self.slots[index].lock();
         if let Some(arena) = shard.arena.as_mut() {
-            tier.flush_recent(arena);
+            tier.flush_kept(arena);
         }
         drop(shard);
         if tier.idle_bytes() >= pages { 0 } else { pages }
     }
 
-    /// Gives each stream's block freed last back to the arena.
-    fn flush_recents(&self, tier: &VmTier) -> usize {
+    /// Gives each stream's kept blocks back to the arena; returns the
+    /// leases users hold.
+    fn give_back_kept(&self, tier: &VmTier) -> usize {
         let mut leased = 0;
         for slot in self.slots.iter() {
             let mut shard = slot.lock();
             leased += shard.lease_count();
             if let Some(arena) = shard.arena.as_mut() {
-                tier.flush_recent(arena);
+                tier.flush_kept(arena);
             }
         }
         leased
@@ -459,7 +460,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         let Some(tier) = &self.vm else {
             return 0;
         };
-        self.flush_recents(tier);
+        self.give_back_kept(tier);
         tier.idle_bytes()
     }
 
@@ -469,7 +470,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         let Some(tier) = &self.vm else {
             return;
         };
-        let leased = self.flush_recents(tier);
+        let leased = self.give_back_kept(tier);
         if !tier.close() && leased == 0 {
             tracing::warn!("the arena could not be given back");
         }
@@ -483,7 +484,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         let Some(tier) = &self.vm else {
             return 0;
         };
-        self.flush_recents(tier);
+        self.give_back_kept(tier);
         tier.reclaim_all(wait)
     }
 }

@@ -17,9 +17,10 @@
 //!   a page table (which 2 MiB pages are mapped, how many live blocks
 //!   touch each) and, per stream, fences (events telling when the GPU is
 //!   done with what that stream freed).
-//! - **Per stream** (in its shard, behind its own lock): the block it
-//!   freed last, taken back by the next allocation of that size with no
-//!   other lock, so a loop on one stream never contends.
+//! - **Per stream** (in its shard, behind its own lock): the blocks it
+//!   freed last (up to 8, of up to 16 MiB), taken back by an allocation
+//!   of one of their sizes with no other lock, so a loop on one stream
+//!   never contends.
 //! - **Counters**: physical bytes held (one atomic, written only when
 //!   memory is mapped or given back), the high-water mark of live bytes.
 //! - `allocate` places the block; pages it touches that are mapped are
@@ -113,6 +114,7 @@ mod fences;
 mod freed;
 mod graph_pool;
 mod graphs;
+mod kept;
 mod mapped;
 mod pages;
 mod resource;

@@ -9,17 +9,18 @@
 //!   the stream that freed it and when: [`Freed`]), its [`PageTable`]
 //!   (which pages are mapped, which mappings are idle) and, per stream,
 //!   its [`Fences`] (which of its frees the GPU is done with).
-//! - Per stream, in its shard ([`StreamSlot`]): the stream and the block
-//!   it freed last, kept out of the arena so that an allocate/free loop on
-//!   one stream never takes the shared lock.
+//! - Per stream, in its shard ([`StreamSlot`]): the stream and the
+//!   blocks it freed last (up to 8 of up to 16 MiB, [`kept`](super::kept)),
+//!   kept out of the arena so that a step that frees and allocates the
+//!   same sizes on one stream rarely takes the shared lock.
 //! - Shared counters: physical bytes held (what the device gave the cache:
 //!   what `bytes_outstanding` and a budget above see) and the high-water
 //!   mark of live bytes.
 //!
 //! # Who changes it
 //!
-//! An allocation on stream `S` of the size `S` freed last takes that block
-//! back, with no lock but its shard's. Any other places the block in the
+//! An allocation on stream `S` of the size of a block `S` keeps takes that
+//! block back, with no lock but its shard's. Any other places the block in the
 //! arena, where a range may serve `S` as it is when `S` freed it, nobody
 //! did, or a fence shows the GPU done with its last free; a range another
 //! stream freed that the GPU may still use serves only where no memory is
@@ -85,6 +86,7 @@ use std::sync::{Mutex, MutexGuard};
 use super::arena::{Arena, Placed};
 use super::fences::Fences;
 use super::freed::Freed;
+use super::kept::{KeptBlocks, KeptNodes};
 use super::pages::{Handle, PageTable};
 use crate::error::ResourceResult;
 use crate::gpu::{Gpu, GpuError, RawStream};
@@ -98,14 +100,12 @@ pub(crate) struct StreamSlot {
     pub(crate) raw: RawStream,
     /// The slot's index (the tag its frees carry).
     slot: usize,
-    /// The block freed last, not yet given back to the arena: an
-    /// allocation of the same rounded size right after takes it as it is
-    /// (the allocate/free loop costs no placement and no shared lock), and
-    /// any other call on the arena from this stream gives it back first.
-    /// It is this stream's only while the slot's entry of
-    /// [`VmTier::recents`] still names it: a growth elsewhere may take it
-    /// (see [`VmTier::claim_recent`]).
-    recent: Option<Placed>,
+    /// The blocks freed last, not yet given back to the arena: an
+    /// allocation of a size one of them has takes it as it is (no
+    /// placement, no shared lock). Each is this stream's only while the
+    /// slot's entry of [`VmTier::kept`] still names it: a growth of any
+    /// stream may take it (see [`kept`](super::kept)).
+    kept: KeptBlocks,
 }
 
 /// A stream's fences, in the shared state.
@@ -208,44 +208,10 @@ pub(crate) struct VmTier {
     /// touches no shared counter; a peak between two such moments was
     /// covered by memory held already).
     live_peak: AtomicUsize,
-    /// Per slot, the arena node of the block its stream freed last and
-    /// kept (`node + 1`; 0: none). Its stream stores it at the free, under
-    /// its shard's lock; whoever swaps it out owns the block: the stream
-    /// taking it back, or a growth of another stream, under the tier's
-    /// lock, giving it to the arena. So a growth always finds every idle
-    /// block, without the shard locks it may not take (the lock order is
-    /// a shard's, then the tier's).
-    recents: Box<[Kept]>,
-}
-
-/// One slot's entry of [`VmTier::recents`], alone on its cache lines:
-/// each stream's thread swaps its own at every allocate and free, and
-/// eight entries sharing a line made sixteen threads' loops contend (12 M
-/// pairs/s instead of 57 M on the H200).
-/// Holds `node + 1` of the kept block, 0 for none.
-#[derive(Debug, Default)]
-#[repr(align(128))]
-struct Kept(AtomicU64);
-
-impl Kept {
-    /// Takes the kept block's node out, if one is there.
-    fn take(&self) -> Option<u32> {
-        let v = self.0.swap(0, Ordering::AcqRel);
-        v.checked_sub(1).map(|n| n as u32)
-    }
-
-    /// Keeps `node`, returning the node kept before, if one was.
-    fn replace(&self, node: u32) -> Option<u32> {
-        let v = self.0.swap(u64::from(node) + 1, Ordering::AcqRel);
-        v.checked_sub(1).map(|n| n as u32)
-    }
-
-    /// Keeps `node` where none is kept: only the owning stream writes a
-    /// node, and a growth only takes one out, so a plain store publishes
-    /// it with no read-modify-write.
-    fn put(&self, node: u32) {
-        self.0.store(u64::from(node) + 1, Ordering::Release);
-    }
+    /// Per slot, the arena nodes of the blocks its stream keeps (the
+    /// shared half of [`kept`](super::kept)): a growth takes them all
+    /// back, without the shard locks it may not take.
+    kept: Box<[KeptNodes]>,
 }
 
 /// Where [`VmTier::alloc`] placed a block.
@@ -299,7 +265,7 @@ impl VmTier {
             base: AtomicU64::new(0),
             held: AtomicUsize::new(0),
             live_peak: AtomicUsize::new(0),
-            recents: (0..slots).map(|_| Kept::default()).collect(),
+            kept: (0..slots).map(|_| KeptNodes::default()).collect(),
         })
     }
 
@@ -329,7 +295,7 @@ impl VmTier {
     /// Opens the arena to `stream` (of slot `slot`), reserving it on the
     /// first call.
     pub(crate) fn open(&self, stream: StreamId, slot: usize) -> ResourceResult<StreamSlot> {
-        debug_assert!(slot < self.recents.len(), "slot {slot} out of range");
+        debug_assert!(slot < self.kept.len(), "slot {slot} out of range");
         let raw = self.access.streams.raw(stream)?;
         let mut st = self.lock();
         if st.base == 0 {
@@ -349,7 +315,7 @@ impl VmTier {
         Ok(StreamSlot {
             raw,
             slot,
-            recent: None,
+            kept: KeptBlocks::default(),
         })
     }
 
@@ -369,21 +335,16 @@ impl VmTier {
         live_total: &dyn Fn() -> usize,
         may_wait: bool,
     ) -> ResourceResult<Option<Taken>> {
-        if ss.recent.is_some_and(|r| r.len == len)
-            && let Some(recent) = self.claim_recent(ss)
-        {
-            let ptr = self.ptr(recent);
+        if let Some(kept) = ss.kept.take(len, &self.kept[ss.slot]) {
+            let ptr = self.ptr(kept);
             self.gpu().note_suballocation(ptr, requested.max(1), ss.raw);
             return Ok(Some(Taken {
-                placed: recent,
+                placed: kept,
                 ptr,
                 borrowed: false,
             }));
         }
         let mut st = self.lock();
-        if let Some(recent) = self.claim_recent(ss) {
-            st.give(ss.slot, recent);
-        }
         let Some((placed, borrowed)) = self.place(&mut st, ss, len, may_wait) else {
             return Ok(None);
         };
@@ -435,7 +396,7 @@ impl VmTier {
     fn place(
         &self,
         st: &mut SharedArena,
-        ss: &StreamSlot,
+        ss: &mut StreamSlot,
         len: u64,
         may_wait: bool,
     ) -> Option<(Placed, bool)> {
@@ -449,7 +410,18 @@ impl VmTier {
         // held up to 5% less in an A/B of the service on the H200 but
         // served about 15% fewer requests at 1,024 clients
         // (`notes/gpu-runs.md`, 2026-12-04, call 5).
-        let placed = match any.then(|| Self::backed_now(st, slot, len)).flatten() {
+        // The stream's kept blocks go back to the arena before it waits on
+        // another stream: one of them, merged with its free neighbours,
+        // may serve as it is.
+        let now = match any {
+            true => Self::backed_now(st, slot, len).or_else(|| {
+                (self.give_kept(st, ss) > 0)
+                    .then(|| Self::backed_now(st, slot, len))
+                    .flatten()
+            }),
+            false => None,
+        };
+        let placed = match now {
             Some(placed) => placed,
             None => {
                 let placed = self.choose(st, slot, len, any)?;
@@ -497,8 +469,8 @@ impl VmTier {
         // last go back to it (they may hold it, or merge into a range that
         // does), and fences may have completed since.
         let mut flushed = false;
-        for (i, recent) in self.recents.iter().enumerate() {
-            if let Some(node) = recent.take() {
+        for (i, kept) in self.kept.iter().enumerate() {
+            for node in kept.take_all() {
                 let placed = st.arena.placed(node);
                 st.give(i, placed);
                 flushed = true;
@@ -610,15 +582,8 @@ impl VmTier {
     /// stream (after the waits for its uses elsewhere were queued).
     pub(crate) fn free(&self, ss: &mut StreamSlot, placed: Placed) {
         self.gpu().note_subfree(self.ptr(placed), ss.raw);
-        let kept = &self.recents[ss.slot];
-        match ss.recent.replace(placed) {
-            None => kept.put(placed.node),
-            Some(previous) => {
-                if let Some(node) = kept.replace(placed.node) {
-                    debug_assert_eq!(node, previous.node);
-                    self.lock().give(ss.slot, previous);
-                }
-            }
+        if let Some(pushed) = ss.kept.keep(placed, &self.kept[ss.slot]) {
+            self.lock().give(ss.slot, pushed);
         }
     }
 
@@ -643,20 +608,20 @@ impl VmTier {
         self.lock().give(ss.slot, placed);
     }
 
-    /// Takes the block the slot's stream freed last back from the slot,
-    /// unless a growth gave it to the arena already.
-    fn claim_recent(&self, ss: &mut StreamSlot) -> Option<Placed> {
-        let recent = ss.recent.take()?;
-        let kept = self.recents[ss.slot].take();
-        debug_assert!(kept.is_none_or(|node| node == recent.node));
-        kept.map(|_| recent)
+    /// Gives the stream's kept blocks back to the arena (under its lock,
+    /// `st`); returns how many.
+    fn give_kept(&self, st: &mut SharedArena, ss: &mut StreamSlot) -> usize {
+        let mut given = 0;
+        for placed in ss.kept.drain(&self.kept[ss.slot]) {
+            st.give(ss.slot, placed);
+            given += 1;
+        }
+        given
     }
 
-    /// Gives the block kept as `recent` back to the arena.
-    pub(crate) fn flush_recent(&self, ss: &mut StreamSlot) {
-        if let Some(recent) = self.claim_recent(ss) {
-            self.lock().give(ss.slot, recent);
-        }
+    /// Gives the stream's kept blocks back to the arena.
+    pub(crate) fn flush_kept(&self, ss: &mut StreamSlot) {
+        self.give_kept(&mut self.lock(), ss);
     }
 
     /// Bytes of idle mappings.
@@ -856,7 +821,7 @@ impl VmTier {
     /// Gives back every idle mapping the GPU is done with (waiting for the
     /// fences in flight first when `wait`; fences are recorded over the
     /// others, so that a later call finds them); returns the bytes given
-    /// back. Blocks the streams freed last are not in it: flush them first.
+    /// back. The streams' kept blocks are not in it: give them back first.
     pub(crate) fn reclaim_all(&self, wait: bool) -> usize {
         self.reclaim_locked(&mut self.lock(), wait)
     }
@@ -870,7 +835,7 @@ impl VmTier {
     /// Gives back what no block uses any more, waiting for the GPU first,
     /// and the reservation too when nothing is live in it; returns whether
     /// the reservation went. Called once, when the cache goes, after every
-    /// stream's recent block was flushed.
+    /// stream's kept blocks were given back.
     pub(crate) fn close(&self) -> bool {
         let mut st = self.lock();
         if st.base == 0 {
