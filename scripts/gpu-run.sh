@@ -106,11 +106,14 @@ measure)
 traces)
     # Copies nothing: before the device call, copy the shared traces folder
     # (the two .ops.csv.gz and torch_cpp_replay.py) into gpu-traces/ in the
-    # checkout (ignored) and carry it. The Rust stacks first (timed twice,
-    # interleaved, then a pass counting and timing the driver calls by kind,
-    # then a sampled pass for the PNG), then PyTorch's caching
-    # allocator from C++ on the same trace (its extension compiles on the
-    # spot, about a minute).
+    # checkout (ignored) and carry it. First one pass of the Rust stacks
+    # that counts and times the driver calls by kind and samples held
+    # memory for the PNG; then ROUNDS rounds (default 3), each timing the
+    # cache twice and PyTorch's caching allocator from C++ twice, one right
+    # after the other: the host's speed moves by up to 2x within one call,
+    # so each round's ratio compares neighbours
+    # (`measure/scripts/trace_ratios.py DIR` prints them). PyTorch's
+    # extension compiles on the spot the first time, about a minute.
     dir="${2:-traces-out}"
     traces="${TRACES:-gpu-traces}"
     stacks="${STACKS:-resource,cache}"
@@ -118,12 +121,18 @@ traces)
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
     for t in gpt2_infer gpt2_train; do
         f="$traces/$t.ops.csv.gz"
-        echo "=== $t: streamalloc ($stacks)"
-        timeout 300 "$BIN/bin-trace_replay" "$f" --stack "$stacks" --repeat 2 --calls --png "$dir/$t.png" ${TRACE_ARGS:-} 2>&1 |
+        echo "=== $t: streamalloc ($stacks), calls and plot"
+        timeout 300 "$BIN/bin-trace_replay" "$f" --stack "$stacks" --calls --png "$dir/$t.png" ${TRACE_ARGS:-} 2>&1 |
             tee "$dir/$t.streamalloc.txt" || echo "trace_replay $t failed"
-        echo "=== $t: PyTorch"
-        timeout 400 python3 "$traces/torch_cpp_replay.py" "$f" 2 2>&1 |
-            tee "$dir/$t.torch.txt" || echo "torch_cpp_replay $t failed"
+        : > "$dir/$t.torch.txt"
+        for round in $(seq "${ROUNDS:-3}"); do
+            echo "=== $t: round $round"
+            echo "round=$round" | tee -a "$dir/$t.streamalloc.txt" "$dir/$t.torch.txt" >/dev/null
+            timeout 120 "$BIN/bin-trace_replay" "$f" --stack cache --repeat 2 ${TRACE_ARGS:-} 2>&1 |
+                tee -a "$dir/$t.streamalloc.txt" || echo "trace_replay $t failed"
+            timeout 400 python3 "$traces/torch_cpp_replay.py" "$f" 2 2>&1 |
+                tee -a "$dir/$t.torch.txt" || echo "torch_cpp_replay $t failed"
+        done
     done
     ;;
 service)
