@@ -590,4 +590,46 @@ mod tests {
         t.untouch(0, 512, by(0, 2));
         assert!(t.take_idle(upto(u64::MAX)).is_some());
     }
+
+    #[test]
+    fn pending_pages_are_in_no_window_and_no_run() {
+        let mut t = PageTable::new(16 * P, P);
+        // A growth over pages 1..3, mapping ahead over 3..5.
+        assert_eq!(t.touch(P, 2 * P), vec![(1, 2)]);
+        t.pend(1, 2);
+        assert_eq!(t.free_unbacked_from(3, 8), 8);
+        t.pend(3, 2);
+        assert_eq!(t.pending_pages(), 4);
+        // No other growth takes them ahead, no placement offers them.
+        assert_eq!(t.free_unbacked_from(0, 8), 1, "page 0, then pending");
+        assert_eq!(t.free_unbacked_from(3, 8), 0);
+        assert!(!t.settled(P / 2, P) && t.settled(0, P) && t.settled(5 * P, P));
+        assert_eq!(t.settled_window(0, 16 * P, 2 * P), Some(5 * P));
+        assert_eq!(t.unbacked_window(0, 16 * P, 2 * P), Some(5 * P));
+        assert_eq!(t.backed_window(0, 16 * P, P), None);
+        assert!(!t.backed(P) && !t.all_backed(P, P));
+        // Mapped: the block's pages and two ahead; nothing pending.
+        t.map(1, 4, RawPhysical::new(9));
+        assert_eq!(t.pending_pages(), 0);
+        assert!(t.all_backed(P, 4 * P));
+        assert_eq!(t.settled_window(0, 16 * P, 2 * P), Some(0));
+        t.untouch(P, 2 * P, by(0, 1));
+        assert_eq!(t.idle_bytes(), 4 * P as usize);
+    }
+
+    #[test]
+    fn a_failed_growth_leaves_nothing_pending() {
+        let mut t = PageTable::new(16 * P, P);
+        assert_eq!(t.touch(0, 3 * P), vec![(0, 3)]);
+        t.pend(0, 3);
+        t.pend(3, 2);
+        // The first page got memory, the rest could not.
+        t.map(0, 1, RawPhysical::new(4));
+        t.unpend(3, 2);
+        t.untouch_failed(0, 3 * P, by(0, 1));
+        assert_eq!(t.pending_pages(), 0);
+        assert_eq!(t.unbacked_window(0, 16 * P, 4 * P), Some(P));
+        assert_eq!(t.touch(P, 4 * P), vec![(1, 4)], "backed again from page 1");
+        assert_eq!(t.idle_bytes(), P as usize, "page 0 stays mapped, idle");
+    }
 }

@@ -69,16 +69,35 @@
 //!
 //! # Lock order
 //!
-//! A shard's lock, then the tier's. The tier's lock is held across the
-//! driver calls of a growth (tens of µs): two growths at once would map
-//! the same pages.
+//! A shard's lock, then the tier's. The tier's lock is not held across
+//! the driver calls of a growth (`cuMemCreate`, `cuMemMap`,
+//! `cuMemSetAccess`: tens of µs): under it, the growth places its block,
+//! touches its pages and marks those with no memory behind them, and the
+//! free pages it maps ahead, **pending** ([`PageTable`]); it makes the
+//! calls with the lock released, then takes it again to record the
+//! mapping (or, on a failure, to give the block and its marks up). While
+//! pages are pending no placement uses a range touching one (so no block
+//! sees such a page unbacked and maps it again, or backed before it is),
+//! no other growth maps ahead over one, and reclaim never sees one (it
+//! only unmaps idle handles; a pending page has none). Other streams
+//! allocate and free meanwhile, including their own growths elsewhere in
+//! the arena; the growing stream's shard lock stays held, so only its own
+//! stream's allocations wait for it.
+//!
+//! Still under the tier's lock, because they are rarer than growths: the
+//! reclaim a growth makes first to stay under the slack target (queries,
+//! and unmapping idle memory the GPU is done with), and, when
+//! `cuMemCreate` runs short of memory, the last resort that gives every
+//! idle mapping back, waiting for the GPU outside a poll, before creating
+//! again. A trim (`trim_idle`, `reclaim_all`) also unmaps under the lock.
 //!
 //! # Failure
 //!
 //! A failed driver call while backing a block gives the range back to the
-//! arena and reports the error; memory mapped for it before the failure
-//! stays as idle mappings (given back by the next trim, or when memory is
-//! short).
+//! arena and reports the error; its pages and those it meant to map ahead
+//! stop being pending, so the next allocation may use them; memory mapped
+//! for it before the failure stays as idle mappings (given back by the
+//! next trim, or when memory is short).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
