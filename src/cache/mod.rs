@@ -32,7 +32,9 @@
 //!   no host wait, but this stream's next work then runs after all the
 //!   other stream had queued). Else the
 //!   pages not mapped get new memory, one `cuMemCreate` + `cuMemMap` +
-//!   `cuMemSetAccess` per run of pages (a **miss**), which also maps the
+//!   `cuMemSetAccess` per run of pages (a **miss**; made with the tier's
+//!   lock released, the pages marked pending meanwhile so that no other
+//!   block or growth uses them), which also maps the
 //!   free pages after the block up to [`CacheConfig::slack_percent`] over
 //!   the live high-water mark, so that a growing workload grows in a few
 //!   geometric steps. A new mapping that would take the cache past that is

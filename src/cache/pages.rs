@@ -18,12 +18,20 @@
 //! - **The idle queue**: idle handles in the order they became idle.
 //!   Entries are checked when popped, so a handle that became busy again
 //!   is skipped, not searched for.
+//! - **Pending pages**: pages a growth is mapping memory over, with the
+//!   tier's lock released ([`pend`](PageTable::pend)). They belong to that
+//!   growth until it records its mapping ([`map`](PageTable::map)) or gives
+//!   them up ([`unpend`](PageTable::unpend)): no window this table offers
+//!   contains one, [`touch`](PageTable::touch) never returns one as a run
+//!   to back and [`free_unbacked_from`](PageTable::free_unbacked_from)
+//!   stops at one, so no other block is placed on them and no other growth
+//!   maps them. They have no handle, so reclaim never sees them.
 //!
 //! # Who changes it
 //!
 //! The tier's shared state, under its lock: `touch` when a block is
-//! placed, `untouch` when it is freed, `map`/`take_idle` around the driver
-//! calls the tier makes.
+//! placed, `untouch` when it is freed, `pend` before a growth's driver
+//! calls and `map` (or `unpend`) after them, `take_idle` before an unmap.
 
 use std::collections::VecDeque;
 
@@ -31,6 +39,8 @@ use super::freed::Freed;
 use crate::gpu::RawPhysical;
 
 const NONE: u32 = u32::MAX;
+/// The handle of a pending page: a growth is mapping memory there.
+const PENDING: u32 = u32::MAX - 1;
 /// Idle handles looked at, at most, for one the GPU is done with (the
 /// oldest may wait on a busy stream while a younger one of another stream
 /// is done).
@@ -40,8 +50,26 @@ const IDLE_SCAN: usize = 16;
 struct Page {
     /// Live blocks touching the page.
     refs: u32,
-    /// The handle mapped here, as an index into `handles`.
+    /// The handle mapped here, as an index into `handles`; [`NONE`] when
+    /// nothing is, [`PENDING`] while a growth maps memory here.
     handle: u32,
+}
+
+impl Page {
+    /// A page past the table's end: untouched, with no memory.
+    const EMPTY: Page = Page {
+        refs: 0,
+        handle: NONE,
+    };
+
+    /// Whether memory is mapped here (not pending, not unbacked).
+    fn mapped(self) -> bool {
+        self.handle < PENDING
+    }
+
+    fn pending(self) -> bool {
+        self.handle == PENDING
+    }
 }
 
 /// One physical handle mapped over a run of pages.
@@ -78,6 +106,9 @@ pub(crate) struct PageTable {
     idle_pages: usize,
     /// Mapped pages.
     mapped_pages: usize,
+    /// Pending pages (a growth maps memory there): while none is, windows
+    /// need not look for them.
+    pending_pages: usize,
 }
 
 impl PageTable {
@@ -93,6 +124,7 @@ impl PageTable {
             idle: VecDeque::new(),
             idle_pages: 0,
             mapped_pages: 0,
+            pending_pages: 0,
         }
     }
 
@@ -104,13 +136,7 @@ impl PageTable {
     fn cover(&mut self, end: usize) {
         debug_assert!(end <= self.capacity);
         if end > self.pages.len() {
-            self.pages.resize(
-                end,
-                Page {
-                    refs: 0,
-                    handle: NONE,
-                },
-            );
+            self.pages.resize(end, Page::EMPTY);
         }
     }
 
@@ -118,11 +144,12 @@ impl PageTable {
     pub(crate) fn backed(&self, off: u64) -> bool {
         self.pages
             .get((off / self.page) as usize)
-            .is_some_and(|p| p.handle != NONE)
+            .is_some_and(|p| p.mapped())
     }
 
     /// How many pages from `first` on (at most `max`) have no memory
-    /// behind them and no block on them: room to map ahead of a block.
+    /// behind them, no block on them and no growth mapping them: room to
+    /// map ahead of a block.
     pub(crate) fn free_unbacked_from(&self, first: u32, max: u32) -> u32 {
         let (first, max) = (first as usize, max as usize);
         let known = self
@@ -146,51 +173,103 @@ impl PageTable {
         let span = self.span(off, len);
         self.pages
             .get(span)
-            .is_some_and(|ps| ps.iter().all(|p| p.handle != NONE))
+            .is_some_and(|ps| ps.iter().all(|p| p.mapped()))
     }
 
     /// The lowest offset `o` in `[start, end - len]`, `start` or a page
-    /// boundary, such that every page of `[o, o + len)` has memory behind
-    /// it; `None` if there is none.
-    pub(crate) fn backed_window(&self, start: u64, end: u64, len: u64) -> Option<u64> {
+    /// boundary, such that no page of `[o, o + len)` is one `bad` rejects
+    /// (pages past the table's end are [`Page::EMPTY`]); `None` if there is
+    /// none.
+    fn window(&self, start: u64, end: u64, len: u64, bad: impl Fn(Page) -> bool) -> Option<u64> {
+        let past_bad = bad(Page::EMPTY);
         let mut at = start;
         while at + len <= end {
-            if (at / self.page) as usize >= self.pages.len() {
-                return None;
-            }
             let span = self.span(at, len);
-            let last_unbacked = span
-                .clone()
+            if span.start >= self.pages.len() {
+                return (!past_bad).then_some(at);
+            }
+            let last_bad = span
                 .rev()
-                .find(|&i| self.pages.get(i).is_none_or(|p| p.handle == NONE));
-            match last_unbacked {
+                .find(|&i| bad(self.pages.get(i).copied().unwrap_or(Page::EMPTY)));
+            match last_bad {
                 None => return Some(at),
                 Some(i) => at = (i as u64 + 1) * self.page,
             }
         }
         None
+    }
+
+    /// The lowest offset `o` in `[start, end - len]`, `start` or a page
+    /// boundary, such that every page of `[o, o + len)` has memory behind
+    /// it (pending pages have none yet); `None` if there is none.
+    pub(crate) fn backed_window(&self, start: u64, end: u64, len: u64) -> Option<u64> {
+        self.window(start, end, len, |p| !p.mapped())
     }
 
     /// The lowest offset `o` in `[start, end - len]`, `start` or a page
     /// boundary, such that no page of `[o, o + len)` has memory behind it
     /// (so no queued work can touch it: memory is unmapped only once the
-    /// GPU is done with it); `None` if there is none.
+    /// GPU is done with it) or is pending; `None` if there is none.
     pub(crate) fn unbacked_window(&self, start: u64, end: u64, len: u64) -> Option<u64> {
-        let mut at = start;
-        while at + len <= end {
-            let span = self.span(at, len);
-            if span.start >= self.pages.len() {
-                return Some(at);
-            }
-            let last_backed = span
-                .rev()
-                .find(|&i| self.pages.get(i).is_some_and(|p| p.handle != NONE));
-            match last_backed {
-                None => return Some(at),
-                Some(i) => at = (i as u64 + 1) * self.page,
+        self.window(start, end, len, |p| p.handle != NONE)
+    }
+
+    /// Whether no page of `[off, off + len)` is pending: a block may be
+    /// placed there.
+    pub(crate) fn settled(&self, off: u64, len: u64) -> bool {
+        if self.pending_pages == 0 {
+            return true;
+        }
+        let span = self.span(off, len);
+        let end = span.end.min(self.pages.len());
+        self.pages
+            .get(span.start.min(end)..end)
+            .is_none_or(|ps| !ps.iter().any(|p| p.pending()))
+    }
+
+    /// The lowest offset `o` in `[start, end - len]`, `start` or a page
+    /// boundary, such that no page of `[o, o + len)` is pending; `None` if
+    /// there is none.
+    pub(crate) fn settled_window(&self, start: u64, end: u64, len: u64) -> Option<u64> {
+        if self.pending_pages == 0 {
+            return (start + len <= end).then_some(start);
+        }
+        self.window(start, end, len, Page::pending)
+    }
+
+    /// Marks pages `first..first + n`, which have no memory behind them
+    /// and no other growth's mark, as pending: the calling growth maps
+    /// memory over them with the tier's lock released.
+    pub(crate) fn pend(&mut self, first: u32, n: u32) {
+        let range = first as usize..(first + n) as usize;
+        self.cover(range.end);
+        for p in &mut self.pages[range] {
+            debug_assert_eq!(p.handle, NONE, "pending twice, or mapped");
+            p.handle = PENDING;
+        }
+        self.pending_pages += n as usize;
+    }
+
+    /// Gives up the pending mark of pages `first..first + n` (those that
+    /// have one): the growth did not map them.
+    pub(crate) fn unpend(&mut self, first: u32, n: u32) {
+        let end = ((first + n) as usize).min(self.pages.len());
+        for p in self
+            .pages
+            .get_mut(first as usize..end)
+            .into_iter()
+            .flatten()
+        {
+            if p.pending() {
+                p.handle = NONE;
+                self.pending_pages -= 1;
             }
         }
-        None
+    }
+
+    /// Pages pending now (none once every growth finished).
+    pub(crate) fn pending_pages(&self) -> usize {
+        self.pending_pages
     }
 
     /// Bytes of idle handles.
@@ -203,9 +282,10 @@ impl PageTable {
         self.mapped_pages * self.page as usize
     }
 
-    /// A block now covers `[off, off + len)`: counts it on its pages and
-    /// returns the runs of pages (first, count) with no memory behind them,
-    /// which the caller must map before handing the block out.
+    /// A block now covers `[off, off + len)` (where no page is pending:
+    /// see [`settled`](Self::settled)): counts it on its pages and returns
+    /// the runs of pages (first, count) with no memory behind them, which
+    /// the caller must map before handing the block out.
     pub(crate) fn touch(&mut self, off: u64, len: u64) -> Vec<(u32, u32)> {
         let mut unbacked: Vec<(u32, u32)> = Vec::new();
         let span = self.span(off, len);
@@ -213,7 +293,13 @@ impl PageTable {
         for i in span {
             let p = &mut self.pages[i];
             p.refs += 1;
-            if p.handle == NONE {
+            // Placement keeps blocks off pending pages: another growth
+            // maps them, this block must not map them too.
+            debug_assert!(!p.pending(), "a block placed on a pending page");
+            if !p.mapped() {
+                if p.pending() {
+                    continue;
+                }
                 match unbacked.last_mut() {
                     Some((first, n)) if *first + *n == i as u32 => *n += 1,
                     _ => unbacked.push((i as u32, 1)),
@@ -239,7 +325,7 @@ impl PageTable {
         for i in self.span(off, len) {
             let p = &mut self.pages[i];
             p.refs -= 1;
-            if p.handle == NONE {
+            if !p.mapped() {
                 continue;
             }
             let hi = p.handle;
@@ -272,8 +358,8 @@ impl PageTable {
         }
     }
 
-    /// Records that `raw` is mapped over pages `first..first + pages`,
-    /// which a block now touches.
+    /// Records that `raw` is mapped over pages `first..first + pages`
+    /// (pending ones stop being pending).
     pub(crate) fn map(&mut self, first: u32, pages: u32, raw: RawPhysical) {
         let handle = Handle {
             raw,
@@ -298,7 +384,10 @@ impl PageTable {
         let mut busy = 0;
         self.cover((first + pages) as usize);
         for p in &mut self.pages[first as usize..(first + pages) as usize] {
-            debug_assert_eq!(p.handle, NONE);
+            debug_assert!(!p.mapped(), "mapped twice");
+            if p.pending() {
+                self.pending_pages -= 1;
+            }
             p.handle = hi;
             busy += u32::from(p.refs > 0);
         }
@@ -307,9 +396,13 @@ impl PageTable {
     }
 
     /// Undoes [`touch`](Self::touch) for a block that could not be backed:
-    /// the counts go back, nothing becomes idle that was not (pages mapped
-    /// by `map` for it stay mapped and are idle now, tagged `freed`).
+    /// its pages still pending (only its own growth marks pages a block
+    /// touches) stop being pending, the counts go back, nothing becomes
+    /// idle that was not (pages mapped by `map` for it stay mapped and are
+    /// idle now, tagged `freed`).
     pub(crate) fn untouch_failed(&mut self, off: u64, len: u64, freed: Freed) {
+        let span = self.span(off, len);
+        self.unpend(span.start as u32, (span.end - span.start) as u32);
         self.untouch(off, len, freed);
     }
 
@@ -496,5 +589,47 @@ mod tests {
         assert!(t.take_idle(upto(u64::MAX)).is_none());
         t.untouch(0, 512, by(0, 2));
         assert!(t.take_idle(upto(u64::MAX)).is_some());
+    }
+
+    #[test]
+    fn pending_pages_are_in_no_window_and_no_run() {
+        let mut t = PageTable::new(16 * P, P);
+        // A growth over pages 1..3, mapping ahead over 3..5.
+        assert_eq!(t.touch(P, 2 * P), vec![(1, 2)]);
+        t.pend(1, 2);
+        assert_eq!(t.free_unbacked_from(3, 8), 8);
+        t.pend(3, 2);
+        assert_eq!(t.pending_pages(), 4);
+        // No other growth takes them ahead, no placement offers them.
+        assert_eq!(t.free_unbacked_from(0, 8), 1, "page 0, then pending");
+        assert_eq!(t.free_unbacked_from(3, 8), 0);
+        assert!(!t.settled(P / 2, P) && t.settled(0, P) && t.settled(5 * P, P));
+        assert_eq!(t.settled_window(0, 16 * P, 2 * P), Some(5 * P));
+        assert_eq!(t.unbacked_window(0, 16 * P, 2 * P), Some(5 * P));
+        assert_eq!(t.backed_window(0, 16 * P, P), None);
+        assert!(!t.backed(P) && !t.all_backed(P, P));
+        // Mapped: the block's pages and two ahead; nothing pending.
+        t.map(1, 4, RawPhysical::new(9));
+        assert_eq!(t.pending_pages(), 0);
+        assert!(t.all_backed(P, 4 * P));
+        assert_eq!(t.settled_window(0, 16 * P, 2 * P), Some(0));
+        t.untouch(P, 2 * P, by(0, 1));
+        assert_eq!(t.idle_bytes(), 4 * P as usize);
+    }
+
+    #[test]
+    fn a_failed_growth_leaves_nothing_pending() {
+        let mut t = PageTable::new(16 * P, P);
+        assert_eq!(t.touch(0, 3 * P), vec![(0, 3)]);
+        t.pend(0, 3);
+        t.pend(3, 2);
+        // The first page got memory, the rest could not.
+        t.map(0, 1, RawPhysical::new(4));
+        t.unpend(3, 2);
+        t.untouch_failed(0, 3 * P, by(0, 1));
+        assert_eq!(t.pending_pages(), 0);
+        assert_eq!(t.unbacked_window(0, 16 * P, 4 * P), Some(P));
+        assert_eq!(t.touch(P, 4 * P), vec![(1, 4)], "backed again from page 1");
+        assert_eq!(t.idle_bytes(), P as usize, "page 0 stays mapped, idle");
     }
 }

@@ -69,16 +69,35 @@
 //!
 //! # Lock order
 //!
-//! A shard's lock, then the tier's. The tier's lock is held across the
-//! driver calls of a growth (tens of µs): two growths at once would map
-//! the same pages.
+//! A shard's lock, then the tier's. The tier's lock is not held across
+//! the driver calls of a growth (`cuMemCreate`, `cuMemMap`,
+//! `cuMemSetAccess`: tens of µs): under it, the growth places its block,
+//! touches its pages and marks those with no memory behind them, and the
+//! free pages it maps ahead, **pending** ([`PageTable`]); it makes the
+//! calls with the lock released, then takes it again to record the
+//! mapping (or, on a failure, to give the block and its marks up). While
+//! pages are pending no placement uses a range touching one (so no block
+//! sees such a page unbacked and maps it again, or backed before it is),
+//! no other growth maps ahead over one, and reclaim never sees one (it
+//! only unmaps idle handles; a pending page has none). Other streams
+//! allocate and free meanwhile, including their own growths elsewhere in
+//! the arena; the growing stream's shard lock stays held, so only its own
+//! stream's allocations wait for it.
+//!
+//! Still under the tier's lock, because they are rarer than growths: the
+//! reclaim a growth makes first to stay under the slack target (queries,
+//! and unmapping idle memory the GPU is done with), and, when
+//! `cuMemCreate` runs short of memory, the last resort that gives every
+//! idle mapping back, waiting for the GPU outside a poll, before creating
+//! again. A trim (`trim_idle`, `reclaim_all`) also unmaps under the lock.
 //!
 //! # Failure
 //!
 //! A failed driver call while backing a block gives the range back to the
-//! arena and reports the error; memory mapped for it before the failure
-//! stays as idle mappings (given back by the next trim, or when memory is
-//! short).
+//! arena and reports the error; its pages and those it meant to map ahead
+//! stop being pending, so the next allocation may use them; memory mapped
+//! for it before the failure stays as idle mappings (given back by the
+//! next trim, or when memory is short).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -128,6 +147,10 @@ pub(crate) struct SharedArena {
     /// again: it looks again only when a fence completed since (or other
     /// streams' last frees came back).
     settled_at: u64,
+    /// Bytes growths in their driver calls mean to create (not in `held`
+    /// yet): a growth planning its size counts them as held, so that two
+    /// at once do not both fill the room under the target.
+    growing: usize,
 }
 
 /// Whether the GPU is done with what `freed` names, as far as the fences
@@ -261,6 +284,7 @@ impl VmTier {
                 pages: PageTable::new(arena_len, page),
                 streams: Vec::new(),
                 settled_at: 0,
+                growing: 0,
             }),
             base: AtomicU64::new(0),
             held: AtomicUsize::new(0),
@@ -349,30 +373,41 @@ impl VmTier {
             return Ok(None);
         };
         let unbacked = st.pages.touch(placed.off, placed.len);
-        let live = (!unbacked.is_empty()).then(live_total);
-        for &(first, count) in &unbacked {
-            let mut at = first;
-            while at < first + count {
-                let n = (first + count - at).min(self.max_run_pages);
-                if let Err(e) = self.back(&mut st, at, n, live.unwrap_or(0), stream) {
-                    let SharedArena {
-                        arena,
-                        pages,
-                        streams,
-                        ..
-                    } = &mut *st;
-                    let Some(Some(s)) = streams.get_mut(ss.slot) else {
-                        unreachable!("opened");
-                    };
-                    let freed = Freed::by(ss.slot, s.fences.next_stamp());
-                    pages.untouch_failed(placed.off, placed.len, freed);
-                    arena.free(placed, Some(freed), |f| is_done(streams, f));
-                    return Err(e);
-                }
-                at += n;
+        if !unbacked.is_empty() {
+            let live = live_total();
+            // The block's pages with no memory behind them are this
+            // growth's from now on: no other block is placed on them and no
+            // other growth maps them while the lock is released for the
+            // driver calls.
+            for &(first, count) in &unbacked {
+                st.pages.pend(first, count);
             }
-        }
-        if let Some(live) = live {
+            for &(first, count) in &unbacked {
+                let mut at = first;
+                while at < first + count {
+                    let n = (first + count - at).min(self.max_run_pages);
+                    let grown;
+                    (st, grown) = self.back(st, at, n, live, stream);
+                    if let Err(e) = grown {
+                        let SharedArena {
+                            arena,
+                            pages,
+                            streams,
+                            ..
+                        } = &mut *st;
+                        let Some(Some(s)) = streams.get_mut(ss.slot) else {
+                            unreachable!("opened");
+                        };
+                        let freed = Freed::by(ss.slot, s.fences.next_stamp());
+                        // Clears what is still pending of the block (the
+                        // runs not mapped yet) with the counts.
+                        pages.untouch_failed(placed.off, placed.len, freed);
+                        arena.free(placed, Some(freed), |f| is_done(streams, f));
+                        return Err(e);
+                    }
+                    at += n;
+                }
+            }
             self.live_peak.fetch_max(live, Ordering::AcqRel);
         }
         let ptr = st.base + placed.off;
@@ -545,6 +580,7 @@ impl VmTier {
     /// A good fit the stream of `slot` may use now: where its tag allows
     /// (its own frees, nobody's, or done), at the end with memory behind
     /// it if only one end has; elsewhere only on pages with no memory.
+    /// Never on a page a growth is mapping (pending).
     fn fit(st: &mut SharedArena, slot: usize, len: u64, any: bool) -> Option<Placed> {
         let SharedArena {
             arena,
@@ -555,15 +591,23 @@ impl VmTier {
         arena.alloc(len, |start, end, freed| {
             if any || Self::usable_now(streams, slot, freed) {
                 let at_end = end - start > len && !pages.backed(start) && pages.backed(end - 1);
-                Some(if at_end { end - len } else { start })
+                let at = if at_end { end - len } else { start };
+                // Never on a page a growth is mapping (it would be seen
+                // unbacked, and mapped twice, or backed before it is).
+                match pages.settled(at, len) {
+                    true => Some(at),
+                    false => pages.settled_window(start, end, len),
+                }
             } else {
+                // Pending pages are not free of memory: skipped too.
                 pages.unbacked_window(start, end, len)
             }
         })
     }
 
     /// A free range the stream of `slot` may use now with memory behind
-    /// every page the block needs.
+    /// every page the block needs (so on no pending page: those have none
+    /// yet).
     fn backed_fit(st: &mut SharedArena, slot: usize, len: u64, any: bool) -> Option<Placed> {
         let SharedArena {
             arena,
@@ -637,18 +681,30 @@ impl VmTier {
         (peak + peak / 100 * self.slack_percent).max(self.page as usize)
     }
 
-    /// Maps new memory over pages `first..first + n` of the arena.
-    fn back(
-        &self,
-        st: &mut SharedArena,
+    /// Maps new memory over pages `first..first + n` of the arena, which
+    /// are pending (this growth's), and over free pages after them (map
+    /// ahead). The driver calls run with the lock released; `st` is given
+    /// back held again, with the result. Pages mapped are recorded, the
+    /// rest marked pending here stop being pending; pages
+    /// `first..first + n` stay pending on an error (the caller gives the
+    /// block up, which clears them).
+    fn back<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, SharedArena>,
         first: u32,
         n: u32,
         live: usize,
         stream: StreamId,
-    ) -> ResourceResult<()> {
-        let need = n as usize * self.page as usize;
-        if self.held() + need > self.target(live) {
-            self.reclaim(st, |tier| tier.held() + need <= tier.target(live));
+    ) -> (MutexGuard<'a, SharedArena>, ResourceResult<()>) {
+        let page = self.page as usize;
+        let need = n as usize * page;
+        // What other growths are creating counts as held already.
+        let growing = st.growing;
+        if self.held() + growing + need > self.target(live) {
+            // Under the lock: rarer than a growth (see "Lock order").
+            self.reclaim(&mut st, |tier| {
+                tier.held() + growing + need <= tier.target(live)
+            });
         }
         // Map ahead, up to the target: the free pages right after the block,
         // where the next block placed at the end of the arena lands. A
@@ -659,59 +715,106 @@ impl VmTier {
         // per block. The target bounds what this adds to the peak held:
         // `slack` over the live high-water mark, which the memory held at
         // any time already may reach.
-        let room = self.target(live).saturating_sub(self.held() + need) / self.page as usize;
+        let room = self
+            .target(live)
+            .saturating_sub(self.held() + growing + need)
+            / page;
         let ahead_max =
             (room.min(u32::MAX as usize) as u32).min(self.max_run_pages.saturating_sub(n));
-        let ahead = st.pages.free_unbacked_from(first + n, ahead_max);
-        let (handle, n) = match self
-            .gpu()
-            .mem_create(need + ahead as usize * self.page as usize)
-        {
-            Ok(h) => (h, n + ahead),
+        // Stops at pages with memory, a block, or another growth's mark.
+        let mut ahead = st.pages.free_unbacked_from(first + n, ahead_max);
+        st.pages.pend(first + n, ahead);
+        let planned = need + ahead as usize * page;
+        st.growing += planned;
+        let base = st.base;
+        drop(st);
+
+        // Unlocked from here: pages `first..first + n + ahead` are pending,
+        // so no other thread places a block on them, maps them, or takes
+        // them for another growth's map-ahead.
+        let gpu = self.gpu();
+        let created = match gpu.mem_create(planned) {
+            Ok(h) => Ok(Some((h, n + ahead))),
             // Short of memory: what the block needs, nothing ahead.
-            Err(GpuError::OutOfMemory { .. }) => match self.gpu().mem_create(need) {
-                Ok(h) => (h, n),
-                Err(GpuError::OutOfMemory { .. }) => (self.create_when_short(st, need, stream)?, n),
-                Err(e) => return Err(e.for_request(need, stream)),
+            Err(GpuError::OutOfMemory { .. }) => match gpu.mem_create(need) {
+                Ok(h) => Ok(Some((h, n))),
+                Err(GpuError::OutOfMemory { .. }) => Ok(None),
+                Err(e) => Err(e.for_request(need, stream)),
             },
-            Err(e) => return Err(e.for_request(need, stream)),
+            Err(e) => Err(e.for_request(need, stream)),
         };
-        let bytes = n as usize * self.page as usize;
-        let addr = st.base + u64::from(first) * self.page;
-        // SAFETY: (1) `st.base..st.base + arena_len` is a live reservation:
-        // `open` got it from `address_reserve` of this tier's backend and
-        // only `close`, when the cache is dropped, frees it; pages are
-        // granularity-sized (`page` is a multiple of `vm_granularity`) and
-        // `first + n` stays inside the arena's page table, so the range is
-        // aligned and inside it. (2) pages `first..first + n` are a run that
-        // `touch` found with no handle, extended by `free_unbacked_from`
-        // only over pages with none, and the table's handles are exactly
-        // the live mappings (`map` records each, `take_idle` drops one
-        // before it is unmapped). (3) `handle` was created just above, with
-        // the `n` pages chosen beside it, so of exactly `bytes`, and not
-        // released.
-        let mapped = unsafe { self.gpu().mem_map(addr, bytes, handle) }.and_then(|()| {
-            // SAFETY: (1) the range lies in the live reservation (as
-            // above) and is exactly the mapping just made.
-            let access = unsafe { self.gpu().mem_set_access(addr, bytes) };
-            if access.is_err() {
-                // SAFETY: (1) exactly the mapping just made, in the live
-                // reservation; (2) idle: no block was handed out over it,
-                // so no work was queued on it; (3) nothing records it.
-                let _ = unsafe { self.gpu().mem_unmap(addr, bytes) };
+        let created = match created {
+            Ok(Some(made)) => Ok(made),
+            // The last resort gives idle memory back (and may wait for the
+            // GPU): under the lock, as in "Lock order". The pages ahead go
+            // first; nothing is mapped ahead now.
+            Ok(None) => {
+                let mut st = self.lock();
+                st.pages.unpend(first + n, ahead);
+                ahead = 0;
+                let made = self.create_when_short(&mut st, need, stream);
+                made.map(|h| (h, n))
             }
-            access
+            Err(e) => Err(e),
+        };
+        let mapped = created.and_then(|(handle, pages)| {
+            let bytes = pages as usize * page;
+            let addr = base + u64::from(first) * self.page;
+            // SAFETY: (1) `base..base + arena_len` is a live reservation:
+            // `open` got it from `address_reserve` of this tier's backend
+            // and only `close`, when the cache is dropped (so with no
+            // allocation in flight), frees it; pages are granularity-sized
+            // (`page` is a multiple of `vm_granularity`) and `first + pages`
+            // stays inside the arena's page table, so the range is aligned
+            // and inside it. (2) nothing is mapped there and nothing else
+            // maps there meanwhile: pages `first..first + pages` were marked
+            // pending under the lock by this growth (`pend`), over pages
+            // `touch` found with no handle, extended only over pages
+            // `free_unbacked_from` found with no handle, no block and no
+            // mark; a pending page is in no window placement offers, no
+            // `touch` or `free_unbacked_from` of another growth returns it,
+            // it has no handle for `take_idle` to unmap, and only this
+            // growth clears its mark; the table's handles are exactly the
+            // live mappings (`map` records each, `take_idle` drops one
+            // before it is unmapped). (3) `handle` was created just above,
+            // of exactly `bytes` (the pages chosen with it), and not
+            // released.
+            let mapped = unsafe { gpu.mem_map(addr, bytes, handle) }.and_then(|()| {
+                // SAFETY: (1) the range lies in the live reservation (as
+                // above) and is exactly the mapping just made.
+                let access = unsafe { gpu.mem_set_access(addr, bytes) };
+                if access.is_err() {
+                    // SAFETY: (1) exactly the mapping just made, in the live
+                    // reservation; (2) idle: its pages are pending, so no
+                    // block was handed out over them and no work was queued
+                    // on them; (3) nothing records it.
+                    let _ = unsafe { gpu.mem_unmap(addr, bytes) };
+                }
+                access
+            });
+            match mapped {
+                Ok(()) => Ok((handle, pages)),
+                Err(e) => {
+                    // SAFETY: (1) `handle` was created above and not
+                    // released; (2) it is dropped here, never mapped again
+                    // (the page table never saw it).
+                    let _ = unsafe { gpu.mem_release(handle) };
+                    Err(e.for_request(bytes, stream))
+                }
+            }
         });
-        if let Err(e) = mapped {
-            // SAFETY: (1) `handle` was created above and not released;
-            // (2) it is dropped here, never mapped again (the page table
-            // never saw it).
-            let _ = unsafe { self.gpu().mem_release(handle) };
-            return Err(e.for_request(bytes, stream));
-        }
-        st.pages.map(first, n, handle);
-        self.held.fetch_add(bytes, Ordering::AcqRel);
-        Ok(())
+
+        let mut st = self.lock();
+        st.growing -= planned;
+        let result = mapped.map(|(handle, pages)| {
+            st.pages.map(first, pages, handle);
+            self.held.fetch_add(pages as usize * page, Ordering::AcqRel);
+        });
+        // The pages ahead that were not mapped (all of them on an error, or
+        // when only the block's pages could be created) are free again;
+        // the block's own stay pending on an error, for the caller.
+        st.pages.unpend(first + n, ahead);
+        (st, result)
     }
 
     /// `mem_create` failed for lack of memory: gives back every idle
@@ -841,6 +944,9 @@ impl VmTier {
         if st.base == 0 {
             return true;
         }
+        // `close` runs from the cache's drop: no allocation, so no growth,
+        // is in flight.
+        debug_assert_eq!(st.pages.pending_pages(), 0, "a growth in flight");
         let gpu = self.gpu();
         self.reclaim_locked(&mut st, true);
         for s in st.streams.iter_mut().flatten() {

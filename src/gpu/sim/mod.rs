@@ -24,7 +24,9 @@
 //!   graph allocated stays the graph's until it is destroyed.
 //! - **Fault injection**: [`SimGpu::fail_nth`] makes the N-th call of a kind
 //!   fail; [`SimGpu::inject_device_fault`] poisons the device as an illegal
-//!   address would.
+//!   address would. [`SimGpu::gate_nth`] holds the N-th virtual-memory
+//!   call of a kind before it runs, so that a test can act while a thread
+//!   is inside it.
 //! - **Progress**: in [`Progress::Threaded`] mode (the default) a device
 //!   thread executes queued work as a GPU would, and runs host functions; in
 //!   [`Progress::Manual`] mode nothing runs until the host synchronizes or
@@ -54,6 +56,7 @@ mod address_space;
 mod clock;
 mod device;
 mod fault;
+mod gate;
 mod race;
 mod virtual_memory;
 
@@ -61,6 +64,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread;
 use std::time::Duration;
 
+pub use gate::CallGate;
 pub use race::{RaceKind, RaceReport, SimOp};
 
 use self::device::{State, Step};
@@ -191,6 +195,7 @@ impl SimGpuBuilder {
             op_latency: self.op_latency,
             host_fn_panics: std::sync::atomic::AtomicU64::new(0),
             blocking_in_polls: std::sync::atomic::AtomicU64::new(0),
+            gates: gate::Gates::default(),
         });
         let thread = (self.progress == Progress::Threaded).then(|| {
             let thread_shared = shared.clone();
@@ -230,6 +235,8 @@ struct Shared {
     host_fn_panics: std::sync::atomic::AtomicU64,
     /// Synchronizes called inside a poll of the crate's futures.
     blocking_in_polls: std::sync::atomic::AtomicU64,
+    /// Gates on virtual-memory calls ([`SimGpu::gate_nth`]).
+    gates: gate::Gates,
 }
 
 impl Shared {
@@ -446,6 +453,17 @@ impl SimGpu {
     /// Makes the `nth` call of kind `call` from now on fail (1 = the next).
     pub fn fail_nth(&self, call: DriverCall, nth: u64) {
         self.shared.lock().faults.fail_nth(call, nth);
+    }
+
+    /// Makes the `nth` call of kind `call` from now on (1 = the next) wait,
+    /// before it does anything and without the device's lock, until the
+    /// returned gate is opened or dropped: a test can then act while
+    /// another thread is inside that call. Gates apply to the
+    /// virtual-memory calls (`MemCreate`, `MemMap`, `MemSetAccess`,
+    /// `MemUnmap`, `MemRelease`); on other kinds the gate is never
+    /// reached.
+    pub fn gate_nth(&self, call: DriverCall, nth: u64) -> CallGate {
+        self.shared.gates.add(call, nth)
     }
 
     /// Faults the device as an illegal address would: every later call
@@ -730,6 +748,7 @@ impl SimGpu {
     /// Releases physical memory (see [`Gpu::mem_release`]). Safe: the
     /// simulator refuses a handle it did not make or already released.
     pub fn mem_release(&self, handle: RawPhysical) -> GpuResult<()> {
+        self.shared.gates.pass(DriverCall::MemRelease);
         let mut state = self.shared.lock();
         state.enter(DriverCall::MemRelease)?;
         state.vm_release(handle.get())
@@ -738,6 +757,7 @@ impl SimGpu {
     /// refuses an unaligned or already mapped range, one outside a
     /// reservation, and a handle that is not live or not of `bytes` bytes.
     pub fn mem_map(&self, addr: u64, bytes: usize, handle: RawPhysical) -> GpuResult<()> {
+        self.shared.gates.pass(DriverCall::MemMap);
         let mut state = self.shared.lock();
         state.enter(DriverCall::MemMap)?;
         state.vm.map(addr, bytes, handle.get())
@@ -745,6 +765,7 @@ impl SimGpu {
     /// Opens a mapped range to the device (see [`Gpu::mem_set_access`]).
     /// Safe: the simulator refuses a range that is not entirely mapped.
     pub fn mem_set_access(&self, addr: u64, bytes: usize) -> GpuResult<()> {
+        self.shared.gates.pass(DriverCall::MemSetAccess);
         let mut state = self.shared.lock();
         state.enter(DriverCall::MemSetAccess)?;
         state.vm.set_access(addr, bytes)
@@ -754,6 +775,7 @@ impl SimGpu {
     /// queued work still using the memory as a race
     /// ([`RaceKind::UnmapInUse`]).
     pub fn mem_unmap(&self, addr: u64, bytes: usize) -> GpuResult<()> {
+        self.shared.gates.pass(DriverCall::MemUnmap);
         let mut state = self.shared.lock();
         state.enter(DriverCall::MemUnmap)?;
         state.vm_unmap(addr, bytes)
@@ -942,6 +964,7 @@ impl Gpu for SimGpu {
     }
 
     fn mem_create(&self, bytes: usize) -> GpuResult<RawPhysical> {
+        self.shared.gates.pass(DriverCall::MemCreate);
         let mut state = self.shared.lock();
         state.enter(DriverCall::MemCreate)?;
         state.vm_create(self.ordinal, bytes).map(RawPhysical::new)
