@@ -844,10 +844,13 @@ fn a_growth_takes_the_block_another_stream_freed_last() {
 /// placement in the arena. Placed in the arena, the second size would go
 /// where the first was (the three ranges merge into one, and the best fit
 /// starts at its start).
+/// A stream keeps blocks once its sizes repeat: here after a loop of one
+/// size (a quarter of its last 32 allocations).
 #[test]
 fn a_stream_takes_back_any_of_the_blocks_it_freed_last() {
     let c = Cache::new(1, CacheConfig::default());
     let a = c.s(0);
+    repeat_a_size(&c, a, 8);
     let sizes = [P / 2, P, 3 * P / 2];
     let blocks: Vec<_> = sizes
         .iter()
@@ -867,6 +870,51 @@ fn a_stream_takes_back_any_of_the_blocks_it_freed_last() {
     }
     assert_eq!(c.creates(), creates, "no new memory");
     c.assert_race_free();
+}
+
+/// Allocates and frees one size `times` + 1 times on `stream`: `times`
+/// allocations of a size it freed just before.
+fn repeat_a_size(c: &Cache, stream: StreamId, times: usize) {
+    for _ in 0..=times {
+        let block = c.cache.allocate(4096, stream, T).unwrap();
+        c.cache.deallocate(block).unwrap();
+    }
+}
+
+/// A stream whose sizes do not repeat (requests of drawn sizes) keeps
+/// nothing: every free goes back to the arena, where the next block is
+/// placed with it in view. The same steps keep blocks once a loop showed
+/// that the stream's sizes repeat.
+#[test]
+fn a_stream_whose_sizes_do_not_repeat_gives_every_free_back() {
+    for repeating in [false, true] {
+        let c = Cache::new(1, CacheConfig::default());
+        let a = c.s(0);
+        if repeating {
+            repeat_a_size(&c, a, 8);
+        }
+        let sizes = [P / 2, P, 3 * P / 2];
+        let blocks: Vec<_> = sizes
+            .iter()
+            .map(|&s| c.cache.allocate(s, a, T).unwrap())
+            .collect();
+        let first = blocks.iter().map(|b| b.ptr()).min().unwrap();
+        for block in blocks {
+            c.kernel(a, MemAccess::write(&block));
+            c.cache.deallocate(block).unwrap();
+        }
+        // A size none of them had: placed at the start of the merged
+        // range when they are all in the arena.
+        let block = c.cache.allocate(2 * P, a, T).unwrap();
+        assert_eq!(
+            block.ptr() == first,
+            !repeating,
+            "repeating {repeating}: placed at {:#x}, the freed blocks start at {first:#x}",
+            block.ptr()
+        );
+        c.cache.deallocate(block).unwrap();
+        c.assert_race_free();
+    }
 }
 
 /// Runs `f` on a thread of `scope` and waits up to `secs` for its result:

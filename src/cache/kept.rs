@@ -19,6 +19,23 @@
 //! long churn of small blocks, against 1.18× and 1.23× with 8 (1.18× and
 //! 1.21× keeping one); with 8, the GPT-2 traces hold 1.040× and 1.070×.
 //!
+//! # Only while sizes repeat
+//!
+//! Kept blocks pay only when the stream asks again for a size it freed
+//! lately; when it does not (an inference service whose requests draw
+//! their batch and sequence length, so that nearly every size is new),
+//! they are memory its next blocks must be placed around (replaying one
+//! client of the service benchmark on the simulated device, 40 requests
+//! on one stream, the blocks placed around kept ones left a hole too
+//! small for a later large request: 16 MiB held for 10.5 MiB live, where
+//! 12 MiB serve when every free goes back to the arena). So a stream keeps
+//! blocks only while, of its last [`HISTORY`] allocations, at least
+//! [`KEEP_REPEATS`] asked for a size among its last [`KEPT`] frees (kept
+//! or not): a loop, or a model's step, starts keeping after a few
+//! allocations; requests of drawn sizes, where a size comes back now and
+//! then by chance, never do. When it stops, its kept blocks go back to the
+//! arena at its next placement, and its frees go straight there.
+//!
 //! # Who owns a kept block
 //!
 //! Two halves: [`KeptBlocks`], the stream's own view (in its shard, under
@@ -52,6 +69,14 @@ pub(crate) const KEPT: usize = 8;
 /// held 1.11× on the GPT-2 training trace on the simulated device, 1.07×
 /// with this bound.
 pub(crate) const KEPT_MAX_LEN: u64 = 16 << 20;
+
+/// Allocations a stream looks back at to decide whether it keeps blocks
+/// (the bits of [`KeptBlocks::history`]).
+const HISTORY: u32 = u32::BITS;
+
+/// Of the last [`HISTORY`] allocations, how many must have asked for a size
+/// freed lately for the stream to keep blocks: a quarter.
+const KEEP_REPEATS: u32 = HISTORY / 4;
 
 /// The shared half: per kept block, its arena node plus one (0: none).
 /// Alone on its cache lines: each stream's thread swaps its own entries
@@ -113,6 +138,13 @@ pub(crate) struct KeptBlocks {
     /// When each entry was filled, to push out the oldest.
     ages: [u32; KEPT],
     clock: u32,
+    /// The lengths of the stream's last [`KEPT`] frees, kept or not (a
+    /// ring, `recent_at` the next to overwrite).
+    recent: [u64; KEPT],
+    recent_at: usize,
+    /// Per allocation of the last [`HISTORY`], newest in bit 0: whether it
+    /// asked for a size in `recent`.
+    history: u32,
 }
 
 impl Default for KeptBlocks {
@@ -126,15 +158,34 @@ impl Default for KeptBlocks {
             }; KEPT],
             ages: [0; KEPT],
             clock: 0,
+            recent: [0; KEPT],
+            recent_at: 0,
+            history: 0,
         }
     }
 }
 
 impl KeptBlocks {
+    /// A stream whose last allocations all repeated sizes: it keeps.
+    #[cfg(all(test, loom))]
+    fn repeating() -> Self {
+        KeptBlocks {
+            history: u32::MAX,
+            ..KeptBlocks::default()
+        }
+    }
+
+    /// Whether the stream keeps the blocks it frees (its sizes repeat).
+    pub(crate) fn keeps(&self) -> bool {
+        self.history.count_ones() >= KEEP_REPEATS
+    }
+
     /// The newest kept block of exactly `len` bytes that the stream still
-    /// owns, taken out.
+    /// owns, taken out. Counts the allocation in the history (see the
+    /// module's docs).
     pub(crate) fn take(&mut self, len: u64, nodes: &KeptNodes) -> Option<Placed> {
         debug_assert!(len > 0);
+        self.history = self.history << 1 | u32::from(self.recent.contains(&len));
         loop {
             // The newest: the least time since it was kept.
             let mut newest: Option<(usize, u32)> = None;
@@ -157,10 +208,13 @@ impl KeptBlocks {
 
     /// Keeps `placed`; returns the block it pushes out (the oldest, when
     /// every entry is full), or `placed` itself when larger than
-    /// [`KEPT_MAX_LEN`], which the caller gives to the arena.
+    /// [`KEPT_MAX_LEN`] or when the stream keeps nothing, which the caller
+    /// gives to the arena.
     pub(crate) fn keep(&mut self, placed: Placed, nodes: &KeptNodes) -> Option<Placed> {
         debug_assert!(placed.len > 0);
-        if placed.len > KEPT_MAX_LEN {
+        self.recent[self.recent_at] = placed.len;
+        self.recent_at = (self.recent_at + 1) % KEPT;
+        if placed.len > KEPT_MAX_LEN || !self.keeps() {
             return Some(placed);
         }
         self.clock = self.clock.wrapping_add(1);
@@ -231,7 +285,7 @@ mod loom_tests {
     fn a_kept_block_has_one_owner() {
         loom::model(|| {
             let nodes = Arc::new(KeptNodes::default());
-            let mut kept = KeptBlocks::default();
+            let mut kept = KeptBlocks::repeating();
             assert!(kept.keep(block(1), &nodes).is_none());
             let growth = {
                 let nodes = nodes.clone();
@@ -263,8 +317,7 @@ mod tests {
 
     #[test]
     fn the_newest_block_of_the_length_comes_back() {
-        let nodes = KeptNodes::default();
-        let mut kept = KeptBlocks::default();
+        let (nodes, mut kept) = keeping();
         assert_eq!(kept.keep(block(1, 512), &nodes), None);
         assert_eq!(kept.keep(block(2, 1024), &nodes), None);
         assert_eq!(kept.keep(block(3, 512), &nodes), None);
@@ -277,8 +330,7 @@ mod tests {
 
     #[test]
     fn a_full_set_pushes_out_its_oldest() {
-        let nodes = KeptNodes::default();
-        let mut kept = KeptBlocks::default();
+        let (nodes, mut kept) = keeping();
         for n in 0..KEPT as u32 {
             assert_eq!(kept.keep(block(n, 512 * u64::from(n + 1)), &nodes), None);
         }
@@ -292,10 +344,53 @@ mod tests {
         assert_eq!(nodes.take_all().count(), 0, "drained means emptied");
     }
 
-    #[test]
-    fn blocks_a_growth_took_are_never_handed_out_or_pushed_out() {
+    /// A stream keeping: its last allocations all asked for sizes it had
+    /// freed just before.
+    fn keeping() -> (KeptNodes, KeptBlocks) {
         let nodes = KeptNodes::default();
         let mut kept = KeptBlocks::default();
+        assert!(!kept.keeps(), "nothing kept before sizes repeat");
+        for n in 0..KEEP_REPEATS {
+            assert_eq!(
+                kept.keep(block(1000 + n, 512), &nodes),
+                Some(block(1000 + n, 512))
+            );
+            assert_eq!(kept.take(512, &nodes), None);
+        }
+        assert!(kept.keeps());
+        (nodes, kept)
+    }
+
+    #[test]
+    fn a_stream_keeps_only_while_its_sizes_repeat() {
+        let (nodes, mut kept) = keeping();
+        assert_eq!(kept.keep(block(1, 512), &nodes), None, "kept");
+        // Allocations of new sizes push the repeats out of the history.
+        for n in 0..HISTORY - KEEP_REPEATS + 1 {
+            assert!(kept.keeps(), "still keeping after {n} new sizes");
+            assert_eq!(kept.take(1024 * (u64::from(n) + 2), &nodes), None);
+        }
+        assert!(!kept.keeps());
+        assert_eq!(
+            kept.keep(block(2, 4096), &nodes),
+            Some(block(2, 4096)),
+            "a free goes straight to the arena"
+        );
+        assert_eq!(kept.drain(&nodes).count(), 1, "the block kept before");
+        // A size asked again now and then does not start keeping.
+        for _ in 0..HISTORY {
+            assert_eq!(kept.take(4096, &nodes), None);
+            assert_eq!(kept.take(8192, &nodes), None);
+            assert_eq!(kept.take(8192 + 512, &nodes), None);
+            assert_eq!(kept.take(8192 + 1024, &nodes), None);
+            assert_eq!(kept.take(8192 + 1536, &nodes), None);
+        }
+        assert!(!kept.keeps(), "one repeat in five");
+    }
+
+    #[test]
+    fn blocks_a_growth_took_are_never_handed_out_or_pushed_out() {
+        let (nodes, mut kept) = keeping();
         for n in 0..KEPT as u32 {
             kept.keep(block(n, 512), &nodes);
         }

@@ -12,7 +12,8 @@
 //! - Per stream, in its shard ([`StreamSlot`]): the stream and the
 //!   blocks it freed last (up to 8 of up to 16 MiB, [`kept`](super::kept)),
 //!   kept out of the arena so that a step that frees and allocates the
-//!   same sizes on one stream rarely takes the shared lock.
+//!   same sizes on one stream rarely takes the shared lock (only while
+//!   its sizes repeat).
 //! - Shared counters: physical bytes held (what the device gave the cache:
 //!   what `bytes_outstanding` and a budget above see) and the high-water
 //!   mark of live bytes.
@@ -369,6 +370,11 @@ impl VmTier {
             }));
         }
         let mut st = self.lock();
+        if !ss.kept.keeps() {
+            // The stream's sizes stopped repeating: what it keeps goes
+            // back, for this block and the next to be placed around less.
+            self.give_kept(&mut st, ss);
+        }
         let Some((placed, borrowed)) = self.place(&mut st, ss, len, may_wait) else {
             return Ok(None);
         };
