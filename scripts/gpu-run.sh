@@ -113,8 +113,13 @@ traces)
     # after the other: the host's speed moves by up to 2x within one call,
     # so each round's ratio compares neighbours
     # (`measure/scripts/trace_ratios.py DIR` prints them). PyTorch's
-    # extension compiles on the spot the first time, about a minute.
+    # extension compiles on the spot the first time, about a minute. The
+    # timed runs, ours and PyTorch's, are pinned to one core (PIN, default
+    # core 3, `PIN=` for none), so that both meet the same core's load.
     dir="${2:-traces-out}"
+    pin=""
+    if command -v taskset >/dev/null; then pin="taskset -c ${PIN-3}"; fi
+    [ -n "${PIN-x}" ] || pin=""
     traces="${TRACES:-gpu-traces}"
     stacks="${STACKS:-resource,cache}"
     mkdir -p "$dir"
@@ -128,9 +133,9 @@ traces)
         for round in $(seq "${ROUNDS:-3}"); do
             echo "=== $t: round $round"
             echo "round=$round" | tee -a "$dir/$t.streamalloc.txt" "$dir/$t.torch.txt" >/dev/null
-            timeout 120 "$BIN/bin-trace_replay" "$f" --stack cache --repeat 2 ${TRACE_ARGS:-} 2>&1 |
+            timeout 120 $pin "$BIN/bin-trace_replay" "$f" --stack cache --repeat 2 ${TRACE_ARGS:-} 2>&1 |
                 tee -a "$dir/$t.streamalloc.txt" || echo "trace_replay $t failed"
-            timeout 400 python3 "$traces/torch_cpp_replay.py" "$f" 2 2>&1 |
+            timeout 400 $pin python3 "$traces/torch_cpp_replay.py" "$f" 2 2>&1 |
                 tee -a "$dir/$t.torch.txt" || echo "torch_cpp_replay $t failed"
         done
     done
