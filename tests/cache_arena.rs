@@ -845,12 +845,12 @@ fn a_growth_takes_the_block_another_stream_freed_last() {
 /// where the first was (the three ranges merge into one, and the best fit
 /// starts at its start).
 /// A stream keeps blocks once its sizes repeat: here after a loop of one
-/// size (a quarter of its last 32 allocations).
+/// size (14 of its last 32 allocations).
 #[test]
 fn a_stream_takes_back_any_of_the_blocks_it_freed_last() {
     let c = Cache::new(1, CacheConfig::default());
     let a = c.s(0);
-    repeat_a_size(&c, a, 8);
+    repeat_a_size(&c, a, 16);
     let sizes = [P / 2, P, 3 * P / 2];
     let blocks: Vec<_> = sizes
         .iter()
@@ -891,7 +891,7 @@ fn a_stream_whose_sizes_do_not_repeat_gives_every_free_back() {
         let c = Cache::new(1, CacheConfig::default());
         let a = c.s(0);
         if repeating {
-            repeat_a_size(&c, a, 8);
+            repeat_a_size(&c, a, 16);
         }
         let sizes = [P / 2, P, 3 * P / 2];
         let blocks: Vec<_> = sizes

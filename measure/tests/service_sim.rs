@@ -10,7 +10,7 @@ use streamalloc::gpu::GpuResult;
 use streamalloc::gpu::sim::{MemAccess, SimGpu};
 use streamalloc::{CachingResource, Device, RawStream, SimResource, StreamPool};
 use streamalloc_measure::service::streamalloc_way::{self, run_level};
-use streamalloc_measure::service::{Dims, RequestIo, RequestKernels, SimKernels};
+use streamalloc_measure::service::{Dims, RequestIo, RequestKernels, Shapes, SimKernels};
 
 const STREAMS: usize = 8;
 
@@ -103,4 +103,53 @@ async fn an_unordered_use_in_the_service_is_reported() {
         .expect("the level runs");
     assert_eq!(row.requests, 8);
     assert!(!gpu.races().is_empty(), "the planted race must be reported");
+}
+
+/// One client's requests, in order on one stream with no threads (so the
+/// held bytes are the same at every run): each request's three buffers
+/// allocated, then freed. The sizes are drawn, so they rarely repeat, and
+/// the cache must not place blocks around ones it keeps for a repeat that
+/// does not come: it holds the pages its largest request needs, with the
+/// slack over it, and no more. Kept blocks whatever the sizes held a page
+/// or two more (16 MiB for 10.5 MiB live within the first 40 requests).
+#[test]
+fn one_client_of_drawn_sizes_holds_the_pages_its_largest_request_needs() {
+    use streamalloc::gpu::Gpu;
+    use streamalloc::{AllocTag, DeviceMemoryResource};
+    const PAGE: usize = 2 << 20;
+    // `CacheConfig`'s default slack over the live high-water mark.
+    const SLACK_PERCENT: usize = 7;
+    for seed in [2026, 42, 7] {
+        let gpu = SimGpu::builder().manual().build();
+        let device = Device::simulated(&gpu, 1);
+        let cache = CachingResource::new(Arc::new(SimResource::new(&device)));
+        let stream = device.stream(0).expect("stream");
+        let mut shapes = Shapes::new(seed, 0, Dims::BENCH);
+        let mut peak = 0;
+        for _ in 0..4096 {
+            let shape = shapes.next_shape();
+            peak = peak.max(shape.bytes(&Dims::BENCH));
+            let blocks: Vec<_> = shape
+                .elems(&Dims::BENCH)
+                .iter()
+                .map(|&n| {
+                    cache
+                        .allocate(n * 4, stream, AllocTag::UNTAGGED)
+                        .expect("allocate")
+                })
+                .collect();
+            for block in blocks {
+                cache.deallocate(block).expect("free");
+            }
+            gpu.run_until_idle();
+        }
+        let floor = (peak + peak / 100 * SLACK_PERCENT).next_multiple_of(PAGE);
+        let held = gpu.memory_held().expect("held").high;
+        assert!(
+            held <= floor,
+            "seed {seed}: held {} MiB, the largest request {peak} B needs {} MiB",
+            held >> 20,
+            floor >> 20
+        );
+    }
 }

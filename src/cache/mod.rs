@@ -20,8 +20,8 @@
 //! - **Per stream** (in its shard, behind its own lock): the blocks it
 //!   freed last (up to 8, of up to 16 MiB), taken back by an allocation
 //!   of one of their sizes with no other lock, so a loop on one stream
-//!   never contends; kept only while the stream's sizes repeat (a quarter
-//!   of its last 32 allocations), since blocks held out of the arena are
+//!   never contends; kept only while the stream's sizes repeat (14 of
+//!   its last 32 allocations), since blocks held out of the arena are
 //!   ones the next placements go around.
 //! - **Counters**: physical bytes held (one atomic, written only when
 //!   memory is mapped or given back), the high-water mark of live bytes.
