@@ -22,7 +22,8 @@
 //!
 //! # Bounded
 //!
-//! At most [`MAX_IN_FLIGHT`] fences per stream.
+//! At most [`MAX_IN_FLIGHT`] fences per stream: past that, the newest is
+//! recorded again (see [`Fences::cover`]).
 //!
 //! [`poll`]: Fences::poll
 
@@ -75,13 +76,22 @@ impl Fences {
     }
 
     /// Records a fence on `stream` covering every free so far, unless one in
-    /// flight covers `wanted` already or too many are in flight.
+    /// flight covers `wanted` already. With [`MAX_IN_FLIGHT`] in flight, the
+    /// newest is recorded again instead, here: the frees it covered are
+    /// then covered by a later point (seen complete later, never earlier),
+    /// and a stream that waits on it already stays bound to the record it
+    /// waited on (a wait binds to the record current when it is queued,
+    /// CUDA's rule). Refusing instead left the frees of a stream far ahead
+    /// of the GPU with no fence at all: no other stream could use them,
+    /// behind a wait or after, and every allocation there grew the arena
+    /// (a simulated service whose frees ran ahead of its kernels held 36×
+    /// its live bytes).
     ///
     /// # Errors
     /// A failed event creation or record; nothing changes.
     pub(crate) fn cover(&mut self, gpu: &dyn Gpu, stream: RawStream, wanted: u64) -> GpuResult<()> {
         let covered = self.done.max(self.in_flight.back().map_or(0, |f| f.1));
-        if wanted <= covered || self.in_flight.len() >= MAX_IN_FLIGHT {
+        if wanted <= covered {
             return Ok(());
         }
         // A fence recorded on a capturing stream would be captured: it never
@@ -90,6 +100,16 @@ impl Fences {
         // SAFETY: `stream` is a stream of the tier's device pool (every
         // caller passes its arena's), which the tier holds.
         if unsafe { gpu.capture_status(stream) }?.is_capturing() {
+            return Ok(());
+        }
+        if self.in_flight.len() >= MAX_IN_FLIGHT
+            && let Some(newest) = self.in_flight.back_mut()
+        {
+            // SAFETY: a fence in flight: made on `gpu` (the tier's backend,
+            // every caller passes it), live until `destroy`; `stream` is a
+            // stream of the tier's device pool, which the tier holds.
+            unsafe { gpu.event_record(newest.0, stream) }?;
+            newest.1 = self.stamp;
             return Ok(());
         }
         let event = match self.spare.pop() {
@@ -167,6 +187,26 @@ mod tests {
         f.cover(&*gpu, s, b).unwrap();
         assert_eq!(f.in_flight.len(), 1, "one fence covers it already");
         assert_eq!(f.wait_all(&*gpu).unwrap(), b);
+        f.destroy(&*gpu);
+    }
+
+    #[test]
+    fn with_every_fence_in_flight_the_newest_is_recorded_again() {
+        let gpu = SimGpu::builder().manual().build();
+        let s = gpu.create_stream();
+        let mut f = Fences::default();
+        for _ in 0..MAX_IN_FLIGHT {
+            let stamp = f.next_stamp();
+            f.cover(&*gpu, s, stamp).unwrap();
+        }
+        let last = f.next_stamp();
+        f.cover(&*gpu, s, last).unwrap();
+        assert_eq!(f.in_flight.len(), MAX_IN_FLIGHT, "no more events");
+        let newest = f.in_flight[MAX_IN_FLIGHT - 1].0;
+        assert_eq!(f.covering(last), Some(newest), "the free is covered");
+        assert_eq!(f.covering(last - 1), Some(newest), "later, never earlier");
+        gpu.run_until_idle();
+        assert_eq!(f.poll(&*gpu).unwrap(), last);
         f.destroy(&*gpu);
     }
 
