@@ -102,6 +102,7 @@ impl Default for KeptNodes {
 
 impl KeptNodes {
     /// Takes entry `j`'s node out, if one is there.
+    #[inline]
     fn take(&self, j: usize) -> Option<u32> {
         let v = self.0[j].swap(0, Ordering::AcqRel);
         v.checked_sub(1)
@@ -109,6 +110,7 @@ impl KeptNodes {
 
     /// Puts `node` in entry `j`, returning the node there before, if one
     /// was.
+    #[inline]
     fn replace(&self, j: usize, node: u32) -> Option<u32> {
         let v = self.0[j].swap(node + 1, Ordering::AcqRel);
         v.checked_sub(1)
@@ -119,6 +121,7 @@ impl KeptNodes {
     /// the loom model below fails with a store (loom 0.7 lets the owner's
     /// later swap read the entry as empty), and the C++ model's coherence
     /// rules, which forbid that, are not worth a few cycles to argue from.
+    #[inline]
     fn put(&self, j: usize, node: u32) {
         let was = self.0[j].swap(node + 1, Ordering::AcqRel);
         debug_assert_eq!(was, 0, "entry {j} was not empty");
@@ -183,6 +186,7 @@ impl KeptBlocks {
     }
 
     /// Whether the stream keeps the blocks it frees (its sizes repeat).
+    #[inline]
     pub(crate) fn keeps(&self) -> bool {
         self.history.count_ones() >= KEEP_REPEATS
     }

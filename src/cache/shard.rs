@@ -46,6 +46,7 @@ pub(crate) struct Mapped {
 
 impl Mapped {
     /// Events recorded for uses on other streams.
+    #[inline]
     pub(crate) fn event_count(&self) -> usize {
         self.uses.as_ref().map_or(0, |u| u.event_count())
     }
@@ -72,6 +73,7 @@ pub(crate) enum Backing {
 }
 
 impl Backing {
+    #[inline]
     pub(crate) fn ptr(&self) -> u64 {
         match self {
             Backing::Inner(b) => b.ptr(),
@@ -218,6 +220,7 @@ impl Shard {
     }
 
     /// Records a new lease and returns its serial.
+    #[inline]
     pub(crate) fn lease(&mut self, lease: Lease) -> u64 {
         let serial = (self.next_local << SHARD_BITS) | self.index;
         self.next_local += 1;
@@ -226,11 +229,13 @@ impl Shard {
         serial
     }
 
+    #[inline]
     pub(crate) fn lease_mut(&mut self, serial: u64) -> Option<&mut Lease> {
         self.leases.get_mut(&serial)
     }
 
     /// Ends a lease.
+    #[inline]
     pub(crate) fn end_lease(&mut self, serial: u64) -> Option<Lease> {
         let lease = self.leases.remove(&serial)?;
         self.leased -= lease.size;
@@ -282,6 +287,7 @@ impl Slot {
         }
     }
 
+    #[inline]
     pub(crate) fn lock(&self) -> SlotGuard<'_> {
         SlotGuard {
             guard: self.shard.lock().unwrap_or_else(|p| p.into_inner()),
@@ -304,6 +310,7 @@ impl Slot {
 
     /// Adds `delta` bytes (negative: subtracts) to the arena's live bytes;
     /// call under the shard lock.
+    #[inline]
     pub(crate) fn add_arena_live(&self, delta: isize) {
         let now = self.arena_live.load(Ordering::Relaxed);
         self.arena_live
@@ -324,18 +331,21 @@ pub(crate) struct SlotGuard<'a> {
 
 impl std::ops::Deref for SlotGuard<'_> {
     type Target = Shard;
+    #[inline]
     fn deref(&self) -> &Shard {
         &self.guard
     }
 }
 
 impl std::ops::DerefMut for SlotGuard<'_> {
+    #[inline]
     fn deref_mut(&mut self) -> &mut Shard {
         &mut self.guard
     }
 }
 
 impl Drop for SlotGuard<'_> {
+    #[inline]
     fn drop(&mut self) {
         // A hint only (read relaxed, without the lock): a stale value costs a
         // useless try_lock or a missed move, never a wrong one.

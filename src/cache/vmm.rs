@@ -294,6 +294,7 @@ impl VmTier {
         })
     }
 
+    #[inline]
     fn gpu(&self) -> &dyn Gpu {
         &*self.access.gpu
     }
@@ -303,6 +304,7 @@ impl VmTier {
     }
 
     /// Physical bytes the tier holds.
+    #[inline]
     pub(crate) fn held(&self) -> usize {
         self.held.load(Ordering::Acquire)
     }
@@ -313,6 +315,7 @@ impl VmTier {
     }
 
     /// The address of a placement.
+    #[inline]
     pub(crate) fn ptr(&self, placed: Placed) -> u64 {
         self.base.load(Ordering::Acquire) + placed.off
     }
