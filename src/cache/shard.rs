@@ -7,6 +7,7 @@
 //! reservation, is touched only when a shard needs more of the cap than it
 //! already holds (see [`CachingResource`](super::CachingResource)).
 
+use std::collections::hash_map::{Entry, OccupiedEntry};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
@@ -229,6 +230,21 @@ impl Shard {
         serial
     }
 
+    /// The lease `serial`, found with one lookup: read it, then end it
+    /// ([`LeaseEntry::end`]) without looking it up again (the free's hot
+    /// path).
+    #[inline]
+    pub(crate) fn lease_entry(&mut self, serial: u64) -> Option<LeaseEntry<'_>> {
+        match self.leases.entry(serial) {
+            Entry::Occupied(entry) => Some(LeaseEntry {
+                entry,
+                leased: &mut self.leased,
+                graphs: &self.graphs,
+            }),
+            Entry::Vacant(_) => None,
+        }
+    }
+
     #[inline]
     pub(crate) fn lease_mut(&mut self, serial: u64) -> Option<&mut Lease> {
         self.leases.get_mut(&serial)
@@ -255,6 +271,35 @@ impl Shard {
         } else {
             ResourceError::UnknownBlock { block }
         }
+    }
+}
+
+/// A lease found by [`Shard::lease_entry`].
+pub(crate) struct LeaseEntry<'a> {
+    entry: OccupiedEntry<'a, u64, Lease>,
+    leased: &'a mut usize,
+    graphs: &'a [GraphPool],
+}
+
+impl LeaseEntry<'_> {
+    /// The lease.
+    #[inline]
+    pub(crate) fn get(&self) -> &Lease {
+        self.entry.get()
+    }
+
+    /// Whether `capture` has a pool in the shard.
+    #[inline]
+    pub(crate) fn has_graph(&self, capture: CaptureId) -> bool {
+        self.graphs.iter().any(|g| g.capture == capture)
+    }
+
+    /// Ends the lease (as [`Shard::end_lease`]).
+    #[inline]
+    pub(crate) fn end(self) -> Lease {
+        let lease = self.entry.remove();
+        *self.leased -= lease.size;
+        lease
     }
 }
 

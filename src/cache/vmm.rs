@@ -633,6 +633,7 @@ impl VmTier {
 
     /// Gives back the block at `placed`, freed at the current end of the
     /// stream (after the waits for its uses elsewhere were queued).
+    #[inline]
     pub(crate) fn free(&self, ss: &mut StreamSlot, placed: Placed) {
         self.gpu().note_subfree(self.ptr(placed), ss.raw);
         if let Some(pushed) = ss.kept.keep(placed, &self.kept[ss.slot]) {
