@@ -96,6 +96,7 @@ pub(crate) struct Arena {
 
 /// `bytes` rounded up to [`UNIT`] (at least one unit), or `None` on
 /// overflow.
+#[inline]
 pub(crate) fn round(bytes: usize) -> Option<u64> {
     (bytes.max(1) as u64).checked_next_multiple_of(UNIT)
 }

@@ -102,6 +102,7 @@ impl Default for KeptNodes {
 
 impl KeptNodes {
     /// Takes entry `j`'s node out, if one is there.
+    #[inline]
     fn take(&self, j: usize) -> Option<u32> {
         let v = self.0[j].swap(0, Ordering::AcqRel);
         v.checked_sub(1)
@@ -109,6 +110,7 @@ impl KeptNodes {
 
     /// Puts `node` in entry `j`, returning the node there before, if one
     /// was.
+    #[inline]
     fn replace(&self, j: usize, node: u32) -> Option<u32> {
         let v = self.0[j].swap(node + 1, Ordering::AcqRel);
         v.checked_sub(1)
@@ -119,6 +121,7 @@ impl KeptNodes {
     /// the loom model below fails with a store (loom 0.7 lets the owner's
     /// later swap read the entry as empty), and the C++ model's coherence
     /// rules, which forbid that, are not worth a few cycles to argue from.
+    #[inline]
     fn put(&self, j: usize, node: u32) {
         let was = self.0[j].swap(node + 1, Ordering::AcqRel);
         debug_assert_eq!(was, 0, "entry {j} was not empty");
@@ -183,6 +186,7 @@ impl KeptBlocks {
     }
 
     /// Whether the stream keeps the blocks it frees (its sizes repeat).
+    #[inline]
     pub(crate) fn keeps(&self) -> bool {
         self.history.count_ones() >= KEEP_REPEATS
     }
@@ -192,17 +196,32 @@ impl KeptBlocks {
     /// module's docs).
     pub(crate) fn take(&mut self, len: u64, nodes: &KeptNodes) -> Option<Placed> {
         debug_assert!(len > 0);
-        self.history = self.history << 1 | u32::from(self.recent.contains(&len));
+        let repeat = self.recent.iter().fold(false, |any, &r| any | (r == len));
+        self.history = self.history << 1 | u32::from(repeat);
         loop {
-            // The newest: the least time since it was kept.
-            let mut newest: Option<(usize, u32)> = None;
-            for j in 0..KEPT {
-                let since = self.clock.wrapping_sub(self.ages[j]);
-                if self.lens[j] == len && newest.is_none_or(|(_, s)| since < s) {
-                    newest = Some((j, since));
+            // The entries of length `len`, as a bit mask (one compare per
+            // entry, no branch): most allocations find none or one.
+            let mut matching = 0u32;
+            for (j, &l) in self.lens.iter().enumerate() {
+                matching |= u32::from(l == len) << j;
+            }
+            if matching == 0 {
+                return None;
+            }
+            // The newest: the least time since it was kept (the first such).
+            let mut j = matching.trailing_zeros() as usize;
+            let mut rest = matching & (matching - 1);
+            if rest != 0 {
+                let mut since = self.clock.wrapping_sub(self.ages[j]);
+                while rest != 0 {
+                    let k = rest.trailing_zeros() as usize;
+                    rest &= rest - 1;
+                    let s = self.clock.wrapping_sub(self.ages[k]);
+                    if s < since {
+                        (j, since) = (k, s);
+                    }
                 }
             }
-            let (j, _) = newest?;
             self.lens[j] = 0;
             if let Some(node) = nodes.take(j) {
                 debug_assert_eq!(node, self.placed[j].node);
@@ -231,9 +250,16 @@ impl KeptBlocks {
                 (j, None)
             }
             None => {
-                let j = (0..KEPT)
-                    .max_by_key(|&j| self.clock.wrapping_sub(self.ages[j]))
-                    .unwrap_or(0);
+                // The oldest: the most time since it was kept (the last
+                // such, as `max_by_key` chose).
+                let mut j = 0;
+                let mut oldest = self.clock.wrapping_sub(self.ages[0]);
+                for (k, &age) in self.ages.iter().enumerate().skip(1) {
+                    let since = self.clock.wrapping_sub(age);
+                    if since >= oldest {
+                        (j, oldest) = (k, since);
+                    }
+                }
                 let old = nodes.replace(j, placed.node).map(|node| {
                     debug_assert_eq!(node, self.placed[j].node);
                     self.placed[j]

@@ -235,12 +235,24 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         serial: u64,
         (owner, now): (Option<CaptureId>, Option<CaptureId>),
     ) -> ResourceResult<()> {
-        let tier = self.tier();
         let Some(lease) = shard.end_lease(serial) else {
             return Err(ResourceError::UnknownBlock {
                 block: BlockId::new(self.id, serial),
             });
         };
+        self.end_mapped(slot, shard, lease, (owner, now))
+    }
+
+    /// Ends the arena lease `lease`, taken out of the locked `shard`: the
+    /// range goes back to its arena, or to the pool of `owner`.
+    pub(super) fn end_mapped(
+        &self,
+        slot: &Slot,
+        mut shard: SlotGuard<'_>,
+        lease: Lease,
+        (owner, now): (Option<CaptureId>, Option<CaptureId>),
+    ) -> ResourceResult<()> {
+        let tier = self.tier();
         let Backing::Mapped(mut m) = lease.backing else {
             unreachable!("free_mapped is called for arena leases only");
         };

@@ -597,9 +597,10 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R> {
         let id = block.id();
         let (slot, serial) = self.locate(id)?;
         let mut shard = slot.lock();
-        let Some(lease) = shard.lease_mut(serial) else {
+        let Some(found) = shard.lease_entry(serial) else {
             return Err(shard.missing(id));
         };
+        let lease = found.get();
         if lease.backing.ptr() != block.ptr()
             || lease.size != block.size()
             || lease.stream != block.stream()
@@ -618,7 +619,7 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R> {
             // waits for the recorded uses itself (and keeps a block freed in
             // a capture for the graph).
             self.inner.deallocate(inner.clone())?;
-            shard.end_lease(serial);
+            found.end();
             return Ok(());
         }
         // The graph that owns the memory: the one of the capture that
@@ -628,7 +629,12 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R> {
             true => self.inner.capture_status(stream)?.id(),
             false => None,
         };
-        let owner = leased_in.filter(|&c| shard.graph_mut(c).is_some()).or(now);
+        let owner = leased_in.filter(|&c| found.has_graph(c)).or(now);
+        if mapped == Some(true) {
+            // Nothing to wait for: the lease ends here, found once.
+            let lease = found.end();
+            return self.end_mapped(slot, shard, lease, (owner, now));
+        }
         if let Some(plain) = mapped {
             return self.free_mapped(slot, shard, serial, (owner, now), plain);
         }

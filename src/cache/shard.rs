@@ -7,6 +7,7 @@
 //! reservation, is touched only when a shard needs more of the cap than it
 //! already holds (see [`CachingResource`](super::CachingResource)).
 
+use std::collections::hash_map::{Entry, OccupiedEntry};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
@@ -46,6 +47,7 @@ pub(crate) struct Mapped {
 
 impl Mapped {
     /// Events recorded for uses on other streams.
+    #[inline]
     pub(crate) fn event_count(&self) -> usize {
         self.uses.as_ref().map_or(0, |u| u.event_count())
     }
@@ -72,6 +74,7 @@ pub(crate) enum Backing {
 }
 
 impl Backing {
+    #[inline]
     pub(crate) fn ptr(&self) -> u64 {
         match self {
             Backing::Inner(b) => b.ptr(),
@@ -218,6 +221,7 @@ impl Shard {
     }
 
     /// Records a new lease and returns its serial.
+    #[inline]
     pub(crate) fn lease(&mut self, lease: Lease) -> u64 {
         let serial = (self.next_local << SHARD_BITS) | self.index;
         self.next_local += 1;
@@ -226,11 +230,28 @@ impl Shard {
         serial
     }
 
+    /// The lease `serial`, found with one lookup: read it, then end it
+    /// ([`LeaseEntry::end`]) without looking it up again (the free's hot
+    /// path).
+    #[inline]
+    pub(crate) fn lease_entry(&mut self, serial: u64) -> Option<LeaseEntry<'_>> {
+        match self.leases.entry(serial) {
+            Entry::Occupied(entry) => Some(LeaseEntry {
+                entry,
+                leased: &mut self.leased,
+                graphs: &self.graphs,
+            }),
+            Entry::Vacant(_) => None,
+        }
+    }
+
+    #[inline]
     pub(crate) fn lease_mut(&mut self, serial: u64) -> Option<&mut Lease> {
         self.leases.get_mut(&serial)
     }
 
     /// Ends a lease.
+    #[inline]
     pub(crate) fn end_lease(&mut self, serial: u64) -> Option<Lease> {
         let lease = self.leases.remove(&serial)?;
         self.leased -= lease.size;
@@ -250,6 +271,35 @@ impl Shard {
         } else {
             ResourceError::UnknownBlock { block }
         }
+    }
+}
+
+/// A lease found by [`Shard::lease_entry`].
+pub(crate) struct LeaseEntry<'a> {
+    entry: OccupiedEntry<'a, u64, Lease>,
+    leased: &'a mut usize,
+    graphs: &'a [GraphPool],
+}
+
+impl LeaseEntry<'_> {
+    /// The lease.
+    #[inline]
+    pub(crate) fn get(&self) -> &Lease {
+        self.entry.get()
+    }
+
+    /// Whether `capture` has a pool in the shard.
+    #[inline]
+    pub(crate) fn has_graph(&self, capture: CaptureId) -> bool {
+        self.graphs.iter().any(|g| g.capture == capture)
+    }
+
+    /// Ends the lease (as [`Shard::end_lease`]).
+    #[inline]
+    pub(crate) fn end(self) -> Lease {
+        let lease = self.entry.remove();
+        *self.leased -= lease.size;
+        lease
     }
 }
 
@@ -282,6 +332,7 @@ impl Slot {
         }
     }
 
+    #[inline]
     pub(crate) fn lock(&self) -> SlotGuard<'_> {
         SlotGuard {
             guard: self.shard.lock().unwrap_or_else(|p| p.into_inner()),
@@ -304,6 +355,7 @@ impl Slot {
 
     /// Adds `delta` bytes (negative: subtracts) to the arena's live bytes;
     /// call under the shard lock.
+    #[inline]
     pub(crate) fn add_arena_live(&self, delta: isize) {
         let now = self.arena_live.load(Ordering::Relaxed);
         self.arena_live
@@ -324,18 +376,21 @@ pub(crate) struct SlotGuard<'a> {
 
 impl std::ops::Deref for SlotGuard<'_> {
     type Target = Shard;
+    #[inline]
     fn deref(&self) -> &Shard {
         &self.guard
     }
 }
 
 impl std::ops::DerefMut for SlotGuard<'_> {
+    #[inline]
     fn deref_mut(&mut self) -> &mut Shard {
         &mut self.guard
     }
 }
 
 impl Drop for SlotGuard<'_> {
+    #[inline]
     fn drop(&mut self) {
         // A hint only (read relaxed, without the lock): a stale value costs a
         // useless try_lock or a missed move, never a wrong one.

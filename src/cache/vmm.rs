@@ -294,6 +294,7 @@ impl VmTier {
         })
     }
 
+    #[inline]
     fn gpu(&self) -> &dyn Gpu {
         &*self.access.gpu
     }
@@ -303,6 +304,7 @@ impl VmTier {
     }
 
     /// Physical bytes the tier holds.
+    #[inline]
     pub(crate) fn held(&self) -> usize {
         self.held.load(Ordering::Acquire)
     }
@@ -313,6 +315,7 @@ impl VmTier {
     }
 
     /// The address of a placement.
+    #[inline]
     pub(crate) fn ptr(&self, placed: Placed) -> u64 {
         self.base.load(Ordering::Acquire) + placed.off
     }
@@ -630,6 +633,7 @@ impl VmTier {
 
     /// Gives back the block at `placed`, freed at the current end of the
     /// stream (after the waits for its uses elsewhere were queued).
+    #[inline]
     pub(crate) fn free(&self, ss: &mut StreamSlot, placed: Placed) {
         self.gpu().note_subfree(self.ptr(placed), ss.raw);
         if let Some(pushed) = ss.kept.keep(placed, &self.kept[ss.slot]) {

@@ -193,6 +193,7 @@ impl StreamPool {
     /// [`ResourceError::WrongDevice`] for a stream of another device,
     /// [`ResourceError::ForeignStream`] for one of another pool,
     /// [`ResourceError::UnknownStream`] for an index past the pool's end.
+    #[inline]
     pub fn raw(&self, id: StreamId) -> ResourceResult<RawStream> {
         self.check(id)?;
         Ok(self.raw[id.index() as usize])
@@ -208,6 +209,7 @@ impl StreamPool {
         StreamId::in_pool(self.device, index as u32, self.pool)
     }
 
+    #[inline]
     fn check(&self, id: StreamId) -> ResourceResult<()> {
         ResourceError::check_device(self.device, id.device())?;
         if id.pool() != 0 && id.pool() != self.pool {
