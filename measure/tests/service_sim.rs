@@ -6,11 +6,16 @@
 use std::sync::Arc;
 
 use streamalloc::futures::AsyncResource;
-use streamalloc::gpu::GpuResult;
 use streamalloc::gpu::sim::{MemAccess, SimGpu};
-use streamalloc::{CachingResource, Device, RawStream, SimResource, StreamPool};
+use streamalloc::gpu::{Gpu, GpuResult};
+use streamalloc::{
+    AllocTag, CachingResource, Device, DeviceBlock, DeviceMemoryResource, RawStream, SimResource,
+    StreamId, StreamPool,
+};
 use streamalloc_measure::service::streamalloc_way::{self, run_level};
-use streamalloc_measure::service::{Dims, RequestIo, RequestKernels, Shapes, SimKernels};
+use streamalloc_measure::service::{
+    Dims, RequestIo, RequestKernels, RequestShape, Shapes, SimKernels,
+};
 
 const STREAMS: usize = 8;
 
@@ -105,6 +110,23 @@ async fn an_unordered_use_in_the_service_is_reported() {
     assert!(!gpu.races().is_empty(), "the planted race must be reported");
 }
 
+/// The three `f32` buffers of a request of `shape`, allocated on `stream`.
+fn request_buffers(
+    cache: &CachingResource<Arc<SimResource>>,
+    shape: RequestShape,
+    stream: StreamId,
+) -> Vec<DeviceBlock> {
+    shape
+        .elems(&Dims::BENCH)
+        .iter()
+        .map(|&n| {
+            cache
+                .allocate(n * 4, stream, AllocTag::UNTAGGED)
+                .expect("allocate")
+        })
+        .collect()
+}
+
 /// One client's requests, in order on one stream with no threads (so the
 /// held bytes are the same at every run): each request's three buffers
 /// allocated, then freed. The sizes are drawn, so they rarely repeat, and
@@ -114,8 +136,6 @@ async fn an_unordered_use_in_the_service_is_reported() {
 /// or two more (16 MiB for 10.5 MiB live within the first 40 requests).
 #[test]
 fn one_client_of_drawn_sizes_holds_the_pages_its_largest_request_needs() {
-    use streamalloc::gpu::Gpu;
-    use streamalloc::{AllocTag, DeviceMemoryResource};
     const PAGE: usize = 2 << 20;
     // `CacheConfig`'s default slack over the live high-water mark.
     const SLACK_PERCENT: usize = 7;
@@ -129,15 +149,7 @@ fn one_client_of_drawn_sizes_holds_the_pages_its_largest_request_needs() {
         for _ in 0..4096 {
             let shape = shapes.next_shape();
             peak = peak.max(shape.bytes(&Dims::BENCH));
-            let blocks: Vec<_> = shape
-                .elems(&Dims::BENCH)
-                .iter()
-                .map(|&n| {
-                    cache
-                        .allocate(n * 4, stream, AllocTag::UNTAGGED)
-                        .expect("allocate")
-                })
-                .collect();
+            let blocks = request_buffers(&cache, shape, stream);
             for block in blocks {
                 cache.deallocate(block).expect("free");
             }
@@ -163,8 +175,6 @@ fn one_client_of_drawn_sizes_holds_the_pages_its_largest_request_needs() {
 /// full set of fences recorded its newest again).
 #[test]
 fn streams_far_ahead_of_the_gpu_still_share_what_they_free() {
-    use streamalloc::gpu::Gpu;
-    use streamalloc::{AllocTag, DeviceBlock, DeviceMemoryResource};
     const CLIENTS: usize = 64;
     for seed in [2026, 42] {
         let gpu = SimGpu::builder().manual().build();
@@ -185,15 +195,7 @@ fn streams_far_ahead_of_the_gpu_still_share_what_they_free() {
             match live[client].take() {
                 None => {
                     let shape = shapes[client].next_shape();
-                    let blocks: Vec<_> = shape
-                        .elems(&Dims::BENCH)
-                        .iter()
-                        .map(|&n| {
-                            cache
-                                .allocate(n * 4, stream, AllocTag::UNTAGGED)
-                                .expect("allocate")
-                        })
-                        .collect();
+                    let blocks = request_buffers(&cache, shape, stream);
                     let writes: Vec<_> = blocks.iter().map(MemAccess::write).collect();
                     gpu.launch_kernel(device.raw(stream).expect("raw"), &writes)
                         .expect("kernel");
