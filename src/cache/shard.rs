@@ -253,9 +253,7 @@ impl Shard {
     /// Ends a lease.
     #[inline]
     pub(crate) fn end_lease(&mut self, serial: u64) -> Option<Lease> {
-        let lease = self.leases.remove(&serial)?;
-        self.leased -= lease.size;
-        Some(lease)
+        self.lease_entry(serial).map(LeaseEntry::end)
     }
 
     pub(crate) fn lease_count(&self) -> usize {
