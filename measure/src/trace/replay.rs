@@ -11,7 +11,7 @@
 //!
 //! The bookkeeping is lighter than the script's hash map: each operation's
 //! slot in a table of live blocks is worked out before the clock starts
-//! ([`Slots`]), and the table is written once before it, so neither loop
+//! (`Slots`), and the table is written once before it, so neither loop
 //! takes page faults. With a fresh 64 Ki-entry hash map, first touches cost
 //! both loops 200–350 ns per operation on gpt2_train's 18 k operations,
 //! and the difference of two such figures moved by more than the
