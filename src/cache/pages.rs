@@ -171,9 +171,26 @@ impl PageTable {
     /// Whether every page of `[off, off + len)` has memory behind it.
     pub(crate) fn all_backed(&self, off: u64, len: u64) -> bool {
         let span = self.span(off, len);
-        self.pages
-            .get(span)
-            .is_some_and(|ps| ps.iter().all(|p| p.mapped()))
+        if span.end > self.pages.len() {
+            return false;
+        }
+        // One look per handle: a handle is mapped over all its pages.
+        let mut i = span.start;
+        while i < span.end {
+            let p = self.pages[i];
+            if !p.mapped() {
+                return false;
+            }
+            i = self.run_end(p.handle);
+        }
+        true
+    }
+
+    /// The page after the last of the run handle `hi` is mapped over.
+    #[inline]
+    fn run_end(&self, hi: u32) -> usize {
+        let h = &self.handles[hi as usize];
+        (h.first + h.pages) as usize
     }
 
     /// The lowest offset `o` in `[start, end - len]`, `start` or a page
@@ -290,29 +307,39 @@ impl PageTable {
         let mut unbacked: Vec<(u32, u32)> = Vec::new();
         let span = self.span(off, len);
         self.cover(span.end);
-        for i in span {
-            let p = &mut self.pages[i];
-            p.refs += 1;
+        let mut i = span.start;
+        while i < span.end {
+            let p = self.pages[i];
+            if p.mapped() {
+                // The pages of one handle at once: a large block covers a
+                // few handles, not hundreds of separate pages.
+                let end = self.run_end(p.handle).min(span.end);
+                let mut newly_busy = 0;
+                for q in &mut self.pages[i..end] {
+                    newly_busy += u32::from(q.refs == 0);
+                    q.refs += 1;
+                }
+                let h = &mut self.handles[p.handle as usize];
+                if newly_busy > 0 {
+                    if h.busy == 0 {
+                        self.idle_pages -= h.pages as usize;
+                    }
+                    h.busy += newly_busy;
+                }
+                i = end;
+                continue;
+            }
+            self.pages[i].refs += 1;
             // Placement keeps blocks off pending pages: another growth
             // maps them, this block must not map them too.
             debug_assert!(!p.pending(), "a block placed on a pending page");
-            if !p.mapped() {
-                if p.pending() {
-                    continue;
-                }
+            if !p.pending() {
                 match unbacked.last_mut() {
                     Some((first, n)) if *first + *n == i as u32 => *n += 1,
                     _ => unbacked.push((i as u32, 1)),
                 }
-                continue;
             }
-            if p.refs == 1 {
-                let h = &mut self.handles[p.handle as usize];
-                if h.busy == 0 {
-                    self.idle_pages -= h.pages as usize;
-                }
-                h.busy += 1;
-            }
+            i += 1;
         }
         unbacked
     }
@@ -321,29 +348,34 @@ impl PageTable {
     /// handles under it keep the tag, and those it leaves untouched become
     /// idle.
     pub(crate) fn untouch(&mut self, off: u64, len: u64, freed: Freed) {
-        let mut tagged = NONE;
-        for i in self.span(off, len) {
-            let p = &mut self.pages[i];
-            p.refs -= 1;
+        let span = self.span(off, len);
+        let mut i = span.start;
+        while i < span.end {
+            let p = self.pages[i];
             if !p.mapped() {
+                self.pages[i].refs -= 1;
+                i += 1;
                 continue;
             }
+            // The pages of one handle at once, tagged once.
             let hi = p.handle;
-            let refs = p.refs;
-            if hi != tagged {
-                tagged = hi;
-                add_tag(&mut self.tags[hi as usize], freed);
+            let end = self.run_end(hi).min(span.end);
+            let mut now_idle = 0;
+            for q in &mut self.pages[i..end] {
+                q.refs -= 1;
+                now_idle += u32::from(q.refs == 0);
             }
-            if refs > 0 {
-                continue;
-            }
+            add_tag(&mut self.tags[hi as usize], freed);
             let h = &mut self.handles[hi as usize];
-            h.busy -= 1;
-            if h.busy == 0 {
-                h.idle_gen = h.idle_gen.wrapping_add(1);
-                self.idle_pages += h.pages as usize;
-                self.idle.push_back((hi, h.idle_gen));
+            if now_idle > 0 {
+                h.busy -= now_idle;
+                if h.busy == 0 {
+                    h.idle_gen = h.idle_gen.wrapping_add(1);
+                    self.idle_pages += h.pages as usize;
+                    self.idle.push_back((hi, h.idle_gen));
+                }
             }
+            i = end;
         }
         if self.idle.len() > 64 + 2 * self.handles.len() {
             // Entries of handles that became busy again are skipped when
