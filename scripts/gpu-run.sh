@@ -116,6 +116,8 @@ traces)
     # extension compiles on the spot the first time, about a minute. The
     # timed runs, ours and PyTorch's, are pinned to one core (PIN, default
     # core 3, `PIN=` for none), so that both meet the same core's load.
+    # TORCH_REPLAY=measure/scripts/torch_slots_replay.py times PyTorch with
+    # the same bookkeeping as trace_replay (slots, no hash map).
     dir="${2:-traces-out}"
     pin=""
     if command -v taskset >/dev/null; then pin="taskset -c ${PIN-3}"; fi
@@ -135,7 +137,7 @@ traces)
             echo "round=$round" | tee -a "$dir/$t.streamalloc.txt" "$dir/$t.torch.txt" >/dev/null
             timeout 120 $pin "$BIN/bin-trace_replay" "$f" --stack cache --repeat 2 ${TRACE_ARGS:-} 2>&1 |
                 tee -a "$dir/$t.streamalloc.txt" || echo "trace_replay $t failed"
-            timeout 400 $pin python3 "$traces/torch_cpp_replay.py" "$f" 2 2>&1 |
+            timeout 400 $pin python3 "${TORCH_REPLAY:-$traces/torch_cpp_replay.py}" "$f" 2 2>&1 |
                 tee -a "$dir/$t.torch.txt" || echo "torch_cpp_replay $t failed"
         done
     done
