@@ -181,7 +181,9 @@ impl PageTable {
             if !p.mapped() {
                 return false;
             }
-            i = self.run_end(p.handle);
+            let end = self.run_end(p.handle);
+            debug_assert!(end > i, "page {i} outside its handle's run");
+            i = end;
         }
         true
     }
