@@ -467,7 +467,9 @@ async fn on_cuda(args: &Args) -> BoxResult<()> {
     for (name, us) in &fill_medians {
         println!("  {us:8.3}  {name}");
     }
-    write_outputs(args, &rows, &fill_medians, "H200")?;
+    // The card's own name (the table once said "H200" whatever ran it).
+    let card = ctx.name().unwrap_or_else(|_| "CUDA device 0".into());
+    write_outputs(args, &rows, &fill_medians, &card)?;
     Ok(())
 }
 
