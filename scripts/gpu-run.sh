@@ -14,6 +14,9 @@
 #                                     # TRACE_ARGS="--slack 10" passes options to trace_replay)
 #   scripts/gpu-run.sh service DIR    # there: the inference service three ways (streamalloc,
 #                                     # cudarc, cuda-async) and the 10,000 fills row, into DIR
+#   scripts/gpu-run.sh subset DIR     # here: what gpu-call.sh runs, into DIR (BIN=DIR there)
+#   scripts/gpu-call.sh N             # there: a session's whole call (suites, memcheck, traces,
+#                                     # service, pairs) packed into $OUT/rN.tgz stage by stage
 #
 # With CUDA_TOOLKIT_PATH set (the CUDA headers, see ../shared/peers/cuda-headers.sh),
 # `build` builds the measurement binaries with the cuda-async peer
@@ -65,7 +68,21 @@ for line in sys.stdin:
 '
     # Stripped: the tree that travels to the GPU machine is capped at 64 MiB.
     strip gpu-bin/*
+    # Which commit the binaries are (scripts/gpu-call.sh prints it there).
+    echo "build $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ' with uncommitted changes'), built $(date -u +%FT%TZ)" >gpu-bin/BUILD
     ls -la gpu-bin
+    ;;
+subset)
+    # The binaries scripts/gpu-call.sh runs, into DIR (gpu-bin is about
+    # 100 MiB, over the 64 MiB the device tool carries): run there with
+    # BIN=DIR.
+    dir="${2:?usage: gpu-run.sh subset DIR}"
+    mkdir -p "$dir"
+    for f in bin-bench_table bin-service_bench bin-trace_replay BUILD \
+        test-{cache,cache_arena,cache_graph,buffer_cuda,gpu_cuda,futures_cuda,resource,service_cuda,graph_cuda}; do
+        cp "gpu-bin/$f" "$dir/"
+    done
+    du -sh "$dir"
     ;;
 run)
     filter="${2:-}"

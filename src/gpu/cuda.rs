@@ -185,48 +185,33 @@ impl CudaGpu {
         self.ctx.bind_to_thread().map_err(|e| cuda_error(call, e))
     }
 
-    fn stream(stream: RawStream, call: DriverCall) -> GpuResult<sys::CUstream> {
-        match stream.sim_index() {
+    /// A handle's bits for the driver, or the driver's own error for a
+    /// simulated device's handle (`what`), which it would not recognise.
+    fn real(sim: Option<usize>, bits: u64, call: DriverCall, what: &str) -> GpuResult<u64> {
+        match sim {
             Some(_) => Err(GpuError::driver(
                 call,
                 driver_code::INVALID_HANDLE,
-                "CUDA_ERROR_INVALID_HANDLE: a simulated stream",
+                format!("CUDA_ERROR_INVALID_HANDLE: a simulated {what}"),
             )),
-            None => Ok(stream.get() as sys::CUstream),
+            None => Ok(bits),
         }
+    }
+
+    fn stream(stream: RawStream, call: DriverCall) -> GpuResult<sys::CUstream> {
+        Self::real(stream.sim_index(), stream.get(), call, "stream").map(|b| b as sys::CUstream)
     }
 
     fn graph(graph: RawGraph, call: DriverCall) -> GpuResult<sys::CUgraph> {
-        match graph.sim_index() {
-            Some(_) => Err(GpuError::driver(
-                call,
-                driver_code::INVALID_HANDLE,
-                "CUDA_ERROR_INVALID_HANDLE: a simulated graph",
-            )),
-            None => Ok(graph.get() as sys::CUgraph),
-        }
+        Self::real(graph.sim_index(), graph.get(), call, "graph").map(|b| b as sys::CUgraph)
     }
 
     fn graph_exec(exec: RawGraphExec, call: DriverCall) -> GpuResult<sys::CUgraphExec> {
-        match exec.sim_index() {
-            Some(_) => Err(GpuError::driver(
-                call,
-                driver_code::INVALID_HANDLE,
-                "CUDA_ERROR_INVALID_HANDLE: a simulated graph",
-            )),
-            None => Ok(exec.get() as sys::CUgraphExec),
-        }
+        Self::real(exec.sim_index(), exec.get(), call, "graph").map(|b| b as sys::CUgraphExec)
     }
 
     fn event(event: RawEvent, call: DriverCall) -> GpuResult<sys::CUevent> {
-        match event.sim_index() {
-            Some(_) => Err(GpuError::driver(
-                call,
-                driver_code::INVALID_HANDLE,
-                "CUDA_ERROR_INVALID_HANDLE: a simulated event",
-            )),
-            None => Ok(event.get() as sys::CUevent),
-        }
+        Self::real(event.sim_index(), event.get(), call, "event").map(|b| b as sys::CUevent)
     }
 }
 

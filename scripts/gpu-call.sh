@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# One device call of a session, run there: `scripts/gpu-call.sh N` (N names
+# the archive). The binaries come from `BIN` (default gpu-bin, see
+# `scripts/gpu-run.sh build`; a BUILD file in it says which commit), the
+# traces from gpu-traces/ (the shared traces, and many_streams.ops.csv.gz
+# from `bin-synth_trace many_streams`).
+# Stages, each packed into $OUT/rN.tgz as it ends: the nine CUDA suites,
+# memcheck over two, the traces (ROUNDS rounds against torch_cpp_replay.py),
+# the service, the eight-stream trace, the pairs table, then SLOTS rounds
+# against torch_slots_replay.py (the same bookkeeping as trace_replay).
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+B=${BIN:-gpu-bin}; R=r$1; O=$OUT/$R; mkdir -p $O
+date -u > $O/gpu.txt; cat $B/BUILD 2>/dev/null >> $O/gpu.txt; nproc >> $O/gpu.txt
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >> $O/gpu.txt; SECONDS=0
+pack() { echo "$1 at $SECONDS s" >> $O/gpu.txt; tar czf $OUT/$R.tgz -C $OUT $R; }
+for t in cache cache_arena cache_graph buffer_cuda gpu_cuda futures_cuda resource service_cuda graph_cuda; do
+  echo "=== $t"; timeout 100 $B/test-$t --include-ignored --test-threads=1 2>&1 | grep -E "test result|FAILED|panicked"
+done > $O/tests.txt 2>&1; pack tests
+cs="compute-sanitizer --error-exitcode 86 --report-api-errors no --tool memcheck --track-stream-ordered-races all"
+for t in cache_arena cache_graph; do echo "=== memcheck $t"; timeout 100 $cs $B/test-$t --include-ignored --test-threads=1 > $O/san-$t.log 2>&1; echo "exit $?"; grep -E "ERROR SUMMARY" $O/san-$t.log; done > $O/sanitize.txt 2>&1; pack san
+BIN=$B TRACES=gpu-traces ROUNDS=${ROUNDS:-4} timeout 300 scripts/gpu-run.sh traces $O/traces > $O/traces.log 2>&1; pack traces
+python3 measure/scripts/trace_ratios.py $O/traces > $O/trace_ratios.txt 2>&1
+BIN=$B timeout 150 scripts/gpu-run.sh service $O/service > $O/service.log 2>&1; pack service
+timeout 60 $B/bin-trace_replay gpu-traces/many_streams.ops.csv.gz --stack resource,cache --repeat 2 > $O/many_streams.txt 2>&1; pack many
+timeout 150 $B/bin-bench_table $O/bench > $O/bench_table.txt 2>&1; pack bench
+if [ "${SLOTS:-0}" != 0 ]; then
+  BIN=$B TRACES=gpu-traces ROUNDS=$SLOTS TORCH_REPLAY=measure/scripts/torch_slots_replay.py timeout 200 scripts/gpu-run.sh traces $O/slots > $O/slots.log 2>&1
+  python3 measure/scripts/trace_ratios.py $O/slots > $O/slots_ratios.txt 2>&1; pack slots
+fi
+cat $O/gpu.txt $O/tests.txt $O/sanitize.txt 2>/dev/null
+cat $O/trace_ratios.txt $O/slots_ratios.txt 2>/dev/null
+grep -ho "stack=[a-z]* backend=cuda rep=[0-9] ops=[0-9]* ns_per_op=[0-9.]*.*ratio=[0-9.]*" $O/traces/*.streamalloc.txt $O/many_streams.txt 2>/dev/null | sed 's/peak_requested.*peak_held=[0-9]* //' | cut -c1-160 | head -12
+grep -h peak_reserved $O/traces/*.torch.txt 2>/dev/null | head -2 | cut -c1-200
+grep -E "^cuda +(pair|threads) +(raw driver pair|CachingResource|StreamOrderedResource)" $O/bench_table.txt 2>/dev/null
+grep -E "^\| (streamalloc|cudarc|cuda-async)" $O/service/service.md 2>/dev/null; grep -E "completion|cuda-async 0.5" $O/service/service.md 2>/dev/null
+rm -rf $O
