@@ -171,6 +171,19 @@ pub enum ResourceError {
         /// Bytes counted against the budget when the request was refused.
         in_use: usize,
     },
+    /// A [`CachingResource`](crate::CachingResource) has no block id left
+    /// for another block on `stream`: 2^24 of its blocks are live there at
+    /// once, or (after some 2^48 allocations on it) its ids are spent. Ids
+    /// are never reused, so that a stale one is never taken for a live
+    /// block. Nothing was allocated; frees on the stream make room unless
+    /// the ids are spent.
+    #[error("no block id left for another block on {stream} ({live} of its blocks live)")]
+    BlockIdsExhausted {
+        /// The stream of the request.
+        stream: StreamId,
+        /// The blocks live on the stream.
+        live: usize,
+    },
     /// The stream is not in this resource's stream pool.
     #[error("unknown stream {stream} (the pool has {pool_len} streams)")]
     UnknownStream {

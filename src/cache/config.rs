@@ -60,8 +60,8 @@ impl CacheConfig {
         self
     }
 
-    /// How many streams get a cache shard: streams of index `0..streams`.
-    /// Blocks on streams past them bypass the cache.
+    /// How many streams get a cache shard: streams of index `0..streams`
+    /// (at most 2^16 - 2). Blocks on streams past them bypass the cache.
     pub fn streams(mut self, streams: usize) -> Self {
         self.streams = streams;
         self

@@ -47,6 +47,9 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         };
         let slot = &self.slots[index];
         let mut shard = slot.lock();
+        // Checked before a range is taken, under the lock the lease is
+        // made under: the lease cannot be refused.
+        shard.room()?;
         if shard.arena.is_none() && !shard.arena_failed {
             match tier.open(stream, index) {
                 Ok(arena) => shard.arena = Some(arena),
@@ -122,7 +125,8 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
     }
 
     /// Records the lease of the arena range `placed` at `ptr` and returns
-    /// the user's block.
+    /// the user's block; the caller checked
+    /// [`Shard::room`](super::shard::Shard::room) under the same lock.
     fn lease_mapped(
         &self,
         shard: &mut SlotGuard<'_>,
@@ -131,7 +135,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         capture: Option<CaptureId>,
     ) -> DeviceBlock {
         let (bytes, stream, tag) = request;
-        let serial = shard.lease(Lease {
+        let Ok(serial) = shard.lease(Lease {
             backing: Backing::Mapped(Mapped {
                 placed,
                 ptr,
@@ -144,7 +148,9 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
             home_marked: false,
             cross_used: false,
             capture,
-        });
+        }) else {
+            unreachable!("allocate_mapped checked for room under this lock");
+        };
         DeviceBlock::new(BlockId::new(self.id, serial), ptr, bytes, stream, tag)
     }
 
@@ -153,8 +159,8 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
     /// back to its arena, or to the pool of `owner`, the capture whose
     /// graph still uses it (`now`: the capture the stream is in). `plain`:
     /// the caller saw the lease used on its own stream only, so nothing is
-    /// waited for before the lease ends (two map lookups
-    /// fewer on the hot path).
+    /// waited for before the lease ends (two lease lookups fewer on the hot
+    /// path).
     pub(super) fn free_mapped(
         &self,
         slot: &Slot,

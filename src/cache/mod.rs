@@ -56,8 +56,8 @@
 //!
 //! - **Shards, one per stream**, each with **free lists per size class**
 //!   ([`SizeClass`]: powers of two cut in four steps, from 512 B) and the
-//!   **leases** (the cache's [`BlockId`](crate::BlockId) mapped to the inner
-//!   block behind it).
+//!   **leases** (the inner block behind each of the cache's
+//!   [`BlockId`](crate::BlockId)s, in a slab the id indexes: no hashing).
 //! - **The cap reservation**: one atomic counter, the sum of the parts of
 //!   [`CacheConfig::max_cached_bytes`] the shards hold.
 //! - `allocate` drains: the stream's own list (a **hit**); a block of the
@@ -124,6 +124,7 @@ mod pages;
 mod resource;
 mod shard;
 mod size_class;
+mod slab;
 mod stats;
 mod vmm;
 

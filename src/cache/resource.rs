@@ -101,7 +101,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         Self::with_config(inner, CacheConfig::default())
     }
 
-    /// A cache over `inner` configured by `config`. At most 2^20 - 1 stream
+    /// A cache over `inner` configured by `config`. At most 2^16 - 1 stream
     /// slots are made; streams past them bypass the cache.
     pub fn with_config(inner: R, mut config: CacheConfig) -> Self {
         config.streams = config.streams.min(SHARD_MASK as usize - 1);
@@ -467,7 +467,9 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         }
     }
 
-    /// Hands `inner` to the user as a block of this cache on `stream`.
+    /// Hands `inner` to the user as a block of this cache on `stream`; when
+    /// the shard has no serial left, `inner` goes back to the inner
+    /// resource and the error is the shard's.
     pub(super) fn lease(
         &self,
         index: usize,
@@ -475,13 +477,11 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         request: (usize, StreamId, AllocTag),
         class: Option<SizeClass>,
         count: impl FnOnce(&mut CacheStats),
-    ) -> DeviceBlock {
+    ) -> ResourceResult<DeviceBlock> {
         let (bytes, stream, tag) = request;
         let ptr = inner.ptr();
         let mut shard = self.slots[index].lock();
-        shard.seen |= class.is_some();
-        count(&mut shard.stats);
-        let serial = shard.lease(Lease {
+        let leased = shard.lease(Lease {
             backing: Backing::Inner(inner),
             stream,
             size: bytes,
@@ -490,7 +490,31 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
             cross_used: false,
             capture: None,
         });
-        DeviceBlock::new(BlockId::new(self.id, serial), ptr, bytes, stream, tag)
+        let serial = match leased {
+            Ok(serial) => serial,
+            Err(refused) => {
+                // No serial left: the block, got before this lock was
+                // taken, goes back, and the caller learns why (not how the
+                // give-back went).
+                let full = shard.full();
+                drop(shard);
+                if let Backing::Inner(inner) = &refused.backing
+                    && let Err(e) = self.release_to_inner(inner, stream)
+                {
+                    tracing::warn!(error = %e, %stream, "giving back a block no serial was left for failed; leaked");
+                }
+                return Err(full);
+            }
+        };
+        shard.seen |= class.is_some();
+        count(&mut shard.stats);
+        Ok(DeviceBlock::new(
+            BlockId::new(self.id, serial),
+            ptr,
+            bytes,
+            stream,
+            tag,
+        ))
     }
 }
 
@@ -532,12 +556,15 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R> {
             .filter(|_| index != self.config.streams);
         let Some(class) = class else {
             let inner = self.inner_allocate(bytes, stream, tag)?;
-            return Ok(self.lease(index, inner, (bytes, stream, tag), None, |s| {
+            return self.lease(index, inner, (bytes, stream, tag), None, |s| {
                 s.bypasses += 1
-            }));
+            });
         };
         let seen = {
             let mut shard = self.slots[index].lock();
+            // Checked before a block is taken, under the lock the lease is
+            // made under: a hit cannot be refused.
+            shard.room()?;
             // In a capture: a block its graph freed first, then a cached one
             // (stream order makes both safe, as below); the block becomes
             // the graph's.
@@ -551,7 +578,7 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R> {
                     shard.graph_entry(c).live += 1;
                 }
                 let ptr = inner.ptr();
-                let serial = shard.lease(Lease {
+                let Ok(serial) = shard.lease(Lease {
                     backing: Backing::Inner(inner),
                     stream,
                     size: bytes,
@@ -559,7 +586,9 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R> {
                     home_marked: false,
                     cross_used: false,
                     capture,
-                });
+                }) else {
+                    unreachable!("room checked under this lock");
+                };
                 return Ok(DeviceBlock::new(
                     BlockId::new(self.id, serial),
                     ptr,
@@ -575,21 +604,17 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R> {
             // allocation of its own (CUDA's graph memory node), freed in the
             // graph or after it by the inner resource, never cached here.
             let inner = self.inner_allocate(bytes, stream, tag)?;
-            return Ok(self.lease(index, inner, (bytes, stream, tag), None, |s| s.misses += 1));
+            return self.lease(index, inner, (bytes, stream, tag), None, |s| s.misses += 1);
         }
         if seen && let Some(inner) = self.steal(class, index, stream) {
-            return Ok(
-                self.lease(index, inner, (bytes, stream, tag), Some(class), |s| {
-                    s.steals += 1
-                }),
-            );
+            return self.lease(index, inner, (bytes, stream, tag), Some(class), |s| {
+                s.steals += 1
+            });
         }
         let inner = self.inner_allocate(class.size(), stream, tag)?;
-        Ok(
-            self.lease(index, inner, (bytes, stream, tag), Some(class), |s| {
-                s.misses += 1
-            }),
-        )
+        self.lease(index, inner, (bytes, stream, tag), Some(class), |s| {
+            s.misses += 1
+        })
     }
 
     fn deallocate(&self, block: DeviceBlock) -> ResourceResult<()> {

@@ -6,27 +6,35 @@
 //! on different streams do not contend. The one shared counter, the cap
 //! reservation, is touched only when a shard needs more of the cap than it
 //! already holds (see [`CachingResource`](super::CachingResource)).
+//!
+//! A block's serial says where its lease is: the shard in the low
+//! [`SHARD_BITS`] bits, and above them the key of the lease in the shard's
+//! [`Slab`] (its index there, then its generation: see the slab's docs).
+//! Finding a lease is a shift, one index and one compare, with no hash
+//! and no shared counter; a stale serial names an older generation and
+//! finds nothing.
 
-use std::collections::hash_map::{Entry, OccupiedEntry};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use super::arena::Placed;
 use super::graph_pool::GraphPool;
 use super::size_class::SizeClass;
+use super::slab::{GENERATION_BITS, INDEX_BITS, Occupied, Slab};
 use super::stats::CacheStats;
 use super::vmm::StreamSlot;
-use crate::error::ResourceError;
-use crate::fast_hash::FastMap;
+use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::{CaptureId, RawEvent};
 use crate::resource::block_uses::BlockUses;
 use crate::types::{Access, BlockId, DeviceBlock, StreamId};
 
 /// Low bits of a cache serial name the shard that handed the block out; the
-/// high bits count within the shard, so that serials are unique without a
-/// shared counter.
-pub(crate) const SHARD_BITS: u32 = 20;
+/// high bits are the lease's key in the shard, so that serials are unique
+/// without a shared counter. 16 bits leave 48 for the key: 2^16 - 1 shards
+/// are far more than a cache makes (each holds its own free lists).
+pub(crate) const SHARD_BITS: u32 = 16;
 pub(crate) const SHARD_MASK: u64 = (1 << SHARD_BITS) - 1;
+const _: () = assert!(SHARD_BITS + INDEX_BITS + GENERATION_BITS <= u64::BITS);
 
 /// A range of the arena handed to a user, and its uses on other streams
 /// (events the lease's stream waits on before the range is reused).
@@ -36,7 +44,7 @@ pub(crate) struct Mapped {
     pub(crate) ptr: u64,
     /// Its uses on other streams; boxed on the first such use, so that the
     /// lease of a block used on its own stream only stays small (it moves
-    /// in and out of the shard's map on every allocation and free).
+    /// in and out of the shard's slab on every allocation and free).
     pub(crate) uses: Option<Box<BlockUses>>,
     /// Uses on the lease's own stream finished since its last event there
     /// (the strongest access): stream order already puts them before the
@@ -122,9 +130,9 @@ pub(crate) struct Shard {
     pub(crate) arena_failed: bool,
     /// Free blocks per size class, most recently freed last (the hottest).
     free: Vec<Vec<DeviceBlock>>,
-    leases: FastMap<u64, Lease>,
+    /// The blocks handed out, by serial (less the shard bits).
+    leases: Slab<Lease>,
     index: u64,
-    next_local: u64,
     /// Bytes in the free lists (class sizes).
     pub(crate) cached: usize,
     /// Bytes leased to users (requested sizes).
@@ -146,9 +154,8 @@ impl Shard {
             arena: None,
             arena_failed: false,
             free: (0..classes).map(|_| Vec::new()).collect(),
-            leases: FastMap::default(),
+            leases: Slab::default(),
             index: index as u64,
-            next_local: 1,
             cached: 0,
             leased: 0,
             reserved: 0,
@@ -220,14 +227,32 @@ impl Shard {
         self.leases.values_mut()
     }
 
-    /// Records a new lease and returns its serial.
+    /// Records a new lease and returns its serial; `Err` (with the lease)
+    /// when the shard has no serial left (see [`Shard::room`]).
     #[inline]
-    pub(crate) fn lease(&mut self, lease: Lease) -> u64 {
-        let serial = (self.next_local << SHARD_BITS) | self.index;
-        self.next_local += 1;
-        self.leased += lease.size;
-        self.leases.insert(serial, lease);
-        serial
+    pub(crate) fn lease(&mut self, lease: Lease) -> Result<u64, Lease> {
+        let size = lease.size;
+        let key = self.leases.insert(lease)?;
+        self.leased += size;
+        Ok((key << SHARD_BITS) | self.index)
+    }
+
+    /// `Ok` when [`Shard::lease`] will take a lease: 2^24 leases live at
+    /// once, and some 2^48 in all (see the slab's limits), are past it.
+    #[inline]
+    pub(crate) fn room(&self) -> ResourceResult<()> {
+        match self.leases.has_room() {
+            true => Ok(()),
+            false => Err(self.full()),
+        }
+    }
+
+    /// What a lease refused by [`Shard::lease`] reports.
+    pub(crate) fn full(&self) -> ResourceError {
+        ResourceError::BlockIdsExhausted {
+            stream: self.stream,
+            live: self.leases.len(),
+        }
     }
 
     /// The lease `serial`, found with one lookup: read it, then end it
@@ -235,19 +260,16 @@ impl Shard {
     /// path).
     #[inline]
     pub(crate) fn lease_entry(&mut self, serial: u64) -> Option<LeaseEntry<'_>> {
-        match self.leases.entry(serial) {
-            Entry::Occupied(entry) => Some(LeaseEntry {
-                entry,
-                leased: &mut self.leased,
-                graphs: &self.graphs,
-            }),
-            Entry::Vacant(_) => None,
-        }
+        Some(LeaseEntry {
+            entry: self.leases.entry(serial >> SHARD_BITS)?,
+            leased: &mut self.leased,
+            graphs: &self.graphs,
+        })
     }
 
     #[inline]
     pub(crate) fn lease_mut(&mut self, serial: u64) -> Option<&mut Lease> {
-        self.leases.get_mut(&serial)
+        self.leases.get_mut(serial >> SHARD_BITS)
     }
 
     /// Ends a lease.
@@ -263,8 +285,7 @@ impl Shard {
     /// Why `block` (of this shard) has no lease: freed already, or never
     /// handed out.
     pub(crate) fn missing(&self, block: BlockId) -> ResourceError {
-        let local = block.serial() >> SHARD_BITS;
-        if local >= 1 && local < self.next_local {
+        if self.leases.issued(block.serial() >> SHARD_BITS) {
             ResourceError::DoubleFree { block }
         } else {
             ResourceError::UnknownBlock { block }
@@ -274,7 +295,7 @@ impl Shard {
 
 /// A lease found by [`Shard::lease_entry`].
 pub(crate) struct LeaseEntry<'a> {
-    entry: OccupiedEntry<'a, u64, Lease>,
+    entry: Occupied<'a, Lease, GENERATION_BITS>,
     leased: &'a mut usize,
     graphs: &'a [GraphPool],
 }
@@ -395,6 +416,83 @@ impl Drop for SlotGuard<'_> {
         let nonempty = self.guard.cached > 0;
         if self.nonempty.load(Ordering::Relaxed) != nonempty {
             self.nonempty.store(nonempty, Ordering::Relaxed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::{AllocTag, ResourceId};
+
+    const SHARD: usize = 3;
+
+    fn shard() -> Shard {
+        Shard::new(StreamId::new(0, SHARD as u32), SHARD, 1)
+    }
+
+    fn lease(size: usize) -> Lease {
+        let id = BlockId::new(ResourceId::fresh(), 1);
+        let stream = StreamId::new(0, SHARD as u32);
+        Lease {
+            backing: Backing::Inner(DeviceBlock::new(id, 0x1000, size, stream, AllocTag("t"))),
+            stream,
+            size,
+            class: None,
+            home_marked: false,
+            cross_used: false,
+            capture: None,
+        }
+    }
+
+    fn block(serial: u64) -> BlockId {
+        BlockId::new(ResourceId::fresh(), serial)
+    }
+
+    #[test]
+    fn a_serial_names_its_shard_and_finds_its_lease() {
+        let mut s = shard();
+        let a = s.lease(lease(10)).unwrap();
+        let b = s.lease(lease(20)).unwrap();
+        assert_eq!(
+            (a & SHARD_MASK, b & SHARD_MASK),
+            (SHARD as u64, SHARD as u64)
+        );
+        assert_eq!((s.lease_count(), s.leased), (2, 30));
+        assert_eq!(s.lease_mut(b).map(|l| l.size), Some(20));
+        let found = s.lease_entry(a).unwrap();
+        assert_eq!(found.get().size, 10);
+        assert_eq!(found.end().size, 10);
+        assert_eq!((s.lease_count(), s.leased), (1, 20));
+        assert!(s.room().is_ok());
+    }
+
+    #[test]
+    fn a_stale_serial_is_a_double_free_even_when_its_index_is_reused() {
+        let mut s = shard();
+        let old = s.lease(lease(10)).unwrap();
+        assert!(s.end_lease(old).is_some());
+        let new = s.lease(lease(20)).unwrap();
+        assert_ne!(old, new, "same index, next generation");
+        assert!(s.lease_mut(old).is_none());
+        assert!(s.lease_entry(old).is_none());
+        assert!(s.end_lease(old).is_none(), "the new lease stays");
+        assert_eq!(s.lease_mut(new).map(|l| l.size), Some(20));
+        let id = block(old);
+        assert_eq!(s.missing(id), ResourceError::DoubleFree { block: id });
+    }
+
+    #[test]
+    fn a_serial_never_handed_out_is_unknown() {
+        let mut s = shard();
+        let live = s.lease(lease(10)).unwrap();
+        let next_generation = live + (1 << (SHARD_BITS + INDEX_BITS));
+        let next_index = live + (1 << SHARD_BITS);
+        let no_generation = SHARD as u64;
+        for serial in [next_generation, next_index, no_generation, u64::MAX] {
+            assert!(s.lease_mut(serial).is_none(), "{serial:#x}");
+            let id = block(serial);
+            assert_eq!(s.missing(id), ResourceError::UnknownBlock { block: id });
         }
     }
 }
