@@ -6,7 +6,8 @@
 # from `bin-synth_trace many_streams`).
 # Stages, each packed into $OUT/rN.tgz as it ends: the nine CUDA suites,
 # memcheck over two, the traces (ROUNDS rounds against torch_cpp_replay.py),
-# the service, the eight-stream trace, the pairs table, then SLOTS rounds
+# the service, the eight-stream trace, the pairs table, the synthetic
+# shapes of gpu-traces/unseen/ beside PyTorch (if there), then SLOTS rounds
 # against torch_slots_replay.py (the same bookkeeping as trace_replay).
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 B=${BIN:-gpu-bin}; R=r$1; O=$OUT/$R; mkdir -p $O
@@ -23,12 +24,21 @@ python3 measure/scripts/trace_ratios.py $O/traces > $O/trace_ratios.txt 2>&1
 BIN=$B timeout 150 scripts/gpu-run.sh service $O/service > $O/service.log 2>&1; pack service
 timeout 60 $B/bin-trace_replay gpu-traces/many_streams.ops.csv.gz --stack resource,cache --repeat 2 > $O/many_streams.txt 2>&1; pack many
 timeout 150 $B/bin-bench_table $O/bench > $O/bench_table.txt 2>&1; pack bench
+# The synthetic shapes of measure/tests/trace_unseen.rs (and other seeds),
+# written by bin-synth_trace into gpu-traces/unseen/: memory held by the
+# driver pool, the cache and PyTorch's allocator (one repeat each).
+if [ -d gpu-traces/unseen ]; then
+  for f in gpu-traces/unseen/*.ops.csv.gz; do
+    echo "=== $f"; timeout 60 $B/bin-trace_replay $f --stack resource,cache 2>&1 | grep -o "stack=.*ratio=[0-9.]*" | sed 's/peak_requested.*peak_held=[0-9]* //'
+    timeout 120 python3 gpu-traces/torch_cpp_replay.py $f 1 2>&1 | tail -1
+  done > $O/unseen.txt 2>&1; pack unseen
+fi
 if [ "${SLOTS:-0}" != 0 ]; then
   BIN=$B TRACES=gpu-traces ROUNDS=$SLOTS TORCH_REPLAY=measure/scripts/torch_slots_replay.py timeout 200 scripts/gpu-run.sh traces $O/slots > $O/slots.log 2>&1
   python3 measure/scripts/trace_ratios.py $O/slots > $O/slots_ratios.txt 2>&1; pack slots
 fi
 cat $O/gpu.txt $O/tests.txt $O/sanitize.txt 2>/dev/null
-cat $O/trace_ratios.txt $O/slots_ratios.txt 2>/dev/null
+cat $O/trace_ratios.txt $O/slots_ratios.txt $O/unseen.txt 2>/dev/null
 grep -ho "stack=[a-z]* backend=cuda rep=[0-9] ops=[0-9]* ns_per_op=[0-9.]*.*ratio=[0-9.]*" $O/traces/*.streamalloc.txt $O/many_streams.txt 2>/dev/null | sed 's/peak_requested.*peak_held=[0-9]* //' | cut -c1-160 | head -12
 grep -h peak_reserved $O/traces/*.torch.txt 2>/dev/null | head -2 | cut -c1-200
 grep -E "^cuda +(pair|threads) +(raw driver pair|CachingResource|StreamOrderedResource)" $O/bench_table.txt 2>/dev/null

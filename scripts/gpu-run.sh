@@ -135,6 +135,7 @@ traces)
     # core 3, `PIN=` for none), so that both meet the same core's load.
     # TORCH_REPLAY=measure/scripts/torch_slots_replay.py times PyTorch with
     # the same bookkeeping as trace_replay (slots, no hash map).
+    # TRACE_NAMES (default "gpt2_infer gpt2_train") names the traces in it.
     dir="${2:-traces-out}"
     pin=""
     if command -v taskset >/dev/null; then pin="taskset -c ${PIN-3}"; fi
@@ -143,7 +144,7 @@ traces)
     stacks="${STACKS:-resource,cache}"
     mkdir -p "$dir"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
-    for t in gpt2_infer gpt2_train; do
+    for t in ${TRACE_NAMES:-gpt2_infer gpt2_train}; do
         f="$traces/$t.ops.csv.gz"
         echo "=== $t: streamalloc ($stacks), calls and plot"
         timeout 300 "$BIN/bin-trace_replay" "$f" --stack "$stacks" --calls --png "$dir/$t.png" ${TRACE_ARGS:-} 2>&1 |
