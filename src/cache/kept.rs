@@ -148,6 +148,10 @@ pub(crate) struct KeptBlocks {
     /// When each entry was filled, to push out the oldest.
     ages: [u32; KEPT],
     clock: u32,
+    /// The entry filled last: the newest, while its length is not 0. A
+    /// loop that frees a block and asks for its size again finds it here
+    /// without comparing every entry's age.
+    newest: usize,
     /// The lengths of the stream's last [`KEPT`] frees, kept or not (a
     /// ring, `recent_at` the next to overwrite).
     recent: [u64; KEPT],
@@ -155,6 +159,10 @@ pub(crate) struct KeptBlocks {
     /// Per allocation of the last [`HISTORY`], newest in bit 0: whether it
     /// asked for a size in `recent`.
     history: u32,
+    /// The bits set in `history`, counted as it shifts (x86-64's baseline
+    /// has no population count instruction: counting the word at every
+    /// free took a dozen instructions).
+    repeats: u32,
 }
 
 impl Default for KeptBlocks {
@@ -168,9 +176,11 @@ impl Default for KeptBlocks {
             }; KEPT],
             ages: [0; KEPT],
             clock: 0,
+            newest: 0,
             recent: [0; KEPT],
             recent_at: 0,
             history: 0,
+            repeats: 0,
         }
     }
 }
@@ -181,6 +191,7 @@ impl KeptBlocks {
     fn repeating() -> Self {
         KeptBlocks {
             history: u32::MAX,
+            repeats: HISTORY,
             ..KeptBlocks::default()
         }
     }
@@ -188,7 +199,17 @@ impl KeptBlocks {
     /// Whether the stream keeps the blocks it frees (its sizes repeat).
     #[inline]
     pub(crate) fn keeps(&self) -> bool {
-        self.history.count_ones() >= KEEP_REPEATS
+        self.repeats >= KEEP_REPEATS
+    }
+
+    /// Counts an allocation in the history: `repeat`, whether it asked for
+    /// a size among the last frees.
+    #[inline]
+    fn note(&mut self, repeat: bool) {
+        let dropped = self.history >> (HISTORY - 1);
+        self.history = self.history << 1 | u32::from(repeat);
+        self.repeats = self.repeats + u32::from(repeat) - dropped;
+        debug_assert_eq!(self.repeats, self.history.count_ones());
     }
 
     /// The newest kept block of exactly `len` bytes that the stream still
@@ -196,8 +217,21 @@ impl KeptBlocks {
     /// module's docs).
     pub(crate) fn take(&mut self, len: u64, nodes: &KeptNodes) -> Option<Placed> {
         debug_assert!(len > 0);
-        let repeat = self.recent.iter().fold(false, |any, &r| any | (r == len));
-        self.history = self.history << 1 | u32::from(repeat);
+        // The last free first: a loop asks for the size it freed last.
+        let last = self.recent[(self.recent_at + KEPT - 1) % KEPT];
+        let repeat = last == len || self.recent.iter().fold(false, |any, &r| any | (r == len));
+        self.note(repeat);
+        // The entry filled last is the newest of all: when it has the
+        // length, it is the one the scan below would choose.
+        let j = self.newest;
+        if self.lens[j] == len {
+            self.lens[j] = 0;
+            if let Some(node) = nodes.take(j) {
+                debug_assert_eq!(node, self.placed[j].node);
+                return Some(self.placed[j]);
+            }
+            self.forget_taken(nodes);
+        }
         loop {
             // The entries of length `len`, as a bit mask (one compare per
             // entry, no branch): most allocations find none or one.
@@ -270,6 +304,7 @@ impl KeptBlocks {
         self.lens[j] = placed.len;
         self.placed[j] = placed;
         self.ages[j] = self.clock;
+        self.newest = j;
         pushed
     }
 
