@@ -215,6 +215,7 @@ impl KeptBlocks {
     /// The newest kept block of exactly `len` bytes that the stream still
     /// owns, taken out. Counts the allocation in the history (see the
     /// module's docs).
+    #[inline]
     pub(crate) fn take(&mut self, len: u64, nodes: &KeptNodes) -> Option<Placed> {
         debug_assert!(len > 0);
         // The last free first: a loop asks for the size it freed last.
@@ -232,6 +233,12 @@ impl KeptBlocks {
             }
             self.forget_taken(nodes);
         }
+        self.take_any(len, nodes)
+    }
+
+    /// The part of [`take`](Self::take) past the newest entry: the newest
+    /// of the entries of length `len`, taken out.
+    fn take_any(&mut self, len: u64, nodes: &KeptNodes) -> Option<Placed> {
         loop {
             // The entries of length `len`, as a bit mask (one compare per
             // entry, no branch): most allocations find none or one.
@@ -270,6 +277,7 @@ impl KeptBlocks {
     /// every entry is full), or `placed` itself when larger than
     /// [`KEPT_MAX_LEN`] or when the stream keeps nothing, which the caller
     /// gives to the arena.
+    #[inline]
     pub(crate) fn keep(&mut self, placed: Placed, nodes: &KeptNodes) -> Option<Placed> {
         debug_assert!(placed.len > 0);
         self.recent[self.recent_at] = placed.len;
@@ -283,29 +291,34 @@ impl KeptBlocks {
                 nodes.put(j, placed.node);
                 (j, None)
             }
-            None => {
-                // The oldest: the most time since it was kept (the last
-                // such, as `max_by_key` chose).
-                let mut j = 0;
-                let mut oldest = self.clock.wrapping_sub(self.ages[0]);
-                for (k, &age) in self.ages.iter().enumerate().skip(1) {
-                    let since = self.clock.wrapping_sub(age);
-                    if since >= oldest {
-                        (j, oldest) = (k, since);
-                    }
-                }
-                let old = nodes.replace(j, placed.node).map(|node| {
-                    debug_assert_eq!(node, self.placed[j].node);
-                    self.placed[j]
-                });
-                (j, old)
-            }
+            None => self.push_out(placed, nodes),
         };
         self.lens[j] = placed.len;
         self.placed[j] = placed;
         self.ages[j] = self.clock;
         self.newest = j;
         pushed
+    }
+
+    /// Puts `placed` in the place of the oldest entry (every entry is
+    /// full); returns the entry and the block pushed out, if the stream
+    /// still owned it.
+    fn push_out(&mut self, placed: Placed, nodes: &KeptNodes) -> (usize, Option<Placed>) {
+        // The oldest: the most time since it was kept (the last such, as
+        // `max_by_key` chose).
+        let mut j = 0;
+        let mut oldest = self.clock.wrapping_sub(self.ages[0]);
+        for (k, &age) in self.ages.iter().enumerate().skip(1) {
+            let since = self.clock.wrapping_sub(age);
+            if since >= oldest {
+                (j, oldest) = (k, since);
+            }
+        }
+        let old = nodes.replace(j, placed.node).map(|node| {
+            debug_assert_eq!(node, self.placed[j].node);
+            self.placed[j]
+        });
+        (j, old)
     }
 
     /// Every kept block the stream still owns, taken out.

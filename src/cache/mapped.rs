@@ -11,7 +11,7 @@
 
 use super::arena::{Placed, round};
 use super::resource::CachingResource;
-use super::shard::{Backing, Lease, Mapped, Slot, SlotGuard};
+use super::shard::{Backing, EndedMapped, Lease, Mapped, Slot, SlotGuard};
 use super::vmm::{Taken, VmTier};
 use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::{CaptureId, GpuError};
@@ -63,29 +63,61 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
             return Ok(None);
         }
         let pooled = capture.and_then(|c| shard.graph_mut(c)?.take_range(len));
-        if let (Some(placed), Some(c)) = (pooled, capture) {
-            // Replays free and allocate in the capture's order: the range
-            // is the graph's again, at the same point of every replay.
-            let Some(arena) = shard.arena.as_ref() else {
-                unreachable!("checked above");
-            };
-            tier.note_reuse(arena, placed, bytes);
-            let ptr = tier.ptr(placed);
-            slot.add_arena_live(bytes as isize - placed.len as isize);
-            shard.stats.hits += 1;
-            shard.graph_entry(c).live += 1;
-            return Ok(Some(self.lease_mapped(
-                &mut shard,
-                (placed, ptr),
-                (bytes, stream, tag),
-                capture,
-            )));
-        }
         let Some(arena) = shard.arena.as_mut() else {
             unreachable!("checked above");
         };
+        let (placed, ptr) = if let Some(placed) = pooled {
+            // Replays free and allocate in the capture's order: the range
+            // is the graph's again, at the same point of every replay.
+            tier.note_reuse(arena, placed, bytes);
+            slot.add_arena_live(bytes as isize - placed.len as isize);
+            shard.stats.hits += 1;
+            (placed, tier.ptr(placed))
+        } else {
+            slot.add_arena_live(bytes as isize);
+            match tier.take_kept(arena, len, bytes) {
+                // A block the stream kept: mapped, its own, no driver call.
+                Some(kept) => {
+                    shard.stats.hits += 1;
+                    kept
+                }
+                None => match self.place_mapped(&mut shard, len, bytes, stream, capture) {
+                    Ok(Some(taken)) => taken,
+                    other => {
+                        slot.add_arena_live(-(bytes as isize));
+                        return other.map(|_| None);
+                    }
+                },
+            }
+        };
+        if let Some(c) = capture {
+            shard.graph_entry(c).live += 1;
+        }
+        Ok(Some(self.lease_mapped(
+            &mut shard,
+            (placed, ptr),
+            (bytes, stream, tag),
+            capture,
+        )))
+    }
+
+    /// Places `len` bytes (rounded; `bytes` asked for) in the arena for the
+    /// locked `shard`, when its stream kept no block of the length, and
+    /// counts how: a hit, a miss (memory mapped for it) or a borrow. `None`
+    /// when the arena has no room.
+    fn place_mapped(
+        &self,
+        shard: &mut SlotGuard<'_>,
+        len: u64,
+        bytes: usize,
+        stream: StreamId,
+        capture: Option<CaptureId>,
+    ) -> ResourceResult<Option<(Placed, u64)>> {
+        let tier = self.tier();
+        let Some(arena) = shard.arena.as_mut() else {
+            unreachable!("the caller checked");
+        };
         let held = tier.held();
-        slot.add_arena_live(bytes as isize);
         // Bytes users hold on every stream (each shard's count, read
         // without its lock).
         let live_total = || {
@@ -94,12 +126,9 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
                 .map(|s| s.arena_live.load(std::sync::atomic::Ordering::Relaxed))
                 .sum()
         };
-        let taken = match tier.alloc(arena, len, bytes, stream, &live_total, capture.is_none()) {
-            Ok(Some(taken)) => taken,
-            other => {
-                slot.add_arena_live(-(bytes as isize));
-                return other.map(|_| None);
-            }
+        let Some(taken) = tier.alloc(arena, len, bytes, stream, &live_total, capture.is_none())?
+        else {
+            return Ok(None);
         };
         let Taken {
             placed,
@@ -113,20 +142,13 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         } else {
             shard.stats.hits += 1;
         }
-        if let Some(c) = capture {
-            shard.graph_entry(c).live += 1;
-        }
-        Ok(Some(self.lease_mapped(
-            &mut shard,
-            (placed, ptr),
-            (bytes, stream, tag),
-            capture,
-        )))
+        Ok(Some((placed, ptr)))
     }
 
     /// Records the lease of the arena range `placed` at `ptr` and returns
     /// the user's block; the caller checked
     /// [`Shard::room`](super::shard::Shard::room) under the same lock.
+    #[inline]
     fn lease_mapped(
         &self,
         shard: &mut SlotGuard<'_>,
@@ -241,7 +263,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         serial: u64,
         (owner, now): (Option<CaptureId>, Option<CaptureId>),
     ) -> ResourceResult<()> {
-        let Some(lease) = shard.end_lease(serial) else {
+        let Some(lease) = shard.end_mapped_lease(serial) else {
             return Err(ResourceError::UnknownBlock {
                 block: BlockId::new(self.id, serial),
             });
@@ -255,17 +277,15 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         &self,
         slot: &Slot,
         mut shard: SlotGuard<'_>,
-        lease: Lease,
+        lease: EndedMapped,
         (owner, now): (Option<CaptureId>, Option<CaptureId>),
     ) -> ResourceResult<()> {
         let tier = self.tier();
-        let Backing::Mapped(mut m) = lease.backing else {
-            unreachable!("free_mapped is called for arena leases only");
-        };
-        if m.event_count() > 0
+        if let Some(mut uses) = lease.uses
+            && uses.event_count() > 0
             && let Some(events) = &self.events
         {
-            events.give(m.take_events().into_iter().map(|(_, e)| e));
+            events.give(uses.take_all().into_iter().map(|(_, e)| e));
         }
         let cap = self.config.max_cached_bytes;
         if let Some(c) = owner {
@@ -276,13 +296,13 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
             // capture): the free is the graph's, made at every replay.
             let noted = lease.capture == Some(c) && now == Some(c);
             if noted {
-                tier.note_free(arena, m.placed);
+                tier.note_free(arena, lease.placed);
             }
             // Held for the graph: counted as live for the slack target, as
             // it cannot be given back.
-            slot.add_arena_live(m.placed.len as isize - lease.size as isize);
+            slot.add_arena_live(lease.placed.len as isize - lease.size as isize);
             let pool = shard.graph_entry(c);
-            pool.put_range(m.placed, noted);
+            pool.put_range(lease.placed, noted);
             if lease.capture == Some(c) {
                 pool.live -= 1;
             }
@@ -291,7 +311,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         let Some(arena) = shard.arena.as_mut() else {
             unreachable!("an arena lease's arena lives as long as the cache");
         };
-        tier.free(arena, m.placed);
+        tier.free(arena, lease.placed);
         slot.add_arena_live(-(lease.size as isize));
         if cap != usize::MAX {
             // Under a cap, the freed block counts as idle at once.
