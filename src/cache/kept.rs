@@ -215,7 +215,8 @@ impl KeptBlocks {
     /// The newest kept block of exactly `len` bytes that the stream still
     /// owns, taken out. Counts the allocation in the history (see the
     /// module's docs).
-    #[inline]
+    // Always: the allocation's hot path (the scan is out of line).
+    #[inline(always)]
     pub(crate) fn take(&mut self, len: u64, nodes: &KeptNodes) -> Option<Placed> {
         debug_assert!(len > 0);
         // The last free first: a loop asks for the size it freed last.
@@ -277,7 +278,8 @@ impl KeptBlocks {
     /// every entry is full), or `placed` itself when larger than
     /// [`KEPT_MAX_LEN`] or when the stream keeps nothing, which the caller
     /// gives to the arena.
-    #[inline]
+    // Always: the free's hot path (the push-out is out of line).
+    #[inline(always)]
     pub(crate) fn keep(&mut self, placed: Placed, nodes: &KeptNodes) -> Option<Placed> {
         debug_assert!(placed.len > 0);
         self.recent[self.recent_at] = placed.len;

@@ -12,10 +12,11 @@
 use super::arena::{Placed, round};
 use super::resource::CachingResource;
 use super::shard::{Backing, EndedMapped, Lease, Mapped, Slot, SlotGuard};
-use super::vmm::{Taken, VmTier};
+use super::vmm::{StreamSlot, Taken, VmTier};
 use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::{CaptureId, GpuError};
 use crate::resource::DeviceMemoryResource;
+use crate::resource::block_uses::BlockUses;
 use crate::types::{Access, AllocTag, BlockId, DeviceBlock, StreamId};
 
 impl<R: DeviceMemoryResource> CachingResource<R> {
@@ -273,54 +274,83 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
 
     /// Ends the arena lease `lease`, taken out of the locked `shard`: the
     /// range goes back to its arena, or to the pool of `owner`.
+    // Always: the free's hot path, a few instructions once the rare
+    // parts are out of line; a call would pass the ended lease in memory.
+    #[inline(always)]
     pub(super) fn end_mapped(
         &self,
         slot: &Slot,
         mut shard: SlotGuard<'_>,
-        lease: EndedMapped,
+        mut lease: EndedMapped,
         (owner, now): (Option<CaptureId>, Option<CaptureId>),
     ) -> ResourceResult<()> {
-        let tier = self.tier();
-        if let Some(mut uses) = lease.uses
-            && uses.event_count() > 0
-            && let Some(events) = &self.events
-        {
-            events.give(uses.take_all().into_iter().map(|(_, e)| e));
+        if let Some(uses) = lease.uses.as_deref_mut() {
+            self.give_events(uses);
         }
-        let cap = self.config.max_cached_bytes;
         if let Some(c) = owner {
-            let Some(arena) = shard.arena.as_ref() else {
-                unreachable!("an arena lease's arena lives as long as the cache");
-            };
-            // A temporary of the graph (handed out and freed in its
-            // capture): the free is the graph's, made at every replay.
-            let noted = lease.capture == Some(c) && now == Some(c);
-            if noted {
-                tier.note_free(arena, lease.placed);
-            }
-            // Held for the graph: counted as live for the slack target, as
-            // it cannot be given back.
-            slot.add_arena_live(lease.placed.len as isize - lease.size as isize);
-            let pool = shard.graph_entry(c);
-            pool.put_range(lease.placed, noted);
-            if lease.capture == Some(c) {
-                pool.live -= 1;
-            }
+            self.end_mapped_in_graph(slot, &mut shard, lease, c, now);
             return Ok(());
         }
+        let tier = self.tier();
         let Some(arena) = shard.arena.as_mut() else {
             unreachable!("an arena lease's arena lives as long as the cache");
         };
         tier.free(arena, lease.placed);
         slot.add_arena_live(-(lease.size as isize));
-        if cap != usize::MAX {
-            // Under a cap, the freed block counts as idle at once.
-            tier.flush_kept(arena);
-            if tier.idle_bytes() > cap {
-                tier.trim_idle();
-            }
+        if self.config.max_cached_bytes != usize::MAX {
+            self.hold_to_cap(arena);
         }
         Ok(())
+    }
+
+    /// The events of an ended lease's uses go back to the pool.
+    fn give_events(&self, uses: &mut BlockUses) {
+        if uses.event_count() > 0
+            && let Some(events) = &self.events
+        {
+            events.give(uses.take_all().into_iter().map(|(_, e)| e));
+        }
+    }
+
+    /// The part of [`end_mapped`](Self::end_mapped) for a range the graph
+    /// of `owner` still uses: it goes to the graph's pool.
+    fn end_mapped_in_graph(
+        &self,
+        slot: &Slot,
+        shard: &mut SlotGuard<'_>,
+        lease: EndedMapped,
+        owner: CaptureId,
+        now: Option<CaptureId>,
+    ) {
+        let tier = self.tier();
+        let Some(arena) = shard.arena.as_ref() else {
+            unreachable!("an arena lease's arena lives as long as the cache");
+        };
+        // A temporary of the graph (handed out and freed in its
+        // capture): the free is the graph's, made at every replay.
+        let noted = lease.capture == Some(owner) && now == Some(owner);
+        if noted {
+            tier.note_free(arena, lease.placed);
+        }
+        // Held for the graph: counted as live for the slack target, as
+        // it cannot be given back.
+        slot.add_arena_live(lease.placed.len as isize - lease.size as isize);
+        let pool = shard.graph_entry(owner);
+        pool.put_range(lease.placed, noted);
+        if lease.capture == Some(owner) {
+            pool.live -= 1;
+        }
+    }
+
+    /// Under a cap, a freed block counts as idle at once: the stream's
+    /// kept blocks go back to the arena, and idle mappings past the cap
+    /// are given back.
+    fn hold_to_cap(&self, arena: &mut StreamSlot) {
+        let tier = self.tier();
+        tier.flush_kept(arena);
+        if tier.idle_bytes() > self.config.max_cached_bytes {
+            tier.trim_idle();
+        }
     }
 
     /// Records a use of an arena block leased on `home` on `use_stream`:

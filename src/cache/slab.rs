@@ -207,14 +207,14 @@ impl<T, const G: u32> Occupied<'_, T, G> {
     /// Removes the value and drops it where it is (what the caller needs
     /// of it was read through [`get`](Self::get)): no copy of it leaves
     /// the slab. Its key is stale from now on.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn discard(self) {
         self.entry.value = None;
         self.vacate();
     }
 
     /// The entry's bookkeeping once its value is gone.
-    #[inline]
+    #[inline(always)]
     fn vacate(self) {
         *self.len -= 1;
         self.entry.generation += 1;

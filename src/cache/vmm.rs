@@ -353,7 +353,9 @@ impl VmTier {
     /// in the stream's history, so it is made once per allocation, and
     /// [`alloc`](Self::alloc) follows when it finds nothing). Returns the
     /// block and its address.
-    #[inline]
+    // Always: on the allocation's hot path, and a call costs as much as
+    // this body when it finds a block.
+    #[inline(always)]
     pub(crate) fn take_kept(
         &self,
         ss: &mut StreamSlot,
@@ -644,7 +646,9 @@ impl VmTier {
 
     /// Gives back the block at `placed`, freed at the current end of the
     /// stream (after the waits for its uses elsewhere were queued).
-    #[inline]
+    // Always: on the free's hot path, and a call costs as much as this
+    // body when the block is kept.
+    #[inline(always)]
     pub(crate) fn free(&self, ss: &mut StreamSlot, placed: Placed) {
         self.gpu().note_subfree(self.ptr(placed), ss.raw);
         if let Some(pushed) = ss.kept.keep(placed, &self.kept[ss.slot]) {
