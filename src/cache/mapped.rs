@@ -284,7 +284,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         mut lease: EndedMapped,
         (owner, now): (Option<CaptureId>, Option<CaptureId>),
     ) -> ResourceResult<()> {
-        if let Some(uses) = lease.uses.as_deref_mut() {
+        if let Some(uses) = lease.uses.take() {
             self.give_events(uses);
         }
         if let Some(c) = owner {
@@ -303,8 +303,10 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         Ok(())
     }
 
-    /// The events of an ended lease's uses go back to the pool.
-    fn give_events(&self, uses: &mut BlockUses) {
+    /// The events of an ended lease's uses go back to the pool, and the
+    /// uses are dropped (here: out of the free's hot path).
+    #[allow(clippy::boxed_local, reason = "dropped here, out of line")]
+    fn give_events(&self, mut uses: Box<BlockUses>) {
         if uses.event_count() > 0
             && let Some(events) = &self.events
         {
