@@ -148,6 +148,10 @@ pub(crate) struct KeptBlocks {
     /// When each entry was filled, to push out the oldest.
     ages: [u32; KEPT],
     clock: u32,
+    /// The entry filled last: the newest, while its length is not 0. A
+    /// loop that frees a block and asks for its size again finds it here
+    /// without comparing every entry's age.
+    newest: usize,
     /// The lengths of the stream's last [`KEPT`] frees, kept or not (a
     /// ring, `recent_at` the next to overwrite).
     recent: [u64; KEPT],
@@ -155,6 +159,10 @@ pub(crate) struct KeptBlocks {
     /// Per allocation of the last [`HISTORY`], newest in bit 0: whether it
     /// asked for a size in `recent`.
     history: u32,
+    /// The bits set in `history`, counted as it shifts (x86-64's baseline
+    /// has no population count instruction: counting the word at every
+    /// free took a dozen instructions).
+    repeats: u32,
 }
 
 impl Default for KeptBlocks {
@@ -168,9 +176,11 @@ impl Default for KeptBlocks {
             }; KEPT],
             ages: [0; KEPT],
             clock: 0,
+            newest: 0,
             recent: [0; KEPT],
             recent_at: 0,
             history: 0,
+            repeats: 0,
         }
     }
 }
@@ -181,6 +191,7 @@ impl KeptBlocks {
     fn repeating() -> Self {
         KeptBlocks {
             history: u32::MAX,
+            repeats: HISTORY,
             ..KeptBlocks::default()
         }
     }
@@ -188,16 +199,47 @@ impl KeptBlocks {
     /// Whether the stream keeps the blocks it frees (its sizes repeat).
     #[inline]
     pub(crate) fn keeps(&self) -> bool {
-        self.history.count_ones() >= KEEP_REPEATS
+        self.repeats >= KEEP_REPEATS
+    }
+
+    /// Counts an allocation in the history: `repeat`, whether it asked for
+    /// a size among the last frees.
+    #[inline]
+    fn note(&mut self, repeat: bool) {
+        let dropped = self.history >> (HISTORY - 1);
+        self.history = self.history << 1 | u32::from(repeat);
+        self.repeats = self.repeats + u32::from(repeat) - dropped;
+        debug_assert_eq!(self.repeats, self.history.count_ones());
     }
 
     /// The newest kept block of exactly `len` bytes that the stream still
     /// owns, taken out. Counts the allocation in the history (see the
     /// module's docs).
+    // Always: the allocation's hot path (the scan is out of line).
+    #[inline(always)]
     pub(crate) fn take(&mut self, len: u64, nodes: &KeptNodes) -> Option<Placed> {
         debug_assert!(len > 0);
-        let repeat = self.recent.iter().fold(false, |any, &r| any | (r == len));
-        self.history = self.history << 1 | u32::from(repeat);
+        // The last free first: a loop asks for the size it freed last.
+        let last = self.recent[(self.recent_at + KEPT - 1) % KEPT];
+        let repeat = last == len || self.recent.iter().fold(false, |any, &r| any | (r == len));
+        self.note(repeat);
+        // The entry filled last is the newest of all: when it has the
+        // length, it is the one the scan below would choose.
+        let j = self.newest;
+        if self.lens[j] == len {
+            self.lens[j] = 0;
+            if let Some(node) = nodes.take(j) {
+                debug_assert_eq!(node, self.placed[j].node);
+                return Some(self.placed[j]);
+            }
+            self.forget_taken(nodes);
+        }
+        self.take_any(len, nodes)
+    }
+
+    /// The part of [`take`](Self::take) past the newest entry: the newest
+    /// of the entries of length `len`, taken out.
+    fn take_any(&mut self, len: u64, nodes: &KeptNodes) -> Option<Placed> {
         loop {
             // The entries of length `len`, as a bit mask (one compare per
             // entry, no branch): most allocations find none or one.
@@ -236,6 +278,8 @@ impl KeptBlocks {
     /// every entry is full), or `placed` itself when larger than
     /// [`KEPT_MAX_LEN`] or when the stream keeps nothing, which the caller
     /// gives to the arena.
+    // Always: the free's hot path (the push-out is out of line).
+    #[inline(always)]
     pub(crate) fn keep(&mut self, placed: Placed, nodes: &KeptNodes) -> Option<Placed> {
         debug_assert!(placed.len > 0);
         self.recent[self.recent_at] = placed.len;
@@ -249,28 +293,34 @@ impl KeptBlocks {
                 nodes.put(j, placed.node);
                 (j, None)
             }
-            None => {
-                // The oldest: the most time since it was kept (the last
-                // such, as `max_by_key` chose).
-                let mut j = 0;
-                let mut oldest = self.clock.wrapping_sub(self.ages[0]);
-                for (k, &age) in self.ages.iter().enumerate().skip(1) {
-                    let since = self.clock.wrapping_sub(age);
-                    if since >= oldest {
-                        (j, oldest) = (k, since);
-                    }
-                }
-                let old = nodes.replace(j, placed.node).map(|node| {
-                    debug_assert_eq!(node, self.placed[j].node);
-                    self.placed[j]
-                });
-                (j, old)
-            }
+            None => self.push_out(placed, nodes),
         };
         self.lens[j] = placed.len;
         self.placed[j] = placed;
         self.ages[j] = self.clock;
+        self.newest = j;
         pushed
+    }
+
+    /// Puts `placed` in the place of the oldest entry (every entry is
+    /// full); returns the entry and the block pushed out, if the stream
+    /// still owned it.
+    fn push_out(&mut self, placed: Placed, nodes: &KeptNodes) -> (usize, Option<Placed>) {
+        // The oldest: the most time since it was kept (the last such, as
+        // `max_by_key` chose).
+        let mut j = 0;
+        let mut oldest = self.clock.wrapping_sub(self.ages[0]);
+        for (k, &age) in self.ages.iter().enumerate().skip(1) {
+            let since = self.clock.wrapping_sub(age);
+            if since >= oldest {
+                (j, oldest) = (k, since);
+            }
+        }
+        let old = nodes.replace(j, placed.node).map(|node| {
+            debug_assert_eq!(node, self.placed[j].node);
+            self.placed[j]
+        });
+        (j, old)
     }
 
     /// Every kept block the stream still owns, taken out.

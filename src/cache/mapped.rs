@@ -11,11 +11,12 @@
 
 use super::arena::{Placed, round};
 use super::resource::CachingResource;
-use super::shard::{Backing, Lease, Mapped, Slot, SlotGuard};
-use super::vmm::{Taken, VmTier};
+use super::shard::{Backing, EndedMapped, Lease, Mapped, Slot, SlotGuard};
+use super::vmm::{StreamSlot, Taken, VmTier};
 use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::{CaptureId, GpuError};
 use crate::resource::DeviceMemoryResource;
+use crate::resource::block_uses::BlockUses;
 use crate::types::{Access, AllocTag, BlockId, DeviceBlock, StreamId};
 
 impl<R: DeviceMemoryResource> CachingResource<R> {
@@ -63,29 +64,61 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
             return Ok(None);
         }
         let pooled = capture.and_then(|c| shard.graph_mut(c)?.take_range(len));
-        if let (Some(placed), Some(c)) = (pooled, capture) {
-            // Replays free and allocate in the capture's order: the range
-            // is the graph's again, at the same point of every replay.
-            let Some(arena) = shard.arena.as_ref() else {
-                unreachable!("checked above");
-            };
-            tier.note_reuse(arena, placed, bytes);
-            let ptr = tier.ptr(placed);
-            slot.add_arena_live(bytes as isize - placed.len as isize);
-            shard.stats.hits += 1;
-            shard.graph_entry(c).live += 1;
-            return Ok(Some(self.lease_mapped(
-                &mut shard,
-                (placed, ptr),
-                (bytes, stream, tag),
-                capture,
-            )));
-        }
         let Some(arena) = shard.arena.as_mut() else {
             unreachable!("checked above");
         };
+        let (placed, ptr) = if let Some(placed) = pooled {
+            // Replays free and allocate in the capture's order: the range
+            // is the graph's again, at the same point of every replay.
+            tier.note_reuse(arena, placed, bytes);
+            slot.add_arena_live(bytes as isize - placed.len as isize);
+            shard.stats.hits += 1;
+            (placed, tier.ptr(placed))
+        } else {
+            slot.add_arena_live(bytes as isize);
+            match tier.take_kept(arena, len, bytes) {
+                // A block the stream kept: mapped, its own, no driver call.
+                Some(kept) => {
+                    shard.stats.hits += 1;
+                    kept
+                }
+                None => match self.place_mapped(&mut shard, len, bytes, stream, capture) {
+                    Ok(Some(taken)) => taken,
+                    other => {
+                        slot.add_arena_live(-(bytes as isize));
+                        return other.map(|_| None);
+                    }
+                },
+            }
+        };
+        if let Some(c) = capture {
+            shard.graph_entry(c).live += 1;
+        }
+        Ok(Some(self.lease_mapped(
+            &mut shard,
+            (placed, ptr),
+            (bytes, stream, tag),
+            capture,
+        )))
+    }
+
+    /// Places `len` bytes (rounded; `bytes` asked for) in the arena for the
+    /// locked `shard`, when its stream kept no block of the length, and
+    /// counts how: a hit, a miss (memory mapped for it) or a borrow. `None`
+    /// when the arena has no room.
+    fn place_mapped(
+        &self,
+        shard: &mut SlotGuard<'_>,
+        len: u64,
+        bytes: usize,
+        stream: StreamId,
+        capture: Option<CaptureId>,
+    ) -> ResourceResult<Option<(Placed, u64)>> {
+        let tier = self.tier();
+        let Some(arena) = shard.arena.as_mut() else {
+            unreachable!("the caller checked");
+        };
         let held = tier.held();
-        slot.add_arena_live(bytes as isize);
         // Bytes users hold on every stream (each shard's count, read
         // without its lock).
         let live_total = || {
@@ -94,12 +127,9 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
                 .map(|s| s.arena_live.load(std::sync::atomic::Ordering::Relaxed))
                 .sum()
         };
-        let taken = match tier.alloc(arena, len, bytes, stream, &live_total, capture.is_none()) {
-            Ok(Some(taken)) => taken,
-            other => {
-                slot.add_arena_live(-(bytes as isize));
-                return other.map(|_| None);
-            }
+        let Some(taken) = tier.alloc(arena, len, bytes, stream, &live_total, capture.is_none())?
+        else {
+            return Ok(None);
         };
         let Taken {
             placed,
@@ -113,20 +143,13 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         } else {
             shard.stats.hits += 1;
         }
-        if let Some(c) = capture {
-            shard.graph_entry(c).live += 1;
-        }
-        Ok(Some(self.lease_mapped(
-            &mut shard,
-            (placed, ptr),
-            (bytes, stream, tag),
-            capture,
-        )))
+        Ok(Some((placed, ptr)))
     }
 
     /// Records the lease of the arena range `placed` at `ptr` and returns
     /// the user's block; the caller checked
     /// [`Shard::room`](super::shard::Shard::room) under the same lock.
+    #[inline]
     fn lease_mapped(
         &self,
         shard: &mut SlotGuard<'_>,
@@ -241,7 +264,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         serial: u64,
         (owner, now): (Option<CaptureId>, Option<CaptureId>),
     ) -> ResourceResult<()> {
-        let Some(lease) = shard.end_lease(serial) else {
+        let Some(lease) = shard.end_mapped_lease(serial) else {
             return Err(ResourceError::UnknownBlock {
                 block: BlockId::new(self.id, serial),
             });
@@ -251,56 +274,85 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
 
     /// Ends the arena lease `lease`, taken out of the locked `shard`: the
     /// range goes back to its arena, or to the pool of `owner`.
+    // Always: the free's hot path, a few instructions once the rare
+    // parts are out of line; a call would pass the ended lease in memory.
+    #[inline(always)]
     pub(super) fn end_mapped(
         &self,
         slot: &Slot,
         mut shard: SlotGuard<'_>,
-        lease: Lease,
+        mut lease: EndedMapped,
         (owner, now): (Option<CaptureId>, Option<CaptureId>),
     ) -> ResourceResult<()> {
-        let tier = self.tier();
-        let Backing::Mapped(mut m) = lease.backing else {
-            unreachable!("free_mapped is called for arena leases only");
-        };
-        if m.event_count() > 0
-            && let Some(events) = &self.events
-        {
-            events.give(m.take_events().into_iter().map(|(_, e)| e));
+        if let Some(uses) = lease.uses.take() {
+            self.give_events(uses);
         }
-        let cap = self.config.max_cached_bytes;
         if let Some(c) = owner {
-            let Some(arena) = shard.arena.as_ref() else {
-                unreachable!("an arena lease's arena lives as long as the cache");
-            };
-            // A temporary of the graph (handed out and freed in its
-            // capture): the free is the graph's, made at every replay.
-            let noted = lease.capture == Some(c) && now == Some(c);
-            if noted {
-                tier.note_free(arena, m.placed);
-            }
-            // Held for the graph: counted as live for the slack target, as
-            // it cannot be given back.
-            slot.add_arena_live(m.placed.len as isize - lease.size as isize);
-            let pool = shard.graph_entry(c);
-            pool.put_range(m.placed, noted);
-            if lease.capture == Some(c) {
-                pool.live -= 1;
-            }
+            self.end_mapped_in_graph(slot, &mut shard, lease, c, now);
             return Ok(());
         }
+        let tier = self.tier();
         let Some(arena) = shard.arena.as_mut() else {
             unreachable!("an arena lease's arena lives as long as the cache");
         };
-        tier.free(arena, m.placed);
+        tier.free(arena, lease.placed);
         slot.add_arena_live(-(lease.size as isize));
-        if cap != usize::MAX {
-            // Under a cap, the freed block counts as idle at once.
-            tier.flush_kept(arena);
-            if tier.idle_bytes() > cap {
-                tier.trim_idle();
-            }
+        if self.config.max_cached_bytes != usize::MAX {
+            self.hold_to_cap(arena);
         }
         Ok(())
+    }
+
+    /// The events of an ended lease's uses go back to the pool, and the
+    /// uses are dropped (here: out of the free's hot path).
+    #[allow(clippy::boxed_local, reason = "dropped here, out of line")]
+    fn give_events(&self, mut uses: Box<BlockUses>) {
+        if uses.event_count() > 0
+            && let Some(events) = &self.events
+        {
+            events.give(uses.take_all().into_iter().map(|(_, e)| e));
+        }
+    }
+
+    /// The part of [`end_mapped`](Self::end_mapped) for a range the graph
+    /// of `owner` still uses: it goes to the graph's pool.
+    fn end_mapped_in_graph(
+        &self,
+        slot: &Slot,
+        shard: &mut SlotGuard<'_>,
+        lease: EndedMapped,
+        owner: CaptureId,
+        now: Option<CaptureId>,
+    ) {
+        let tier = self.tier();
+        let Some(arena) = shard.arena.as_ref() else {
+            unreachable!("an arena lease's arena lives as long as the cache");
+        };
+        // A temporary of the graph (handed out and freed in its
+        // capture): the free is the graph's, made at every replay.
+        let noted = lease.capture == Some(owner) && now == Some(owner);
+        if noted {
+            tier.note_free(arena, lease.placed);
+        }
+        // Held for the graph: counted as live for the slack target, as
+        // it cannot be given back.
+        slot.add_arena_live(lease.placed.len as isize - lease.size as isize);
+        let pool = shard.graph_entry(owner);
+        pool.put_range(lease.placed, noted);
+        if lease.capture == Some(owner) {
+            pool.live -= 1;
+        }
+    }
+
+    /// Under a cap, a freed block counts as idle at once: the stream's
+    /// kept blocks go back to the arena, and idle mappings past the cap
+    /// are given back.
+    fn hold_to_cap(&self, arena: &mut StreamSlot) {
+        let tier = self.tier();
+        tier.flush_kept(arena);
+        if tier.idle_bytes() > self.config.max_cached_bytes {
+            tier.trim_idle();
+        }
     }
 
     /// Records a use of an arena block leased on `home` on `use_stream`:

@@ -657,7 +657,7 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R> {
         let owner = leased_in.filter(|&c| found.has_graph(c)).or(now);
         if mapped == Some(true) {
             // Nothing to wait for: the lease ends here, found once.
-            let lease = found.end();
+            let lease = found.end_mapped();
             return self.end_mapped(slot, shard, lease, (owner, now));
         }
         if let Some(plain) = mapped {

@@ -24,7 +24,7 @@ use super::slab::{GENERATION_BITS, INDEX_BITS, Occupied, Slab};
 use super::stats::CacheStats;
 use super::vmm::StreamSlot;
 use crate::error::{ResourceError, ResourceResult};
-use crate::gpu::{CaptureId, RawEvent};
+use crate::gpu::CaptureId;
 use crate::resource::block_uses::BlockUses;
 use crate::types::{Access, BlockId, DeviceBlock, StreamId};
 
@@ -64,11 +64,20 @@ impl Mapped {
     pub(crate) fn uses_mut(&mut self) -> &mut BlockUses {
         self.uses.get_or_insert_default()
     }
+}
 
-    /// Every event recorded, leaving none.
-    pub(crate) fn take_events(&mut self) -> Vec<(StreamId, RawEvent)> {
-        self.uses.as_mut().map(|u| u.take_all()).unwrap_or_default()
-    }
+/// What the end of an arena lease needs of it, read in the shard's slab
+/// (the lease itself, over a hundred bytes, is dropped where it is rather
+/// than moved out at every free).
+#[derive(Debug)]
+pub(crate) struct EndedMapped {
+    pub(crate) placed: Placed,
+    /// The size the user asked for.
+    pub(crate) size: usize,
+    /// The capture the block was handed out in.
+    pub(crate) capture: Option<CaptureId>,
+    /// Its uses on other streams, if any was ever recorded.
+    pub(crate) uses: Option<Box<BlockUses>>,
 }
 
 /// What is behind a lease.
@@ -278,6 +287,12 @@ impl Shard {
         self.lease_entry(serial).map(LeaseEntry::end)
     }
 
+    /// Ends the arena lease `serial` (as [`LeaseEntry::end_mapped`]).
+    #[inline]
+    pub(crate) fn end_mapped_lease(&mut self, serial: u64) -> Option<EndedMapped> {
+        self.lease_entry(serial).map(LeaseEntry::end_mapped)
+    }
+
     pub(crate) fn lease_count(&self) -> usize {
         self.leases.len()
     }
@@ -319,6 +334,29 @@ impl LeaseEntry<'_> {
         let lease = self.entry.remove();
         *self.leased -= lease.size;
         lease
+    }
+
+    /// Ends an arena lease, returning what its end needs of it.
+    ///
+    /// # Panics
+    /// When the lease is not of the arena (the caller matched it).
+    // Always: on the free's hot path, where a call would return the ended
+    // lease through memory.
+    #[inline(always)]
+    pub(crate) fn end_mapped(mut self) -> EndedMapped {
+        let lease = self.entry.get_mut();
+        let Backing::Mapped(m) = &mut lease.backing else {
+            unreachable!("end_mapped is called for arena leases only");
+        };
+        let ended = EndedMapped {
+            placed: m.placed,
+            size: lease.size,
+            capture: lease.capture,
+            uses: m.uses.take(),
+        };
+        self.entry.discard();
+        *self.leased -= ended.size;
+        ended
     }
 }
 

@@ -185,12 +185,37 @@ impl<T, const G: u32> Occupied<'_, T, G> {
         }
     }
 
+    /// The value, to change.
+    #[inline]
+    pub(crate) fn get_mut(&mut self) -> &mut T {
+        match &mut self.entry.value {
+            Some(value) => value,
+            None => unreachable!("Slab::entry finds held values only"),
+        }
+    }
+
     /// Removes the value; its key is stale from now on.
     #[inline]
     pub(crate) fn remove(self) -> T {
         let Some(value) = self.entry.value.take() else {
             unreachable!("Slab::entry finds held values only");
         };
+        self.vacate();
+        value
+    }
+
+    /// Removes the value and drops it where it is (what the caller needs
+    /// of it was read through [`get`](Self::get)): no copy of it leaves
+    /// the slab. Its key is stale from now on.
+    #[inline(always)]
+    pub(crate) fn discard(self) {
+        self.entry.value = None;
+        self.vacate();
+    }
+
+    /// The entry's bookkeeping once its value is gone.
+    #[inline(always)]
+    fn vacate(self) {
         *self.len -= 1;
         self.entry.generation += 1;
         // An index whose generations are all spent retires: reusing it
@@ -199,7 +224,6 @@ impl<T, const G: u32> Occupied<'_, T, G> {
             self.entry.next = *self.vacant;
             *self.vacant = self.index;
         }
-        value
     }
 }
 
@@ -235,6 +259,19 @@ mod tests {
         assert_eq!(s.remove(a), None, "the new value stays");
         assert_eq!(s.get_mut(b), Some(&mut 2));
         assert!(s.issued(a) && s.issued(b));
+    }
+
+    #[test]
+    fn a_discarded_value_leaves_its_key_stale() {
+        let mut s = Slab::<Box<u32>>::default();
+        let a = s.insert(Box::new(1)).unwrap();
+        let found = s.entry(a).unwrap();
+        assert_eq!(**found.get(), 1);
+        found.discard();
+        assert_eq!((s.len(), s.get_mut(a)), (0, None));
+        assert!(s.issued(a));
+        let b = s.insert(Box::new(2)).unwrap();
+        assert_ne!(a, b, "the index is reused at the next generation");
     }
 
     #[test]

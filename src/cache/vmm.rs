@@ -347,8 +347,30 @@ impl VmTier {
         })
     }
 
-    /// Places and backs `len` bytes (already rounded) on `ss`'s stream.
-    /// `None` when the arena has no room (the caller falls back).
+    /// Takes back a block of `len` bytes (already rounded) that `ss`'s
+    /// stream keeps, for `requested` bytes: the first step of every
+    /// allocation, with no lock but the shard's (it counts the allocation
+    /// in the stream's history, so it is made once per allocation, and
+    /// [`alloc`](Self::alloc) follows when it finds nothing). Returns the
+    /// block and its address.
+    // Always: on the allocation's hot path, and a call costs as much as
+    // this body when it finds a block.
+    #[inline(always)]
+    pub(crate) fn take_kept(
+        &self,
+        ss: &mut StreamSlot,
+        len: u64,
+        requested: usize,
+    ) -> Option<(Placed, u64)> {
+        let kept = ss.kept.take(len, &self.kept[ss.slot])?;
+        let ptr = self.ptr(kept);
+        self.gpu().note_suballocation(ptr, requested.max(1), ss.raw);
+        Some((kept, ptr))
+    }
+
+    /// Places and backs `len` bytes (already rounded) on `ss`'s stream,
+    /// after [`take_kept`](Self::take_kept) found nothing. `None` when the
+    /// arena has no room (the caller falls back).
     ///
     /// `may_wait`: not in a capture, so the stream may wait on the GPU for
     /// another stream's fence, to use memory that stream freed.
@@ -363,15 +385,6 @@ impl VmTier {
         live_total: &dyn Fn() -> usize,
         may_wait: bool,
     ) -> ResourceResult<Option<Taken>> {
-        if let Some(kept) = ss.kept.take(len, &self.kept[ss.slot]) {
-            let ptr = self.ptr(kept);
-            self.gpu().note_suballocation(ptr, requested.max(1), ss.raw);
-            return Ok(Some(Taken {
-                placed: kept,
-                ptr,
-                borrowed: false,
-            }));
-        }
         let mut st = self.lock();
         if !ss.kept.keeps() {
             // The stream's sizes stopped repeating: what it keeps goes
@@ -633,12 +646,20 @@ impl VmTier {
 
     /// Gives back the block at `placed`, freed at the current end of the
     /// stream (after the waits for its uses elsewhere were queued).
-    #[inline]
+    // Always: on the free's hot path, and a call costs as much as this
+    // body when the block is kept.
+    #[inline(always)]
     pub(crate) fn free(&self, ss: &mut StreamSlot, placed: Placed) {
         self.gpu().note_subfree(self.ptr(placed), ss.raw);
         if let Some(pushed) = ss.kept.keep(placed, &self.kept[ss.slot]) {
-            self.lock().give(ss.slot, pushed);
+            self.give_range(ss.slot, pushed);
         }
+    }
+
+    /// Gives `placed` back to the arena, freed at the current end of the
+    /// stream of `slot` (out of line: most frees keep their block).
+    fn give_range(&self, slot: usize, placed: Placed) {
+        self.lock().give(slot, placed);
     }
 
     /// Tells a checking backend that the range at `placed`, taken out of a
@@ -659,7 +680,7 @@ impl VmTier {
     /// Gives back to the arena a range a graph's pool kept (its free was
     /// noted already), as freed at the current end of the slot's stream.
     pub(crate) fn return_range(&self, ss: &StreamSlot, placed: Placed) {
-        self.lock().give(ss.slot, placed);
+        self.give_range(ss.slot, placed);
     }
 
     /// Gives the stream's kept blocks back to the arena (under its lock,
