@@ -1,0 +1,82 @@
+//! The cache's memory ratio on traces of models it was never tuned on,
+//! replayed on the simulated device (deterministic: bounds on a figure,
+//! not timing tests).
+//!
+//! The traces were recorded after the cache was built, on an H100 with
+//! PyTorch's own recorder (`measure/scripts/record_trace.py`, random
+//! weights, nothing downloaded; `scripts/gpu-record.sh`):
+//! - `llama_infer`: a LLaMA-style decoder generating with a key/value
+//!   cache that grows by `torch.cat` every token, batch 1-16, prompts
+//!   16-1,024 tokens (the whole trace: 2.28 M operations, 1.092× on the
+//!   H100 and on the simulator);
+//! - `bert_train`: BERT-base trained with AdamW under bf16 autocast at a
+//!   sequence length that changes every step, inputs copied on a side
+//!   stream (1.070×);
+//! - `resnet_train`: ResNet-50 trained with SGD under AMP, batch 48, cuDNN's
+//!   workspaces included (1.053×).
+//!
+//! `tests/data/*.first50k.csv.gz` holds the first 50,000 operations of each
+//! (all of `bert_train` and `resnet_train`), blocks left live freed at the
+//! end (`trace_replay TRACE --cut 50000 OUT.csv.gz`).
+
+use streamalloc_measure::trace::{
+    DeviceKind, ReplayConfig, Requested, StackKind, Trace, replay_stack,
+};
+
+/// Issue 13's target, for traces the cache has not seen as for GPT-2's:
+/// peak held at most 1.10× the peak of live requested bytes.
+const CACHE_TARGET: f64 = 1.10;
+
+const SIM: DeviceKind = DeviceKind::Sim {
+    capacity: 140 << 30,
+};
+
+fn cut(name: &str) -> Trace {
+    let path = format!(
+        "{}/tests/data/{name}.first50k.csv.gz",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    Trace::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// Peak held over peak requested of the default cache on `name`'s cut,
+/// checked against the target.
+fn check(name: &str) -> f64 {
+    let trace = cut(name);
+    let requested = Requested::of(&trace);
+    assert_eq!(requested.after.last(), Some(&0), "{name}: everything freed");
+    let replay = replay_stack(
+        StackKind::Cache,
+        &SIM,
+        &trace,
+        requested.peak,
+        &ReplayConfig::default(),
+    )
+    .unwrap_or_else(|e| panic!("{name}: {e}"));
+    assert_eq!(replay.ops, trace.ops.len());
+    let ratio = replay.held.high as f64 / requested.peak as f64;
+    println!("{name} cache: peak held / peak requested = {ratio:.4}");
+    assert!(ratio >= 1.0, "{name}: ratio {ratio} below 1");
+    assert!(
+        ratio <= CACHE_TARGET,
+        "{name}: peak held is {ratio:.4}x the peak requested, above {CACHE_TARGET}"
+    );
+    ratio
+}
+
+#[test]
+fn llama_decode_with_a_growing_key_value_cache() {
+    check("llama_infer");
+}
+
+#[test]
+fn bert_training_at_a_changing_sequence_length_on_two_streams() {
+    let trace = cut("bert_train");
+    assert_eq!(trace.streams, 2, "inputs come on a side stream");
+    check("bert_train");
+}
+
+#[test]
+fn resnet_training_with_cudnn_workspaces() {
+    check("resnet_train");
+}
