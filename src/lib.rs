@@ -78,7 +78,8 @@ pub use launch::LaunchRecorder;
 pub use resource::AsyncCudaResource;
 pub use resource::{DeviceAccess, DeviceMemoryResource, SimResource, StreamOrderedResource};
 pub use types::{
-    Access, AllocTag, BlockId, BlockState, DeviceBlock, RawStream, ResourceId, StreamId,
+    Access, AllocTag, BlockId, BlockState, CompletedUses, DeviceBlock, RawStream, ResourceId,
+    StreamId,
 };
 
 /// The README's examples, compiled and run as doctests (`cargo test --doc`).

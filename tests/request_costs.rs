@@ -236,3 +236,133 @@ fn the_oldest_parked_point_is_woken_when_the_stream_reaches_it() {
         "in none of 32 orders was the first point woken before the second kernel ran"
     );
 }
+
+/// The service's stack on a threaded simulated device whose operations
+/// each take `latency` (so that a stream stays busy while the test looks).
+fn slow_service(latency: Duration) -> (Arc<SimGpu>, Service, Vec<StreamId>) {
+    let gpu = SimGpu::builder().op_latency(latency).build();
+    let device = Device::simulated(&gpu, 2);
+    let inner = Arc::new(SimResource::new(&device));
+    // SAFETY: the stack's bottom resource was made on this device.
+    let res = unsafe { AsyncResource::with_device(CachingResource::new(inner), &device) }
+        .expect("async resource");
+    res.set_wait_policy(WaitPolicy {
+        yield_for: Duration::from_secs(60),
+        ..WaitPolicy::DEFAULT
+    });
+    (gpu, res, device.streams().ids().collect())
+}
+
+/// Where a request's three buffers landed on `s` (a request as `request`,
+/// the addresses read before the drop).
+async fn request_at(gpu: &SimGpu, res: &Service, s: StreamId) -> Vec<u64> {
+    let mut x = res.allocate_buffer::<f32>(1024, s, TAG).await.unwrap();
+    let mut h = res.allocate_buffer::<f32>(4096, s, TAG).await.unwrap();
+    let mut y = res.allocate_buffer::<f32>(256, s, TAG).await.unwrap();
+    let (bx, bh, by) = (x.block().clone(), h.block().clone(), y.block().clone());
+    let ((), done) = res
+        .launch(s)
+        .write(&mut x)
+        .write(&mut h)
+        .write(&mut y)
+        .enqueue(|raw| {
+            gpu.launch_kernel(
+                raw,
+                &[
+                    MemAccess::write(&bx),
+                    MemAccess::write(&bh),
+                    MemAccess::write(&by),
+                ],
+            )
+            .map_err(|e| e.for_request(0, s))
+        })
+        .unwrap();
+    done.await.unwrap();
+    vec![bx.ptr(), bh.ptr(), by.ptr()]
+}
+
+/// A request's buffers dropped once its completion settled go back to the
+/// arena as memory the GPU is done with: a request on another stream, while
+/// the first stream is busy with other work, takes that very memory with
+/// no wait on the busy stream (which would order all its queued work first)
+/// and no new memory. Before, the cache made the second stream wait on a
+/// fence of the first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_freed_after_its_completion_serves_another_stream_without_a_wait() {
+    let (gpu, res, s) = slow_service(Duration::from_millis(5));
+    let first = request_at(&gpu, &res, s[0]).await;
+    // Stream 0 busy again, with work that touches none of that memory.
+    let raw0 = res.stream_pool().raw(s[0]).unwrap();
+    for _ in 0..20 {
+        gpu.launch_kernel(raw0, &[]).unwrap();
+    }
+    let (waits, maps) = (
+        gpu.call_count(DriverCall::StreamWaitEvent),
+        gpu.call_count(DriverCall::MemMap),
+    );
+    let second = request_at(&gpu, &res, s[1]).await;
+    assert_eq!(
+        gpu.call_count(DriverCall::StreamWaitEvent) - waits,
+        0,
+        "stream 1 waited on stream 0"
+    );
+    assert_eq!(
+        gpu.call_count(DriverCall::MemMap) - maps,
+        0,
+        "new memory mapped"
+    );
+    let mut reused = second.clone();
+    reused.sort_unstable();
+    let mut freed = first.clone();
+    freed.sort_unstable();
+    assert_eq!(
+        reused, freed,
+        "stream 1 took other memory than stream 0 freed"
+    );
+    res.reap_pending().await.unwrap();
+    gpu.run_until_idle();
+    assert!(gpu.races().is_empty(), "{:?}", gpu.races());
+}
+
+/// The other side: buffers dropped before their work completed are not
+/// the GPU's to forget. Another stream takes their memory only behind a
+/// wait (or takes other memory), and the race detector sees no use of one
+/// stream's memory by another before the first is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_freed_before_its_completion_is_not_handed_over_unordered() {
+    let (gpu, res, s) = slow_service(Duration::from_millis(5));
+    let mut x = res.allocate_buffer::<f32>(4096, s[0], TAG).await.unwrap();
+    let bx = x.block().clone();
+    let ((), _done) = res
+        .launch(s[0])
+        .write(&mut x)
+        .enqueue(|raw| {
+            gpu.launch_kernel(raw, &[MemAccess::write(&bx)])
+                .map_err(|e| e.for_request(0, s[0]))
+        })
+        .unwrap();
+    // Dropped with its kernel still queued.
+    drop(x);
+    let waits = gpu.call_count(DriverCall::StreamWaitEvent);
+    let mut y = res.allocate_buffer::<f32>(4096, s[1], TAG).await.unwrap();
+    let by = y.block().clone();
+    if by.ptr() == bx.ptr() {
+        assert!(
+            gpu.call_count(DriverCall::StreamWaitEvent) > waits,
+            "the memory changed streams with no wait"
+        );
+    }
+    let ((), done) = res
+        .launch(s[1])
+        .write(&mut y)
+        .enqueue(|raw| {
+            gpu.launch_kernel(raw, &[MemAccess::write(&by)])
+                .map_err(|e| e.for_request(0, s[1]))
+        })
+        .unwrap();
+    done.await.unwrap();
+    drop(y);
+    res.reap_pending().await.unwrap();
+    gpu.run_until_idle();
+    assert!(gpu.races().is_empty(), "{:?}", gpu.races());
+}

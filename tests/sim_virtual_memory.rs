@@ -165,3 +165,34 @@ fn suballocations_are_checked_like_allocations() {
     assert_eq!(races.len(), 1, "{races:#?}");
     assert_eq!(races[0].kind, RaceKind::Unordered);
 }
+
+/// A free whose caller says the GPU is done with the memory (the cache's
+/// free of a buffer whose last launch settled) is checked against what the
+/// host saw complete: a false claim is reported, a true one lets another
+/// stream take the memory with no wait.
+#[test]
+fn a_free_claimed_complete_is_checked_against_what_the_host_saw() {
+    let gpu = SimGpu::builder().manual().build();
+    let (va, s, t) = mapped(&gpu);
+    gpu.note_suballocation(va, 4096, s);
+    gpu.launch_kernel(s, &[at(va, Access::Write)]).unwrap();
+    // Wrong: the kernel has not run.
+    gpu.note_subfree_completed(va, s);
+    let races = gpu.take_races();
+    assert_eq!(races.len(), 1, "{races:#?}");
+    assert_eq!(races[0].kind, RaceKind::Unordered);
+
+    gpu.note_suballocation(va, 4096, s);
+    gpu.launch_kernel(s, &[at(va, Access::Write)]).unwrap();
+    let e = gpu.event_create().unwrap();
+    gpu.event_record(e, s).unwrap();
+    gpu.run_until_idle();
+    assert!(gpu.event_query(e).unwrap(), "the query tells the host");
+    gpu.note_subfree_completed(va, s);
+    // Another stream takes it, unordered on the device: the host's
+    // observation orders it.
+    gpu.note_suballocation(va, 4096, t);
+    gpu.launch_kernel(t, &[at(va, Access::Write)]).unwrap();
+    gpu.run_until_idle();
+    assert!(gpu.races().is_empty(), "{:#?}", gpu.races());
+}

@@ -441,6 +441,10 @@ impl<G: Gpu> Gpu for CountingGpu<G> {
         self.inner.note_subfree(addr, stream);
     }
 
+    fn note_subfree_completed(&self, addr: u64, stream: RawStream) {
+        self.inner.note_subfree_completed(addr, stream);
+    }
+
     fn memory_held(&self) -> GpuResult<HeldMemory> {
         self.inner.memory_held()
     }

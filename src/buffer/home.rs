@@ -27,8 +27,11 @@ pub(crate) trait BufferHome: Send + Sync {
     fn prepare(&self, block: BlockId, stream: StreamId, access: Access) -> ResourceResult<()>;
     /// [`DeviceMemoryResource::finish_block_use`].
     fn finish(&self, block: BlockId, stream: StreamId, access: Access) -> ResourceResult<()>;
-    /// Queues the stream-ordered free of `block`.
-    fn free(&self, block: DeviceBlock) -> ResourceResult<()>;
+    /// Queues the stream-ordered free of `block`. `done_at`: a point of the
+    /// block's stream whose settling means the GPU is done with the block
+    /// (see [`BufferCore::done_at`](super::ledger::BufferCore::done_at)); a
+    /// home that knows its points may then free it as completed.
+    fn free(&self, block: DeviceBlock, done_at: Option<u64>) -> ResourceResult<()>;
 }
 
 impl std::fmt::Debug for dyn BufferHome {
@@ -61,7 +64,7 @@ impl<R: DeviceMemoryResource + ?Sized> BufferHome for SyncHome<R> {
     fn finish(&self, block: BlockId, stream: StreamId, access: Access) -> ResourceResult<()> {
         self.resource.finish_block_use(block, stream, access)
     }
-    fn free(&self, block: DeviceBlock) -> ResourceResult<()> {
+    fn free(&self, block: DeviceBlock, _: Option<u64>) -> ResourceResult<()> {
         self.resource.deallocate(block)
     }
 }
@@ -84,7 +87,7 @@ impl<G: Gpu> BufferHome for StreamOrderedResource<G> {
     fn finish(&self, block: BlockId, stream: StreamId, access: Access) -> ResourceResult<()> {
         self.finish_block_use(block, stream, access)
     }
-    fn free(&self, block: DeviceBlock) -> ResourceResult<()> {
+    fn free(&self, block: DeviceBlock, _: Option<u64>) -> ResourceResult<()> {
         self.deallocate(block)
     }
 }
@@ -108,7 +111,7 @@ impl BufferHome for Core {
     fn finish(&self, block: BlockId, stream: StreamId, access: Access) -> ResourceResult<()> {
         self.inner.finish_block_use(block, stream, access)
     }
-    fn free(&self, block: DeviceBlock) -> ResourceResult<()> {
-        deallocate_detached(self, block)
+    fn free(&self, block: DeviceBlock, done_at: Option<u64>) -> ResourceResult<()> {
+        deallocate_detached(self, block, done_at)
     }
 }

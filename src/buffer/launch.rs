@@ -156,7 +156,13 @@ impl<'a, R: DeviceMemoryResource + 'static> BufferLaunch<'a, R> {
         let (out, finished) = recorder.enqueue_then_finish(raw, enqueue);
         let value = out?;
         finished?;
-        Ok((value, self.res.completion_outside_capture(self.stream)?))
+        let completion = self.res.completion_outside_capture(self.stream)?;
+        // Once this future settles the GPU is done with the launch's
+        // buffers (on their own stream): their drop may then say so.
+        for (core, _) in &self.buffers {
+            core.note_launch_point(self.stream, completion.seq());
+        }
+        Ok((value, completion))
     }
 }
 

@@ -43,11 +43,20 @@ use super::home::BufferHome;
 use crate::error::{ResourceError, ResourceResult};
 use crate::types::{Access, DeviceBlock, StreamId};
 
-/// Uses prepared on a stream whose end this crate did not see.
+/// Uses prepared on a stream whose end this crate did not see, and what
+/// the crate knows of when the GPU is done with the block.
 #[derive(Debug, Default)]
 struct Deferred {
     write: Option<StreamId>,
     reads: Vec<StreamId>,
+    /// The point, on the block's stream, of the completion future of the
+    /// last launch that used the block, when no use began after it: once
+    /// that point settles, the GPU is done with every use (stream order
+    /// covers the earlier ones on this stream).
+    done_at: Option<u64>,
+    /// A use began on another stream: its end is not covered by a point of
+    /// the block's stream, so no point ever says the GPU is done.
+    elsewhere: bool,
 }
 
 /// Whether a [`BufferCore::begin`] is for a use whose end the crate sees
@@ -111,6 +120,9 @@ impl BufferCore {
         let mut deferred = self.lock();
         self.flush(&mut deferred, access == Access::Write)?;
         self.home.prepare(block, stream, access)?;
+        // Work of this use may follow any point noted before.
+        deferred.done_at = None;
+        deferred.elsewhere |= stream != self.block.stream();
         if end == End::Deferred {
             match access {
                 Access::Write => deferred.write = Some(stream),
@@ -119,6 +131,26 @@ impl BufferCore {
             }
         }
         Ok(())
+    }
+
+    /// A launch on `stream` that used the block ends at point `seq` of
+    /// that stream (its completion future's): once the point settles, the
+    /// GPU is done with the block, unless a use began on another stream or
+    /// begins after this.
+    pub(crate) fn note_launch_point(&self, stream: StreamId, seq: u64) {
+        let mut deferred = self.lock();
+        if stream == self.block.stream() && !deferred.elsewhere {
+            deferred.done_at = Some(seq);
+        }
+    }
+
+    /// The point of the block's stream whose settling says the GPU is done
+    /// with the block, if one does. Callers own the buffer (`Drop`).
+    pub(crate) fn done_at(&mut self) -> Option<u64> {
+        self.deferred
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .done_at
     }
 
     /// Finishes a guarded use: records where it ends.

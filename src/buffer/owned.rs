@@ -262,7 +262,8 @@ impl<T> Drop for Buffer<T> {
             drop_errors::report(block, "recording a use before the free (block leaked)", e);
             return;
         }
-        if let Err(e) = self.core.home.free(self.core.block.clone()) {
+        let done_at = self.core.done_at();
+        if let Err(e) = self.core.home.free(self.core.block.clone(), done_at) {
             drop_errors::report(block, "freeing on drop", e);
         }
     }

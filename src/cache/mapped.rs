@@ -269,7 +269,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
                 block: BlockId::new(self.id, serial),
             });
         };
-        self.end_mapped(slot, shard, lease, (owner, now))
+        self.end_mapped(slot, shard, lease, (owner, now), false)
     }
 
     /// Ends the arena lease `lease`, taken out of the locked `shard`: the
@@ -283,6 +283,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         mut shard: SlotGuard<'_>,
         mut lease: EndedMapped,
         (owner, now): (Option<CaptureId>, Option<CaptureId>),
+        completed: bool,
     ) -> ResourceResult<()> {
         if let Some(uses) = lease.uses.take() {
             self.give_events(uses);
@@ -295,7 +296,10 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         let Some(arena) = shard.arena.as_mut() else {
             unreachable!("an arena lease's arena lives as long as the cache");
         };
-        tier.free(arena, lease.placed);
+        match completed {
+            true => tier.free_completed(arena, lease.placed),
+            false => tier.free(arena, lease.placed),
+        }
         slot.add_arena_live(-(lease.size as isize));
         if self.config.max_cached_bytes != usize::MAX {
             self.hold_to_cap(arena);

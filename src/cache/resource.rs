@@ -11,7 +11,9 @@ use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::{CaptureId, CaptureStatus};
 use crate::resource::DeviceMemoryResource;
 use crate::resource::event_pool::EventPool;
-use crate::types::{Access, AllocTag, BlockId, BlockState, DeviceBlock, ResourceId, StreamId};
+use crate::types::{
+    Access, AllocTag, BlockId, BlockState, CompletedUses, DeviceBlock, ResourceId, StreamId,
+};
 
 /// A stream-ordered cache over any stream-ordered resource `R`.
 ///
@@ -527,6 +529,93 @@ fn memory_full(e: &ResourceError) -> bool {
     )
 }
 
+impl<R: DeviceMemoryResource> CachingResource<R> {
+    /// A free (see [`deallocate`](DeviceMemoryResource::deallocate));
+    /// `completed`: the GPU is done with every use of the block
+    /// ([`deallocate_completed`](DeviceMemoryResource::deallocate_completed)).
+    fn free(&self, block: DeviceBlock, completed: bool) -> ResourceResult<()> {
+        ResourceError::check_device(self.device, block.device())?;
+        let id = block.id();
+        let (slot, serial) = self.locate(id)?;
+        let mut shard = slot.lock();
+        let Some(found) = shard.lease_entry(serial) else {
+            return Err(shard.missing(id));
+        };
+        let lease = found.get();
+        if lease.backing.ptr() != block.ptr()
+            || lease.size != block.size()
+            || lease.stream != block.stream()
+        {
+            return Err(ResourceError::UnknownBlock { block: id });
+        }
+        let (stream, class, leased_in) = (lease.stream, lease.class, lease.capture);
+        // An arena lease used on its own stream only: its free
+        // makes no driver call before the lease ends.
+        let mapped = match &lease.backing {
+            Backing::Mapped(m) => Some(m.event_count() == 0),
+            Backing::Inner(_) => None,
+        };
+        if let (None, Backing::Inner(inner)) = (class, &lease.backing) {
+            // Allocated from the inner resource on this very stream: it
+            // waits for the recorded uses itself (and keeps a block freed in
+            // a capture for the graph).
+            self.inner.deallocate(inner.clone())?;
+            found.end();
+            return Ok(());
+        }
+        // The graph that owns the memory: the one of the capture that
+        // handed it out while it lives, else the one capturing the stream
+        // now (the replays use the block up to this free).
+        let now = match self.config.capture_aware {
+            true => self.inner.capture_status(stream)?.id(),
+            false => None,
+        };
+        let owner = leased_in.filter(|&c| found.has_graph(c)).or(now);
+        if mapped == Some(true) {
+            // Nothing to wait for: the lease ends here, found once.
+            let lease = found.end_mapped();
+            return self.end_mapped(slot, shard, lease, (owner, now), completed);
+        }
+        if let Some(plain) = mapped {
+            return self.free_mapped(slot, shard, serial, (owner, now), plain);
+        }
+        let Some(lease) = shard.lease_mut(serial) else {
+            unreachable!("the lease was found above");
+        };
+        let Backing::Inner(inner) = &lease.backing else {
+            unreachable!("an arena lease returned above");
+        };
+        let inner = inner.clone();
+        let Some(class) = class else {
+            unreachable!("a size-class lease");
+        };
+        if lease.cross_used {
+            // The next user of the block on this stream (or the inner free)
+            // must come after every use recorded on other streams: queue
+            // those waits now.
+            self.inner
+                .prepare_block_use(inner.id(), stream, Access::Write)?;
+        }
+        if let Some(c) = owner {
+            let pool = shard.graph_entry(c);
+            pool.put_block(class, inner);
+            if leased_in == Some(c) {
+                pool.live -= 1;
+            }
+            shard.end_lease(serial);
+            return Ok(());
+        }
+        if self.reserve(&mut shard, inner.size()) {
+            shard.push(class, inner);
+        } else {
+            self.release_to_inner(&inner, stream)?;
+            shard.stats.evictions += 1;
+        }
+        shard.end_lease(serial);
+        Ok(())
+    }
+}
+
 impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R> {
     /// The inner resource's: a block the cache hands out was (or will be)
     /// allocated from below, within whatever limit is there.
@@ -618,85 +707,21 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R> {
     }
 
     fn deallocate(&self, block: DeviceBlock) -> ResourceResult<()> {
-        ResourceError::check_device(self.device, block.device())?;
-        let id = block.id();
-        let (slot, serial) = self.locate(id)?;
-        let mut shard = slot.lock();
-        let Some(found) = shard.lease_entry(serial) else {
-            return Err(shard.missing(id));
-        };
-        let lease = found.get();
-        if lease.backing.ptr() != block.ptr()
-            || lease.size != block.size()
-            || lease.stream != block.stream()
-        {
-            return Err(ResourceError::UnknownBlock { block: id });
+        self.free(block, false)
+    }
+
+    /// As [`deallocate`](Self::deallocate); an arena block used on its own
+    /// stream only goes back to the arena clean: any stream may take it at
+    /// once, with no fence and no wait.
+    fn deallocate_completed(
+        &self,
+        block: DeviceBlock,
+        completed: CompletedUses,
+    ) -> ResourceResult<()> {
+        if completed.block() != block.id() {
+            return Err(ResourceError::UnknownBlock { block: block.id() });
         }
-        let (stream, class, leased_in) = (lease.stream, lease.class, lease.capture);
-        // An arena lease used on its own stream only: its free
-        // makes no driver call before the lease ends.
-        let mapped = match &lease.backing {
-            Backing::Mapped(m) => Some(m.event_count() == 0),
-            Backing::Inner(_) => None,
-        };
-        if let (None, Backing::Inner(inner)) = (class, &lease.backing) {
-            // Allocated from the inner resource on this very stream: it
-            // waits for the recorded uses itself (and keeps a block freed in
-            // a capture for the graph).
-            self.inner.deallocate(inner.clone())?;
-            found.end();
-            return Ok(());
-        }
-        // The graph that owns the memory: the one of the capture that
-        // handed it out while it lives, else the one capturing the stream
-        // now (the replays use the block up to this free).
-        let now = match self.config.capture_aware {
-            true => self.inner.capture_status(stream)?.id(),
-            false => None,
-        };
-        let owner = leased_in.filter(|&c| found.has_graph(c)).or(now);
-        if mapped == Some(true) {
-            // Nothing to wait for: the lease ends here, found once.
-            let lease = found.end_mapped();
-            return self.end_mapped(slot, shard, lease, (owner, now));
-        }
-        if let Some(plain) = mapped {
-            return self.free_mapped(slot, shard, serial, (owner, now), plain);
-        }
-        let Some(lease) = shard.lease_mut(serial) else {
-            unreachable!("the lease was found above");
-        };
-        let Backing::Inner(inner) = &lease.backing else {
-            unreachable!("an arena lease returned above");
-        };
-        let inner = inner.clone();
-        let Some(class) = class else {
-            unreachable!("a size-class lease");
-        };
-        if lease.cross_used {
-            // The next user of the block on this stream (or the inner free)
-            // must come after every use recorded on other streams: queue
-            // those waits now.
-            self.inner
-                .prepare_block_use(inner.id(), stream, Access::Write)?;
-        }
-        if let Some(c) = owner {
-            let pool = shard.graph_entry(c);
-            pool.put_block(class, inner);
-            if leased_in == Some(c) {
-                pool.live -= 1;
-            }
-            shard.end_lease(serial);
-            return Ok(());
-        }
-        if self.reserve(&mut shard, inner.size()) {
-            shard.push(class, inner);
-        } else {
-            self.release_to_inner(&inner, stream)?;
-            shard.stats.evictions += 1;
-        }
-        shard.end_lease(serial);
-        Ok(())
+        self.free(block, true)
     }
 
     fn device_ordinal(&self) -> u32 {

@@ -193,6 +193,19 @@ impl SharedArena {
         }
     }
 
+    /// The range, which no queued work touches any more, goes back to the
+    /// arena clean; pages it leaves untouched go idle, free to unmap.
+    fn give_clean(&mut self, placed: Placed) {
+        let SharedArena {
+            arena,
+            pages,
+            streams,
+            ..
+        } = self;
+        pages.untouch(placed.off, placed.len, Freed::CLEAN);
+        arena.free(placed, Some(Freed::CLEAN), |f| is_done(streams, f));
+    }
+
     /// The range goes back to the arena tagged with a new free of `slot`;
     /// pages it leaves untouched go idle.
     fn give(&mut self, slot: usize, placed: Placed) {
@@ -653,6 +666,21 @@ impl VmTier {
         self.gpu().note_subfree(self.ptr(placed), ss.raw);
         if let Some(pushed) = ss.kept.keep(placed, &self.kept[ss.slot]) {
             self.give_range(ss.slot, pushed);
+        }
+    }
+
+    /// Gives back the block at `placed`, which the GPU is done with (every
+    /// use of it completed, as the host saw): kept as any free while the
+    /// stream's sizes repeat, else back to the arena clean, where every
+    /// stream may take it as it is (no fence, no wait on this stream's
+    /// queued work).
+    pub(crate) fn free_completed(&self, ss: &mut StreamSlot, placed: Placed) {
+        self.gpu().note_subfree_completed(self.ptr(placed), ss.raw);
+        match ss.kept.keep(placed, &self.kept[ss.slot]) {
+            None => {}
+            Some(given) if given == placed => self.lock().give_clean(placed),
+            // An older block pushed out: freed when it was, as any free.
+            Some(pushed) => self.give_range(ss.slot, pushed),
         }
     }
 

@@ -196,6 +196,10 @@ impl Gpu for Backend {
         forward!(self.note_subfree(addr, stream))
     }
 
+    fn note_subfree_completed(&self, addr: u64, stream: RawStream) {
+        forward!(self.note_subfree_completed(addr, stream))
+    }
+
     fn memory_held(&self) -> GpuResult<HeldMemory> {
         forward!(self.memory_held())
     }

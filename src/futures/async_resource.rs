@@ -14,7 +14,7 @@ use crate::device::{Device, StreamPool};
 use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::{CaptureId, Gpu};
 use crate::resource::{DeviceMemoryResource, StreamOrderedResource};
-use crate::types::{Access, AllocTag, BlockId, DeviceBlock, StreamId};
+use crate::types::{Access, AllocTag, BlockId, CompletedUses, DeviceBlock, StreamId};
 
 /// A stream-ordered resource that async code can await: allocations wait for
 /// memory instead of failing, completion points and frees are futures, and
@@ -435,14 +435,29 @@ fn deallocate_on(core: &Arc<Core>, block: DeviceBlock) -> ResourceResult<Dealloc
 }
 
 /// A free nobody awaits (an owned buffer's drop): queued and accounted as
-/// [`AsyncResource::deallocate`]'s, with no handle made.
+/// [`AsyncResource::deallocate`]'s, with no handle made. When point
+/// `done_at` of the block's stream has settled (the completion of the
+/// buffer's last launch, nothing used it since), the GPU is done with the
+/// block and the inner resource is told so
+/// ([`deallocate_completed`](DeviceMemoryResource::deallocate_completed)).
 ///
 /// # Errors
 /// As [`AsyncResource::deallocate`]; nothing changes.
-pub(crate) fn deallocate_detached(core: &Core, block: DeviceBlock) -> ResourceResult<()> {
+pub(crate) fn deallocate_detached(
+    core: &Core,
+    block: DeviceBlock,
+    done_at: Option<u64>,
+) -> ResourceResult<()> {
     let stream = block.stream();
     let notifier = core.notifier(stream)?;
-    core.inner.deallocate(block)?;
+    match done_at.map(|seq| notifier.check(seq)) {
+        // Settled without failure: every use of the block ran.
+        Some(Ok(Ok(()))) => {
+            let completed = CompletedUses::new(block.id());
+            core.inner.deallocate_completed(block, completed)?;
+        }
+        _ => core.inner.deallocate(block)?,
+    }
     // A free that queued nothing new below (a cache took the block back:
     // its bytes never left it) has nothing for a notification to apply,
     // and nobody awaits it: no point, no notification. (Each one used to

@@ -382,6 +382,15 @@ pub trait Gpu: Send + Sync + 'static {
         let _ = (addr, stream);
     }
 
+    /// [`note_subfree`](Gpu::note_subfree) of an allocation whose every
+    /// use the caller saw complete (the crate frees such memory for every
+    /// stream at once): the simulated device checks that claim against
+    /// what the host has seen complete, and reports it when false. The
+    /// default is `note_subfree`; CUDA does nothing.
+    fn note_subfree_completed(&self, addr: u64, stream: RawStream) {
+        self.note_subfree(addr, stream);
+    }
+
     /// How much device memory this backend holds for the process now and at
     /// most (see [`HeldMemory`]). CUDA: the reserved memory of the backend's
     /// memory pool (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT` and `_HIGH`); a

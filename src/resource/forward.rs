@@ -18,6 +18,15 @@ macro_rules! forward_to_inner {
             self.$f.deallocate(block)
         }
     };
+    (@one $f:ident deallocate_completed) => {
+        fn deallocate_completed(
+            &self,
+            block: $crate::DeviceBlock,
+            completed: $crate::CompletedUses,
+        ) -> $crate::ResourceResult<()> {
+            self.$f.deallocate_completed(block, completed)
+        }
+    };
     (@one $f:ident device_ordinal) => {
         fn device_ordinal(&self) -> u32 {
             self.$f.device_ordinal()

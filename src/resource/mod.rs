@@ -26,7 +26,7 @@ use std::sync::Arc;
 use crate::device::stream_pool::StreamPool;
 use crate::error::ResourceResult;
 use crate::gpu::{CaptureId, CaptureStatus, Gpu};
-use crate::types::{Access, AllocTag, BlockId, BlockState, DeviceBlock, StreamId};
+use crate::types::{Access, AllocTag, BlockId, BlockState, CompletedUses, DeviceBlock, StreamId};
 
 /// The device behind a resource: its backend and the streams the resource
 /// orders work on. A tier above that manages device memory itself (the
@@ -92,6 +92,32 @@ pub trait DeviceMemoryResource: Send + Sync {
     /// [`WrongDevice`](crate::ResourceError::WrongDevice), or a driver error;
     /// nothing changes.
     fn deallocate(&self, block: DeviceBlock) -> ResourceResult<()>;
+
+    /// Returns `block`, whose every use the GPU has completed, to the
+    /// resource: as [`deallocate`](Self::deallocate), and a layer that
+    /// hands memory between streams (the cache's arena) may then give it
+    /// to any stream at once, with no fence and no stream waiting on the
+    /// freeing stream's queued work. `completed` is the crate's proof of
+    /// it (see [`CompletedUses`](crate::CompletedUses)); the default
+    /// drops it and calls `deallocate`.
+    ///
+    /// [`AsyncResource`](crate::futures::AsyncResource) calls it when an
+    /// owned buffer is dropped after the completion of its last launch
+    /// settled: a request that awaited its work before letting its buffers
+    /// go frees memory every stream may use as it is.
+    ///
+    /// # Errors
+    /// As [`deallocate`](Self::deallocate);
+    /// [`UnknownBlock`](crate::ResourceError::UnknownBlock) when
+    /// `completed` names another block. Nothing changes.
+    fn deallocate_completed(
+        &self,
+        block: DeviceBlock,
+        completed: CompletedUses,
+    ) -> ResourceResult<()> {
+        drop(completed);
+        self.deallocate(block)
+    }
 
     /// CUDA device ordinal this resource serves; a resource is pinned to one
     /// device.
@@ -360,6 +386,13 @@ impl<R: DeviceMemoryResource + ?Sized> DeviceMemoryResource for std::sync::Arc<R
     }
     fn deallocate(&self, block: DeviceBlock) -> ResourceResult<()> {
         (**self).deallocate(block)
+    }
+    fn deallocate_completed(
+        &self,
+        block: DeviceBlock,
+        completed: CompletedUses,
+    ) -> ResourceResult<()> {
+        (**self).deallocate_completed(block, completed)
     }
     fn device_ordinal(&self) -> u32 {
         (**self).device_ordinal()

@@ -8,8 +8,10 @@
 //! block-use hooks.
 
 mod block;
+mod completed;
 mod stream_id;
 
 pub use block::{Access, AllocTag, BlockId, BlockState, DeviceBlock, ResourceId};
+pub use completed::CompletedUses;
 pub(crate) use stream_id::SIM_HANDLE;
 pub use stream_id::{RawStream, StreamId};

@@ -7,7 +7,7 @@ use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::CaptureId;
 use crate::resource::DeviceMemoryResource;
 use crate::sync::{AtomicUsize, Mutex, Ordering};
-use crate::types::{AllocTag, DeviceBlock, StreamId};
+use crate::types::{AllocTag, CompletedUses, DeviceBlock, StreamId};
 
 /// Charges a shared [`Budget`] for every byte of the inner resource, from
 /// the allocation until its free has executed.
@@ -212,6 +212,16 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> {
         self.inner.deallocate(block)?;
         // A stream-ordered inner still counts the bytes (the free is only
         // queued) and nothing is released; a synchronous one freed them.
+        self.settle();
+        Ok(())
+    }
+
+    fn deallocate_completed(
+        &self,
+        block: DeviceBlock,
+        completed: CompletedUses,
+    ) -> ResourceResult<()> {
+        self.inner.deallocate_completed(block, completed)?;
         self.settle();
         Ok(())
     }

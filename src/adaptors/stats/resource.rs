@@ -4,7 +4,7 @@ use super::Stats;
 use crate::error::ResourceResult;
 use crate::resource::DeviceMemoryResource;
 use crate::resource::forward::forward_to_inner;
-use crate::types::{AllocTag, DeviceBlock, StreamId};
+use crate::types::{AllocTag, CompletedUses, DeviceBlock, StreamId};
 
 /// Counts allocations and deallocations of the inner resource into a
 /// [`Stats`]; forwards everything else unchanged.
@@ -59,6 +59,17 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for StatsResource<R> {
     fn deallocate(&self, block: DeviceBlock) -> ResourceResult<()> {
         let (bytes, tag) = (block.size(), block.tag());
         self.inner.deallocate(block)?;
+        self.stats.record_deallocate(bytes, tag);
+        Ok(())
+    }
+
+    fn deallocate_completed(
+        &self,
+        block: DeviceBlock,
+        completed: CompletedUses,
+    ) -> ResourceResult<()> {
+        let (bytes, tag) = (block.size(), block.tag());
+        self.inner.deallocate_completed(block, completed)?;
         self.stats.record_deallocate(bytes, tag);
         Ok(())
     }

@@ -9,7 +9,7 @@ use tracing::{Level, debug, enabled, info_span, trace, warn};
 use crate::error::ResourceResult;
 use crate::gpu::CaptureId;
 use crate::resource::DeviceMemoryResource;
-use crate::types::{Access, AllocTag, BlockId, DeviceBlock, StreamId};
+use crate::types::{Access, AllocTag, BlockId, CompletedUses, DeviceBlock, StreamId};
 
 /// The target of every event and span of [`TracingResource`].
 pub const TARGET: &str = "streamalloc::alloc";
@@ -105,6 +105,50 @@ impl<R: DeviceMemoryResource> TracingResource<R> {
         }
         result
     }
+
+    /// A free through `free` (a plain or a completed one), timed and
+    /// logged as `deallocate`.
+    fn logged_free(
+        &self,
+        block: DeviceBlock,
+        free: impl FnOnce(&R, DeviceBlock) -> ResourceResult<()>,
+    ) -> ResourceResult<()> {
+        let start = start!(Level::DEBUG);
+        let (id, ptr, bytes, stream, tag) = (
+            block.id(),
+            block.ptr(),
+            block.size(),
+            block.stream(),
+            block.tag(),
+        );
+        let result = free(&self.inner, block);
+        let device = self.inner.device_ordinal();
+        match &result {
+            Ok(()) => debug!(
+                target: TARGET,
+                device,
+                stream = %stream,
+                bytes,
+                tag = %tag,
+                address = ptr,
+                block = %id,
+                elapsed_ns = elapsed_ns(start),
+                "deallocate"
+            ),
+            Err(e) => warn!(
+                target: TARGET,
+                device,
+                stream = %stream,
+                bytes,
+                tag = %tag,
+                address = ptr,
+                block = %id,
+                error = %e,
+                "deallocate failed"
+            ),
+        }
+        result
+    }
 }
 
 impl<R: DeviceMemoryResource> DeviceMemoryResource for TracingResource<R> {
@@ -148,41 +192,17 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for TracingResource<R> {
     }
 
     fn deallocate(&self, block: DeviceBlock) -> ResourceResult<()> {
-        let start = start!(Level::DEBUG);
-        let (id, ptr, bytes, stream, tag) = (
-            block.id(),
-            block.ptr(),
-            block.size(),
-            block.stream(),
-            block.tag(),
-        );
-        let result = self.inner.deallocate(block);
-        let device = self.inner.device_ordinal();
-        match &result {
-            Ok(()) => debug!(
-                target: TARGET,
-                device,
-                stream = %stream,
-                bytes,
-                tag = %tag,
-                address = ptr,
-                block = %id,
-                elapsed_ns = elapsed_ns(start),
-                "deallocate"
-            ),
-            Err(e) => warn!(
-                target: TARGET,
-                device,
-                stream = %stream,
-                bytes,
-                tag = %tag,
-                address = ptr,
-                block = %id,
-                error = %e,
-                "deallocate failed"
-            ),
-        }
-        result
+        self.logged_free(block, |inner, block| inner.deallocate(block))
+    }
+
+    fn deallocate_completed(
+        &self,
+        block: DeviceBlock,
+        completed: CompletedUses,
+    ) -> ResourceResult<()> {
+        self.logged_free(block, |inner, block| {
+            inner.deallocate_completed(block, completed)
+        })
     }
 
     fn reap_pending(&self) -> ResourceResult<()> {

@@ -376,6 +376,19 @@ impl State {
     }
 
     /// The free of a caller-managed allocation, at the end of stream `s`.
+    /// [`note_subfree`](Self::note_subfree) of memory the host says the GPU
+    /// is done with: checked against what the host saw complete, then
+    /// forgotten (a capture keeps the stream-ordered note).
+    pub(crate) fn note_subfree_completed(&mut self, addr: u64, s: usize) {
+        if self.streams.get(s).is_none() || addr == 0 {
+            return;
+        }
+        if self.capturing(s).is_some() {
+            return self.note_subfree(addr, s);
+        }
+        self.races.on_host_free(addr, &self.host);
+    }
+
     pub(crate) fn note_subfree(&mut self, addr: u64, s: usize) {
         if self.streams.get(s).is_none() || addr == 0 {
             return;

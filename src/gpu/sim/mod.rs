@@ -998,6 +998,12 @@ impl Gpu for SimGpu {
         self.notify_work();
     }
 
+    fn note_subfree_completed(&self, addr: u64, stream: RawStream) {
+        self.shared
+            .lock()
+            .note_subfree_completed(addr, sim_index(stream));
+    }
+
     fn memory_held(&self) -> GpuResult<HeldMemory> {
         let mut state = self.shared.lock();
         state.enter(DriverCall::MemGetInfo)?;

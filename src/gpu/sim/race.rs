@@ -320,6 +320,32 @@ impl RaceDetector {
         }
     }
 
+    /// The host frees the allocation at `addr`, claiming the GPU is done
+    /// with it: every operation on it must be complete as far as the host
+    /// knows (`host` covers it), or the claim is false and reported (an
+    /// unordered free, on stream `usize::MAX`). Its history ends here: a
+    /// later access is to an invalid address, a later allocation there
+    /// needs no ordering.
+    pub(crate) fn on_host_free(&mut self, addr: u64, host: &VectorClock) {
+        let Some(h) = self.allocs.remove(&addr) else {
+            return;
+        };
+        let epochs = h
+            .freed
+            .map(|f| (SimOp::Free, f))
+            .into_iter()
+            .chain([h.last_write])
+            .chain(h.reads.iter().map(|r| (SimOp::Kernel(Access::Read), *r)));
+        if let Some((op, e)) = epochs.into_iter().find(|(_, e)| !host.covers(*e)) {
+            self.report(RaceReport {
+                kind: RaceKind::Unordered,
+                addr,
+                earlier: Some((op, e.stream)),
+                later: (SimOp::Free, usize::MAX),
+            });
+        }
+    }
+
     pub(crate) fn reports(&self) -> &[RaceReport] {
         &self.reports
     }
