@@ -45,6 +45,13 @@
 //!   again where it is needed.
 //! - `deallocate` puts the range back in the arena; pages no live block
 //!   touches stay mapped, idle, until reused in place or given back.
+//!   [`deallocate_completed`](crate::DeviceMemoryResource::deallocate_completed)
+//!   (an owned buffer dropped after the completion of its last launch
+//!   settled, through [`AsyncResource`](crate::futures::AsyncResource))
+//!   puts it back **clean**: the GPU is done with it, so every stream
+//!   takes it as it is, with no fence and no borrow. A service whose
+//!   requests await their work before dropping their buffers never makes
+//!   one stream wait on another's queue for memory.
 //! - [`trim`](CachingResource::trim) gives back every idle mapping the GPU
 //!   is done with, without waiting (a fence is recorded for the others, so
 //!   a later trim finds them). Before an allocation fails for lack of

@@ -98,7 +98,7 @@ pub trait DeviceMemoryResource: Send + Sync {
     /// hands memory between streams (the cache's arena) may then give it
     /// to any stream at once, with no fence and no stream waiting on the
     /// freeing stream's queued work. `completed` is the crate's proof of
-    /// it (see [`CompletedUses`](crate::CompletedUses)); the default
+    /// it (see [`CompletedUses`]); the default
     /// drops it and calls `deallocate`.
     ///
     /// [`AsyncResource`](crate::futures::AsyncResource) calls it when an
