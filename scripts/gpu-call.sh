@@ -14,26 +14,28 @@ B=${BIN:-gpu-bin}; R=r$1; O=$OUT/$R; mkdir -p $O
 date -u > $O/gpu.txt; cat $B/BUILD 2>/dev/null >> $O/gpu.txt; nproc >> $O/gpu.txt
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >> $O/gpu.txt; SECONDS=0
 pack() { echo "$1 at $SECONDS s" >> $O/gpu.txt; tar czf $OUT/$R.tgz -C $OUT $R; }
-for t in cache cache_arena cache_graph buffer_cuda gpu_cuda futures_cuda resource service_cuda graph_cuda; do
+# STAGES (default all) picks stages: tests san traces service many bench unseen slots.
+want() { case " ${STAGES:-tests san traces service many bench unseen slots} " in *" $1 "*) return 0;; esac; return 1; }
+want tests && for t in cache cache_arena cache_graph buffer_cuda gpu_cuda futures_cuda resource service_cuda graph_cuda; do
   echo "=== $t"; timeout 100 $B/test-$t --include-ignored --test-threads=1 2>&1 | grep -E "test result|FAILED|panicked"
 done > $O/tests.txt 2>&1; pack tests
 cs="compute-sanitizer --error-exitcode 86 --report-api-errors no --tool memcheck --track-stream-ordered-races all"
-for t in cache_arena cache_graph; do echo "=== memcheck $t"; timeout 100 $cs $B/test-$t --include-ignored --test-threads=1 > $O/san-$t.log 2>&1; echo "exit $?"; grep -E "ERROR SUMMARY" $O/san-$t.log; done > $O/sanitize.txt 2>&1; pack san
-BIN=$B TRACES=gpu-traces ROUNDS=${ROUNDS:-4} timeout 300 scripts/gpu-run.sh traces $O/traces > $O/traces.log 2>&1; pack traces
+want san && for t in ${SAN_TESTS:-cache_arena cache_graph}; do echo "=== memcheck $t"; timeout 100 $cs $B/test-$t --include-ignored --test-threads=1 > $O/san-$t.log 2>&1; echo "exit $?"; grep -E "ERROR SUMMARY" $O/san-$t.log; done > $O/sanitize.txt 2>&1; pack san
+want traces && BIN=$B TRACES=gpu-traces ROUNDS=${ROUNDS:-4} timeout 300 scripts/gpu-run.sh traces $O/traces > $O/traces.log 2>&1; pack traces
 python3 measure/scripts/trace_ratios.py $O/traces > $O/trace_ratios.txt 2>&1
-BIN=$B timeout 150 scripts/gpu-run.sh service $O/service > $O/service.log 2>&1; pack service
-timeout 60 $B/bin-trace_replay gpu-traces/many_streams.ops.csv.gz --stack resource,cache --repeat 2 > $O/many_streams.txt 2>&1; pack many
-timeout 150 $B/bin-bench_table $O/bench > $O/bench_table.txt 2>&1; pack bench
+want service && BIN=$B timeout 150 scripts/gpu-run.sh service $O/service > $O/service.log 2>&1; pack service
+want many && timeout 60 $B/bin-trace_replay gpu-traces/many_streams.ops.csv.gz --stack resource,cache --repeat 2 > $O/many_streams.txt 2>&1; pack many
+want bench && timeout 150 $B/bin-bench_table $O/bench > $O/bench_table.txt 2>&1; pack bench
 # The synthetic shapes of measure/tests/trace_unseen.rs (and other seeds),
 # written by bin-synth_trace into gpu-traces/unseen/: memory held by the
 # driver pool, the cache and PyTorch's allocator (one repeat each).
-if [ -d gpu-traces/unseen ]; then
+if want unseen && [ -d gpu-traces/unseen ]; then
   for f in gpu-traces/unseen/*.ops.csv.gz; do
     echo "=== $f"; timeout 60 $B/bin-trace_replay $f --stack resource,cache 2>&1 | grep -o "stack=.*ratio=[0-9.]*" | sed 's/peak_requested.*peak_held=[0-9]* //'
     timeout 120 python3 gpu-traces/torch_cpp_replay.py $f 1 2>&1 | tail -1
   done > $O/unseen.txt 2>&1; pack unseen
 fi
-if [ "${SLOTS:-0}" != 0 ]; then
+if want slots && [ "${SLOTS:-0}" != 0 ]; then
   BIN=$B TRACES=gpu-traces ROUNDS=$SLOTS TORCH_REPLAY=measure/scripts/torch_slots_replay.py timeout 200 scripts/gpu-run.sh traces $O/slots > $O/slots.log 2>&1
   python3 measure/scripts/trace_ratios.py $O/slots > $O/slots_ratios.txt 2>&1; pack slots
 fi
