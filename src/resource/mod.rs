@@ -115,7 +115,7 @@ pub trait DeviceMemoryResource: Send + Sync {
         block: DeviceBlock,
         completed: CompletedUses,
     ) -> ResourceResult<()> {
-        drop(completed);
+        let _ = completed;
         self.deallocate(block)
     }
 
