@@ -37,6 +37,12 @@ fn service() -> (Arc<SimGpu>, Service, Vec<StreamId>) {
 /// One request on stream `s`: three buffers, one launch writing them, its
 /// completion awaited, the buffers dropped.
 async fn request(gpu: &SimGpu, res: &Service, s: StreamId) {
+    request_at(gpu, res, s).await;
+}
+
+/// [`request`], returning where its three buffers were (they are dropped
+/// when it returns).
+async fn request_at(gpu: &SimGpu, res: &Service, s: StreamId) -> Vec<u64> {
     let mut x = res.allocate_buffer::<f32>(1024, s, TAG).await.unwrap();
     let mut h = res.allocate_buffer::<f32>(4096, s, TAG).await.unwrap();
     let mut y = res.allocate_buffer::<f32>(256, s, TAG).await.unwrap();
@@ -59,7 +65,7 @@ async fn request(gpu: &SimGpu, res: &Service, s: StreamId) {
         })
         .unwrap();
     done.await.unwrap();
-    drop((x, h, y));
+    vec![bx.ptr(), bh.ptr(), by.ptr()]
 }
 
 /// Calls of `call` made while `f` ran.
@@ -251,34 +257,6 @@ fn slow_service(latency: Duration) -> (Arc<SimGpu>, Service, Vec<StreamId>) {
         ..WaitPolicy::DEFAULT
     });
     (gpu, res, device.streams().ids().collect())
-}
-
-/// Where a request's three buffers landed on `s` (a request as `request`,
-/// the addresses read before the drop).
-async fn request_at(gpu: &SimGpu, res: &Service, s: StreamId) -> Vec<u64> {
-    let mut x = res.allocate_buffer::<f32>(1024, s, TAG).await.unwrap();
-    let mut h = res.allocate_buffer::<f32>(4096, s, TAG).await.unwrap();
-    let mut y = res.allocate_buffer::<f32>(256, s, TAG).await.unwrap();
-    let (bx, bh, by) = (x.block().clone(), h.block().clone(), y.block().clone());
-    let ((), done) = res
-        .launch(s)
-        .write(&mut x)
-        .write(&mut h)
-        .write(&mut y)
-        .enqueue(|raw| {
-            gpu.launch_kernel(
-                raw,
-                &[
-                    MemAccess::write(&bx),
-                    MemAccess::write(&bh),
-                    MemAccess::write(&by),
-                ],
-            )
-            .map_err(|e| e.for_request(0, s))
-        })
-        .unwrap();
-    done.await.unwrap();
-    vec![bx.ptr(), bh.ptr(), by.ptr()]
 }
 
 /// A request's buffers dropped once its completion settled go back to the

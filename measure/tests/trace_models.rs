@@ -19,25 +19,14 @@
 //! (all of `bert_train` and `resnet_train`), blocks left live freed at the
 //! end (`trace_replay TRACE --cut 50000 OUT.csv.gz`).
 
-use streamalloc_measure::trace::{
-    DeviceKind, ReplayConfig, Requested, StackKind, Trace, replay_stack,
-};
+mod common;
+
+use common::{SIM, cut};
+use streamalloc_measure::trace::{ReplayConfig, Requested, StackKind, replay_stack};
 
 /// Issue 13's target, for traces the cache has not seen as for GPT-2's:
 /// peak held at most 1.10× the peak of live requested bytes.
 const CACHE_TARGET: f64 = 1.10;
-
-const SIM: DeviceKind = DeviceKind::Sim {
-    capacity: 140 << 30,
-};
-
-fn cut(name: &str) -> Trace {
-    let path = format!(
-        "{}/tests/data/{name}.first50k.csv.gz",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    Trace::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
-}
 
 /// Peak held over peak requested of the default cache on `name`'s cut,
 /// checked against the target.

@@ -7,9 +7,10 @@
 //! live freed at the end, made with
 //! `trace_replay TRACE --cut 50000 OUT.csv.gz`.
 
-use streamalloc_measure::trace::{
-    DeviceKind, ReplayConfig, Requested, StackKind, Trace, replay_stack,
-};
+mod common;
+
+use common::{SIM, cut};
+use streamalloc_measure::trace::{ReplayConfig, Requested, StackKind, Trace, replay_stack};
 
 /// What the caching tier must reach (issue 13): peak held at most 1.10× the
 /// peak live requested bytes, on every trace. The virtual-memory arena holds
@@ -21,18 +22,6 @@ const CACHE_BOUND_TRAIN: f64 = CACHE_TARGET;
 /// up to 256-byte granules (the simulator does not model the driver's
 /// chunked reservations, which make it 1.40× on the H200).
 const RESOURCE_BOUND: f64 = 1.001;
-
-const SIM: DeviceKind = DeviceKind::Sim {
-    capacity: 140 << 30,
-};
-
-fn cut(name: &str) -> Trace {
-    let path = format!(
-        "{}/tests/data/{name}.first50k.csv.gz",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    Trace::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
-}
 
 /// Peak held over peak requested of `stack` on `trace`.
 fn ratio(trace: &Trace, stack: StackKind) -> f64 {

@@ -10,25 +10,17 @@
 //! Each test also prints the driver calls of the replay, so that a change
 //! of policy shows what it costs in growths of the arena.
 
+mod common;
+
+use common::{SIM, cut};
 use streamalloc::DriverCall;
 use streamalloc_measure::trace::{
-    DeviceKind, ReplayConfig, Requested, StackKind, Trace, replay_stack, synthetic,
+    ReplayConfig, Requested, StackKind, Trace, replay_stack, synthetic,
 };
 
 /// Issue 13's target for the default cache, on every trace.
 const TARGET: f64 = 1.10;
 const MIB: usize = 1 << 20;
-const SIM: DeviceKind = DeviceKind::Sim {
-    capacity: 140 << 30,
-};
-
-fn cut(name: &str) -> Trace {
-    let path = format!(
-        "{}/tests/data/{name}.first50k.csv.gz",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    Trace::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
-}
 
 /// Replays `trace` through the default cache and checks its ratio against
 /// the target.

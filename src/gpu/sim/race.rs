@@ -295,29 +295,30 @@ impl RaceDetector {
     /// The histories of the range end here (a later access is to an
     /// invalid address).
     pub(crate) fn on_unmap(&mut self, addr: u64, len: usize, host: &VectorClock) {
-        let mut reports = Vec::new();
         for old in self.overlapping(addr, len) {
-            let Some(h) = self.allocs.remove(&old) else {
-                continue;
-            };
-            let epochs = h
-                .freed
-                .map(|f| (SimOp::Free, f))
-                .into_iter()
-                .chain([h.last_write])
-                .chain(h.reads.iter().map(|r| (SimOp::Kernel(Access::Read), *r)));
-            if let Some((op, e)) = epochs.into_iter().find(|(_, e)| !host.covers(*e)) {
-                reports.push(RaceReport {
+            if let Some(h) = self.allocs.remove(&old)
+                && let Some((op, stream)) = Self::unseen(&h, host)
+            {
+                self.report(RaceReport {
                     kind: RaceKind::UnmapInUse,
                     addr: old,
-                    earlier: Some((op, e.stream)),
+                    earlier: Some((op, stream)),
                     later: (SimOp::Unmap, usize::MAX),
                 });
             }
         }
-        for r in reports {
-            self.report(r);
-        }
+    }
+
+    /// An operation of `h` the host has not seen complete (`host` does not
+    /// cover it), if there is one: the op and its stream.
+    fn unseen(h: &AllocHistory, host: &VectorClock) -> Option<(SimOp, usize)> {
+        h.freed
+            .map(|f| (SimOp::Free, f))
+            .into_iter()
+            .chain([h.last_write])
+            .chain(h.reads.iter().map(|r| (SimOp::Kernel(Access::Read), *r)))
+            .find(|(_, e)| !host.covers(*e))
+            .map(|(op, e)| (op, e.stream))
     }
 
     /// The host frees the allocation at `addr`, claiming the GPU is done
@@ -327,20 +328,13 @@ impl RaceDetector {
     /// later access is to an invalid address, a later allocation there
     /// needs no ordering.
     pub(crate) fn on_host_free(&mut self, addr: u64, host: &VectorClock) {
-        let Some(h) = self.allocs.remove(&addr) else {
-            return;
-        };
-        let epochs = h
-            .freed
-            .map(|f| (SimOp::Free, f))
-            .into_iter()
-            .chain([h.last_write])
-            .chain(h.reads.iter().map(|r| (SimOp::Kernel(Access::Read), *r)));
-        if let Some((op, e)) = epochs.into_iter().find(|(_, e)| !host.covers(*e)) {
+        if let Some(h) = self.allocs.remove(&addr)
+            && let Some((op, stream)) = Self::unseen(&h, host)
+        {
             self.report(RaceReport {
                 kind: RaceKind::Unordered,
                 addr,
-                earlier: Some((op, e.stream)),
+                earlier: Some((op, stream)),
                 later: (SimOp::Free, usize::MAX),
             });
         }
