@@ -344,3 +344,68 @@ async fn memory_freed_before_its_completion_is_not_handed_over_unordered() {
     gpu.run_until_idle();
     assert!(gpu.races().is_empty(), "{:?}", gpu.races());
 }
+
+/// The proof that a buffer's work completed passes through the adaptors
+/// above the cache (tracing, retry, budget, stats: each passes
+/// `deallocate_completed` on), so the memory still changes streams with no
+/// wait. (A debug guard, whose poison fill queues work at the free, does
+/// not pass it on: its free is a plain one.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_completed_proof_passes_through_the_adaptors() {
+    use streamalloc::adaptors::Budget;
+    use streamalloc::builder::ResourceBuilder;
+    use streamalloc::cache::CacheConfig;
+
+    let gpu = SimGpu::builder()
+        .op_latency(Duration::from_millis(5))
+        .build();
+    let device = Device::simulated(&gpu, 2);
+    let budget = Budget::new(1 << 30);
+    let stack = ResourceBuilder::new()
+        .tracing()
+        .retry_on_oom()
+        .budget(&budget)
+        .stats()
+        .cache(CacheConfig::default())
+        .build(Arc::new(SimResource::new(&device)));
+    // SAFETY: the stack's bottom resource was made on this device.
+    let res = unsafe { AsyncResource::with_device(stack, &device) }.expect("async resource");
+    res.set_wait_policy(WaitPolicy {
+        yield_for: Duration::from_secs(60),
+        ..WaitPolicy::DEFAULT
+    });
+    let s: Vec<StreamId> = device.streams().ids().collect();
+    let raw0 = res.stream_pool().raw(s[0]).unwrap();
+    let one = |s: StreamId| {
+        let (gpu, res) = (&gpu, &res);
+        async move {
+            let mut x = res.allocate_buffer::<f32>(4096, s, TAG).await.unwrap();
+            let bx = x.block().clone();
+            let ((), done) = res
+                .launch(s)
+                .write(&mut x)
+                .enqueue(|raw| {
+                    gpu.launch_kernel(raw, &[MemAccess::write(&bx)])
+                        .map_err(|e| e.for_request(0, s))
+                })
+                .unwrap();
+            done.await.unwrap();
+            bx.ptr()
+        }
+    };
+    let first = one(s[0]).await;
+    for _ in 0..20 {
+        gpu.launch_kernel(raw0, &[]).unwrap();
+    }
+    let waits = gpu.call_count(DriverCall::StreamWaitEvent);
+    let second = one(s[1]).await;
+    assert_eq!(second, first, "stream 1 took other memory");
+    assert_eq!(
+        gpu.call_count(DriverCall::StreamWaitEvent) - waits,
+        0,
+        "stream 1 waited on stream 0 through the adaptors"
+    );
+    res.reap_pending().await.unwrap();
+    gpu.run_until_idle();
+    assert!(gpu.races().is_empty(), "{:?}", gpu.races());
+}
