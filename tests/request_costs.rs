@@ -409,3 +409,43 @@ async fn the_completed_proof_passes_through_the_adaptors() {
     gpu.run_until_idle();
     assert!(gpu.races().is_empty(), "{:?}", gpu.races());
 }
+
+/// Points are numbered per `AsyncResource`: a buffer of one resource
+/// launched through another (both over the same cache) must not read the
+/// other's point against its own resource's, which may have settled far
+/// past it. Here its own resource has settled 30 points, the launch's
+/// point through the other is that one's first, and its kernel is still
+/// queued when the buffer is dropped: a completed free would be a false
+/// claim, which the simulated device reports.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_point_of_another_resource_never_makes_a_free_completed() {
+    let gpu = SimGpu::builder()
+        .op_latency(Duration::from_millis(2))
+        .build();
+    let device = Device::simulated(&gpu, 2);
+    let cache = Arc::new(CachingResource::new(Arc::new(SimResource::new(&device))));
+    // SAFETY: the stack's bottom resource was made on this device (both).
+    let (a, b) = unsafe {
+        (
+            AsyncResource::with_device(cache.clone(), &device).unwrap(),
+            AsyncResource::with_device(cache, &device).unwrap(),
+        )
+    };
+    let s: Vec<StreamId> = device.streams().ids().collect();
+    for _ in 0..30 {
+        a.completion(s[0]).unwrap().await.unwrap();
+    }
+    let mut x = a.allocate_buffer::<f32>(4096, s[0], TAG).await.unwrap();
+    let bx = x.block().clone();
+    let ((), _not_awaited) = b
+        .launch(s[0])
+        .write(&mut x)
+        .enqueue(|raw| {
+            gpu.launch_kernel(raw, &[MemAccess::write(&bx)])
+                .map_err(|e| e.for_request(0, s[0]))
+        })
+        .unwrap();
+    drop(x);
+    gpu.run_until_idle();
+    assert!(gpu.races().is_empty(), "{:?}", gpu.races());
+}

@@ -2,6 +2,7 @@
 //! completion future for the whole launch.
 
 use std::fmt;
+use std::sync::Arc;
 
 use super::ledger::{BufferCore, End};
 use super::owned::Buffer;
@@ -158,9 +159,15 @@ impl<'a, R: DeviceMemoryResource + 'static> BufferLaunch<'a, R> {
         finished?;
         let completion = self.res.completion_outside_capture(self.stream)?;
         // Once this future settles the GPU is done with the launch's
-        // buffers (on their own stream): their drop may then say so.
+        // buffers (on their own stream): their drop may then say so. Points
+        // are numbered per resource, and a buffer's drop asks its own: only
+        // a buffer of this very resource may count on this one (another
+        // `AsyncResource` over the same inner one has its own points).
+        let this = Arc::as_ptr(self.res.core()).cast::<()>();
         for (core, _) in &self.buffers {
-            core.note_launch_point(self.stream, completion.seq());
+            if std::ptr::eq(Arc::as_ptr(&core.home).cast::<()>(), this) {
+                core.note_launch_point(self.stream, completion.seq());
+            }
         }
         Ok((value, completion))
     }
