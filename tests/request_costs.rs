@@ -449,3 +449,31 @@ async fn a_point_of_another_resource_never_makes_a_free_completed() {
     gpu.run_until_idle();
     assert!(gpu.races().is_empty(), "{:?}", gpu.races());
 }
+
+/// A use made through the resource's own hooks (not the buffer's guards)
+/// after the buffer's last launch completed is work the launch's point
+/// does not cover: the drop must then free the buffer as any free, not as
+/// completed (the simulated device reports a false claim).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_use_through_the_hooks_after_the_launch_keeps_the_free_ordered() {
+    let (gpu, res, s) = slow_service(Duration::from_millis(2));
+    let mut x = res.allocate_buffer::<f32>(4096, s[0], TAG).await.unwrap();
+    let bx = x.block().clone();
+    let ((), done) = res
+        .launch(s[0])
+        .write(&mut x)
+        .enqueue(|raw| {
+            gpu.launch_kernel(raw, &[MemAccess::write(&bx)])
+                .map_err(|e| e.for_request(0, s[0]))
+        })
+        .unwrap();
+    done.await.unwrap();
+    // More work on the block, through the hooks, not awaited.
+    res.prepare_block_use(x.id(), s[0], Access::Write).unwrap();
+    let raw0 = res.stream_pool().raw(s[0]).unwrap();
+    gpu.launch_kernel(raw0, &[MemAccess::write(&bx)]).unwrap();
+    let _later = res.finish_block_use(x.id(), s[0], Access::Write).unwrap();
+    drop(x);
+    gpu.run_until_idle();
+    assert!(gpu.races().is_empty(), "{:?}", gpu.races());
+}

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use crate::device::StreamPool;
 use crate::error::ResourceResult;
-use crate::futures::{Core, deallocate_detached};
+use crate::futures::{Core, DoneAt, deallocate_detached};
 use crate::gpu::Gpu;
 use crate::resource::{DeviceMemoryResource, StreamOrderedResource};
 use crate::types::{Access, BlockId, DeviceBlock, StreamId};
@@ -31,7 +31,7 @@ pub(crate) trait BufferHome: Send + Sync {
     /// block's stream whose settling means the GPU is done with the block
     /// (see [`BufferCore::done_at`](super::ledger::BufferCore::done_at)); a
     /// home that knows its points may then free it as completed.
-    fn free(&self, block: DeviceBlock, done_at: Option<u64>) -> ResourceResult<()>;
+    fn free(&self, block: DeviceBlock, done_at: Option<DoneAt>) -> ResourceResult<()>;
 }
 
 impl std::fmt::Debug for dyn BufferHome {
@@ -64,7 +64,7 @@ impl<R: DeviceMemoryResource + ?Sized> BufferHome for SyncHome<R> {
     fn finish(&self, block: BlockId, stream: StreamId, access: Access) -> ResourceResult<()> {
         self.resource.finish_block_use(block, stream, access)
     }
-    fn free(&self, block: DeviceBlock, _: Option<u64>) -> ResourceResult<()> {
+    fn free(&self, block: DeviceBlock, _: Option<DoneAt>) -> ResourceResult<()> {
         self.resource.deallocate(block)
     }
 }
@@ -87,7 +87,7 @@ impl<G: Gpu> BufferHome for StreamOrderedResource<G> {
     fn finish(&self, block: BlockId, stream: StreamId, access: Access) -> ResourceResult<()> {
         self.finish_block_use(block, stream, access)
     }
-    fn free(&self, block: DeviceBlock, _: Option<u64>) -> ResourceResult<()> {
+    fn free(&self, block: DeviceBlock, _: Option<DoneAt>) -> ResourceResult<()> {
         self.deallocate(block)
     }
 }
@@ -111,7 +111,7 @@ impl BufferHome for Core {
     fn finish(&self, block: BlockId, stream: StreamId, access: Access) -> ResourceResult<()> {
         self.inner.finish_block_use(block, stream, access)
     }
-    fn free(&self, block: DeviceBlock, done_at: Option<u64>) -> ResourceResult<()> {
+    fn free(&self, block: DeviceBlock, done_at: Option<DoneAt>) -> ResourceResult<()> {
         deallocate_detached(self, block, done_at)
     }
 }

@@ -3,12 +3,13 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use super::ledger::{BufferCore, End};
 use super::owned::Buffer;
 use super::view::{BufferView, BufferViewMut};
 use crate::error::ResourceError;
-use crate::futures::{AsyncResource, EventFuture};
+use crate::futures::{AsyncResource, DoneAt, EventFuture};
 use crate::launch::LaunchRecorder;
 use crate::resource::DeviceMemoryResource;
 use crate::types::{Access, DeviceBlock, RawStream, StreamId};
@@ -164,9 +165,13 @@ impl<'a, R: DeviceMemoryResource + 'static> BufferLaunch<'a, R> {
         // a buffer of this very resource may count on this one (another
         // `AsyncResource` over the same inner one has its own points).
         let this = Arc::as_ptr(self.res.core()).cast::<()>();
+        let done_at = DoneAt {
+            point: completion.seq(),
+            hook_uses: self.res.core().hook_uses.load(Ordering::SeqCst),
+        };
         for (core, _) in &self.buffers {
             if std::ptr::eq(Arc::as_ptr(&core.home).cast::<()>(), this) {
-                core.note_launch_point(self.stream, completion.seq());
+                core.note_launch_point(self.stream, done_at);
             }
         }
         Ok((value, completion))

@@ -41,6 +41,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::home::BufferHome;
 use crate::error::{ResourceError, ResourceResult};
+use crate::futures::DoneAt;
 use crate::types::{Access, DeviceBlock, StreamId};
 
 /// Uses prepared on a stream whose end this crate did not see, and what
@@ -53,7 +54,7 @@ struct Deferred {
     /// last launch that used the block, when no use began after it: once
     /// that point settles, the GPU is done with every use (stream order
     /// covers the earlier ones on this stream).
-    done_at: Option<u64>,
+    done_at: Option<DoneAt>,
     /// A use began on another stream: its end is not covered by a point of
     /// the block's stream, so no point ever says the GPU is done.
     elsewhere: bool,
@@ -133,20 +134,20 @@ impl BufferCore {
         Ok(())
     }
 
-    /// A launch on `stream` that used the block ends at point `seq` of
-    /// that stream (its completion future's): once the point settles, the
+    /// A launch on `stream` that used the block ends at `done_at` (its
+    /// completion future's point on that stream): once the point settles, the
     /// GPU is done with the block, unless a use began on another stream or
     /// begins after this.
-    pub(crate) fn note_launch_point(&self, stream: StreamId, seq: u64) {
+    pub(crate) fn note_launch_point(&self, stream: StreamId, done_at: DoneAt) {
         let mut deferred = self.lock();
         if stream == self.block.stream() && !deferred.elsewhere {
-            deferred.done_at = Some(seq);
+            deferred.done_at = Some(done_at);
         }
     }
 
     /// The point of the block's stream whose settling says the GPU is done
     /// with the block, if one does. Callers own the buffer (`Drop`).
-    pub(crate) fn done_at(&mut self) -> Option<u64> {
+    pub(crate) fn done_at(&mut self) -> Option<DoneAt> {
         self.deferred
             .get_mut()
             .unwrap_or_else(|p| p.into_inner())

@@ -151,7 +151,10 @@ impl<T> Buffer<T> {
         self.len * std::mem::size_of::<T>()
     }
 
-    /// The block's id (for the resource's hooks and statistics).
+    /// The block's id (for the resource's hooks and statistics). Uses
+    /// begun through an [`AsyncResource`](crate::futures::AsyncResource)'s
+    /// hooks keep the buffer's free ordered after them; a use begun on its
+    /// inner resource directly is outside what the buffer can see.
     pub fn id(&self) -> BlockId {
         self.core.block.id()
     }

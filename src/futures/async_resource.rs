@@ -3,10 +3,12 @@
 #![allow(unsafe_code)]
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use super::alloc_future::AllocFuture;
 use super::core::Core;
 use super::dealloc::{DeallocHandle, ReapFuture};
+use super::done_at::DoneAt;
 use super::event_future::EventFuture;
 use super::wait_policy::WaitPolicy;
 use super::wait_stats::WaitStats;
@@ -248,6 +250,7 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
         use_stream: StreamId,
         access: Access,
     ) -> ResourceResult<()> {
+        self.core.hook_uses.fetch_add(1, Ordering::SeqCst);
         self.inner.prepare_block_use(block, use_stream, access)
     }
 
@@ -261,6 +264,7 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
         block: &DeviceBlock,
         use_stream: StreamId,
     ) -> ResourceResult<()> {
+        self.core.hook_uses.fetch_add(1, Ordering::SeqCst);
         self.inner.record_block_use(block, use_stream)
     }
 
@@ -287,6 +291,7 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
         self.core
             .notifier(use_stream)?
             .refuse_capturing(&*self.core.gpu)?;
+        self.core.hook_uses.fetch_add(1, Ordering::SeqCst);
         self.inner.finish_block_use(block, use_stream, access)?;
         EventFuture::point_outside_capture(&self.core, use_stream)
     }
@@ -446,12 +451,17 @@ fn deallocate_on(core: &Arc<Core>, block: DeviceBlock) -> ResourceResult<Dealloc
 pub(crate) fn deallocate_detached(
     core: &Core,
     block: DeviceBlock,
-    done_at: Option<u64>,
+    done_at: Option<DoneAt>,
 ) -> ResourceResult<()> {
     let stream = block.stream();
     let notifier = core.notifier(stream)?;
-    match done_at.map(|seq| notifier.check(seq)) {
-        // Settled without failure: every use of the block ran.
+    let hooks = core.hook_uses.load(Ordering::SeqCst);
+    match done_at
+        .filter(|d| d.hook_uses == hooks)
+        .map(|d| notifier.check(d.point))
+    {
+        // Settled without failure, and no use began through the hooks
+        // since: every use of the block ran.
         Some(Ok(Ok(()))) => {
             let completed = CompletedUses::new(block.id());
             core.inner.deallocate_completed(block, completed)?;

@@ -27,6 +27,7 @@ use crate::error::{DriverCall, ResourceError, ResourceResult};
 use crate::gpu::Gpu;
 use crate::poll_scope::PollScope;
 use crate::resource::DeviceMemoryResource;
+use crate::sync::AtomicU64;
 use crate::types::StreamId;
 use crate::waiters;
 
@@ -48,6 +49,12 @@ pub(crate) struct Core {
     /// Whether a free through `inner` may queue frees on other streams
     /// (see [`DeviceMemoryResource::frees_across_streams`]).
     frees_across: bool,
+    /// Block uses begun through the resource's own hooks
+    /// ([`AsyncResource::prepare_block_use`](super::AsyncResource::prepare_block_use)
+    /// and its two siblings), counted: an owned buffer's drop frees as
+    /// completed only if none began since its last launch (such a use is
+    /// work on the block that the launch's point does not cover).
+    pub(crate) hook_uses: AtomicU64,
 }
 
 impl std::fmt::Debug for Core {
@@ -99,6 +106,7 @@ impl Core {
             policy: SharedPolicy::default(),
             capacity,
             frees_across: inner_across,
+            hook_uses: AtomicU64::new(0),
         });
         let patrolled: std::sync::Weak<dyn Patrolled> = Arc::downgrade(&core) as _;
         watchdog::spawn(patrolled, kick).map_err(|e| ResourceError::Driver {

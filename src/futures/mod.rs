@@ -99,7 +99,9 @@
 // Floors from the bottom; each file imports only from floors below it.
 //
 // 0. Plain data: the points ring, the wait policy and stats, the allocation
-//    wait queue, the kick (the dispatcher's wake-up callback).
+//    wait queue, the kick (the dispatcher's wake-up callback), where an
+//    owned buffer's block is known done with.
+mod done_at;
 mod kick;
 mod points;
 mod wait_policy;
@@ -127,6 +129,7 @@ pub use async_resource::AsyncResource;
 pub(crate) use self::core::Core;
 pub(crate) use async_resource::deallocate_detached;
 pub use dealloc::{DeallocHandle, ReapFuture};
+pub(crate) use done_at::DoneAt;
 pub use event_future::EventFuture;
 #[cfg(feature = "tokio")]
 pub use reaper::Reaper;
