@@ -165,7 +165,12 @@ impl<T> Buffer<T> {
     }
 
     /// The block, to read its address, size or tag. Using the address
-    /// directly bypasses the ordering: prefer the guards.
+    /// directly bypasses the ordering: prefer the guards, or use it inside
+    /// a declared launch ([`AsyncResource::launch`](crate::futures::AsyncResource::launch)).
+    /// Work queued with the address outside any declared use is not
+    /// ordered against the buffer's free, not even on the buffer's own
+    /// stream: once the buffer's last declared launch has completed, its
+    /// drop hands the memory to every stream at once.
     pub fn block(&self) -> &DeviceBlock {
         &self.core.block
     }
