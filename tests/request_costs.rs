@@ -11,8 +11,9 @@ use std::time::Duration;
 
 use common::{CountingWaker, poll_once};
 
+use streamalloc::buffer::Buffer;
 use streamalloc::error::DriverCall;
-use streamalloc::futures::{AsyncResource, Behind, WaitPolicy};
+use streamalloc::futures::{AsyncResource, Behind, EventFuture, WaitPolicy};
 use streamalloc::gpu::sim::{MemAccess, SimGpu};
 use streamalloc::{
     Access, AllocTag, CachingResource, Device, DeviceMemoryResource, SimResource, StreamId,
@@ -243,6 +244,26 @@ fn the_oldest_parked_point_is_woken_when_the_stream_reaches_it() {
     );
 }
 
+/// Launches, through `res` on `s`, one simulated kernel writing `x`, and
+/// returns the launch's completion.
+fn write_one<R: DeviceMemoryResource + 'static>(
+    gpu: &SimGpu,
+    res: &AsyncResource<R>,
+    s: StreamId,
+    x: &mut Buffer<f32>,
+) -> EventFuture {
+    let bx = x.block().clone();
+    let ((), done) = res
+        .launch(s)
+        .write(x)
+        .enqueue(|raw| {
+            gpu.launch_kernel(raw, &[MemAccess::write(&bx)])
+                .map_err(|e| e.for_request(0, s))
+        })
+        .unwrap();
+    done
+}
+
 /// The service's stack on a threaded simulated device whose operations
 /// each take `latency` (so that a stream stays busy while the test looks).
 fn slow_service(latency: Duration) -> (Arc<SimGpu>, Service, Vec<StreamId>) {
@@ -311,14 +332,7 @@ async fn memory_freed_before_its_completion_is_not_handed_over_unordered() {
     let (gpu, res, s) = slow_service(Duration::from_millis(5));
     let mut x = res.allocate_buffer::<f32>(4096, s[0], TAG).await.unwrap();
     let bx = x.block().clone();
-    let ((), _done) = res
-        .launch(s[0])
-        .write(&mut x)
-        .enqueue(|raw| {
-            gpu.launch_kernel(raw, &[MemAccess::write(&bx)])
-                .map_err(|e| e.for_request(0, s[0]))
-        })
-        .unwrap();
+    let _done = write_one(&gpu, &res, s[0], &mut x);
     // Dropped with its kernel still queued.
     drop(x);
     let waits = gpu.call_count(DriverCall::StreamWaitEvent);
@@ -330,14 +344,7 @@ async fn memory_freed_before_its_completion_is_not_handed_over_unordered() {
             "the memory changed streams with no wait"
         );
     }
-    let ((), done) = res
-        .launch(s[1])
-        .write(&mut y)
-        .enqueue(|raw| {
-            gpu.launch_kernel(raw, &[MemAccess::write(&by)])
-                .map_err(|e| e.for_request(0, s[1]))
-        })
-        .unwrap();
+    let done = write_one(&gpu, &res, s[1], &mut y);
     done.await.unwrap();
     drop(y);
     res.reap_pending().await.unwrap();
@@ -381,14 +388,7 @@ async fn the_completed_proof_passes_through_the_adaptors() {
         async move {
             let mut x = res.allocate_buffer::<f32>(4096, s, TAG).await.unwrap();
             let bx = x.block().clone();
-            let ((), done) = res
-                .launch(s)
-                .write(&mut x)
-                .enqueue(|raw| {
-                    gpu.launch_kernel(raw, &[MemAccess::write(&bx)])
-                        .map_err(|e| e.for_request(0, s))
-                })
-                .unwrap();
+            let done = write_one(gpu, res, s, &mut x);
             done.await.unwrap();
             bx.ptr()
         }
@@ -436,15 +436,7 @@ async fn a_point_of_another_resource_never_makes_a_free_completed() {
         a.completion(s[0]).unwrap().await.unwrap();
     }
     let mut x = a.allocate_buffer::<f32>(4096, s[0], TAG).await.unwrap();
-    let bx = x.block().clone();
-    let ((), _not_awaited) = b
-        .launch(s[0])
-        .write(&mut x)
-        .enqueue(|raw| {
-            gpu.launch_kernel(raw, &[MemAccess::write(&bx)])
-                .map_err(|e| e.for_request(0, s[0]))
-        })
-        .unwrap();
+    let _not_awaited = write_one(&gpu, &b, s[0], &mut x);
     drop(x);
     gpu.run_until_idle();
     assert!(gpu.races().is_empty(), "{:?}", gpu.races());
@@ -459,14 +451,7 @@ async fn a_use_through_the_hooks_after_the_launch_keeps_the_free_ordered() {
     let (gpu, res, s) = slow_service(Duration::from_millis(2));
     let mut x = res.allocate_buffer::<f32>(4096, s[0], TAG).await.unwrap();
     let bx = x.block().clone();
-    let ((), done) = res
-        .launch(s[0])
-        .write(&mut x)
-        .enqueue(|raw| {
-            gpu.launch_kernel(raw, &[MemAccess::write(&bx)])
-                .map_err(|e| e.for_request(0, s[0]))
-        })
-        .unwrap();
+    let done = write_one(&gpu, &res, s[0], &mut x);
     done.await.unwrap();
     // More work on the block, through the hooks, not awaited.
     res.prepare_block_use(x.id(), s[0], Access::Write).unwrap();
