@@ -193,34 +193,28 @@ impl SharedArena {
         }
     }
 
-    /// The range, which no queued work touches any more, goes back to the
-    /// arena clean; pages it leaves untouched go idle, free to unmap.
-    fn give_clean(&mut self, placed: Placed) {
+    /// The range goes back to the arena tagged `freed`; pages it leaves
+    /// untouched go idle with that tag ([`Freed::CLEAN`]: no queued work
+    /// touches it, free to unmap at once).
+    fn give_tagged(&mut self, placed: Placed, freed: Freed) {
         let SharedArena {
             arena,
             pages,
             streams,
             ..
         } = self;
-        pages.untouch(placed.off, placed.len, Freed::CLEAN);
-        arena.free(placed, Some(Freed::CLEAN), |f| is_done(streams, f));
+        pages.untouch(placed.off, placed.len, freed);
+        arena.free(placed, Some(freed), |f| is_done(streams, f));
     }
 
     /// The range goes back to the arena tagged with a new free of `slot`;
     /// pages it leaves untouched go idle.
     fn give(&mut self, slot: usize, placed: Placed) {
-        let SharedArena {
-            arena,
-            pages,
-            streams,
-            ..
-        } = self;
-        let Some(Some(s)) = streams.get_mut(slot) else {
+        let Some(Some(s)) = self.streams.get_mut(slot) else {
             unreachable!("a stream places in the arena only once it opened it");
         };
         let freed = Freed::by(slot, s.fences.next_stamp());
-        pages.untouch(placed.off, placed.len, freed);
-        arena.free(placed, Some(freed), |f| is_done(streams, f));
+        self.give_tagged(placed, freed);
     }
 }
 
@@ -678,7 +672,7 @@ impl VmTier {
         self.gpu().note_subfree_completed(self.ptr(placed), ss.raw);
         match ss.kept.keep(placed, &self.kept[ss.slot]) {
             None => {}
-            Some(given) if given == placed => self.lock().give_clean(placed),
+            Some(given) if given == placed => self.lock().give_tagged(placed, Freed::CLEAN),
             // An older block pushed out: freed when it was, as any free.
             Some(pushed) => self.give_range(ss.slot, pushed),
         }

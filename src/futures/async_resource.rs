@@ -442,7 +442,8 @@ fn deallocate_on(core: &Arc<Core>, block: DeviceBlock) -> ResourceResult<Dealloc
 /// A free nobody awaits (an owned buffer's drop): queued and accounted as
 /// [`AsyncResource::deallocate`]'s, with no handle made. When point
 /// `done_at` of the block's stream has settled (the completion of the
-/// buffer's last launch, nothing used it since), the GPU is done with the
+/// buffer's last launch, nothing used it since, no use begun through the
+/// resource's hooks since either), the GPU is done with the
 /// block and the inner resource is told so
 /// ([`deallocate_completed`](DeviceMemoryResource::deallocate_completed)).
 ///
@@ -455,9 +456,8 @@ pub(crate) fn deallocate_detached(
 ) -> ResourceResult<()> {
     let stream = block.stream();
     let notifier = core.notifier(stream)?;
-    let hooks = core.hook_uses.load(Ordering::SeqCst);
     match done_at
-        .filter(|d| d.hook_uses == hooks)
+        .filter(|d| d.hook_uses == core.hook_uses.load(Ordering::SeqCst))
         .map(|d| notifier.check(d.point))
     {
         // Settled without failure, and no use began through the hooks
