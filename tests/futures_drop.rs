@@ -220,3 +220,23 @@ fn points_dropped_behind_an_unpolled_one_do_not_pile_up() {
     }
     assert!(matches!(kept.is_complete(), Ok(true)));
 }
+
+/// `DeallocHandle::is_complete` says the free is executed *and applied*:
+/// once it says so, the bytes are out of the accounting, even when nobody
+/// polled the handle and no reaper runs.
+#[test]
+fn a_complete_dealloc_handle_has_left_the_accounting() {
+    let f = common::sim_with(SimGpu::builder().manual().build(), 1);
+    let gpu = f.sim.clone().unwrap();
+    let res = common::async_resource(&f);
+    let s = f.stream(0);
+    let block = res.try_allocate(BLOCK, s, TAG).unwrap();
+    gpu.launch_kernel(f.pool.raw(s).unwrap(), &[MemAccess::write(&block)])
+        .unwrap();
+    let freed = res.deallocate(block).unwrap();
+    assert!(!freed.is_complete(), "complete before the device ran");
+    // The device runs the kernel, the free and the notification.
+    gpu.run_until_idle();
+    assert!(freed.is_complete(), "the delivered free is not complete");
+    assert_eq!(res.bytes_outstanding(), 0, "complete, yet still counted");
+}

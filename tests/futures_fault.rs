@@ -171,3 +171,46 @@ fn a_failed_free_is_not_complete() {
     assert!(!freed.is_complete(), "a failed free reports complete");
     assert_eq!(res.bytes_outstanding(), BLOCK);
 }
+
+/// `finish_block_use` through the futures layer records the use and makes
+/// its completion point; when either fails (an event record refused), the
+/// call fails with nothing recorded: the free of the block then waits on no
+/// use of the other stream, as if the call had not been made.
+#[test]
+fn a_failed_finish_records_no_use() {
+    // Waits queued by the free of a block that stream 1 wrote, with its
+    // finish failing at event record `fail` (`None`: the finish succeeds);
+    // `finish: false` makes no finish call at all.
+    let waits_at_free = |finish: bool, fail: Option<u64>| {
+        let f = common::sim_with(SimGpu::builder().manual().build(), 2);
+        let gpu = f.sim.clone().unwrap();
+        let res = common::async_resource(&f);
+        let (s0, s1) = (f.stream(0), f.stream(1));
+        let block = res.try_allocate(BLOCK, s0, TAG).unwrap();
+        res.prepare_block_use(block.id(), s1, streamalloc::Access::Write)
+            .unwrap();
+        gpu.launch_kernel(f.pool.raw(s1).unwrap(), &[MemAccess::write(&block)])
+            .unwrap();
+        if finish {
+            if let Some(nth) = fail {
+                gpu.fail_nth(DriverCall::EventRecord, nth);
+            }
+            let r = res.finish_block_use(block.id(), s1, streamalloc::Access::Write);
+            assert_eq!(r.is_err(), fail.is_some(), "record {fail:?}: {r:?}");
+        }
+        let waits = gpu.call_count(DriverCall::StreamWaitEvent);
+        drop(res.deallocate(block).unwrap());
+        let waits = gpu.call_count(DriverCall::StreamWaitEvent) - waits;
+        gpu.run_until_idle();
+        waits
+    };
+    let (none, recorded) = (waits_at_free(false, None), waits_at_free(true, None));
+    assert!(recorded > none, "a recorded use adds no wait at the free");
+    for nth in 1..=2 {
+        assert_eq!(
+            waits_at_free(true, Some(nth)),
+            none,
+            "record {nth} failed: the failed finish left a use recorded"
+        );
+    }
+}

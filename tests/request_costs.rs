@@ -462,3 +462,45 @@ async fn a_use_through_the_hooks_after_the_launch_keeps_the_free_ordered() {
     gpu.run_until_idle();
     assert!(gpu.races().is_empty(), "{:?}", gpu.races());
 }
+
+/// A cancelled request: its handler dropped the launch's completion future
+/// (a timeout, an abort) and then its buffer, with the kernel still
+/// running. A dropped future proves nothing about the GPU: the free is an
+/// ordinary stream-ordered one, so another stream that takes the memory
+/// is ordered behind the kernel (the simulated device reports a write by
+/// the kernel and the other stream's use as a race otherwise).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_completion_future_proves_nothing() {
+    let (gpu, res, s) = slow_service(Duration::from_millis(5));
+    let mut x = res.allocate_buffer::<f32>(4096, s[0], TAG).await.unwrap();
+    let done = write_one(&gpu, &res, s[0], &mut x);
+    // The handler is cancelled while awaiting, then its buffer goes.
+    drop(done);
+    drop(x);
+    let mut y = res.allocate_buffer::<f32>(4096, s[1], TAG).await.unwrap();
+    let done = write_one(&gpu, &res, s[1], &mut y);
+    done.await.unwrap();
+    drop(y);
+    res.reap_pending().await.unwrap();
+    gpu.run_until_idle();
+    assert!(gpu.races().is_empty(), "{:?}", gpu.races());
+}
+
+/// As [`a_dropped_completion_future_proves_nothing`], with the buffer
+/// dropped on another thread after the future was dropped on this one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_buffer_dropped_elsewhere_after_its_future_proves_nothing() {
+    let (gpu, res, s) = slow_service(Duration::from_millis(5));
+    let mut x = res.allocate_buffer::<f32>(4096, s[0], TAG).await.unwrap();
+    let done = write_one(&gpu, &res, s[0], &mut x);
+    drop(done);
+    std::thread::spawn(move || drop(x)).join().unwrap();
+    res.inner().trim().unwrap();
+    let mut y = res.allocate_buffer::<f32>(4096, s[1], TAG).await.unwrap();
+    let done = write_one(&gpu, &res, s[1], &mut y);
+    done.await.unwrap();
+    drop(y);
+    res.reap_pending().await.unwrap();
+    gpu.run_until_idle();
+    assert!(gpu.races().is_empty(), "{:?}", gpu.races());
+}

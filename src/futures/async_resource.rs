@@ -16,7 +16,7 @@ use crate::device::{Device, StreamPool};
 use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::{CaptureId, Gpu};
 use crate::resource::{DeviceMemoryResource, StreamOrderedResource};
-use crate::types::{Access, AllocTag, BlockId, CompletedUses, DeviceBlock, StreamId};
+use crate::types::{Access, AllocTag, BlockId, BlockState, CompletedUses, DeviceBlock, StreamId};
 
 /// A stream-ordered resource that async code can await: allocations wait for
 /// memory instead of failing, completion points and frees are futures, and
@@ -278,7 +278,11 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
     /// ([`StreamCapturing`](crate::ResourceError::StreamCapturing)), are
     /// refused before the inner resource is touched. Inside a capture,
     /// record uses with [`record_block_use`](Self::record_block_use) and
-    /// await the graph's launch.
+    /// await the graph's launch. On any error no use is recorded (the
+    /// completion point is made first and let go if the inner resource
+    /// refuses): the work queued on `use_stream` is not ordered before the
+    /// block's free, so call again, or keep the block until that work is
+    /// known done.
     ///
     /// # Stream ordering
     /// The future covers everything queued on `use_stream` before the call.
@@ -291,9 +295,21 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
         self.core
             .notifier(use_stream)?
             .refuse_capturing(&*self.core.gpu)?;
+        // Counted before the use is visible, and kept on failure: a count
+        // too high only makes a later drop's free an ordinary one.
         self.core.hook_uses.fetch_add(1, Ordering::SeqCst);
+        if !matches!(self.inner.block_state(block), Some(BlockState::Live) | None) {
+            // A block known not live is refused below; no point is made
+            // for it, so bad input makes no driver call.
+            self.inner.finish_block_use(block, use_stream, access)?;
+            return EventFuture::point_outside_capture(&self.core, use_stream);
+        }
+        // The point first: its event, recorded after the work, covers it
+        // whichever is recorded first, and a point that cannot be made
+        // leaves nothing behind. A refused use drops the point (released).
+        let done = EventFuture::point_outside_capture(&self.core, use_stream)?;
         self.inner.finish_block_use(block, use_stream, access)?;
-        EventFuture::point_outside_capture(&self.core, use_stream)
+        Ok(done)
     }
 
     /// A future that completes when the GPU has executed everything queued
@@ -440,11 +456,12 @@ fn deallocate_on(core: &Arc<Core>, block: DeviceBlock) -> ResourceResult<Dealloc
 }
 
 /// A free nobody awaits (an owned buffer's drop): queued and accounted as
-/// [`AsyncResource::deallocate`]'s, with no handle made. When point
-/// `done_at` of the block's stream has settled (the completion of the
-/// buffer's last launch, nothing used it since, no use begun through the
-/// resource's hooks since either), the GPU is done with the
-/// block and the inner resource is told so
+/// [`AsyncResource::deallocate`]'s, with no handle made. When the host
+/// saw the block's stream reach point `done_at` (the completion of the
+/// buffer's last launch: a notification delivered or an event queried
+/// done, never a future dropped), nothing used the buffer since, and no
+/// use began through the resource's hooks since either, the GPU is done
+/// with the block and the inner resource is told so
 /// ([`deallocate_completed`](DeviceMemoryResource::deallocate_completed)).
 ///
 /// # Errors
@@ -456,17 +473,19 @@ pub(crate) fn deallocate_detached(
 ) -> ResourceResult<()> {
     let stream = block.stream();
     let notifier = core.notifier(stream)?;
-    match done_at
-        .filter(|d| d.hook_uses == core.hook_uses.load(Ordering::SeqCst))
-        .map(|d| notifier.check(d.point))
-    {
-        // Settled without failure, and no use began through the hooks
-        // since: every use of the block ran.
-        Some(Ok(Ok(()))) => {
+    // Only what the host saw proves the GPU done: a point settled because
+    // its future was dropped (a cancelled request) or failed says nothing.
+    let seen_done = done_at.is_some_and(|d| {
+        d.hook_uses == core.hook_uses.load(Ordering::SeqCst) && notifier.seen_reached(d.point)
+    });
+    match seen_done {
+        // Seen reached, and no use began through the hooks since: every
+        // use of the block ran.
+        true => {
             let completed = CompletedUses::new(block.id());
             core.inner.deallocate_completed(block, completed)?;
         }
-        _ => core.inner.deallocate(block)?,
+        false => core.inner.deallocate(block)?,
     }
     // A free that queued nothing new below (a cache took the block back:
     // its bytes never left it) has nothing for a notification to apply,

@@ -65,11 +65,22 @@ impl DeallocHandle {
         self.stream
     }
 
-    /// Whether the free is known executed and applied, without waiting.
+    /// Whether the free is known executed and applied, without waiting:
+    /// when it says `true`, the bytes are out of
+    /// [`bytes_outstanding`](crate::DeviceMemoryResource::bytes_outstanding).
+    /// A free known executed whose bytes the dispatcher has not applied yet
+    /// is applied here (as awaiting the handle would).
     pub fn is_complete(&self) -> bool {
         match &self.result {
             Some(r) => r.is_ok(),
-            None => matches!(self.outcome(), Some(Ok(()))),
+            None => {
+                let done = matches!(self.outcome(), Some(Ok(())));
+                if done {
+                    // Idempotent: the dispatcher may have applied it already.
+                    self.core.reap(self.stream, self.free_seq);
+                }
+                done
+            }
         }
     }
 }

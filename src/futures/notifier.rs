@@ -194,6 +194,11 @@ pub(crate) struct Signal {
     /// point" without the lock (the submitting thread takes it for every
     /// new point).
     settled_below: AtomicU64,
+    /// Every point at or below it was seen reached by the host (a
+    /// delivered notification, a queried event): `SignalState::reached`,
+    /// published when the lock is released. Unlike `settled_below`, which
+    /// also moves past points whose owners let go, this is a proof.
+    reached: AtomicU64,
     /// A point failed: the copy above no longer says "done" for everything
     /// below it, so polls take the lock. Stored before `settled_below`.
     any_failed: AtomicBool,
@@ -236,6 +241,10 @@ impl Drop for StateGuard<'_> {
         let base = self.state.points.base();
         if self.signal.settled_below.load(Ordering::Relaxed) != base {
             self.signal.settled_below.store(base, Ordering::Release);
+        }
+        let reached = self.state.reached;
+        if self.signal.reached.load(Ordering::Relaxed) != reached {
+            self.signal.reached.store(reached, Ordering::Release);
         }
         let marked = self.state.next_seq;
         if self.signal.marked.load(Ordering::Relaxed) != marked {
@@ -337,6 +346,7 @@ impl Notifier {
             event,
             signal: Arc::new(Signal {
                 settled_below: AtomicU64::new(Points::default().base()),
+                reached: AtomicU64::new(0),
                 any_failed: AtomicBool::new(false),
                 dead: AtomicBool::new(false),
                 marked: AtomicU64::new(0),
@@ -486,6 +496,16 @@ impl Notifier {
             Some(outcome) => Ok(outcome),
             None => Err(st.points.has_pending_before(seq)),
         }
+    }
+
+    /// Whether the host saw the stream reach point `seq`: a notification
+    /// covering it was delivered, or an event recorded at or after it was
+    /// queried done. The one proof that the work queued before `seq`
+    /// completed. A point whose owner let go of it is settled (see
+    /// [`check`](Self::check)) but proves nothing, and neither does a
+    /// failed one.
+    pub(crate) fn seen_reached(&self, seq: u64) -> bool {
+        seq != 0 && seq <= self.signal.reached.load(Ordering::Acquire)
     }
 
     /// The outcome of point `seq` if it is settled.
