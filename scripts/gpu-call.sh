@@ -14,13 +14,24 @@ B=${BIN:-gpu-bin}; R=r$1; O=$OUT/$R; mkdir -p $O
 date -u > $O/gpu.txt; cat $B/BUILD 2>/dev/null >> $O/gpu.txt; nproc >> $O/gpu.txt
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >> $O/gpu.txt; SECONDS=0
 pack() { echo "$1 at $SECONDS s" >> $O/gpu.txt; tar czf $OUT/$R.tgz -C $OUT $R; }
-# STAGES (default all) picks stages: tests san traces service many bench unseen slots.
-want() { case " ${STAGES:-tests san traces service many bench unseen slots} " in *" $1 "*) return 0;; esac; return 1; }
+# STAGES (default all) picks stages: tests san safety traces service many bench unseen slots.
+want() { case " ${STAGES:-tests san safety traces service many bench unseen slots} " in *" $1 "*) return 0;; esac; return 1; }
 want tests && for t in cache cache_arena cache_graph buffer_cuda gpu_cuda futures_cuda resource service_cuda graph_cuda; do
   echo "=== $t"; timeout 100 $B/test-$t --include-ignored --test-threads=1 2>&1 | grep -E "test result|FAILED|panicked"
 done > $O/tests.txt 2>&1; pack tests
 cs="compute-sanitizer --error-exitcode 86 --report-api-errors no --tool memcheck --track-stream-ordered-races all"
 want san && for t in ${SAN_TESTS:-cache_arena cache_graph}; do echo "=== memcheck $t"; timeout 100 $cs $B/test-$t --include-ignored --test-threads=1 > $O/san-$t.log 2>&1; echo "exit $?"; grep -E "ERROR SUMMARY" $O/san-$t.log; done > $O/sanitize.txt 2>&1; pack san
+# The shortcuts of the ordering rules on the GPU (tests/safety_cuda.rs),
+# with test-safety_cuda-old (the same test built on an older commit, if
+# carried) beside it, then under memcheck with stream-ordered race tracking.
+want safety && {
+  for t in safety_cuda safety_cuda-old; do
+    [ -x $B/test-$t ] || continue
+    echo "=== $t"; timeout 150 $B/test-$t --include-ignored --test-threads=1 --nocapture 2>&1 | grep -E "^test |test result|panicked|cuda:|round|left|right"
+  done
+  echo "=== memcheck safety_cuda"; timeout 200 $cs $B/test-safety_cuda --include-ignored --test-threads=1 > $O/san-safety.log 2>&1; echo "exit $?"
+  grep -E "ERROR SUMMARY|test result" $O/san-safety.log
+} > $O/safety.txt 2>&1; want safety && pack safety
 want traces && BIN=$B TRACES=gpu-traces ROUNDS=${ROUNDS:-4} timeout 300 scripts/gpu-run.sh traces $O/traces > $O/traces.log 2>&1; pack traces
 python3 measure/scripts/trace_ratios.py $O/traces > $O/trace_ratios.txt 2>&1
 want service && BIN=$B timeout 150 scripts/gpu-run.sh service $O/service > $O/service.log 2>&1; pack service
@@ -39,7 +50,7 @@ if want slots && [ "${SLOTS:-0}" != 0 ]; then
   BIN=$B TRACES=gpu-traces ROUNDS=$SLOTS TORCH_REPLAY=measure/scripts/torch_slots_replay.py timeout 200 scripts/gpu-run.sh traces $O/slots > $O/slots.log 2>&1
   python3 measure/scripts/trace_ratios.py $O/slots > $O/slots_ratios.txt 2>&1; pack slots
 fi
-cat $O/gpu.txt $O/tests.txt $O/sanitize.txt 2>/dev/null
+cat $O/gpu.txt $O/tests.txt $O/sanitize.txt $O/safety.txt 2>/dev/null
 cat $O/trace_ratios.txt $O/slots_ratios.txt $O/unseen.txt 2>/dev/null
 grep -ho "stack=[a-z]* backend=cuda rep=[0-9] ops=[0-9]* ns_per_op=[0-9.]*.*ratio=[0-9.]*" $O/traces/*.streamalloc.txt $O/many_streams.txt 2>/dev/null | sed 's/peak_requested.*peak_held=[0-9]* //' | cut -c1-160 | head -12
 grep -h peak_reserved $O/traces/*.torch.txt 2>/dev/null | head -2 | cut -c1-200

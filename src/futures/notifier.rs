@@ -479,6 +479,10 @@ impl Notifier {
     /// The outcome of point `seq` if it is settled, and otherwise whether an
     /// earlier point of the stream is pending too (then, by stream order,
     /// querying `seq` is wasted).
+    ///
+    /// For the point's owner only: a point let go of reads as settled with
+    /// `Ok`, which says nothing about the GPU (see
+    /// [`seen_reached`](Self::seen_reached) for a proof).
     pub(crate) fn check(&self, seq: u64) -> Result<ResourceResult<()>, bool> {
         // Without the lock while no point failed: the base is read first, so
         // a failure published before it is seen below.
