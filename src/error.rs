@@ -161,10 +161,21 @@ pub enum ResourceError {
         /// Allocations in the queue at the call.
         waiting: usize,
     },
-    /// A byte budget shared by several resources would be exceeded.
-    #[error("budget exceeded: requested {requested} B, limit {limit} B, {in_use} B in use")]
+    /// A byte budget shared by several resources would be exceeded:
+    /// `in_use + requested` passes `limit` (or overflows), the very numbers
+    /// the budget compared.
+    ///
+    /// A budget counts device bytes (see
+    /// [`Budget`](crate::adaptors::Budget)): `requested` is what the
+    /// allocation would take from the device, which a cache below the budget
+    /// rounds up (a size class, a 2 MiB page of its arena), so it may be more
+    /// than the caller asked for.
+    #[error(
+        "budget exceeded: the allocation needs {requested} B of device memory, limit {limit} B, {in_use} B in use"
+    )]
     BudgetExceeded {
-        /// Bytes asked for.
+        /// Device bytes the allocation would have counted against the
+        /// budget.
         requested: usize,
         /// The budget's limit.
         limit: usize,

@@ -30,7 +30,7 @@ pub unsafe trait FaithfulLayer<R>: Layer<R> {}
 // and a cache of `inner`'s own blocks); `Identity` returns `inner` itself;
 // a stack and a builder compose faithful layers, a reference forwards.
 unsafe impl<R> FaithfulLayer<R> for Identity {}
-unsafe impl<R: crate::DeviceMemoryResource> FaithfulLayer<R> for BudgetLayer {}
+unsafe impl<R: crate::DeviceMemoryResource + 'static> FaithfulLayer<R> for BudgetLayer {}
 unsafe impl<R> FaithfulLayer<R> for StatsLayer {}
 unsafe impl<R> FaithfulLayer<R> for TracingLayer {}
 unsafe impl<R> FaithfulLayer<R> for RetryOnOomLayer {}

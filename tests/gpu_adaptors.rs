@@ -76,10 +76,10 @@ fn a_full_stack_fills_copies_and_frees_across_streams<G: Gpu>(f: common::Fixture
         "quarantined and pending bytes still count"
     );
     assert!(budget.peak() <= budget.limit());
-    assert!(
-        r.inner().retries() > 0,
-        "the budget ran short and a reap made room"
-    );
+    // 128 MiB went through a 64 MiB budget: it ran short and room was made,
+    // by the budget's relief (a refusal asks the guard for its quarantine
+    // and reaps it) or by a retry's reap.
+    assert!(stats.snapshot().overall.total_bytes > budget.limit() as u64);
     r.inner().inner().inner().inner().flush().unwrap();
     r.reap_pending().unwrap();
     assert_eq!(budget.in_use(), 0);

@@ -504,15 +504,20 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
 
     /// An estimate of the new memory an arena allocation of `bytes` on slot
     /// `index` maps: nothing when the idle mappings could hold it, else the
-    /// pages it spans.
-    pub(super) fn mapped_cost(&self, tier: &VmTier, bytes: usize, index: usize) -> usize {
-        let pages = bytes.div_ceil(tier.page()) * tier.page();
+    /// pages it spans. `None` for a size no arena range can hold (its
+    /// rounding overflows): [`allocate_mapped`](Self::allocate_mapped)
+    /// passes such a request to the inner resource, whose cost it is.
+    pub(super) fn mapped_cost(&self, tier: &VmTier, bytes: usize, index: usize) -> Option<usize> {
+        // Checked: near `usize::MAX` the page rounding wraps (to a cost of
+        // 0 in release, which a budget above would have admitted).
+        round(bytes)?;
+        let pages = bytes.checked_next_multiple_of(tier.page())?;
         let mut shard = self.slots[index].lock();
         if let Some(arena) = shard.arena.as_mut() {
             tier.flush_kept(arena);
         }
         drop(shard);
-        if tier.idle_bytes() >= pages { 0 } else { pages }
+        Some(if tier.idle_bytes() >= pages { 0 } else { pages })
     }
 
     /// Gives each stream's kept blocks back to the arena; returns the

@@ -759,7 +759,11 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R> {
             && bytes > 0
             && index < self.config.streams
         {
-            return self.mapped_cost(tier, bytes, index);
+            return match self.mapped_cost(tier, bytes, index) {
+                Some(cost) => cost,
+                // What the arena cannot hold goes to the inner resource.
+                None => self.inner.allocation_cost(bytes, stream),
+            };
         }
         let class = SizeClass::of(bytes)
             .filter(|_| bytes != 0 && bytes <= self.config.max_block_size)

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use crate::sync::{AtomicUsize, Ordering};
 
+use super::relief::Holders;
 use crate::error::{ResourceError, ResourceResult};
 
 #[derive(Debug)]
@@ -16,11 +17,32 @@ struct Shared {
     in_use: AtomicUsize,
     /// Highest `in_use` reached by a committed reservation.
     peak: AtomicUsize,
+    /// The resources charging this budget, asked for idle memory when a
+    /// request is refused (the module `relief`).
+    holders: Holders,
 }
 
 /// A byte budget shared by every resource (and device) that holds a clone.
 ///
 /// Cloning is cheap and every clone counts against the same limit.
+///
+/// # What a budget byte is
+///
+/// A byte of device memory held for the resources under the budget: what
+/// the layer right below each [`BudgetResource`](super::BudgetResource)
+/// has taken from the device and not yet got back. That is a live block at
+/// the size the device gave it (a cache's size class, the whole 2 MiB
+/// pages an arena maps for a 4 KiB block), an idle cached block or page, a
+/// quarantined block, and a freed block until its free has executed. It is
+/// not the caller's request: under a cache a 4 KiB request may count 2 MiB,
+/// or nothing when a cached block serves it. A refusal,
+/// [`BudgetExceeded`](ResourceError::BudgetExceeded), reports these very
+/// numbers: the device bytes the allocation needed, the limit, and what
+/// was counted.
+///
+/// When a request is refused, the budget first asks every resource under
+/// it, on every device, to give its idle memory back
+/// ([`release_idle`](Self::release_idle)), and tries once more.
 ///
 /// # Examples
 /// ```
@@ -52,6 +74,7 @@ impl Budget {
                 limit,
                 in_use: AtomicUsize::new(0),
                 peak: AtomicUsize::new(0),
+                holders: Holders::default(),
             }),
         }
     }
@@ -79,6 +102,11 @@ impl Budget {
         self.shared.peak.load(Ordering::Acquire)
     }
 
+    /// The resources registered to give idle memory back.
+    pub(super) fn holders(&self) -> &Holders {
+        &self.shared.holders
+    }
+
     /// Whether `other` is a clone of this budget (counts against the same
     /// limit).
     pub fn same_as(&self, other: &Budget) -> bool {
@@ -91,7 +119,8 @@ impl Budget {
     ///
     /// # Errors
     /// [`ResourceError::BudgetExceeded`] when `in_use + bytes` would pass the
-    /// limit; nothing is counted then.
+    /// limit (or overflow), carrying `bytes` and the `in_use` it was
+    /// compared with; nothing is counted then.
     ///
     /// # Cancel safety
     /// Dropping the reservation (an early return, a panic, a dropped future

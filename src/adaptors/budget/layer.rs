@@ -24,7 +24,7 @@ impl BudgetLayer {
     }
 }
 
-impl<R: crate::DeviceMemoryResource> Layer<R> for BudgetLayer {
+impl<R: crate::DeviceMemoryResource + 'static> Layer<R> for BudgetLayer {
     type Resource = BudgetResource<R>;
 
     fn layer(&self, inner: R) -> BudgetResource<R> {

@@ -1,10 +1,22 @@
 //! Budget: one byte limit shared by several resources, on one or many
 //! devices.
 //!
+//! # What is counted
+//!
+//! Device bytes: what the layers below each [`BudgetResource`] hold on the
+//! device (its inner resource's
+//! [`bytes_outstanding`](crate::DeviceMemoryResource::bytes_outstanding)),
+//! never the callers' requests. A request is admitted by what it will take
+//! from the device, and refused with that number
+//! ([`BudgetExceeded`](crate::ResourceError::BudgetExceeded)`{ requested,
+//! limit, in_use }`, the operands of the comparison that failed).
+//!
 //! # State
 //!
 //! - A [`Budget`] handle (cloneable, an `Arc` inside) holds the limit and the
-//!   bytes counted against it, `in_use`, plus the highest `in_use` seen.
+//!   bytes counted against it, `in_use`, plus the highest `in_use` seen,
+//!   and the list of resources to ask for idle memory
+//!   ([`Budget::release_idle`]).
 //! - Each [`BudgetResource`] keeps `charged`: the bytes it has counted
 //!   against the budget and not yet given back.
 //!
@@ -21,6 +33,12 @@
 //! counts what the inner resource really holds: if a racing thread took the
 //! cached block this one expected, the difference is charged even past the
 //! limit, and released with the block.
+//!
+//! A refused reservation first asks every [`BudgetResource`] of the budget,
+//! on every device, to give the idle memory below it back
+//! ([`Budget::release_idle`]), then tries once more: memory a cache holds
+//! idle anywhere under the budget serves the request, and what comes back
+//! wakes the allocations waiting for it.
 //!
 //! So a budget composes with the layers below it in any order: it counts
 //! what the device holds for them (live blocks, a cache's idle blocks, a
@@ -47,6 +65,7 @@
 
 mod handle;
 mod layer;
+mod relief;
 mod resource;
 
 pub use handle::{Budget, Reservation};

@@ -2,8 +2,11 @@
 
 use crate::resource::forward::forward_to_inner;
 
+use std::sync::{Arc, Weak};
+
 use super::Budget;
-use crate::error::{ResourceError, ResourceResult};
+use super::relief::{HolderRegistration, IdleHolder};
+use crate::error::ResourceResult;
 use crate::gpu::CaptureId;
 use crate::resource::DeviceMemoryResource;
 use crate::sync::{AtomicUsize, Mutex, Ordering};
@@ -44,6 +47,17 @@ use crate::types::{AllocTag, CompletedUses, DeviceBlock, StreamId};
 /// available.
 #[derive(Debug)]
 pub struct BudgetResource<R: DeviceMemoryResource> {
+    /// Shared with the budget's relief (a weak reference), which asks the
+    /// inner resource for idle memory when a request under the budget is
+    /// refused.
+    counted: Arc<Counted<R>>,
+    /// Unregisters from the budget's relief when dropped.
+    _holder: HolderRegistration,
+}
+
+/// The inner resource and what this resource counted against the budget.
+#[derive(Debug)]
+struct Counted<R> {
     inner: R,
     budget: Budget,
     /// Bytes this resource counted against the budget and has not given
@@ -55,34 +69,71 @@ pub struct BudgetResource<R: DeviceMemoryResource> {
     settling: Mutex<()>,
 }
 
-impl<R: DeviceMemoryResource> BudgetResource<R> {
+impl<R: DeviceMemoryResource + 'static> BudgetResource<R> {
     /// Wraps `inner`, charging `budget`.
     pub fn new(inner: R, budget: &Budget) -> Self {
-        BudgetResource {
+        let counted = Arc::new(Counted {
             inner,
             budget: budget.clone(),
             charged: AtomicUsize::new(0),
             settling: Mutex::new(()),
-        }
-    }
-
-    /// The inner resource.
-    pub fn inner(&self) -> &R {
-        &self.inner
-    }
-
-    /// The budget charged.
-    pub fn budget(&self) -> &Budget {
-        &self.budget
-    }
-
-    /// Bytes this resource holds against the budget.
-    pub fn charged(&self) -> usize {
-        self.charged.load(Ordering::Acquire)
+        });
+        let weak: Weak<Counted<R>> = Arc::downgrade(&counted);
+        let _holder = budget.register_holder(weak);
+        BudgetResource { counted, _holder }
     }
 }
 
 impl<R: DeviceMemoryResource> BudgetResource<R> {
+    /// The inner resource.
+    pub fn inner(&self) -> &R {
+        &self.counted.inner
+    }
+
+    /// The budget charged.
+    pub fn budget(&self) -> &Budget {
+        &self.counted.budget
+    }
+
+    /// Bytes this resource holds against the budget.
+    pub fn charged(&self) -> usize {
+        self.counted.charged.load(Ordering::Acquire)
+    }
+}
+
+/// So that `forward_to_inner!` reaches the inner resource through the
+/// field.
+impl<R> std::ops::Deref for Counted<R> {
+    type Target = R;
+
+    fn deref(&self) -> &R {
+        &self.inner
+    }
+}
+
+impl<R: DeviceMemoryResource> IdleHolder for Counted<R> {
+    /// Gives back what the stack below holds for no caller, reaps it when
+    /// that is allowed to block, and settles.
+    fn give_back_idle(&self) -> usize {
+        let given = self.inner.release_idle().unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "giving idle memory back for a refused request failed part way");
+            0
+        });
+        // Blocks given back are queued frees: off a poll, reap them, as a
+        // cache does for its own blocks when memory is full. Nothing is
+        // reaped when nothing was idle, so a queued free of a caller still
+        // holds its bytes until someone reaps (`RetryOnOom`, a reaper).
+        if given > 0
+            && !crate::poll_scope::in_poll()
+            && let Err(e) = self.inner.reap_pending()
+        {
+            tracing::warn!(error = %e, "reaping idle memory given back failed");
+        }
+        self.settle()
+    }
+}
+
+impl<R: DeviceMemoryResource> Counted<R> {
     /// Lowers `charged` to what the inner resource still holds and releases
     /// the difference; returns the bytes released.
     ///
@@ -117,7 +168,7 @@ impl<R: DeviceMemoryResource> BudgetResource<R> {
     }
 }
 
-impl<R: DeviceMemoryResource> BudgetResource<R> {
+impl<R: DeviceMemoryResource> Counted<R> {
     /// Raises `charged` to what the inner resource holds when an allocation
     /// took more than its estimated cost (a race over a cached block), so
     /// that the budget never counts less than the device holds. It may pass
@@ -148,7 +199,7 @@ impl<R: DeviceMemoryResource> BudgetResource<R> {
 }
 
 impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> {
-    forward_to_inner!(inner; device_ordinal, bytes_outstanding, pending_free_seq, supports_block_use_tracking, record_block_use, prepare_block_use, finish_block_use, block_state, allocation_cost, allocation_cost_is_exact, frees_across_streams, capture_status);
+    forward_to_inner!(counted; device_ordinal, bytes_outstanding, pending_free_seq, supports_block_use_tracking, record_block_use, prepare_block_use, finish_block_use, block_state, allocation_cost, allocation_cost_is_exact, frees_across_streams, capture_status);
     /// Reserves what the allocation will take from the device (the inner
     /// resource's [`allocation_cost`](DeviceMemoryResource::allocation_cost):
     /// `bytes`, the rounded size below a cache, nothing for a cache hit),
@@ -156,28 +207,38 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> {
     ///
     /// # Errors
     /// [`BudgetExceeded`](crate::ResourceError::BudgetExceeded) before the
-    /// inner resource is asked; any error of the inner allocation, after the
-    /// reservation is given back. Nothing changes either way.
+    /// inner resource is asked, with the numbers the budget compared: its
+    /// `requested` is that cost in device bytes (2 MiB for a 4 KiB request
+    /// that needs a new page of a cache's arena), not `bytes`. Any error of
+    /// the inner allocation, after the reservation is given back. Nothing
+    /// changes either way.
     fn allocate(
         &self,
         bytes: usize,
         stream: StreamId,
         tag: AllocTag,
     ) -> ResourceResult<DeviceBlock> {
-        let cost = self.inner.allocation_cost(bytes, stream);
+        let c = &*self.counted;
+        let mut cost = c.inner.allocation_cost(bytes, stream);
         // Dropped on the error path (or a panic below): the bytes go back.
-        let reservation = self.budget.try_reserve(cost).map_err(|e| match e {
-            // Report the caller's request, not the layer below's cost.
-            ResourceError::BudgetExceeded { limit, in_use, .. } => ResourceError::BudgetExceeded {
-                requested: bytes,
-                limit,
-                in_use,
-            },
-            other => other,
-        })?;
-        let block = self.inner.allocate(bytes, stream, tag)?;
+        // A refusal reports the numbers compared: `cost` (device bytes, a
+        // cache's page where the caller asked for less), never `bytes`.
+        let reservation = match c.budget.try_reserve(cost) {
+            Ok(reservation) => reservation,
+            Err(_) => {
+                // Idle memory anywhere under the budget (a cache below this
+                // resource or below another one of the budget, on any
+                // device) may serve the request: ask for it, then try once
+                // more at what the allocation costs now (a trim below may
+                // have turned a hit into a miss).
+                c.budget.release_idle();
+                cost = c.inner.allocation_cost(bytes, stream);
+                c.budget.try_reserve(cost)?
+            }
+        };
+        let block = self.counted.inner.allocate(bytes, stream, tag)?;
         reservation.commit();
-        self.charged.fetch_add(cost, Ordering::AcqRel);
+        self.counted.charged.fetch_add(cost, Ordering::AcqRel);
         // A layer below that does its own accounting (a cache) estimated
         // the cost before allocating: another thread may have taken the
         // cached block this one expected (it took more) or left one (it
@@ -190,29 +251,30 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> {
         // read high, and topping up from such a read charged bytes nobody
         // held (16 threads on an H200 took the budget's peak past its
         // limit).
-        if cost != bytes || !self.inner.allocation_cost_is_exact() {
-            self.top_up();
+        if cost != bytes || !self.counted.inner.allocation_cost_is_exact() {
+            self.counted.top_up();
         }
-        self.settle();
+        self.counted.settle();
         Ok(block)
     }
 
     /// This budget's limit, or a tighter one below it: no single
     /// allocation can take more.
     fn allocation_limit(&self) -> Option<usize> {
-        let own = self.budget.limit();
+        let own = self.counted.budget.limit();
         Some(
-            self.inner
+            self.counted
+                .inner
                 .allocation_limit()
                 .map_or(own, |below| below.min(own)),
         )
     }
 
     fn deallocate(&self, block: DeviceBlock) -> ResourceResult<()> {
-        self.inner.deallocate(block)?;
+        self.counted.inner.deallocate(block)?;
         // A stream-ordered inner still counts the bytes (the free is only
         // queued) and nothing is released; a synchronous one freed them.
-        self.settle();
+        self.counted.settle();
         Ok(())
     }
 
@@ -221,8 +283,8 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> {
         block: DeviceBlock,
         completed: CompletedUses,
     ) -> ResourceResult<()> {
-        self.inner.deallocate_completed(block, completed)?;
-        self.settle();
+        self.counted.inner.deallocate_completed(block, completed)?;
+        self.counted.settle();
         Ok(())
     }
 
@@ -230,16 +292,16 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> {
     /// cache's unmapped pages) leaves the budget now, queued frees when
     /// they are reaped.
     fn release_idle(&self) -> ResourceResult<usize> {
-        let result = self.inner.release_idle();
+        let result = self.counted.inner.release_idle();
         // What was given back stays given back even when a later free failed.
-        self.settle();
+        self.counted.settle();
         result
     }
 
     fn reap_pending(&self) -> ResourceResult<()> {
-        let result = self.inner.reap_pending();
+        let result = self.counted.inner.reap_pending();
         // What was drained stays drained even when the reap failed part way.
-        self.settle();
+        self.counted.settle();
         result
     }
 
@@ -247,18 +309,18 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> {
     /// (a cache may give idle graph memory back at once; the stream-ordered
     /// resource counts the graph's frees as pending until they are reaped).
     fn release_capture(&self, capture: CaptureId, after: StreamId) -> ResourceResult<()> {
-        let result = self.inner.release_capture(capture, after);
+        let result = self.counted.inner.release_capture(capture, after);
         // What was returned stays returned even when the call failed part
         // way.
-        self.settle();
+        self.counted.settle();
         result
     }
 
     fn reap_through(&self, stream: StreamId, seq: u64) -> usize {
-        let drained = self.inner.reap_through(stream, seq);
+        let drained = self.counted.inner.reap_through(stream, seq);
         // Settle even when this call drained nothing: a layer below may have
         // freed on its own (a quarantine flush on a synchronous backend).
-        self.settle();
+        self.counted.settle();
         drained
     }
 }
@@ -273,12 +335,12 @@ impl<R: DeviceMemoryResource> Drop for BudgetResource<R> {
         if self.charged() == 0 {
             return;
         }
-        let given_back = self.inner.release_idle();
-        let reaped = self.inner.reap_pending();
+        let given_back = self.counted.inner.release_idle();
+        let reaped = self.counted.inner.reap_pending();
         if let Err(e) = given_back.and(reaped) {
             tracing::warn!(error = %e, "budget resource dropped: some bytes stay charged");
         }
-        self.settle();
+        self.counted.settle();
     }
 }
 
@@ -321,16 +383,16 @@ mod loom_tests {
                 &budget,
             ));
             budget.try_reserve(20).unwrap().commit();
-            r.charged.store(20, Ordering::Release);
+            r.counted.charged.store(20, Ordering::Release);
             let reaper = {
                 let r = r.clone();
                 loom::thread::spawn(move || {
-                    r.inner.0.fetch_sub(20, Ordering::AcqRel);
-                    r.settle();
+                    r.counted.inner.0.fetch_sub(20, Ordering::AcqRel);
+                    r.counted.settle();
                 })
             };
-            let seen = r.inner.bytes_outstanding();
-            r.settle();
+            let seen = r.counted.inner.bytes_outstanding();
+            r.counted.settle();
             if seen == 0 {
                 assert_eq!(budget.in_use(), 0, "a settle returned before the release");
                 assert!(

@@ -1,0 +1,182 @@
+//! Relief: a refused request asks every resource under its budget to give
+//! idle memory back.
+//!
+//! # State
+//!
+//! - The budget's shared handle keeps a list of *holders*: one per live
+//!   [`BudgetResource`](super::BudgetResource), a weak reference to the
+//!   part of it that reaches the stack below it (a cache's idle blocks and
+//!   arena pages, a debug guard's quarantine), with an id to unregister.
+//! - A thread-local flag marks a thread inside a relief.
+//!
+//! # Who changes it
+//!
+//! A `BudgetResource` registers when it is made and unregisters when it is
+//! dropped. [`Budget::release_idle`] (called by a `BudgetResource` whose
+//! reservation was refused, before it tries once more) copies the live
+//! holders out under the list's lock, releases the lock, and asks each to
+//! [`give_back_idle`](IdleHolder::give_back_idle): the resource below
+//! gives back what no caller holds
+//! ([`release_idle`](crate::DeviceMemoryResource::release_idle)), and the
+//! holder settles, releasing what left the device. A release wakes every
+//! allocation waiting for memory ([`Budget::release`]), on every device.
+//!
+//! So one budget shared by two devices, each with a cache below its
+//! budget resource, serves a request refused on one device from idle
+//! memory cached on the other, and a waiting allocation is woken once it
+//! could be served.
+//!
+//! # Failure
+//!
+//! A holder's error is logged and the others are still asked; what was
+//! given back stays given back.
+//!
+//! # Bounded
+//!
+//! One pass over the holders per refused reservation; no lock is held
+//! across a holder's call (which makes driver calls), and a relief inside
+//! a relief (a holder whose stack holds another budget resource of the same
+//! budget, refused while giving back) does nothing. Off a poll, a holder
+//! that gave memory back reaps (its frees are queued: a cache's trimmed
+//! blocks, a guard's quarantine), as a cache does when its own request is
+//! refused, and that reap drains every free pending below it. Inside a poll
+//! of the crate's futures nothing blocks: a cache's `release_idle` gives
+//! back only the pages the GPU is known done with, and nothing is reaped
+//! (a queued free is released when its notification reaps it).
+
+use std::cell::Cell;
+use std::sync::Weak;
+
+use super::Budget;
+use crate::sync::{AtomicU64, Mutex, Ordering};
+
+/// A resource under a budget that may hold memory no caller uses.
+pub(crate) trait IdleHolder: Send + Sync {
+    /// Gives idle memory back to the device and releases from the budget
+    /// what left it; returns the bytes released. Never blocks inside a
+    /// poll.
+    fn give_back_idle(&self) -> usize;
+}
+
+/// The holders of one budget.
+pub(super) struct Holders {
+    /// Registered holders, by registration id.
+    list: Mutex<Vec<(u64, Weak<dyn IdleHolder>)>>,
+    next_id: AtomicU64,
+}
+
+impl std::fmt::Debug for Holders {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Holders")
+            .field("count", &self.lock().len())
+            .finish()
+    }
+}
+
+impl Default for Holders {
+    fn default() -> Self {
+        Holders {
+            list: Mutex::new(Vec::new()),
+            next_id: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Holders {
+    fn lock(&self) -> crate::sync::MutexGuard<'_, Vec<(u64, Weak<dyn IdleHolder>)>> {
+        self.list.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+thread_local! {
+    /// Whether this thread is inside a relief.
+    static RELIEVING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Registered with a budget until dropped.
+#[derive(Debug)]
+pub(crate) struct HolderRegistration {
+    budget: Budget,
+    id: u64,
+}
+
+impl Drop for HolderRegistration {
+    fn drop(&mut self) {
+        self.budget
+            .holders()
+            .lock()
+            .retain(|(id, _)| *id != self.id);
+    }
+}
+
+impl Budget {
+    /// Registers `holder` to be asked for idle memory when a request under
+    /// this budget is refused, until the registration is dropped.
+    pub(crate) fn register_holder(&self, holder: Weak<dyn IdleHolder>) -> HolderRegistration {
+        let holders = self.holders();
+        let id = holders.next_id.fetch_add(1, Ordering::Relaxed);
+        holders.lock().push((id, holder));
+        HolderRegistration {
+            budget: self.clone(),
+            id,
+        }
+    }
+
+    /// Asks every resource charging this budget (each
+    /// [`BudgetResource`](super::BudgetResource) of it, on any device) to
+    /// give the memory it holds for no caller back to the device: a cache's
+    /// idle blocks and arena pages, a debug guard's quarantine. Returns the
+    /// bytes the budget got back at once (a free queued on a stream is
+    /// released when it is reaped).
+    ///
+    /// A [`BudgetResource`](super::BudgetResource) whose reservation is
+    /// refused calls this before it tries once more, so that idle memory
+    /// anywhere under the budget serves the request, and a release wakes the
+    /// allocations waiting for memory on every device.
+    ///
+    /// # Examples
+    /// ```
+    /// use streamalloc::adaptors::{Budget, BudgetResource};
+    /// use streamalloc::cache::CachingResource;
+    /// use streamalloc::{AllocTag, Device, DeviceMemoryResource, SimGpu, SimResource};
+    ///
+    /// let gpu = SimGpu::new();
+    /// let device = Device::simulated(&gpu, 1);
+    /// let budget = Budget::new(64 << 20);
+    /// let r = BudgetResource::new(CachingResource::new(SimResource::new(&device)), &budget);
+    /// let block = r.allocate(4096, device.stream(0)?, AllocTag::UNTAGGED)?;
+    /// r.deallocate(block)?;
+    /// assert!(budget.in_use() > 0, "cached: its page stays mapped");
+    /// gpu.run_until_idle();
+    /// budget.release_idle();
+    /// assert_eq!(budget.in_use(), 0);
+    /// # Ok::<(), streamalloc::ResourceError>(())
+    /// ```
+    ///
+    /// # Stream ordering
+    /// Nothing is given back that the GPU may still use: a cache frees its
+    /// idle blocks stream-ordered and unmaps only pages whose last use is
+    /// known done. Inside a poll of the crate's futures it never waits.
+    pub fn release_idle(&self) -> usize {
+        if RELIEVING.with(Cell::get) {
+            return 0;
+        }
+        // Copied out: no lock is held while the holders make driver calls
+        // (and a holder's drop, which unregisters, may run meanwhile).
+        let live: Vec<_> = self
+            .holders()
+            .lock()
+            .iter()
+            .filter_map(|(_, h)| h.upgrade())
+            .collect();
+        RELIEVING.with(|r| r.set(true));
+        struct Leave;
+        impl Drop for Leave {
+            fn drop(&mut self) {
+                RELIEVING.with(|r| r.set(false));
+            }
+        }
+        let _leave = Leave;
+        live.iter().map(|h| h.give_back_idle()).sum()
+    }
+}
