@@ -37,13 +37,13 @@
 //! capacity free, no race.
 //!
 //! # Known-open bug classes
-//! Some ops trigger bugs that are filed (issue 30) and being fixed on
-//! other branches. Each such trigger belongs to a class of [`OPEN`]; by
-//! default the harness steers around it (as described there), so that the
-//! test passes on the current code. `API_FUZZ_OPEN=all` (or a
+//! An op that triggers a bug still open belongs to a class of [`OPEN`];
+//! by default the harness steers around it (as described there), so that
+//! the test passes on the current code. `API_FUZZ_OPEN=all` (or a
 //! comma-separated list of class names) drives those ops too: then the
-//! test fails until the bug is fixed. Once a class is fixed, remove it
-//! from [`OPEN`]. `scripts/api-fuzz.sh` runs many cases.
+//! test fails until the bug is fixed. Once a class is fixed, it leaves
+//! [`OPEN`] and its ops run in every case. `scripts/api-fuzz.sh` runs many
+//! cases.
 //!
 //! The minimal case of each bug this harness found is written out in
 //! [`regressions`] below; proptest also persists its seeds in
@@ -51,7 +51,6 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
@@ -98,67 +97,13 @@ const FAULTS: [DriverCall; 8] = [
 /// The known-open bug classes (issue 30), each the name `API_FUZZ_OPEN`
 /// takes, and what the harness does to steer around it while the class is
 /// not named.
-const OPEN: [(&str, &str); 8] = [
-    (
-        "budget-over-cache-wait",
-        "found by this harness; the one-device form of item 6 of the issue \
-         (which names only siblings on two devices): under a budget above a \
-         cache, an awaited allocation of 1 B waits for good while the user \
-         holds nothing and the cache holds a freed 1 MiB block idle that \
-         fills the budget: nothing asks the cache to release it. Steered \
-         around by letting such a wait time out",
-    ),
-    (
-        "failed-completion",
-        "a launch's completion that failed (its event query faulted) is \
-         taken as proof too: the buffer's drop frees as completed while \
-         the kernel may run (race; item 1 of the issue: failed points prove \
-         nothing). Steered around by injecting no EventQuery fault",
-    ),
-    (
-        "record-fault",
-        "found by this harness, not in the issue: when the event record of a \
-         launch's finish fails (a driver fault), the kernel is already \
-         queued but its use is not recorded: the launch returns the error \
-         and the buffer's later free on its own stream is not ordered after \
-         the kernel on another stream (race). Steered around by injecting \
-         no EventRecord fault",
-    ),
-    (
-        "cancelled-completion",
-        "a launch's completion future dropped before it settled (by the \
-         caller, by aborting the task awaiting it, or by the drain) lets the \
-         buffer's drop free its memory as completed while the kernel still \
-         runs: another stream gets the range and writes it (race). Steered \
-         around by awaiting the completion before such a drop (the host \
-         then saw it)",
-    ),
-    (
-        "size-overflow",
-        "a request of usize::MAX or usize::MAX - 4095 bytes through a budget \
-         over the cache's arena overflows `div_ceil(page) * page` in \
-         `cache/mapped.rs` (a panic in debug). Steered around by making no \
-         such request of a stack with an arena cache",
-    ),
-    (
-        "budget-units",
-        "a budget above the cache's arena is charged whole pages but its \
-         BudgetExceeded reports the caller's bytes, so `requested + in_use \
-         <= limit` in the error. Steered around by not checking the numbers",
-    ),
-    (
-        "user-layer",
-        "a user layer implementing only the required methods of \
+const OPEN: [(&str, &str); 1] = [(
+    "user-layer",
+    "a user layer implementing only the required methods of \
          DeviceMemoryResource gets reap/pending/use defaults that do \
          nothing: memory below it is never reaped. Steered around by not \
          stacking it",
-    ),
-    (
-        "dealloc-is-complete",
-        "DeallocHandle::is_complete() says true while its free is not \
-         applied to the accounting yet. Steered around by not checking it",
-    ),
-];
+)];
 
 /// Whether the known-open class `name` is driven (named in
 /// `API_FUZZ_OPEN`, or `all`).
@@ -314,14 +259,10 @@ enum AllocHow {
 
 type Top = Arc<dyn DeviceMemoryResource>;
 
-/// A request task and the await point it last reached.
+/// A request task.
 struct Task {
     handle: tokio::task::JoinHandle<ResourceResult<()>>,
-    phase: Arc<AtomicU8>,
 }
-
-/// The task is awaiting its launch's completion.
-const PHASE_COMPLETION: u8 = 2;
 
 struct World {
     gpu: Arc<SimGpu>,
@@ -340,12 +281,9 @@ struct World {
     tasks: Vec<Task>,
     /// A driver fault was injected: calls may fail from now on.
     faulted: bool,
-    /// The stack holds a cache with the virtual-memory arena.
-    arena: bool,
     /// The stack holds a debug guard.
     guard: bool,
     /// A budget sits above a cache.
-    budget_over_cache: bool,
     /// The stack, to see that it is gone after the drain.
     weak_top: std::sync::Weak<dyn DeviceMemoryResource>,
     /// 1 when the stack has no layer: then it is `bottom`, which the
@@ -446,17 +384,7 @@ impl World {
             faulted: false,
             weak_top,
             guard: stack.kinds.contains(&Kind::Guard),
-            budget_over_cache: stack
-                .kinds
-                .iter()
-                .position(|k| matches!(k, Kind::Budget(_)))
-                .is_some_and(|b| {
-                    stack.kinds[b..]
-                        .iter()
-                        .any(|k| matches!(k, Kind::Cache { .. }))
-                }),
             bare: usize::from(stack.kinds.is_empty()),
-            arena: stack.kinds.contains(&Kind::Cache { arena: true }),
 
             drop_errors: drop_error_count(),
             log: Vec::new(),
@@ -529,46 +457,22 @@ impl World {
             limit,
             in_use,
         } = *e
-            && requested.saturating_add(in_use) <= limit
-            && open("budget-units")
         {
-            return fail(format!(
-                "{what}: {e:?}: the budget refused numbers that fit ({requested} + {in_use} <= {limit})"
-            ));
+            if requested.saturating_add(in_use) <= limit {
+                return fail(format!(
+                    "{what}: {e:?}: the budget refused numbers that fit ({requested} + {in_use} <= {limit})"
+                ));
+            }
+            // What the device would hold for it exceeds the limit alone:
+            // refused at once, whoever asks.
+            if requested > limit {
+                return Ok(());
+            }
         }
         if self.faulted || expected {
             return Ok(());
         }
         fail(format!("{what}: unexpected error {e:?}"))
-    }
-
-    /// Awaits `point` before it is dropped if cancelled completions are
-    /// steered around (see [`OPEN`]): only a completion the host saw may
-    /// let a buffer's drop free as completed.
-    fn before_dropping(&self, point: &mut EventFuture) -> Verdict {
-        if open("cancelled-completion") {
-            return Ok(());
-        }
-        match self.settle(point, "a completion before its drop")? {
-            Ok(()) => Ok(()),
-            Err(e) => self.judge("completion", &e, false),
-        }
-    }
-
-    /// Lets `task` get past an await of a completion before it is aborted
-    /// if cancelled completions are steered around (see [`OPEN`]).
-    fn before_aborting(&self, task: &Task) -> Verdict {
-        if open("cancelled-completion") {
-            return Ok(());
-        }
-        let deadline = Instant::now() + GUARD;
-        while task.phase.load(Ordering::SeqCst) == PHASE_COMPLETION && !task.handle.is_finished() {
-            self.poll_step(&mut std::future::pending::<()>());
-            if Instant::now() > deadline {
-                return fail("hang: a request's completion did not settle");
-            }
-        }
-        Ok(())
     }
 
     fn dispose<T: Send + 'static>(&self, value: T, at: Place) {
@@ -623,8 +527,7 @@ impl World {
                 }
             }
             Op::DropPoint { slot, at } => {
-                if let Some(mut p) = Self::take(&mut self.points, slot) {
-                    self.before_dropping(&mut p)?;
+                if let Some(p) = Self::take(&mut self.points, slot) {
                     self.dispose(p, at);
                 }
                 Ok(())
@@ -659,7 +562,6 @@ impl World {
                     self.tick(1);
                 }
                 if let Some(t) = Self::take(&mut self.tasks, slot) {
-                    self.before_aborting(&t)?;
                     t.handle.abort();
                     let mut handle = t.handle;
                     match self.settle(&mut handle, "an aborted task")? {
@@ -694,11 +596,6 @@ impl World {
             },
             Op::Fault { call, nth } => {
                 let call = FAULTS[call % FAULTS.len()];
-                if (call == DriverCall::EventRecord && !open("record-fault"))
-                    || (call == DriverCall::EventQuery && !open("failed-completion"))
-                {
-                    return Ok(());
-                }
                 self.gpu.fail_nth(call, u64::from(nth) + 1);
                 self.faulted = true;
                 Ok(())
@@ -752,10 +649,7 @@ impl World {
             AllocHow::Await => {
                 // A debug guard's quarantine holds freed blocks by design:
                 // behind it an allocation may wait for good.
-                let must = !self.holds_memory()
-                    && !self.guard
-                    && (!self.budget_over_cache || open("budget-over-cache-wait"))
-                    && self.fits(size, granularity);
+                let must = !self.holds_memory() && !self.guard && self.fits(size, granularity);
                 let mut fut = self.res().allocate_buffer::<u8>(size, s, TAG);
                 let patience = if must { GUARD } else { PATIENCE };
                 match self.drive(&mut fut, patience) {
@@ -860,7 +754,6 @@ impl World {
                     Ok(())
                 }
                 Then::Drop => {
-                    self.before_dropping(&mut done)?;
                     drop(done);
                     Ok(())
                 }
@@ -873,7 +766,7 @@ impl World {
     }
 
     fn then_free(&mut self, mut handle: DeallocHandle, then: Then) -> Verdict {
-        if handle.is_complete() && open("dealloc-is-complete") {
+        if handle.is_complete() {
             // Complete means applied: polling it changes no books.
             let before = self.bottom.bytes_outstanding();
             let polled = std::pin::pin!(&mut handle)
@@ -901,10 +794,7 @@ impl World {
         let res = self.res().clone();
         let gpu = self.gpu.clone();
         let (s, o) = (self.stream(stream), self.stream(other));
-        let phase = Arc::new(AtomicU8::new(0));
-        let at = phase.clone();
         let handle = self.rt.spawn(async move {
-            at.store(1, Ordering::SeqCst);
             let mut x = res.allocate_buffer::<u8>(size, s, TAG).await?;
             let touch: Vec<MemAccess> = std::iter::once(MemAccess::write(x.block()))
                 .filter(|t| t.ptr != 0)
@@ -914,9 +804,7 @@ impl World {
                 g.launch_kernel(raw, &touch)
                     .map_err(|e| e.for_request(0, s))
             })?;
-            at.store(PHASE_COMPLETION, Ordering::SeqCst);
             done.await?;
-            at.store(3, Ordering::SeqCst);
             // The result read on another stream, then the buffer held one
             // more await.
             let touch: Vec<MemAccess> = std::iter::once(MemAccess::read(x.block()))
@@ -926,20 +814,15 @@ impl World {
                 gpu.launch_kernel(raw, &touch)
                     .map_err(|e| e.for_request(0, o))
             })?;
-            at.store(PHASE_COMPLETION, Ordering::SeqCst);
             read.await?;
-            at.store(4, Ordering::SeqCst);
             tokio::task::yield_now().await;
             drop(x);
             Ok(())
         });
-        self.tasks.push(Task { handle, phase });
+        self.tasks.push(Task { handle });
     }
 
     fn huge(&mut self, bytes: usize) -> Verdict {
-        if !open("size-overflow") && self.arena {
-            return Ok(());
-        }
         let before = self.books();
         let s = self.stream(0);
         let tried = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -1015,7 +898,6 @@ impl World {
     /// left.
     fn drain(mut self) -> Verdict {
         for t in std::mem::take(&mut self.tasks) {
-            self.before_aborting(&t)?;
             t.handle.abort();
             let mut handle = t.handle;
             match self.settle(&mut handle, "an aborted task")? {
@@ -1025,9 +907,7 @@ impl World {
                 Err(join) => return fail(format!("request task panicked: {join}")),
             }
         }
-        for mut p in std::mem::take(&mut self.points) {
-            self.before_dropping(&mut p)?;
-        }
+        self.points.clear();
         self.frees.clear();
         self.buffers.clear();
         self.check()?;
@@ -1242,8 +1122,8 @@ proptest! {
 }
 
 /// The minimal cases the harness found, written out so that they outlive
-/// any change of the strategies. Each runs with its class steered around
-/// unless `API_FUZZ_OPEN` names it (see [`OPEN`]).
+/// any change of the strategies. Each failed on the code it was found on
+/// and passes since its fix.
 mod regressions {
     use super::*;
 
@@ -1368,6 +1248,23 @@ mod regressions {
     #[test]
     fn a_huge_request_through_a_budget_over_the_arena() {
         check(arena_budget(), &[Op::Huge { which: 0 }]);
+    }
+
+    /// Found once the overflow above was fixed (not in the issue): a
+    /// request of 2^63 bytes straight to the arena cache, with no budget,
+    /// panicked negating its size as an `isize` ("attempt to negate with
+    /// overflow" in `cache/mapped.rs`). A request longer than an arena now
+    /// goes to the inner resource.
+    #[test]
+    fn half_the_address_space_through_the_arena() {
+        check(
+            Stack {
+                kinds: vec![Kind::Cache { arena: true }],
+                granularity: 4 << 10,
+                reaper: false,
+            },
+            &[Op::Huge { which: 2 }],
+        );
     }
 
     /// Class `record-fault`: the event record of the last launch's finish

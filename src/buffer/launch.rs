@@ -155,7 +155,18 @@ impl<'a, R: DeviceMemoryResource + 'static> BufferLaunch<'a, R> {
             self.res
                 .prepare_block_use(block.id(), self.stream, *access)?;
         }
+        // From here the closure may have queued work on the buffers: until
+        // their uses are known recorded, each is kept as a deferred use (so
+        // an unwinding closure or a failed record never leaves a buffer
+        // whose free is not ordered after work queued on it).
+        let mut unfinished = UnfinishedUses {
+            buffers: &self.buffers,
+            stream: self.stream,
+            armed: true,
+        };
         let (out, finished) = recorder.enqueue_then_finish(raw, enqueue);
+        unfinished.armed = finished.is_err();
+        drop(unfinished);
         let value = out?;
         finished?;
         let completion = self.res.completion_outside_capture(self.stream)?;
@@ -175,6 +186,26 @@ impl<'a, R: DeviceMemoryResource + 'static> BufferLaunch<'a, R> {
             }
         }
         Ok((value, completion))
+    }
+}
+
+/// The buffers of a launch whose uses are not known recorded: dropped
+/// while armed, it notes each use as deferred (see
+/// [`BufferCore::defer_end`]).
+struct UnfinishedUses<'a> {
+    buffers: &'a [(&'a BufferCore, Access)],
+    stream: StreamId,
+    armed: bool,
+}
+
+impl Drop for UnfinishedUses<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        for (core, access) in self.buffers {
+            core.defer_end(self.stream, *access);
+        }
     }
 }
 

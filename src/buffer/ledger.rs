@@ -60,6 +60,17 @@ struct Deferred {
     elsewhere: bool,
 }
 
+impl Deferred {
+    /// Notes a use on `stream` to be finished later.
+    fn note(&mut self, stream: StreamId, access: Access) {
+        match access {
+            Access::Write => self.write = Some(stream),
+            Access::Read if !self.reads.contains(&stream) => self.reads.push(stream),
+            Access::Read => {}
+        }
+    }
+}
+
 /// Whether a [`BufferCore::begin`] is for a use whose end the crate sees
 /// (its own guard) or not (cudarc's guard).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,13 +136,19 @@ impl BufferCore {
         deferred.done_at = None;
         deferred.elsewhere |= stream != self.block.stream();
         if end == End::Deferred {
-            match access {
-                Access::Write => deferred.write = Some(stream),
-                Access::Read if !deferred.reads.contains(&stream) => deferred.reads.push(stream),
-                Access::Read => {}
-            }
+            deferred.note(stream, access);
         }
         Ok(())
+    }
+
+    /// A guarded use on `stream` whose finish failed (or may not have run:
+    /// its launch unwound): its work may be queued, so it is noted as a
+    /// deferred use, finished again at the next conflicting access or at
+    /// the buffer's end, which keeps the block rather than free it
+    /// unordered if that fails too. Finishing a use twice only records one
+    /// more event after it.
+    pub(crate) fn defer_end(&self, stream: StreamId, access: Access) {
+        self.lock().note(stream, access);
     }
 
     /// A launch on `stream` that used the block ends at `done_at` (its

@@ -43,7 +43,9 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         capture: Option<CaptureId>,
     ) -> ResourceResult<Option<DeviceBlock>> {
         let tier = self.tier();
-        let Some(len) = round(bytes) else {
+        // A request larger than an arena can never be placed in one: the
+        // inner resource answers it (and the sums below stay in range).
+        let Some(len) = round(bytes).filter(|&len| len <= tier.arena_len()) else {
             return Ok(None);
         };
         let slot = &self.slots[index];

@@ -663,6 +663,11 @@ impl VmTier {
         }
     }
 
+    /// The length of each stream's reserved range: no block is longer.
+    pub(crate) fn arena_len(&self) -> u64 {
+        self.arena_len
+    }
+
     /// Gives back the block at `placed`, which the GPU is done with (every
     /// use of it completed, as the host saw): kept as any free while the
     /// stream's sizes repeat, else back to the arena clean, where every
