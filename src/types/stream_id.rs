@@ -49,19 +49,25 @@ impl RawStream {
 /// The device ordinal travels with the id, so that a stream of another device
 /// is refused with [`ResourceError::WrongDevice`](crate::ResourceError::WrongDevice)
 /// instead of being resolved against the wrong pool; so does the pool that
-/// handed the id out, so that another pool of the same device refuses it with
-/// [`ResourceError::ForeignStream`](crate::ResourceError::ForeignStream).
+/// handed the id out, so that any other pool refuses it with
+/// [`ResourceError::ForeignStream`](crate::ResourceError::ForeignStream),
+/// another pool of the same device and ordinal included (a second
+/// [`Device`](crate::Device), a pool of another simulated device or CUDA
+/// context). A stream is usable only through an id its own pool handed out
+/// ([`Device::stream`](crate::Device::stream), [`StreamPool::id`](crate::StreamPool::id)),
+/// so a resource and the backend that runs its work always agree on which
+/// stream, of which device instance, an id names.
 ///
 /// Identity (`==`, hashing, ordering) is the device and the index: the pool
 /// is a check made when the id is resolved, not part of the name. An id
-/// built by hand with [`StreamId::new`] names no pool and resolves against
-/// the pool of its device it is given to.
+/// built by hand with [`StreamId::new`] names no pool: it compares and
+/// prints, but no pool resolves it.
 #[derive(Debug, Clone, Copy)]
 pub struct StreamId {
     device: u32,
     index: u32,
     /// The pool that handed the id out; 0 for none.
-    pool: u32,
+    pool: u64,
 }
 
 impl PartialEq for StreamId {
@@ -91,8 +97,12 @@ impl Ord for StreamId {
 }
 
 impl StreamId {
-    /// The stream at `index` of the pool of device `device` (no particular
-    /// pool: whichever pool of that device resolves it).
+    /// The name of the stream at `index` of device `device`, in no pool: an
+    /// id to compare with or to print. No pool resolves it (every call that
+    /// takes it refuses it with
+    /// [`ForeignStream`](crate::ResourceError::ForeignStream)); get ids to
+    /// work with from [`Device::stream`](crate::Device::stream) or
+    /// [`StreamPool::id`](crate::StreamPool::id).
     pub const fn new(device: u32, index: u32) -> Self {
         StreamId {
             device,
@@ -102,7 +112,7 @@ impl StreamId {
     }
 
     /// The stream at `index` of the pool whose identity is `pool`.
-    pub(crate) const fn in_pool(device: u32, index: u32, pool: u32) -> Self {
+    pub(crate) const fn in_pool(device: u32, index: u32, pool: u64) -> Self {
         StreamId {
             device,
             index,
@@ -110,8 +120,14 @@ impl StreamId {
         }
     }
 
+    /// Whether `self` and `other` are the same id of the same pool (`==`
+    /// compares the names only).
+    pub(crate) fn is(self, other: StreamId) -> bool {
+        self == other && self.pool == other.pool
+    }
+
     /// The identity of the pool that handed the id out (0 for none).
-    pub(crate) const fn pool(self) -> u32 {
+    pub(crate) const fn pool(self) -> u64 {
         self.pool
     }
 

@@ -1,6 +1,6 @@
 //! [`DebugGuard`]: the quarantining decorator.
 
-use crate::resource::forward::forward_to_inner;
+use crate::forward_to_inner;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
 
@@ -274,7 +274,12 @@ impl<R: DeviceMemoryResource> DebugGuard<R> {
     }
 }
 
-impl<R: DeviceMemoryResource> DeviceMemoryResource for DebugGuard<R> {
+// SAFETY: blocks and streams are the inner resource's; a freed block is
+// held in quarantine (given to no one) and then freed through the inner
+// resource; the guard judges a returned block by its own records and
+// touches memory only through the inner resource's device.
+#[allow(unsafe_code)]
+unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for DebugGuard<R> {
     // `bytes_outstanding` is the inner resource's count, which includes
     // quarantined blocks: they are still on the device.
     forward_to_inner!(inner; device_ordinal, bytes_outstanding, reap_pending, pending_free_seq, reap_through, supports_block_use_tracking, allocation_cost, allocation_cost_is_exact, allocation_limit, capture_status, release_capture);
