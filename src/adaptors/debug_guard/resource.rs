@@ -12,10 +12,10 @@ use crate::types::{Access, AllocTag, BlockId, BlockState, DeviceBlock, ResourceI
 
 #[derive(Debug, Default)]
 struct State {
-    /// Blocks handed out through the guard and not deallocated: address and
-    /// size, to refuse a forged descriptor. A block being freed stays here
+    /// Blocks handed out through the guard and not deallocated: address,
+    /// size and stream, to refuse a forged descriptor. A block being freed stays here
     /// until its free has succeeded.
-    live: HashMap<BlockId, (u64, usize)>,
+    live: HashMap<BlockId, (u64, usize, StreamId)>,
     /// Blocks whose `deallocate` is in flight, with the state they will be
     /// in if it succeeds ([`Quarantined`](BlockState::Quarantined), or
     /// [`Retired`](BlockState::Retired) for one that goes straight through).
@@ -52,7 +52,13 @@ impl State {
             return Err(ResourceError::FreeInFlight { block: id });
         }
         match self.live.get(&id) {
-            Some(&(ptr, size)) if ptr == block.ptr() && size == block.size() => Ok(Known::Live),
+            // Every field, the stream's pool included: the poison fill and
+            // the quarantine's free are queued on the descriptor's stream.
+            Some(&(ptr, size, stream))
+                if ptr == block.ptr() && size == block.size() && stream.is(block.stream()) =>
+            {
+                Ok(Known::Live)
+            }
             Some(_) => Err(ResourceError::UnknownBlock { block: id }),
             None => Ok(Known::Absent {
                 ours: self.resources.contains(&id.resource()),
@@ -292,7 +298,9 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for DebugGuard<R> {
     ) -> ResourceResult<DeviceBlock> {
         let block = self.inner.allocate(bytes, stream, tag)?;
         let mut state = self.lock();
-        state.live.insert(block.id(), (block.ptr(), block.size()));
+        state
+            .live
+            .insert(block.id(), (block.ptr(), block.size(), block.stream()));
         if !state.resources.contains(&block.id().resource()) {
             state.resources.push(block.id().resource());
         }
