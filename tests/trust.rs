@@ -132,6 +132,10 @@ fn refused_by<R: DeviceMemoryResource + 'static>(
     // must not take.
     let warm = res.inner().allocate(64, ok, TAG).unwrap();
     res.inner().deallocate(warm).unwrap();
+    // The device runs on its own thread: let the free run and be counted
+    // before the snapshot.
+    gpu.run_until_idle();
+    res.inner().reap_pending().unwrap();
     let before = (res.bytes_outstanding(), gpu.held_bytes());
 
     foreign(f.device.raw(bad).map(|_| ()), "Device::raw");
@@ -235,5 +239,33 @@ fn a_resource_used_with_another_device_of_the_same_ordinal_is_refused() {
     ok.fill_bytes_on(on_a.stream(0).unwrap(), 1).unwrap();
     drop(ok);
     a.run_until_idle();
+    assert!(a.races().is_empty() && b.races().is_empty());
+}
+
+/// A `Device` put together from one simulated device and the streams of
+/// another of the same ordinal: the simulator refuses every call on them
+/// (a stream handle names its host), instead of running the work on its
+/// own stream of the same index, and neither device allocates anything.
+#[test]
+fn a_device_over_another_simulated_devices_streams_runs_nothing() {
+    let (a, b) = (SimGpu::new(), SimGpu::new());
+    let mixed = streamalloc::Device::new(b.clone(), a.stream_pool(1)).unwrap();
+    // `b` has a stream of the same index, which the handle must not name.
+    let _own = b.stream_pool(1);
+    let resource = SimResource::new(&mixed);
+    let s = mixed.stream(0).unwrap();
+    let err = resource.allocate(4096, s, TAG).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ResourceError::Driver {
+                call: streamalloc::DriverCall::AllocAsync,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(resource.bytes_outstanding(), 0);
+    assert_eq!((a.held_bytes(), b.held_bytes()), (0, 0));
     assert!(a.races().is_empty() && b.races().is_empty());
 }

@@ -17,6 +17,10 @@ pub struct RawStream(pub(crate) u64);
 /// Marks handles of the simulated device (user-space pointers never have it).
 pub(crate) const SIM_HANDLE: u64 = 1 << 63;
 
+/// Bits of a simulated handle that name its host (above the index's 32), so
+/// that one simulated host refuses another's stream of the same index.
+const SIM_HOST_MASK: u64 = (1 << 31) - 1;
+
 impl RawStream {
     #[cfg(feature = "cuda")]
     /// Wraps a `CUstream` created outside the crate.
@@ -29,8 +33,17 @@ impl RawStream {
         RawStream(stream as u64)
     }
 
-    pub(crate) fn sim(index: usize) -> Self {
-        RawStream(SIM_HANDLE | index as u64)
+    /// Stream `index` of the simulated host `host`.
+    pub(crate) fn sim(host: u32, index: usize) -> Self {
+        RawStream(SIM_HANDLE | ((host as u64 & SIM_HOST_MASK) << 32) | (index as u64 & 0xFFFF_FFFF))
+    }
+
+    /// The simulated host and stream index, if this is a simulated handle.
+    pub(crate) fn sim_parts(self) -> Option<(u32, usize)> {
+        (self.0 & SIM_HANDLE != 0).then_some((
+            ((self.0 >> 32) & SIM_HOST_MASK) as u32,
+            (self.0 & 0xFFFF_FFFF) as usize,
+        ))
     }
 
     /// The handle's bits (a `CUstream` pointer, or a tagged simulated index).
@@ -40,7 +53,7 @@ impl RawStream {
 
     /// The simulated stream index, if this is a simulated handle.
     pub(crate) fn sim_index(self) -> Option<usize> {
-        (self.0 & SIM_HANDLE != 0).then_some((self.0 & !SIM_HANDLE) as usize)
+        self.sim_parts().map(|(_, index)| index)
     }
 }
 
