@@ -164,6 +164,20 @@ fn refused_by<R: DeviceMemoryResource + 'static>(
     foreign(res.completion(bad).map(drop), "completion");
     foreign(res.inner().capture_status(bad).map(drop), "capture_status");
     foreign(
+        res.inner()
+            .release_capture(streamalloc::gpu::CaptureId::new(1 << 40), bad),
+        "release_capture",
+    );
+    foreign(
+        res.release_capture(streamalloc::gpu::CaptureId::new(1 << 40), bad),
+        "AsyncResource::release_capture",
+    );
+    foreign(
+        res.begin_capture(bad, streamalloc::gpu::CaptureMode::Relaxed)
+            .map(drop),
+        "begin_capture",
+    );
+    foreign(
         res.inner().prepare_block_use(held.id(), bad, Access::Write),
         "the stack's prepare_block_use",
     );
