@@ -204,8 +204,9 @@ pub enum ResourceError {
         pool_len: usize,
     },
     /// The stream id was handed out by another [`StreamPool`](crate::StreamPool)
-    /// of the same device: it names a stream this resource does not order
-    /// on.
+    /// of the same device (another [`Device`](crate::Device) of the same
+    /// ordinal included), or by none ([`StreamId::new`]): it names a stream
+    /// this resource or device does not order on.
     #[error("{stream} belongs to another stream pool")]
     ForeignStream {
         /// The stream that was passed.

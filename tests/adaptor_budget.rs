@@ -118,11 +118,11 @@ fn a_failed_inner_allocation_releases_the_reservation() {
     assert_eq!(budget.in_use(), 0);
     assert_eq!(r.charged(), 0);
     assert_eq!(f.resource.live_bytes(), 0);
-    // An unknown stream is refused by the inner, and releases too.
+    // A stream of no pool is refused by the inner, and releases too.
     let bad = streamalloc::StreamId::new(0, 99);
     assert!(matches!(
         r.allocate(500, bad, T),
-        Err(ResourceError::UnknownStream { .. })
+        Err(ResourceError::ForeignStream { .. })
     ));
     assert_eq!(budget.in_use(), 0);
 }
@@ -227,7 +227,10 @@ struct Overcounting<R> {
     extra: AtomicUsize,
 }
 
-impl<R: DeviceMemoryResource> DeviceMemoryResource for Overcounting<R> {
+// SAFETY: blocks and streams are the inner resource's, unchanged; every
+// call reaches it (only the count it reports is high).
+unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for Overcounting<R> {
+    streamalloc::forward_to_inner!(inner; supports_block_use_tracking, record_block_use, prepare_block_use, finish_block_use, allocation_cost, allocation_cost_is_exact, release_idle, frees_across_streams, allocation_limit, capture_status, release_capture);
     fn allocate(
         &self,
         bytes: usize,

@@ -475,7 +475,10 @@ struct Spy {
     seen: Mutex<Vec<Sighting>>,
 }
 
-impl DeviceMemoryResource for Spy {
+// SAFETY: blocks and streams are the inner resource's, unchanged; every
+// call reaches it.
+unsafe impl DeviceMemoryResource for Spy {
+    streamalloc::forward_to_inner!(inner; reap_pending, pending_free_seq, reap_through, record_block_use, allocation_cost, allocation_cost_is_exact, release_idle, frees_across_streams, allocation_limit, capture_status, release_capture);
     fn allocate(&self, bytes: usize, s: StreamId, tag: AllocTag) -> ResourceResult<DeviceBlock> {
         self.inner.allocate(bytes, s, tag)
     }
@@ -577,4 +580,31 @@ fn an_eviction_keeps_its_victim_quarantined_until_freed_and_a_failed_one_changes
     assert_eq!(g.quarantined_bytes(), 96);
     assert_eq!(g.block_state(old.id()), Some(BlockState::Retired));
     assert_eq!(f.resource.pending_free_bytes(), 64);
+}
+
+/// A descriptor of a live block with its id, address and size but another
+/// stream: refused before the poison fill, which would otherwise be queued
+/// on that stream, unordered with the block's own stream, where the memory
+/// is reused once the free is queued.
+#[test]
+fn a_descriptor_with_the_wrong_stream_is_refused_before_the_poison() {
+    let f = common::sim(2);
+    let gpu = f.sim.clone().unwrap();
+    // SAFETY: the guard is the poison's only user and fills only blocks live in that resource.
+    let poison = unsafe { GpuPoison::for_resource(&f.resource, 0xA5) };
+    let g = DebugGuard::new(f.resource.clone(), GuardConfig::new().poison(poison));
+    let block = g.allocate(256, f.stream(0), T).unwrap();
+    let forged = DeviceBlock::new(block.id(), block.ptr(), block.size(), f.stream(1), T);
+    let memsets = gpu.call_count(DriverCall::MemsetAsync);
+    assert_eq!(
+        g.deallocate(forged),
+        Err(ResourceError::UnknownBlock { block: block.id() })
+    );
+    assert_eq!(gpu.call_count(DriverCall::MemsetAsync), memsets);
+    assert!(g.quarantined().is_empty());
+    assert_eq!(g.block_state(block.id()), Some(BlockState::Live));
+    g.deallocate(block).unwrap();
+    g.flush().unwrap();
+    gpu.run_until_idle();
+    assert!(gpu.races().is_empty(), "{:?}", gpu.races());
 }

@@ -88,7 +88,7 @@ fn other_errors_are_not_retried() {
     ));
     assert!(matches!(
         r.allocate(64, StreamId::new(0, 42), T),
-        Err(ResourceError::UnknownStream { .. })
+        Err(ResourceError::ForeignStream { .. })
     ));
     assert_eq!(r.retries(), 0);
     assert_eq!(gpu.call_count(DriverCall::AllocAsync), allocs + 1);

@@ -36,14 +36,9 @@
 //! no byte outstanding or mapped, every budget at 0, the device's whole
 //! capacity free, no race.
 //!
-//! # Known-open bug classes
-//! An op that triggers a bug still open belongs to a class of [`OPEN`];
-//! by default the harness steers around it (as described there), so that
-//! the test passes on the current code. `API_FUZZ_OPEN=all` (or a
-//! comma-separated list of class names) drives those ops too: then the
-//! test fails until the bug is fixed. Once a class is fixed, it leaves
-//! [`OPEN`] and its ops run in every case. `scripts/api-fuzz.sh` runs many
-//! cases.
+//! # Running more
+//! `PROPTEST_CASES=N` or `scripts/api-fuzz.sh N` runs as many cases as
+//! you like. Every bug it found is fixed: its ops run in every case.
 //!
 //! The minimal case of each bug this harness found is written out in
 //! [`regressions`] below; proptest also persists its seeds in
@@ -61,8 +56,8 @@ use streamalloc::cache::CacheConfig;
 use streamalloc::futures::{AsyncResource, DeallocHandle, EventFuture, Reaper};
 use streamalloc::gpu::sim::{MemAccess, SimGpu};
 use streamalloc::{
-    AllocTag, BlockId, BlockState, Buffer, Device, DeviceBlock, DeviceMemoryResource, DriverCall,
-    ResourceBuilder, ResourceError, ResourceResult, SimResource, StreamId,
+    AllocTag, Buffer, Device, DeviceBlock, DeviceMemoryResource, DriverCall, ResourceBuilder,
+    ResourceError, ResourceResult, SimResource, StreamId,
 };
 
 const STREAMS: usize = 3;
@@ -94,26 +89,6 @@ const FAULTS: [DriverCall; 8] = [
     DriverCall::MemMap,
 ];
 
-/// The known-open bug classes (issue 30), each the name `API_FUZZ_OPEN`
-/// takes, and what the harness does to steer around it while the class is
-/// not named.
-const OPEN: [(&str, &str); 1] = [(
-    "user-layer",
-    "a user layer implementing only the required methods of \
-         DeviceMemoryResource gets reap/pending/use defaults that do \
-         nothing: memory below it is never reaped. Steered around by not \
-         stacking it",
-)];
-
-/// Whether the known-open class `name` is driven (named in
-/// `API_FUZZ_OPEN`, or `all`).
-fn open(name: &str) -> bool {
-    assert!(OPEN.iter().any(|(n, _)| *n == name), "unknown class {name}");
-    std::env::var("API_FUZZ_OPEN")
-        .map(|v| v.split(',').any(|c| c.trim() == name || c.trim() == "all"))
-        .unwrap_or(false)
-}
-
 // ---------------------------------------------------------------------
 // The case
 // ---------------------------------------------------------------------
@@ -133,7 +108,7 @@ enum Kind {
     Retry,
     Stats,
     Tracing,
-    /// A layer written by a user, with only the trait's required methods.
+    /// A layer written by a user (its own `allocate`, the rest forwarded).
     User,
 }
 
@@ -283,7 +258,6 @@ struct World {
     faulted: bool,
     /// The stack holds a debug guard.
     guard: bool,
-    /// A budget sits above a cache.
     /// The stack, to see that it is gone after the drain.
     weak_top: std::sync::Weak<dyn DeviceMemoryResource>,
     /// 1 when the stack has no layer: then it is `bottom`, which the
@@ -294,25 +268,17 @@ struct World {
     log: Vec<String>,
 }
 
-/// A user's layer: forwards the required methods only.
+/// A user's layer, written as the crate's docs show: its own `allocate`,
+/// everything else forwarded by the checked macro (a method left out is a
+/// compile error, never a silent default).
 struct UserLayer(Top);
 
-impl DeviceMemoryResource for UserLayer {
+// SAFETY: blocks and streams are the inner resource's, unchanged.
+unsafe impl DeviceMemoryResource for UserLayer {
     fn allocate(&self, bytes: usize, s: StreamId, tag: AllocTag) -> ResourceResult<DeviceBlock> {
         self.0.allocate(bytes, s, tag)
     }
-    fn deallocate(&self, block: DeviceBlock) -> ResourceResult<()> {
-        self.0.deallocate(block)
-    }
-    fn device_ordinal(&self) -> u32 {
-        self.0.device_ordinal()
-    }
-    fn bytes_outstanding(&self) -> usize {
-        self.0.bytes_outstanding()
-    }
-    fn block_state(&self, block: BlockId) -> Option<BlockState> {
-        self.0.block_state(block)
-    }
+    streamalloc::forward_to_inner!(0; all_but_allocate);
 }
 
 /// A failure of the case, with the step that found it.
@@ -1025,7 +991,6 @@ fn quiet_injected_panics() {
 // ---------------------------------------------------------------------
 
 fn kind() -> impl Strategy<Value = Kind> {
-    let user = open("user-layer");
     prop_oneof![
         3 => (0..LIMITS.len()).prop_map(Kind::Budget),
         3 => any::<bool>().prop_map(|arena| Kind::Cache { arena }),
@@ -1033,7 +998,7 @@ fn kind() -> impl Strategy<Value = Kind> {
         1 => Just(Kind::Retry),
         1 => Just(Kind::Stats),
         1 => Just(Kind::Tracing),
-        1 => Just(if user { Kind::User } else { Kind::Stats }),
+        1 => Just(Kind::User),
     ]
 }
 

@@ -132,10 +132,13 @@ fn unknown_block() {
 }
 
 #[test]
-fn unknown_stream() {
+fn stream_of_no_pool() {
     let s = scene();
+    // A hand-made id names a stream no pool handed out: refused, whatever
+    // its index, before the index is looked at.
     let bad = StreamId::new(0, 99);
-    let unknown = |e: &ResourceError| matches!(e, ResourceError::UnknownStream { stream, pool_len: 3 } if *stream == bad);
+    let unknown =
+        |e: &ResourceError| matches!(e, ResourceError::ForeignStream { stream } if *stream == bad);
     let id = s.used.id();
     s.refused("allocate", |r| r.allocate(64, bad, TAG), unknown);
     s.refused(

@@ -348,7 +348,7 @@ fn bad_input_is_refused_and_changes_nothing() {
     ));
     assert!(matches!(
         c.cache.allocate(64, StreamId::new(0, 9), T),
-        Err(ResourceError::UnknownStream { .. })
+        Err(ResourceError::ForeignStream { .. })
     ));
     assert!(matches!(
         c.cache.allocate(64, StreamId::new(3, 0), T),
@@ -357,7 +357,7 @@ fn bad_input_is_refused_and_changes_nothing() {
     assert!(matches!(
         c.cache
             .prepare_block_use(block.id(), StreamId::new(0, 9), Access::Read),
-        Err(ResourceError::UnknownStream { .. })
+        Err(ResourceError::ForeignStream { .. })
     ));
     // A forged descriptor: right id, wrong size.
     let forged = streamalloc::DeviceBlock::new(block.id(), block.ptr(), 8, a, T);

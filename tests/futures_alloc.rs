@@ -137,7 +137,7 @@ fn hopeless_or_invalid_requests_fail_at_once() {
     let mut unknown = res.allocate(BLOCK, StreamId::new(0, 9), TAG);
     assert!(matches!(
         poll_once(&mut unknown, &waker),
-        Poll::Ready(Err(ResourceError::UnknownStream { .. }))
+        Poll::Ready(Err(ResourceError::ForeignStream { .. }))
     ));
     assert_eq!(res.waiting_allocations(), 0);
     assert_eq!(res.bytes_outstanding(), 0);

@@ -146,7 +146,7 @@ fn bad_input_is_refused_and_changes_nothing() {
     let foreign = StreamId::new(3, 0);
     assert!(matches!(
         res.completion(unknown),
-        Err(ResourceError::UnknownStream { .. })
+        Err(ResourceError::ForeignStream { .. })
     ));
     assert!(matches!(
         res.completion(foreign),
@@ -154,7 +154,7 @@ fn bad_input_is_refused_and_changes_nothing() {
     ));
     assert!(matches!(
         res.finish_block_use(block.id(), unknown, Access::Read),
-        Err(ResourceError::UnknownStream { .. })
+        Err(ResourceError::ForeignStream { .. })
     ));
     let stale = block.clone();
     res.deallocate(block).unwrap();

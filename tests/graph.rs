@@ -183,7 +183,7 @@ fn beginning_a_capture_on_a_capturing_or_unknown_stream_is_refused() {
     let foreign = StreamId::new(0, 99);
     assert!(matches!(
         sc.res.begin_capture(foreign, CaptureMode::Relaxed),
-        Err(ResourceError::UnknownStream { .. })
+        Err(ResourceError::ForeignStream { .. })
     ));
 }
 

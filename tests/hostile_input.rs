@@ -104,12 +104,15 @@ fn another_pools_stream_on_the_same_device_is_refused() {
     assert_eq!(r.pending_free_seq(foreign), 0);
     assert_eq!(r.reap_through(foreign, 1), 0);
     assert_eq!(Snapshot::of(&r, &[]), before);
-    // The pool's own ids still work, and so does a hand-built id (no pool
-    // named: the pool of the device).
+    // The pool's own ids still work; a hand-built id (no pool named) is
+    // refused like another pool's: it could name either pool's stream.
     let block = r.allocate(64, mine.id(1).unwrap(), T).unwrap();
     r.deallocate(block).unwrap();
     let hand = streamalloc::StreamId::new(0, 1);
-    assert_eq!(mine.raw(hand), mine.raw(mine.id(1).unwrap()));
+    assert_eq!(
+        mine.raw(hand),
+        Err(ResourceError::ForeignStream { stream: hand })
+    );
 }
 
 /// `reap_through` with a sequence number the stream never handed out

@@ -218,13 +218,13 @@ fn retired_quarantined_unknown_and_foreign_blocks_fail_before_any_work() {
         });
         assert_eq!(result, Err(expected));
     }
-    // A stream the pool does not have.
+    // A stream the pool did not hand out.
     let result = LaunchRecorder::new(&guard, StreamId::new(0, 7))
         .write(&live)
         .launch(&f.device, |_| -> Result<(), ResourceError> {
             panic!("enqueue must not run")
         });
-    assert!(matches!(result, Err(ResourceError::UnknownStream { .. })));
+    assert!(matches!(result, Err(ResourceError::ForeignStream { .. })));
     // A stream of another device.
     let result = LaunchRecorder::new(&guard, StreamId::new(3, 0))
         .write(&live)

@@ -320,9 +320,9 @@ fn written_on_b_after_reads_on_a_and_c<G: Gpu>(f: &Fixture<G>) {
 // ---- Cross-stream uses without the hooks: the simulated device reports them.
 
 /// The simulated stream index a `RaceReport` names for `s`: the handle's
-/// bits without the simulated-handle tag (the top bit).
+/// low 32 bits (above them: the host and the simulated-handle tag).
 fn sim_index(f: &Fixture<impl Gpu>, s: StreamId) -> usize {
-    (f.pool.raw(s).unwrap().get() & !(1 << 63)) as usize
+    (f.pool.raw(s).unwrap().get() & 0xFFFF_FFFF) as usize
 }
 
 #[test]

@@ -1,12 +1,17 @@
-//! The shortcuts of the ordering rules on a real GPU: a request cancelled
-//! while its kernel runs must not let another stream's work reach memory
-//! the late kernel still writes. Run on the GPU machine with
+//! Safe means safe, on a real GPU: a request cancelled while its kernel
+//! runs must not let another stream's work reach memory the late kernel
+//! still writes, and a stream of another pool (or one made by hand) never
+//! reaches the driver through a safe call. Run on the GPU machine with
 //! `--include-ignored`, and under compute-sanitizer (scripts/gpu-call.sh).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use streamalloc::futures::AsyncResource;
-use streamalloc::{AllocTag, CacheConfig, CudaBuffer, Device, ResourceBuilder};
+use streamalloc::{
+    Access, AllocTag, Buffer, CacheConfig, CudaBuffer, Device, ResourceBuilder, ResourceError,
+    ResourceResult, StreamId,
+};
 
 const TAG: AllocTag = AllocTag("safety");
 /// The slow part of the cancelled request: copies of this many bytes.
@@ -77,4 +82,94 @@ async fn a_cancelled_request_never_lets_a_late_write_reach_memory_handed_on() {
     );
     drop((src, dst));
     res.reap_pending().await.unwrap();
+}
+
+/// Reads `buf` back through its own stream.
+fn read_back(device: &Device<streamalloc::gpu::cuda::CudaGpu>, buf: Buffer<u8>) -> Vec<u8> {
+    let s = buf.block().stream();
+    let buf = CudaBuffer::new(buf).unwrap();
+    let stream = device.streams().cuda_stream(s).unwrap().clone();
+    let back = stream.clone_dtoh(&buf).unwrap();
+    stream.synchronize().unwrap();
+    back
+}
+
+/// Two `Device`s of CUDA device 0 (two stream pools on one context), a
+/// cached stack on the first, a live buffer of the second's resource
+/// filled with a pattern. Every safe entry point given a stream of the
+/// second pool, or a `StreamId` made by hand, answers `ForeignStream`,
+/// queues nothing, and the other resource's live bytes stay as they were.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a CUDA GPU"]
+async fn streams_the_crate_cannot_vouch_for_never_reach_the_driver() {
+    let a = Device::open_cuda(0, 2).expect("a CUDA device");
+    let b = Device::open_cuda(0, 2).expect("a second pool");
+    let layers = ResourceBuilder::new().cache(CacheConfig::default());
+    let res = AsyncResource::build(&a, &layers).expect("the stack on a");
+    let other = AsyncResource::on(&b).expect("a resource on b");
+    let (sa, sb) = (a.stream(0).unwrap(), b.stream(0).unwrap());
+    let mut victim = other.allocate_buffer::<u8>(1 << 20, sb, TAG).await.unwrap();
+    victim.fill_bytes_on(sb, 0x11).unwrap();
+    let mut held = res.allocate_buffer::<u8>(1 << 20, sa, TAG).await.unwrap();
+    let source = res.allocate_buffer::<u8>(1 << 20, sa, TAG).await.unwrap();
+    let before = res.bytes_outstanding();
+    let mut refused = 0;
+    for bad in [sb, StreamId::new(0, 0)] {
+        let foreign = |r: ResourceResult<()>, what: &str| match r {
+            Err(ResourceError::ForeignStream { stream }) => assert_eq!(stream, bad, "{what}"),
+            other => panic!("{what} on {bad}: {other:?}"),
+        };
+        foreign(res.try_allocate(64, bad, TAG).map(drop), "try_allocate");
+        foreign(held.fill_bytes_on(bad, 0xEE), "fill_bytes_on");
+        foreign(held.copy_from_on(bad, &source), "copy_from_on");
+        foreign(held.write_on(bad).map(drop), "write_on");
+        foreign(
+            res.prepare_block_use(held.id(), bad, Access::Write),
+            "prepare_block_use",
+        );
+        foreign(res.completion(bad).map(drop), "completion");
+        foreign(
+            Buffer::<u8>::allocate_in(Arc::clone(res.inner()), &a, 64, bad, TAG).map(drop),
+            "Buffer::allocate_in",
+        );
+        let mut ran = false;
+        foreign(
+            res.launch(bad)
+                .write(&mut held)
+                .enqueue(|_| {
+                    ran = true;
+                    Ok::<(), ResourceError>(())
+                })
+                .map(drop),
+            "launch",
+        );
+        assert!(!ran, "a launch closure ran on {bad}");
+        refused += 8;
+    }
+    // A resource of `a` used with `b`'s device: refused for both pools.
+    for s in [sa, sb] {
+        let r = Buffer::<u8>::allocate_in(Arc::clone(res.inner()), &b, 64, s, TAG);
+        assert!(
+            matches!(r, Err(ResourceError::ForeignStream { .. })),
+            "{:?}",
+            r.map(drop)
+        );
+        refused += 1;
+    }
+    assert_eq!(
+        res.bytes_outstanding(),
+        before,
+        "a refused call changed the books"
+    );
+    let back = read_back(&b, victim);
+    assert!(
+        back.iter().all(|&v| v == 0x11),
+        "the other resource's bytes changed"
+    );
+    println!(
+        "cuda: {refused} calls with streams of another pool or made by hand refused (ForeignStream), the other resource's live 1 MiB intact"
+    );
+    drop((held, source));
+    res.reap_pending().await.unwrap();
+    other.reap_pending().await.unwrap();
 }

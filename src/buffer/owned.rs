@@ -108,9 +108,17 @@ impl<T: Element> Buffer<T> {
     /// Allocates `len` elements on `stream` from any synchronous resource
     /// (an adaptor stack, for instance) that allocates on `device`.
     ///
+    /// Safe for any resource: its implementation vouched for its blocks
+    /// (the trait is `unsafe`), and `stream` must be an id of `device`'s own
+    /// pool, which the resource resolves too (it refuses other pools' ids),
+    /// so the buffer's work runs on the device instance whose memory the
+    /// block is, never on another device of the same ordinal.
+    ///
     /// # Errors
     /// [`WrongDevice`](ResourceError::WrongDevice) when `resource` serves
-    /// another device; [`SizeOverflow`](ResourceError::SizeOverflow); or as
+    /// another device; [`ForeignStream`](ResourceError::ForeignStream) when
+    /// `stream` is not an id of `device`'s pool, or the resource's pool is
+    /// not `device`'s; [`SizeOverflow`](ResourceError::SizeOverflow); or as
     /// [`DeviceMemoryResource::allocate`](crate::DeviceMemoryResource::allocate).
     /// Nothing changes.
     pub fn allocate_in<R, G>(
@@ -125,6 +133,9 @@ impl<T: Element> Buffer<T> {
         G: crate::gpu::Gpu,
     {
         ResourceError::check_device(device.ordinal(), resource.device_ordinal())?;
+        // The buffer resolves its streams through `device`'s pool and the
+        // resource through its own: one id both accept names one stream.
+        device.raw(stream)?;
         let block = resource.allocate(byte_len::<T>(len)?, stream, tag)?;
         let home = super::home::SyncHome {
             resource,

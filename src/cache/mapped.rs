@@ -53,9 +53,18 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         // Checked before a range is taken, under the lock the lease is
         // made under: the lease cannot be refused.
         shard.room()?;
+        if shard.arena.is_some() && !shard.serves(stream) {
+            // Not the id the arena was opened for (another pool's, or made
+            // by hand): the pool judges it before any memory is taken.
+            tier.check_stream(stream)?;
+        }
         if shard.arena.is_none() && !shard.arena_failed {
             match tier.open(stream, index) {
-                Ok(arena) => shard.arena = Some(arena),
+                Ok(arena) => {
+                    // `open` resolved `stream` in the tier's pool.
+                    shard.learn(stream);
+                    shard.arena = Some(arena);
+                }
                 Err(e) => {
                     tracing::debug!(error = %e, %stream, "no arena for the stream: size classes");
                     shard.arena_failed = true;
@@ -374,7 +383,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         use_stream: StreamId,
         access: Access,
     ) -> ResourceResult<()> {
-        if use_stream == home {
+        if use_stream.is(home) {
             m.home_unrecorded = Some(match (m.home_unrecorded, access) {
                 (Some(Access::Write), _) | (_, Access::Write) => Access::Write,
                 _ => Access::Read,
@@ -472,7 +481,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
             self.flush_home_uses(m, home)?;
         }
         let mut allocation_point = None;
-        if use_stream == home && !waits(m) {
+        if use_stream.is(home) && !waits(m) {
             return Ok(());
         }
         let uses = m.uses_mut();

@@ -509,6 +509,10 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
             }
         };
         shard.seen |= class.is_some();
+        if index < self.config.streams {
+            // The inner resource just accepted `stream`: the shard's own.
+            shard.learn(stream);
+        }
         count(&mut shard.stats);
         Ok(DeviceBlock::new(
             BlockId::new(self.id, serial),
@@ -544,7 +548,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         let lease = found.get();
         if lease.backing.ptr() != block.ptr()
             || lease.size != block.size()
-            || lease.stream != block.stream()
+            || !lease.stream.is(block.stream())
         {
             return Err(ResourceError::UnknownBlock { block: id });
         }
@@ -616,7 +620,13 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
     }
 }
 
-impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R> {
+// SAFETY: the cache hands out its inner resource's blocks, or parts of
+// them, or memory it maps itself through the inner resource's
+// `device_access` (the backend and pool of that memory's device); a part is
+// given to one caller at a time, judged on free by the cache's own records,
+// and reused only behind the fences and waits its essay lists; streams
+// resolve through the inner resource.
+unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R> {
     /// The inner resource's: a block the cache hands out was (or will be)
     /// allocated from below, within whatever limit is there.
     fn allocation_limit(&self) -> Option<usize> {
@@ -658,7 +668,13 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R> {
             // (stream order makes both safe, as below); the block becomes
             // the graph's.
             let pooled = capture.and_then(|c| shard.graph_mut(c)?.take_block(class));
-            if let Some(inner) = pooled.or_else(|| shard.pop(class)) {
+            let hit = match shard.serves(stream) {
+                true => pooled.or_else(|| shard.pop(class)),
+                // An id the inner resource has not accepted for this shard
+                // takes nothing here: below, it is refused or learnt.
+                false => None,
+            };
+            if let Some(inner) = hit {
                 // Stream order alone makes this safe: every use of the block
                 // on this stream was queued before, and uses on other streams
                 // were waited for when it was cached.

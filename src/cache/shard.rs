@@ -126,7 +126,11 @@ pub(crate) struct Lease {
 /// The state of one stream's shard; guarded by the mutex of its [`Slot`].
 #[derive(Debug)]
 pub(crate) struct Shard {
-    /// The stream whose blocks this shard caches.
+    /// The stream whose blocks this shard caches: until the inner resource
+    /// (or the arena's pool) accepted an id of it, a name in no pool
+    /// ([`StreamId::new`]), which nothing resolves; then that id, whose
+    /// pool a request must match to be served from the shard (see
+    /// [`serves`](Self::serves)).
     pub(crate) stream: StreamId,
     /// Whether the inner resource accepted this stream (an allocation on it
     /// succeeded): only then may blocks of other streams be moved to it,
@@ -156,6 +160,22 @@ pub(crate) struct Shard {
 }
 
 impl Shard {
+    /// Whether a request on `stream` may take this shard's memory without
+    /// asking the inner resource: only on the very id (pool included) the
+    /// inner resource already accepted. Any other id (of another pool, or
+    /// made by hand, with the same index) goes below, which refuses it.
+    #[inline]
+    pub(crate) fn serves(&self, stream: StreamId) -> bool {
+        self.stream.is(stream)
+    }
+
+    /// `stream` was accepted by the inner resource (or the arena's pool)
+    /// for this shard: requests on it may be served from here.
+    #[inline]
+    pub(crate) fn learn(&mut self, stream: StreamId) {
+        self.stream = stream;
+    }
+
     fn new(stream: StreamId, index: usize, classes: usize) -> Self {
         Shard {
             stream,

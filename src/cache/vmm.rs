@@ -327,6 +327,11 @@ impl VmTier {
         self.base.load(Ordering::Acquire) + placed.off
     }
 
+    /// Refuses `stream` when the tier's pool does not resolve it.
+    pub(crate) fn check_stream(&self, stream: StreamId) -> ResourceResult<()> {
+        self.access.streams.raw(stream).map(drop)
+    }
+
     /// Opens the arena to `stream` (of slot `slot`), reserving it on the
     /// first call.
     pub(crate) fn open(&self, stream: StreamId, slot: usize) -> ResourceResult<StreamSlot> {

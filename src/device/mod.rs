@@ -77,6 +77,11 @@ pub struct Device<G: Gpu = Backend> {
 impl<G: Gpu> Device<G> {
     /// The device of backend `gpu`, with the streams of `streams`.
     ///
+    /// The pool should hold `gpu`'s own streams. Only the ordinal is
+    /// checked here; a simulated device refuses another simulated host's
+    /// streams at every call (its stream handles name their host), so a
+    /// mixed pair runs nothing rather than work on the wrong stream.
+    ///
     /// # Errors
     /// [`ResourceError::WrongDevice`] when the pool's streams belong to
     /// another device than `gpu`.

@@ -14,8 +14,9 @@ use crate::types::{RawStream, StreamId};
 /// alive as long as any resource holds the pool.
 pub struct StreamPool {
     device: u32,
-    /// This pool's identity, carried by the ids it hands out (never 0).
-    pool: u32,
+    /// This pool's identity, carried by the ids it hands out (never 0, never
+    /// reused in the process).
+    pool: u64,
     raw: Vec<RawStream>,
     // Keeps the backend streams alive; never read, only dropped.
     _owners: Vec<Arc<dyn Any + Send + Sync>>,
@@ -191,7 +192,8 @@ impl StreamPool {
     ///
     /// # Errors
     /// [`ResourceError::WrongDevice`] for a stream of another device,
-    /// [`ResourceError::ForeignStream`] for one of another pool,
+    /// [`ResourceError::ForeignStream`] for one of another pool or of none
+    /// (made by [`StreamId::new`]),
     /// [`ResourceError::UnknownStream`] for an index past the pool's end.
     #[inline]
     pub fn raw(&self, id: StreamId) -> ResourceResult<RawStream> {
@@ -212,7 +214,10 @@ impl StreamPool {
     #[inline]
     fn check(&self, id: StreamId) -> ResourceResult<()> {
         ResourceError::check_device(self.device, id.device())?;
-        if id.pool() != 0 && id.pool() != self.pool {
+        // Only this pool's own ids: a hand-made id (pool 0) or another
+        // pool's would resolve to a stream the resource using the id does
+        // not order on, or of another device instance.
+        if id.pool() != self.pool {
             return Err(ResourceError::ForeignStream { stream: id });
         }
         if id.index() as usize >= self.raw.len() {
@@ -225,17 +230,12 @@ impl StreamPool {
     }
 }
 
-/// A pool identity never handed out before in this process (wraps after
-/// 2^32 - 1 pools, skipping 0).
-fn fresh_pool_id() -> u32 {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static NEXT: AtomicU32 = AtomicU32::new(1);
-    loop {
-        let id = NEXT.fetch_add(1, Ordering::Relaxed);
-        if id != 0 {
-            return id;
-        }
-    }
+/// A pool identity never handed out before in this process (64 bits do not
+/// wrap: a pool a nanosecond would take centuries).
+fn fresh_pool_id() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
 impl fmt::Debug for StreamPool {

@@ -123,8 +123,10 @@ impl Core {
         // Each notifier knows its stream, so a stream of the pool is
         // recognised without reading the pool (one cache line fewer on
         // every `completion()`); the pool names what is wrong otherwise.
+        // The pool too must match: an id of another pool with the same
+        // index names another stream, whose completion proves nothing here.
         match self.notifiers.get(stream.index() as usize) {
-            Some(n) if n.stream == stream => Ok(n),
+            Some(n) if n.stream.is(stream) => Ok(n),
             _ => {
                 self.pool.raw(stream)?;
                 Err(ResourceError::UnknownStream {

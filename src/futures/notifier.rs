@@ -928,7 +928,7 @@ mod loom_tests {
 
     fn notifier() -> Notifier {
         let stream = StreamId::new(0, 0);
-        let raw = RawStream::sim(0);
+        let raw = RawStream::sim(0, 0);
         Notifier::with_handles(
             stream,
             (raw, raw, false),

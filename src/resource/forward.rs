@@ -1,24 +1,69 @@
 //! `forward_to_inner!`: the methods a decorator passes through unchanged.
 //!
-//! A decorator (an adaptor, the cache) changes a few methods of
-//! [`DeviceMemoryResource`](super::DeviceMemoryResource) and must forward all
-//! the others, the block-use hooks included, or a stack silently loses
-//! tracking. Writing each forward by hand repeats a dozen three-line methods
-//! per decorator; this macro writes them from a list of names, so what a
-//! decorator changes is what its `impl` block shows.
+//! A decorator (an adaptor, the cache, a user's own layer) changes a few
+//! methods of [`DeviceMemoryResource`](super::DeviceMemoryResource) and must
+//! forward all the others, the block-use hooks and the reaping included, or
+//! a stack silently loses frees or tracking. The trait has no defaults for
+//! them, so a decorator that forgets one does not compile; this macro
+//! writes the forwards from a list of names, so what a decorator changes is
+//! what its `impl` block shows. It is exported as the checked way for
+//! third-party decorators to forward what they do not change.
 
-/// Inside an `impl DeviceMemoryResource for …` block, writes each named
-/// method as a plain call of the same method on `self.$field`.
+/// Inside an `unsafe impl DeviceMemoryResource for …` block, writes each
+/// named method as a plain call of the same method on `self.$field`.
+///
+/// `$field` is the field holding the wrapped resource (a name, or `0` for a
+/// tuple struct). Each name is a method of
+/// [`DeviceMemoryResource`](crate::DeviceMemoryResource); the group
+/// `all_but_allocate` names every method but `allocate` and
+/// `device_access` (a decorator keeps the provided `None` there, so that a
+/// tier above allocates through it and it sees every byte).
+///
+/// # Examples
+/// ```
+/// use streamalloc::{AllocTag, DeviceBlock, DeviceMemoryResource, ResourceResult, StreamId};
+///
+/// /// Refuses allocations over `max` bytes; forwards everything else.
+/// struct Capped<R>(R, usize);
+///
+/// // SAFETY: blocks and streams are the inner resource's, unchanged.
+/// unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for Capped<R> {
+///     fn allocate(&self, bytes: usize, stream: StreamId, tag: AllocTag) -> ResourceResult<DeviceBlock> {
+///         if bytes > self.1 {
+///             let limit = self.1;
+///             return Err(streamalloc::ResourceError::BudgetExceeded { requested: bytes, limit, in_use: 0 });
+///         }
+///         self.0.allocate(bytes, stream, tag)
+///     }
+///     streamalloc::forward_to_inner!(0; deallocate, deallocate_completed, device_ordinal,
+///         bytes_outstanding, reap_pending, pending_free_seq, reap_through,
+///         supports_block_use_tracking, record_block_use, prepare_block_use,
+///         finish_block_use, block_state, allocation_cost, allocation_cost_is_exact,
+///         frees_across_streams, release_idle, capture_status, release_capture);
+///     fn allocation_limit(&self) -> Option<usize> {
+///         Some(self.0.allocation_limit().map_or(self.1, |l| l.min(self.1)))
+///     }
+/// }
+/// ```
+#[macro_export]
 macro_rules! forward_to_inner {
-    ($field:ident; $($method:ident),+ $(,)?) => {
-        $( $crate::resource::forward::forward_to_inner!(@one $field $method); )+
+    ($field:tt; $($method:ident),+ $(,)?) => {
+        $( $crate::forward_to_inner!(@one $field $method); )+
     };
-    (@one $f:ident deallocate) => {
+    (@one $f:tt all_but_allocate) => {
+        $crate::forward_to_inner!($f; deallocate, deallocate_completed, device_ordinal,
+            bytes_outstanding, reap_pending, pending_free_seq, reap_through,
+            supports_block_use_tracking, record_block_use, prepare_block_use,
+            finish_block_use, block_state, allocation_cost, allocation_cost_is_exact,
+            frees_across_streams, release_idle, allocation_limit, capture_status,
+            release_capture);
+    };
+    (@one $f:tt deallocate) => {
         fn deallocate(&self, block: $crate::DeviceBlock) -> $crate::ResourceResult<()> {
             self.$f.deallocate(block)
         }
     };
-    (@one $f:ident deallocate_completed) => {
+    (@one $f:tt deallocate_completed) => {
         fn deallocate_completed(
             &self,
             block: $crate::DeviceBlock,
@@ -27,37 +72,37 @@ macro_rules! forward_to_inner {
             self.$f.deallocate_completed(block, completed)
         }
     };
-    (@one $f:ident device_ordinal) => {
+    (@one $f:tt device_ordinal) => {
         fn device_ordinal(&self) -> u32 {
             self.$f.device_ordinal()
         }
     };
-    (@one $f:ident bytes_outstanding) => {
+    (@one $f:tt bytes_outstanding) => {
         fn bytes_outstanding(&self) -> usize {
             self.$f.bytes_outstanding()
         }
     };
-    (@one $f:ident reap_pending) => {
+    (@one $f:tt reap_pending) => {
         fn reap_pending(&self) -> $crate::ResourceResult<()> {
             self.$f.reap_pending()
         }
     };
-    (@one $f:ident pending_free_seq) => {
+    (@one $f:tt pending_free_seq) => {
         fn pending_free_seq(&self, stream: $crate::StreamId) -> u64 {
             self.$f.pending_free_seq(stream)
         }
     };
-    (@one $f:ident reap_through) => {
+    (@one $f:tt reap_through) => {
         fn reap_through(&self, stream: $crate::StreamId, seq: u64) -> usize {
             self.$f.reap_through(stream, seq)
         }
     };
-    (@one $f:ident supports_block_use_tracking) => {
+    (@one $f:tt supports_block_use_tracking) => {
         fn supports_block_use_tracking(&self) -> bool {
             self.$f.supports_block_use_tracking()
         }
     };
-    (@one $f:ident record_block_use) => {
+    (@one $f:tt record_block_use) => {
         fn record_block_use(
             &self,
             block: &$crate::DeviceBlock,
@@ -66,7 +111,7 @@ macro_rules! forward_to_inner {
             self.$f.record_block_use(block, use_stream)
         }
     };
-    (@one $f:ident prepare_block_use) => {
+    (@one $f:tt prepare_block_use) => {
         fn prepare_block_use(
             &self,
             block: $crate::BlockId,
@@ -76,7 +121,7 @@ macro_rules! forward_to_inner {
             self.$f.prepare_block_use(block, use_stream, access)
         }
     };
-    (@one $f:ident finish_block_use) => {
+    (@one $f:tt finish_block_use) => {
         fn finish_block_use(
             &self,
             block: $crate::BlockId,
@@ -86,32 +131,32 @@ macro_rules! forward_to_inner {
             self.$f.finish_block_use(block, use_stream, access)
         }
     };
-    (@one $f:ident allocation_cost) => {
+    (@one $f:tt allocation_cost) => {
         fn allocation_cost(&self, bytes: usize, stream: $crate::StreamId) -> usize {
             self.$f.allocation_cost(bytes, stream)
         }
     };
-    (@one $f:ident allocation_cost_is_exact) => {
+    (@one $f:tt allocation_cost_is_exact) => {
         fn allocation_cost_is_exact(&self) -> bool {
             self.$f.allocation_cost_is_exact()
         }
     };
-    (@one $f:ident release_idle) => {
+    (@one $f:tt release_idle) => {
         fn release_idle(&self) -> $crate::ResourceResult<usize> {
             self.$f.release_idle()
         }
     };
-    (@one $f:ident allocation_limit) => {
+    (@one $f:tt allocation_limit) => {
         fn allocation_limit(&self) -> Option<usize> {
             self.$f.allocation_limit()
         }
     };
-    (@one $f:ident frees_across_streams) => {
+    (@one $f:tt frees_across_streams) => {
         fn frees_across_streams(&self) -> bool {
             self.$f.frees_across_streams()
         }
     };
-    (@one $f:ident capture_status) => {
+    (@one $f:tt capture_status) => {
         fn capture_status(
             &self,
             stream: $crate::StreamId,
@@ -119,7 +164,7 @@ macro_rules! forward_to_inner {
             self.$f.capture_status(stream)
         }
     };
-    (@one $f:ident release_capture) => {
+    (@one $f:tt release_capture) => {
         fn release_capture(
             &self,
             capture: $crate::gpu::CaptureId,
@@ -128,11 +173,9 @@ macro_rules! forward_to_inner {
             self.$f.release_capture(capture, after)
         }
     };
-    (@one $f:ident block_state) => {
+    (@one $f:tt block_state) => {
         fn block_state(&self, block: $crate::BlockId) -> Option<$crate::BlockState> {
             self.$f.block_state(block)
         }
     };
 }
-
-pub(crate) use forward_to_inner;

@@ -54,13 +54,99 @@ impl std::fmt::Debug for DeviceAccess {
 /// Every method is callable from any thread. Implementations are the
 /// stream-ordered resource and the decorators that wrap one.
 ///
+/// The trait is `unsafe` to implement because the crate takes a resource at
+/// its word: the blocks it hands out become [`Buffer`](crate::Buffer)s whose
+/// safe methods (fills, copies, cudarc's `memcpy_htod` into a
+/// `CudaBuffer`, kernels given their address) make the
+/// driver write there, and its streams order that work. The crate cannot
+/// check that an address is memory the resource owns; whoever writes
+/// `unsafe impl` vouches for it, once, for every safe call after.
+///
+/// Every method that moves bytes or tracks uses is required, with no
+/// default: a layer that left one out would lose frees or uses silently. A
+/// decorator writes what it changes and forwards the rest with
+/// [`forward_to_inner!`](crate::forward_to_inner):
+///
+/// ```
+/// use streamalloc::{AllocTag, DeviceBlock, DeviceMemoryResource, ResourceResult, StreamId};
+///
+/// /// Counts allocations, changes nothing else.
+/// struct Counting<R> {
+///     inner: R,
+///     allocations: std::sync::atomic::AtomicU64,
+/// }
+///
+/// // SAFETY: every block and stream comes from `inner` unchanged, and
+/// // every other call is `inner`'s own.
+/// unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for Counting<R> {
+///     fn allocate(&self, bytes: usize, stream: StreamId, tag: AllocTag) -> ResourceResult<DeviceBlock> {
+///         let block = self.inner.allocate(bytes, stream, tag)?;
+///         self.allocations.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+///         Ok(block)
+///     }
+///     streamalloc::forward_to_inner!(inner; all_but_allocate);
+/// }
+/// ```
+///
+/// A resource written without `unsafe` does not compile, so safe code cannot
+/// hand out another resource's live block or an address it made up:
+///
+/// ```compile_fail,E0200
+/// use streamalloc::{AllocTag, BlockId, DeviceBlock, DeviceMemoryResource, ResourceId};
+/// use streamalloc::{ResourceResult, StreamId};
+///
+/// struct Forger<R>(R);
+///
+/// impl<R: DeviceMemoryResource> DeviceMemoryResource for Forger<R> {
+///     fn allocate(&self, bytes: usize, stream: StreamId, tag: AllocTag) -> ResourceResult<DeviceBlock> {
+///         // Some address the resource does not own.
+///         Ok(DeviceBlock::new(BlockId::new(ResourceId::fresh(), 1), 0x7f00_0000_0000, bytes, stream, tag))
+///     }
+///     streamalloc::forward_to_inner!(0; all_but_allocate);
+/// }
+/// ```
+///
+/// # Safety
+/// The crate hands the addresses and streams of a resource to the driver
+/// without further checks, so an implementation promises:
+/// 1. every block [`allocate`](Self::allocate) returns names `size` bytes
+///    of device memory from `ptr` (none, at address 0, for zero bytes) on
+///    the device of the stream pool that resolves `stream`, valid on
+///    `stream` (the block's [`stream`](DeviceBlock::stream) is the id it was
+///    given) from the allocation on, and handed to that caller alone until
+///    it comes back through [`deallocate`](Self::deallocate) or
+///    [`deallocate_completed`](Self::deallocate_completed);
+/// 2. streams are resolved only through that one pool (an id of another
+///    pool is refused): the backend of the device whose memory it hands
+///    out is the one that runs the work the crate orders on them;
+/// 3. `deallocate` and the hooks refuse, changing nothing, a block this
+///    resource did not hand out or that was already returned: they judge a
+///    [`DeviceBlock`] by their own books (id, address, size and stream),
+///    never by the descriptor's word, since safe code can build one; after
+///    a block is accepted its memory goes to no one else before the work
+///    ordered before the free, and the uses recorded, have run;
+/// 4. [`deallocate_completed`](Self::deallocate_completed) skips ordering
+///    only on the [`CompletedUses`] proof it was given;
+/// 5. the hooks ([`prepare_block_use`](Self::prepare_block_use),
+///    [`finish_block_use`](Self::finish_block_use),
+///    [`record_block_use`](Self::record_block_use)) and the capture calls
+///    do what they document, forwarded to whatever really owns the memory,
+///    and [`supports_block_use_tracking`](Self::supports_block_use_tracking)
+///    answers `true` only when they do;
+/// 6. [`device_access`](Self::device_access) gives only the backend and pool
+///    of the memory's own device.
+///
+/// A decorator that only passes blocks and calls to the resource it wraps,
+/// or hands out parts of its blocks, keeps all of this by construction; its
+/// SAFETY comment says which.
+///
 /// # Stream ordering
 /// A block is valid on its allocation stream from the allocation on. Work on
 /// another stream must be ordered after the allocation and before the free:
 /// [`prepare_block_use`](Self::prepare_block_use) before queuing the work and
 /// [`finish_block_use`](Self::finish_block_use) after it do both, on resources
 /// that [`support`](Self::supports_block_use_tracking) it.
-pub trait DeviceMemoryResource: Send + Sync {
+pub unsafe trait DeviceMemoryResource: Send + Sync {
     /// Allocates `bytes` bytes on the resource's device, ordered on `stream`.
     /// The returned block is in [`BlockState::Live`].
     ///
@@ -98,8 +184,9 @@ pub trait DeviceMemoryResource: Send + Sync {
     /// hands memory between streams (the cache's arena) may then give it
     /// to any stream at once, with no fence and no stream waiting on the
     /// freeing stream's queued work. `completed` is the crate's proof of
-    /// it (see [`CompletedUses`]); the default
-    /// drops it and calls `deallocate`.
+    /// it (see [`CompletedUses`]). The provided method drops the proof and
+    /// calls `deallocate`: an ordinary stream-ordered free, always correct,
+    /// only slower to reuse.
     ///
     /// [`AsyncResource`](crate::futures::AsyncResource) calls it when an
     /// owned buffer is dropped after the completion of its last launch
@@ -140,9 +227,16 @@ pub trait DeviceMemoryResource: Send + Sync {
     /// consistent total across resources.
     fn bytes_outstanding(&self) -> usize;
 
-    /// Drains retired bytes whose free has completed. A no-op for synchronous
-    /// backends; stream-ordered ones synchronize the streams with queued
-    /// frees and re-count [`bytes_outstanding`](Self::bytes_outstanding).
+    /// Drains retired bytes whose free has completed: stream-ordered
+    /// resources synchronize the streams with queued frees and re-count
+    /// [`bytes_outstanding`](Self::bytes_outstanding); a decorator forwards
+    /// to the resource it wraps (after releasing what it holds back, if it
+    /// must); a resource that frees at once answers `Ok(())`.
+    ///
+    /// Required, like every method that moves bytes or tracks uses: a layer
+    /// that left it out would answer `Ok` while the frees below it stay
+    /// pending for good. Forward what a decorator does not change with
+    /// [`forward_to_inner!`](crate::forward_to_inner).
     ///
     /// Called inside a poll of the crate's futures (an allocation awaited
     /// through [`AsyncResource`](crate::futures::AsyncResource) reaches a
@@ -153,50 +247,42 @@ pub trait DeviceMemoryResource: Send + Sync {
     ///
     /// # Errors
     /// A driver error from the synchronize; what was drained stays drained.
-    fn reap_pending(&self) -> ResourceResult<()> {
-        Ok(())
-    }
+    fn reap_pending(&self) -> ResourceResult<()>;
 
     /// The sequence number of the latest free queued on `stream` (0 if none,
     /// or for resources that do not queue frees). A completion point recorded
     /// on `stream` after a call of this method covers every free up to it.
-    fn pending_free_seq(&self, stream: StreamId) -> u64 {
-        let _ = stream;
-        0
-    }
+    fn pending_free_seq(&self, stream: StreamId) -> u64;
 
     /// Tells the resource that `stream` has executed every free up to
     /// sequence number `seq` (learnt from a completion notification, without
     /// synchronizing): drains them from the pending tallies and returns the
-    /// bytes drained. Decorators forward to the inner resource.
+    /// bytes drained. Decorators forward to the inner resource; a resource
+    /// that queues no frees drains nothing (0).
     ///
     /// `seq` is meant to be a number [`pending_free_seq`](Self::pending_free_seq)
     /// returned: the stream-ordered resource tallies the frees queued between
     /// two such reads together, so a cut at a number it never returned may
     /// leave some frees below it pending (it never drains one above it).
-    fn reap_through(&self, stream: StreamId, seq: u64) -> usize {
-        let _ = (stream, seq);
-        0
-    }
+    fn reap_through(&self, stream: StreamId, seq: u64) -> usize;
 
     /// Whether this resource, and every resource it wraps, tracks
-    /// cross-stream uses. Decorators forward to the inner resource.
-    fn supports_block_use_tracking(&self) -> bool {
-        false
-    }
+    /// cross-stream uses. Decorators forward to the inner resource; a
+    /// resource that does not track them answers `false`, and buffers then
+    /// refuse uses on other streams.
+    fn supports_block_use_tracking(&self) -> bool;
 
     /// Records that work touching `block` has been (or is being) queued on
     /// `use_stream`; on deallocate, the allocation stream waits for it.
     ///
-    /// The default does nothing: resources that track uses override it and
-    /// [`supports_block_use_tracking`](Self::supports_block_use_tracking).
+    /// Decorators forward it. A resource that does not track uses says so
+    /// in [`supports_block_use_tracking`](Self::supports_block_use_tracking)
+    /// (callers ask it first, and buffers refuse cross-stream uses there)
+    /// and has nothing to record here: `Ok(())`.
     ///
     /// # Errors
     /// As [`prepare_block_use`](Self::prepare_block_use).
-    fn record_block_use(&self, block: &DeviceBlock, use_stream: StreamId) -> ResourceResult<()> {
-        let _ = (block, use_stream);
-        Ok(())
-    }
+    fn record_block_use(&self, block: &DeviceBlock, use_stream: StreamId) -> ResourceResult<()>;
 
     /// Before queuing work on `use_stream` that touches `block` with
     /// `access`: queues the waits that work needs (on the last write from
@@ -213,10 +299,7 @@ pub trait DeviceMemoryResource: Send + Sync {
         block: BlockId,
         use_stream: StreamId,
         access: Access,
-    ) -> ResourceResult<()> {
-        let _ = (block, use_stream, access);
-        Ok(())
-    }
+    ) -> ResourceResult<()>;
 
     /// After queuing work on `use_stream` that touches `block`: records an
     /// event capturing that work and updates the block's dependencies.
@@ -228,10 +311,7 @@ pub trait DeviceMemoryResource: Send + Sync {
         block: BlockId,
         use_stream: StreamId,
         access: Access,
-    ) -> ResourceResult<()> {
-        let _ = (block, use_stream, access);
-        Ok(())
-    }
+    ) -> ResourceResult<()>;
 
     /// The current state of `block`, when this resource knows it.
     fn block_state(&self, block: BlockId) -> Option<BlockState> {
@@ -255,45 +335,37 @@ pub trait DeviceMemoryResource: Send + Sync {
     /// `bytes` were allocated on `stream` now: the new memory the allocation
     /// takes from the device.
     ///
-    /// `bytes` for a resource that allocates every request as asked (the
-    /// default); a cache answers 0 when it holds a block that serves the
+    /// `bytes` for a resource that allocates every request as asked; a cache
+    /// answers 0 when it holds a block that serves the
     /// request, and the rounded size when it does not. A
     /// [`BudgetResource`](crate::adaptors::BudgetResource) reserves this much,
     /// so that it counts what the layers below really take. Decorators
     /// forward to the inner resource. Between threads it is an estimate: the
     /// budget settles the difference after the allocation.
-    fn allocation_cost(&self, bytes: usize, stream: StreamId) -> usize {
-        let _ = stream;
-        bytes
-    }
+    fn allocation_cost(&self, bytes: usize, stream: StreamId) -> usize;
 
     /// Whether [`allocation_cost`](Self::allocation_cost) is exactly what an
     /// allocation made right after takes from the device (on one thread).
     ///
-    /// `true` for a resource that allocates every request as asked (the
-    /// default). A cache answers `false`: its cost is a guess made before it
+    /// `true` for a resource that allocates every request as asked. A cache answers `false`: its cost is a guess made before it
     /// places the block (the virtual-memory arena may need one page more
     /// than the estimate when the block straddles a page, or new pages
     /// where its idle ones are scattered), so a
     /// [`BudgetResource`](crate::adaptors::BudgetResource) above it counts
     /// what the inner resource holds after every allocation instead of
     /// trusting the estimate. Decorators forward to the inner resource.
-    fn allocation_cost_is_exact(&self) -> bool {
-        true
-    }
+    fn allocation_cost_is_exact(&self) -> bool;
 
     /// Gives memory that no caller holds back to the layer below: a cache
     /// frees its idle blocks, a debug guard its quarantine. Returns the bytes
     /// given back (their frees may still be queued: reap to see them leave
     /// [`bytes_outstanding`](Self::bytes_outstanding)). Decorators pass the
-    /// call on; the default gives nothing back.
+    /// call on; a resource that holds nothing back answers `Ok(0)`.
     ///
     /// # Errors
     /// The first error of a free; what was given back before stays given
     /// back.
-    fn release_idle(&self) -> ResourceResult<usize> {
-        Ok(0)
-    }
+    fn release_idle(&self) -> ResourceResult<usize>;
 
     /// Whether a call of this resource (or one below it) may queue a free
     /// on a stream other than the one of the block it was given: a debug
@@ -301,26 +373,20 @@ pub trait DeviceMemoryResource: Send + Sync {
     /// stream. The futures layer then looks at every stream's
     /// [`pending_free_seq`](Self::pending_free_seq) after a free, so that
     /// those frees are reaped by notifications too. Decorators answer for
-    /// themselves or their inner resource; the default is `false`.
-    fn frees_across_streams(&self) -> bool {
-        false
-    }
+    /// themselves or their inner resource.
+    fn frees_across_streams(&self) -> bool;
 
     /// The most bytes one allocation through this stack could ever take, if
     /// a layer limits it (a [`Budget`](crate::adaptors::Budget)'s limit),
     /// else `None`. A request past it can never be served, so the futures
     /// layer refuses it at once instead of queueing it behind other waiters.
-    /// Decorators answer for themselves or their inner resource; the
-    /// default is `None`.
-    fn allocation_limit(&self) -> Option<usize> {
-        None
-    }
+    /// Decorators answer for themselves or their inner resource.
+    fn allocation_limit(&self) -> Option<usize>;
 
     /// Whether `stream` is being captured into a CUDA graph, and by which
     /// capture, as the backend at the bottom of the stack reports it
     /// ([`Gpu::capture_status`]). Decorators forward to the inner resource;
-    /// the stream-ordered resource asks the driver; the default (a resource
-    /// with no backend) is [`CaptureStatus::None`].
+    /// the stream-ordered resource asks the driver.
     ///
     /// A layer that hands memory out or takes it back asks this before it
     /// decides where the memory goes: memory handed out or freed on a
@@ -330,10 +396,7 @@ pub trait DeviceMemoryResource: Send + Sync {
     /// # Errors
     /// [`UnknownStream`](crate::ResourceError::UnknownStream),
     /// [`WrongDevice`](crate::ResourceError::WrongDevice), or a driver error.
-    fn capture_status(&self, stream: StreamId) -> ResourceResult<CaptureStatus> {
-        let _ = stream;
-        Ok(CaptureStatus::None)
-    }
+    fn capture_status(&self, stream: StreamId) -> ResourceResult<CaptureStatus>;
 
     /// The graph recorded by `capture` is gone (destroyed, or the capture
     /// failed and made none): the memory the stack gave to it may serve
@@ -360,7 +423,7 @@ pub trait DeviceMemoryResource: Send + Sync {
     ///
     /// Call it once per capture, after the capture ended, with no launch of
     /// its graph queued afterwards. Decorators forward it (a budget then
-    /// settles what the layers below gave back); the default does nothing.
+    /// settles what the layers below gave back).
     ///
     /// # Errors
     /// [`WrongDevice`](crate::ResourceError::WrongDevice),
@@ -369,13 +432,12 @@ pub trait DeviceMemoryResource: Send + Sync {
     /// `after` is capturing (no point on it can be waited for yet): nothing
     /// changes. A driver error part way: what was returned stays returned,
     /// the rest stays with the graph, and a later call returns it.
-    fn release_capture(&self, capture: CaptureId, after: StreamId) -> ResourceResult<()> {
-        let _ = (capture, after);
-        Ok(())
-    }
+    fn release_capture(&self, capture: CaptureId, after: StreamId) -> ResourceResult<()>;
 }
 
-impl<R: DeviceMemoryResource + ?Sized> DeviceMemoryResource for std::sync::Arc<R> {
+// SAFETY: every method is the same method of the resource the `Arc` holds,
+// which keeps the contract itself.
+unsafe impl<R: DeviceMemoryResource + ?Sized> DeviceMemoryResource for std::sync::Arc<R> {
     fn allocate(
         &self,
         bytes: usize,

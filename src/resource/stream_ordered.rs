@@ -413,7 +413,11 @@ impl<G: Gpu> StreamOrderedResource<G> {
     }
 }
 
-impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
+// SAFETY: every block is a fresh `alloc_async` of `self.gpu` on a stream of
+// `self.stream_pool` (a `Device`'s parts, which agree), kept in the live
+// table until its one free; frees and hooks judge a block by that table,
+// and the free is queued behind the waits on every recorded use.
+unsafe impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
     fn allocate(
         &self,
         bytes: usize,
@@ -471,7 +475,7 @@ impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
             };
             if record.ptr != block.ptr()
                 || record.size != block.size()
-                || record.stream != block.stream()
+                || !record.stream.is(block.stream())
             {
                 return Err(ResourceError::UnknownBlock { block: id });
             }
@@ -595,10 +599,16 @@ impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
             }
         }
         for (index, local, seq) in marks {
-            let stream = StreamId::new(
-                self.device_ordinal,
-                ((local << self.shard_bits) | index) as u32,
-            );
+            let stream = self
+                .stream_pool
+                .id((local << self.shard_bits) | index)
+                .ok_or(ResourceError::UnknownStream {
+                    stream: StreamId::new(
+                        self.device_ordinal,
+                        ((local << self.shard_bits) | index) as u32,
+                    ),
+                    pool_len: self.stream_pool.len(),
+                })?;
             let raw = self.raw_stream(stream)?;
             // SAFETY: `raw` was resolved through `self.stream_pool`, which
             // keeps its streams alive.
@@ -734,6 +744,29 @@ impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
             Some(_) => Some(BlockState::Retired),
             None => shard.handed_out(seq).then_some(BlockState::Retired),
         }
+    }
+
+    // Every request is one `alloc_async` of exactly its size.
+    fn allocation_cost(&self, bytes: usize, _: StreamId) -> usize {
+        bytes
+    }
+
+    fn allocation_cost_is_exact(&self) -> bool {
+        true
+    }
+
+    // Nothing is held back: a free is queued at once.
+    fn release_idle(&self) -> ResourceResult<usize> {
+        Ok(0)
+    }
+
+    // A block's free is queued on its own stream only.
+    fn frees_across_streams(&self) -> bool {
+        false
+    }
+
+    fn allocation_limit(&self) -> Option<usize> {
+        None
     }
 }
 

@@ -104,6 +104,21 @@ pub enum Access {
 /// handing a clone to `deallocate` twice is reported as
 /// [`ResourceError::DoubleFree`](crate::ResourceError::DoubleFree).
 ///
+/// # Forging
+/// [`DeviceBlock::new`] is safe, and so is `Clone`, because a descriptor is
+/// a claim, not a capability: no safe call hands a block's address to the
+/// driver on the descriptor's word. A block becomes a
+/// [`Buffer`](crate::Buffer) (whose fills and copies write at its address)
+/// only as its resource's [`allocate`](crate::DeviceMemoryResource::allocate)
+/// returned it, which the resource's `unsafe impl` vouches for. A block
+/// given back (`deallocate`, the block-use hooks, a launch's declared
+/// blocks) is judged by the resource's own books, its id, address, size and
+/// stream (pool included), and refused otherwise
+/// ([`UnknownBlock`](crate::ResourceError::UnknownBlock),
+/// [`ForeignBlock`](crate::ResourceError::ForeignBlock),
+/// [`DoubleFree`](crate::ResourceError::DoubleFree)): item 3 of the trait's
+/// `# Safety` list asks that of every implementation.
+///
 /// # Stream ordering
 /// The block is valid on its [`stream`](DeviceBlock::stream) from the point
 /// where the allocation was queued. Work on another stream must be ordered
@@ -121,7 +136,9 @@ pub struct DeviceBlock {
 }
 
 impl DeviceBlock {
-    /// Builds a descriptor. Resources call this; users receive blocks.
+    /// Builds a descriptor. Resources call this; users receive blocks. Safe:
+    /// a made-up descriptor reaches no driver call (see
+    /// [Forging](DeviceBlock#forging)), resources refuse it.
     pub fn new(id: BlockId, ptr: u64, size: usize, stream: StreamId, tag: AllocTag) -> Self {
         DeviceBlock {
             id,

@@ -17,6 +17,10 @@ pub struct RawStream(pub(crate) u64);
 /// Marks handles of the simulated device (user-space pointers never have it).
 pub(crate) const SIM_HANDLE: u64 = 1 << 63;
 
+/// Bits of a simulated handle that name its host (above the index's 32), so
+/// that one simulated host refuses another's stream of the same index.
+const SIM_HOST_MASK: u64 = (1 << 31) - 1;
+
 impl RawStream {
     #[cfg(feature = "cuda")]
     /// Wraps a `CUstream` created outside the crate.
@@ -29,8 +33,17 @@ impl RawStream {
         RawStream(stream as u64)
     }
 
-    pub(crate) fn sim(index: usize) -> Self {
-        RawStream(SIM_HANDLE | index as u64)
+    /// Stream `index` of the simulated host `host`.
+    pub(crate) fn sim(host: u32, index: usize) -> Self {
+        RawStream(SIM_HANDLE | ((host as u64 & SIM_HOST_MASK) << 32) | (index as u64 & 0xFFFF_FFFF))
+    }
+
+    /// The simulated host and stream index, if this is a simulated handle.
+    pub(crate) fn sim_parts(self) -> Option<(u32, usize)> {
+        (self.0 & SIM_HANDLE != 0).then_some((
+            ((self.0 >> 32) & SIM_HOST_MASK) as u32,
+            (self.0 & 0xFFFF_FFFF) as usize,
+        ))
     }
 
     /// The handle's bits (a `CUstream` pointer, or a tagged simulated index).
@@ -40,7 +53,7 @@ impl RawStream {
 
     /// The simulated stream index, if this is a simulated handle.
     pub(crate) fn sim_index(self) -> Option<usize> {
-        (self.0 & SIM_HANDLE != 0).then_some((self.0 & !SIM_HANDLE) as usize)
+        self.sim_parts().map(|(_, index)| index)
     }
 }
 
@@ -49,19 +62,25 @@ impl RawStream {
 /// The device ordinal travels with the id, so that a stream of another device
 /// is refused with [`ResourceError::WrongDevice`](crate::ResourceError::WrongDevice)
 /// instead of being resolved against the wrong pool; so does the pool that
-/// handed the id out, so that another pool of the same device refuses it with
-/// [`ResourceError::ForeignStream`](crate::ResourceError::ForeignStream).
+/// handed the id out, so that any other pool refuses it with
+/// [`ResourceError::ForeignStream`](crate::ResourceError::ForeignStream),
+/// another pool of the same device and ordinal included (a second
+/// [`Device`](crate::Device), a pool of another simulated device or CUDA
+/// context). A stream is usable only through an id its own pool handed out
+/// ([`Device::stream`](crate::Device::stream), [`StreamPool::id`](crate::StreamPool::id)),
+/// so a resource and the backend that runs its work always agree on which
+/// stream, of which device instance, an id names.
 ///
 /// Identity (`==`, hashing, ordering) is the device and the index: the pool
 /// is a check made when the id is resolved, not part of the name. An id
-/// built by hand with [`StreamId::new`] names no pool and resolves against
-/// the pool of its device it is given to.
+/// built by hand with [`StreamId::new`] names no pool: it compares and
+/// prints, but no pool resolves it.
 #[derive(Debug, Clone, Copy)]
 pub struct StreamId {
     device: u32,
     index: u32,
     /// The pool that handed the id out; 0 for none.
-    pool: u32,
+    pool: u64,
 }
 
 impl PartialEq for StreamId {
@@ -91,8 +110,12 @@ impl Ord for StreamId {
 }
 
 impl StreamId {
-    /// The stream at `index` of the pool of device `device` (no particular
-    /// pool: whichever pool of that device resolves it).
+    /// The name of the stream at `index` of device `device`, in no pool: an
+    /// id to compare with or to print. No pool resolves it (every call that
+    /// takes it refuses it with
+    /// [`ForeignStream`](crate::ResourceError::ForeignStream)); get ids to
+    /// work with from [`Device::stream`](crate::Device::stream) or
+    /// [`StreamPool::id`](crate::StreamPool::id).
     pub const fn new(device: u32, index: u32) -> Self {
         StreamId {
             device,
@@ -102,7 +125,7 @@ impl StreamId {
     }
 
     /// The stream at `index` of the pool whose identity is `pool`.
-    pub(crate) const fn in_pool(device: u32, index: u32, pool: u32) -> Self {
+    pub(crate) const fn in_pool(device: u32, index: u32, pool: u64) -> Self {
         StreamId {
             device,
             index,
@@ -110,8 +133,14 @@ impl StreamId {
         }
     }
 
+    /// Whether `self` and `other` are the same id of the same pool (`==`
+    /// compares the names only).
+    pub(crate) fn is(self, other: StreamId) -> bool {
+        self == other && self.pool == other.pool
+    }
+
     /// The identity of the pool that handed the id out (0 for none).
-    pub(crate) const fn pool(self) -> u32 {
+    pub(crate) const fn pool(self) -> u64 {
         self.pool
     }
 

@@ -12,12 +12,15 @@ use streamalloc::{
     SimResource, StreamId,
 };
 
-/// Forwards allocation, free and reaping to `R` but tracks no block use (the
-/// trait's defaults), like a synchronous third-party resource would.
+/// Forwards allocation, free and reaping to `R` but tracks no block use, like
+/// a synchronous third-party resource would.
 #[derive(Debug)]
 pub struct NoTracking<R>(pub R);
 
-impl<R: DeviceMemoryResource> DeviceMemoryResource for NoTracking<R> {
+// SAFETY: blocks and streams are `R`'s, unchanged; the block-use hooks
+// say there is no tracking (so buffers refuse cross-stream uses).
+unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for NoTracking<R> {
+    streamalloc::forward_to_inner!(0; allocation_cost, allocation_cost_is_exact, release_idle, frees_across_streams, allocation_limit, capture_status, release_capture);
     fn allocate(&self, bytes: usize, s: StreamId, tag: AllocTag) -> ResourceResult<DeviceBlock> {
         self.0.allocate(bytes, s, tag)
     }
@@ -41,6 +44,20 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for NoTracking<R> {
     }
     fn block_state(&self, block: BlockId) -> Option<BlockState> {
         self.0.block_state(block)
+    }
+    fn supports_block_use_tracking(&self) -> bool {
+        false
+    }
+    // Nothing to record: a resource without tracking orders only work on a
+    // block's own stream, which buffers check through the answer above.
+    fn record_block_use(&self, _: &DeviceBlock, _: StreamId) -> ResourceResult<()> {
+        Ok(())
+    }
+    fn prepare_block_use(&self, _: BlockId, _: StreamId, _: Access) -> ResourceResult<()> {
+        Ok(())
+    }
+    fn finish_block_use(&self, _: BlockId, _: StreamId, _: Access) -> ResourceResult<()> {
+        Ok(())
     }
 }
 
@@ -166,7 +183,7 @@ pub fn check_bad_input<A: DeviceMemoryResource, O: PartialEq + std::fmt::Debug>(
     ));
     assert!(matches!(
         r.allocate(64, StreamId::new(0, 99), T),
-        Err(ResourceError::UnknownStream { .. })
+        Err(ResourceError::ForeignStream { .. })
     ));
     assert!(matches!(
         r.allocate(64, StreamId::new(5, 0), T),
@@ -174,7 +191,7 @@ pub fn check_bad_input<A: DeviceMemoryResource, O: PartialEq + std::fmt::Debug>(
     ));
     assert!(matches!(
         r.prepare_block_use(kept.id(), StreamId::new(0, 99), Access::Read),
-        Err(ResourceError::UnknownStream { .. })
+        Err(ResourceError::ForeignStream { .. })
     ));
     assert!(r.finish_block_use(foreign.id(), s, Access::Read).is_err());
     assert!(r.record_block_use(&freed, f.stream(1)).is_err());

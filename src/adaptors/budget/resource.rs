@@ -1,6 +1,6 @@
 //! [`BudgetResource`]: the decorator that charges a [`Budget`].
 
-use crate::resource::forward::forward_to_inner;
+use crate::forward_to_inner;
 
 use std::sync::{Arc, Weak};
 
@@ -198,7 +198,10 @@ impl<R: DeviceMemoryResource> Counted<R> {
     }
 }
 
-impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> {
+// SAFETY: blocks and streams are the inner resource's, unchanged; every
+// call reaches it, counted.
+#[allow(unsafe_code)]
+unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> {
     forward_to_inner!(counted; device_ordinal, bytes_outstanding, pending_free_seq, supports_block_use_tracking, record_block_use, prepare_block_use, finish_block_use, block_state, allocation_cost, allocation_cost_is_exact, frees_across_streams, capture_status);
     /// Reserves what the allocation will take from the device (the inner
     /// resource's [`allocation_cost`](DeviceMemoryResource::allocation_cost):
@@ -356,7 +359,9 @@ mod loom_tests {
     #[derive(Debug)]
     struct Outstanding(LoomUsize);
 
-    impl DeviceMemoryResource for Outstanding {
+    // SAFETY: it hands out no memory: `allocate` is never called here.
+    #[allow(unsafe_code)]
+    unsafe impl DeviceMemoryResource for Outstanding {
         fn allocate(&self, _: usize, _: StreamId, _: AllocTag) -> ResourceResult<DeviceBlock> {
             Err(ResourceError::Shutdown)
         }
@@ -368,6 +373,58 @@ mod loom_tests {
         }
         fn bytes_outstanding(&self) -> usize {
             self.0.load(Ordering::Acquire)
+        }
+        fn reap_pending(&self) -> ResourceResult<()> {
+            Ok(())
+        }
+        fn pending_free_seq(&self, _: StreamId) -> u64 {
+            0
+        }
+        fn reap_through(&self, _: StreamId, _: u64) -> usize {
+            0
+        }
+        fn supports_block_use_tracking(&self) -> bool {
+            false
+        }
+        fn record_block_use(&self, _: &DeviceBlock, _: StreamId) -> ResourceResult<()> {
+            Ok(())
+        }
+        fn prepare_block_use(
+            &self,
+            _: crate::BlockId,
+            _: StreamId,
+            _: crate::Access,
+        ) -> ResourceResult<()> {
+            Ok(())
+        }
+        fn finish_block_use(
+            &self,
+            _: crate::BlockId,
+            _: StreamId,
+            _: crate::Access,
+        ) -> ResourceResult<()> {
+            Ok(())
+        }
+        fn allocation_cost(&self, bytes: usize, _: StreamId) -> usize {
+            bytes
+        }
+        fn allocation_cost_is_exact(&self) -> bool {
+            true
+        }
+        fn release_idle(&self) -> ResourceResult<usize> {
+            Ok(0)
+        }
+        fn frees_across_streams(&self) -> bool {
+            false
+        }
+        fn allocation_limit(&self) -> Option<usize> {
+            None
+        }
+        fn capture_status(&self, _: StreamId) -> ResourceResult<crate::gpu::CaptureStatus> {
+            Ok(crate::gpu::CaptureStatus::None)
+        }
+        fn release_capture(&self, _: crate::gpu::CaptureId, _: StreamId) -> ResourceResult<()> {
+            Ok(())
         }
     }
 

@@ -74,7 +74,8 @@
 //! Deallocations and flushes are serialised behind the order lock; the
 //! guard is a debugging tool, not a fast path.
 
-// `GpuPoison` is the one unsafe item (see `debug_guard::poison`).
+// `GpuPoison` (see `debug_guard::poison`) and the guard's `unsafe impl
+// DeviceMemoryResource` are the unsafe items.
 #![deny(unsafe_code)]
 
 mod layer;

@@ -1,6 +1,6 @@
 //! [`DebugGuard`]: the quarantining decorator.
 
-use crate::resource::forward::forward_to_inner;
+use crate::forward_to_inner;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
 
@@ -12,10 +12,10 @@ use crate::types::{Access, AllocTag, BlockId, BlockState, DeviceBlock, ResourceI
 
 #[derive(Debug, Default)]
 struct State {
-    /// Blocks handed out through the guard and not deallocated: address and
-    /// size, to refuse a forged descriptor. A block being freed stays here
+    /// Blocks handed out through the guard and not deallocated: address,
+    /// size and stream, to refuse a forged descriptor. A block being freed stays here
     /// until its free has succeeded.
-    live: HashMap<BlockId, (u64, usize)>,
+    live: HashMap<BlockId, (u64, usize, StreamId)>,
     /// Blocks whose `deallocate` is in flight, with the state they will be
     /// in if it succeeds ([`Quarantined`](BlockState::Quarantined), or
     /// [`Retired`](BlockState::Retired) for one that goes straight through).
@@ -52,7 +52,13 @@ impl State {
             return Err(ResourceError::FreeInFlight { block: id });
         }
         match self.live.get(&id) {
-            Some(&(ptr, size)) if ptr == block.ptr() && size == block.size() => Ok(Known::Live),
+            // Every field, the stream's pool included: the poison fill and
+            // the quarantine's free are queued on the descriptor's stream.
+            Some(&(ptr, size, stream))
+                if ptr == block.ptr() && size == block.size() && stream.is(block.stream()) =>
+            {
+                Ok(Known::Live)
+            }
             Some(_) => Err(ResourceError::UnknownBlock { block: id }),
             None => Ok(Known::Absent {
                 ours: self.resources.contains(&id.resource()),
@@ -274,7 +280,12 @@ impl<R: DeviceMemoryResource> DebugGuard<R> {
     }
 }
 
-impl<R: DeviceMemoryResource> DeviceMemoryResource for DebugGuard<R> {
+// SAFETY: blocks and streams are the inner resource's; a freed block is
+// held in quarantine (given to no one) and then freed through the inner
+// resource; the guard judges a returned block by its own records and
+// touches memory only through the inner resource's device.
+#[allow(unsafe_code)]
+unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for DebugGuard<R> {
     // `bytes_outstanding` is the inner resource's count, which includes
     // quarantined blocks: they are still on the device.
     forward_to_inner!(inner; device_ordinal, bytes_outstanding, reap_pending, pending_free_seq, reap_through, supports_block_use_tracking, allocation_cost, allocation_cost_is_exact, allocation_limit, capture_status, release_capture);
@@ -287,7 +298,9 @@ impl<R: DeviceMemoryResource> DeviceMemoryResource for DebugGuard<R> {
     ) -> ResourceResult<DeviceBlock> {
         let block = self.inner.allocate(bytes, stream, tag)?;
         let mut state = self.lock();
-        state.live.insert(block.id(), (block.ptr(), block.size()));
+        state
+            .live
+            .insert(block.id(), (block.ptr(), block.size(), block.stream()));
         if !state.resources.contains(&block.id().resource()) {
             state.resources.push(block.id().resource());
         }

@@ -20,7 +20,9 @@
 //! only a budget *below* this layer is reaped before the retry (see the
 //! [builder's `# Order`](crate::builder::ResourceBuilder#order)).
 
-#![forbid(unsafe_code)]
+// The one `unsafe` is the resource's `unsafe impl DeviceMemoryResource`,
+// which vouches for blocks and streams that are the inner resource's.
+#![deny(unsafe_code)]
 
 mod layer;
 mod resource;

@@ -2,8 +2,8 @@
 
 use super::Stats;
 use crate::error::ResourceResult;
+use crate::forward_to_inner;
 use crate::resource::DeviceMemoryResource;
-use crate::resource::forward::forward_to_inner;
 use crate::types::{AllocTag, CompletedUses, DeviceBlock, StreamId};
 
 /// Counts allocations and deallocations of the inner resource into a
@@ -36,7 +36,10 @@ impl<R> StatsResource<R> {
     }
 }
 
-impl<R: DeviceMemoryResource> DeviceMemoryResource for StatsResource<R> {
+// SAFETY: blocks and streams are the inner resource's, unchanged; every
+// call reaches it.
+#[allow(unsafe_code)]
+unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for StatsResource<R> {
     forward_to_inner!(inner; device_ordinal, bytes_outstanding, reap_pending, pending_free_seq, reap_through, supports_block_use_tracking, record_block_use, prepare_block_use, finish_block_use, block_state, allocation_cost, allocation_cost_is_exact, frees_across_streams, release_idle, allocation_limit, capture_status, release_capture);
     fn allocate(
         &self,

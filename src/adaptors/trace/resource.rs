@@ -1,6 +1,6 @@
 //! [`TracingResource`]: the decorator that emits events.
 
-use crate::resource::forward::forward_to_inner;
+use crate::forward_to_inner;
 use crate::resource::unwind::ReturnOnUnwind;
 use std::time::Instant;
 
@@ -151,7 +151,10 @@ impl<R: DeviceMemoryResource> TracingResource<R> {
     }
 }
 
-impl<R: DeviceMemoryResource> DeviceMemoryResource for TracingResource<R> {
+// SAFETY: blocks and streams are the inner resource's, unchanged; every
+// call reaches it.
+#[allow(unsafe_code)]
+unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for TracingResource<R> {
     forward_to_inner!(inner; device_ordinal, bytes_outstanding, pending_free_seq, supports_block_use_tracking, block_state, allocation_cost, allocation_cost_is_exact, frees_across_streams, release_idle, allocation_limit, capture_status);
     fn allocate(
         &self,

@@ -186,6 +186,7 @@ impl SimGpuBuilder {
         let ordinals: Vec<u32> = (self.ordinal..self.ordinal + devices.max(1)).collect();
         let spec: Vec<(u32, usize)> = ordinals.iter().map(|&o| (o, self.capacity)).collect();
         let shared = Arc::new(Shared {
+            host: fresh_host(),
             state: Mutex::new(State::new(&spec, self.seed, self.vm_granularity)),
             work: Condvar::new(),
             progress_made: Condvar::new(),
@@ -219,6 +220,8 @@ impl SimGpuBuilder {
 }
 
 struct Shared {
+    /// This host's identity, carried by its stream handles.
+    host: u32,
     state: Mutex<State>,
     /// Signalled when work is queued (the device thread waits on it).
     work: Condvar,
@@ -330,10 +333,12 @@ impl Drop for SimGpu {
     }
 }
 
-/// A foreign (CUDA) handle maps to an index no stream has, so the device
-/// reports an invalid handle.
-fn sim_index(stream: RawStream) -> usize {
-    stream.sim_index().unwrap_or(usize::MAX)
+/// A host identity for a new simulated host (31 bits: it wraps after two
+/// billion hosts, far more than a process builds).
+fn fresh_host() -> u32 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed) & ((1 << 31) - 1)
 }
 
 fn sim_event(event: RawEvent) -> usize {
@@ -365,7 +370,22 @@ impl SimGpu {
 
     /// Creates one stream on this device.
     pub fn create_stream(&self) -> RawStream {
-        RawStream::sim(self.shared.lock().create_stream(self.ordinal))
+        RawStream::sim(
+            self.shared.host,
+            self.shared.lock().create_stream(self.ordinal),
+        )
+    }
+
+    /// The slot of `stream` in this device's host, or `usize::MAX`, which
+    /// no stream has (every call refuses it as an invalid handle), for a
+    /// stream of another simulated host or a handle that is not simulated
+    /// (a CUDA one): two `SimGpu`s of the same ordinal do not take each
+    /// other's streams of the same index.
+    fn stream_slot(&self, stream: RawStream) -> usize {
+        match stream.sim_parts() {
+            Some((host, index)) if host == self.shared.host => index,
+            _ => usize::MAX,
+        }
     }
 
     /// Creates `count` streams and a pool that resolves them.
@@ -383,8 +403,8 @@ impl SimGpu {
     pub fn launch_kernel(&self, stream: RawStream, accesses: &[MemAccess]) -> GpuResult<()> {
         let list: Vec<(u64, Access)> = accesses.iter().map(|a| (a.ptr, a.access)).collect();
         self.queue(DriverCall::Launch, |st| {
-            st.own_stream(sim_index(stream), self.ordinal, DriverCall::Launch)?;
-            st.kernel(sim_index(stream), &list)
+            st.own_stream(self.stream_slot(stream), self.ordinal, DriverCall::Launch)?;
+            st.kernel(self.stream_slot(stream), &list)
         })
     }
 
@@ -620,24 +640,36 @@ impl SimGpu {
     /// handle and address, and refuses what is not its own.
     pub fn alloc_async(&self, bytes: usize, stream: RawStream) -> GpuResult<u64> {
         self.queue(DriverCall::AllocAsync, |st| {
-            st.own_stream(sim_index(stream), self.ordinal, DriverCall::AllocAsync)?;
-            st.alloc(bytes, sim_index(stream))
+            st.own_stream(
+                self.stream_slot(stream),
+                self.ordinal,
+                DriverCall::AllocAsync,
+            )?;
+            st.alloc(bytes, self.stream_slot(stream))
         })
     }
     /// Queues the free of `ptr` on `stream` (see [`Gpu::free_async`]). Safe: the simulator checks every
     /// handle and address, and refuses what is not its own.
     pub fn free_async(&self, ptr: u64, stream: RawStream) -> GpuResult<()> {
         self.queue(DriverCall::FreeAsync, |st| {
-            st.own_stream(sim_index(stream), self.ordinal, DriverCall::FreeAsync)?;
-            st.free(ptr, sim_index(stream))
+            st.own_stream(
+                self.stream_slot(stream),
+                self.ordinal,
+                DriverCall::FreeAsync,
+            )?;
+            st.free(ptr, self.stream_slot(stream))
         })
     }
     /// Records `event` on `stream` (see [`Gpu::event_record`]). Safe: the simulator checks every
     /// handle and address, and refuses what is not its own.
     pub fn event_record(&self, event: RawEvent, stream: RawStream) -> GpuResult<()> {
         self.queue(DriverCall::EventRecord, |st| {
-            st.own_stream(sim_index(stream), self.ordinal, DriverCall::EventRecord)?;
-            st.record(sim_event(event), sim_index(stream))
+            st.own_stream(
+                self.stream_slot(stream),
+                self.ordinal,
+                DriverCall::EventRecord,
+            )?;
+            st.record(sim_event(event), self.stream_slot(stream))
         })
     }
     /// Whether `event`'s latest record ran (see [`Gpu::event_query`]). Safe: the simulator checks every
@@ -673,14 +705,18 @@ impl SimGpu {
     /// handle and address, and refuses what is not its own.
     pub fn stream_wait_event(&self, stream: RawStream, event: RawEvent) -> GpuResult<()> {
         self.queue(DriverCall::StreamWaitEvent, |st| {
-            st.own_stream(sim_index(stream), self.ordinal, DriverCall::StreamWaitEvent)?;
-            st.wait(sim_index(stream), sim_event(event))
+            st.own_stream(
+                self.stream_slot(stream),
+                self.ordinal,
+                DriverCall::StreamWaitEvent,
+            )?;
+            st.wait(self.stream_slot(stream), sim_event(event))
         })
     }
     /// Blocks until `stream` is idle (see [`Gpu::stream_synchronize`]). Safe: the simulator checks every
     /// handle and address, and refuses what is not its own.
     pub fn stream_synchronize(&self, stream: RawStream) -> GpuResult<()> {
-        let s = sim_index(stream);
+        let s = self.stream_slot(stream);
         let clock = {
             let mut state = self.shared.lock();
             state.enter(DriverCall::StreamSynchronize)?;
@@ -696,14 +732,18 @@ impl SimGpu {
     pub fn stream_query(&self, stream: RawStream) -> GpuResult<bool> {
         let mut state = self.shared.lock();
         state.enter(DriverCall::StreamQuery)?;
-        state.stream_query(sim_index(stream), self.ordinal)
+        state.stream_query(self.stream_slot(stream), self.ordinal)
     }
     /// Queues a host function on `stream` (see [`Gpu::launch_host_fn`]). Safe: the simulator checks every
     /// handle and address, and refuses what is not its own.
     pub fn launch_host_fn(&self, stream: RawStream, f: HostFn) -> GpuResult<()> {
         self.queue(DriverCall::LaunchHostFunc, |st| {
-            st.own_stream(sim_index(stream), self.ordinal, DriverCall::LaunchHostFunc)?;
-            st.host_fn(sim_index(stream), f)
+            st.own_stream(
+                self.stream_slot(stream),
+                self.ordinal,
+                DriverCall::LaunchHostFunc,
+            )?;
+            st.host_fn(self.stream_slot(stream), f)
         })
     }
     /// Queues a fill (see [`Gpu::memset_async`]). Safe: the simulator checks every
@@ -719,8 +759,12 @@ impl SimGpu {
             return Ok(());
         }
         self.queue(DriverCall::MemsetAsync, |st| {
-            st.own_stream(sim_index(stream), self.ordinal, DriverCall::MemsetAsync)?;
-            st.kernel(sim_index(stream), &[(ptr, Access::Write)])
+            st.own_stream(
+                self.stream_slot(stream),
+                self.ordinal,
+                DriverCall::MemsetAsync,
+            )?;
+            st.kernel(self.stream_slot(stream), &[(ptr, Access::Write)])
         })
     }
     /// Queues a copy (see [`Gpu::copy_async`]). Safe: the simulator checks every
@@ -730,9 +774,13 @@ impl SimGpu {
             return Ok(());
         }
         self.queue(DriverCall::CopyAsync, |st| {
-            st.own_stream(sim_index(stream), self.ordinal, DriverCall::CopyAsync)?;
+            st.own_stream(
+                self.stream_slot(stream),
+                self.ordinal,
+                DriverCall::CopyAsync,
+            )?;
             st.kernel(
-                sim_index(stream),
+                self.stream_slot(stream),
                 &[(src, Access::Read), (dst, Access::Write)],
             )
         })
@@ -786,11 +834,11 @@ impl SimGpu {
         let mut state = self.shared.lock();
         state.enter(DriverCall::StreamGetCaptureInfo)?;
         state.own_stream(
-            sim_index(stream),
+            self.stream_slot(stream),
             self.ordinal,
             DriverCall::StreamGetCaptureInfo,
         )?;
-        state.capture_status(sim_index(stream))
+        state.capture_status(self.stream_slot(stream))
     }
     /// Begins capturing `stream` (see [`Gpu::begin_capture`]). Safe: the
     /// simulator checks every handle.
@@ -798,11 +846,11 @@ impl SimGpu {
         let mut state = self.shared.lock();
         state.enter(DriverCall::StreamBeginCapture)?;
         state.own_stream(
-            sim_index(stream),
+            self.stream_slot(stream),
             self.ordinal,
             DriverCall::StreamBeginCapture,
         )?;
-        state.begin_capture(sim_index(stream), mode)
+        state.begin_capture(self.stream_slot(stream), mode)
     }
     /// Ends the capture begun on `stream` (see [`Gpu::end_capture`]). Safe:
     /// the simulator checks every handle.
@@ -810,11 +858,11 @@ impl SimGpu {
         let mut state = self.shared.lock();
         state.enter(DriverCall::StreamEndCapture)?;
         state.own_stream(
-            sim_index(stream),
+            self.stream_slot(stream),
             self.ordinal,
             DriverCall::StreamEndCapture,
         )?;
-        let graph = state.end_capture(sim_index(stream));
+        let graph = state.end_capture(self.stream_slot(stream));
         // A failed end may have queued the capture's memory back.
         self.notify_work();
         graph.map(RawGraph::sim)
@@ -832,8 +880,15 @@ impl SimGpu {
     /// detector. Safe: the simulator checks every handle and address.
     pub fn graph_launch(&self, exec: RawGraphExec, stream: RawStream) -> GpuResult<()> {
         self.queue(DriverCall::GraphLaunch, |st| {
-            st.own_stream(sim_index(stream), self.ordinal, DriverCall::GraphLaunch)?;
-            st.graph_launch(exec.sim_index().unwrap_or(usize::MAX), sim_index(stream))
+            st.own_stream(
+                self.stream_slot(stream),
+                self.ordinal,
+                DriverCall::GraphLaunch,
+            )?;
+            st.graph_launch(
+                exec.sim_index().unwrap_or(usize::MAX),
+                self.stream_slot(stream),
+            )
         })
     }
     /// Destroys an executable graph (see [`Gpu::graph_exec_destroy`]);
@@ -863,7 +918,7 @@ impl SimGpu {
         // refused from now on. Allowed on a faulted device (tear-down).
         self.shared
             .lock()
-            .destroy_stream(sim_index(stream), self.ordinal, DriverCall::Init)
+            .destroy_stream(self.stream_slot(stream), self.ordinal, DriverCall::Init)
     }
 }
 
@@ -989,19 +1044,21 @@ impl Gpu for SimGpu {
     fn note_suballocation(&self, addr: u64, bytes: usize, stream: RawStream) {
         self.shared
             .lock()
-            .note_suballoc(addr, bytes, sim_index(stream));
+            .note_suballoc(addr, bytes, self.stream_slot(stream));
         self.notify_work();
     }
 
     fn note_subfree(&self, addr: u64, stream: RawStream) {
-        self.shared.lock().note_subfree(addr, sim_index(stream));
+        self.shared
+            .lock()
+            .note_subfree(addr, self.stream_slot(stream));
         self.notify_work();
     }
 
     fn note_subfree_completed(&self, addr: u64, stream: RawStream) {
         self.shared
             .lock()
-            .note_subfree_completed(addr, sim_index(stream));
+            .note_subfree_completed(addr, self.stream_slot(stream));
     }
 
     fn memory_held(&self) -> GpuResult<HeldMemory> {
