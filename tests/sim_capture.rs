@@ -352,3 +352,66 @@ impl EndCaptureSim for Graph<SimGpu> {
         unsafe { Graph::end_capture(gpu, s) }.unwrap()
     }
 }
+
+/// A graph writing `target`, captured on `s` and instantiated.
+fn writer(gpu: &Arc<SimGpu>, s: streamalloc::gpu::RawStream, target: u64) -> Graph<SimGpu> {
+    gpu.begin_capture(s, CaptureMode::Relaxed).unwrap();
+    gpu.launch_kernel(s, &[write(target)]).unwrap();
+    Graph::end_capture_sim(gpu, s)
+}
+
+#[test]
+fn two_launches_of_one_graph_on_two_streams_are_ordered() {
+    // CUDA runs the launches of one executable graph one at a time, in the
+    // order they were queued, whatever their streams.
+    let gpu = manual();
+    let (a, b) = (gpu.create_stream(), gpu.create_stream());
+    let target = gpu.alloc_async(1024, a).unwrap();
+    gpu.run_until_idle();
+    let exec = writer(&gpu, a, target).instantiate().unwrap();
+    // SAFETY: not needed on the simulator, whose calls are checked.
+    unsafe { exec.launch(a) }.unwrap();
+    unsafe { exec.launch(b) }.unwrap();
+    unsafe { exec.launch(a) }.unwrap();
+    gpu.run_until_idle();
+    assert!(gpu.races().is_empty(), "{:?}", gpu.races());
+    // The order holds for work queued after the last launch on its stream:
+    // a write on `a` after the third launch follows the second (on `b`).
+    gpu.launch_kernel(a, &[write(target)]).unwrap();
+    gpu.free_async(target, a).unwrap();
+    drop(exec);
+    gpu.run_until_idle();
+    assert!(gpu.races().is_empty(), "{:?}", gpu.races());
+}
+
+#[test]
+fn two_graphs_writing_one_buffer_unordered_still_race() {
+    // Launches of two executables (even of one graph) are not ordered.
+    let gpu = manual();
+    let (a, b) = (gpu.create_stream(), gpu.create_stream());
+    let target = gpu.alloc_async(1024, a).unwrap();
+    gpu.run_until_idle();
+    let first = writer(&gpu, a, target).instantiate().unwrap();
+    let graph = writer(&gpu, a, target);
+    let (second, third) = (graph.instantiate().unwrap(), graph.instantiate().unwrap());
+    unsafe { first.launch(a) }.unwrap();
+    unsafe { second.launch(b) }.unwrap();
+    let races = gpu.take_races();
+    assert!(
+        races
+            .iter()
+            .any(|r| r.addr == target && r.kind == RaceKind::Unordered),
+        "{races:?}"
+    );
+    gpu.run_until_idle();
+    unsafe { third.launch(a) }.unwrap();
+    unsafe { second.launch(b) }.unwrap();
+    let races = gpu.take_races();
+    assert!(
+        races
+            .iter()
+            .any(|r| r.addr == target && r.kind == RaceKind::Unordered),
+        "two executables of one graph: {races:?}"
+    );
+    gpu.run_until_idle();
+}

@@ -23,6 +23,13 @@
 //!   invalidated capture records nothing more and its end fails with
 //!   `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`.
 //!
+//! - the launches of one executable graph run one at a time, in the order
+//!   they were queued, whatever their streams: a launch waits for the one
+//!   before it (a hidden event of the executable, recorded after each
+//!   replay and waited for before the next), so two launches on two streams
+//!   never race, while launches of two executables (even of one graph) are
+//!   ordered only as their streams are.
+//!
 //! Where the model simplifies: a replay runs the members' work in the order
 //! it was captured, on the launch stream alone (a real graph may run
 //! branches in parallel, which can only add races, not remove them); a
@@ -110,6 +117,10 @@ struct GraphMemory {
 struct SimGraph {
     capture: u64,
     ops: Arc<Vec<GraphOp>>,
+    /// An executable's hidden event, recorded after each replay: the next
+    /// launch waits for it, as CUDA runs one launch of an executable at a
+    /// time. `None` for a graph (not launchable).
+    serial: Option<usize>,
 }
 
 /// Captures, graphs and executables of the simulated host.
@@ -271,6 +282,7 @@ impl State {
         self.captures.graphs.push(Some(SimGraph {
             capture: id,
             ops: Arc::new(c.ops),
+            serial: None,
         }));
         Ok(self.captures.graphs.len() - 1)
     }
@@ -283,9 +295,11 @@ impl State {
             .get(g)
             .and_then(Option::as_ref)
             .ok_or_else(|| invalid_handle(call))?;
+        let (capture, ops) = (graph.capture, graph.ops.clone());
         let exec = SimGraph {
-            capture: graph.capture,
-            ops: graph.ops.clone(),
+            capture,
+            ops,
+            serial: Some(self.event_create()),
         };
         if let Some(m) = self.captures.memory.get_mut(&exec.capture) {
             m.refs += 1;
@@ -312,6 +326,11 @@ impl State {
             .get_mut(x)
             .and_then(Option::take)
             .ok_or_else(|| invalid_handle(DriverCall::GraphDestroy))?;
+        if let Some(e) = exec.serial {
+            // Its slot serves a new event only once the records queued by
+            // the replays ran (as for any event destroyed with work queued).
+            self.event_destroy(e)?;
+        }
         self.graph_memory_unref(exec.capture);
         Ok(())
     }
@@ -365,7 +384,7 @@ impl State {
             .get(x)
             .and_then(Option::as_ref)
             .ok_or_else(|| invalid_handle(call))?;
-        let (id, ops) = (exec.capture, exec.ops.clone());
+        let (id, ops, serial) = (exec.capture, exec.ops.clone(), exec.serial);
         let still_live = ops.iter().any(|op| {
             matches!(op, GraphOp::Alloc { addr, freed_in_graph: false, .. }
                 if self.live.contains_key(addr))
@@ -377,8 +396,18 @@ impl State {
                 "CUDA_ERROR_INVALID_VALUE: an allocation of the graph's last launch is not freed",
             ));
         }
+        if let Some(e) = serial {
+            // After the launch before (a no-op before the first): CUDA runs
+            // one launch of an executable at a time.
+            self.wait(s, e)?;
+        }
         for op in ops.iter() {
             self.replay(op, s);
+        }
+        if let Some(e) = serial {
+            // Cannot fail: the stream was checked above and the event is the
+            // executable's, alive until it is destroyed.
+            self.record(e, s)?;
         }
         if let Some(m) = self.captures.memory.get_mut(&id) {
             m.last_stream = s;
