@@ -7,10 +7,11 @@ mod common;
 use std::sync::Arc;
 
 use common::drive;
+use streamalloc::error::DriverCall;
 use streamalloc::futures::AsyncResource;
 use streamalloc::gpu::sim::{MemAccess, RaceKind, SimGpu};
 use streamalloc::gpu::{CaptureMode, CaptureStatus, capture_code};
-use streamalloc::{AllocTag, Device, ResourceError, SimResource, StreamId};
+use streamalloc::{AllocTag, Device, DeviceMemoryResource, ResourceError, SimResource, StreamId};
 
 const TAG: AllocTag = AllocTag("graph");
 const N: usize = 4096;
@@ -23,7 +24,7 @@ struct Scene {
 
 fn scene() -> Scene {
     let gpu = SimGpu::builder().manual().build();
-    let device = Device::simulated(&gpu, 2);
+    let device = Device::simulated(&gpu, 3);
     let res = AsyncResource::on(&device).expect("async resource");
     Scene { gpu, res, device }
 }
@@ -233,4 +234,158 @@ fn a_replay_touching_a_buffer_freed_since_is_reported() {
     );
     drop(graph);
     sc.res.deallocate(reused).unwrap();
+}
+
+/// When the user lets go of a buffer a capture allocated and did not free.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Drop {
+    /// Inside the capture (on another thread): the graph frees it.
+    DuringCapture,
+    /// After the capture, before the graph ever ran.
+    BeforeFirstReplay,
+    /// After the first of two replays (the bug of issue 30).
+    BetweenReplays,
+    /// After both replays and the graph are gone.
+    AfterGraph,
+    /// After the graph is gone, which never ran.
+    AfterUnlaunchedGraph,
+}
+
+/// Drops `value` on another thread.
+fn drop_elsewhere<T: Send>(value: T) {
+    std::thread::scope(|scope| {
+        scope.spawn(move || drop(value));
+    });
+}
+
+/// A buffer allocated on the capturing stream by another thread (not the
+/// capturing closure's own call), kept past the capture and dropped at
+/// `when` on a third thread: the graph's memory comes back to the device
+/// exactly once, the books agree with the device, and nothing races.
+fn a_buffer_the_capture_allocated_is_freed_once(when: Drop) {
+    const BYTES: usize = 64 << 10;
+    let sc = scene();
+    let s = sc.s(0);
+    let other = sc.s(1);
+    let held_before = sc.gpu.held_bytes();
+    let (kept, graph) = sc
+        .res
+        .capture_graph(s, CaptureMode::Relaxed, |capture| {
+            let kept = std::thread::scope(|scope| {
+                scope
+                    .spawn(|| sc.res.try_allocate_buffer::<u8>(BYTES, s, TAG))
+                    .join()
+                    .unwrap()
+            })?;
+            sc.gpu
+                .launch_kernel(capture.raw_stream(), &[MemAccess::write(kept.block())])?;
+            if when == Drop::DuringCapture {
+                drop_elsewhere(kept);
+                return Ok::<_, ResourceError>(None);
+            }
+            Ok(Some(kept))
+        })
+        .unwrap();
+    let mut kept = kept;
+    if when == Drop::BeforeFirstReplay {
+        drop_elsewhere(kept.take());
+    }
+    let launches = match when {
+        Drop::AfterUnlaunchedGraph => 0,
+        // The kept buffer holds the last replay's output: a second launch
+        // is refused while the user holds it (below).
+        Drop::AfterGraph => 1,
+        _ => 2,
+    };
+    for i in 0..launches {
+        // SAFETY: the graph touches only memory it allocated.
+        let launched = unsafe { graph.launch(if i == 0 { s } else { other }) };
+        let mut done = launched.unwrap_or_else(|e| panic!("{when:?}: launch {i}: {e}"));
+        drive(&sc.gpu, &mut done).unwrap();
+        if when == Drop::BetweenReplays && i == 0 {
+            // Read on a third stream first: the graph's free of this
+            // instance, before the next launch, must come after that read.
+            let third = sc.s(2);
+            let mut copy = sc.res.try_allocate_buffer::<u8>(BYTES, third, TAG).unwrap();
+            copy.copy_from_on(third, kept.as_ref().unwrap()).unwrap();
+            drop_elsewhere(kept.take());
+            drop(copy);
+        }
+    }
+    if when == Drop::AfterGraph {
+        // SAFETY: as above.
+        match unsafe { graph.launch(other) } {
+            Err(ResourceError::Driver { code, call, .. }) => {
+                assert_eq!((call, code), (DriverCall::GraphLaunch, 1))
+            }
+            other => panic!("a launch while the output is held: {other:?}"),
+        }
+        assert_eq!(graph.launches(), 1, "the refused launch changed nothing");
+    }
+    drop_elsewhere(graph);
+    drop_elsewhere(kept);
+    let mut reap = sc.res.reap_pending();
+    drive(&sc.gpu, &mut reap).unwrap();
+    sc.gpu.run_until_idle();
+    let mut reap = sc.res.reap_pending();
+    drive(&sc.gpu, &mut reap).unwrap();
+    assert_eq!(sc.res.bytes_outstanding(), 0, "{when:?}: the books");
+    assert_eq!(sc.res.inner().graph_bytes(), 0, "{when:?}");
+    assert_eq!(sc.gpu.held_bytes(), held_before, "{when:?}: the device");
+    assert!(sc.gpu.races().is_empty(), "{when:?}: {:?}", sc.gpu.races());
+}
+
+#[test]
+fn a_kept_buffer_dropped_during_the_capture_on_another_thread_is_freed_by_the_graph() {
+    a_buffer_the_capture_allocated_is_freed_once(Drop::DuringCapture);
+}
+
+#[test]
+fn a_kept_buffer_dropped_before_the_first_replay_is_freed_once() {
+    a_buffer_the_capture_allocated_is_freed_once(Drop::BeforeFirstReplay);
+}
+
+#[test]
+fn a_kept_buffer_dropped_between_replays_is_freed_once() {
+    a_buffer_the_capture_allocated_is_freed_once(Drop::BetweenReplays);
+}
+
+#[test]
+fn a_kept_buffer_dropped_after_the_graph_is_freed_once() {
+    a_buffer_the_capture_allocated_is_freed_once(Drop::AfterGraph);
+}
+
+#[test]
+fn a_kept_buffer_dropped_after_a_graph_that_never_ran_is_freed_once() {
+    a_buffer_the_capture_allocated_is_freed_once(Drop::AfterUnlaunchedGraph);
+}
+
+#[test]
+fn a_kept_buffer_freed_inside_another_capture_is_refused_and_stays_live() {
+    let sc = scene();
+    let (s, other) = (sc.s(0), sc.s(1));
+    let (kept, graph) = sc
+        .res
+        .capture_graph(s, CaptureMode::Relaxed, |_| sc.res.try_allocate(N, s, TAG))
+        .unwrap();
+    let outstanding = sc.res.bytes_outstanding();
+    let second = sc.res.begin_capture(s, CaptureMode::Relaxed).unwrap();
+    let e = sc.res.inner().deallocate(kept.clone()).unwrap_err();
+    assert!(
+        matches!(e, ResourceError::StreamCapturing { stream, capture: Some(c) } if stream == s && c == second.id()),
+        "{e}"
+    );
+    assert_eq!(sc.res.bytes_outstanding(), outstanding, "nothing changed");
+    assert!(matches!(second.status().unwrap(), CaptureStatus::Active(_)));
+    drop(second.end().unwrap());
+    // SAFETY: the graph touches only memory it allocated.
+    let mut done = unsafe { graph.launch(other) }.unwrap();
+    drive(&sc.gpu, &mut done).unwrap();
+    sc.res.inner().deallocate(kept).unwrap();
+    drop(graph);
+    let mut reap = sc.res.reap_pending();
+    drive(&sc.gpu, &mut reap).unwrap();
+    sc.gpu.run_until_idle();
+    assert_eq!(sc.res.bytes_outstanding(), 0);
+    assert!(sc.gpu.races().is_empty(), "{:?}", sc.gpu.races());
 }

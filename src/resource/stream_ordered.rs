@@ -52,6 +52,7 @@ use super::block_uses::BlockUses;
 use super::event_pool::EventPool;
 use super::shard::{self, BlockRecord, MAX_SHARDS, Shard, ShardSlot};
 use super::unwind::ReturnOnUnwind;
+use crate::device::graph_memory::KeptFree;
 use crate::device::{Device, StreamPool};
 use crate::error::{ResourceError, ResourceResult};
 #[cfg(feature = "cuda")]
@@ -421,10 +422,26 @@ impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
         tag: AllocTag,
     ) -> ResourceResult<DeviceBlock> {
         let raw = self.raw_stream(stream)?;
+        // An allocation on a capturing stream is a node of the capture's
+        // graph: every replay makes it again, and the pool's ledger settles
+        // who frees those (`device::graph_memory`). Asked first, so that a
+        // failure changes nothing (on CUDA, a driver call only while a
+        // capture begun through the crate is underway).
         // SAFETY: `raw` was resolved through `self.stream_pool`, which this
         // resource holds and which keeps its streams alive.
+        let capture = unsafe { self.gpu.capture_status(raw) }
+            .map_err(ResourceError::from)?
+            .id();
+        // SAFETY: as above.
         let ptr = unsafe { self.gpu.alloc_async(bytes, raw) }
             .map_err(|e| e.for_request(bytes, stream))?;
+        let capture = capture.filter(|_| ptr != 0);
+        if let Some(c) = capture {
+            self.stream_pool
+                .kept_graph_memory()
+                .lock()
+                .allocated(c, ptr);
+        }
         let (index, _) = self.place(stream);
         let slot = &self.shards[index];
         let seq = {
@@ -436,6 +453,7 @@ impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
                 raw_stream: raw,
                 uses: BlockUses::default(),
                 freeing: false,
+                capture,
             });
             slot.add_outstanding(&shard, bytes);
             seq
@@ -463,7 +481,7 @@ impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
         // where it is: on failure the uses go back and the mark comes off,
         // and meanwhile a hook or a second free gets `FreeInFlight`, and
         // neither touches it.
-        let (size, stream, raw, uses) = {
+        let (size, stream, raw, uses, kept) = {
             let mut guard = slot.lock();
             let shard = &mut *guard;
             let Some(record) = shard.blocks.get_mut(seq) else {
@@ -482,7 +500,8 @@ impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
             }
             record.freeing = true;
             let uses = std::mem::take(&mut record.uses);
-            (record.size, record.stream, record.raw_stream, uses)
+            let kept = record.capture;
+            (record.size, record.stream, record.raw_stream, uses, kept)
         };
         let restore = |uses: BlockUses| {
             if let Some(record) = slot.lock().blocks.get_mut(seq) {
@@ -502,6 +521,25 @@ impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
                 return Err(ResourceError::from(e));
             }
         };
+        // A block a capture allocated (a graph memory node) and did not free
+        // in it: inside another capture its free would be a node of that
+        // graph too, of memory the first graph re-allocates at every replay
+        // (refused, the block stays live); outside any, the pool's ledger
+        // says who frees what the replays made.
+        let kept_free = match (kept, capture) {
+            (Some(k), Some(c)) if k != c => {
+                restore(uses);
+                return Err(ResourceError::StreamCapturing {
+                    stream,
+                    capture: Some(c),
+                });
+            }
+            (Some(k), None) => Some((k, self.stream_pool.kept_graph_memory().lock())),
+            _ => None,
+        };
+        let how = kept_free
+            .as_ref()
+            .map(|(k, ledger)| ledger.user_free(*k, block.ptr()));
         let mut others = uses
             .reads
             .iter()
@@ -530,22 +568,43 @@ impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
                 return Err(ResourceError::from(e));
             }
         }
+        // A kept block whose graph lives frees nothing on the device (the
+        // graph frees each replay's instance, after this stream, which now
+        // waits for the block's uses); one whose graph is gone frees the
+        // instance a replay left, if any.
+        let device_free = matches!(how, None | Some(KeptFree::Ordinary));
         // SAFETY: `raw` is the record's pool stream; `block.ptr()` equals the
         // record's address (checked above), which `alloc_async` of this gpu
-        // returned; the record is marked as being freed under its shard lock,
-        // so no other call frees it, and it leaves the live set below.
-        if let Err(e) = unsafe { self.gpu.free_async(block.ptr(), raw) } {
+        // returned, and is live (not a kept block, or the live instance of
+        // one); the record is marked as being freed under its shard lock, so
+        // no other call frees it, and it leaves the live set below.
+        if device_free && let Err(e) = unsafe { self.gpu.free_async(block.ptr(), raw) } {
             restore(uses);
             return Err(e.for_request(size, stream));
         }
         // Live to pending within the shard, under its lock; `outstanding`
         // does not change, so no reader can miss the block meanwhile.
         let (_, local) = self.place(stream);
-        let retired = match capture {
+        let to_graph = match (how, capture) {
+            (Some(KeptFree::ToGraph), _) => kept,
+            (_, captured) => captured,
+        };
+        let retired = match to_graph {
             Some(capture) => slot.lock().retire_to_graph(seq, capture),
             None => slot.lock().retire(seq, local),
         };
         debug_assert!(retired, "a record marked as being freed vanished");
+        match (kept_free, how) {
+            (Some((k, mut ledger)), Some(how)) => ledger.settle(k, block.ptr(), how, stream),
+            _ => {
+                if let (Some(k), Some(_)) = (kept, capture) {
+                    self.stream_pool
+                        .kept_graph_memory()
+                        .lock()
+                        .freed_in_capture(k, block.ptr());
+                }
+            }
+        }
         let mut uses = uses;
         if uses.event_count() > 0 {
             self.events
@@ -642,6 +701,31 @@ impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
                 stream: after,
                 capture: status.id(),
             });
+        }
+        // The instances the last replay left of blocks users gave to the
+        // graph: freed on `after`, behind the last replay, before the bytes
+        // move (they are in the graph's tally). Blocks users still hold are
+        // theirs to free from now on.
+        {
+            let ledger = self.stream_pool.kept_graph_memory();
+            let mut kept = ledger.lock();
+            let frees = kept.release(capture);
+            if !frees.ptrs.is_empty() {
+                // SAFETY: the pool is this resource's (alive), of `self.gpu`;
+                // the addresses are live instances of this gpu's graph
+                // allocations which no user holds, and `after` is ordered
+                // after the last replay that made them (this fn's contract).
+                let (done, queued) = unsafe {
+                    crate::device::graph_memory::free_instances(
+                        &*self.gpu,
+                        &self.stream_pool,
+                        after,
+                        &frees,
+                    )
+                };
+                kept.forget(capture, &frees.ptrs[..done]);
+                queued?;
+            }
         }
         let held: Vec<(usize, usize)> = self
             .shards
