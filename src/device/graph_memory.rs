@@ -47,7 +47,7 @@
 //! ([`CapturedGraph`](crate::graph::CapturedGraph)) reports each launch.
 //! All under one mutex, taken before any shard lock and never across a
 //! driver call that blocks. Launches of graphs begun and launched through
-//! the raw seam ([`Gpu::graph_launch`](crate::gpu::Gpu::graph_launch)) are
+//! the raw seam ([`Gpu::graph_launch`]) are
 //! not seen: their caller frees what such a launch leaves behind.
 //!
 //! # Bounded

@@ -65,12 +65,20 @@ impl<R: DeviceMemoryResource + 'static> CapturedGraph<R> {
     /// capturing) and returns a future that completes when the GPU has run
     /// it: a point recorded right after the launch.
     ///
+    /// Before the launch, it frees the instances the last replay left of
+    /// blocks the capture allocated and their users dropped since (see
+    /// [the module docs](super#a-block-the-capture-allocated-and-did-not-free)),
+    /// on `stream`, after the last replay's stream and the streams those
+    /// blocks were freed on.
+    ///
     /// # Errors
     /// [`UnknownStream`](crate::ResourceError::UnknownStream);
     /// [`StreamCapturing`](crate::ResourceError::StreamCapturing) when
-    /// `stream` is being captured itself (nothing is queued); the driver's
-    /// error launching (`CUDA_ERROR_INVALID_VALUE` when an allocation the
-    /// graph made and did not free is still live from the last replay).
+    /// `stream` is being captured itself (nothing is queued);
+    /// [`Driver`](crate::ResourceError::Driver) with
+    /// `CUDA_ERROR_INVALID_VALUE` when a block the capture allocated is
+    /// still held and holds the last replay's output (nothing is queued:
+    /// drop it first); the driver's error freeing an instance or launching.
     ///
     /// # Safety
     /// 1. Every memory range the captured work touches that was not
@@ -79,6 +87,10 @@ impl<R: DeviceMemoryResource + 'static> CapturedGraph<R> {
     ///    buffers a graph uses alive until its last replay has completed
     ///    (awaiting the future this returns, or dropping the graph after
     ///    the buffers' frees are ordered after it).
+    /// 2. Work the user queued on a block the capture allocated, after the
+    ///    last replay, is ordered before this launch (the replay makes the
+    ///    block again): awaited, or queued on `stream`, or on the stream
+    ///    the block was freed on before the free.
     pub unsafe fn launch(&self, stream: StreamId) -> ResourceResult<EventFuture> {
         let pool = self.res.stream_pool();
         let raw = pool.raw(stream)?;
@@ -113,7 +125,9 @@ impl<R: DeviceMemoryResource + 'static> CapturedGraph<R> {
         }
         // SAFETY: `raw` is a stream of the pool the resource holds (alive);
         // the memory the graph touches is live (this fn's Safety 1), and the
-        // graph's own allocations are the graph's.
+        // graph's own allocations are the graph's (the last replay's
+        // instances freed above, or refused while held; their uses ordered
+        // before, Safety 2).
         unsafe { self.exec.launch(raw) }?;
         kept.lock().launched(capture, stream);
         *last_launch = Some(stream);

@@ -19,6 +19,14 @@
 //!   lives: the bytes stay counted until
 //!   [`release_capture`](DeviceMemoryResource::release_capture) moves them
 //!   to the pending frees of the stream the replays are ordered on.
+//! - **Kept graph allocations**: a record allocated on a capturing stream
+//!   notes its capture. Freed in that capture, it is a graph free as above;
+//!   freed after it, the pool's ledger
+//!   ([`KeptGraphMemory`](crate::device::graph_memory::KeptGraphMemory))
+//!   says what the free does: while the graph lives, nothing on the device
+//!   (the bytes join the graph's tally, and the graph frees each replay's
+//!   instance); once it is gone, an ordinary free of the instance the last
+//!   replay left, or none.
 //! - The live, pending and graph byte tallies, and their sum,
 //!   `outstanding`, readable without the lock.
 //!
