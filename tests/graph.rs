@@ -389,3 +389,64 @@ fn a_kept_buffer_freed_inside_another_capture_is_refused_and_stays_live() {
     assert_eq!(sc.res.bytes_outstanding(), 0);
     assert!(sc.gpu.races().is_empty(), "{:?}", sc.gpu.races());
 }
+
+/// A use recorded through the crate inside a capture (the graph's, at each
+/// replay) left a captured event as the buffer's last write: every later
+/// use on another stream failed with `CUDA_ERROR_CAPTURED_EVENT`.
+#[test]
+fn a_buffer_written_in_a_capture_is_usable_on_another_stream_after_it() {
+    let sc = scene();
+    let (s, other) = (sc.s(0), sc.s(1));
+    let mut buf = sc.res.try_allocate_buffer::<u8>(N, s, TAG).unwrap();
+    let mut out = sc.res.try_allocate_buffer::<u8>(N, s, TAG).unwrap();
+    buf.fill_bytes_on(s, 0).unwrap();
+    let ((), graph) = sc
+        .res
+        .capture_graph(s, CaptureMode::Relaxed, |_| {
+            buf.fill_bytes_on(s, 1)?;
+            out.copy_from_on(s, &buf)?;
+            Ok::<_, ResourceError>(())
+        })
+        .unwrap();
+    // SAFETY: `buf` and `out` outlive the replay, awaited below.
+    let mut done = unsafe { graph.launch(s) }.unwrap();
+    drive(&sc.gpu, &mut done).unwrap();
+    buf.fill_bytes_on(other, 2).unwrap();
+    out.fill_bytes_on(other, 2).unwrap();
+    drop(graph);
+    drop((buf, out));
+    let mut reap = sc.res.reap_pending();
+    drive(&sc.gpu, &mut reap).unwrap();
+    sc.gpu.run_until_idle();
+    assert_eq!(sc.res.bytes_outstanding(), 0);
+    assert!(sc.gpu.races().is_empty(), "{:?}", sc.gpu.races());
+}
+
+/// The first use of a block on another stream is ordered after its
+/// allocation by an event recorded on the block's stream: recorded while
+/// that stream is capturing, it was captured, and the wait pulled the other
+/// stream into the capture (whose end then failed, unjoined).
+#[test]
+fn a_first_use_elsewhere_while_the_blocks_stream_captures_is_refused() {
+    let sc = scene();
+    let (s, other) = (sc.s(0), sc.s(1));
+    let mut buf = sc.res.try_allocate_buffer::<u8>(N, s, TAG).unwrap();
+    let capture = sc.res.begin_capture(s, CaptureMode::Relaxed).unwrap();
+    let e = buf.fill_bytes_on(other, 0).unwrap_err();
+    assert!(
+        matches!(e, ResourceError::StreamCapturing { stream, .. } if stream == s),
+        "{e}"
+    );
+    assert_eq!(
+        sc.status(1),
+        CaptureStatus::None,
+        "the other stream stays out"
+    );
+    drop(capture.end().unwrap());
+    buf.fill_bytes_on(other, 0).unwrap();
+    drop(buf);
+    let mut reap = sc.res.reap_pending();
+    drive(&sc.gpu, &mut reap).unwrap();
+    sc.gpu.run_until_idle();
+    assert!(sc.gpu.races().is_empty(), "{:?}", sc.gpu.races());
+}

@@ -360,6 +360,11 @@ impl<G: Gpu> StreamOrderedResource<G> {
         }
         let mut allocation_point = None;
         if first_elsewhere {
+            // The allocation point is recorded on the block's stream: were
+            // that stream capturing, the event would be captured, and a wait
+            // on it from `use_stream` would pull `use_stream` into the
+            // capture. Refused until the capture ends.
+            self.refuse_capturing(record.stream, record.raw_stream)?;
             // First use on another stream: order it after the allocation by
             // recording where the allocation stream is now.
             let event = self.events.take().map_err(ResourceError::from)?;
@@ -404,6 +409,18 @@ impl<G: Gpu> StreamOrderedResource<G> {
         raw_use: RawStream,
         access: Access,
     ) -> ResourceResult<()> {
+        // A use queued on a capturing stream runs at each replay of the
+        // graph, not now, and an event recorded there would be captured: a
+        // wait on it after the capture fails (`CUDA_ERROR_CAPTURED_EVENT`),
+        // and one from another stream during it joins that stream to the
+        // capture. Nothing is recorded, and the uses recorded before stay:
+        // ordering later work after the replays is the launch's contract
+        // (`CapturedGraph::launch`).
+        // SAFETY: `raw_use` was resolved through `self.stream_pool`, which
+        // keeps its streams alive.
+        if unsafe { self.gpu.capture_status(raw_use) }?.is_capturing() {
+            return Ok(());
+        }
         let (event, fresh) = match record.uses.slot(use_stream, access) {
             Some(e) => (e, false),
             None => (self.events.take().map_err(ResourceError::from)?, true),
