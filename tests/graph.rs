@@ -7,6 +7,7 @@ mod common;
 use std::sync::Arc;
 
 use common::drive;
+use streamalloc::cache::{CacheConfig, CachingResource};
 use streamalloc::error::DriverCall;
 use streamalloc::futures::AsyncResource;
 use streamalloc::gpu::sim::{MemAccess, RaceKind, SimGpu};
@@ -258,27 +259,73 @@ fn drop_elsewhere<T: Send>(value: T) {
     });
 }
 
+/// A stack under test: its graph tally, and how to give back what it
+/// caches (so that the device can be compared with the books).
+trait Stack: DeviceMemoryResource + 'static {
+    fn graph_bytes(&self) -> usize;
+    fn settle(&self) {}
+}
+
+impl Stack for SimResource {
+    fn graph_bytes(&self) -> usize {
+        SimResource::graph_bytes(self)
+    }
+}
+
+impl Stack for CachingResource<SimResource> {
+    fn graph_bytes(&self) -> usize {
+        CachingResource::graph_bytes(self) + self.inner().graph_bytes()
+    }
+    fn settle(&self) {
+        self.trim().unwrap();
+        assert_eq!(self.leased_bytes(), 0);
+    }
+}
+
+/// [`kept_case`] on the plain resource and on both kinds of cache.
+fn a_buffer_the_capture_allocated_is_freed_once(when: Drop) {
+    let sc = scene();
+    kept_case(&sc.gpu, &sc.device, &sc.res, when, true);
+    for vm in [false, true] {
+        let sc = scene();
+        let config = CacheConfig::default().virtual_memory(vm);
+        let cache = CachingResource::with_config(SimResource::new(&sc.device), config);
+        // SAFETY: the stack's bottom was made on `sc.device`, and the cache
+        // allocates and resolves streams only through it.
+        let res = unsafe { AsyncResource::with_device(cache, &sc.device) }.unwrap();
+        // Under the arena (`vm`) the block is a range of the cache's mapped
+        // memory, which the graph keeps across its replays; else the
+        // resource below allocates it in the capture: a graph memory node.
+        kept_case(&sc.gpu, &sc.device, &res, when, !vm);
+    }
+}
+
 /// A buffer allocated on the capturing stream by another thread (not the
 /// capturing closure's own call), kept past the capture and dropped at
 /// `when` on a third thread: the graph's memory comes back to the device
 /// exactly once, the books agree with the device, and nothing races.
-fn a_buffer_the_capture_allocated_is_freed_once(when: Drop) {
+/// `node`: the block is a graph memory node (each replay makes it again).
+fn kept_case<R: Stack>(
+    gpu: &Arc<SimGpu>,
+    device: &Device<SimGpu>,
+    res: &AsyncResource<R>,
+    when: Drop,
+    node: bool,
+) {
     const BYTES: usize = 64 << 10;
-    let sc = scene();
-    let s = sc.s(0);
-    let other = sc.s(1);
-    let held_before = sc.gpu.held_bytes();
-    let (kept, graph) = sc
-        .res
+    let s = device.stream(0).unwrap();
+    let other = device.stream(1).unwrap();
+    let third = device.stream(2).unwrap();
+    let held_before = gpu.held_bytes();
+    let (kept, graph) = res
         .capture_graph(s, CaptureMode::Relaxed, |capture| {
             let kept = std::thread::scope(|scope| {
                 scope
-                    .spawn(|| sc.res.try_allocate_buffer::<u8>(BYTES, s, TAG))
+                    .spawn(|| res.try_allocate_buffer::<u8>(BYTES, s, TAG))
                     .join()
                     .unwrap()
             })?;
-            sc.gpu
-                .launch_kernel(capture.raw_stream(), &[MemAccess::write(kept.block())])?;
+            gpu.launch_kernel(capture.raw_stream(), &[MemAccess::write(kept.block())])?;
             if when == Drop::DuringCapture {
                 drop_elsewhere(kept);
                 return Ok::<_, ResourceError>(None);
@@ -292,27 +339,34 @@ fn a_buffer_the_capture_allocated_is_freed_once(when: Drop) {
     }
     let launches = match when {
         Drop::AfterUnlaunchedGraph => 0,
-        // The kept buffer holds the last replay's output: a second launch
-        // is refused while the user holds it (below).
-        Drop::AfterGraph => 1,
+        // A kept graph memory node holds the last replay's output: a second
+        // launch is refused while the user holds it (below).
+        Drop::AfterGraph if node => 1,
         _ => 2,
     };
     for i in 0..launches {
         // SAFETY: the graph touches only memory it allocated.
         let launched = unsafe { graph.launch(if i == 0 { s } else { other }) };
         let mut done = launched.unwrap_or_else(|e| panic!("{when:?}: launch {i}: {e}"));
-        drive(&sc.gpu, &mut done).unwrap();
+        drive(gpu, &mut done).unwrap();
         if when == Drop::BetweenReplays && i == 0 {
             // Read on a third stream first: the graph's free of this
             // instance, before the next launch, must come after that read.
-            let third = sc.s(2);
-            let mut copy = sc.res.try_allocate_buffer::<u8>(BYTES, third, TAG).unwrap();
+            let mut copy = res.try_allocate_buffer::<u8>(BYTES, third, TAG).unwrap();
             copy.copy_from_on(third, kept.as_ref().unwrap()).unwrap();
+            if !node {
+                // The next replay writes the same range: ordering the read
+                // before the launch is the user's (`launch`'s Safety 2). A
+                // node is made again by the replay, after the crate's free,
+                // which follows the read by itself.
+                let mut read = res.completion(third).unwrap();
+                drive(gpu, &mut read).unwrap();
+            }
             drop_elsewhere(kept.take());
             drop(copy);
         }
     }
-    if when == Drop::AfterGraph {
+    if when == Drop::AfterGraph && node {
         // SAFETY: as above.
         match unsafe { graph.launch(other) } {
             Err(ResourceError::Driver { code, call, .. }) => {
@@ -324,15 +378,25 @@ fn a_buffer_the_capture_allocated_is_freed_once(when: Drop) {
     }
     drop_elsewhere(graph);
     drop_elsewhere(kept);
-    let mut reap = sc.res.reap_pending();
-    drive(&sc.gpu, &mut reap).unwrap();
-    sc.gpu.run_until_idle();
-    let mut reap = sc.res.reap_pending();
-    drive(&sc.gpu, &mut reap).unwrap();
-    assert_eq!(sc.res.bytes_outstanding(), 0, "{when:?}: the books");
-    assert_eq!(sc.res.inner().graph_bytes(), 0, "{when:?}");
-    assert_eq!(sc.gpu.held_bytes(), held_before, "{when:?}: the device");
-    assert!(sc.gpu.races().is_empty(), "{when:?}: {:?}", sc.gpu.races());
+    let mut reap = res.reap_pending();
+    drive(gpu, &mut reap).unwrap();
+    gpu.run_until_idle();
+    res.inner().settle();
+    let mut reap = res.reap_pending();
+    drive(gpu, &mut reap).unwrap();
+    gpu.run_until_idle();
+    let stack = std::any::type_name::<R>();
+    assert_eq!(res.inner().graph_bytes(), 0, "{when:?} {stack}");
+    assert_eq!(
+        gpu.held_bytes() - held_before,
+        res.bytes_outstanding(),
+        "{when:?} {stack}: the device holds what the books say"
+    );
+    assert!(
+        gpu.races().is_empty(),
+        "{when:?} {stack}: {:?}",
+        gpu.races()
+    );
 }
 
 #[test]

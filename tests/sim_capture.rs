@@ -415,3 +415,31 @@ fn two_graphs_writing_one_buffer_unordered_still_race() {
     );
     gpu.run_until_idle();
 }
+
+#[test]
+fn a_range_handed_out_in_a_capture_and_kept_is_allocated_from_the_capture_on() {
+    // Caller-managed memory (a cache's arena) is mapped already: a range
+    // the capture handed out and did not free is the caller's from the end
+    // of the capture, whether the graph runs or not.
+    let gpu = manual();
+    let s = gpu.create_stream();
+    // An address of the caller's own memory: the simulator knows of it
+    // only what the notes say.
+    let arena = 1 << 44;
+    for launches in [0, 2] {
+        gpu.begin_capture(s, CaptureMode::Relaxed).unwrap();
+        Gpu::note_suballocation(gpu.as_ref(), arena, 4096, s);
+        gpu.launch_kernel(s, &[write(arena)]).unwrap();
+        let graph = Graph::end_capture_sim(&gpu, s);
+        let exec = graph.instantiate().unwrap();
+        for _ in 0..launches {
+            unsafe { exec.launch(s) }.unwrap();
+        }
+        // Used and freed on the stream, before, between or after replays.
+        gpu.launch_kernel(s, &[write(arena)]).unwrap();
+        drop((exec, graph));
+        Gpu::note_subfree(gpu.as_ref(), arena, s);
+        gpu.run_until_idle();
+        assert!(gpu.races().is_empty(), "{launches}: {:?}", gpu.races());
+    }
+}

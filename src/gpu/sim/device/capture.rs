@@ -23,6 +23,11 @@
 //!   invalidated capture records nothing more and its end fails with
 //!   `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`.
 //!
+//! - a range of caller-managed memory handed out in the capture
+//!   ([`Gpu::note_suballocation`](crate::gpu::Gpu::note_suballocation), a
+//!   cache's arena) and not freed in it is mapped memory of the caller's,
+//!   not a graph memory node: it is noted allocated when the capture ends,
+//!   whatever becomes of the graph, and the replays leave it allocated;
 //! - the launches of one executable graph run one at a time, in the order
 //!   they were queued, whatever their streams: a launch waits for the one
 //!   before it (a hidden event of the executable, recorded after each
@@ -49,6 +54,7 @@ use crate::gpu::capture_code::{
     CAPTURED_EVENT, ILLEGAL_STATE, INVALIDATED, ISOLATION, UNJOINED, UNMATCHED, UNSUPPORTED,
     WRONG_THREAD,
 };
+use crate::gpu::sim::clock::Epoch;
 use crate::gpu::sim::race::SimOp;
 use crate::gpu::{CaptureId, CaptureMode, CaptureStatus, GpuError, GpuResult};
 use crate::types::Access;
@@ -240,6 +246,33 @@ impl State {
         for &m in c.members.keys() {
             if let Some(st) = self.streams.get_mut(m) {
                 st.capture = None;
+            }
+        }
+        // A range of caller-managed memory handed out in the capture and not
+        // freed in it is the caller's from now on (its memory is the
+        // caller's, mapped already, not a graph memory node): noted
+        // allocated whatever becomes of the graph, where the capture left
+        // the origin's order (captured work does not advance it: the latest
+        // operation queued on the origin before the capture), so that what
+        // was ordered after that point (a replay's stream) is after the
+        // note too. The replays find it allocated and leave it so.
+        let mut kept_ranges: Vec<(u64, usize)> = Vec::new();
+        for op in &c.ops {
+            match *op {
+                GraphOp::SubAlloc { addr, len } => kept_ranges.push((addr, len)),
+                GraphOp::SubFree { addr } => kept_ranges.retain(|&(a, _)| a != addr),
+                _ => {}
+            }
+        }
+        if !kept_ranges.is_empty() {
+            let mut clock = self.streams[s].clock.clone();
+            clock.join(&self.host);
+            let at = Epoch {
+                stream: s,
+                tick: clock.get(s),
+            };
+            for (addr, len) in kept_ranges {
+                self.races.on_suballoc(addr, len, at, &clock);
             }
         }
         let allocs: Vec<(u64, usize, u32)> = c
@@ -439,8 +472,8 @@ impl State {
                 }
             }
             // A range the graph keeps across replays (handed out in the
-            // capture and not freed in it: the graph's output) is
-            // allocated by the first replay and stays so.
+            // capture and not freed in it: the graph's output) was noted
+            // allocated when the capture ended, and stays so.
             GraphOp::SubAlloc { addr, len } if self.races.live_at(addr, len) => {}
             GraphOp::SubAlloc { addr, len } => self.note_suballoc(addr, len, s),
             GraphOp::SubFree { addr } => self.note_subfree(addr, s),
