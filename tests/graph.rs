@@ -514,3 +514,47 @@ fn a_first_use_elsewhere_while_the_blocks_stream_captures_is_refused() {
     sc.gpu.run_until_idle();
     assert!(sc.gpu.races().is_empty(), "{:?}", sc.gpu.races());
 }
+
+/// A driver failure freeing the last replay's instance before a launch (or
+/// ordering that free) refuses the launch; the next launch frees what is
+/// left, and the books still agree with the device.
+#[test]
+fn a_failed_instance_free_before_a_launch_is_finished_by_the_next_one() {
+    for (call, on) in [(DriverCall::FreeAsync, 0), (DriverCall::StreamWaitEvent, 1)] {
+        let sc = scene();
+        let s = sc.s(0);
+        let held_before = sc.gpu.held_bytes();
+        let (kept, graph) = sc
+            .res
+            .capture_graph(s, CaptureMode::Relaxed, |capture| {
+                let kept = sc.res.try_allocate_buffer::<u8>(N, s, TAG)?;
+                sc.gpu
+                    .launch_kernel(capture.raw_stream(), &[MemAccess::write(kept.block())])?;
+                Ok::<_, ResourceError>(kept)
+            })
+            .unwrap();
+        // SAFETY: the graph touches only memory it allocated.
+        let mut done = unsafe { graph.launch(s) }.unwrap();
+        drive(&sc.gpu, &mut done).unwrap();
+        drop(kept);
+        // Launched on another stream than the last replay's (`on`), the
+        // free first waits for that stream: an event wait that may fail.
+        let next = sc.s(on);
+        sc.gpu.fail_nth(call, 1);
+        let e = unsafe { graph.launch(next) }.unwrap_err();
+        assert!(
+            matches!(e, ResourceError::Driver { call: c, .. } if c == call),
+            "{call:?}: {e}"
+        );
+        assert_eq!(graph.launches(), 1, "{call:?}: refused");
+        let mut done = unsafe { graph.launch(next) }.unwrap();
+        drive(&sc.gpu, &mut done).unwrap();
+        drop(graph);
+        let mut reap = sc.res.reap_pending();
+        drive(&sc.gpu, &mut reap).unwrap();
+        sc.gpu.run_until_idle();
+        assert_eq!(sc.res.bytes_outstanding(), 0, "{call:?}");
+        assert_eq!(sc.gpu.held_bytes(), held_before, "{call:?}");
+        assert!(sc.gpu.races().is_empty(), "{call:?}: {:?}", sc.gpu.races());
+    }
+}
