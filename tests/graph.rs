@@ -7,6 +7,7 @@ mod common;
 use std::sync::Arc;
 
 use common::drive;
+use streamalloc::adaptors::{Budget, BudgetResource};
 use streamalloc::cache::{CacheConfig, CachingResource};
 use streamalloc::error::DriverCall;
 use streamalloc::futures::AsyncResource;
@@ -282,7 +283,17 @@ impl Stack for CachingResource<SimResource> {
     }
 }
 
-/// [`kept_case`] on the plain resource and on both kinds of cache.
+impl Stack for BudgetResource<CachingResource<SimResource>> {
+    fn graph_bytes(&self) -> usize {
+        Stack::graph_bytes(self.inner())
+    }
+    fn settle(&self) {
+        self.inner().settle();
+    }
+}
+
+/// [`kept_case`] on the plain resource, on both kinds of cache, and on a
+/// budget over a cache (whose count must come back to what is held).
 fn a_buffer_the_capture_allocated_is_freed_once(when: Drop) {
     let sc = scene();
     kept_case(&sc.gpu, &sc.device, &sc.res, when, true);
@@ -298,6 +309,21 @@ fn a_buffer_the_capture_allocated_is_freed_once(when: Drop) {
         // resource below allocates it in the capture: a graph memory node.
         kept_case(&sc.gpu, &sc.device, &res, when, !vm);
     }
+    let sc = scene();
+    let budget = Budget::new(1 << 30);
+    let cache = CachingResource::with_config(
+        SimResource::new(&sc.device),
+        CacheConfig::default().virtual_memory(false),
+    );
+    let stack = BudgetResource::new(cache, &budget);
+    // SAFETY: as above.
+    let res = unsafe { AsyncResource::with_device(stack, &sc.device) }.unwrap();
+    kept_case(&sc.gpu, &sc.device, &res, when, true);
+    assert_eq!(
+        budget.in_use(),
+        res.bytes_outstanding(),
+        "{when:?}: the budget"
+    );
 }
 
 /// A buffer allocated on the capturing stream by another thread (not the
