@@ -227,7 +227,11 @@ impl KeptGuard<'_> {
             for k in c.kept.iter_mut().filter(|k| ptrs.contains(&k.ptr)) {
                 k.live = false;
             }
-            c.follow.clear();
+            // Kept while an instance is left to free (a free failed part
+            // way): its free still follows those streams.
+            if !c.kept.iter().any(|k| !k.held && k.live) {
+                c.follow.clear();
+            }
         }
     }
 

@@ -87,10 +87,11 @@ impl<R: DeviceMemoryResource + 'static> CapturedGraph<R> {
     ///    buffers a graph uses alive until its last replay has completed
     ///    (awaiting the future this returns, or dropping the graph after
     ///    the buffers' frees are ordered after it).
-    /// 2. Work the user queued on a block the capture allocated, after the
-    ///    last replay, is ordered before this launch (the replay makes the
-    ///    block again): awaited, or queued on `stream`, or on the stream
-    ///    the block was freed on before the free.
+    /// 2. Work the user queued after the last replay on a block the
+    ///    capture allocated and the replays write again (a cache's range
+    ///    the graph keeps) is ordered before this launch: awaited, or
+    ///    queued on `stream`. (A block the graph memory holds is freed
+    ///    after its uses by the crate, and made again by the replay.)
     pub unsafe fn launch(&self, stream: StreamId) -> ResourceResult<EventFuture> {
         let pool = self.res.stream_pool();
         let raw = pool.raw(stream)?;
