@@ -584,3 +584,43 @@ fn a_failed_instance_free_before_a_launch_is_finished_by_the_next_one() {
         assert!(sc.gpu.races().is_empty(), "{call:?}: {:?}", sc.gpu.races());
     }
 }
+
+/// A capture abandoned (dropped unended) while a block it allocated is
+/// held: the graph never exists, and the block's later drop frees what the
+/// device holds for it exactly once (nothing for graph memory, the range
+/// for a cache's arena).
+#[test]
+fn a_kept_buffer_of_an_abandoned_capture_is_freed_once() {
+    fn case<R: Stack>(gpu: &Arc<SimGpu>, device: &Device<SimGpu>, res: &AsyncResource<R>) {
+        let s = device.stream(0).unwrap();
+        let held_before = gpu.held_bytes();
+        let capture = res.begin_capture(s, CaptureMode::Relaxed).unwrap();
+        let kept = res.try_allocate_buffer::<u8>(N, s, TAG).unwrap();
+        gpu.launch_kernel(capture.raw_stream(), &[MemAccess::write(kept.block())])
+            .unwrap();
+        drop(capture);
+        drop_elsewhere(kept);
+        let mut reap = res.reap_pending();
+        drive(gpu, &mut reap).unwrap();
+        gpu.run_until_idle();
+        res.inner().settle();
+        let stack = std::any::type_name::<R>();
+        assert_eq!(res.inner().graph_bytes(), 0, "{stack}");
+        assert_eq!(
+            gpu.held_bytes() - held_before,
+            res.bytes_outstanding(),
+            "{stack}: the device holds what the books say"
+        );
+        assert!(gpu.races().is_empty(), "{stack}: {:?}", gpu.races());
+    }
+    let sc = scene();
+    case(&sc.gpu, &sc.device, &sc.res);
+    for vm in [false, true] {
+        let sc = scene();
+        let config = CacheConfig::default().virtual_memory(vm);
+        let cache = CachingResource::with_config(SimResource::new(&sc.device), config);
+        // SAFETY: as in `a_buffer_the_capture_allocated_is_freed_once`.
+        let res = unsafe { AsyncResource::with_device(cache, &sc.device) }.unwrap();
+        case(&sc.gpu, &sc.device, &res);
+    }
+}
