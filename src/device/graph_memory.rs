@@ -58,11 +58,11 @@
 #![allow(unsafe_code)]
 
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard};
 
 use super::StreamPool;
 use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::{CaptureId, Gpu};
+use crate::sync::{Mutex, MutexGuard};
 use crate::types::StreamId;
 
 /// One allocation a capture made and did not free.
@@ -109,10 +109,19 @@ pub(crate) struct InstanceFrees {
 
 /// The kept allocations of the captures on one pool's streams; see the
 /// module docs.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct KeptGraphMemory {
-    // Guards the map; see "Who changes it".
+    // Guards the map; see "Who changes it". Behind the loom switch with
+    // the rest of the resource layer's state (`crate::sync`).
     captures: Mutex<HashMap<CaptureId, Capture>>,
+}
+
+impl Default for KeptGraphMemory {
+    fn default() -> Self {
+        KeptGraphMemory {
+            captures: Mutex::new(HashMap::new()),
+        }
+    }
 }
 
 /// The ledger, locked.
