@@ -46,9 +46,16 @@
 //! settles the user's free and the release of the graph; the crate's graph
 //! ([`CapturedGraph`](crate::graph::CapturedGraph)) reports each launch.
 //! All under one mutex, taken before any shard lock and never across a
-//! driver call that blocks. Launches of graphs begun and launched through
-//! the raw seam ([`Gpu::graph_launch`]) are
-//! not seen: their caller frees what such a launch leaves behind.
+//! driver call that blocks. Launches through the raw seam
+//! ([`Gpu::graph_launch`]) are not seen: their caller frees what such a
+//! launch leaves behind.
+//!
+//! # Failure
+//!
+//! A user's free changes the ledger only once it is done
+//! ([`KeptGuard::settle`]); a refused launch changes nothing; an instance
+//! whose free failed stays live in the ledger, with the streams its free
+//! must follow, for the next launch or release.
 //!
 //! # Bounded
 //!
