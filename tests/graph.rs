@@ -624,3 +624,57 @@ fn a_kept_buffer_of_an_abandoned_capture_is_freed_once() {
         case(&sc.gpu, &sc.device, &res);
     }
 }
+
+/// A buffer allocated before the capture and dropped on another thread
+/// while its stream captures an unrelated step: its free was captured into
+/// the graph, which freed it at every replay, the second time the memory of
+/// whatever had been allocated there since. The graph adopts it instead and
+/// frees it once, at its release.
+#[test]
+fn a_buffer_from_before_the_capture_dropped_during_it_is_freed_once() {
+    let sc = scene();
+    let (s, other) = (sc.s(0), sc.s(1));
+    let held_before = sc.gpu.held_bytes();
+    let mut old = sc.res.try_allocate_buffer::<u8>(N, s, TAG).unwrap();
+    old.fill_bytes_on(s, 1).unwrap();
+    // A read on another stream: the free must come after it too.
+    let mut copy = sc.res.try_allocate_buffer::<u8>(N, other, TAG).unwrap();
+    copy.copy_from_on(other, &old).unwrap();
+    let old_ptr = old.block().ptr();
+    let ((), graph) = sc
+        .res
+        .capture_graph(s, CaptureMode::Relaxed, |capture| {
+            drop_elsewhere(old);
+            assert!(matches!(capture.status()?, CaptureStatus::Active(_)));
+            Ok::<_, ResourceError>(())
+        })
+        .unwrap();
+    assert_eq!(
+        sc.res.inner().graph_bytes(),
+        N,
+        "the graph's until its release"
+    );
+    for i in 0..3 {
+        // SAFETY: the graph touches no memory.
+        let mut done = unsafe { graph.launch(if i == 1 { other } else { s }) }.unwrap();
+        drive(&sc.gpu, &mut done).unwrap();
+        let b = sc.res.try_allocate_buffer::<u8>(N, other, TAG).unwrap();
+        assert_ne!(
+            b.block().ptr(),
+            old_ptr,
+            "handed out while the graph holds it"
+        );
+        drop(b);
+    }
+    drop(graph);
+    drop(copy);
+    let mut reap = sc.res.reap_pending();
+    drive(&sc.gpu, &mut reap).unwrap();
+    sc.gpu.run_until_idle();
+    let mut reap = sc.res.reap_pending();
+    drive(&sc.gpu, &mut reap).unwrap();
+    assert_eq!(sc.res.bytes_outstanding(), 0);
+    assert_eq!(sc.res.inner().graph_bytes(), 0);
+    assert_eq!(sc.gpu.held_bytes(), held_before);
+    assert!(sc.gpu.races().is_empty(), "{:?}", sc.gpu.races());
+}

@@ -26,6 +26,15 @@
 //! - **Once the graph is gone, the user frees the instance**: an ordinary
 //!   free when a replay left one, nothing on the device when none did.
 //!
+//! A block allocated outside the capture and freed on a capturing stream
+//! (by any thread: the capture takes whatever is queued on its stream) is
+//! the mirror case: a free node of the graph would free it at every replay,
+//! from the second on the memory of whatever was allocated there since. The
+//! graph adopts it instead: nothing is queued in the capture, the replays
+//! may use it up to that free, and the release of the graph frees it once,
+//! behind the last replay, after the block's own stream and its recorded
+//! uses on other streams.
+//!
 //! Every instance is freed exactly once, whatever thread allocated the block
 //! and whenever it is dropped. The frees are ordered: the instance free
 //! before a launch waits for the end of the stream of the launch before
@@ -35,15 +44,17 @@
 //! # State
 //!
 //! Per capture with a kept allocation: the kept blocks (address, whether a
-//! user still holds it, whether a replay left it live), the stream of the
-//! last launch, the streams the next instance free must follow, and whether
-//! the graph is gone.
+//! user still holds it, whether a replay left it live), the adopted blocks
+//! (address, stream, use events), the stream of the last launch, the
+//! streams the next instance free must follow, and whether the graph is
+//! gone.
 //!
 //! # Who changes it
 //!
 //! The stream-ordered resource adds an entry when it allocates on a
-//! capturing stream, drops it when the block is freed in its capture, and
-//! settles the user's free and the release of the graph; the crate's graph
+//! capturing stream, drops it when the block is freed in its capture,
+//! adopts a block from outside a capture freed in it, and settles the
+//! user's free and the release of the graph; the crate's graph
 //! ([`CapturedGraph`](crate::graph::CapturedGraph)) reports each launch.
 //! All under one mutex, taken before any shard lock and never across a
 //! driver call that blocks. Launches through the raw seam
@@ -68,7 +79,7 @@ use std::collections::HashMap;
 
 use super::StreamPool;
 use crate::error::{ResourceError, ResourceResult};
-use crate::gpu::{CaptureId, Gpu};
+use crate::gpu::{CaptureId, Gpu, RawEvent};
 use crate::sync::{Mutex, MutexGuard};
 use crate::types::StreamId;
 
@@ -82,10 +93,25 @@ struct Kept {
     live: bool,
 }
 
+/// A block allocated outside a capture and freed on one of its streams:
+/// the graph's until its release (its replays may use it up to that free),
+/// then freed on the device once.
+#[derive(Debug)]
+pub(crate) struct Adopted {
+    pub(crate) ptr: u64,
+    /// The block's stream, whose work before the capture the free follows.
+    pub(crate) stream: StreamId,
+    /// Its recorded uses on other streams, which the free waits for (the
+    /// stream-ordered resource's events, given back after).
+    pub(crate) events: Vec<RawEvent>,
+}
+
 /// The kept allocations of one capture.
 #[derive(Debug, Default)]
 struct Capture {
     kept: Vec<Kept>,
+    /// Blocks from outside the capture freed in it.
+    adopted: Vec<Adopted>,
     /// The stream of the last launch, once there was one.
     last_launch: Option<StreamId>,
     /// Streams whose current end the next instance free must follow.
@@ -155,7 +181,7 @@ impl KeptGuard<'_> {
     pub(crate) fn freed_in_capture(&mut self, capture: CaptureId, ptr: u64) {
         if let Some(c) = self.0.get_mut(&capture) {
             c.kept.retain(|k| k.ptr != ptr);
-            if c.kept.is_empty() {
+            if c.kept.is_empty() && c.adopted.is_empty() {
                 self.0.remove(&capture);
             }
         }
@@ -195,7 +221,7 @@ impl KeptGuard<'_> {
             }
             KeptFree::Ordinary | KeptFree::Nothing => {
                 c.kept.retain(|k| k.ptr != ptr);
-                if c.kept.is_empty() {
+                if c.kept.is_empty() && c.adopted.is_empty() {
                     self.0.remove(&capture);
                 }
             }
@@ -273,17 +299,43 @@ impl KeptGuard<'_> {
         c.gone = true;
         let frees = Self::unheld_live(c);
         c.kept.retain(|k| k.held || k.live);
-        if c.kept.is_empty() {
+        if c.kept.is_empty() && c.adopted.is_empty() {
             self.0.remove(&capture);
         }
         frees
+    }
+
+    /// `capture` freed `adopted`, a block allocated outside it: the graph's
+    /// until its release.
+    pub(crate) fn adopt(&mut self, capture: CaptureId, adopted: Adopted) {
+        self.0.entry(capture).or_default().adopted.push(adopted);
+    }
+
+    /// The blocks `capture` adopted, to free at its release (the caller
+    /// hands back with [`readopt`](Self::readopt) those it could not).
+    pub(crate) fn take_adopted(&mut self, capture: CaptureId) -> Vec<Adopted> {
+        let Some(c) = self.0.get_mut(&capture) else {
+            return Vec::new();
+        };
+        let adopted = std::mem::take(&mut c.adopted);
+        if c.kept.is_empty() {
+            self.0.remove(&capture);
+        }
+        adopted
+    }
+
+    /// Hands back adopted blocks a release could not free yet.
+    pub(crate) fn readopt(&mut self, capture: CaptureId, adopted: Vec<Adopted>) {
+        if !adopted.is_empty() {
+            self.0.entry(capture).or_default().adopted.extend(adopted);
+        }
     }
 
     /// The instances `ptrs` of the gone graph of `capture` are freed.
     pub(crate) fn forget(&mut self, capture: CaptureId, ptrs: &[u64]) {
         if let Some(c) = self.0.get_mut(&capture) {
             c.kept.retain(|k| k.held || !ptrs.contains(&k.ptr));
-            if c.kept.is_empty() {
+            if c.kept.is_empty() && c.adopted.is_empty() {
                 self.0.remove(&capture);
             }
         }

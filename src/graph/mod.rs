@@ -56,6 +56,12 @@
 //! - once the graph is gone, dropping the block frees the instance the
 //!   last replay left, or nothing when the graph never ran.
 //!
+//! The mirror case, a block allocated before the capture and dropped
+//! while its stream captures (by another thread, say), is adopted by the
+//! graph: its free is not captured (the graph would free it at every
+//! replay), the replays may use it up to that point, and the graph frees it
+//! once when it is dropped, behind its last replay.
+//!
 //! The pool's ledger (`device::graph_memory`) keeps this for every resource
 //! and graph on the pool; it sees the launches made through
 //! [`CapturedGraph::launch`], not the raw seam's.

@@ -26,7 +26,9 @@
 //!   says what the free does: while the graph lives, nothing on the device
 //!   (the bytes join the graph's tally, and the graph frees each replay's
 //!   instance); once it is gone, an ordinary free of the instance the last
-//!   replay left, or none.
+//!   replay left, or none. A block from outside a capture freed on one of
+//!   its streams is adopted by the graph instead of freed in it: its bytes
+//!   join the graph's tally, and the release frees it once.
 //! - The live, pending and graph byte tallies, and their sum,
 //!   `outstanding`, readable without the lock.
 //!
@@ -60,7 +62,7 @@ use super::block_uses::BlockUses;
 use super::event_pool::EventPool;
 use super::shard::{self, BlockRecord, MAX_SHARDS, Shard, ShardSlot};
 use super::unwind::ReturnOnUnwind;
-use crate::device::graph_memory::KeptFree;
+use crate::device::graph_memory::{Adopted, KeptFree};
 use crate::device::{Device, StreamPool};
 use crate::error::{ResourceError, ResourceResult};
 #[cfg(feature = "cuda")]
@@ -401,6 +403,39 @@ impl<G: Gpu> StreamOrderedResource<G> {
         }
     }
 
+    /// Queues on `after` (`raw_after`) the free of a block the graph of a
+    /// released capture adopted: after the work queued on the block's
+    /// stream so far and its recorded uses on other streams.
+    fn free_adopted(
+        &self,
+        a: &Adopted,
+        after: StreamId,
+        raw_after: RawStream,
+    ) -> ResourceResult<()> {
+        if a.stream != after {
+            let raw = self.raw_stream(a.stream)?;
+            let event = self.events.take().map_err(ResourceError::from)?;
+            // SAFETY: a pooled event of this gpu; `raw` and `raw_after` are
+            // streams of this resource's pool (alive). The event goes back
+            // to the pool once the wait is queued: a wait keeps the record
+            // it saw.
+            let ordered = unsafe { self.gpu.event_record(event, raw) }
+                .and_then(|()| unsafe { self.gpu.stream_wait_event(raw_after, event) });
+            self.events.give([event]);
+            ordered.map_err(ResourceError::from)?;
+        }
+        for &event in &a.events {
+            // SAFETY: the block's use events, from this resource's pool and
+            // kept out of it until the free is queued.
+            unsafe { self.gpu.stream_wait_event(raw_after, event) }.map_err(ResourceError::from)?;
+        }
+        // SAFETY: `a.ptr` is a live allocation of this gpu (its record left
+        // the live set for the graph's tally, and nothing else frees it),
+        // used by nothing after what `raw_after` now waits for and the
+        // graph's replays (ordered before `after`, the release's contract).
+        unsafe { self.gpu.free_async(a.ptr, raw_after) }.map_err(|e| e.for_request(0, after))
+    }
+
     /// Records the end of a use of `access` on `use_stream`.
     fn record_use(
         &self,
@@ -565,6 +600,16 @@ impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
         let how = kept_free
             .as_ref()
             .map(|(k, ledger)| ledger.user_free(*k, block.ptr()));
+        // A block from outside the capture freed on a capturing stream (by
+        // any thread: the capture takes whatever is queued on its stream):
+        // a free node of the graph would free it at every replay, the
+        // second time someone else's memory. The graph adopts it instead:
+        // nothing is queued now, its replays may use it up to this free,
+        // and its release frees it once, behind the last replay.
+        let adopt = match (kept, capture) {
+            (None, Some(c)) => Some(c),
+            _ => None,
+        };
         let mut others = uses
             .reads
             .iter()
@@ -572,7 +617,7 @@ impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
             .filter(|(s, _)| *s != stream)
             .map(|&(_, e)| e)
             .peekable();
-        if let (Some(c), Some(_)) = (capture, others.peek()) {
+        if let (Some(c), Some(_), None) = (capture, others.peek(), adopt) {
             // Waiting for the uses on other streams would wait, from the
             // capture, on events recorded outside it: the driver refuses
             // (STREAM_CAPTURE_ISOLATION) and invalidates the capture.
@@ -584,7 +629,7 @@ impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
                 capture: Some(c),
             });
         }
-        for event in others {
+        for event in others.filter(|_| adopt.is_none()) {
             // SAFETY: `raw` is the record's pool stream (kept alive by
             // `self.stream_pool`); the event is one of the block's uses, from
             // this resource's pool, live until given back below.
@@ -597,7 +642,7 @@ impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
         // graph frees each replay's instance, after this stream, which now
         // waits for the block's uses); one whose graph is gone frees the
         // instance a replay left, if any.
-        let device_free = matches!(how, None | Some(KeptFree::Ordinary));
+        let device_free = adopt.is_none() && matches!(how, None | Some(KeptFree::Ordinary));
         // SAFETY: `raw` is the record's pool stream; `block.ptr()` equals the
         // record's address (checked above), which `alloc_async` of this gpu
         // returned, and is live (not a kept block, or the live instance of
@@ -631,6 +676,21 @@ impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
             }
         }
         let mut uses = uses;
+        if let Some(c) = adopt {
+            // The uses on other streams are the release's to wait for.
+            let (elsewhere, here): (Vec<_>, Vec<_>) =
+                uses.take_all().into_iter().partition(|(s, _)| *s != stream);
+            self.events.give(here.into_iter().map(|(_, e)| e));
+            let adopted = Adopted {
+                ptr: block.ptr(),
+                stream,
+                events: elsewhere.into_iter().map(|(_, e)| e).collect(),
+            };
+            self.stream_pool
+                .kept_graph_memory()
+                .lock()
+                .adopt(c, adopted);
+        }
         if uses.event_count() > 0 {
             self.events
                 .give(uses.take_all().into_iter().map(|(_, e)| e));
@@ -727,6 +787,35 @@ impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
                 capture: status.id(),
             });
         }
+        // Blocks the graph adopted (freed in the capture, allocated outside
+        // it) are freed on `after`, after their own stream's work: refused,
+        // changing nothing, while one of those streams captures (an event
+        // recorded there would be captured).
+        let adopted = self
+            .stream_pool
+            .kept_graph_memory()
+            .lock()
+            .take_adopted(capture);
+        for a in &adopted {
+            let refused = self.raw_stream(a.stream).and_then(|raw| {
+                // SAFETY: `raw` was resolved through `self.stream_pool`.
+                let status = unsafe { self.gpu.capture_status(raw) }?;
+                match status.is_capturing() && a.stream != after {
+                    true => Err(ResourceError::StreamCapturing {
+                        stream: a.stream,
+                        capture: status.id(),
+                    }),
+                    false => Ok(()),
+                }
+            });
+            if let Err(e) = refused {
+                self.stream_pool
+                    .kept_graph_memory()
+                    .lock()
+                    .readopt(capture, adopted);
+                return Err(e);
+            }
+        }
         // The instances the last replay left of blocks users gave to the
         // graph: freed on `after`, behind the last replay, before the bytes
         // move (they are in the graph's tally). Blocks users still hold are
@@ -749,8 +838,24 @@ impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
                     )
                 };
                 kept.forget(capture, &frees.ptrs[..done]);
-                queued?;
+                if let Err(e) = queued {
+                    kept.readopt(capture, adopted);
+                    return Err(e);
+                }
             }
+        }
+        let mut adopted = adopted.into_iter();
+        while let Some(a) = adopted.next() {
+            if let Err(e) = self.free_adopted(&a, after, raw) {
+                let mut rest = vec![a];
+                rest.extend(adopted);
+                self.stream_pool
+                    .kept_graph_memory()
+                    .lock()
+                    .readopt(capture, rest);
+                return Err(e);
+            }
+            self.events.give(a.events);
         }
         let held: Vec<(usize, usize)> = self
             .shards
