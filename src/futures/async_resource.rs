@@ -276,9 +276,11 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
     /// As [`DeviceMemoryResource::finish_block_use`]; an unknown stream, and
     /// a stream being captured into a CUDA graph
     /// ([`StreamCapturing`](crate::ResourceError::StreamCapturing)), are
-    /// refused before the inner resource is touched. Inside a capture,
-    /// record uses with [`record_block_use`](Self::record_block_use) and
-    /// await the graph's launch.
+    /// refused before the inner resource is touched. Inside a capture, a
+    /// use runs at each replay, not now: the stream-ordered resource
+    /// records no event for it ([`record_block_use`](Self::record_block_use)
+    /// is accepted and keeps the uses recorded before); await the graph's
+    /// launch instead.
     ///
     /// # Stream ordering
     /// The future covers everything queued on `use_stream` before the call.
