@@ -678,3 +678,41 @@ fn a_buffer_from_before_the_capture_dropped_during_it_is_freed_once() {
     assert_eq!(sc.gpu.held_bytes(), held_before);
     assert!(sc.gpu.races().is_empty(), "{:?}", sc.gpu.races());
 }
+
+/// The release of a graph's memory goes behind its last launch only, which
+/// CUDA orders after every earlier launch of the executable, whatever its
+/// stream: replays queued on two streams and never awaited, then the graph
+/// dropped and its memory reused, race with nothing (the simulator used to
+/// report the first replay against the reuse).
+#[test]
+fn a_graph_dropped_after_unawaited_replays_on_two_streams_releases_behind_both() {
+    let sc = scene();
+    let (s, other, third) = (sc.s(0), sc.s(1), sc.s(2));
+    let ((), graph) = sc
+        .res
+        .capture_graph(s, CaptureMode::Relaxed, |capture| {
+            let tmp = sc.res.try_allocate(N, s, TAG)?;
+            sc.gpu
+                .launch_kernel(capture.raw_stream(), &[MemAccess::write(&tmp)])?;
+            drop(sc.res.deallocate(tmp)?);
+            Ok::<_, ResourceError>(())
+        })
+        .unwrap();
+    for stream in [s, other] {
+        // SAFETY: the graph touches only memory it allocated.
+        drop(unsafe { graph.launch(stream) }.unwrap());
+    }
+    drop(graph);
+    let mut reap = sc.res.reap_pending();
+    drive(&sc.gpu, &mut reap).unwrap();
+    sc.gpu.run_until_idle();
+    for _ in 0..2 {
+        let mut b = sc.res.try_allocate_buffer::<u8>(N, third, TAG).unwrap();
+        b.fill_bytes_on(third, 1).unwrap();
+    }
+    let mut reap = sc.res.reap_pending();
+    drive(&sc.gpu, &mut reap).unwrap();
+    sc.gpu.run_until_idle();
+    assert_eq!(sc.res.bytes_outstanding(), 0);
+    assert!(sc.gpu.races().is_empty(), "{:?}", sc.gpu.races());
+}

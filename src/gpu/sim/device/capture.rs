@@ -33,7 +33,10 @@
 //!   before it (a hidden event of the executable, recorded after each
 //!   replay and waited for before the next), so two launches on two streams
 //!   never race, while launches of two executables (even of one graph) are
-//!   ordered only as their streams are.
+//!   ordered only as their streams are. The graph's memory relies on it, and
+//!   the detector checks it: a replay's allocation at the graph's address
+//!   must come after the last replay's use and free of it, and the release
+//!   of that memory (on the stream of the last launch) after every replay.
 //!
 //! Where the model simplifies: a replay runs the members' work in the order
 //! it was captured, on the launch stream alone (a real graph may run
@@ -394,6 +397,10 @@ impl State {
                 len,
                 free_id,
             });
+            // Behind the last launch, so behind every replay (CUDA runs the
+            // launches of an executable in order): checked.
+            let clock = self.streams[m.last_stream].clock.clone();
+            self.races.on_final_free(addr, &clock, m.last_stream);
             if let Some(space) = self.spaces.get_mut(&device) {
                 space.free_queued(addr, len, free_id, at);
             }
@@ -458,7 +465,12 @@ impl State {
                 freed_in_graph,
             } => {
                 let at = self.enqueue(s, |_| OpKind::Alloc);
-                self.races.on_alloc(addr, len, at);
+                // The graph's own address, reused by every replay without
+                // the address space: the last replay's use of it (and the
+                // free of its instance) must be ordered before, as CUDA
+                // orders the launches of an executable. Checked.
+                let clock = self.streams[s].clock.clone();
+                self.races.on_suballoc(addr, len, at, &clock);
                 if !freed_in_graph {
                     self.live.insert(addr, (len, device));
                 }
