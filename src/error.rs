@@ -317,6 +317,18 @@ pub enum ResourceError {
         /// Its capture, or `None` when the capture is already invalidated.
         capture: Option<crate::gpu::CaptureId>,
     },
+    /// A block a CUDA graph's capture allocated and did not free (a graph
+    /// memory node) was used outside that capture while no replay's
+    /// instance of it is live: before the graph's first launch, or after
+    /// the instance a replay left was freed. There is no memory behind its
+    /// address then. Nothing was queued and nothing changed.
+    #[error(
+        "{block} was allocated by a graph capture and no replay of the graph has made its memory (launch the graph first)"
+    )]
+    GraphMemoryUnbacked {
+        /// The block.
+        block: BlockId,
+    },
     /// A CUDA stream that no stream pool of this device registers was used
     /// with a buffer, so its uses could not be ordered.
     #[error("a stream of device {device} that its stream pool does not register")]

@@ -15,6 +15,7 @@ use streamalloc::adaptors::{
 };
 use streamalloc::cache::{CacheConfig, CachingResource};
 use streamalloc::error::DriverCall;
+use streamalloc::futures::AsyncResource;
 use streamalloc::gpu::sim::{MemAccess, SimGpu};
 use streamalloc::gpu::{CaptureId, CaptureMode, CaptureStatus, Gpu, Graph, RawGraph, RawGraphExec};
 use streamalloc::{
@@ -229,26 +230,34 @@ fn memory_freed_in_a_capture_is_reused_within_it_and_across_replays() {
 /// A block allocated before the capture and freed in it: the replays use it
 /// up to their free, so it stays with the graph; so does a block the
 /// capture allocated and the user frees after it (the graph's output).
+/// Launched through the crate's graph, which frees what a replay leaves of
+/// a block the inner resource allocated in the capture once the user let
+/// go of it.
 #[test]
 fn blocks_the_graph_uses_stay_with_it_whoever_frees_them() {
     for vm in [true, false] {
         let f = fixture();
         let config = CacheConfig::default().virtual_memory(vm);
         let cache = CachingResource::with_config(SimResource::new(&f.device), config);
+        // SAFETY: the stack's bottom was made on `f.device` and the cache
+        // allocates and resolves streams only through it.
+        let res = unsafe { AsyncResource::with_device(cache, &f.device) }.unwrap();
+        let cache = res.inner();
+        let held_before = f.gpu.held_bytes();
         let input = cache.allocate(MIB, f.s, AllocTag("input")).unwrap();
         f.write(f.s, &input);
         f.order(f.l, f.s);
-        let capture = f.begin(f.s);
+        let capture = res.begin_capture(f.s, CaptureMode::Relaxed).unwrap();
         f.write(f.s, &input);
         let output = cache.allocate(MIB, f.s, AllocTag("output")).unwrap();
         f.write(f.s, &output);
         let input_ptr = input.ptr();
         cache.deallocate(input).unwrap();
-        let graph = f.end(f.s);
-        // The user reads the output of a replay, then frees it (a block the
-        // capture had to take from below is the inner resource's graph
-        // allocation, which CUDA wants freed after each replay).
-        f.replay(graph.1, f.l, 1);
+        let graph = capture.end().unwrap();
+        // The user reads the output of a replay, then frees it.
+        // SAFETY: the graph touches `input` (the graph's since its free in
+        // the capture) and `output` (allocated in the capture).
+        drop(unsafe { graph.launch(f.l) }.unwrap());
         f.gpu.run_until_idle();
         f.order(f.s, f.l);
         let output_ptr = output.ptr();
@@ -266,19 +275,28 @@ fn blocks_the_graph_uses_stay_with_it_whoever_frees_them() {
             f.write(f.s, &b);
             others.push(b);
         }
-        // Once more (the inner resource's graph allocation, freed above,
-        // may be made again).
-        f.replay(graph.1, f.l, 1);
+        // Once more: the instance of the inner resource's graph allocation
+        // the last replay left is freed first, by the graph.
+        // SAFETY: as above.
+        drop(unsafe { graph.launch(f.l) }.unwrap());
         f.gpu.run_until_idle();
         assert!(f.gpu.races().is_empty(), "vm {vm}: {:?}", f.gpu.races());
         for b in others {
             cache.deallocate(b).unwrap();
         }
-        f.destroy(graph);
-        cache.release_capture(capture, f.l).unwrap();
+        drop(graph);
         assert_eq!(cache.graph_bytes(), 0, "vm {vm}");
         f.gpu.run_until_idle();
         assert!(f.gpu.races().is_empty(), "vm {vm}: {:?}", f.gpu.races());
+        cache.trim().unwrap();
+        cache.reap_pending().unwrap();
+        f.gpu.run_until_idle();
+        assert_eq!(
+            f.gpu.held_bytes() - held_before,
+            cache.bytes_outstanding(),
+            "vm {vm}: the device holds what the books say"
+        );
+        assert_eq!(cache.leased_bytes(), 0, "vm {vm}");
     }
 }
 

@@ -7,10 +7,13 @@ mod common;
 use std::sync::Arc;
 
 use common::drive;
+use streamalloc::adaptors::{Budget, BudgetResource};
+use streamalloc::cache::{CacheConfig, CachingResource};
+use streamalloc::error::DriverCall;
 use streamalloc::futures::AsyncResource;
 use streamalloc::gpu::sim::{MemAccess, RaceKind, SimGpu};
 use streamalloc::gpu::{CaptureMode, CaptureStatus, capture_code};
-use streamalloc::{AllocTag, Device, ResourceError, SimResource, StreamId};
+use streamalloc::{AllocTag, Device, DeviceMemoryResource, ResourceError, SimResource, StreamId};
 
 const TAG: AllocTag = AllocTag("graph");
 const N: usize = 4096;
@@ -23,7 +26,7 @@ struct Scene {
 
 fn scene() -> Scene {
     let gpu = SimGpu::builder().manual().build();
-    let device = Device::simulated(&gpu, 2);
+    let device = Device::simulated(&gpu, 3);
     let res = AsyncResource::on(&device).expect("async resource");
     Scene { gpu, res, device }
 }
@@ -233,4 +236,525 @@ fn a_replay_touching_a_buffer_freed_since_is_reported() {
     );
     drop(graph);
     sc.res.deallocate(reused).unwrap();
+}
+
+/// When the user lets go of a buffer a capture allocated and did not free.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Drop {
+    /// Inside the capture (on another thread): the graph frees it.
+    DuringCapture,
+    /// After the capture, before the graph ever ran.
+    BeforeFirstReplay,
+    /// After the first of two replays (the bug of issue 30).
+    BetweenReplays,
+    /// After both replays and the graph are gone.
+    AfterGraph,
+    /// After the graph is gone, which never ran.
+    AfterUnlaunchedGraph,
+}
+
+/// Drops `value` on another thread.
+fn drop_elsewhere<T: Send>(value: T) {
+    std::thread::scope(|scope| {
+        scope.spawn(move || drop(value));
+    });
+}
+
+/// A stack under test: its graph tally, and how to give back what it
+/// caches (so that the device can be compared with the books).
+trait Stack: DeviceMemoryResource + 'static {
+    fn graph_bytes(&self) -> usize;
+    fn settle(&self) {}
+}
+
+impl Stack for SimResource {
+    fn graph_bytes(&self) -> usize {
+        SimResource::graph_bytes(self)
+    }
+}
+
+impl Stack for CachingResource<SimResource> {
+    fn graph_bytes(&self) -> usize {
+        CachingResource::graph_bytes(self) + self.inner().graph_bytes()
+    }
+    fn settle(&self) {
+        self.trim().unwrap();
+        assert_eq!(self.leased_bytes(), 0);
+    }
+}
+
+impl Stack for BudgetResource<CachingResource<SimResource>> {
+    fn graph_bytes(&self) -> usize {
+        Stack::graph_bytes(self.inner())
+    }
+    fn settle(&self) {
+        self.inner().settle();
+    }
+}
+
+/// [`kept_case`] on the plain resource, on both kinds of cache, and on a
+/// budget over a cache (whose count must come back to what is held).
+fn a_buffer_the_capture_allocated_is_freed_once(when: Drop) {
+    let sc = scene();
+    kept_case(&sc.gpu, &sc.device, &sc.res, when, true);
+    for vm in [false, true] {
+        let sc = scene();
+        let config = CacheConfig::default().virtual_memory(vm);
+        let cache = CachingResource::with_config(SimResource::new(&sc.device), config);
+        // SAFETY: the stack's bottom was made on `sc.device`, and the cache
+        // allocates and resolves streams only through it.
+        let res = unsafe { AsyncResource::with_device(cache, &sc.device) }.unwrap();
+        // Under the arena (`vm`) the block is a range of the cache's mapped
+        // memory, which the graph keeps across its replays; else the
+        // resource below allocates it in the capture: a graph memory node.
+        kept_case(&sc.gpu, &sc.device, &res, when, !vm);
+    }
+    let sc = scene();
+    let budget = Budget::new(1 << 30);
+    let cache = CachingResource::with_config(
+        SimResource::new(&sc.device),
+        CacheConfig::default().virtual_memory(false),
+    );
+    let stack = BudgetResource::new(cache, &budget);
+    // SAFETY: as above.
+    let res = unsafe { AsyncResource::with_device(stack, &sc.device) }.unwrap();
+    kept_case(&sc.gpu, &sc.device, &res, when, true);
+    assert_eq!(
+        budget.in_use(),
+        res.bytes_outstanding(),
+        "{when:?}: the budget"
+    );
+}
+
+/// A buffer allocated on the capturing stream by another thread (not the
+/// capturing closure's own call), kept past the capture and dropped at
+/// `when` on a third thread: the graph's memory comes back to the device
+/// exactly once, the books agree with the device, and nothing races.
+/// `node`: the block is a graph memory node (each replay makes it again).
+fn kept_case<R: Stack>(
+    gpu: &Arc<SimGpu>,
+    device: &Device<SimGpu>,
+    res: &AsyncResource<R>,
+    when: Drop,
+    node: bool,
+) {
+    const BYTES: usize = 64 << 10;
+    let s = device.stream(0).unwrap();
+    let other = device.stream(1).unwrap();
+    let third = device.stream(2).unwrap();
+    let held_before = gpu.held_bytes();
+    let (kept, graph) = res
+        .capture_graph(s, CaptureMode::Relaxed, |capture| {
+            let kept = std::thread::scope(|scope| {
+                scope
+                    .spawn(|| res.try_allocate_buffer::<u8>(BYTES, s, TAG))
+                    .join()
+                    .unwrap()
+            })?;
+            gpu.launch_kernel(capture.raw_stream(), &[MemAccess::write(kept.block())])?;
+            if when == Drop::DuringCapture {
+                drop_elsewhere(kept);
+                return Ok::<_, ResourceError>(None);
+            }
+            Ok(Some(kept))
+        })
+        .unwrap();
+    let mut kept = kept;
+    if when == Drop::BeforeFirstReplay {
+        drop_elsewhere(kept.take());
+    }
+    let launches = match when {
+        Drop::AfterUnlaunchedGraph => 0,
+        // A kept graph memory node holds the last replay's output: a second
+        // launch is refused while the user holds it (below).
+        Drop::AfterGraph if node => 1,
+        _ => 2,
+    };
+    for i in 0..launches {
+        // SAFETY: the graph touches only memory it allocated.
+        let launched = unsafe { graph.launch(if i == 0 { s } else { other }) };
+        let mut done = launched.unwrap_or_else(|e| panic!("{when:?}: launch {i}: {e}"));
+        drive(gpu, &mut done).unwrap();
+        if when == Drop::BetweenReplays && i == 0 {
+            // Read on a third stream first: the graph's free of this
+            // instance, before the next launch, must come after that read.
+            let mut copy = res.try_allocate_buffer::<u8>(BYTES, third, TAG).unwrap();
+            copy.copy_from_on(third, kept.as_ref().unwrap()).unwrap();
+            if !node {
+                // The next replay writes the same range: ordering the read
+                // before the launch is the user's (`launch`'s Safety 2). A
+                // node is made again by the replay, after the crate's free,
+                // which follows the read by itself.
+                let mut read = res.completion(third).unwrap();
+                drive(gpu, &mut read).unwrap();
+            }
+            drop_elsewhere(kept.take());
+            drop(copy);
+        }
+    }
+    if when == Drop::AfterGraph && node {
+        // SAFETY: as above.
+        match unsafe { graph.launch(other) } {
+            Err(ResourceError::Driver { code, call, .. }) => {
+                assert_eq!((call, code), (DriverCall::GraphLaunch, 1))
+            }
+            other => panic!("a launch while the output is held: {other:?}"),
+        }
+        assert_eq!(graph.launches(), 1, "the refused launch changed nothing");
+    }
+    drop_elsewhere(graph);
+    drop_elsewhere(kept);
+    let mut reap = res.reap_pending();
+    drive(gpu, &mut reap).unwrap();
+    gpu.run_until_idle();
+    res.inner().settle();
+    let mut reap = res.reap_pending();
+    drive(gpu, &mut reap).unwrap();
+    gpu.run_until_idle();
+    let stack = std::any::type_name::<R>();
+    assert_eq!(res.inner().graph_bytes(), 0, "{when:?} {stack}");
+    assert_eq!(
+        gpu.held_bytes() - held_before,
+        res.bytes_outstanding(),
+        "{when:?} {stack}: the device holds what the books say"
+    );
+    assert!(
+        gpu.races().is_empty(),
+        "{when:?} {stack}: {:?}",
+        gpu.races()
+    );
+}
+
+#[test]
+fn a_kept_buffer_dropped_during_the_capture_on_another_thread_is_freed_by_the_graph() {
+    a_buffer_the_capture_allocated_is_freed_once(Drop::DuringCapture);
+}
+
+#[test]
+fn a_kept_buffer_dropped_before_the_first_replay_is_freed_once() {
+    a_buffer_the_capture_allocated_is_freed_once(Drop::BeforeFirstReplay);
+}
+
+#[test]
+fn a_kept_buffer_dropped_between_replays_is_freed_once() {
+    a_buffer_the_capture_allocated_is_freed_once(Drop::BetweenReplays);
+}
+
+#[test]
+fn a_kept_buffer_dropped_after_the_graph_is_freed_once() {
+    a_buffer_the_capture_allocated_is_freed_once(Drop::AfterGraph);
+}
+
+#[test]
+fn a_kept_buffer_dropped_after_a_graph_that_never_ran_is_freed_once() {
+    a_buffer_the_capture_allocated_is_freed_once(Drop::AfterUnlaunchedGraph);
+}
+
+#[test]
+fn a_kept_buffer_freed_inside_another_capture_is_refused_and_stays_live() {
+    let sc = scene();
+    let (s, other) = (sc.s(0), sc.s(1));
+    let (kept, graph) = sc
+        .res
+        .capture_graph(s, CaptureMode::Relaxed, |_| sc.res.try_allocate(N, s, TAG))
+        .unwrap();
+    let outstanding = sc.res.bytes_outstanding();
+    let second = sc.res.begin_capture(s, CaptureMode::Relaxed).unwrap();
+    let e = sc.res.inner().deallocate(kept.clone()).unwrap_err();
+    assert!(
+        matches!(e, ResourceError::StreamCapturing { stream, capture: Some(c) } if stream == s && c == second.id()),
+        "{e}"
+    );
+    assert_eq!(sc.res.bytes_outstanding(), outstanding, "nothing changed");
+    assert!(matches!(second.status().unwrap(), CaptureStatus::Active(_)));
+    drop(second.end().unwrap());
+    // SAFETY: the graph touches only memory it allocated.
+    let mut done = unsafe { graph.launch(other) }.unwrap();
+    drive(&sc.gpu, &mut done).unwrap();
+    sc.res.inner().deallocate(kept).unwrap();
+    drop(graph);
+    let mut reap = sc.res.reap_pending();
+    drive(&sc.gpu, &mut reap).unwrap();
+    sc.gpu.run_until_idle();
+    assert_eq!(sc.res.bytes_outstanding(), 0);
+    assert!(sc.gpu.races().is_empty(), "{:?}", sc.gpu.races());
+}
+
+/// A use recorded through the crate inside a capture (the graph's, at each
+/// replay) left a captured event as the buffer's last write: every later
+/// use on another stream failed with `CUDA_ERROR_CAPTURED_EVENT`.
+#[test]
+fn a_buffer_written_in_a_capture_is_usable_on_another_stream_after_it() {
+    let sc = scene();
+    let (s, other) = (sc.s(0), sc.s(1));
+    let mut buf = sc.res.try_allocate_buffer::<u8>(N, s, TAG).unwrap();
+    let mut out = sc.res.try_allocate_buffer::<u8>(N, s, TAG).unwrap();
+    buf.fill_bytes_on(s, 0).unwrap();
+    let ((), graph) = sc
+        .res
+        .capture_graph(s, CaptureMode::Relaxed, |_| {
+            buf.fill_bytes_on(s, 1)?;
+            out.copy_from_on(s, &buf)?;
+            Ok::<_, ResourceError>(())
+        })
+        .unwrap();
+    // SAFETY: `buf` and `out` outlive the replay, awaited below.
+    let mut done = unsafe { graph.launch(s) }.unwrap();
+    drive(&sc.gpu, &mut done).unwrap();
+    buf.fill_bytes_on(other, 2).unwrap();
+    out.fill_bytes_on(other, 2).unwrap();
+    drop(graph);
+    drop((buf, out));
+    let mut reap = sc.res.reap_pending();
+    drive(&sc.gpu, &mut reap).unwrap();
+    sc.gpu.run_until_idle();
+    assert_eq!(sc.res.bytes_outstanding(), 0);
+    assert!(sc.gpu.races().is_empty(), "{:?}", sc.gpu.races());
+}
+
+/// The first use of a block on another stream is ordered after its
+/// allocation by an event recorded on the block's stream: recorded while
+/// that stream is capturing, it was captured, and the wait pulled the other
+/// stream into the capture (whose end then failed, unjoined).
+#[test]
+fn a_first_use_elsewhere_while_the_blocks_stream_captures_is_refused() {
+    let sc = scene();
+    let (s, other) = (sc.s(0), sc.s(1));
+    let mut buf = sc.res.try_allocate_buffer::<u8>(N, s, TAG).unwrap();
+    let capture = sc.res.begin_capture(s, CaptureMode::Relaxed).unwrap();
+    let e = buf.fill_bytes_on(other, 0).unwrap_err();
+    assert!(
+        matches!(e, ResourceError::StreamCapturing { stream, .. } if stream == s),
+        "{e}"
+    );
+    assert_eq!(
+        sc.status(1),
+        CaptureStatus::None,
+        "the other stream stays out"
+    );
+    drop(capture.end().unwrap());
+    buf.fill_bytes_on(other, 0).unwrap();
+    drop(buf);
+    let mut reap = sc.res.reap_pending();
+    drive(&sc.gpu, &mut reap).unwrap();
+    sc.gpu.run_until_idle();
+    assert!(sc.gpu.races().is_empty(), "{:?}", sc.gpu.races());
+}
+
+/// A driver failure freeing the last replay's instance before a launch (or
+/// ordering that free) refuses the launch; the next launch frees what is
+/// left, and the books still agree with the device.
+#[test]
+fn a_failed_instance_free_before_a_launch_is_finished_by_the_next_one() {
+    for (call, on) in [(DriverCall::FreeAsync, 0), (DriverCall::StreamWaitEvent, 1)] {
+        let sc = scene();
+        let s = sc.s(0);
+        let held_before = sc.gpu.held_bytes();
+        let (kept, graph) = sc
+            .res
+            .capture_graph(s, CaptureMode::Relaxed, |capture| {
+                let kept = sc.res.try_allocate_buffer::<u8>(N, s, TAG)?;
+                sc.gpu
+                    .launch_kernel(capture.raw_stream(), &[MemAccess::write(kept.block())])?;
+                Ok::<_, ResourceError>(kept)
+            })
+            .unwrap();
+        // SAFETY: the graph touches only memory it allocated.
+        let mut done = unsafe { graph.launch(s) }.unwrap();
+        drive(&sc.gpu, &mut done).unwrap();
+        drop(kept);
+        // Launched on another stream than the last replay's (`on`), the
+        // free first waits for that stream: an event wait that may fail.
+        let next = sc.s(on);
+        sc.gpu.fail_nth(call, 1);
+        let e = unsafe { graph.launch(next) }.unwrap_err();
+        assert!(
+            matches!(e, ResourceError::Driver { call: c, .. } if c == call),
+            "{call:?}: {e}"
+        );
+        assert_eq!(graph.launches(), 1, "{call:?}: refused");
+        let mut done = unsafe { graph.launch(next) }.unwrap();
+        drive(&sc.gpu, &mut done).unwrap();
+        drop(graph);
+        let mut reap = sc.res.reap_pending();
+        drive(&sc.gpu, &mut reap).unwrap();
+        sc.gpu.run_until_idle();
+        assert_eq!(sc.res.bytes_outstanding(), 0, "{call:?}");
+        assert_eq!(sc.gpu.held_bytes(), held_before, "{call:?}");
+        assert!(sc.gpu.races().is_empty(), "{call:?}: {:?}", sc.gpu.races());
+    }
+}
+
+/// A capture abandoned (dropped unended) while a block it allocated is
+/// held: the graph never exists, and the block's later drop frees what the
+/// device holds for it exactly once (nothing for graph memory, the range
+/// for a cache's arena).
+#[test]
+fn a_kept_buffer_of_an_abandoned_capture_is_freed_once() {
+    fn case<R: Stack>(gpu: &Arc<SimGpu>, device: &Device<SimGpu>, res: &AsyncResource<R>) {
+        let s = device.stream(0).unwrap();
+        let held_before = gpu.held_bytes();
+        let capture = res.begin_capture(s, CaptureMode::Relaxed).unwrap();
+        let kept = res.try_allocate_buffer::<u8>(N, s, TAG).unwrap();
+        gpu.launch_kernel(capture.raw_stream(), &[MemAccess::write(kept.block())])
+            .unwrap();
+        drop(capture);
+        drop_elsewhere(kept);
+        let mut reap = res.reap_pending();
+        drive(gpu, &mut reap).unwrap();
+        gpu.run_until_idle();
+        res.inner().settle();
+        let stack = std::any::type_name::<R>();
+        assert_eq!(res.inner().graph_bytes(), 0, "{stack}");
+        assert_eq!(
+            gpu.held_bytes() - held_before,
+            res.bytes_outstanding(),
+            "{stack}: the device holds what the books say"
+        );
+        assert!(gpu.races().is_empty(), "{stack}: {:?}", gpu.races());
+    }
+    let sc = scene();
+    case(&sc.gpu, &sc.device, &sc.res);
+    for vm in [false, true] {
+        let sc = scene();
+        let config = CacheConfig::default().virtual_memory(vm);
+        let cache = CachingResource::with_config(SimResource::new(&sc.device), config);
+        // SAFETY: as in `a_buffer_the_capture_allocated_is_freed_once`.
+        let res = unsafe { AsyncResource::with_device(cache, &sc.device) }.unwrap();
+        case(&sc.gpu, &sc.device, &res);
+    }
+}
+
+/// A buffer allocated before the capture and dropped on another thread
+/// while its stream captures an unrelated step: its free was captured into
+/// the graph, which freed it at every replay, the second time the memory of
+/// whatever had been allocated there since. The graph adopts it instead and
+/// frees it once, at its release.
+#[test]
+fn a_buffer_from_before_the_capture_dropped_during_it_is_freed_once() {
+    let sc = scene();
+    let (s, other) = (sc.s(0), sc.s(1));
+    let held_before = sc.gpu.held_bytes();
+    let mut old = sc.res.try_allocate_buffer::<u8>(N, s, TAG).unwrap();
+    old.fill_bytes_on(s, 1).unwrap();
+    // A read on another stream: the free must come after it too.
+    let mut copy = sc.res.try_allocate_buffer::<u8>(N, other, TAG).unwrap();
+    copy.copy_from_on(other, &old).unwrap();
+    let old_ptr = old.block().ptr();
+    let ((), graph) = sc
+        .res
+        .capture_graph(s, CaptureMode::Relaxed, |capture| {
+            drop_elsewhere(old);
+            assert!(matches!(capture.status()?, CaptureStatus::Active(_)));
+            Ok::<_, ResourceError>(())
+        })
+        .unwrap();
+    assert_eq!(
+        sc.res.inner().graph_bytes(),
+        N,
+        "the graph's until its release"
+    );
+    for i in 0..3 {
+        // SAFETY: the graph touches no memory.
+        let mut done = unsafe { graph.launch(if i == 1 { other } else { s }) }.unwrap();
+        drive(&sc.gpu, &mut done).unwrap();
+        let b = sc.res.try_allocate_buffer::<u8>(N, other, TAG).unwrap();
+        assert_ne!(
+            b.block().ptr(),
+            old_ptr,
+            "handed out while the graph holds it"
+        );
+        drop(b);
+    }
+    drop(graph);
+    drop(copy);
+    let mut reap = sc.res.reap_pending();
+    drive(&sc.gpu, &mut reap).unwrap();
+    sc.gpu.run_until_idle();
+    let mut reap = sc.res.reap_pending();
+    drive(&sc.gpu, &mut reap).unwrap();
+    assert_eq!(sc.res.bytes_outstanding(), 0);
+    assert_eq!(sc.res.inner().graph_bytes(), 0);
+    assert_eq!(sc.gpu.held_bytes(), held_before);
+    assert!(sc.gpu.races().is_empty(), "{:?}", sc.gpu.races());
+}
+
+/// The release of a graph's memory goes behind its last launch only, which
+/// CUDA orders after every earlier launch of the executable, whatever its
+/// stream: replays queued on two streams and never awaited, then the graph
+/// dropped and its memory reused, race with nothing (the simulator used to
+/// report the first replay against the reuse).
+#[test]
+fn a_graph_dropped_after_unawaited_replays_on_two_streams_releases_behind_both() {
+    let sc = scene();
+    let (s, other, third) = (sc.s(0), sc.s(1), sc.s(2));
+    let ((), graph) = sc
+        .res
+        .capture_graph(s, CaptureMode::Relaxed, |capture| {
+            let tmp = sc.res.try_allocate(N, s, TAG)?;
+            sc.gpu
+                .launch_kernel(capture.raw_stream(), &[MemAccess::write(&tmp)])?;
+            drop(sc.res.deallocate(tmp)?);
+            Ok::<_, ResourceError>(())
+        })
+        .unwrap();
+    for stream in [s, other] {
+        // SAFETY: the graph touches only memory it allocated.
+        drop(unsafe { graph.launch(stream) }.unwrap());
+    }
+    drop(graph);
+    let mut reap = sc.res.reap_pending();
+    drive(&sc.gpu, &mut reap).unwrap();
+    sc.gpu.run_until_idle();
+    for _ in 0..2 {
+        let mut b = sc.res.try_allocate_buffer::<u8>(N, third, TAG).unwrap();
+        b.fill_bytes_on(third, 1).unwrap();
+    }
+    let mut reap = sc.res.reap_pending();
+    drive(&sc.gpu, &mut reap).unwrap();
+    sc.gpu.run_until_idle();
+    assert_eq!(sc.res.bytes_outstanding(), 0);
+    assert!(sc.gpu.races().is_empty(), "{:?}", sc.gpu.races());
+}
+
+/// A buffer a capture allocated and kept is a graph memory node: there is
+/// no memory at its address until the graph's first replay makes it. A
+/// safe use of it before that (a fill on its stream, a read on another)
+/// is refused with `GraphMemoryUnbacked` and queues nothing; after the
+/// first replay the same uses run, and nothing races.
+#[test]
+fn a_kept_graph_buffer_is_refused_until_a_replay_made_its_memory() {
+    let sc = scene();
+    let (s, other) = (sc.s(0), sc.s(1));
+    let (kept, graph) = sc
+        .res
+        .capture_graph(s, CaptureMode::Relaxed, |_| {
+            sc.res.try_allocate_buffer::<u8>(N, s, TAG)
+        })
+        .unwrap();
+    let mut kept = kept;
+    let queued = sc.gpu.call_count(DriverCall::MemsetAsync);
+    let kept_id = kept.id();
+    let unbacked = |r: streamalloc::ResourceResult<()>, what: &str| match r {
+        Err(ResourceError::GraphMemoryUnbacked { block }) => assert_eq!(block, kept_id, "{what}"),
+        other => panic!("{what} before the first replay: {other:?}"),
+    };
+    unbacked(kept.fill_bytes_on(s, 1), "a fill on its stream");
+    let mut copy = sc.res.try_allocate_buffer::<u8>(N, other, TAG).unwrap();
+    unbacked(copy.copy_from_on(other, &kept), "a read on another stream");
+    assert_eq!(
+        sc.gpu.call_count(DriverCall::MemsetAsync),
+        queued,
+        "a fill was queued"
+    );
+    // SAFETY: the graph touches only memory it allocated.
+    let mut done = unsafe { graph.launch(s) }.unwrap();
+    drive(&sc.gpu, &mut done).unwrap();
+    kept.fill_bytes_on(s, 1).unwrap();
+    copy.copy_from_on(other, &kept).unwrap();
+    drop((copy, kept, graph));
+    let mut reap = sc.res.reap_pending();
+    drive(&sc.gpu, &mut reap).unwrap();
+    sc.gpu.run_until_idle();
+    assert!(sc.gpu.races().is_empty(), "{:?}", sc.gpu.races());
 }

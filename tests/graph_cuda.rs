@@ -171,3 +171,56 @@ fn cuda_illegal_calls_invalidate_as_the_simulator_says() {
         gpu.event_destroy(outside).unwrap();
     }
 }
+
+/// A buffer a capture allocated and kept (a graph memory node) on the
+/// driver: refused before the first replay made its memory, usable after,
+/// dropped between replays (the graph frees each replay's instance before
+/// the next launch) and after the graph: the driver accepts every launch
+/// and the books end at zero.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs a CUDA GPU"]
+async fn cuda_a_kept_graph_buffer_is_freed_once_and_refused_until_replayed() {
+    let (f, res) = cuda(2);
+    let (s, other) = (f.stream(0), f.stream(1));
+    let (kept, graph) = res
+        .capture_graph(s, CaptureMode::Relaxed, |_| {
+            res.try_allocate_buffer::<u8>(BYTES, s, TAG)
+        })
+        .expect("the capture stays valid");
+    let mut kept = kept;
+    assert!(
+        matches!(
+            kept.fill_bytes_on(s, 1),
+            Err(ResourceError::GraphMemoryUnbacked { .. })
+        ),
+        "a use before the first replay was accepted"
+    );
+    // SAFETY: the graph touches only memory it allocated.
+    let done = unsafe { graph.launch(s) }.unwrap();
+    tokio::time::timeout(GUARD, done)
+        .await
+        .expect("hang")
+        .unwrap();
+    kept.fill_bytes_on(s, 1).unwrap();
+    let mut copy = res.try_allocate_buffer::<u8>(BYTES, other, TAG).unwrap();
+    copy.copy_from_on(other, &kept).unwrap();
+    // Dropped between replays: the next launch frees this instance first.
+    drop(kept);
+    for stream in [other, s] {
+        // SAFETY: as above.
+        let done = unsafe { graph.launch(stream) }.unwrap();
+        tokio::time::timeout(GUARD, done)
+            .await
+            .expect("hang")
+            .unwrap();
+    }
+    drop((copy, graph));
+    tokio::time::timeout(GUARD, res.reap_pending())
+        .await
+        .expect("hang")
+        .unwrap();
+    assert_eq!(res.bytes_outstanding(), 0);
+    println!(
+        "cuda: a kept graph buffer refused before its first replay, freed once across three launches"
+    );
+}

@@ -54,8 +54,10 @@ fn an_allocation_on_another_devices_stream_is_refused() {
     assert!(
         matches!(
             err,
+            // The first call on the stream (whether it is capturing, asked
+            // before allocating) is refused.
             ResourceError::Driver {
-                call: DriverCall::AllocAsync,
+                call: DriverCall::StreamGetCaptureInfo | DriverCall::AllocAsync,
                 ..
             }
         ),

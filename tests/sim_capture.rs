@@ -352,3 +352,94 @@ impl EndCaptureSim for Graph<SimGpu> {
         unsafe { Graph::end_capture(gpu, s) }.unwrap()
     }
 }
+
+/// A graph writing `target`, captured on `s` and instantiated.
+fn writer(gpu: &Arc<SimGpu>, s: streamalloc::gpu::RawStream, target: u64) -> Graph<SimGpu> {
+    gpu.begin_capture(s, CaptureMode::Relaxed).unwrap();
+    gpu.launch_kernel(s, &[write(target)]).unwrap();
+    Graph::end_capture_sim(gpu, s)
+}
+
+#[test]
+fn two_launches_of_one_graph_on_two_streams_are_ordered() {
+    // CUDA runs the launches of one executable graph one at a time, in the
+    // order they were queued, whatever their streams.
+    let gpu = manual();
+    let (a, b) = (gpu.create_stream(), gpu.create_stream());
+    let target = gpu.alloc_async(1024, a).unwrap();
+    gpu.run_until_idle();
+    let exec = writer(&gpu, a, target).instantiate().unwrap();
+    // SAFETY: not needed on the simulator, whose calls are checked.
+    unsafe { exec.launch(a) }.unwrap();
+    unsafe { exec.launch(b) }.unwrap();
+    unsafe { exec.launch(a) }.unwrap();
+    gpu.run_until_idle();
+    assert!(gpu.races().is_empty(), "{:?}", gpu.races());
+    // The order holds for work queued after the last launch on its stream:
+    // a write on `a` after the third launch follows the second (on `b`).
+    gpu.launch_kernel(a, &[write(target)]).unwrap();
+    gpu.free_async(target, a).unwrap();
+    drop(exec);
+    gpu.run_until_idle();
+    assert!(gpu.races().is_empty(), "{:?}", gpu.races());
+}
+
+#[test]
+fn two_graphs_writing_one_buffer_unordered_still_race() {
+    // Launches of two executables (even of one graph) are not ordered.
+    let gpu = manual();
+    let (a, b) = (gpu.create_stream(), gpu.create_stream());
+    let target = gpu.alloc_async(1024, a).unwrap();
+    gpu.run_until_idle();
+    let first = writer(&gpu, a, target).instantiate().unwrap();
+    let graph = writer(&gpu, a, target);
+    let (second, third) = (graph.instantiate().unwrap(), graph.instantiate().unwrap());
+    unsafe { first.launch(a) }.unwrap();
+    unsafe { second.launch(b) }.unwrap();
+    let races = gpu.take_races();
+    assert!(
+        races
+            .iter()
+            .any(|r| r.addr == target && r.kind == RaceKind::Unordered),
+        "{races:?}"
+    );
+    gpu.run_until_idle();
+    unsafe { third.launch(a) }.unwrap();
+    unsafe { second.launch(b) }.unwrap();
+    let races = gpu.take_races();
+    assert!(
+        races
+            .iter()
+            .any(|r| r.addr == target && r.kind == RaceKind::Unordered),
+        "two executables of one graph: {races:?}"
+    );
+    gpu.run_until_idle();
+}
+
+#[test]
+fn a_range_handed_out_in_a_capture_and_kept_is_allocated_from_the_capture_on() {
+    // Caller-managed memory (a cache's arena) is mapped already: a range
+    // the capture handed out and did not free is the caller's from the end
+    // of the capture, whether the graph runs or not.
+    let gpu = manual();
+    let s = gpu.create_stream();
+    // An address of the caller's own memory: the simulator knows of it
+    // only what the notes say.
+    let arena = 1 << 44;
+    for launches in [0, 2] {
+        gpu.begin_capture(s, CaptureMode::Relaxed).unwrap();
+        Gpu::note_suballocation(gpu.as_ref(), arena, 4096, s);
+        gpu.launch_kernel(s, &[write(arena)]).unwrap();
+        let graph = Graph::end_capture_sim(&gpu, s);
+        let exec = graph.instantiate().unwrap();
+        for _ in 0..launches {
+            unsafe { exec.launch(s) }.unwrap();
+        }
+        // Used and freed on the stream, before, between or after replays.
+        gpu.launch_kernel(s, &[write(arena)]).unwrap();
+        drop((exec, graph));
+        Gpu::note_subfree(gpu.as_ref(), arena, s);
+        gpu.run_until_idle();
+        assert!(gpu.races().is_empty(), "{launches}: {:?}", gpu.races());
+    }
+}

@@ -4,6 +4,7 @@ use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
+use super::graph_memory::KeptGraphMemory;
 use crate::error::{ResourceError, ResourceResult};
 use crate::types::{RawStream, StreamId};
 
@@ -22,6 +23,10 @@ pub struct StreamPool {
     _owners: Vec<Arc<dyn Any + Send + Sync>>,
     #[cfg(feature = "cuda")]
     cuda: Vec<Arc<cudarc::driver::CudaStream>>,
+    /// Allocations captures on these streams made and did not free: who
+    /// frees each replay's instance (shared by every resource and graph on
+    /// the pool).
+    kept: KeptGraphMemory,
 }
 
 impl StreamPool {
@@ -60,6 +65,7 @@ impl StreamPool {
             pool: fresh_pool_id(),
             raw,
             _owners: owners,
+            kept: KeptGraphMemory::default(),
             #[cfg(feature = "cuda")]
             cuda: Vec::new(),
         }
@@ -90,6 +96,7 @@ impl StreamPool {
             pool: fresh_pool_id(),
             raw,
             _owners: Vec::new(),
+            kept: KeptGraphMemory::default(),
             cuda,
         }))
     }
@@ -130,6 +137,7 @@ impl StreamPool {
             pool: fresh_pool_id(),
             raw,
             _owners: Vec::new(),
+            kept: KeptGraphMemory::default(),
             cuda: streams,
         }))
     }
@@ -166,6 +174,12 @@ impl StreamPool {
     /// Device ordinal of every stream in the pool.
     pub fn device(&self) -> u32 {
         self.device
+    }
+
+    /// The allocations captures on this pool's streams made and did not
+    /// free ([`KeptGraphMemory`]).
+    pub(crate) fn kept_graph_memory(&self) -> &KeptGraphMemory {
+        &self.kept
     }
 
     /// Number of streams.

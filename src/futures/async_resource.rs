@@ -276,13 +276,14 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
     /// As [`DeviceMemoryResource::finish_block_use`]; an unknown stream, and
     /// a stream being captured into a CUDA graph
     /// ([`StreamCapturing`](crate::ResourceError::StreamCapturing)), are
-    /// refused before the inner resource is touched. Inside a capture,
-    /// record uses with [`record_block_use`](Self::record_block_use) and
-    /// await the graph's launch. On any error no use is recorded (the
-    /// completion point is made first and let go if the inner resource
-    /// refuses): the work queued on `use_stream` is not ordered before the
-    /// block's free, so call again, or keep the block until that work is
-    /// known done.
+    /// refused before the inner resource is touched. Inside a capture, a
+    /// use runs at each replay, not now: the stream-ordered resource
+    /// records no event for it ([`record_block_use`](Self::record_block_use)
+    /// is accepted and keeps the uses recorded before); await the graph's
+    /// launch instead. On any error no use is recorded (the completion
+    /// point is made first and let go if the inner resource refuses): the
+    /// work queued on `use_stream` is not ordered before the block's free,
+    /// so call again, or keep the block until that work is known done.
     ///
     /// # Stream ordering
     /// The future covers everything queued on `use_stream` before the call.

@@ -132,6 +132,11 @@ pub struct GraphExec<G: Gpu + ?Sized> {
 impl<G: Gpu + ?Sized> GraphExec<G> {
     /// Queues one replay on `stream`.
     ///
+    /// A raw launch: the frees of what the replay allocates and does not
+    /// free are the caller's, before the next launch. The crate's
+    /// [`CapturedGraph`](crate::graph::CapturedGraph) does them for blocks a
+    /// resource allocated in the capture.
+    ///
     /// # Errors
     /// As [`Gpu::graph_launch`].
     ///

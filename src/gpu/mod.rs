@@ -504,6 +504,13 @@ pub trait Gpu: Send + Sync + 'static {
     /// 2. every memory range the graph's work touches that the graph did not
     ///    allocate itself is a live range when the replay runs;
     /// 3. no other call on `exec` runs at the same time.
+    ///
+    /// # Stream ordering
+    /// The launches of one executable run one at a time, in the order they
+    /// were queued, whatever their streams: a launch on `stream` comes after
+    /// the executable's previous launch (and so does the work queued on
+    /// `stream` after it). Launches of two executables are ordered only as
+    /// their streams are.
     unsafe fn graph_launch(&self, exec: RawGraphExec, stream: RawStream) -> GpuResult<()> {
         let _ = (exec, stream);
         Err(capture_unsupported(DriverCall::GraphLaunch))

@@ -7,7 +7,9 @@ use std::mem::ManuallyDrop;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::error::ResourceResult;
+use crate::device::graph_memory::free_instances;
+use crate::error::driver_code::INVALID_VALUE;
+use crate::error::{DriverCall, ResourceError, ResourceResult};
 use crate::futures::{AsyncResource, EventFuture};
 use crate::gpu::{CaptureId, Gpu, GraphExec};
 use crate::resource::DeviceMemoryResource;
@@ -63,12 +65,20 @@ impl<R: DeviceMemoryResource + 'static> CapturedGraph<R> {
     /// capturing) and returns a future that completes when the GPU has run
     /// it: a point recorded right after the launch.
     ///
+    /// Before the launch, it frees the instances the last replay left of
+    /// blocks the capture allocated and their users dropped since (see
+    /// [the module docs](super#a-block-the-capture-allocated-and-did-not-free)),
+    /// on `stream`, after the last replay's stream and the streams those
+    /// blocks were freed on.
+    ///
     /// # Errors
     /// [`UnknownStream`](crate::ResourceError::UnknownStream);
     /// [`StreamCapturing`](crate::ResourceError::StreamCapturing) when
-    /// `stream` is being captured itself (nothing is queued); the driver's
-    /// error launching (`CUDA_ERROR_INVALID_VALUE` when an allocation the
-    /// graph made and did not free is still live from the last replay).
+    /// `stream` is being captured itself (nothing is queued);
+    /// [`Driver`](crate::ResourceError::Driver) with
+    /// `CUDA_ERROR_INVALID_VALUE` when a block the capture allocated is
+    /// still held and holds the last replay's output (nothing is queued:
+    /// drop it first); the driver's error freeing an instance or launching.
     ///
     /// # Safety
     /// 1. Every memory range the captured work touches that was not
@@ -77,17 +87,52 @@ impl<R: DeviceMemoryResource + 'static> CapturedGraph<R> {
     ///    buffers a graph uses alive until its last replay has completed
     ///    (awaiting the future this returns, or dropping the graph after
     ///    the buffers' frees are ordered after it).
+    /// 2. Work the user queued after the last replay on a block the
+    ///    capture allocated and the replays write again (a cache's range
+    ///    the graph keeps) is ordered before this launch: awaited, or
+    ///    queued on `stream`. (A block the graph memory holds is freed
+    ///    after its uses by the crate, and made again by the replay.)
     pub unsafe fn launch(&self, stream: StreamId) -> ResourceResult<EventFuture> {
-        let raw = self.res.stream_pool().raw(stream)?;
+        let pool = self.res.stream_pool();
+        let raw = pool.raw(stream)?;
         self.res
             .core()
             .notifier(stream)?
             .refuse_capturing(&**self.res.gpu())?;
+        // Held across the launch: the ledger's view of this graph's
+        // instances changes only here, one launch at a time.
+        let mut last_launch = self.last_launch.lock().unwrap_or_else(|p| p.into_inner());
+        let capture = self.capture();
+        let kept = pool.kept_graph_memory();
+        let frees = kept
+            .lock()
+            .before_launch(capture)
+            .map_err(|ptr| ResourceError::Driver {
+                call: DriverCall::GraphLaunch,
+                code: INVALID_VALUE,
+                message: format!(
+                    "CUDA_ERROR_INVALID_VALUE: the block at {ptr:#x}, allocated in the capture, \
+                     still holds the last replay's output: drop it before the next launch"
+                ),
+            })?;
+        if !frees.ptrs.is_empty() {
+            // SAFETY: the pool is the resource's, of its gpu; the addresses
+            // are instances the last replay left of blocks no user holds
+            // any more, and the frees follow that replay's stream and the
+            // streams where those blocks' uses were waited for.
+            let (done, queued) = unsafe { free_instances(&**self.res.gpu(), pool, stream, &frees) };
+            kept.lock().instances_freed(capture, &frees.ptrs[..done]);
+            queued?;
+        }
         // SAFETY: `raw` is a stream of the pool the resource holds (alive);
         // the memory the graph touches is live (this fn's Safety 1), and the
-        // graph's own allocations are the graph's.
+        // graph's own allocations are the graph's (the last replay's
+        // instances freed above, or refused while held; their uses ordered
+        // before, Safety 2).
         unsafe { self.exec.launch(raw) }?;
-        *self.last_launch.lock().unwrap_or_else(|p| p.into_inner()) = Some(stream);
+        kept.lock().launched(capture, stream);
+        *last_launch = Some(stream);
+        drop(last_launch);
         self.launches.fetch_add(1, Ordering::Relaxed);
         self.res.completion_outside_capture(stream)
     }

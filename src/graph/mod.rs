@@ -38,6 +38,34 @@
 //! weights) before it, and keep it alive as long as the graph may run
 //! (that is what [`CapturedGraph::launch`]'s safety contract asks).
 //!
+//! # A block the capture allocated and did not free
+//!
+//! A block allocated on the capturing stream (by the capturing code or by
+//! any other thread) and still held when the capture ends is made again by
+//! every replay, at the same address, and holds that replay's output until
+//! the next launch; before the first replay it has no memory behind it.
+//! The crate frees each replay's instance exactly once, whatever thread
+//! drops the block and whenever:
+//!
+//! - while the graph lives, dropping the block frees nothing on the device:
+//!   it becomes the graph's, and the graph frees the instance of its last
+//!   replay before its next launch, or behind that replay when it is
+//!   dropped;
+//! - a launch is refused while such a block is still held and holds the
+//!   last replay's output: drop it first (CUDA refuses that launch too);
+//! - once the graph is gone, dropping the block frees the instance the
+//!   last replay left, or nothing when the graph never ran.
+//!
+//! The mirror case, a block allocated before the capture and dropped
+//! while its stream captures (by another thread, say), is adopted by the
+//! graph: its free is not captured (the graph would free it at every
+//! replay), the replays may use it up to that point, and the graph frees it
+//! once when it is dropped, behind its last replay.
+//!
+//! The pool's ledger (`device::graph_memory`) keeps this for every resource
+//! and graph on the pool; it sees the launches made through
+//! [`CapturedGraph::launch`], not the raw seam's.
+//!
 //! # Examples
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]

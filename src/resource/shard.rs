@@ -54,6 +54,11 @@ pub(crate) struct BlockRecord {
     /// lock: the block is neither usable nor freeable until it puts them
     /// back (the free failed) or removes the record (it was queued).
     pub(crate) freeing: bool,
+    /// The capture it was allocated in (a graph memory node, which every
+    /// replay allocates again): its free is settled with the pool's
+    /// [`KeptGraphMemory`](crate::device::graph_memory::KeptGraphMemory)
+    /// unless that capture frees it.
+    pub(crate) capture: Option<CaptureId>,
 }
 
 /// A shard's state; see the module documentation.

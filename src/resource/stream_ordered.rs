@@ -19,6 +19,16 @@
 //!   lives: the bytes stay counted until
 //!   [`release_capture`](DeviceMemoryResource::release_capture) moves them
 //!   to the pending frees of the stream the replays are ordered on.
+//! - **Kept graph allocations**: a record allocated on a capturing stream
+//!   notes its capture. Freed in that capture, it is a graph free as above;
+//!   freed after it, the pool's ledger
+//!   ([`KeptGraphMemory`](crate::device::graph_memory::KeptGraphMemory))
+//!   says what the free does: while the graph lives, nothing on the device
+//!   (the bytes join the graph's tally, and the graph frees each replay's
+//!   instance); once it is gone, an ordinary free of the instance the last
+//!   replay left, or none. A block from outside a capture freed on one of
+//!   its streams is adopted by the graph instead of freed in it: its bytes
+//!   join the graph's tally, and the release frees it once.
 //! - The live, pending and graph byte tallies, and their sum,
 //!   `outstanding`, readable without the lock.
 //!
@@ -52,6 +62,7 @@ use super::block_uses::BlockUses;
 use super::event_pool::EventPool;
 use super::shard::{self, BlockRecord, MAX_SHARDS, Shard, ShardSlot};
 use super::unwind::ReturnOnUnwind;
+use crate::device::graph_memory::{Adopted, KeptFree};
 use crate::device::{Device, StreamPool};
 use crate::error::{ResourceError, ResourceResult};
 #[cfg(feature = "cuda")]
@@ -351,6 +362,11 @@ impl<G: Gpu> StreamOrderedResource<G> {
         }
         let mut allocation_point = None;
         if first_elsewhere {
+            // The allocation point is recorded on the block's stream: were
+            // that stream capturing, the event would be captured, and a wait
+            // on it from `use_stream` would pull `use_stream` into the
+            // capture. Refused until the capture ends.
+            self.refuse_capturing(record.stream, record.raw_stream)?;
             // First use on another stream: order it after the allocation by
             // recording where the allocation stream is now.
             let event = self.events.take().map_err(ResourceError::from)?;
@@ -387,6 +403,64 @@ impl<G: Gpu> StreamOrderedResource<G> {
         }
     }
 
+    /// Queues on `after` (`raw_after`) the free of a block the graph of a
+    /// released capture adopted: after the work queued on the block's
+    /// stream so far and its recorded uses on other streams.
+    fn free_adopted(
+        &self,
+        a: &Adopted,
+        after: StreamId,
+        raw_after: RawStream,
+    ) -> ResourceResult<()> {
+        if a.stream != after {
+            let raw = self.raw_stream(a.stream)?;
+            let event = self.events.take().map_err(ResourceError::from)?;
+            // SAFETY: a pooled event of this gpu; `raw` and `raw_after` are
+            // streams of this resource's pool (alive). The event goes back
+            // to the pool once the wait is queued: a wait keeps the record
+            // it saw.
+            let ordered = unsafe { self.gpu.event_record(event, raw) }
+                .and_then(|()| unsafe { self.gpu.stream_wait_event(raw_after, event) });
+            self.events.give([event]);
+            ordered.map_err(ResourceError::from)?;
+        }
+        for &event in &a.events {
+            // SAFETY: the block's use events, from this resource's pool and
+            // kept out of it until the free is queued.
+            unsafe { self.gpu.stream_wait_event(raw_after, event) }.map_err(ResourceError::from)?;
+        }
+        // SAFETY: `a.ptr` is a live allocation of this gpu (its record left
+        // the live set for the graph's tally, and nothing else frees it),
+        // used by nothing after what `raw_after` now waits for and the
+        // graph's replays (ordered before `after`, the release's contract).
+        unsafe { self.gpu.free_async(a.ptr, raw_after) }.map_err(|e| e.for_request(0, after))
+    }
+
+    /// Refuses a use on `raw_use` of a block its capture allocated and kept
+    /// (a graph memory node) while no replay's instance of it is live,
+    /// unless the use is itself captured into that capture: outside its
+    /// graph's replays there is no memory at its address then.
+    fn refuse_unbacked(&self, block: BlockId, raw_use: RawStream) -> ResourceResult<()> {
+        let Some((capture, ptr)) = self.with_live(block, |r| Ok(r.capture.map(|c| (c, r.ptr))))?
+        else {
+            return Ok(());
+        };
+        // SAFETY: `raw_use` was resolved through `self.stream_pool`, which
+        // keeps its streams alive.
+        if unsafe { self.gpu.capture_status(raw_use) }?.id() == Some(capture) {
+            return Ok(());
+        }
+        match self
+            .stream_pool
+            .kept_graph_memory()
+            .lock()
+            .backed(capture, ptr)
+        {
+            true => Ok(()),
+            false => Err(ResourceError::GraphMemoryUnbacked { block }),
+        }
+    }
+
     /// Records the end of a use of `access` on `use_stream`.
     fn record_use(
         &self,
@@ -395,6 +469,18 @@ impl<G: Gpu> StreamOrderedResource<G> {
         raw_use: RawStream,
         access: Access,
     ) -> ResourceResult<()> {
+        // A use queued on a capturing stream runs at each replay of the
+        // graph, not now, and an event recorded there would be captured: a
+        // wait on it after the capture fails (`CUDA_ERROR_CAPTURED_EVENT`),
+        // and one from another stream during it joins that stream to the
+        // capture. Nothing is recorded, and the uses recorded before stay:
+        // ordering later work after the replays is the launch's contract
+        // (`CapturedGraph::launch`).
+        // SAFETY: `raw_use` was resolved through `self.stream_pool`, which
+        // keeps its streams alive.
+        if unsafe { self.gpu.capture_status(raw_use) }?.is_capturing() {
+            return Ok(());
+        }
         let (event, fresh) = match record.uses.slot(use_stream, access) {
             Some(e) => (e, false),
             None => (self.events.take().map_err(ResourceError::from)?, true),
@@ -425,10 +511,26 @@ unsafe impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
         tag: AllocTag,
     ) -> ResourceResult<DeviceBlock> {
         let raw = self.raw_stream(stream)?;
+        // An allocation on a capturing stream is a node of the capture's
+        // graph: every replay makes it again, and the pool's ledger settles
+        // who frees those (`device::graph_memory`). Asked first, so that a
+        // failure changes nothing (on CUDA, a driver call only while a
+        // capture begun through the crate is underway).
         // SAFETY: `raw` was resolved through `self.stream_pool`, which this
         // resource holds and which keeps its streams alive.
+        let capture = unsafe { self.gpu.capture_status(raw) }
+            .map_err(ResourceError::from)?
+            .id();
+        // SAFETY: as above.
         let ptr = unsafe { self.gpu.alloc_async(bytes, raw) }
             .map_err(|e| e.for_request(bytes, stream))?;
+        let capture = capture.filter(|_| ptr != 0);
+        if let Some(c) = capture {
+            self.stream_pool
+                .kept_graph_memory()
+                .lock()
+                .allocated(c, ptr);
+        }
         let (index, _) = self.place(stream);
         let slot = &self.shards[index];
         let seq = {
@@ -440,6 +542,7 @@ unsafe impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
                 raw_stream: raw,
                 uses: BlockUses::default(),
                 freeing: false,
+                capture,
             });
             slot.add_outstanding(&shard, bytes);
             seq
@@ -467,7 +570,7 @@ unsafe impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
         // where it is: on failure the uses go back and the mark comes off,
         // and meanwhile a hook or a second free gets `FreeInFlight`, and
         // neither touches it.
-        let (size, stream, raw, uses) = {
+        let (size, stream, raw, uses, kept) = {
             let mut guard = slot.lock();
             let shard = &mut *guard;
             let Some(record) = shard.blocks.get_mut(seq) else {
@@ -486,7 +589,8 @@ unsafe impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
             }
             record.freeing = true;
             let uses = std::mem::take(&mut record.uses);
-            (record.size, record.stream, record.raw_stream, uses)
+            let kept = record.capture;
+            (record.size, record.stream, record.raw_stream, uses, kept)
         };
         let restore = |uses: BlockUses| {
             if let Some(record) = slot.lock().blocks.get_mut(seq) {
@@ -506,6 +610,35 @@ unsafe impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
                 return Err(ResourceError::from(e));
             }
         };
+        // A block a capture allocated (a graph memory node) and did not free
+        // in it: inside another capture its free would be a node of that
+        // graph too, of memory the first graph re-allocates at every replay
+        // (refused, the block stays live); outside any, the pool's ledger
+        // says who frees what the replays made.
+        let kept_free = match (kept, capture) {
+            (Some(k), Some(c)) if k != c => {
+                restore(uses);
+                return Err(ResourceError::StreamCapturing {
+                    stream,
+                    capture: Some(c),
+                });
+            }
+            (Some(k), None) => Some((k, self.stream_pool.kept_graph_memory().lock())),
+            _ => None,
+        };
+        let how = kept_free
+            .as_ref()
+            .map(|(k, ledger)| ledger.user_free(*k, block.ptr()));
+        // A block from outside the capture freed on a capturing stream (by
+        // any thread: the capture takes whatever is queued on its stream):
+        // a free node of the graph would free it at every replay, the
+        // second time someone else's memory. The graph adopts it instead:
+        // nothing is queued now, its replays may use it up to this free,
+        // and its release frees it once, behind the last replay.
+        let adopt = match (kept, capture) {
+            (None, Some(c)) => Some(c),
+            _ => None,
+        };
         let mut others = uses
             .reads
             .iter()
@@ -513,7 +646,7 @@ unsafe impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
             .filter(|(s, _)| *s != stream)
             .map(|&(_, e)| e)
             .peekable();
-        if let (Some(c), Some(_)) = (capture, others.peek()) {
+        if let (Some(c), Some(_), None) = (capture, others.peek(), adopt) {
             // Waiting for the uses on other streams would wait, from the
             // capture, on events recorded outside it: the driver refuses
             // (STREAM_CAPTURE_ISOLATION) and invalidates the capture.
@@ -525,7 +658,7 @@ unsafe impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
                 capture: Some(c),
             });
         }
-        for event in others {
+        for event in others.filter(|_| adopt.is_none()) {
             // SAFETY: `raw` is the record's pool stream (kept alive by
             // `self.stream_pool`); the event is one of the block's uses, from
             // this resource's pool, live until given back below.
@@ -534,23 +667,59 @@ unsafe impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
                 return Err(ResourceError::from(e));
             }
         }
+        // A kept block whose graph lives frees nothing on the device (the
+        // graph frees each replay's instance, after this stream, which now
+        // waits for the block's uses); one whose graph is gone frees the
+        // instance a replay left, if any.
+        let device_free = adopt.is_none() && matches!(how, None | Some(KeptFree::Ordinary));
         // SAFETY: `raw` is the record's pool stream; `block.ptr()` equals the
         // record's address (checked above), which `alloc_async` of this gpu
-        // returned; the record is marked as being freed under its shard lock,
-        // so no other call frees it, and it leaves the live set below.
-        if let Err(e) = unsafe { self.gpu.free_async(block.ptr(), raw) } {
+        // returned, and is live (not a kept block, or the live instance of
+        // one); the record is marked as being freed under its shard lock, so
+        // no other call frees it, and it leaves the live set below.
+        if device_free && let Err(e) = unsafe { self.gpu.free_async(block.ptr(), raw) } {
             restore(uses);
             return Err(e.for_request(size, stream));
         }
         // Live to pending within the shard, under its lock; `outstanding`
         // does not change, so no reader can miss the block meanwhile.
         let (_, local) = self.place(stream);
-        let retired = match capture {
+        let to_graph = match (how, capture) {
+            (Some(KeptFree::ToGraph), _) => kept,
+            (_, captured) => captured,
+        };
+        let retired = match to_graph {
             Some(capture) => slot.lock().retire_to_graph(seq, capture),
             None => slot.lock().retire(seq, local),
         };
         debug_assert!(retired, "a record marked as being freed vanished");
+        match (kept_free, how) {
+            (Some((k, mut ledger)), Some(how)) => ledger.settle(k, block.ptr(), how, stream),
+            _ => {
+                if let (Some(k), Some(_)) = (kept, capture) {
+                    self.stream_pool
+                        .kept_graph_memory()
+                        .lock()
+                        .freed_in_capture(k, block.ptr());
+                }
+            }
+        }
         let mut uses = uses;
+        if let Some(c) = adopt {
+            // The uses on other streams are the release's to wait for.
+            let (elsewhere, here): (Vec<_>, Vec<_>) =
+                uses.take_all().into_iter().partition(|(s, _)| *s != stream);
+            self.events.give(here.into_iter().map(|(_, e)| e));
+            let adopted = Adopted {
+                ptr: block.ptr(),
+                stream,
+                events: elsewhere.into_iter().map(|(_, e)| e).collect(),
+            };
+            self.stream_pool
+                .kept_graph_memory()
+                .lock()
+                .adopt(c, adopted);
+        }
         if uses.event_count() > 0 {
             self.events
                 .give(uses.take_all().into_iter().map(|(_, e)| e));
@@ -653,6 +822,76 @@ unsafe impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
                 capture: status.id(),
             });
         }
+        // Blocks the graph adopted (freed in the capture, allocated outside
+        // it) are freed on `after`, after their own stream's work: refused,
+        // changing nothing, while one of those streams captures (an event
+        // recorded there would be captured).
+        let adopted = self
+            .stream_pool
+            .kept_graph_memory()
+            .lock()
+            .take_adopted(capture);
+        for a in &adopted {
+            let refused = self.raw_stream(a.stream).and_then(|raw| {
+                // SAFETY: `raw` was resolved through `self.stream_pool`.
+                let status = unsafe { self.gpu.capture_status(raw) }?;
+                match status.is_capturing() && a.stream != after {
+                    true => Err(ResourceError::StreamCapturing {
+                        stream: a.stream,
+                        capture: status.id(),
+                    }),
+                    false => Ok(()),
+                }
+            });
+            if let Err(e) = refused {
+                self.stream_pool
+                    .kept_graph_memory()
+                    .lock()
+                    .readopt(capture, adopted);
+                return Err(e);
+            }
+        }
+        // The instances the last replay left of blocks users gave to the
+        // graph: freed on `after`, behind the last replay, before the bytes
+        // move (they are in the graph's tally). Blocks users still hold are
+        // theirs to free from now on.
+        {
+            let ledger = self.stream_pool.kept_graph_memory();
+            let mut kept = ledger.lock();
+            let frees = kept.release(capture);
+            if !frees.ptrs.is_empty() {
+                // SAFETY: the pool is this resource's (alive), of `self.gpu`;
+                // the addresses are live instances of this gpu's graph
+                // allocations which no user holds, and `after` is ordered
+                // after the last replay that made them (this fn's contract).
+                let (done, queued) = unsafe {
+                    crate::device::graph_memory::free_instances(
+                        &*self.gpu,
+                        &self.stream_pool,
+                        after,
+                        &frees,
+                    )
+                };
+                kept.forget(capture, &frees.ptrs[..done]);
+                if let Err(e) = queued {
+                    kept.readopt(capture, adopted);
+                    return Err(e);
+                }
+            }
+        }
+        let mut adopted = adopted.into_iter();
+        while let Some(a) = adopted.next() {
+            if let Err(e) = self.free_adopted(&a, after, raw) {
+                let mut rest = vec![a];
+                rest.extend(adopted);
+                self.stream_pool
+                    .kept_graph_memory()
+                    .lock()
+                    .readopt(capture, rest);
+                return Err(e);
+            }
+            self.events.give(a.events);
+        }
         let held: Vec<(usize, usize)> = self
             .shards
             .iter()
@@ -710,6 +949,7 @@ unsafe impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
 
     fn record_block_use(&self, block: &DeviceBlock, use_stream: StreamId) -> ResourceResult<()> {
         let raw_use = self.raw_stream(use_stream)?;
+        self.refuse_unbacked(block.id(), raw_use)?;
         self.with_live(block.id(), |r| {
             self.record_use(r, use_stream, raw_use, Access::Read)
         })
@@ -722,6 +962,7 @@ unsafe impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
         access: Access,
     ) -> ResourceResult<()> {
         let raw_use = self.raw_stream(use_stream)?;
+        self.refuse_unbacked(block, raw_use)?;
         self.with_live(block, |r| self.queue_waits(r, use_stream, raw_use, access))
     }
 
@@ -732,6 +973,7 @@ unsafe impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
         access: Access,
     ) -> ResourceResult<()> {
         let raw_use = self.raw_stream(use_stream)?;
+        self.refuse_unbacked(block, raw_use)?;
         self.with_live(block, |r| self.record_use(r, use_stream, raw_use, access))
     }
 

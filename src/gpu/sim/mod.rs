@@ -20,8 +20,10 @@
 //!   capturing stream is recorded into a graph, not run; the calls CUDA
 //!   forbids during a capture fail with its codes and invalidate the
 //!   capture; a replay ([`SimGpu::graph_launch`]) queues the recorded work on
-//!   the launch stream, where the race detector checks it, and memory the
-//!   graph allocated stays the graph's until it is destroyed.
+//!   the launch stream, where the race detector checks it, after the
+//!   executable's previous launch (CUDA runs one launch of an executable at
+//!   a time), and memory the graph allocated stays the graph's until it is
+//!   destroyed.
 //! - **Fault injection**: [`SimGpu::fail_nth`] makes the N-th call of a kind
 //!   fail; [`SimGpu::inject_device_fault`] poisons the device as an illegal
 //!   address would. [`SimGpu::gate_nth`] holds the N-th virtual-memory

@@ -328,14 +328,23 @@ impl RaceDetector {
     /// later access is to an invalid address, a later allocation there
     /// needs no ordering.
     pub(crate) fn on_host_free(&mut self, addr: u64, host: &VectorClock) {
+        self.on_final_free(addr, host, usize::MAX);
+    }
+
+    /// The allocation at `addr` is given back for good by a free queued on
+    /// `stream` whose clock is `clock` (a graph's memory, released after
+    /// its last launch): every operation on it must be ordered before, or
+    /// the release is reported. Its history ends here, as in
+    /// [`on_host_free`](Self::on_host_free).
+    pub(crate) fn on_final_free(&mut self, addr: u64, clock: &VectorClock, stream: usize) {
         if let Some(h) = self.allocs.remove(&addr)
-            && let Some((op, stream)) = Self::unseen(&h, host)
+            && let Some((op, earlier)) = Self::unseen(&h, clock)
         {
             self.report(RaceReport {
                 kind: RaceKind::Unordered,
                 addr,
-                earlier: Some((op, stream)),
-                later: (SimOp::Free, usize::MAX),
+                earlier: Some((op, earlier)),
+                later: (SimOp::Free, stream),
             });
         }
     }

@@ -23,6 +23,21 @@
 //!   invalidated capture records nothing more and its end fails with
 //!   `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`.
 //!
+//! - a range of caller-managed memory handed out in the capture
+//!   ([`Gpu::note_suballocation`](crate::gpu::Gpu::note_suballocation), a
+//!   cache's arena) and not freed in it is mapped memory of the caller's,
+//!   not a graph memory node: it is noted allocated when the capture ends,
+//!   whatever becomes of the graph, and the replays leave it allocated;
+//! - the launches of one executable graph run one at a time, in the order
+//!   they were queued, whatever their streams: a launch waits for the one
+//!   before it (a hidden event of the executable, recorded after each
+//!   replay and waited for before the next), so two launches on two streams
+//!   never race, while launches of two executables (even of one graph) are
+//!   ordered only as their streams are. The graph's memory relies on it, and
+//!   the detector checks it: a replay's allocation at the graph's address
+//!   must come after the last replay's use and free of it, and the release
+//!   of that memory (on the stream of the last launch) after every replay.
+//!
 //! Where the model simplifies: a replay runs the members' work in the order
 //! it was captured, on the launch stream alone (a real graph may run
 //! branches in parallel, which can only add races, not remove them); a
@@ -42,6 +57,7 @@ use crate::gpu::capture_code::{
     CAPTURED_EVENT, ILLEGAL_STATE, INVALIDATED, ISOLATION, UNJOINED, UNMATCHED, UNSUPPORTED,
     WRONG_THREAD,
 };
+use crate::gpu::sim::clock::Epoch;
 use crate::gpu::sim::race::SimOp;
 use crate::gpu::{CaptureId, CaptureMode, CaptureStatus, GpuError, GpuResult};
 use crate::types::Access;
@@ -110,6 +126,10 @@ struct GraphMemory {
 struct SimGraph {
     capture: u64,
     ops: Arc<Vec<GraphOp>>,
+    /// An executable's hidden event, recorded after each replay: the next
+    /// launch waits for it, as CUDA runs one launch of an executable at a
+    /// time. `None` for a graph (not launchable).
+    serial: Option<usize>,
 }
 
 /// Captures, graphs and executables of the simulated host.
@@ -231,6 +251,33 @@ impl State {
                 st.capture = None;
             }
         }
+        // A range of caller-managed memory handed out in the capture and not
+        // freed in it is the caller's from now on (its memory is the
+        // caller's, mapped already, not a graph memory node): noted
+        // allocated whatever becomes of the graph, where the capture left
+        // the origin's order (captured work does not advance it: the latest
+        // operation queued on the origin before the capture), so that what
+        // was ordered after that point (a replay's stream) is after the
+        // note too. The replays find it allocated and leave it so.
+        let mut kept_ranges: Vec<(u64, usize)> = Vec::new();
+        for op in &c.ops {
+            match *op {
+                GraphOp::SubAlloc { addr, len } => kept_ranges.push((addr, len)),
+                GraphOp::SubFree { addr } => kept_ranges.retain(|&(a, _)| a != addr),
+                _ => {}
+            }
+        }
+        if !kept_ranges.is_empty() {
+            let mut clock = self.streams[s].clock.clone();
+            clock.join(&self.host);
+            let at = Epoch {
+                stream: s,
+                tick: clock.get(s),
+            };
+            for (addr, len) in kept_ranges {
+                self.races.on_suballoc(addr, len, at, &clock);
+            }
+        }
         let allocs: Vec<(u64, usize, u32)> = c
             .ops
             .iter()
@@ -271,6 +318,7 @@ impl State {
         self.captures.graphs.push(Some(SimGraph {
             capture: id,
             ops: Arc::new(c.ops),
+            serial: None,
         }));
         Ok(self.captures.graphs.len() - 1)
     }
@@ -283,9 +331,11 @@ impl State {
             .get(g)
             .and_then(Option::as_ref)
             .ok_or_else(|| invalid_handle(call))?;
+        let (capture, ops) = (graph.capture, graph.ops.clone());
         let exec = SimGraph {
-            capture: graph.capture,
-            ops: graph.ops.clone(),
+            capture,
+            ops,
+            serial: Some(self.event_create()),
         };
         if let Some(m) = self.captures.memory.get_mut(&exec.capture) {
             m.refs += 1;
@@ -312,6 +362,13 @@ impl State {
             .get_mut(x)
             .and_then(Option::take)
             .ok_or_else(|| invalid_handle(DriverCall::GraphDestroy))?;
+        if let Some(e) = exec.serial {
+            // Its slot serves a new event only once the records queued by
+            // the replays ran (as for any event destroyed with work queued).
+            // The executable's own event, alive until here: cannot fail, and
+            // the memory below is unreferenced whatever happens.
+            let _ = self.event_destroy(e);
+        }
         self.graph_memory_unref(exec.capture);
         Ok(())
     }
@@ -342,6 +399,10 @@ impl State {
                 len,
                 free_id,
             });
+            // Behind the last launch, so behind every replay (CUDA runs the
+            // launches of an executable in order): checked.
+            let clock = self.streams[m.last_stream].clock.clone();
+            self.races.on_final_free(addr, &clock, m.last_stream);
             if let Some(space) = self.spaces.get_mut(&device) {
                 space.free_queued(addr, len, free_id, at);
             }
@@ -365,7 +426,7 @@ impl State {
             .get(x)
             .and_then(Option::as_ref)
             .ok_or_else(|| invalid_handle(call))?;
-        let (id, ops) = (exec.capture, exec.ops.clone());
+        let (id, ops, serial) = (exec.capture, exec.ops.clone(), exec.serial);
         let still_live = ops.iter().any(|op| {
             matches!(op, GraphOp::Alloc { addr, freed_in_graph: false, .. }
                 if self.live.contains_key(addr))
@@ -377,8 +438,18 @@ impl State {
                 "CUDA_ERROR_INVALID_VALUE: an allocation of the graph's last launch is not freed",
             ));
         }
+        if let Some(e) = serial {
+            // After the launch before (a no-op before the first): CUDA runs
+            // one launch of an executable at a time.
+            self.wait(s, e)?;
+        }
         for op in ops.iter() {
             self.replay(op, s);
+        }
+        if let Some(e) = serial {
+            // Cannot fail: the stream was checked above and the event is the
+            // executable's, alive until it is destroyed.
+            self.record(e, s)?;
         }
         if let Some(m) = self.captures.memory.get_mut(&id) {
             m.last_stream = s;
@@ -396,7 +467,12 @@ impl State {
                 freed_in_graph,
             } => {
                 let at = self.enqueue(s, |_| OpKind::Alloc);
-                self.races.on_alloc(addr, len, at);
+                // The graph's own address, reused by every replay without
+                // the address space: the last replay's use of it (and the
+                // free of its instance) must be ordered before, as CUDA
+                // orders the launches of an executable. Checked.
+                let clock = self.streams[s].clock.clone();
+                self.races.on_suballoc(addr, len, at, &clock);
                 if !freed_in_graph {
                     self.live.insert(addr, (len, device));
                 }
@@ -410,8 +486,8 @@ impl State {
                 }
             }
             // A range the graph keeps across replays (handed out in the
-            // capture and not freed in it: the graph's output) is
-            // allocated by the first replay and stays so.
+            // capture and not freed in it: the graph's output) was noted
+            // allocated when the capture ended, and stays so.
             GraphOp::SubAlloc { addr, len } if self.races.live_at(addr, len) => {}
             GraphOp::SubAlloc { addr, len } => self.note_suballoc(addr, len, s),
             GraphOp::SubFree { addr } => self.note_subfree(addr, s),
