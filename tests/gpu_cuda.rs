@@ -114,11 +114,15 @@ fn cuda_registry_over_every_device_present() {
     let count = Device::cuda_count();
     assert!(count > 0, "a CUDA device");
     let registry = Arc::new(DeviceRegistry::<AsyncCudaResource>::new());
+    // Each device's streams: a `StreamId` resolves only in the pool that
+    // made it.
+    let mut streams = Vec::new();
     for d in 0..count {
         let device = Device::open_cuda(d, 2).unwrap();
         registry
             .set(d, Arc::new(AsyncCudaResource::new(&device)))
             .unwrap();
+        streams.extend(device.streams().ids());
     }
     // A device that does not exist, and a stream of it, are refused.
     assert!(matches!(
@@ -126,17 +130,17 @@ fn cuda_registry_over_every_device_present() {
         Err(ResourceError::DeviceUnavailable { .. })
     ));
     let r0 = registry.get(0).unwrap();
+    let nowhere = StreamId::new(count, 0);
     assert_eq!(
-        r0.allocate(64, StreamId::new(count, 0), AllocTag::UNTAGGED)
-            .unwrap_err(),
+        r0.allocate(64, nowhere, AllocTag::UNTAGGED).unwrap_err(),
         ResourceError::WrongDevice {
             expected: 0,
             found: count
         }
     );
     assert_eq!(r0.bytes_outstanding(), 0);
-    let threads: Vec<_> = (0..count)
-        .flat_map(|d| (0..2).map(move |i| StreamId::new(d, i)))
+    let threads: Vec<_> = streams
+        .into_iter()
         .map(|stream| {
             let registry = registry.clone();
             std::thread::spawn(move || {
