@@ -15,6 +15,7 @@
 #   scripts/gpu-run.sh service DIR    # there: the inference service three ways (streamalloc,
 #                                     # cudarc, cuda-async) and the 10,000 fills row, into DIR
 #   scripts/gpu-run.sh subset DIR     # here: what gpu-call.sh runs, into DIR (BIN=DIR there)
+#   scripts/gpu-run.sh suites DIR     # here: the CUDA suites, safety_cuda and the examples only (release)
 #   scripts/gpu-call.sh N             # there: a session's whole call (suites, memcheck, traces,
 #                                     # service, pairs) packed into $OUT/rN.tgz stage by stage
 #
@@ -71,6 +72,36 @@ for line in sys.stdin:
     # Which commit the binaries are (scripts/gpu-call.sh prints it there).
     echo "build $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ' with uncommitted changes'), built $(date -u +%FT%TZ)" >gpu-bin/BUILD
     ls -la gpu-bin
+    ;;
+suites)
+    # Here: only the CUDA suites, tests/safety_cuda.rs and the examples
+    # that need no cuBLAS, in release, into DIR (about 23 MiB, no
+    # measurement crate): what a call that checks correctness runs
+    # (`BIN=DIR STAGES="safety tests san" scripts/gpu-call.sh N` there).
+    dir="${2:?usage: gpu-run.sh suites DIR}"
+    rm -rf "$dir" && mkdir -p "$dir"
+    tests=(safety_cuda cache cache_arena cache_graph buffer_cuda gpu_cuda futures_cuda resource graph_cuda gpu_adaptors)
+    cargo test --release -p streamalloc --no-run "${tests[@]/#/--test=}" --message-format=json 2>/dev/null |
+        DIR="$dir" python3 -c '
+import json, sys, shutil, os
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
+        shutil.copy(m["executable"], os.path.join(os.environ["DIR"], "test-" + m["target"]["name"]))
+'
+    examples=(quickstart service pipeline kernel graph adaptor_stack reaper)
+    cargo build --release -p streamalloc "${examples[@]/#/--example=}" --message-format=json 2>/dev/null |
+        DIR="$dir" python3 -c '
+import json, sys, shutil, os
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and "example" in m["target"]["kind"]:
+        shutil.copy(m["executable"], os.path.join(os.environ["DIR"], "example-" + m["target"]["name"]))
+'
+    strip "$dir"/*
+    echo "build $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ' with uncommitted changes'), built $(date -u +%FT%TZ)" >"$dir/BUILD"
+    ls "$dir"
+    du -sh "$dir"
     ;;
 subset)
     # The binaries scripts/gpu-call.sh runs, into DIR (gpu-bin is about
