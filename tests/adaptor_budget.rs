@@ -393,6 +393,50 @@ fn a_waiter_is_served_by_idle_memory_cached_on_another_device() {
     }
 }
 
+/// The same with the cache above the budget, as the README and the service
+/// example stack it (`cache().retry_on_oom().budget()`): the budget cannot
+/// see a cache above it, so the stack built on each device registers
+/// whole with the budget, and a refusal on device 1 asks device 0's stack
+/// for its idle blocks. Device 1's waiter used to wait for good.
+#[test]
+fn a_waiter_is_served_by_idle_memory_of_a_cache_above_the_budget_on_another_device() {
+    use streamalloc::cache::CacheConfig;
+    use streamalloc::{AsyncResource, Device, ResourceBuilder};
+    const BLOCK: usize = 2 << 20;
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let gpus = [0, 1].map(|o| SimGpu::builder().ordinal(o).build());
+    let budget = Budget::new(BLOCK);
+    let layers = ResourceBuilder::new()
+        .cache(CacheConfig::default())
+        .retry_on_oom()
+        .budget(&budget);
+    let devices = gpus.each_ref().map(|g| Device::simulated(g, 1));
+    let res = devices
+        .each_ref()
+        .map(|d| AsyncResource::build(d, &layers).unwrap());
+    let streams = devices.each_ref().map(|d| d.stream(0).unwrap());
+
+    rt.block_on(async {
+        let block = res[0].allocate(BLOCK, streams[0], T).await.unwrap();
+        res[0].deallocate(block).unwrap().await.unwrap();
+        assert_eq!(budget.in_use(), BLOCK, "device 0 caches its block");
+        let served = tokio::time::timeout(common::guard(10), res[1].allocate(BLOCK, streams[1], T))
+            .await
+            .expect("the waiter on device 1 was never served")
+            .unwrap();
+        assert_eq!(gpus[0].held_bytes(), 0, "device 0 gave its block back");
+        assert_eq!(budget.in_use(), BLOCK);
+        res[1].deallocate(served).unwrap().await.unwrap();
+    });
+    for g in &gpus {
+        assert!(g.races().is_empty());
+    }
+}
+
 /// The same with size classes, called from a plain thread: a refusal on
 /// device 1 asks device 0's cache to free its idle blocks, reaps them (off
 /// a poll, as the cache does for its own on a refusal), and tries once

@@ -182,6 +182,11 @@ impl StreamPool {
         &self.kept
     }
 
+    /// The pool's identity, which its [`StreamId`]s carry.
+    pub(crate) fn id_of_pool(&self) -> u64 {
+        self.pool
+    }
+
     /// Number of streams.
     pub fn len(&self) -> usize {
         self.raw.len()

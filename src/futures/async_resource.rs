@@ -117,7 +117,14 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
         // and resolves its streams through `device`'s pool; `L` is a
         // `FaithfulLayer`, so the stack allocates and resolves streams only
         // through that bottom (items 1 and 2 of `with_device`).
-        unsafe { Self::with_device(stack, device) }
+        let res = unsafe { Self::with_device(stack, device) }?;
+        // A request refused under one of the stack's budgets on another
+        // device asks this stack for its idle memory, whatever the order
+        // of its layers.
+        let mut budgets = Vec::new();
+        layers.budgets(&mut budgets);
+        res.core.hold_budget_relief(&budgets);
+        Ok(res)
     }
 
     /// Wraps any resource `inner` (for instance an adaptor stack) that

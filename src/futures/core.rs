@@ -22,6 +22,7 @@ use super::notifier::Notifier;
 use super::wait_policy::SharedPolicy;
 use super::wait_queue::AllocQueue;
 use super::watchdog::{self, Patrolled};
+use crate::adaptors::budget::{Budget, HolderRegistration, IdleHolder};
 use crate::device::StreamPool;
 use crate::error::{DriverCall, ResourceError, ResourceResult};
 use crate::gpu::Gpu;
@@ -49,6 +50,11 @@ pub(crate) struct Core {
     /// Whether a free through `inner` may queue frees on other streams
     /// (see [`DeviceMemoryResource::frees_across_streams`]).
     frees_across: bool,
+    /// The stack's registrations with the budgets it charges, when built
+    /// by [`AsyncResource::build`](super::AsyncResource::build): a request
+    /// refused under one of them on another device asks this stack for its
+    /// idle memory (see [`Core::hold_budget_relief`]).
+    relief: OnceLock<Vec<HolderRegistration>>,
     /// Block uses begun through the resource's own hooks
     /// ([`AsyncResource::prepare_block_use`](super::AsyncResource::prepare_block_use)
     /// and its two siblings), counted: an owned buffer's drop frees as
@@ -107,6 +113,7 @@ impl Core {
             capacity,
             frees_across: inner_across,
             hook_uses: AtomicU64::new(0),
+            relief: OnceLock::new(),
         });
         let patrolled: std::sync::Weak<dyn Patrolled> = Arc::downgrade(&core) as _;
         watchdog::spawn(patrolled, kick).map_err(|e| ResourceError::Driver {
@@ -200,6 +207,23 @@ impl Core {
             }
         }
         self.kick.pending();
+    }
+
+    /// Registers the whole stack with each of `budgets` (those it charges):
+    /// a request refused under one of them on another device asks the
+    /// stack for its idle memory, whatever the order of its layers (a
+    /// cache above a budget included). Once; the registrations end with
+    /// the core.
+    pub(crate) fn hold_budget_relief(self: &Arc<Self>, budgets: &[Budget]) {
+        if budgets.is_empty() {
+            return;
+        }
+        let me: std::sync::Weak<dyn IdleHolder> = Arc::downgrade(self) as _;
+        let registrations = budgets
+            .iter()
+            .map(|b| b.register_holder(me.clone()))
+            .collect();
+        let _ = self.relief.set(registrations);
     }
 
     /// After a call of the inner resource that may have queued frees on
@@ -322,5 +346,29 @@ impl Drop for Core {
         for n in &self.notifiers {
             n.release_handles(&*self.gpu);
         }
+    }
+}
+
+/// The whole stack under the futures layer, as a holder of idle memory for
+/// the budgets it charges (see [`Core::hold_budget_relief`]).
+impl IdleHolder for Core {
+    /// Gives back what the stack holds for no caller (a cache's idle
+    /// blocks and pages, a guard's quarantine). The frees that queues get
+    /// completion points, whose notifications reap them and so release
+    /// them from the budgets below: nothing blocks, inside a poll or not.
+    fn give_back_idle(&self) -> usize {
+        let given = self.inner.release_idle().unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "giving idle memory back for a refused request failed part way");
+            0
+        });
+        if given > 0 {
+            self.adopt_frees();
+            self.allocs.memory_returned();
+        }
+        given
+    }
+
+    fn whole_stack_of(&self) -> Option<u64> {
+        Some(self.pool.id_of_pool())
     }
 }

@@ -6,7 +6,10 @@
 //! - The budget's shared handle keeps a list of *holders*: one per live
 //!   [`BudgetResource`](super::BudgetResource), a weak reference to the
 //!   part of it that reaches the stack below it (a cache's idle blocks and
-//!   arena pages, a debug guard's quarantine), with an id to unregister.
+//!   arena pages, a debug guard's quarantine), and one per stack built by
+//!   [`AsyncResource::build`](crate::futures::AsyncResource::build) whose
+//!   layers charge the budget, the whole stack (so that a cache *above*
+//!   the budget is reached too), each with an id to unregister.
 //! - A thread-local flag marks a thread inside a relief.
 //!
 //! # Who changes it
@@ -22,9 +25,11 @@
 //! allocation waiting for memory ([`Budget::release`]), on every device.
 //!
 //! So one budget shared by two devices, each with a cache below its
-//! budget resource, serves a request refused on one device from idle
-//! memory cached on the other, and a waiting allocation is woken once it
-//! could be served.
+//! budget resource or above it, serves a request refused on one device
+//! from idle memory cached on the other, and a waiting allocation is woken
+//! once it could be served. A whole stack is not asked for a request
+//! refused on its own stream pool: that request may be running inside it
+//! (its cache trims itself when refused).
 //!
 //! # Failure
 //!
@@ -56,6 +61,14 @@ pub(crate) trait IdleHolder: Send + Sync {
     /// what left it; returns the bytes released. Never blocks inside a
     /// poll.
     fn give_back_idle(&self) -> usize;
+
+    /// The stream pool whose whole stack this holder is (`None` for a
+    /// budget resource, which reaches only the stack below it): a request
+    /// refused on that pool does not ask it, as the stack may be inside
+    /// that very request (and its cache trims itself when it is refused).
+    fn whole_stack_of(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// The holders of one budget.
@@ -158,6 +171,13 @@ impl Budget {
     /// idle blocks stream-ordered and unmaps only pages whose last use is
     /// known done. Inside a poll of the crate's futures it never waits.
     pub fn release_idle(&self) -> usize {
+        self.release_idle_for(None)
+    }
+
+    /// [`release_idle`](Self::release_idle) for a request refused on a
+    /// stream of the pool `refused_on`: whole stacks on that pool are not
+    /// asked (the request may be inside one of them).
+    pub(crate) fn release_idle_for(&self, refused_on: Option<u64>) -> usize {
         if RELIEVING.with(Cell::get) {
             return 0;
         }
@@ -168,6 +188,7 @@ impl Budget {
             .lock()
             .iter()
             .filter_map(|(_, h)| h.upgrade())
+            .filter(|h| refused_on.is_none() || h.whole_stack_of() != refused_on)
             .collect();
         RELIEVING.with(|r| r.set(true));
         struct Leave;

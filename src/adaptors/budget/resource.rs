@@ -234,7 +234,7 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> 
                 // device) may serve the request: ask for it, then try once
                 // more at what the allocation costs now (a trim below may
                 // have turned a hit into a miss).
-                c.budget.release_idle();
+                c.budget.release_idle_for(Some(stream.pool()));
                 cost = c.inner.allocation_cost(bytes, stream);
                 c.budget.try_reserve(cost)?
             }
