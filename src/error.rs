@@ -315,7 +315,7 @@ pub enum ResourceError {
         /// The capturing stream.
         stream: StreamId,
         /// Its capture, or `None` when the capture is already invalidated.
-        capture: Option<crate::gpu::CaptureId>,
+        capture: Option<crate::types::CaptureId>,
     },
     /// A block a CUDA graph's capture allocated and did not free (a graph
     /// memory node) was used outside that capture while no replay's

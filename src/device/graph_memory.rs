@@ -77,11 +77,10 @@
 
 use std::collections::HashMap;
 
-use super::StreamPool;
 use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::{CaptureId, Gpu, RawEvent};
 use crate::sync::{Mutex, MutexGuard};
-use crate::types::StreamId;
+use crate::types::{RawStream, StreamId};
 
 /// One allocation a capture made and did not free.
 #[derive(Debug)]
@@ -356,41 +355,44 @@ impl KeptGuard<'_> {
 /// nobody holds). Returns how many frees were queued, in order, and the
 /// first error (nothing is queued after it).
 ///
+/// `raw` resolves a stream of the pool (`StreamPool::raw`).
+///
 /// # Safety
-/// 1. `pool` is the pool of `gpu`'s streams, alive;
+/// 1. `raw` resolves streams of `gpu`'s pool, alive;
 /// 2. every address of `frees` is a live instance of a graph allocation of
 ///    `gpu` that nothing uses after the streams in `frees.follow` and the
 ///    work already queued on `on`.
 pub(crate) unsafe fn free_instances<G: Gpu + ?Sized>(
     gpu: &G,
-    pool: &StreamPool,
+    raw: impl Fn(StreamId) -> ResourceResult<RawStream>,
     on: StreamId,
     frees: &InstanceFrees,
 ) -> (usize, ResourceResult<()>) {
     let ordered = (|| {
-        let raw = pool.raw(on)?;
+        let stream_on = raw(on)?;
         for &stream in frees.follow.iter().filter(|&&s| s != on) {
-            let earlier = pool.raw(stream)?;
+            let earlier = raw(stream)?;
             let event = gpu.event_create().map_err(ResourceError::from)?;
-            // SAFETY: `event` was just made on `gpu`; `earlier` and `raw`
-            // are streams of its pool (Safety 1). A wait keeps the record
+            // SAFETY: `event` was just made on `gpu`; `earlier` and
+            // `stream_on` are streams of its pool (Safety 1). A wait keeps the record
             // it saw, so the event may be destroyed once the wait is queued.
             let queued = unsafe { gpu.event_record(event, earlier) }
-                .and_then(|()| unsafe { gpu.stream_wait_event(raw, event) });
+                .and_then(|()| unsafe { gpu.stream_wait_event(stream_on, event) });
             // SAFETY: as above; not used after this.
             let _ = unsafe { gpu.event_destroy(event) };
             queued.map_err(ResourceError::from)?;
         }
-        Ok(raw)
+        Ok(stream_on)
     })();
-    let raw = match ordered {
+    let stream_on = match ordered {
         Ok(raw) => raw,
         Err(e) => return (0, Err(e)),
     };
     for (done, &ptr) in frees.ptrs.iter().enumerate() {
         // SAFETY: `ptr` is a live instance nothing uses after what `raw`
-        // now waits for (Safety 2); `raw` is a stream of `gpu` (Safety 1).
-        if let Err(e) = unsafe { gpu.free_async(ptr, raw) } {
+        // now waits for (Safety 2); `stream_on` is a stream of `gpu`
+        // (Safety 1).
+        if let Err(e) = unsafe { gpu.free_async(ptr, stream_on) } {
             return (done, Err(e.for_request(0, on)));
         }
     }

@@ -120,7 +120,8 @@ impl<R: DeviceMemoryResource + 'static> CapturedGraph<R> {
             // are instances the last replay left of blocks no user holds
             // any more, and the frees follow that replay's stream and the
             // streams where those blocks' uses were waited for.
-            let (done, queued) = unsafe { free_instances(&**self.res.gpu(), pool, stream, &frees) };
+            let (done, queued) =
+                unsafe { free_instances(&**self.res.gpu(), |s| pool.raw(s), stream, &frees) };
             kept.lock().instances_freed(capture, &frees.ptrs[..done]);
             queued?;
         }

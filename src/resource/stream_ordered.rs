@@ -867,7 +867,7 @@ unsafe impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
                 let (done, queued) = unsafe {
                     crate::device::graph_memory::free_instances(
                         &*self.gpu,
-                        &self.stream_pool,
+                        |s| self.stream_pool.raw(s),
                         after,
                         &frees,
                     )

@@ -51,7 +51,9 @@ impl RawStream {
         self.0
     }
 
-    /// The simulated stream index, if this is a simulated handle.
+    /// The simulated stream index, if this is a simulated handle (the CUDA
+    /// backend refuses such a handle).
+    #[cfg(feature = "cuda")]
     pub(crate) fn sim_index(self) -> Option<usize> {
         self.sim_parts().map(|(_, index)| index)
     }
