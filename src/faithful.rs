@@ -24,23 +24,33 @@ use crate::builder::ResourceBuilder;
 /// keeps both.
 pub unsafe trait FaithfulLayer<R>: Layer<R> {}
 
-// SAFETY (each below): the layer returns its decorator around `inner`, and
+// Each decorator layer below returns its decorator around `inner`, and
 // every decorator of this crate allocates and resolves streams through
-// the resource it wraps (a budget, a quarantine, counts, events, retries
-// and a cache of `inner`'s own blocks); `Identity` returns `inner` itself;
-// a stack and a builder compose faithful layers, a reference forwards.
+// the resource it wraps.
+
+// SAFETY: `Identity` returns `inner` itself.
 unsafe impl<R> FaithfulLayer<R> for Identity {}
+// SAFETY: a budget counts `inner`'s blocks and forwards every call to it.
 unsafe impl<R: crate::DeviceMemoryResource + 'static> FaithfulLayer<R> for BudgetLayer {}
+// SAFETY: counts around `inner`'s calls, which it forwards.
 unsafe impl<R> FaithfulLayer<R> for StatsLayer {}
+// SAFETY: events around `inner`'s calls, which it forwards.
 unsafe impl<R> FaithfulLayer<R> for TracingLayer {}
+// SAFETY: retries of `inner`'s calls.
 unsafe impl<R> FaithfulLayer<R> for RetryOnOomLayer {}
+// SAFETY: a quarantine of `inner`'s own blocks, freed through it.
 unsafe impl<R: crate::DeviceMemoryResource> FaithfulLayer<R> for DebugGuardLayer {}
+// SAFETY: a cache of `inner`'s blocks, or of memory it maps through
+// `inner`'s `device_access`, on `inner`'s streams.
 unsafe impl<R: crate::DeviceMemoryResource> FaithfulLayer<R> for CacheLayer {}
+// SAFETY: two faithful layers composed: each keeps both promises.
 unsafe impl<R, Inner, Outer> FaithfulLayer<R> for Stack<Inner, Outer>
 where
     Inner: FaithfulLayer<R>,
     Outer: FaithfulLayer<Inner::Resource>,
 {
 }
+// SAFETY: the builder applies its faithful layer.
 unsafe impl<R, L: FaithfulLayer<R>> FaithfulLayer<R> for ResourceBuilder<L> {}
+// SAFETY: a reference applies the layer it names.
 unsafe impl<R, L: FaithfulLayer<R> + ?Sized> FaithfulLayer<R> for &L {}

@@ -35,6 +35,7 @@
 
 #![deny(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 #![warn(missing_debug_implementations, rust_2018_idioms)]
 
 pub mod adaptors;

@@ -781,9 +781,9 @@ impl Notifier {
             return;
         }
         let signal = self.signal.clone();
+        let deliver = Box::new(move || signal.deliver(covered));
         // SAFETY: `self.lane` is live until `release_handles` (see above), or
         // is the user stream, kept alive by the pool `Core` holds.
-        let deliver = Box::new(move || signal.deliver(covered));
         if let Err(e) = unsafe { gpu.launch_host_fn(self.lane, deliver) } {
             self.signal.kick.pending();
             tracing::warn!(stream = %self.stream, error = %e, "notifier host function failed");
