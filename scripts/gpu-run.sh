@@ -33,7 +33,7 @@ BIN="${BIN:-gpu-bin}"
 case "${1:-build}" in
 build)
     rm -rf gpu-bin && mkdir -p gpu-bin
-    cargo test --release --no-run --message-format=json 2>/dev/null |
+    cargo test --workspace --release --no-run --message-format=json 2>/dev/null |
         python3 -c '
 import json, sys, shutil, os
 for line in sys.stdin:
@@ -42,7 +42,7 @@ for line in sys.stdin:
         name = m["target"]["name"] + ("-lib" if m["target"]["kind"] == ["lib"] else "")
         shutil.copy(m["executable"], os.path.join("gpu-bin", "test-" + name))
 '
-    cargo build --release --examples --features cublas --message-format=json 2>/dev/null |
+    cargo build -p streamalloc --release --examples --features cublas --message-format=json 2>/dev/null |
         python3 -c '
 import json, sys, shutil, os
 for line in sys.stdin:
@@ -58,8 +58,8 @@ for line in sys.stdin:
         echo "building the measurement binaries with cuda-async (CUDA_TOOLKIT_PATH=$CUDA_TOOLKIT_PATH)"
     fi
     # A failed build must stop here, not leave an old binary behind.
-    cargo build --release --bins "${peer[@]}" >/dev/null
-    cargo build --release --bins "${peer[@]}" --message-format=json 2>/dev/null |
+    cargo build --workspace --release --bins "${peer[@]}" >/dev/null
+    cargo build --workspace --release --bins "${peer[@]}" --message-format=json 2>/dev/null |
         python3 -c '
 import json, sys, shutil, os
 for line in sys.stdin:

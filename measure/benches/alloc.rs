@@ -1,7 +1,7 @@
 //! Allocation cost: one allocate + free pair, per peer and size; the
 //! cross-stream pattern; and throughput from 1 to 16 threads, each on its own
 //! stream. On the simulated device everywhere, and on CUDA device 0 when it
-//! opens. `cargo bench --bench alloc`; `examples/bench_table.rs` prints the
+//! opens. `cargo bench -p streamalloc-measure --bench alloc`; `examples/bench_table.rs` prints the
 //! same comparison as one table.
 
 use streamalloc_measure::support;

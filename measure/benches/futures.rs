@@ -6,7 +6,7 @@
 //! the futures machinery only, not a GPU).
 //!
 //! ```text
-//! cargo bench --bench futures
+//! cargo bench -p streamalloc-measure --bench futures
 //! ```
 
 use std::sync::Arc;
