@@ -89,7 +89,7 @@ const KEEP_REPEATS: u32 = HISTORY * 7 / 16;
 /// Alone on its cache lines: each stream's thread swaps its own entries
 /// at every allocation and free, and entries of eight streams sharing a
 /// line made sixteen threads' loops contend (12 M pairs/s instead of 57 M
-/// on the H200, 2026-12-04).
+/// on the H200, `bench_table`).
 #[derive(Debug)]
 #[repr(align(128))]
 pub(crate) struct KeptNodes([AtomicU32; KEPT]);

@@ -478,7 +478,7 @@ impl VmTier {
         // Taking such memory first (the best fit over every free range)
         // held up to 5% less in an A/B of the service on the H200 but
         // served about 15% fewer requests at 1,024 clients
-        // (`notes/gpu-runs.md`, 2026-12-04, call 5).
+        // (`notes/gpu-runs.md`).
         // The stream's kept blocks go back to the arena before it waits on
         // another stream: one of them, merged with its free neighbours,
         // may serve as it is.

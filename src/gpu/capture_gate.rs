@@ -7,7 +7,7 @@
 //! (`measure/src/bin/driver_costs.rs`), but it takes a lock inside the
 //! driver: two of them per cached allocation pair cost 100 ns of a 160 ns
 //! pair on one thread, and at 16 threads the cache fell from 67 to 5 M
-//! pairs/s (`bench_table`, 2026-12-03). So, like PyTorch's
+//! pairs/s (`bench_table`). So, like PyTorch's
 //! `captures_underway`, the CUDA backend counts the captures begun through
 //! the crate ([`Gpu::begin_capture`](super::Gpu::begin_capture), which
 //! [`GraphCapture`](crate::graph::GraphCapture) and
