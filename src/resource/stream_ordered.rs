@@ -436,29 +436,42 @@ impl<G: Gpu> StreamOrderedResource<G> {
         unsafe { self.gpu.free_async(a.ptr, raw_after) }.map_err(|e| e.for_request(0, after))
     }
 
-    /// Refuses a use on `raw_use` of a block its capture allocated and kept
-    /// (a graph memory node) while no replay's instance of it is live,
-    /// unless the use is itself captured into that capture: outside its
-    /// graph's replays there is no memory at its address then.
-    fn refuse_unbacked(&self, block: BlockId, raw_use: RawStream) -> ResourceResult<()> {
-        let Some((capture, ptr)) = self.with_live(block, |r| Ok(r.capture.map(|c| (c, r.ptr))))?
-        else {
-            return Ok(());
+    /// [`with_live`](Self::with_live) for a use on `raw_use`, refused
+    /// when the block is one its capture allocated and kept (a graph memory
+    /// node) with no replay's instance live, unless the use is itself
+    /// captured into that capture: outside its graph's replays there is no
+    /// memory at its address then. A block of no capture (the common case)
+    /// takes its shard's lock once.
+    fn with_backed<T>(
+        &self,
+        block: BlockId,
+        raw_use: RawStream,
+        mut f: impl FnMut(&mut BlockRecord) -> ResourceResult<T>,
+    ) -> ResourceResult<T> {
+        let kept = self.with_live(block, |r| match r.capture {
+            None => f(r).map(Ok),
+            Some(c) => Ok(Err((c, r.ptr))),
+        })?;
+        let (capture, ptr) = match kept {
+            Ok(done) => return Ok(done),
+            Err(kept) => kept,
         };
         // SAFETY: `raw_use` was resolved through `self.stream_pool`, which
         // keeps its streams alive.
-        if unsafe { self.gpu.capture_status(raw_use) }?.id() == Some(capture) {
-            return Ok(());
-        }
-        match self
-            .stream_pool
-            .kept_graph_memory()
-            .lock()
-            .backed(capture, ptr)
+        let inside = unsafe { self.gpu.capture_status(raw_use) }?.id() == Some(capture);
+        // The ledger's lock is taken before any shard lock, never inside.
+        if !inside
+            && !self
+                .stream_pool
+                .kept_graph_memory()
+                .lock()
+                .backed(capture, ptr)
         {
-            true => Ok(()),
-            false => Err(ResourceError::GraphMemoryUnbacked { block }),
+            return Err(ResourceError::GraphMemoryUnbacked { block });
         }
+        // Backed until the user lets the block go (a launch that would free
+        // its instance is refused while the user holds it).
+        self.with_live(block, f)
     }
 
     /// Records the end of a use of `access` on `use_stream`.
@@ -949,8 +962,7 @@ unsafe impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
 
     fn record_block_use(&self, block: &DeviceBlock, use_stream: StreamId) -> ResourceResult<()> {
         let raw_use = self.raw_stream(use_stream)?;
-        self.refuse_unbacked(block.id(), raw_use)?;
-        self.with_live(block.id(), |r| {
+        self.with_backed(block.id(), raw_use, |r| {
             self.record_use(r, use_stream, raw_use, Access::Read)
         })
     }
@@ -962,8 +974,9 @@ unsafe impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
         access: Access,
     ) -> ResourceResult<()> {
         let raw_use = self.raw_stream(use_stream)?;
-        self.refuse_unbacked(block, raw_use)?;
-        self.with_live(block, |r| self.queue_waits(r, use_stream, raw_use, access))
+        self.with_backed(block, raw_use, |r| {
+            self.queue_waits(r, use_stream, raw_use, access)
+        })
     }
 
     fn finish_block_use(
@@ -973,8 +986,9 @@ unsafe impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
         access: Access,
     ) -> ResourceResult<()> {
         let raw_use = self.raw_stream(use_stream)?;
-        self.refuse_unbacked(block, raw_use)?;
-        self.with_live(block, |r| self.record_use(r, use_stream, raw_use, access))
+        self.with_backed(block, raw_use, |r| {
+            self.record_use(r, use_stream, raw_use, access)
+        })
     }
 
     fn block_state(&self, block: BlockId) -> Option<BlockState> {
