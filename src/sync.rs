@@ -3,11 +3,16 @@
 //! code (`#[cfg(all(test, loom))]`) explore every interleaving of the real
 //! implementation. See `scripts/model-check.sh`.
 //!
-//! The resource layer's state, the debug guard's two locks, the budget's
-//! counters, the cache's kept-block entries and the futures layer's state (the notifiers' points and their
-//! settled mirror, the wait queue) go through here; the simulated device keeps std's primitives (it never
-//! blocks on a loom object while holding its own lock, so loom's scheduler
-//! cannot switch inside its critical sections).
+//! Every lock and atomic of the bookkeeping goes through here: the resource
+//! layer's state, the debug guard's two locks, the budget's counters, the
+//! cache's shards, its arena's shared state and kept-block entries, a
+//! captured graph's last launch, a buffer's use ledger, the statistics'
+//! counters, and the futures layer's state (the notifiers' points and their
+//! settled mirror, the wait queue). Two process-wide registries in statics
+//! keep std's (`waiters`, `buffer::drop_errors`: a loom primitive cannot be
+//! made in a `static`), and so does the simulated device (it never blocks
+//! on a loom object while holding its own lock, so loom's scheduler cannot
+//! switch inside its critical sections).
 
 #[cfg(loom)]
 pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, fence};

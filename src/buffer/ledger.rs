@@ -37,7 +37,9 @@
 //! flush and prepare (event records and stream waits), so that a concurrent
 //! reader cannot prepare between another's flush and its record.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
+
+use crate::sync::{Mutex, MutexGuard};
 
 use super::home::BufferHome;
 use crate::error::{ResourceError, ResourceResult};

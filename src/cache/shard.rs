@@ -14,8 +14,8 @@
 //! and no shared counter; a stale serial names an older generation and
 //! finds nothing.
 
+use crate::sync::{Mutex, MutexGuard};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard};
 
 use super::arena::Placed;
 use super::graph_pool::GraphPool;

@@ -3,8 +3,8 @@
 
 #![allow(unsafe_code)]
 
+use crate::sync::Mutex;
 use std::mem::ManuallyDrop;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::device::graph_memory::free_instances;

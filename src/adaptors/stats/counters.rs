@@ -1,6 +1,8 @@
 //! [`Stats`]: the live counters behind a stats layer.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
+
+use crate::sync::{Mutex, MutexGuard};
 
 use super::StatsSnapshot;
 use super::table::Tally;
