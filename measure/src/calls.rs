@@ -250,7 +250,8 @@ impl<G: Gpu> CountingGpu<G> {
     }
 }
 
-impl<G: Gpu> Gpu for CountingGpu<G> {
+// SAFETY: every call is `G`'s, counted and timed: `G` keeps the contract.
+unsafe impl<G: Gpu> Gpu for CountingGpu<G> {
     fn ordinal(&self) -> u32 {
         self.inner.ordinal()
     }

@@ -175,7 +175,10 @@ impl NullGpu {
     }
 }
 
-impl Gpu for NullGpu {
+// SAFETY: the null backend's addresses are never touched: its memory calls
+// do nothing, and its pools hold no cudarc streams (a `CudaBuffer`
+// refuses them); its queries answer "done" because nothing is ever queued.
+unsafe impl Gpu for NullGpu {
     fn ordinal(&self) -> u32 {
         0
     }

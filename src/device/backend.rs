@@ -73,7 +73,9 @@ macro_rules! forward_unsafe {
     };
 }
 
-impl Gpu for Backend {
+// SAFETY: each call is the call of the backend it holds (CUDA or the
+// simulator), which keeps the contract.
+unsafe impl Gpu for Backend {
     fn ordinal(&self) -> u32 {
         forward!(self.ordinal())
     }

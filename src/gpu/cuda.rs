@@ -318,7 +318,10 @@ extern "C" fn run_host_fn(data: *mut c_void) {
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
 }
 
-impl Gpu for CudaGpu {
+// SAFETY: every call is the CUDA driver's own on this backend's context,
+// whose answers are the contract's (the driver's memory pool hands out the
+// addresses, its events and streams order the work).
+unsafe impl Gpu for CudaGpu {
     fn ordinal(&self) -> u32 {
         self.ctx.ordinal() as u32
     }

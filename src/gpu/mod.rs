@@ -152,7 +152,32 @@ pub type HostFn = Box<dyn FnOnce() + Send + 'static>;
 /// [`note_subfree`](Gpu::note_subfree) take addresses too but stay safe:
 /// they are bookkeeping hints that no backend passes to the driver (CUDA
 /// ignores them; the simulated device checks them).
-pub trait Gpu: Send + Sync + 'static {
+///
+/// # Safety
+/// The crate builds safe calls on what a backend returns and answers, so
+/// an implementation promises:
+/// 1. an address [`alloc_async`](Gpu::alloc_async) returns (and a range
+///    [`mem_map`](Gpu::mem_map) mapped into a reservation
+///    [`address_reserve`](Gpu::address_reserve) returned) is `bytes` bytes
+///    of memory of device [`ordinal`](Gpu::ordinal) that nothing else uses
+///    until the crate queues its free (or unmap): its own memory calls
+///    ([`memset_async`](Gpu::memset_async), [`copy_async`](Gpu::copy_async))
+///    and, when the backend is used with a [`StreamPool`](crate::StreamPool)
+///    of cudarc streams, cudarc's calls on those streams
+///    ([`CudaBuffer`](crate::CudaBuffer)) may write it. A backend without
+///    real memory (a null or simulated one) is never paired with a pool of
+///    cudarc streams;
+/// 2. [`event_query`](Gpu::event_query) and
+///    [`stream_query`](Gpu::stream_query) answer "done" only once the work
+///    queued before the record (or on the stream) has completed, and a
+///    host function runs only once the work queued before it has: the
+///    crate hands memory on when they say so;
+/// 3. work queued on one stream runs in its order, and a
+///    [`stream_wait_event`](Gpu::stream_wait_event) orders the stream's
+///    later work after the event's record;
+/// 4. a handle a create call returned (stream, event, physical memory,
+///    graph) stays valid for the calls taking it until its destroy call.
+pub unsafe trait Gpu: Send + Sync + 'static {
     /// Device ordinal.
     fn ordinal(&self) -> u32;
 

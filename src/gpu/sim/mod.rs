@@ -926,7 +926,11 @@ impl SimGpu {
 
 // Every call is checked by the simulator: the trait's unsafe methods are the
 // inherent safe ones.
-impl Gpu for SimGpu {
+// SAFETY: the simulated device hands out ranges of its own address space,
+// never pooled with cudarc streams (its pools hold simulated handles), and
+// models stream order, events and host functions as the contract says
+// (what its race detector checks the crate against).
+unsafe impl Gpu for SimGpu {
     fn ordinal(&self) -> u32 {
         self.ordinal
     }
