@@ -530,6 +530,11 @@ impl State {
             .ok_or_else(|| invalid_handle(call))?
             .alloc(bytes, s, &clock)
             .map_err(|available| GpuError::OutOfMemory { available })?;
+        // The range is the graph's from now on: what ran there before is
+        // ordered before its replays by the address space (the free that
+        // gave it back executed, or the capturing stream follows it), and a
+        // replay's allocation is checked only against the replays before.
+        self.races.on_reuse(addr, bytes);
         self.captures.reserved.insert(addr, id);
         let c = self.active(id, call)?;
         c.allocs.insert(addr, c.ops.len());
