@@ -25,9 +25,9 @@
 //!   whole capacity is free, and the books agree with it at every step.
 //!
 //! # Open classes
-//! Three bugs this harness found are open (see the ignored cases in
-//! `regressions`); it steers around them unless `API_FUZZ_OPEN` names
-//! them: [`DROP_IN_CAPTURE`], [`USE_AFTER_REPLAY`] and
+//! Four bugs of graphs this harness found are open (see the ignored cases
+//! in `regressions`); it steers around them unless `API_FUZZ_OPEN` names
+//! them: [`DROP_IN_CAPTURE`], [`USE_AFTER_REPLAY`], [`CAPTURE_REUSE`] and
 //! [`CAPTURE_REFUSED`].
 //!
 //! # The launch's contract
@@ -68,6 +68,11 @@ pub(super) const USE_AFTER_REPLAY: &str = "use-after-replay";
 /// The open class of a capture refused for what a cache served it (see
 /// [`regressions::a_capture_served_a_block_used_on_another_stream`]).
 pub(super) const CAPTURE_REFUSED: &str = "capture-refused";
+
+/// The open class of a capture's temporary served by a cache from memory
+/// still in use on the capture's stream, replayed on another (see
+/// [`regressions::a_temporary_from_a_cache_replayed_on_another_stream`]).
+pub(super) const CAPTURE_REUSE: &str = "capture-reuse";
 
 /// A graph the harness holds.
 pub(super) struct GraphSlot {
@@ -169,6 +174,17 @@ impl World {
         }
     }
 
+    /// Awaits what is queued on `s` now.
+    fn await_stream(&self, s: StreamId) -> Verdict {
+        match self.res().completion(s) {
+            Ok(mut p) => match self.settle(&mut p, "a completion before a replay")? {
+                Ok(()) => Ok(()),
+                Err(e) => self.judge("a completion before a replay", &e, false),
+            },
+            Err(e) => self.judge("completion", &e, false),
+        }
+    }
+
     pub(super) fn replay(&mut self, slot: usize, stream: usize, then: Then) -> Verdict {
         let n = self.graphs.len();
         if n == 0 {
@@ -176,19 +192,20 @@ impl World {
         }
         let i = slot % n;
         let s = self.stream(stream);
+        let origin = self.graphs[i].graph.origin();
+        if self.cache && s != origin && !open(CAPTURE_REUSE) {
+            // Open class `capture-reuse`: a cache may serve a capture's
+            // temporary from a block whose last use on the capture's
+            // stream is still queued, and nothing orders a replay on
+            // another stream after it; steered around unless named.
+            self.await_stream(origin)?;
+        }
         if self.graphs[i].kept && self.cache {
             // The launch's Safety 2: a cache may have handed out the kept
             // block from memory the graph keeps across replays, which the
             // replay writes again: the user's work on it goes first.
             for k in 0..STREAMS {
-                match self.res().completion(self.stream(k)) {
-                    Ok(mut p) => {
-                        if let Err(e) = self.settle(&mut p, "a completion before a replay")? {
-                            self.judge("a completion before a replay", &e, false)?;
-                        }
-                    }
-                    Err(e) => self.judge("completion", &e, false)?,
-                }
+                self.await_stream(self.stream(k))?;
             }
         }
         let slot = &self.graphs[i];
