@@ -77,8 +77,8 @@ pub(super) const CAPTURE_REUSE: &str = "capture-reuse";
 /// A graph the harness holds.
 pub(super) struct GraphSlot {
     pub(super) graph: CapturedGraph<Top>,
-    /// Its capture kept a block.
-    kept: bool,
+    /// The block its capture kept, if any.
+    kept: Option<BlockId>,
 }
 
 impl World {
@@ -146,13 +146,13 @@ impl World {
         });
         match captured {
             Ok((kept, graph)) => {
-                if let Some(b) = kept {
-                    self.graph_blocks.push(b.id());
+                let kept = kept.map(|b| {
+                    let id = b.id();
+                    self.graph_blocks.push(id);
                     self.buffers.push(b);
-                    self.graphs.push(GraphSlot { graph, kept: true });
-                } else {
-                    self.graphs.push(GraphSlot { graph, kept: false });
-                }
+                    id
+                });
+                self.graphs.push(GraphSlot { graph, kept });
                 Ok(())
             }
             Err(e) => {
@@ -174,15 +174,17 @@ impl World {
         }
     }
 
-    /// Awaits what is queued on `s` now.
-    fn await_stream(&self, s: StreamId) -> Verdict {
-        match self.res().completion(s) {
+    /// Awaits what is queued on `s` now: whether the host saw it done.
+    fn await_stream(&self, s: StreamId) -> Result<bool, String> {
+        let e = match self.res().completion(s) {
             Ok(mut p) => match self.settle(&mut p, "a completion before a replay")? {
-                Ok(()) => Ok(()),
-                Err(e) => self.judge("a completion before a replay", &e, false),
+                Ok(()) => return Ok(true),
+                Err(e) => e,
             },
-            Err(e) => self.judge("completion", &e, false),
-        }
+            Err(e) => e,
+        };
+        self.judge("a completion before a replay", &e, false)?;
+        Ok(false)
     }
 
     pub(super) fn replay(&mut self, slot: usize, stream: usize, then: Then) -> Verdict {
@@ -193,19 +195,25 @@ impl World {
         let i = slot % n;
         let s = self.stream(stream);
         let origin = self.graphs[i].graph.origin();
+        // What must be done before the replay; when an await fails (an
+        // injected fault), the harness cannot keep the contract: no replay.
+        let mut before = Vec::new();
         if self.cache && s != origin && !open(CAPTURE_REUSE) {
             // Open class `capture-reuse`: a cache may serve a capture's
             // temporary from a block whose last use on the capture's
             // stream is still queued, and nothing orders a replay on
             // another stream after it; steered around unless named.
-            self.await_stream(origin)?;
+            before.push(origin);
         }
-        if self.graphs[i].kept && self.cache {
+        if self.graphs[i].kept.is_some() && self.cache {
             // The launch's Safety 2: a cache may have handed out the kept
             // block from memory the graph keeps across replays, which the
             // replay writes again: the user's work on it goes first.
-            for k in 0..STREAMS {
-                self.await_stream(self.stream(k))?;
+            before.extend((0..STREAMS).map(|k| self.stream(k)));
+        }
+        for s in before {
+            if !self.await_stream(s)? {
+                return Ok(());
             }
         }
         let slot = &self.graphs[i];
@@ -213,23 +221,34 @@ impl World {
         // a kept block after the replay that writes it; steered around
         // (such a replay is awaited, so the harness's uses follow it)
         // unless named.
-        let then = match slot.kept && !open(USE_AFTER_REPLAY) {
-            true => Then::Await,
-            false => then,
-        };
+        let steered = slot.kept.filter(|_| !open(USE_AFTER_REPLAY));
         // SAFETY: the captured work touches only blocks the capture
         // allocated (Safety 1); user work on a kept block is awaited above
         // where a cache may keep its range across replays, and a graph
         // memory node is freed after its uses by the crate (Safety 2).
         let launched = unsafe { slot.graph.launch(s) };
-        match launched {
-            Ok(done) => self.then_point(done, then),
-            Err(ResourceError::Driver {
-                call: DriverCall::GraphLaunch,
-                code: INVALID_VALUE,
-                ..
-            }) if slot.kept => Ok(()),
-            Err(e) => self.judge("a graph's launch", &e, false),
+        match (launched, steered) {
+            (Ok(done), None) => self.then_point(done, then),
+            (Ok(mut done), Some(kept)) => {
+                if let Err(e) = self.settle(&mut done, "a replay's completion")? {
+                    self.judge("a replay's completion", &e, false)?;
+                    // Not known done: the kept block's next use could race
+                    // the replay. Let it go (the graph frees its instance).
+                    if let Some(at) = self.buffers.iter().position(|b| b.id() == kept) {
+                        drop(self.buffers.swap_remove(at));
+                    }
+                }
+                Ok(())
+            }
+            (
+                Err(ResourceError::Driver {
+                    call: DriverCall::GraphLaunch,
+                    code: INVALID_VALUE,
+                    ..
+                }),
+                _,
+            ) if slot.kept.is_some() => Ok(()),
+            (Err(e), _) => self.judge("a graph's launch", &e, false),
         }
     }
 }
