@@ -600,3 +600,34 @@ fn streams_of_no_pool_of_the_resource() {
         check(plain(kinds), &ops);
     }
 }
+/// Found by the harness (not in the issue): a budget over a budget over a
+/// size-class cache. A 1-byte block freed into the cache, 100 B held, and
+/// a 1 MiB request: the inner budget refuses, asks the cache for its idle
+/// block, and still refuses. The outer budget kept counting the block
+/// given back until a later call (the books said 1,024 B, the device held
+/// 512 B).
+#[test]
+fn a_refusal_below_a_budget_gave_memory_back() {
+    let try_alloc = |size, stream| Op::Alloc {
+        size,
+        stream,
+        how: AllocHow::Try,
+    };
+    check(
+        plain(vec![
+            Kind::Budget(1),
+            Kind::Budget(0),
+            Kind::Cache { arena: false },
+        ]),
+        &[
+            try_alloc(1, 2),
+            Op::DropBuffer {
+                slot: 0,
+                at: Place::Here,
+            },
+            Op::Reap,
+            try_alloc(100, 0),
+            try_alloc(1 << 20, 0),
+        ],
+    );
+}
