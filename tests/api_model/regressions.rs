@@ -631,3 +631,27 @@ fn a_refusal_below_a_budget_gave_memory_back() {
         ],
     );
 }
+/// Found by the harness (not in the issue): a debug guard over the
+/// resource; a capture on stream 0 keeps a block, a replay on stream 1
+/// writes it, and its completion fails (an injected event-query fault),
+/// so the harness lets the block go; the guard quarantines it until the
+/// stack drops, after the graph. That free (an ordinary one, the graph
+/// gone) was queued on stream 0 alone, racing the replay's write on
+/// stream 1.
+#[test]
+fn a_kept_block_freed_after_its_graph_behind_a_replay_elsewhere() {
+    check(
+        plain(vec![Kind::Guard]),
+        &[
+            Op::Fault { call: 5, nth: 0 },
+            Op::Capture {
+                stream: 0,
+                size: 100,
+                temps: 0,
+                keep: Keep::Here,
+                adopt: None,
+            },
+            replay(1, Then::Keep),
+        ],
+    );
+}
