@@ -25,10 +25,10 @@
 //!   whole capacity is free, and the books agree with it at every step.
 //!
 //! # Open classes
-//! Four bugs of graphs this harness found are open (see the ignored cases
+//! Five bugs of graphs this harness found are open (see the ignored cases
 //! in `regressions`); it steers around them unless `API_FUZZ_OPEN` names
-//! them: [`DROP_IN_CAPTURE`], [`USE_AFTER_REPLAY`], [`CAPTURE_REUSE`] and
-//! [`CAPTURE_REFUSED`].
+//! them: [`DROP_IN_CAPTURE`], [`USE_AFTER_REPLAY`], [`CAPTURE_REUSE`],
+//! [`CAPTURE_REFUSED`] and [`FAILED_REPLAY`].
 //!
 //! # The launch's contract
 //! The captured work touches only what the capture allocated (its
@@ -73,6 +73,10 @@ pub(super) const CAPTURE_REFUSED: &str = "capture-refused";
 /// still in use on the capture's stream, replayed on another (see
 /// [`regressions::a_temporary_from_a_cache_replayed_on_another_stream`]).
 pub(super) const CAPTURE_REUSE: &str = "capture-reuse";
+
+/// The open class of a launch that fails after queuing its replay (see
+/// [`regressions::a_failed_launch_that_queued_its_replay`]).
+pub(super) const FAILED_REPLAY: &str = "failed-replay";
 
 /// A graph the harness holds.
 pub(super) struct GraphSlot {
@@ -226,6 +230,7 @@ impl World {
         // allocated (Safety 1); user work on a kept block is awaited above
         // where a cache may keep its range across replays, and a graph
         // memory node is freed after its uses by the crate (Safety 2).
+        let launches = slot.graph.launches();
         let launched = unsafe { slot.graph.launch(s) };
         match (launched, steered) {
             (Ok(done), None) => self.then_point(done, then),
@@ -248,7 +253,27 @@ impl World {
                 }),
                 _,
             ) if slot.kept.is_some() => Ok(()),
-            (Err(e), _) => self.judge("a graph's launch", &e, false),
+            (Err(e), _) => {
+                self.judge("a graph's launch", &e, false)?;
+                let slot = &self.graphs[i];
+                if slot.graph.launches() == launches {
+                    return Ok(());
+                }
+                // Open class `failed-replay`: the replay was queued, then
+                // its completion point could not be made (an injected
+                // fault), and the launch said `Err`; taken unless named,
+                // the kept block let go (the replay may still write it).
+                if open(FAILED_REPLAY) {
+                    return fail(format!("a launch that failed ({e:?}) queued a replay"));
+                }
+                if let Some(at) = slot
+                    .kept
+                    .and_then(|kept| self.buffers.iter().position(|b| b.id() == kept))
+                {
+                    drop(self.buffers.swap_remove(at));
+                }
+                Ok(())
+            }
         }
     }
 }
