@@ -788,3 +788,38 @@ fn a_kept_block_freed_after_its_graph_follows_the_last_replay() {
     assert!(sc.gpu.races().is_empty(), "{:?}", sc.gpu.races());
     assert_eq!(sc.res.bytes_outstanding(), 0);
 }
+
+/// The same free while the stream of that last replay captures another
+/// graph: ordering after it would record an event in that capture (and
+/// join the block's stream to it, so that the capture could not end). The
+/// free is refused instead, the block stays live, and the capture ends
+/// and replays; once it is over the free goes through.
+#[test]
+fn a_kept_block_freed_while_the_last_replays_stream_captures_is_refused() {
+    let sc = scene();
+    let (s, other) = (sc.s(0), sc.s(1));
+    let (kept, graph) = sc
+        .res
+        .capture_graph(s, CaptureMode::Relaxed, |_| sc.res.try_allocate(N, s, TAG))
+        .unwrap();
+    // SAFETY: the graph touches nothing.
+    let mut replay = unsafe { graph.launch(other) }.unwrap();
+    drive(&sc.gpu, &mut replay).unwrap();
+    drop(graph);
+    let outstanding = sc.res.bytes_outstanding();
+    let second = sc.res.begin_capture(other, CaptureMode::Relaxed).unwrap();
+    let e = sc.res.inner().deallocate(kept.clone()).unwrap_err();
+    assert!(
+        matches!(e, ResourceError::StreamCapturing { stream, capture: Some(c) } if stream == other && c == second.id()),
+        "{e}"
+    );
+    assert_eq!(sc.res.bytes_outstanding(), outstanding, "nothing changed");
+    let second = second.end().expect("the capture ends: nothing joined it");
+    drop(second);
+    sc.res.inner().deallocate(kept).unwrap();
+    sc.gpu.run_until_idle();
+    let mut reap = sc.res.reap_pending();
+    drive(&sc.gpu, &mut reap).unwrap();
+    assert_eq!(sc.res.bytes_outstanding(), 0);
+    assert!(sc.gpu.races().is_empty(), "{:?}", sc.gpu.races());
+}

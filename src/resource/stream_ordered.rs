@@ -404,8 +404,20 @@ impl<G: Gpu> StreamOrderedResource<G> {
     }
 
     /// Makes `raw_on` wait for the work queued on `earlier` so far.
+    /// Refused (`StreamCapturing`, nothing queued) while `earlier`
+    /// captures: the event would be recorded in that capture, and the wait
+    /// would join `raw_on` to it.
     fn follow(&self, earlier: StreamId, raw_on: RawStream) -> ResourceResult<()> {
         let raw = self.raw_stream(earlier)?;
+        // SAFETY: `raw` was resolved through `self.stream_pool`, which keeps
+        // its streams alive.
+        let status = unsafe { self.gpu.capture_status(raw) }?;
+        if status.is_capturing() {
+            return Err(ResourceError::StreamCapturing {
+                stream: earlier,
+                capture: status.id(),
+            });
+        }
         let event = self.events.take().map_err(ResourceError::from)?;
         // SAFETY: a pooled event of this gpu; `raw` and `raw_on` are streams
         // of this resource's pool (alive). The event goes back to the pool
