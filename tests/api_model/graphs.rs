@@ -58,7 +58,7 @@ pub(super) enum Keep {
 }
 
 /// The open class of a kept block dropped during another capture of its
-/// stream (see [`regressions::a_buffer_dropped_during_a_capture_of_its_stream`]).
+/// stream (see [`regressions::a_buffer_dropped_during_a_capture`]).
 pub(super) const DROP_IN_CAPTURE: &str = "drop-in-capture";
 
 /// The open class of a use of a kept block racing the replay before it
@@ -99,13 +99,16 @@ impl World {
         let gpu = self.gpu.clone();
         let adopted = adopt.and_then(|slot| {
             let b = self.buffers.get(slot % self.buffers.len().max(1))?;
-            // Open class `drop-in-capture`: a block another capture kept,
-            // or (under a cache) one used on another stream, dropped while
-            // its stream captures, is refused by the free
+            // Open class `drop-in-capture`: a block another capture kept
+            // (while its stream, or the stream of its graph's last replay,
+            // captures), or (under a cache) one used on another stream
+            // while its stream captures, is refused by the free
             // (`StreamCapturing`) and leaked; steered around unless named.
-            let refused = b.stream() == s
-                && (self.graph_blocks.contains(&b.id())
-                    || (self.cache && self.crossed.contains(&b.id())));
+            // A debug guard's quarantine may free any such block it holds
+            // when another buffer is dropped.
+            let refused = self.guard
+                || self.graph_blocks.contains(&b.id())
+                || (b.stream() == s && self.cache && self.crossed.contains(&b.id()));
             (!refused || open(DROP_IN_CAPTURE)).then(|| Self::take(&mut self.buffers, slot))?
         });
         let captured = res.capture_graph(s, CaptureMode::Relaxed, |capture| {
