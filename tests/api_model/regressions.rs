@@ -526,43 +526,67 @@ fn a_capture_served_a_block_used_on_another_stream() {
     );
 }
 
-/// Class `budget-sibling-wait`, the issue's: one budget over two
-/// devices, each with a cache under its budget resource; a buffer
-/// freed into device 0's cache, then a waiter on device 1 that only
-/// those idle bytes could serve: it waited for good.
+/// The ops of the two-device cases: four buffers of 900,000 B freed into
+/// device 0's cache under a shared 4 MiB budget, then 1 MiB on device 1
+/// (`how`), which only those idle bytes can serve and which fits the
+/// budget twice over with nothing held, then 1 MiB on device 0 again.
+fn sibling_ops(how: AllocHow) -> Vec<Op> {
+    let mut ops: Vec<Op> = (0..4)
+        .map(|stream| Op::Alloc {
+            size: 900_000,
+            stream,
+            how: AllocHow::Try,
+        })
+        .collect();
+    ops.extend((0..4).map(|_| Op::DropBuffer {
+        slot: 0,
+        at: Place::Here,
+    }));
+    ops.extend([
+        Op::Reap,
+        Op::TwinAlloc { size: 1 << 20, how },
+        Op::TwinDrop {
+            slot: 0,
+            at: Place::Thread,
+        },
+        Op::Alloc {
+            size: 1 << 20,
+            stream: 1,
+            how: AllocHow::Await,
+        },
+    ]);
+    ops
+}
+
+fn siblings(arena: bool) -> Stack {
+    let mut stack = plain(vec![Kind::Budget(1), Kind::Cache { arena }]);
+    stack.twin = Some(TwinStack { cache: Some(arena) });
+    stack
+}
+
+/// Class `budget-sibling-wait`, the issue's: one budget over two devices,
+/// each with a cache under its budget resource; a waiter on device 1 that
+/// only the memory device 0 caches idle can serve (the harness requires it
+/// served: it fits with nothing held) waited for good: nothing asked the
+/// sibling to release. Awaited under the arena, tried under size classes.
 #[test]
 fn a_waiter_on_one_device_behind_memory_cached_on_the_other() {
-    for arena in [false, true] {
-        let mut stack = plain(vec![Kind::Budget(0), Kind::Cache { arena }]);
-        stack.twin = Some(TwinStack { cache: Some(arena) });
-        check(
-            stack,
-            &[
-                Op::Alloc {
-                    size: 1 << 19,
-                    stream: 0,
-                    how: AllocHow::Await,
-                },
-                Op::DropBuffer {
-                    slot: 0,
-                    at: Place::Here,
-                },
-                Op::TwinAlloc {
-                    size: 1 << 19,
-                    how: AllocHow::Await,
-                },
-                Op::TwinDrop {
-                    slot: 0,
-                    at: Place::Thread,
-                },
-                Op::Alloc {
-                    size: 1 << 19,
-                    stream: 1,
-                    how: AllocHow::Await,
-                },
-            ],
-        );
-    }
+    check(siblings(true), &sibling_ops(AllocHow::Await));
+    check(siblings(false), &sibling_ops(AllocHow::Try));
+}
+
+/// Open class `sibling-in-poll`, found by the two-device ops (not in the
+/// issue): the same with size classes, awaited. The refusal inside the
+/// future's poll asks device 0's cache for idle memory, which there gives
+/// back only what it knows the GPU is done with (nothing: no event of
+/// those blocks was queried), and nothing asks again: the waiter waits for
+/// good (a reaper on device 0 does not help). Fails until fixed; the
+/// harness does not require such a waiter served unless named.
+#[test]
+#[ignore = "open: sibling-in-poll"]
+fn a_waiter_in_a_poll_behind_blocks_cached_on_the_other_device() {
+    OPEN.with(|o| o.set(Some(twin::SIBLING_IN_POLL)));
+    check(siblings(false), &sibling_ops(AllocHow::Await));
 }
 
 /// Open class `foreign-after-budget`, found by the foreign-stream ops
