@@ -465,3 +465,45 @@ fn a_refusal_frees_idle_blocks_cached_on_another_device() {
     r[1].deallocate(block).unwrap();
     assert!(d.iter().all(|f| f.sim.as_ref().unwrap().races().is_empty()));
 }
+
+/// A budget over another budget over a size-class cache: the inner
+/// budget's refusal makes the cache give its idle block back, and the
+/// request is still refused. The outer budget stops counting the block
+/// then, not at its next reap: a budget counts what the device holds
+/// below it. It used to keep the block counted until a later call.
+#[test]
+fn a_refusal_below_that_gave_memory_back_leaves_the_outer_budget_too() {
+    use streamalloc::cache::{CacheConfig, CachingResource};
+    let f = common::sim(2);
+    let (outer, inner) = (Budget::new(4 << 20), Budget::new(1 << 20));
+    let cache = CachingResource::with_config(
+        f.resource.clone(),
+        CacheConfig::default().virtual_memory(false),
+    );
+    let r = BudgetResource::new(BudgetResource::new(cache, &inner), &outer);
+    let idle = r.allocate(1, f.stream(1), T).unwrap();
+    r.deallocate(idle).unwrap();
+    r.reap_pending().unwrap();
+    let held = r.allocate(100, f.stream(0), T).unwrap();
+    let cached = r.inner().inner().cached_bytes();
+    assert!(cached > 0, "the freed block is cached");
+    assert_eq!(outer.in_use(), r.inner().inner().bytes_outstanding());
+    let refused = r.allocate(1 << 20, f.stream(0), T);
+    assert!(
+        matches!(refused, Err(ResourceError::BudgetExceeded { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(
+        r.inner().inner().cached_bytes(),
+        0,
+        "the refusal emptied the cache"
+    );
+    let below = r.inner().inner().bytes_outstanding();
+    assert_eq!(inner.in_use(), below, "the inner budget");
+    assert_eq!(outer.in_use(), below, "the outer budget");
+    r.deallocate(held).unwrap();
+    r.reap_pending().unwrap();
+    r.release_idle().unwrap();
+    r.reap_pending().unwrap();
+    assert_eq!((inner.in_use(), outer.in_use()), (0, 0));
+}

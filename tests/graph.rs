@@ -758,3 +758,68 @@ fn a_kept_graph_buffer_is_refused_until_a_replay_made_its_memory() {
     sc.gpu.run_until_idle();
     assert!(sc.gpu.races().is_empty(), "{:?}", sc.gpu.races());
 }
+
+/// A block the capture on stream 0 kept, a replay on stream 1 (writing
+/// it) not awaited, the graph dropped, then the block: its free (an
+/// ordinary one, the graph gone) frees the instance that replay made, and
+/// must follow it. It used to be queued on stream 0 alone, racing the
+/// replay's write.
+#[test]
+fn a_kept_block_freed_after_its_graph_follows_the_last_replay() {
+    let sc = scene();
+    let (s, other) = (sc.s(0), sc.s(1));
+    let (kept, graph) = sc
+        .res
+        .capture_graph(s, CaptureMode::Relaxed, |capture| {
+            let kept = sc.res.try_allocate_buffer::<u8>(N, s, TAG)?;
+            sc.gpu
+                .launch_kernel(capture.raw_stream(), &[MemAccess::write(kept.block())])?;
+            Ok::<_, ResourceError>(kept)
+        })
+        .unwrap();
+    // SAFETY: the graph touches only the block its capture allocated.
+    let replay = unsafe { graph.launch(other) }.unwrap();
+    drop(replay);
+    drop(graph);
+    drop(kept);
+    sc.gpu.run_until_idle();
+    let mut reap = sc.res.reap_pending();
+    drive(&sc.gpu, &mut reap).unwrap();
+    assert!(sc.gpu.races().is_empty(), "{:?}", sc.gpu.races());
+    assert_eq!(sc.res.bytes_outstanding(), 0);
+}
+
+/// The same free while the stream of that last replay captures another
+/// graph: ordering after it would record an event in that capture (and
+/// join the block's stream to it, so that the capture could not end). The
+/// free is refused instead, the block stays live, and the capture ends
+/// and replays; once it is over the free goes through.
+#[test]
+fn a_kept_block_freed_while_the_last_replays_stream_captures_is_refused() {
+    let sc = scene();
+    let (s, other) = (sc.s(0), sc.s(1));
+    let (kept, graph) = sc
+        .res
+        .capture_graph(s, CaptureMode::Relaxed, |_| sc.res.try_allocate(N, s, TAG))
+        .unwrap();
+    // SAFETY: the graph touches nothing.
+    let mut replay = unsafe { graph.launch(other) }.unwrap();
+    drive(&sc.gpu, &mut replay).unwrap();
+    drop(graph);
+    let outstanding = sc.res.bytes_outstanding();
+    let second = sc.res.begin_capture(other, CaptureMode::Relaxed).unwrap();
+    let e = sc.res.inner().deallocate(kept.clone()).unwrap_err();
+    assert!(
+        matches!(e, ResourceError::StreamCapturing { stream, capture: Some(c) } if stream == other && c == second.id()),
+        "{e}"
+    );
+    assert_eq!(sc.res.bytes_outstanding(), outstanding, "nothing changed");
+    let second = second.end().expect("the capture ends: nothing joined it");
+    drop(second);
+    sc.res.inner().deallocate(kept).unwrap();
+    sc.gpu.run_until_idle();
+    let mut reap = sc.res.reap_pending();
+    drive(&sc.gpu, &mut reap).unwrap();
+    assert_eq!(sc.res.bytes_outstanding(), 0);
+    assert!(sc.gpu.races().is_empty(), "{:?}", sc.gpu.races());
+}

@@ -443,3 +443,60 @@ fn a_range_handed_out_in_a_capture_and_kept_is_allocated_from_the_capture_on() {
         assert!(gpu.races().is_empty(), "{launches}: {:?}", gpu.races());
     }
 }
+
+#[test]
+fn a_graph_that_never_ran_releases_an_address_reused_from_another_stream_without_a_race() {
+    // The address space hands a range whose free on `a` has executed to
+    // an allocation on `b` (the driver's opportunistic reuse), here one
+    // captured into a graph. That graph never runs: its release frees
+    // nothing the replays touched, and the free on `a` was ordered before
+    // the reuse by the address space. It used to be checked against the
+    // history of the allocation freed on `a`, and reported as a race.
+    let gpu = manual();
+    let (a, b) = (gpu.create_stream(), gpu.create_stream());
+    let old = gpu.alloc_async(4096, a).unwrap();
+    gpu.launch_kernel(a, &[write(old)]).unwrap();
+    gpu.free_async(old, a).unwrap();
+    gpu.run_until_idle();
+    gpu.begin_capture(b, CaptureMode::Relaxed).unwrap();
+    let tmp = gpu.alloc_async(4096, b).unwrap();
+    assert_eq!(tmp, old, "the executed free's range is reused");
+    gpu.launch_kernel(b, &[write(tmp)]).unwrap();
+    gpu.free_async(tmp, b).unwrap();
+    let raw = gpu.end_capture(b).unwrap();
+    let exec = gpu.graph_instantiate(raw).unwrap();
+    gpu.graph_destroy(raw).unwrap();
+    gpu.graph_exec_destroy(exec).unwrap();
+    gpu.run_until_idle();
+    assert!(gpu.races().is_empty(), "{:?}", gpu.races());
+    assert_eq!(gpu.held_bytes(), 0, "the address came back");
+}
+
+#[test]
+fn a_capture_never_takes_a_range_whose_free_has_not_run() {
+    // Graph memory is the graph's own address space in CUDA: a capture
+    // does not take a range of the pool whose free is still queued (on
+    // its own stream or any other), since the replays may run on any
+    // stream, ordered after none of the work before that free. The range
+    // freed and not yet run on `a` goes to a later allocation on `a`, not
+    // to the capture; a replay on `b` then races nothing.
+    let gpu = manual();
+    let (a, b) = (gpu.create_stream(), gpu.create_stream());
+    let old = gpu.alloc_async(4096, a).unwrap();
+    gpu.run_until_idle();
+    gpu.launch_kernel(a, &[write(old)]).unwrap();
+    gpu.free_async(old, a).unwrap();
+    gpu.begin_capture(a, CaptureMode::Relaxed).unwrap();
+    let tmp = gpu.alloc_async(4096, a).unwrap();
+    assert_ne!(tmp, old, "the capture took a range whose free is queued");
+    gpu.launch_kernel(a, &[write(tmp)]).unwrap();
+    gpu.free_async(tmp, a).unwrap();
+    let raw = gpu.end_capture(a).unwrap();
+    let exec = gpu.graph_instantiate(raw).unwrap();
+    gpu.graph_launch(exec, b).unwrap();
+    gpu.run_until_idle();
+    gpu.graph_destroy(raw).unwrap();
+    gpu.graph_exec_destroy(exec).unwrap();
+    gpu.run_until_idle();
+    assert!(gpu.races().is_empty(), "{:?}", gpu.races());
+}

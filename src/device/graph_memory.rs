@@ -24,7 +24,8 @@
 //!   (the driver would refuse it too: that block holds the last replay's
 //!   output until it is dropped).
 //! - **Once the graph is gone, the user frees the instance**: an ordinary
-//!   free when a replay left one, nothing on the device when none did.
+//!   free when a replay left one (after the stream of that replay, which
+//!   wrote it), nothing on the device when none did.
 //!
 //! A block allocated outside the capture and freed on a capturing stream
 //! (by any thread: the capture takes whatever is queued on its stream) is
@@ -208,6 +209,12 @@ impl KeptGuard<'_> {
             (true, true) => KeptFree::Ordinary,
             (true, false) => KeptFree::Nothing,
         }
+    }
+
+    /// The stream of the last launch of `capture`'s graph, whose replay
+    /// made the live instances: an ordinary free of one follows it.
+    pub(crate) fn last_launch(&self, capture: CaptureId) -> Option<StreamId> {
+        self.0.get(&capture).and_then(|c| c.last_launch)
     }
 
     /// The user's free of `ptr` is done, as `how` said; `stream` is the

@@ -54,7 +54,8 @@
 //! - a launch is refused while such a block is still held and holds the
 //!   last replay's output: drop it first (CUDA refuses that launch too);
 //! - once the graph is gone, dropping the block frees the instance the
-//!   last replay left, or nothing when the graph never ran.
+//!   last replay left (behind that replay, whatever its stream), or
+//!   nothing when the graph never ran.
 //!
 //! The mirror case, a block allocated before the capture and dropped
 //! while its stream captures (by another thread, say), is adopted by the

@@ -403,6 +403,31 @@ impl<G: Gpu> StreamOrderedResource<G> {
         }
     }
 
+    /// Makes `raw_on` wait for the work queued on `earlier` so far.
+    /// Refused (`StreamCapturing`, nothing queued) while `earlier`
+    /// captures: the event would be recorded in that capture, and the wait
+    /// would join `raw_on` to it.
+    fn follow(&self, earlier: StreamId, raw_on: RawStream) -> ResourceResult<()> {
+        let raw = self.raw_stream(earlier)?;
+        // SAFETY: `raw` was resolved through `self.stream_pool`, which keeps
+        // its streams alive.
+        let status = unsafe { self.gpu.capture_status(raw) }?;
+        if status.is_capturing() {
+            return Err(ResourceError::StreamCapturing {
+                stream: earlier,
+                capture: status.id(),
+            });
+        }
+        let event = self.events.take().map_err(ResourceError::from)?;
+        // SAFETY: a pooled event of this gpu; `raw` and `raw_on` are streams
+        // of this resource's pool (alive). The event goes back to the pool
+        // once the wait is queued: a wait keeps the record it saw.
+        let ordered = unsafe { self.gpu.event_record(event, raw) }
+            .and_then(|()| unsafe { self.gpu.stream_wait_event(raw_on, event) });
+        self.events.give([event]);
+        ordered.map_err(ResourceError::from)
+    }
+
     /// Queues on `after` (`raw_after`) the free of a block the graph of a
     /// released capture adopted: after the work queued on the block's
     /// stream so far and its recorded uses on other streams.
@@ -685,6 +710,16 @@ unsafe impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
         // waits for the block's uses); one whose graph is gone frees the
         // instance a replay left, if any.
         let device_free = adopt.is_none() && matches!(how, None | Some(KeptFree::Ordinary));
+        // An ordinary free of a kept block (its graph gone) frees the
+        // instance the last replay made, on whatever stream it ran: after
+        // that stream's work so far.
+        if let (Some((k, ledger)), Some(KeptFree::Ordinary)) = (&kept_free, how)
+            && let Some(last) = ledger.last_launch(*k).filter(|&l| l != stream)
+            && let Err(e) = self.follow(last, raw)
+        {
+            restore(uses);
+            return Err(e);
+        }
         // SAFETY: `raw` is the record's pool stream; `block.ptr()` equals the
         // record's address (checked above), which `alloc_async` of this gpu
         // returned, and is live (not a kept block, or the live instance of

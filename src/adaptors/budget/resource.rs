@@ -239,7 +239,17 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> 
                 c.budget.try_reserve(cost)?
             }
         };
-        let block = self.counted.inner.allocate(bytes, stream, tag)?;
+        let block = match self.counted.inner.allocate(bytes, stream, tag) {
+            Ok(block) => block,
+            Err(e) => {
+                drop(reservation);
+                // The layers below may have given memory back while refusing
+                // (a budget below asked its caches for idle memory): it
+                // leaves this budget now, not at a later call.
+                self.counted.settle();
+                return Err(e);
+            }
+        };
         reservation.commit();
         self.counted.charged.fetch_add(cost, Ordering::AcqRel);
         // A layer below that does its own accounting (a cache) estimated

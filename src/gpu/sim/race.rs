@@ -115,8 +115,23 @@ impl RaceDetector {
         if len == 0 {
             return;
         }
-        // Histories of older allocations overlapping this one are done with:
-        // their frees were ordered before this reuse by the address space.
+        self.on_reuse(addr, len);
+        self.allocs.insert(
+            addr,
+            AllocHistory {
+                len,
+                last_write: (SimOp::Alloc, at),
+                reads: Vec::new(),
+                freed: None,
+            },
+        );
+    }
+
+    /// The address space handed `[addr, addr + len)` out again (to an
+    /// allocation, or to a graph's capture, whose replays allocate there
+    /// later): the histories of older allocations overlapping it are done
+    /// with, as the address space ordered their frees before this reuse.
+    pub(crate) fn on_reuse(&mut self, addr: u64, len: usize) {
         let stale: Vec<u64> = self
             .allocs
             .range(..addr + len as u64)
@@ -127,15 +142,6 @@ impl RaceDetector {
         for a in stale {
             self.allocs.remove(&a);
         }
-        self.allocs.insert(
-            addr,
-            AllocHistory {
-                len,
-                last_write: (SimOp::Alloc, at),
-                reads: Vec::new(),
-                freed: None,
-            },
-        );
     }
 
     fn report(&mut self, report: RaceReport) {

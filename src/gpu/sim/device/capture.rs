@@ -13,7 +13,9 @@
 //! - allocations made in the capture (graph memory nodes) get their address
 //!   at capture time, and the graph keeps it until it is destroyed: the
 //!   address space never hands it to anyone else meanwhile, and every replay
-//!   allocates and frees at the same address;
+//!   allocates and frees at the same address; it is never a range whose
+//!   free is still queued (CUDA gives graph memory address space of its
+//!   own, and the replays may run on any stream);
 //! - illegal calls fail and invalidate the capture: a query or synchronize
 //!   of an event whose latest record was captured
 //!   (`CUDA_ERROR_CAPTURED_EVENT`), a synchronize of a capturing stream, or,
@@ -57,7 +59,7 @@ use crate::gpu::capture_code::{
     CAPTURED_EVENT, ILLEGAL_STATE, INVALIDATED, ISOLATION, UNJOINED, UNMATCHED, UNSUPPORTED,
     WRONG_THREAD,
 };
-use crate::gpu::sim::clock::Epoch;
+use crate::gpu::sim::clock::{Epoch, VectorClock};
 use crate::gpu::sim::race::SimOp;
 use crate::gpu::{CaptureId, CaptureMode, CaptureStatus, GpuError, GpuResult};
 use crate::types::Access;
@@ -522,14 +524,20 @@ impl State {
         let call = DriverCall::AllocAsync;
         self.active(id, call)?;
         let device = self.streams[s].device;
-        let mut clock = self.streams[s].clock.clone();
-        clock.join(&self.host);
+        // Only a range whose free has run: the replays may run on any
+        // stream, ordered after none of the work before a free still
+        // queued (CUDA gives graph memory address space of its own). As a
+        // stream no stream is, with a clock that covers nothing.
         let addr = self
             .spaces
             .get_mut(&device)
             .ok_or_else(|| invalid_handle(call))?
-            .alloc(bytes, s, &clock)
+            .alloc(bytes, usize::MAX, &VectorClock::default())
             .map_err(|available| GpuError::OutOfMemory { available })?;
+        // The range is the graph's from now on: what ran there before
+        // finished (its free ran), and a replay's allocation is checked
+        // only against the replays before.
+        self.races.on_reuse(addr, bytes);
         self.captures.reserved.insert(addr, id);
         let c = self.active(id, call)?;
         c.allocs.insert(addr, c.ops.len());

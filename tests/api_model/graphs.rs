@@ -1,0 +1,282 @@
+//! CUDA graphs in the harness: steps captured on a pool stream with
+//! `capture_graph`, replayed on any stream, dropped at any time and on any
+//! thread, with the blocks they kept in the harness's buffer slots.
+//!
+//! # A capture
+//! `Op::Capture` allocates `temps` temporaries on the capturing stream,
+//! fills the first, copies each into the next and writes it with a
+//! kernel, freeing each behind the next (inside the capture: every replay
+//! allocates and frees them again). With [`Keep`], one more block is
+//! allocated on the capturing stream (by the capturing closure or by
+//! another thread), written, and either kept past the capture (it goes to
+//! the buffer slots, where every op may use, free or drop it) or dropped on
+//! another thread before the capture ends. With `adopt`, a buffer the
+//! harness holds is dropped on another thread while the stream captures:
+//! when it is the capturing stream's, the graph adopts its free.
+//!
+//! # What the harness may expect
+//! - A kept block has no memory behind it before the first replay, nor
+//!   after its graph freed the last replay's instance: a use is refused
+//!   with [`ResourceError::GraphMemoryUnbacked`].
+//! - A replay is refused with the driver's `CUDA_ERROR_INVALID_VALUE`
+//!   while a kept block of its capture still holds the last replay's
+//!   output (the user must drop it first).
+//! - Every instance is freed exactly once: after the drain the device's
+//!   whole capacity is free, and the books agree with it at every step.
+//!
+//! # Open classes
+//! Five bugs of graphs this harness found are open (see the ignored cases
+//! in `regressions`); it steers around them unless `API_FUZZ_OPEN` names
+//! them: [`DROP_IN_CAPTURE`], [`USE_AFTER_REPLAY`], [`CAPTURE_REUSE`],
+//! [`CAPTURE_REFUSED`] and [`FAILED_REPLAY`].
+//!
+//! # The launch's contract
+//! The captured work touches only what the capture allocated (its
+//! temporaries and its kept block): Safety 1 holds by construction. Safety
+//! 2 (user work on a kept block the replays write again, a cache's range,
+//! ordered before the next replay) is kept by awaiting every stream's
+//! work before replaying a graph with a kept block when the stack has a
+//! cache; a graph memory node is freed after its uses by the crate.
+
+use streamalloc::error::driver_code::INVALID_VALUE;
+use streamalloc::gpu::CaptureMode;
+use streamalloc::graph::CapturedGraph;
+
+use super::*;
+
+/// A block allocated on the capturing stream besides the temporaries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Keep {
+    No,
+    /// Allocated by the capturing closure, kept past the capture.
+    Here,
+    /// Allocated by another thread, kept past the capture.
+    Thread,
+    /// Allocated by another thread and dropped on a third before the
+    /// capture ends: a temporary of the graph.
+    DroppedInside,
+}
+
+/// The open class of a kept block dropped during another capture of its
+/// stream (see [`regressions::a_buffer_dropped_during_a_capture`]).
+pub(super) const DROP_IN_CAPTURE: &str = "drop-in-capture";
+
+/// The open class of a use of a kept block racing the replay before it
+/// (see [`regressions::a_kept_block_used_after_an_unawaited_replay`]).
+pub(super) const USE_AFTER_REPLAY: &str = "use-after-replay";
+
+/// The open class of a capture refused for what a cache served it (see
+/// [`regressions::a_capture_served_a_block_used_on_another_stream`]).
+pub(super) const CAPTURE_REFUSED: &str = "capture-refused";
+
+/// The open class of a capture's temporary served by a cache from memory
+/// still in use on the capture's stream, replayed on another (see
+/// [`regressions::a_temporary_from_a_cache_replayed_on_another_stream`]).
+pub(super) const CAPTURE_REUSE: &str = "capture-reuse";
+
+/// The open class of a launch that fails after queuing its replay (see
+/// [`regressions::a_failed_launch_that_queued_its_replay`]).
+pub(super) const FAILED_REPLAY: &str = "failed-replay";
+
+/// A graph the harness holds.
+pub(super) struct GraphSlot {
+    pub(super) graph: CapturedGraph<Top>,
+    /// The block its capture kept, if any.
+    kept: Option<BlockId>,
+}
+
+impl World {
+    pub(super) fn capture(
+        &mut self,
+        stream: usize,
+        size: usize,
+        temps: u8,
+        keep: Keep,
+        adopt: Option<usize>,
+    ) -> Verdict {
+        let s = self.stream(stream);
+        let res = self.res().clone();
+        let gpu = self.gpu.clone();
+        let adopted = adopt.and_then(|slot| {
+            let b = self.buffers.get(slot % self.buffers.len().max(1))?;
+            // Open class `drop-in-capture`: a block another capture kept
+            // (while its stream, or the stream of its graph's last replay,
+            // captures), or (under a cache) one used on another stream
+            // while its stream captures, is refused by the free
+            // (`StreamCapturing`) and leaked; steered around unless named.
+            // A debug guard's quarantine may free any such block it holds
+            // when another buffer is dropped.
+            let refused = self.guard
+                || self.graph_blocks.contains(&b.id())
+                || (b.stream() == s && self.cache && self.crossed.contains(&b.id()));
+            (!refused || open(DROP_IN_CAPTURE)).then(|| Self::take(&mut self.buffers, slot))?
+        });
+        let captured = res.capture_graph(s, CaptureMode::Relaxed, |capture| {
+            let raw = capture.raw_stream();
+            let write = |b: &Buffer<u8>| gpu.launch_kernel(raw, &[MemAccess::write(b.block())]);
+            let mut last: Option<Buffer<u8>> = None;
+            for _ in 0..temps {
+                let mut t = res.try_allocate_buffer::<u8>(size, s, TAG)?;
+                match &last {
+                    None => t.fill_bytes_on(s, 1)?,
+                    Some(prev) => t.copy_from_on(s, prev)?,
+                }
+                write(&t)?;
+                // The one before is freed here, inside the capture.
+                last = Some(t);
+            }
+            if let Some(b) = adopted {
+                std::thread::spawn(move || drop(b)).join().unwrap();
+            }
+            let on_thread = || {
+                std::thread::scope(|scope| {
+                    scope
+                        .spawn(|| res.try_allocate_buffer::<u8>(size, s, TAG))
+                        .join()
+                        .unwrap()
+                })
+            };
+            let mut kept = match keep {
+                Keep::No => return Ok(None),
+                Keep::Here => res.try_allocate_buffer::<u8>(size, s, TAG)?,
+                Keep::Thread | Keep::DroppedInside => on_thread()?,
+            };
+            match &last {
+                Some(prev) => kept.copy_from_on(s, prev)?,
+                None => write(&kept)?,
+            }
+            if keep == Keep::DroppedInside {
+                std::thread::spawn(move || drop(kept)).join().unwrap();
+                return Ok(None);
+            }
+            Ok::<_, ResourceError>(Some(kept))
+        });
+        match captured {
+            Ok((kept, graph)) => {
+                let kept = kept.map(|b| {
+                    let id = b.id();
+                    self.graph_blocks.push(id);
+                    self.buffers.push(b);
+                    id
+                });
+                self.graphs.push(GraphSlot { graph, kept });
+                Ok(())
+            }
+            Err(e) => {
+                let expected = match e {
+                    ResourceError::BudgetExceeded { .. }
+                    | ResourceError::OutOfMemory { .. }
+                    | ResourceError::AllocationsWaiting { .. } => true,
+                    // Open class `capture-refused`: under a size-class cache
+                    // a temporary is served a cached block used on another
+                    // stream before, and its first use in the capture is
+                    // refused; taken as a refusal unless named.
+                    ResourceError::StreamCapturing { stream, .. } => {
+                        stream == s && self.cache && !open(CAPTURE_REFUSED)
+                    }
+                    _ => false,
+                };
+                self.judge("capture_graph", &e, expected)
+            }
+        }
+    }
+
+    /// Awaits what is queued on `s` now: whether the host saw it done.
+    fn await_stream(&self, s: StreamId) -> Result<bool, String> {
+        let e = match self.res().completion(s) {
+            Ok(mut p) => match self.settle(&mut p, "a completion before a replay")? {
+                Ok(()) => return Ok(true),
+                Err(e) => e,
+            },
+            Err(e) => e,
+        };
+        self.judge("a completion before a replay", &e, false)?;
+        Ok(false)
+    }
+
+    pub(super) fn replay(&mut self, slot: usize, stream: usize, then: Then) -> Verdict {
+        let n = self.graphs.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let i = slot % n;
+        let s = self.stream(stream);
+        let origin = self.graphs[i].graph.origin();
+        // What must be done before the replay; when an await fails (an
+        // injected fault), the harness cannot keep the contract: no replay.
+        let mut before = Vec::new();
+        if self.cache && s != origin && !open(CAPTURE_REUSE) {
+            // Open class `capture-reuse`: a cache may serve a capture's
+            // temporary from a block whose last use on the capture's
+            // stream is still queued, and nothing orders a replay on
+            // another stream after it; steered around unless named.
+            before.push(origin);
+        }
+        if self.graphs[i].kept.is_some() && self.cache {
+            // The launch's Safety 2: a cache may have handed out the kept
+            // block from memory the graph keeps across replays, which the
+            // replay writes again: the user's work on it goes first.
+            before.extend((0..STREAMS).map(|k| self.stream(k)));
+        }
+        for s in before {
+            if !self.await_stream(s)? {
+                return Ok(());
+            }
+        }
+        let slot = &self.graphs[i];
+        // Open class `use-after-replay`: the crate does not order a use of
+        // a kept block after the replay that writes it; steered around
+        // (such a replay is awaited, so the harness's uses follow it)
+        // unless named.
+        let steered = slot.kept.filter(|_| !open(USE_AFTER_REPLAY));
+        // SAFETY: the captured work touches only blocks the capture
+        // allocated (Safety 1); user work on a kept block is awaited above
+        // where a cache may keep its range across replays, and a graph
+        // memory node is freed after its uses by the crate (Safety 2).
+        let launches = slot.graph.launches();
+        let launched = unsafe { slot.graph.launch(s) };
+        match (launched, steered) {
+            (Ok(done), None) => self.then_point(done, then),
+            (Ok(mut done), Some(kept)) => {
+                if let Err(e) = self.settle(&mut done, "a replay's completion")? {
+                    self.judge("a replay's completion", &e, false)?;
+                    // Not known done: the kept block's next use could race
+                    // the replay. Let it go (the graph frees its instance).
+                    if let Some(at) = self.buffers.iter().position(|b| b.id() == kept) {
+                        drop(self.buffers.swap_remove(at));
+                    }
+                }
+                Ok(())
+            }
+            (
+                Err(ResourceError::Driver {
+                    call: DriverCall::GraphLaunch,
+                    code: INVALID_VALUE,
+                    ..
+                }),
+                _,
+            ) if slot.kept.is_some() => Ok(()),
+            (Err(e), _) => {
+                self.judge("a graph's launch", &e, false)?;
+                let slot = &self.graphs[i];
+                if slot.graph.launches() == launches {
+                    return Ok(());
+                }
+                // Open class `failed-replay`: the replay was queued, then
+                // its completion point could not be made (an injected
+                // fault), and the launch said `Err`; taken unless named,
+                // the kept block let go (the replay may still write it).
+                if open(FAILED_REPLAY) {
+                    return fail(format!("a launch that failed ({e:?}) queued a replay"));
+                }
+                if let Some(at) = slot
+                    .kept
+                    .and_then(|kept| self.buffers.iter().position(|b| b.id() == kept))
+                {
+                    drop(self.buffers.swap_remove(at));
+                }
+                Ok(())
+            }
+        }
+    }
+}

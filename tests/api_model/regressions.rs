@@ -1,0 +1,717 @@
+//! The minimal cases the harness found, written out so that they outlive
+//! any change of the strategies. Each failed on the code it was found on
+//! and passes since its fix, but the ignored ones: open classes, which fail
+//! until they are fixed (`cargo test --test api_model -- --ignored`).
+
+use super::*;
+
+fn arena_budget() -> Stack {
+    Stack {
+        kinds: vec![Kind::Budget(0), Kind::Cache { arena: true }],
+        granularity: 4 << 10,
+        reaper: false,
+        twin: None,
+    }
+}
+
+fn bare() -> Stack {
+    Stack {
+        kinds: vec![],
+        granularity: 4 << 10,
+        reaper: false,
+        twin: None,
+    }
+}
+
+fn check(stack: Stack, ops: &[Op]) {
+    if let Err(e) = run(&stack, ops) {
+        panic!("{stack:?}\n{e}");
+    }
+}
+
+/// Class `cancelled-completion`, the issue's first bug: a launch on
+/// stream 0 writes a buffer, its completion future is dropped before
+/// the kernel ran, the buffer is dropped ("freed as completed"), the
+/// arena hands the range to stream 1, whose kernel writes it.
+#[test]
+fn a_dropped_completion_then_the_buffer() {
+    let launch = |write, stream, then| Op::Launch {
+        write,
+        read: None,
+        stream,
+        then,
+        panic: false,
+    };
+    let alloc = |stream| Op::Alloc {
+        size: 4096,
+        stream,
+        how: AllocHow::Try,
+    };
+    check(
+        Stack {
+            kinds: vec![Kind::Cache { arena: true }],
+            granularity: 4 << 10,
+            reaper: false,
+            twin: None,
+        },
+        &[
+            alloc(0),
+            launch(0, 0, Then::Drop),
+            Op::DropBuffer {
+                slot: 0,
+                at: Place::Here,
+            },
+            alloc(1),
+            launch(0, 1, Then::Keep),
+            Op::Step { n: 8 },
+        ],
+    );
+}
+
+/// Class `failed-completion`: the next event query fails, so the
+/// launch's completion, awaited before the drain drops the buffer,
+/// fails; the buffer's drop still frees as completed.
+#[test]
+fn a_failed_completion_then_the_buffer() {
+    check(
+        Stack {
+            kinds: vec![Kind::Cache { arena: true }],
+            granularity: 4 << 10,
+            reaper: false,
+            twin: None,
+        },
+        &[
+            Op::Alloc {
+                size: 1,
+                stream: 0,
+                how: AllocHow::Await,
+            },
+            Op::Fault { call: 5, nth: 0 },
+            Op::Launch {
+                write: 0,
+                read: None,
+                stream: 0,
+                then: Then::Keep,
+                panic: false,
+            },
+        ],
+    );
+}
+
+/// Class `budget-over-cache-wait`: a 1 MiB buffer freed into a
+/// size-class cache under a 1 MiB budget; an awaited 1 B allocation
+/// then waits for good (a hang) with nothing held.
+#[test]
+fn a_waiter_behind_idle_cached_memory() {
+    let alloc = |size| Op::Alloc {
+        size,
+        stream: 0,
+        how: AllocHow::Await,
+    };
+    check(
+        Stack {
+            kinds: vec![Kind::Budget(0), Kind::Cache { arena: false }],
+            granularity: 4 << 10,
+            reaper: false,
+            twin: None,
+        },
+        &[
+            alloc(1 << 20),
+            Op::DropBuffer {
+                slot: 0,
+                at: Place::Here,
+            },
+            alloc(1),
+        ],
+    );
+}
+
+/// Class `size-overflow`: a request of `usize::MAX` bytes through a
+/// budget over the arena panics in `cache/mapped.rs`.
+#[test]
+fn a_huge_request_through_a_budget_over_the_arena() {
+    check(arena_budget(), &[Op::Huge { which: 0 }]);
+}
+
+/// Found once the overflow above was fixed (not in the issue): a
+/// request of 2^63 bytes straight to the arena cache, with no budget,
+/// panicked negating its size as an `isize` ("attempt to negate with
+/// overflow" in `cache/mapped.rs`). A request longer than an arena now
+/// goes to the inner resource.
+#[test]
+fn half_the_address_space_through_the_arena() {
+    check(
+        Stack {
+            kinds: vec![Kind::Cache { arena: true }],
+            granularity: 4 << 10,
+            reaper: false,
+            twin: None,
+        },
+        &[Op::Huge { which: 2 }],
+    );
+}
+
+/// Class `record-fault`: the event record of the last launch's finish
+/// fails after its kernel (a write of the 1-byte buffer of stream 2,
+/// on stream 0) was queued; the launch returns the error, the use is
+/// lost, and the buffer's free on stream 2 is not ordered after the
+/// kernel.
+#[test]
+fn an_event_record_fault_between_launches() {
+    use Op::*;
+    let launch = |write, read, stream| Launch {
+        write,
+        read,
+        stream,
+        then: Then::Keep,
+        panic: false,
+    };
+    let ops = [
+        Alloc {
+            size: 0,
+            stream: 0,
+            how: AllocHow::Await,
+        },
+        Alloc {
+            size: 0,
+            stream: 0,
+            how: AllocHow::Await,
+        },
+        launch(1, None, 0),
+        launch(0, None, 0),
+        Alloc {
+            size: 1,
+            stream: 2,
+            how: AllocHow::Await,
+        },
+        Fault { call: 2, nth: 4 },
+        Alloc {
+            size: 0,
+            stream: 1,
+            how: AllocHow::Await,
+        },
+        launch(2, Some(0), 0),
+        launch(6, None, 0),
+    ];
+    check(bare(), &ops);
+}
+
+fn plain(kinds: Vec<Kind>) -> Stack {
+    Stack {
+        kinds,
+        granularity: 4 << 10,
+        reaper: false,
+        twin: None,
+    }
+}
+
+fn capture(stream: usize, temps: u8, keep: Keep) -> Op {
+    Op::Capture {
+        stream,
+        size: 4096,
+        temps,
+        keep,
+        adopt: None,
+    }
+}
+
+fn replay(stream: usize, then: Then) -> Op {
+    Op::Replay {
+        slot: 0,
+        stream,
+        then,
+    }
+}
+
+/// Class `graph-kept-leak`, the issue's: a buffer allocated on the
+/// capturing stream by another thread, kept past the capture, dropped
+/// (on another thread) between two replays: the second replay made the
+/// graph's memory again and nothing freed it. On the plain resource
+/// (the block a graph memory node), the size-class cache and the arena.
+#[test]
+fn a_kept_buffer_dropped_between_two_replays() {
+    for kinds in [
+        vec![],
+        vec![Kind::Cache { arena: false }],
+        vec![Kind::Budget(1), Kind::Cache { arena: true }],
+    ] {
+        check(
+            plain(kinds),
+            &[
+                capture(0, 1, Keep::Thread),
+                replay(0, Then::Await),
+                Op::DropBuffer {
+                    slot: 0,
+                    at: Place::Thread,
+                },
+                replay(1, Then::Await),
+                Op::DropGraph {
+                    slot: 0,
+                    at: Place::Thread,
+                },
+            ],
+        );
+    }
+}
+
+/// Class `graph-launch-order`, the issue's: two launches of one graph
+/// on two streams, not awaited, then a third on the first: CUDA runs
+/// them one at a time, so nothing races (the simulator used to report
+/// the replays' temporaries as racing). A kept block's use before the
+/// first replay is refused (`GraphMemoryUnbacked`).
+#[test]
+fn two_launches_of_one_graph_on_two_streams() {
+    for kinds in [vec![], vec![Kind::Cache { arena: true }]] {
+        check(
+            plain(kinds),
+            &[
+                capture(0, 2, Keep::No),
+                replay(0, Then::Keep),
+                replay(1, Then::Keep),
+                replay(0, Then::Drop),
+                Op::Step { n: 40 },
+            ],
+        );
+    }
+    check(
+        bare(),
+        &[
+            capture(0, 1, Keep::Here),
+            Op::Launch {
+                write: 0,
+                read: None,
+                stream: 2,
+                then: Then::Await,
+                panic: false,
+            },
+            replay(1, Then::Await),
+            Op::Launch {
+                write: 0,
+                read: None,
+                stream: 1,
+                then: Then::Await,
+                panic: false,
+            },
+        ],
+    );
+}
+
+/// Found by the graph ops (not in the issue): a 4 KiB buffer freed on
+/// stream 0 while stream 1 captured, its range then handed (its free
+/// executed) to a temporary of a second capture on stream 1, whose
+/// graph never ran: the simulator checked the graph's release against
+/// the old buffer's free and reported a race CUDA cannot have.
+#[test]
+fn a_graph_that_never_ran_over_a_reused_range() {
+    check(
+        bare(),
+        &[
+            Op::Alloc {
+                size: 4096,
+                stream: 0,
+                how: AllocHow::Await,
+            },
+            Op::Capture {
+                stream: 1,
+                size: 100,
+                temps: 0,
+                keep: Keep::Here,
+                adopt: Some(0),
+            },
+            Op::Step { n: 8 },
+            Op::Capture {
+                stream: 1,
+                size: 100,
+                temps: 1,
+                keep: Keep::No,
+                adopt: None,
+            },
+            Op::DropGraph {
+                slot: 1,
+                at: Place::Here,
+            },
+        ],
+    );
+}
+
+/// Open class `drop-in-capture`, found by the graph ops (not in the
+/// issue): a buffer dropped by a thread while its stream captures, when
+/// it holds a block an earlier capture on that stream kept (any
+/// stack), or one written on another stream under a cache. The free is
+/// refused (`StreamCapturing`: a free node of the second graph, or a
+/// wait on an event from outside the capture), which a buffer's drop
+/// can only report: the block is leaked for good. Fails until fixed
+/// (such a free deferred to the end of the capture, say); the harness
+/// steers around it unless `API_FUZZ_OPEN` names it.
+#[test]
+#[ignore = "open: drop-in-capture"]
+fn a_buffer_dropped_during_a_capture() {
+    OPEN.with(|o| o.set(Some(graphs::DROP_IN_CAPTURE)));
+    let adopt = |stream| Op::Capture {
+        stream,
+        size: 100,
+        temps: 0,
+        keep: Keep::No,
+        adopt: Some(0),
+    };
+    let kept = run(&bare(), &[capture(1, 0, Keep::Here), adopt(1)]);
+    let crossed = run(
+        &plain(vec![Kind::Cache { arena: false }]),
+        &[
+            Op::Alloc {
+                size: 1,
+                stream: 2,
+                how: AllocHow::Await,
+            },
+            Op::Launch {
+                write: 0,
+                read: None,
+                stream: 0,
+                then: Then::Keep,
+                panic: false,
+            },
+            adopt(2),
+        ],
+    );
+    // The block's graph is gone, and the stream of its last replay
+    // captures: its free cannot be ordered after that replay now.
+    let replayed = run(
+        &bare(),
+        &[
+            capture(1, 0, Keep::Here),
+            replay(0, Then::Await),
+            Op::DropGraph {
+                slot: 0,
+                at: Place::Here,
+            },
+            adopt(0),
+        ],
+    );
+    assert_eq!(
+        [kept, crossed, replayed],
+        [Ok(()), Ok(()), Ok(())],
+        "a buffer dropped during a capture"
+    );
+}
+
+/// Open class `use-after-replay`, found by the graph ops (not in the
+/// issue): a graph whose capture kept a block, replayed on stream 1 and
+/// not awaited; a safe launch then writes the kept buffer on stream 0.
+/// Nothing orders it after the replay that writes the block (the
+/// launch's contract asks nothing of later work), and the detector
+/// reports the two writes unordered. Fails until fixed (the crate
+/// orders a kept block's uses after its last replay, or the launch's
+/// contract asks the user to); steered around unless named.
+#[test]
+#[ignore = "open: use-after-replay"]
+fn a_kept_block_used_after_an_unawaited_replay() {
+    OPEN.with(|o| o.set(Some(graphs::USE_AFTER_REPLAY)));
+    check(
+        bare(),
+        &[
+            Op::Capture {
+                stream: 0,
+                size: 100,
+                temps: 0,
+                keep: Keep::Here,
+                adopt: None,
+            },
+            replay(1, Then::Keep),
+            Op::Launch {
+                write: 0,
+                read: None,
+                stream: 0,
+                then: Then::Keep,
+                panic: false,
+            },
+        ],
+    );
+}
+
+/// Open class `capture-reuse`, found by the graph ops (not in the issue):
+/// under a size-class cache, a request task allocates 200,000 B on stream
+/// 1, queues a kernel writing it, and is aborted (its buffer's free goes to
+/// the cache behind the kernel, on stream 1). A capture on stream 1 takes
+/// that block for a temporary (stream order makes it safe on stream 1),
+/// and the graph is replayed on stream 2: the replay's write is ordered
+/// after nothing on stream 1, and races the task's kernel. The launch's
+/// contract asks nothing about memory allocated inside the capture. Fails
+/// until fixed (a replay off the capture's stream ordered after it, or a
+/// capture served only memory whose uses are done); steered around (such
+/// a replay follows an awaited completion of the capture's stream)
+/// unless named.
+#[test]
+#[ignore = "open: capture-reuse"]
+fn a_temporary_from_a_cache_replayed_on_another_stream() {
+    OPEN.with(|o| o.set(Some(graphs::CAPTURE_REUSE)));
+    check(
+        plain(vec![Kind::Cache { arena: false }]),
+        &[
+            Op::Spawn {
+                size: 200_000,
+                stream: 1,
+                other: 0,
+            },
+            Op::Abort { slot: 0, ticks: 1 },
+            Op::Capture {
+                stream: 1,
+                size: 200_000,
+                temps: 1,
+                keep: Keep::No,
+                adopt: None,
+            },
+            replay(2, Then::Keep),
+        ],
+    );
+}
+
+/// Open class `failed-replay`, found by the graph ops (not in the issue):
+/// the next event record fails; a replay of a graph is queued, then the
+/// point of its completion cannot be recorded, and `launch` returns that
+/// error with the replay queued (a failed call that changed something:
+/// the caller may take it as not launched and reuse what it reads). Then
+/// a use of the block the capture kept races the replay. Fails until
+/// fixed (the point made before the launch, or the error saying the replay
+/// was queued); steered around unless named.
+#[test]
+#[ignore = "open: failed-replay"]
+fn a_failed_launch_that_queued_its_replay() {
+    OPEN.with(|o| o.set(Some(graphs::FAILED_REPLAY)));
+    check(
+        bare(),
+        &[
+            capture(1, 0, Keep::Here),
+            Op::Fault { call: 2, nth: 0 },
+            replay(0, Then::Keep),
+        ],
+    );
+}
+
+/// Open class `capture-refused`, found by the graph ops (not in the
+/// issue): under a size-class cache, a request task frees a 1-byte
+/// buffer on stream 2 that it also read on stream 0 (while a graph of
+/// stream 0 is replayed); a capture on stream 2 then allocates a
+/// temporary, and the capture fails with `StreamCapturing` for stream
+/// 2: what the cache served it would need a wait on work outside the
+/// capture. Fails until fixed (a capture served only blocks it can
+/// use); taken as a refusal unless named.
+#[test]
+#[ignore = "open: capture-refused"]
+fn a_capture_served_a_block_used_on_another_stream() {
+    OPEN.with(|o| o.set(Some(graphs::CAPTURE_REFUSED)));
+    check(
+        plain(vec![Kind::Cache { arena: false }]),
+        &[
+            Op::Capture {
+                stream: 0,
+                size: 100,
+                temps: 1,
+                keep: Keep::Here,
+                adopt: None,
+            },
+            Op::Spawn {
+                size: 1,
+                stream: 2,
+                other: 0,
+            },
+            replay(0, Then::Keep),
+            Op::Capture {
+                stream: 2,
+                size: 100,
+                temps: 1,
+                keep: Keep::No,
+                adopt: None,
+            },
+        ],
+    );
+}
+
+/// The ops of the two-device cases: four buffers of 900,000 B freed into
+/// device 0's cache under a shared 4 MiB budget, then 1 MiB on device 1
+/// (`how`), which only those idle bytes can serve and which fits the
+/// budget twice over with nothing held, then 1 MiB on device 0 again.
+fn sibling_ops(how: AllocHow) -> Vec<Op> {
+    let mut ops: Vec<Op> = (0..4)
+        .map(|stream| Op::Alloc {
+            size: 900_000,
+            stream,
+            how: AllocHow::Try,
+        })
+        .collect();
+    ops.extend((0..4).map(|_| Op::DropBuffer {
+        slot: 0,
+        at: Place::Here,
+    }));
+    ops.extend([
+        Op::Reap,
+        Op::TwinAlloc { size: 1 << 20, how },
+        Op::TwinDrop {
+            slot: 0,
+            at: Place::Thread,
+        },
+        Op::Alloc {
+            size: 1 << 20,
+            stream: 1,
+            how: AllocHow::Await,
+        },
+    ]);
+    ops
+}
+
+fn siblings(arena: bool) -> Stack {
+    let mut stack = plain(vec![Kind::Budget(1), Kind::Cache { arena }]);
+    stack.twin = Some(TwinStack { cache: Some(arena) });
+    stack
+}
+
+/// Class `budget-sibling-wait`, the issue's: one budget over two devices,
+/// each with a cache under its budget resource; a waiter on device 1 that
+/// only the memory device 0 caches idle can serve (the harness requires it
+/// served: it fits with nothing held) waited for good: nothing asked the
+/// sibling to release. Awaited under the arena, tried under size classes.
+#[test]
+fn a_waiter_on_one_device_behind_memory_cached_on_the_other() {
+    check(siblings(true), &sibling_ops(AllocHow::Await));
+    check(siblings(false), &sibling_ops(AllocHow::Try));
+}
+
+/// Open class `sibling-in-poll`, found by the two-device ops (not in the
+/// issue): the same with size classes, awaited. The refusal inside the
+/// future's poll asks device 0's cache for idle memory, which there gives
+/// back only what it knows the GPU is done with (nothing: no event of
+/// those blocks was queried), and nothing asks again: the waiter waits for
+/// good (a reaper on device 0 does not help). Fails until fixed; the
+/// harness does not require such a waiter served unless named.
+#[test]
+#[ignore = "open: sibling-in-poll"]
+fn a_waiter_in_a_poll_behind_blocks_cached_on_the_other_device() {
+    OPEN.with(|o| o.set(Some(twin::SIBLING_IN_POLL)));
+    check(siblings(false), &sibling_ops(AllocHow::Await));
+}
+
+/// Open class `foreign-after-budget`, found by the foreign-stream ops
+/// (not in the issue): a request task holds the whole 1 MiB budget
+/// (aborted, its free pending); a `try_allocate` on a stream of a
+/// second pool of the device is answered `BudgetExceeded`, not
+/// `ForeignStream`, after the budget asked every cache under it to
+/// release its idle memory. Fails until fixed (the stream checked
+/// before the budget); taken unless named.
+#[test]
+#[ignore = "open: foreign-after-budget"]
+fn a_foreign_stream_through_a_full_budget() {
+    OPEN.with(|o| o.set(Some(foreign::FOREIGN_AFTER_BUDGET)));
+    check(
+        plain(vec![Kind::Budget(0)]),
+        &[
+            Op::Alloc {
+                size: 1 << 20,
+                stream: 0,
+                how: AllocHow::Await,
+            },
+            Op::Foreign {
+                from: Stranger::SameGpu,
+                index: 0,
+                call: Entry::TryAllocate,
+            },
+        ],
+    );
+}
+
+/// Class `foreign-stream`, the issue's: streams of a second pool of the
+/// same device, of another device of the same ordinal, and made by
+/// hand, given to every entry point that takes a stream (with a buffer
+/// and a graph held): each refused with `ForeignStream`, nothing
+/// changed.
+#[test]
+fn streams_of_no_pool_of_the_resource() {
+    let calls = [
+        Entry::TryAllocate,
+        Entry::Allocate,
+        Entry::TryAllocateBuffer,
+        Entry::Fill { slot: 0 },
+        Entry::CopyFrom { slot: 0 },
+        Entry::Launch { slot: 0 },
+        Entry::Completion,
+        Entry::Prepare { slot: 0 },
+        Entry::Finish { slot: 0 },
+        Entry::Record { slot: 0 },
+        Entry::Replay { slot: 0 },
+        Entry::Capture,
+    ];
+    for kinds in [vec![], vec![Kind::Budget(1), Kind::Cache { arena: true }]] {
+        let mut ops = vec![
+            Op::Alloc {
+                size: 4096,
+                stream: 0,
+                how: AllocHow::Await,
+            },
+            Op::Alloc {
+                size: 4096,
+                stream: 1,
+                how: AllocHow::Await,
+            },
+            capture(2, 1, Keep::No),
+        ];
+        for from in [Stranger::SameGpu, Stranger::OtherGpu, Stranger::ByHand] {
+            for (index, &call) in calls.iter().enumerate() {
+                ops.push(Op::Foreign { from, index, call });
+            }
+        }
+        check(plain(kinds), &ops);
+    }
+}
+/// Found by the harness (not in the issue): a budget over a budget over a
+/// size-class cache. A 1-byte block freed into the cache, 100 B held, and
+/// a 1 MiB request: the inner budget refuses, asks the cache for its idle
+/// block, and still refuses. The outer budget kept counting the block
+/// given back until a later call (the books said 1,024 B, the device held
+/// 512 B).
+#[test]
+fn a_refusal_below_a_budget_gave_memory_back() {
+    let try_alloc = |size, stream| Op::Alloc {
+        size,
+        stream,
+        how: AllocHow::Try,
+    };
+    check(
+        plain(vec![
+            Kind::Budget(1),
+            Kind::Budget(0),
+            Kind::Cache { arena: false },
+        ]),
+        &[
+            try_alloc(1, 2),
+            Op::DropBuffer {
+                slot: 0,
+                at: Place::Here,
+            },
+            Op::Reap,
+            try_alloc(100, 0),
+            try_alloc(1 << 20, 0),
+        ],
+    );
+}
+/// Found by the harness (not in the issue): a debug guard over the
+/// resource; a capture on stream 0 keeps a block, a replay on stream 1
+/// writes it, and its completion fails (an injected event-query fault),
+/// so the harness lets the block go; the guard quarantines it until the
+/// stack drops, after the graph. That free (an ordinary one, the graph
+/// gone) was queued on stream 0 alone, racing the replay's write on
+/// stream 1.
+#[test]
+fn a_kept_block_freed_after_its_graph_behind_a_replay_elsewhere() {
+    check(
+        plain(vec![Kind::Guard]),
+        &[
+            Op::Fault { call: 5, nth: 0 },
+            Op::Capture {
+                stream: 0,
+                size: 100,
+                temps: 0,
+                keep: Keep::Here,
+                adopt: None,
+            },
+            replay(1, Then::Keep),
+        ],
+    );
+}
