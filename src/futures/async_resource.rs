@@ -197,6 +197,8 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
     /// overtakes it: while allocations wait, it fails without trying.
     ///
     /// # Errors
+    /// A stream of another pool ([`ForeignStream`](crate::ResourceError::ForeignStream))
+    /// or device, before anything else;
     /// [`AllocationsWaiting`](crate::ResourceError::AllocationsWaiting)
     /// while the queue is not empty; otherwise as
     /// [`DeviceMemoryResource::allocate`]. Nothing changes.
@@ -206,6 +208,9 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
         stream: StreamId,
         tag: AllocTag,
     ) -> ResourceResult<DeviceBlock> {
+        // The stream first: a layer below that refuses for another reason
+        // (a full budget) may act on the refusal (ask for idle memory).
+        self.core.notifier(stream)?;
         match self.core.allocs.len() {
             0 => self.inner.allocate(bytes, stream, tag),
             waiting => Err(ResourceError::AllocationsWaiting { waiting }),

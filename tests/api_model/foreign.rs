@@ -15,10 +15,6 @@ use streamalloc::gpu::CaptureMode;
 
 use super::*;
 
-/// The open class of a foreign stream refused by a full budget for its
-/// size (see [`regressions::a_foreign_stream_through_a_full_budget`]).
-pub(super) const FOREIGN_AFTER_BUDGET: &str = "foreign-after-budget";
-
 /// Where the stream id comes from.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Stranger {
@@ -135,20 +131,8 @@ impl World {
             Entry::Record { slot } => res.record_block_use(self.buffers[slot % n].block(), bad),
         };
         let what = format!("{call:?} with {bad:?} ({from:?})");
-        let allocation = matches!(
-            call,
-            Entry::TryAllocate | Entry::Allocate | Entry::TryAllocateBuffer
-        );
         match got {
             Err(ResourceError::ForeignStream { stream }) if stream == bad => {}
-            // Open class `foreign-after-budget`: a budget compares the
-            // request with its limit before anything resolves the stream,
-            // so a full budget answers `BudgetExceeded` (and asks the caches
-            // under it to release idle memory first); taken unless named.
-            // `AllocationsWaiting` likewise, when others wait on it.
-            Err(
-                ResourceError::BudgetExceeded { .. } | ResourceError::AllocationsWaiting { .. },
-            ) if allocation && !open(FOREIGN_AFTER_BUDGET) => {}
             other => return fail(format!("{what}: {other:?}, not ForeignStream")),
         }
         if called.load(Ordering::SeqCst) {

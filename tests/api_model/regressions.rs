@@ -589,17 +589,14 @@ fn a_waiter_in_a_poll_behind_blocks_cached_on_the_other_device() {
     check(siblings(false), &sibling_ops(AllocHow::Await));
 }
 
-/// Open class `foreign-after-budget`, found by the foreign-stream ops
-/// (not in the issue): a request task holds the whole 1 MiB budget
-/// (aborted, its free pending); a `try_allocate` on a stream of a
-/// second pool of the device is answered `BudgetExceeded`, not
-/// `ForeignStream`, after the budget asked every cache under it to
-/// release its idle memory. Fails until fixed (the stream checked
-/// before the budget); taken unless named.
+/// Class `foreign-after-budget`, found by the foreign-stream ops (not in
+/// the issue): a request task holds the whole 1 MiB budget (aborted, its
+/// free pending); a `try_allocate` on a stream of a second pool of the
+/// device was answered `BudgetExceeded`, not `ForeignStream`, after the
+/// budget asked every cache under it to release its idle memory. The
+/// stream is now checked first.
 #[test]
-#[ignore = "open: foreign-after-budget"]
 fn a_foreign_stream_through_a_full_budget() {
-    OPEN.with(|o| o.set(Some(foreign::FOREIGN_AFTER_BUDGET)));
     check(
         plain(vec![Kind::Budget(0)]),
         &[
