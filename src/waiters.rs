@@ -4,10 +4,13 @@
 //! One [`Budget`](crate::Budget) may be shared by resources on several
 //! devices, and several resources may share one device: bytes given back by
 //! one of them can serve an allocation waiting in another's queue. Each
-//! queue of waiting allocations [registers](register) here while it lives;
-//! whoever gives memory back (a budget's release, a drain of executed frees)
-//! calls [`memory_returned`], which wakes the head of every queue that has
-//! waiters. A head that cannot be served tries, fails and waits again: that
+//! futures layer (its queue of waiting allocations) [registers](register)
+//! here while it lives; whoever gives memory back (a budget's release, a
+//! drain of executed frees) calls [`memory_returned`], which wakes the head
+//! of every queue that has waiters. A budget's relief that had a cache give
+//! idle blocks back from inside a poll, where nothing may reap, calls
+//! [`frees_queued`]: every layer gives the frees queued below it completion
+//! points, so that their notifications reap them. A head that cannot be served tries, fails and waits again: that
 //! costs one failed try per queue, only while someone waits anywhere.
 //!
 //! While no allocation waits anywhere, [`memory_returned`] is one atomic
@@ -16,10 +19,16 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
-/// A queue of waiting allocations, as this registry sees it.
+/// A futures layer and its queue of waiting allocations, as this registry
+/// sees it.
 pub(crate) trait Waiters: Send + Sync {
     /// Memory came back somewhere: wake the head, if any waits.
     fn memory_returned(&self);
+
+    /// Frees were queued below the layer without it (see
+    /// [`frees_queued`]): give them completion points, so that their
+    /// notifications reap them. Never blocks.
+    fn frees_queued(&self);
 }
 
 /// Queues that have waiters now (maintained by the queues, through
@@ -71,5 +80,18 @@ pub(crate) fn memory_returned() {
     let live: Vec<Arc<dyn Waiters>> = queues().iter().filter_map(|(_, q)| q.upgrade()).collect();
     for q in live {
         q.memory_returned();
+    }
+}
+
+/// Frees were queued below the futures layers without them, from inside a
+/// poll where nothing may reap (a budget's relief had a cache on another
+/// device give its idle blocks back): every registered layer gives the
+/// frees queued below it completion points, whose notifications reap them
+/// and so release what they held. Never blocks; never called with a lock
+/// of a queue held.
+pub(crate) fn frees_queued() {
+    let live: Vec<Arc<dyn Waiters>> = queues().iter().filter_map(|(_, q)| q.upgrade()).collect();
+    for q in live {
+        q.frees_queued();
     }
 }

@@ -335,8 +335,6 @@ struct World {
     guard: bool,
     /// The stack holds a cache.
     cache: bool,
-    /// Whether each cache of the stack is the arena.
-    cache_kinds: Vec<bool>,
     /// The stack, to see that it is gone after the drain.
     weak_top: std::sync::Weak<dyn DeviceMemoryResource>,
     /// 1 when the stack has no layer: then it is `bottom`, which the
@@ -451,14 +449,6 @@ impl World {
             weak_top,
             guard: stack.kinds.contains(&Kind::Guard),
             cache: stack.kinds.iter().any(|k| matches!(k, Kind::Cache { .. })),
-            cache_kinds: stack
-                .kinds
-                .iter()
-                .filter_map(|k| match *k {
-                    Kind::Cache { arena } => Some(arena),
-                    _ => None,
-                })
-                .collect(),
             bare: usize::from(stack.kinds.is_empty()),
 
             drop_errors: drop_error_count(),
@@ -481,16 +471,6 @@ impl World {
             || self.tasks.iter().any(|t| !t.handle.is_finished())
             || !self.graphs.is_empty()
             || self.twin.as_ref().is_some_and(Twin::holds_memory)
-    }
-
-    /// Whether a waiter may wait for good behind size-class blocks cached
-    /// idle under the budget shared with the second device (open class
-    /// `sibling-in-poll`).
-    fn sibling_may_hold(&self) -> bool {
-        let main = self.cache_kinds.contains(&false);
-        self.twin
-            .as_ref()
-            .is_some_and(|t| t.may_wait_behind_size_classes(main))
     }
 
     /// Whether `bytes` fit every budget and the device with room for a
@@ -763,10 +743,7 @@ impl World {
             AllocHow::Await => {
                 // A debug guard's quarantine holds freed blocks by design:
                 // behind it an allocation may wait for good.
-                let must = !self.holds_memory()
-                    && !self.guard
-                    && !self.sibling_may_hold()
-                    && self.fits(size, granularity);
+                let must = !self.holds_memory() && !self.guard && self.fits(size, granularity);
                 let mut fut = self.res().allocate_buffer::<u8>(size, s, TAG);
                 let patience = if must { GUARD } else { PATIENCE };
                 match self.drive(&mut fut, patience) {

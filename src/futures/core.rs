@@ -99,14 +99,13 @@ impl Core {
             let _ = capacity.set(total);
         }
         let allocs = Arc::new(AllocQueue::default());
-        let as_waiters: std::sync::Weak<dyn waiters::Waiters> = Arc::downgrade(&allocs) as _;
         let inner_across = inner.frees_across_streams();
-        let core = Arc::new(Core {
+        let core = Arc::new_cyclic(|me| Core {
             inner,
             gpu,
             pool,
             notifiers,
-            _registered: waiters::register(as_waiters),
+            _registered: waiters::register(me.clone() as std::sync::Weak<dyn waiters::Waiters>),
             allocs,
             kick: kick.clone(),
             policy: SharedPolicy::default(),
@@ -370,5 +369,19 @@ impl IdleHolder for Core {
 
     fn whole_stack_of(&self) -> Option<u64> {
         Some(self.pool.id_of_pool())
+    }
+}
+
+/// The core as one of the process's futures layers (see [`waiters`]).
+impl waiters::Waiters for Core {
+    fn memory_returned(&self) {
+        self.allocs.memory_returned();
+    }
+
+    /// Frees queued below this layer without it (a cache trimmed for a
+    /// request refused on another device) get completion points, whose
+    /// notifications reap them. Makes no blocking call.
+    fn frees_queued(&self) {
+        self.adopt_frees();
     }
 }

@@ -45,7 +45,7 @@ use std::collections::BTreeMap;
 use std::task::Waker;
 
 use crate::sync::{AtomicU64, Mutex, MutexGuard, Ordering, fence};
-use crate::waiters::{self, Waiters};
+use crate::waiters;
 
 #[derive(Debug, Default)]
 struct QueueState {
@@ -162,12 +162,6 @@ impl AllocQueue {
         if let Some(w) = next {
             w.wake();
         }
-    }
-}
-
-impl Waiters for AllocQueue {
-    fn memory_returned(&self) {
-        AllocQueue::memory_returned(self);
     }
 }
 

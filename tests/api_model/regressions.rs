@@ -575,17 +575,15 @@ fn a_waiter_on_one_device_behind_memory_cached_on_the_other() {
     check(siblings(false), &sibling_ops(AllocHow::Try));
 }
 
-/// Open class `sibling-in-poll`, found by the two-device ops (not in the
+/// Class `sibling-in-poll`, found by the two-device ops (not in the
 /// issue): the same with size classes, awaited. The refusal inside the
-/// future's poll asks device 0's cache for idle memory, which there gives
-/// back only what it knows the GPU is done with (nothing: no event of
-/// those blocks was queried), and nothing asks again: the waiter waits for
-/// good (a reaper on device 0 does not help). Fails until fixed; the
-/// harness does not require such a waiter served unless named.
+/// future's poll had device 0's cache free its idle blocks, but inside a
+/// poll nothing reaps, and device 0's futures layer never heard of those
+/// frees: the waiter waited for good (a reaper on device 0 did not help).
+/// Now every futures layer gives such frees completion points
+/// (`waiters::frees_queued`), whose notifications release the budget.
 #[test]
-#[ignore = "open: sibling-in-poll"]
 fn a_waiter_in_a_poll_behind_blocks_cached_on_the_other_device() {
-    OPEN.with(|o| o.set(Some(twin::SIBLING_IN_POLL)));
     check(siblings(false), &sibling_ops(AllocHow::Await));
 }
 

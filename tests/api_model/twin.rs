@@ -16,11 +16,6 @@
 
 use super::*;
 
-/// The open class of a waiter on one device behind size-class blocks
-/// cached on the other (see
-/// [`regressions::a_waiter_in_a_poll_behind_blocks_cached_on_the_other_device`]).
-pub(super) const SIBLING_IN_POLL: &str = "sibling-in-poll";
-
 /// The second device's stack under the shared budget.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct TwinStack {
@@ -34,8 +29,6 @@ pub(super) struct Twin {
     bottom: Arc<SimResource>,
     res: Option<AsyncResource<Top>>,
     pub(super) buffers: Vec<Buffer<u8>>,
-    /// Its stack holds a size-class cache.
-    size_classes: bool,
 }
 
 impl Twin {
@@ -65,20 +58,11 @@ impl Twin {
             bottom,
             res: Some(res),
             buffers: Vec::new(),
-            size_classes: stack.cache == Some(false),
         }
     }
 
     fn res(&self) -> &AsyncResource<Top> {
         self.res.as_ref().expect("the stack is up")
-    }
-
-    /// Whether a waiter under the shared budget may wait for good behind
-    /// size-class blocks cached idle on a device (open class
-    /// `sibling-in-poll`: the harness does not require it served unless
-    /// named).
-    pub(super) fn may_wait_behind_size_classes(&self, main: bool) -> bool {
-        (main || self.size_classes) && !open(SIBLING_IN_POLL)
     }
 
     pub(super) fn holds_memory(&self) -> bool {
@@ -167,10 +151,7 @@ impl World {
             AllocHow::Await => {
                 // Behind a debug guard's quarantine (on the first device,
                 // under the shared budget) a wait may last for good.
-                let must = !self.holds_memory()
-                    && !self.guard
-                    && !self.sibling_may_hold()
-                    && self.fits(size, granularity);
+                let must = !self.holds_memory() && !self.guard && self.fits(size, granularity);
                 let mut fut = res.allocate_buffer::<u8>(size, s, TAG);
                 let patience = if must { GUARD } else { PATIENCE };
                 match self.drive(&mut fut, patience) {

@@ -123,11 +123,17 @@ impl<R: DeviceMemoryResource> IdleHolder for Counted<R> {
         // cache does for its own blocks when memory is full. Nothing is
         // reaped when nothing was idle, so a queued free of a caller still
         // holds its bytes until someone reaps (`RetryOnOom`, a reaper).
-        if given > 0
-            && !crate::poll_scope::in_poll()
-            && let Err(e) = self.inner.reap_pending()
-        {
-            tracing::warn!(error = %e, "reaping idle memory given back failed");
+        if given > 0 {
+            if !crate::poll_scope::in_poll() {
+                if let Err(e) = self.inner.reap_pending() {
+                    tracing::warn!(error = %e, "reaping idle memory given back failed");
+                }
+            } else {
+                // Inside a poll nothing reaps: the futures layers over the
+                // stacks give the queued frees completion points instead,
+                // whose notifications reap them and release the budget.
+                crate::waiters::frees_queued();
+            }
         }
         self.settle()
     }
