@@ -195,6 +195,59 @@ pub enum ResourceError {
         /// The blocks live on the stream.
         live: usize,
     },
+    /// Hold-and-wait: every byte the refused allocations wait for is held
+    /// by tasks that are themselves waiting for more memory, and nothing
+    /// pending on the GPU would free any, so no waiter could ever be
+    /// served. The newest waiter that holds memory fails with this error,
+    /// so that its task gives its memory back (dropping its buffers) and
+    /// the older ones are served. Ask for a request's memory as one unit
+    /// instead ([`AsyncResource::reserve`](crate::futures::AsyncResource::reserve)).
+    /// [`set_hold_and_wait_check`](crate::futures::AsyncResource::set_hold_and_wait_check)
+    /// says
+    /// for the facts the verdict rests on.
+    #[error(
+        "hold-and-wait: {held} B are held by {tasks} tasks that all wait for more memory ({waiting} allocations waiting) and nothing pending on the GPU would free any; reserve each request's memory as one unit (AsyncResource::reserve)"
+    )]
+    HoldAndWait {
+        /// Bytes served through the futures layer and held by the waiting
+        /// tasks (as asked for, before any rounding below).
+        held: usize,
+        /// Tasks holding them, every one waiting.
+        tasks: usize,
+        /// Allocations waiting when the verdict was given.
+        waiting: usize,
+    },
+    /// A reservation was asked for nothing: an empty list of sizes, or a
+    /// size of zero bytes at `index`. Nothing was reserved.
+    #[error("{}", match index {
+        Some(i) => format!("size {i} of the reservation is zero bytes"),
+        None => "a reservation of no sizes".to_string(),
+    })]
+    EmptyReservation {
+        /// The zero size's position in the list; `None` for an empty list.
+        index: Option<usize>,
+    },
+    /// The sizes of a reservation add up to more than `usize` bytes.
+    /// Nothing was reserved.
+    #[error("the {sizes} sizes of the reservation overflow the address space")]
+    ReservationOverflow {
+        /// How many sizes were asked for.
+        sizes: usize,
+    },
+    /// No block left in a
+    /// [`MemoryReservation`](crate::futures::MemoryReservation) holds
+    /// `requested` bytes. The reservation is as it was.
+    #[error(
+        "no block left in the reservation holds {requested} B (the largest left holds {largest} B, {left} blocks left)"
+    )]
+    NotReserved {
+        /// Bytes asked of the reservation.
+        requested: usize,
+        /// The largest block left (0 when none is).
+        largest: usize,
+        /// Blocks left.
+        left: usize,
+    },
     /// The stream is not in this resource's stream pool.
     #[error("unknown stream {stream} (the pool has {pool_len} streams)")]
     UnknownStream {

@@ -57,6 +57,7 @@ mod launch;
 mod ledger;
 mod owned;
 mod refused;
+mod reserved;
 mod view;
 
 pub use alloc::BufferFuture;

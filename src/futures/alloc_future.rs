@@ -7,6 +7,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use super::core::Core;
+use super::hold_wait::current_owner;
+use super::waiter::{Attempt, Waiter};
 use crate::error::{ResourceError, ResourceResult};
 use crate::poll_scope::PollScope;
 use crate::types::{AllocTag, DeviceBlock, StreamId};
@@ -21,56 +23,49 @@ use crate::types::{AllocTag, DeviceBlock, StreamId};
 /// error) are returned at once, as is a request larger than the device (or
 /// the budget's limit), which waiting could never satisfy.
 ///
+/// [`HoldAndWait`](ResourceError::HoldAndWait) when every byte it waits
+/// for is held by tasks that wait themselves, and this is the newest
+/// waiter whose task holds memory (see
+/// [`AsyncResource::set_hold_and_wait_check`](super::AsyncResource::set_hold_and_wait_check)).
+///
 /// # Cancel safety
 /// Cancel safe: dropping it gives up its place in the queue and holds no
 /// memory; if it had been woken to try, the wake passes to the next waiter.
 #[must_use = "an AllocFuture allocates nothing unless awaited"]
 #[derive(Debug)]
 pub struct AllocFuture {
-    core: Arc<Core>,
+    waiter: Waiter,
     bytes: usize,
     stream: StreamId,
     tag: AllocTag,
-    ticket: Option<u64>,
-    done: bool,
 }
 
 impl AllocFuture {
     pub(crate) fn new(core: Arc<Core>, bytes: usize, stream: StreamId, tag: AllocTag) -> Self {
         AllocFuture {
-            core,
+            waiter: Waiter::new(core),
             bytes,
             stream,
             tag,
-            ticket: None,
-            done: false,
         }
     }
 
     /// Whether the allocation is queued, waiting for memory.
     pub fn is_waiting(&self) -> bool {
-        self.ticket.is_some()
+        self.waiter.is_waiting()
     }
+}
 
-    /// Whether waiting could ever satisfy the request after `e`.
-    fn worth_waiting(&self, e: &ResourceError) -> bool {
-        match e {
-            ResourceError::OutOfMemory { requested, .. } => {
-                self.core.capacity().is_some_and(|c| *requested <= c)
-            }
-            ResourceError::BudgetExceeded {
-                requested, limit, ..
-            } => requested <= limit,
-            _ => false,
+/// Whether waiting could ever satisfy a request refused with `e`.
+pub(crate) fn worth_waiting(core: &Core, e: &ResourceError) -> bool {
+    match e {
+        ResourceError::OutOfMemory { requested, .. } => {
+            core.capacity().is_some_and(|c| *requested <= c)
         }
-    }
-
-    fn finish(&mut self, r: ResourceResult<DeviceBlock>) -> Poll<ResourceResult<DeviceBlock>> {
-        if let Some(t) = self.ticket.take() {
-            self.core.allocs.leave(t);
-        }
-        self.done = true;
-        Poll::Ready(r)
+        ResourceError::BudgetExceeded {
+            requested, limit, ..
+        } => requested <= limit,
+        _ => false,
     }
 }
 
@@ -79,73 +74,20 @@ impl Future for AllocFuture {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let _scope = PollScope::enter();
-        if self.done {
-            return Poll::Ready(Err(ResourceError::Shutdown));
-        }
-        if self.ticket.is_none() {
-            // What waiting could never serve fails at once, even with
-            // others queued: a wrong stream, more than the device has.
-            if let Err(e) = self.core.check_request(self.bytes, self.stream) {
-                return self.finish(Err(e));
-            }
-        }
-        // A failed device reports no more frees: nothing can come back.
-        if let Some(e) = self.core.failure() {
-            return self.finish(Err(e));
-        }
-        let queue = &self.core.allocs;
-        let may_try = match self.ticket {
-            None => queue.len() == 0,
-            Some(t) => queue.refresh(t, cx.waker()),
-        };
-        if !may_try && self.ticket.is_none() {
-            let (t, _) = queue.enqueue(cx.waker());
-            self.ticket = Some(t);
-            return Poll::Pending;
-        }
-        if !may_try {
-            return Poll::Pending;
-        }
-        // Bounded: each retry needs memory to have come back meanwhile (or
-        // this waiter to have just taken its ticket).
-        for _ in 0..4 {
-            let epoch = self.core.allocs.epoch();
-            match self.core.inner.allocate(self.bytes, self.stream, self.tag) {
-                Ok(block) => return self.finish(Ok(block)),
-                Err(e) if self.worth_waiting(&e) => {
-                    // A cache below may have given its idle blocks back on
-                    // their own streams, a decorator or the user may have
-                    // freed on the inner resource: every free queued below
-                    // this layer gets a point, and its notification reaps it.
-                    self.core.adopt_frees();
-                    if self.ticket.is_none() {
-                        let (t, head) = self.core.allocs.enqueue(cx.waker());
-                        self.ticket = Some(t);
-                        if !head {
-                            // Someone queued meanwhile: wait behind them.
-                            return Poll::Pending;
-                        }
-                        // Counted as waiting now, everywhere: memory given
-                        // back from here on wakes us. Memory given back
-                        // since the failed try did not: try once more.
-                        continue;
+        let (bytes, stream, tag) = (self.bytes, self.stream, self.tag);
+        self.waiter.poll(
+            cx,
+            |core| core.check_request(bytes, stream),
+            |core| match core.inner.allocate(bytes, stream, tag) {
+                Ok(block) => {
+                    if core.tracks_holdings() {
+                        core.holdings.served(block.id(), bytes, current_owner());
                     }
-                    if self.core.allocs.epoch() == epoch {
-                        return Poll::Pending;
-                    }
+                    Attempt::Served(block)
                 }
-                Err(e) => return self.finish(Err(e)),
-            }
-        }
-        cx.waker().wake_by_ref();
-        Poll::Pending
-    }
-}
-
-impl Drop for AllocFuture {
-    fn drop(&mut self) {
-        if let Some(t) = self.ticket.take() {
-            self.core.allocs.leave(t);
-        }
+                Err(e) if worth_waiting(core, &e) => Attempt::Wait(e),
+                Err(e) => Attempt::Fail(e),
+            },
+        )
     }
 }

@@ -10,6 +10,7 @@ use super::core::Core;
 use super::dealloc::{DeallocHandle, ReapFuture};
 use super::done_at::DoneAt;
 use super::event_future::EventFuture;
+use super::hold_wait::current_owner;
 use super::wait_policy::WaitPolicy;
 use super::wait_stats::WaitStats;
 use crate::device::{Device, StreamPool};
@@ -192,6 +193,38 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
         AllocFuture::new(self.core.clone(), bytes, stream, tag)
     }
 
+    /// Reserves a request's memory as one unit: one block of each of
+    /// `sizes` (bytes) on `stream`, waiting while they do not all fit,
+    /// first come first served with the other waiting allocations, as
+    /// tokio's `Semaphore::acquire_many_owned`. Buffers are then taken from
+    /// the [`MemoryReservation`](super::MemoryReservation) without waiting
+    /// and without failing for lack of memory; dropping it frees what was
+    /// not taken. For `n` bytes in one buffer, pass `&[n]`.
+    ///
+    /// The blocks are allocated up front through the whole stack (see
+    /// [`MemoryReservation`](super::MemoryReservation) for budgets and
+    /// caches). A reservation that waits holds nothing, so requests that
+    /// reserve never hold part of their memory while waiting for the rest.
+    ///
+    /// # Errors
+    /// See [`ReserveFuture`](super::ReserveFuture).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropped while waiting it holds nothing and passes a
+    /// wake-up it received on to the next waiter.
+    ///
+    /// # Stream ordering
+    /// The blocks, and the buffers taken from them, are usable on `stream`
+    /// from this point of its order.
+    pub fn reserve(
+        &self,
+        sizes: &[usize],
+        stream: StreamId,
+        tag: AllocTag,
+    ) -> super::ReserveFuture {
+        super::ReserveFuture::new(self.core.clone(), sizes, stream, tag)
+    }
+
     /// Allocates at once, failing when the device or budget is full. It
     /// takes no place in the queue of waiting allocations, and never
     /// overtakes it: while allocations wait, it fails without trying.
@@ -212,7 +245,13 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
         // (a full budget) may act on the refusal (ask for idle memory).
         self.core.notifier(stream)?;
         match self.core.allocs.len() {
-            0 => self.inner.allocate(bytes, stream, tag),
+            0 => {
+                let block = self.inner.allocate(bytes, stream, tag)?;
+                self.core
+                    .holdings
+                    .served(block.id(), bytes, current_owner());
+                Ok(block)
+            }
             waiting => Err(ResourceError::AllocationsWaiting { waiting }),
         }
     }
@@ -403,6 +442,34 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
         self.core.policy.get()
     }
 
+    /// Turns the hold-and-wait verdict on or off (off by default).
+    ///
+    /// While it is on, an allocation that waits for memory every byte of
+    /// which is held by tasks that are themselves waiting for more, with
+    /// nothing pending on the GPU that would free any, does not wait
+    /// forever: the newest waiter whose task holds memory fails with
+    /// [`HoldAndWait`](ResourceError::HoldAndWait), so that its task gives
+    /// its memory back. The verdict rests on what the host saw: the budget
+    /// (or device) holds nothing beyond this stack, every block the futures
+    /// layer served and that is held belongs to a tokio task with an
+    /// allocation in the queue, the stack has no idle memory to give back,
+    /// and no stream has a free or a completion pending. It is given when
+    /// the head of the queue is refused, so also after a task that holds
+    /// memory queues, and after the watchdog's periodic retry.
+    ///
+    /// It is off by default because it judges ownership by task: a buffer
+    /// counts as its allocating task's, so where tasks hand their buffers
+    /// to other tasks that free them (a pipeline over channels), a producer
+    /// waiting while its buffers sit in a channel looks like hold-and-wait
+    /// and would fail a request that would have been served. Turn it on
+    /// where each task frees what it allocates. While it is off, serving
+    /// and freeing record nothing for it. Memory allocated outside a tokio task is
+    /// never presumed stuck. The cure for a real hold-and-wait is to ask
+    /// for a request's memory as one unit ([`reserve`](Self::reserve)).
+    pub fn set_hold_and_wait_check(&self, on: bool) {
+        self.core.set_hold_wait_check(on);
+    }
+
     /// Bytes outstanding in the inner resource (live plus pending frees).
     pub fn bytes_outstanding(&self) -> usize {
         self.inner.bytes_outstanding()
@@ -488,6 +555,7 @@ pub(crate) fn deallocate_detached(
     let notifier = core.notifier(stream)?;
     // Only what the host saw proves the GPU done: a point settled because
     // its future was dropped (a cancelled request) or failed says nothing.
+    let id = block.id();
     let seen_done = done_at.is_some_and(|d| {
         d.hook_uses == core.hook_uses.load(Ordering::SeqCst) && notifier.seen_reached(d.point)
     });
@@ -499,6 +567,9 @@ pub(crate) fn deallocate_detached(
             core.inner.deallocate_completed(block, completed)?;
         }
         false => core.inner.deallocate(block)?,
+    }
+    if core.tracks_holdings() {
+        core.holdings.freed(id);
     }
     // A free that queued nothing new below (a cache took the block back:
     // its bytes never left it) has nothing for a notification to apply,
@@ -520,7 +591,11 @@ pub(crate) fn deallocate_detached(
 fn queue_free(core: &Core, block: DeviceBlock) -> ResourceResult<(StreamId, u64, u64)> {
     let stream = block.stream();
     let notifier = core.notifier(stream)?;
+    let id = block.id();
     core.inner.deallocate(block)?;
+    if core.tracks_holdings() {
+        core.holdings.freed(id);
+    }
     let free_seq = core.inner.pending_free_seq(stream);
     let point = notifier.mark_free(free_seq);
     notifier.launch(&*core.gpu);

@@ -17,6 +17,7 @@
 
 use std::sync::{Arc, OnceLock};
 
+use super::hold_wait::Holdings;
 use super::kick::Kick;
 use super::notifier::Notifier;
 use super::wait_policy::SharedPolicy;
@@ -28,8 +29,8 @@ use crate::error::{DriverCall, ResourceError, ResourceResult};
 use crate::gpu::Gpu;
 use crate::poll_scope::PollScope;
 use crate::resource::DeviceMemoryResource;
-use crate::sync::AtomicU64;
-use crate::types::StreamId;
+use crate::sync::{AtomicBool, AtomicU64, Ordering};
+use crate::types::{BlockState, StreamId};
 use crate::waiters;
 
 /// Shared state of one async resource. See the [module documentation](self).
@@ -61,6 +62,12 @@ pub(crate) struct Core {
     /// completed only if none began since its last launch (such a use is
     /// work on the block that the launch's point does not cover).
     pub(crate) hook_uses: AtomicU64,
+    /// Blocks served through the layer and their tasks, for the
+    /// [hold-and-wait](super::hold_wait) verdict.
+    pub(crate) holdings: Holdings,
+    /// Whether the hold-and-wait verdict is given (off by default: see
+    /// [`AsyncResource::set_hold_and_wait_check`](super::AsyncResource::set_hold_and_wait_check)).
+    hold_wait_check: AtomicBool,
 }
 
 impl std::fmt::Debug for Core {
@@ -113,6 +120,8 @@ impl Core {
             frees_across: inner_across,
             hook_uses: AtomicU64::new(0),
             relief: OnceLock::new(),
+            holdings: Holdings::default(),
+            hold_wait_check: AtomicBool::new(false),
         });
         let patrolled: std::sync::Weak<dyn Patrolled> = Arc::downgrade(&core) as _;
         watchdog::spawn(patrolled, kick).map_err(|e| ResourceError::Driver {
@@ -239,6 +248,93 @@ impl Core {
                 n.launch(&*self.gpu);
             }
         }
+    }
+
+    /// Turns the [hold-and-wait](super::hold_wait) verdict on or off.
+    pub(crate) fn set_hold_wait_check(&self, on: bool) {
+        self.hold_wait_check.store(on, Ordering::SeqCst);
+    }
+
+    /// Whether blocks served are recorded with their task: only while the
+    /// verdict is on (off, serving and freeing take no lock for it).
+    pub(crate) fn tracks_holdings(&self) -> bool {
+        self.hold_wait_check.load(Ordering::Relaxed)
+    }
+
+    /// The head of the queue was just refused with `refusal`, and no memory
+    /// came back since: whether the queue is in hold-and-wait, judged from
+    /// the facts of the [module `hold_wait`](super::hold_wait). `Some`
+    /// names the waiter to fail (the newest that holds memory) and its
+    /// error. Makes no blocking call; may ask the stack for its idle memory
+    /// (then the verdict waits for it to come back).
+    pub(crate) fn judge_hold_and_wait(
+        &self,
+        refusal: &ResourceError,
+    ) -> Option<(u64, ResourceError)> {
+        if !self.hold_wait_check.load(Ordering::SeqCst) {
+            return None;
+        }
+        // 1. Nobody outside this stack holds what was refused.
+        let outstanding = self.inner.bytes_outstanding();
+        match refusal {
+            ResourceError::BudgetExceeded { in_use, .. } if *in_use <= outstanding => {}
+            ResourceError::OutOfMemory { .. } => {
+                let (free, total) = self.gpu.mem_info().ok()?;
+                if total.saturating_sub(free) > outstanding {
+                    return None;
+                }
+            }
+            _ => return None,
+        }
+        // 2. Every block served and held belongs to a task that waits.
+        let waiting = self.allocs.owners();
+        let mut holders = Vec::new();
+        let mut held = 0usize;
+        {
+            let mut blocks = self.holdings.lock();
+            // Blocks freed around the layer are no longer anyone's.
+            blocks.retain(
+                |id, _| !matches!(self.inner.block_state(*id), Some(s) if s != BlockState::Live),
+            );
+            for h in blocks.values() {
+                let owner = h.owner?;
+                if !waiting.iter().any(|(_, w)| *w == Some(owner)) {
+                    return None;
+                }
+                held = held.saturating_add(h.bytes);
+                if !holders.contains(&owner) {
+                    holders.push(owner);
+                }
+            }
+        }
+        if holders.is_empty() {
+            return None;
+        }
+        // 3. Idle memory the stack could give back: given back, and judged
+        // again once it is (its frees' notifications wake the head).
+        if self.inner.release_idle().unwrap_or(0) > 0 {
+            self.adopt_frees();
+            self.allocs.memory_returned();
+            return None;
+        }
+        // 4. Nothing pending on any stream: no free to execute, no task
+        // awaiting the GPU that may free after.
+        if self.notifiers.iter().any(Notifier::has_pending) {
+            return None;
+        }
+        let victim = waiting
+            .iter()
+            .rev()
+            .find(|(_, o)| o.is_some_and(|o| holders.contains(&o)))?
+            .0;
+        Some((
+            victim,
+            ResourceError::HoldAndWait {
+                held,
+                tasks: holders.len(),
+                waiting: waiting.len(),
+            },
+        ))
     }
 
     /// Applies frees known done to `stream`'s accounting up to `free_seq`.

@@ -5,6 +5,12 @@
 //!
 //! - **allocate and wait** for memory when the device or a budget is full
 //!   ([`AsyncResource::allocate`] → [`AllocFuture`], first come first served);
+//! - **reserve a request's memory as one unit**
+//!   ([`AsyncResource::reserve`] → [`ReserveFuture`] → [`MemoryReservation`],
+//!   in the same queue, all or nothing), and take buffers from it without
+//!   waiting; a queue where every byte is held by tasks that wait for more
+//!   fails its newest holder instead of waiting forever
+//!   ([`AsyncResource::set_hold_and_wait_check`]);
 //! - **await completion** of work it queued on a stream
 //!   ([`AsyncResource::finish_block_use`], [`AsyncResource::completion`] →
 //!   [`EventFuture`]);
@@ -102,6 +108,7 @@
 //    wait queue, the kick (the dispatcher's wake-up callback), where an
 //    owned buffer's block is known done with.
 mod done_at;
+mod hold_wait;
 mod kick;
 mod points;
 mod wait_policy;
@@ -113,10 +120,13 @@ mod notifier;
 pub mod watchdog;
 // 3. `Core`: owns the notifiers, the wait queue and the watchdog's kick.
 mod core;
-// 4. The futures and handles, made over `Core`.
+// 4. The futures and handles, made over `Core` (a waiter's place in the
+//    queue first).
 mod alloc_future;
 mod dealloc;
 mod event_future;
+mod reserve;
+mod waiter;
 // 5. `AsyncResource`, which makes them.
 mod async_resource;
 // 6. `Reaper`, the background dispatcher of an `AsyncResource`.
@@ -133,6 +143,7 @@ pub(crate) use done_at::DoneAt;
 pub use event_future::EventFuture;
 #[cfg(feature = "tokio")]
 pub use reaper::Reaper;
+pub use reserve::{MemoryReservation, ReserveFuture};
 pub use wait_policy::{Behind, WaitPolicy};
 pub use wait_stats::WaitStats;
 pub use watchdog::FALLBACK_PERIOD;

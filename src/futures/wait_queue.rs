@@ -32,6 +32,14 @@
 //! the epoch: the waiter reads it before trying, and tries again at once if
 //! it moved.
 //!
+//! # Failing a waiter
+//!
+//! Each ticket names the task that waits. When the core finds the queue in
+//! hold-and-wait (see [`hold_wait`](super::hold_wait)), it marks the newest
+//! waiter that holds memory with the error and wakes it
+//! ([`fail`](AllocQueue::fail)); that waiter's next poll takes the error
+//! and leaves. A marked ticket no longer counts as waiting.
+//!
 //! # Memory coming back elsewhere
 //!
 //! The queue is also one of the process's [waiters](crate::waiters): while
@@ -44,14 +52,27 @@
 use std::collections::BTreeMap;
 use std::task::Waker;
 
+use super::hold_wait::Owner;
+use crate::error::ResourceError;
 use crate::sync::{AtomicU64, Mutex, MutexGuard, Ordering, fence};
 use crate::waiters;
+
+/// One waiting allocation.
+#[derive(Debug)]
+struct Entry {
+    waker: Waker,
+    /// The task that waits (see [`hold_wait`](super::hold_wait)).
+    owner: Option<Owner>,
+    /// Set when the core chose this waiter to fail
+    /// ([`AllocQueue::fail`]); taken by its next poll.
+    failed: Option<ResourceError>,
+}
 
 #[derive(Debug, Default)]
 struct QueueState {
     next_ticket: u64,
     /// Waiting tickets in arrival order, with their tasks' wakers.
-    waiting: BTreeMap<u64, Waker>,
+    waiting: BTreeMap<u64, Entry>,
 }
 
 /// Allocations waiting for memory, first come first served. See the
@@ -100,19 +121,39 @@ impl AllocQueue {
             .lock()
             .waiting
             .first_key_value()
-            .map(|(_, w)| w.clone());
+            .map(|(_, e)| e.waker.clone());
         if let Some(w) = head {
             w.wake();
         }
     }
 
-    /// Queues a ticket at the tail; returns it and whether it is the head.
-    pub(crate) fn enqueue(&self, waker: &Waker) -> (u64, bool) {
+    /// Wakes the head without moving the epoch: it tries again, and judges
+    /// hold-and-wait again when refused (a task that holds memory has just
+    /// queued behind it).
+    pub(crate) fn wake_head(&self) {
+        let head = self
+            .lock()
+            .waiting
+            .first_key_value()
+            .map(|(_, e)| e.waker.clone());
+        if let Some(w) = head {
+            w.wake();
+        }
+    }
+
+    /// Queues a ticket of `owner` at the tail; returns it and whether it is
+    /// the head.
+    pub(crate) fn enqueue(&self, waker: &Waker, owner: Option<Owner>) -> (u64, bool) {
         let (ticket, head) = {
             let mut st = self.lock();
             st.next_ticket += 1;
             let ticket = st.next_ticket;
-            st.waiting.insert(ticket, waker.clone());
+            let entry = Entry {
+                waker: waker.clone(),
+                owner,
+                failed: None,
+            };
+            st.waiting.insert(ticket, entry);
             self.waiting_len
                 .store(st.waiting.len() as u64, Ordering::SeqCst);
             (ticket, st.waiting.len() == 1)
@@ -130,12 +171,46 @@ impl AllocQueue {
             .waiting
             .first_key_value()
             .is_some_and(|(t, _)| *t == ticket);
-        if let Some(w) = st.waiting.get_mut(&ticket)
-            && !w.will_wake(waker)
+        if let Some(e) = st.waiting.get_mut(&ticket)
+            && !e.waker.will_wake(waker)
         {
-            *w = waker.clone();
+            e.waker = waker.clone();
         }
         head
+    }
+
+    /// The error the core chose this waiter to fail with, if it did.
+    pub(crate) fn take_failure(&self, ticket: u64) -> Option<ResourceError> {
+        self.lock()
+            .waiting
+            .get_mut(&ticket)
+            .and_then(|e| e.failed.take())
+    }
+
+    /// The waiting tickets not chosen to fail, oldest first, with their
+    /// owners.
+    pub(crate) fn owners(&self) -> Vec<(u64, Option<Owner>)> {
+        self.lock()
+            .waiting
+            .iter()
+            .filter(|(_, e)| e.failed.is_none())
+            .map(|(t, e)| (*t, e.owner))
+            .collect()
+    }
+
+    /// Makes `ticket`'s next poll fail with `error`, and wakes it. A ticket
+    /// that left meanwhile is not there to fail: nothing happens.
+    pub(crate) fn fail(&self, ticket: u64, error: ResourceError) {
+        let waker = {
+            let mut st = self.lock();
+            st.waiting.get_mut(&ticket).map(|e| {
+                e.failed = Some(error);
+                e.waker.clone()
+            })
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
     }
 
     /// Removes the ticket; if it was the head, wakes the next head.
@@ -152,7 +227,7 @@ impl AllocQueue {
             self.waiting_len
                 .store(st.waiting.len() as u64, Ordering::SeqCst);
             let next = was_head
-                .then(|| st.waiting.first_key_value().map(|(_, w)| w.clone()))
+                .then(|| st.waiting.first_key_value().map(|(_, e)| e.waker.clone()))
                 .flatten();
             (next, st.waiting.is_empty())
         };
@@ -198,9 +273,9 @@ mod loom_tests {
             let q = Arc::new(AllocQueue::default());
             let head = StdArc::new(Count(LoomUsize::new(0)));
             let next = StdArc::new(Count(LoomUsize::new(0)));
-            let (first, was_head) = q.enqueue(&Waker::from(head.clone()));
+            let (first, was_head) = q.enqueue(&Waker::from(head.clone()), None);
             assert!(was_head);
-            let (_second, _) = q.enqueue(&Waker::from(next.clone()));
+            let (_second, _) = q.enqueue(&Waker::from(next.clone()), None);
             let release = {
                 let q = q.clone();
                 loom::thread::spawn(move || q.memory_returned())
@@ -231,7 +306,7 @@ mod loom_tests {
                 let q = q.clone();
                 loom::thread::spawn(move || q.memory_returned())
             };
-            let (_t, head) = q.enqueue(&Waker::from(woken.clone()));
+            let (_t, head) = q.enqueue(&Waker::from(woken.clone()), None);
             assert!(head);
             let moved = q.epoch() != before;
             release.join().unwrap();

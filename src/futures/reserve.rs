@@ -1,0 +1,305 @@
+//! Reservations: a request's memory as one unit.
+//!
+//! A handler that awaits its input, then its activations, then its output
+//! holds the first while it waits for the second: under load every handler
+//! holds an input and none can go on (hold-and-wait, see
+//! [`hold_wait`](super::hold_wait)). [`AsyncResource::reserve`] asks for
+//! all of a request's memory at once, as tokio's
+//! `Semaphore::acquire_many_owned` asks for many permits: it waits holding
+//! nothing, first come first served with every other waiting allocation,
+//! and is served all or nothing.
+//!
+//! # State
+//!
+//! A [`MemoryReservation`] holds **blocks, allocated up front**: one per
+//! size asked for, on the reservation's stream, through the whole stack
+//! (budget, cache, device). It is not a promise of bytes: a promise could
+//! not stop a cache below from finding no range of the right size when the
+//! buffer is asked for, nor another stream from taking what the device had
+//! free. Because the blocks exist, taking a buffer from the reservation
+//! ([`MemoryReservation::allocate_buffer`]) never waits and never fails for
+//! lack of memory: it hands out one of them, whole.
+//!
+//! # Who changes it
+//!
+//! - [`ReserveFuture`] (the head of the queue, when it may try) allocates
+//!   the blocks in the order asked. If one is refused, it frees the ones it
+//!   took in this try (stream-ordered, on the reservation's stream) and
+//!   waits again holding nothing: a reservation never holds part of a
+//!   request while it waits.
+//! - [`MemoryReservation::allocate_buffer`] takes the smallest block left
+//!   that holds the buffer (the first such in the order asked, on a tie);
+//!   the buffer owns it from then on, and frees it when dropped.
+//! - Dropping the reservation (or the task holding it) frees the blocks
+//!   left, stream-ordered; nothing waits for the GPU.
+//!
+//! # Budget, cache, streams
+//!
+//! A reservation's blocks are ordinary blocks of the stack: a budget counts
+//! each at what the layer below it takes from the device (a cache's size
+//! class, its arena's pages), from the moment they are reserved until their
+//! frees have executed, used or not. A cache serves them as any
+//! allocation, from idle blocks or ranges of the reservation's stream first;
+//! the blocks a reservation gives back unused are idle in the cache again.
+//! A reservation is made on one stream and its buffers are on that stream;
+//! using them on other streams is ordered as for any buffer.
+//!
+//! # Bounded
+//!
+//! One try allocates each size once: `n` allocations and, when it fails
+//! part way, up to `n - 1` frees. While it waits it tries only as the head
+//! of the queue, when memory comes back; without a cache below, the return
+//! of the blocks a failed try freed is such an event, so a reservation
+//! that cannot fit tries about once per notification round trip until
+//! memory held by others comes back.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use super::alloc_future::worth_waiting;
+use super::async_resource::deallocate_detached;
+use super::core::Core;
+use super::hold_wait::current_owner;
+use super::waiter::{Attempt, Waiter};
+use crate::error::{ResourceError, ResourceResult};
+use crate::poll_scope::PollScope;
+use crate::types::{AllocTag, DeviceBlock, StreamId};
+
+/// The future of [`AsyncResource::reserve`](super::AsyncResource::reserve):
+/// waits, first come first served, until every size fits at once.
+///
+/// # Errors
+/// At its first poll, before it waits:
+/// [`EmptyReservation`](ResourceError::EmptyReservation) for no sizes or a
+/// zero size, [`ReservationOverflow`](ResourceError::ReservationOverflow)
+/// when the sizes add up past `usize`, and as
+/// [`AllocFuture`](super::AllocFuture) for an unknown stream or a total
+/// more than a budget's limit or the device's memory. While it waits, a
+/// device failure, and
+/// [`HoldAndWait`](ResourceError::HoldAndWait) when its task holds other
+/// memory the queue waits for. Nothing is held after an error.
+///
+/// # Cancel safety
+/// Cancel safe: dropped while waiting, it holds nothing (a try that fails
+/// part way gives back what it took within the same poll), and a wake it
+/// received passes on to the next waiter.
+#[must_use = "a ReserveFuture reserves nothing unless awaited"]
+#[derive(Debug)]
+pub struct ReserveFuture {
+    waiter: Waiter,
+    sizes: Vec<usize>,
+    stream: StreamId,
+    tag: AllocTag,
+}
+
+impl ReserveFuture {
+    pub(crate) fn new(core: Arc<Core>, sizes: &[usize], stream: StreamId, tag: AllocTag) -> Self {
+        ReserveFuture {
+            waiter: Waiter::new(core),
+            sizes: sizes.to_vec(),
+            stream,
+            tag,
+        }
+    }
+
+    /// Whether the reservation is queued, waiting for memory.
+    pub fn is_waiting(&self) -> bool {
+        self.waiter.is_waiting()
+    }
+}
+
+/// The total of `sizes`, or why they cannot be reserved.
+fn total(sizes: &[usize]) -> ResourceResult<usize> {
+    if sizes.is_empty() {
+        return Err(ResourceError::EmptyReservation { index: None });
+    }
+    if let Some(i) = sizes.iter().position(|&s| s == 0) {
+        return Err(ResourceError::EmptyReservation { index: Some(i) });
+    }
+    sizes
+        .iter()
+        .try_fold(0usize, |sum, &s| sum.checked_add(s))
+        .ok_or(ResourceError::ReservationOverflow { sizes: sizes.len() })
+}
+
+/// Frees blocks a failed try took (or a reservation left unused).
+fn give_back(core: &Core, blocks: impl IntoIterator<Item = DeviceBlock>) {
+    for block in blocks {
+        let id = block.id();
+        if let Err(e) = deallocate_detached(core, block, None) {
+            // Not the caller's to handle, and nothing else can take the
+            // block: reported, as an owned buffer's drop does.
+            tracing::error!(block = %id, error = %e, "freeing a reserved block failed");
+        }
+    }
+}
+
+impl Future for ReserveFuture {
+    type Output = ResourceResult<MemoryReservation>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let _scope = PollScope::enter();
+        let this = &mut *self;
+        let (sizes, stream, tag) = (&this.sizes, this.stream, this.tag);
+        let served = this.waiter.poll(
+            cx,
+            |core| core.check_request(total(sizes)?, stream),
+            |core| {
+                let mut blocks = Vec::with_capacity(sizes.len());
+                for &size in sizes {
+                    match core.inner.allocate(size, stream, tag) {
+                        Ok(block) => blocks.push(block),
+                        Err(e) => {
+                            // All or nothing: a waiting reservation holds
+                            // nothing.
+                            give_back(core, blocks);
+                            return match worth_waiting(core, &e) {
+                                true => Attempt::Wait(e),
+                                false => Attempt::Fail(e),
+                            };
+                        }
+                    }
+                }
+                if core.tracks_holdings() {
+                    let owner = current_owner();
+                    for b in &blocks {
+                        core.holdings.served(b.id(), b.size(), owner);
+                    }
+                }
+                Attempt::Served(blocks)
+            },
+        );
+        let core = &this.waiter.core;
+        served.map(|r| {
+            r.map(|blocks| MemoryReservation {
+                core: core.clone(),
+                blocks,
+                stream,
+                tag,
+            })
+        })
+    }
+}
+
+/// Memory reserved for one request: blocks allocated up front on one
+/// stream, from which buffers are taken without waiting and without
+/// failing for lack of memory. Dropping it frees what was not taken.
+///
+/// Made by [`AsyncResource::reserve`](super::AsyncResource::reserve).
+///
+/// # What it holds
+/// Blocks, allocated up front through the whole stack, one per size asked
+/// for: not a promise of bytes, which could not keep a cache below from
+/// finding no range of the right size later. A buffer takes one block
+/// whole (the smallest that holds it). A budget counts each block at what
+/// the layer below it takes from the device (a cache's size class or
+/// pages), from the reservation until the block's free has executed, used
+/// or not; a cache serves the blocks as any allocation, and takes back
+/// those given back unused as idle blocks of the stream.
+///
+/// # Examples
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), streamalloc::ResourceError> {
+/// use streamalloc::{AllocTag, AsyncResource, Device, SimGpu};
+///
+/// let device = Device::sim(&SimGpu::new(), 1);
+/// let res = AsyncResource::on(&device)?;
+/// let s = device.stream(0)?;
+///
+/// // Input, activations and output of one request, as one unit.
+/// let mut request = res.reserve(&[4096, 1 << 20, 4096], s, AllocTag("request")).await?;
+/// let input = request.allocate_buffer::<f32>(1024)?;
+/// let activations = request.allocate_buffer::<u8>(1 << 20)?;
+/// let output = request.allocate_buffer::<f32>(1024)?;
+/// assert!(request.is_empty());
+/// drop((input, activations, output, request));
+/// res.reap_pending().await?;
+/// assert_eq!(res.bytes_outstanding(), 0);
+/// # Ok(()) }
+/// ```
+///
+/// # Stream ordering
+/// Every block is usable on [`stream`](Self::stream) from the reservation
+/// on; a buffer taken from it is a buffer of that stream.
+#[must_use = "a reservation frees its memory when dropped"]
+#[derive(Debug)]
+pub struct MemoryReservation {
+    core: Arc<Core>,
+    /// The blocks not taken yet, in the order asked.
+    blocks: Vec<DeviceBlock>,
+    stream: StreamId,
+    tag: AllocTag,
+}
+
+impl MemoryReservation {
+    /// The stream of the reservation and of its buffers.
+    pub fn stream(&self) -> StreamId {
+        self.stream
+    }
+
+    /// The tag its blocks were allocated with.
+    pub fn tag(&self) -> AllocTag {
+        self.tag
+    }
+
+    /// Blocks not taken yet.
+    pub fn len(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// Whether every block was taken.
+    pub fn is_empty(&self) -> bool {
+        self.blocks.is_empty()
+    }
+
+    /// The sizes of the blocks not taken yet, in the order asked.
+    pub fn sizes(&self) -> impl Iterator<Item = usize> + '_ {
+        self.blocks.iter().map(DeviceBlock::size)
+    }
+
+    /// Bytes not taken yet.
+    pub fn bytes_left(&self) -> usize {
+        self.sizes().sum()
+    }
+
+    /// Takes the smallest block left that holds `bytes` (the first such,
+    /// on a tie).
+    ///
+    /// # Errors
+    /// [`NotReserved`](ResourceError::NotReserved) when none does, or
+    /// `bytes` is zero; nothing changes.
+    pub(crate) fn take(&mut self, bytes: usize) -> ResourceResult<DeviceBlock> {
+        let best = (bytes > 0)
+            .then(|| {
+                self.blocks
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, b)| b.size() >= bytes)
+                    .min_by_key(|(i, b)| (b.size(), *i))
+                    .map(|(i, _)| i)
+            })
+            .flatten();
+        match best {
+            Some(i) => Ok(self.blocks.remove(i)),
+            None => Err(ResourceError::NotReserved {
+                requested: bytes,
+                largest: self.sizes().max().unwrap_or(0),
+                left: self.blocks.len(),
+            }),
+        }
+    }
+
+    /// The core its buffers' frees go through.
+    pub(crate) fn core(&self) -> &Arc<Core> {
+        &self.core
+    }
+}
+
+impl Drop for MemoryReservation {
+    fn drop(&mut self) {
+        give_back(&self.core, self.blocks.drain(..));
+    }
+}

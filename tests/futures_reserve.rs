@@ -1,0 +1,347 @@
+//! Reservations (a request's memory as one unit) and the hold-and-wait
+//! verdict, on the simulated device.
+
+use std::future::Future;
+use std::time::Duration;
+
+use streamalloc::adaptors::Budget;
+use streamalloc::builder::ResourceBuilder;
+use streamalloc::cache::CacheConfig;
+use streamalloc::futures::AsyncResource;
+use streamalloc::{AllocTag, Device, ResourceError, SimGpu, StreamId};
+
+const MIB: usize = 1 << 20;
+const TAG: AllocTag = AllocTag("request");
+/// Generous: every scenario here ends in milliseconds, or hangs.
+const HANG: Duration = Duration::from_secs(20);
+
+/// A plain stream-ordered resource under a budget of `limit` bytes.
+fn budgeted(
+    limit: usize,
+    streams: usize,
+) -> (
+    Device,
+    AsyncResource<impl streamalloc::DeviceMemoryResource + 'static>,
+) {
+    let device = Device::sim(&SimGpu::new(), streams);
+    let budget = Budget::new(limit);
+    let layers = ResourceBuilder::new().budget(&budget);
+    let res = AsyncResource::build(&device, &layers).unwrap();
+    // Off by default (it judges ownership by task); these tests' tasks
+    // free what they allocate.
+    res.set_hold_and_wait_check(true);
+    (device, res)
+}
+
+/// One request of the service: input, then activations, then
+/// output, each awaited on its own, then some work, then everything freed.
+async fn request_piecewise<R: streamalloc::DeviceMemoryResource + 'static>(
+    res: AsyncResource<R>,
+    s: StreamId,
+) -> Result<(), ResourceError> {
+    let input = res.allocate_buffer::<u8>(MIB, s, AllocTag("input")).await?;
+    tokio::task::yield_now().await;
+    let activations = res
+        .allocate_buffer::<u8>(MIB, s, AllocTag("activations"))
+        .await?;
+    tokio::task::yield_now().await;
+    let output = res
+        .allocate_buffer::<u8>(MIB, s, AllocTag("output"))
+        .await?;
+    tokio::task::yield_now().await;
+    drop((input, activations, output));
+    Ok(())
+}
+
+/// The same request with its memory reserved as one unit.
+async fn request_reserved<R: streamalloc::DeviceMemoryResource + 'static>(
+    res: AsyncResource<R>,
+    s: StreamId,
+) -> Result<(), ResourceError> {
+    let mut memory = res.reserve(&[MIB, MIB, MIB], s, TAG).await?;
+    let input = memory.allocate_buffer::<u8>(MIB)?;
+    tokio::task::yield_now().await;
+    let activations = memory.allocate_buffer::<u8>(MIB)?;
+    tokio::task::yield_now().await;
+    let output = memory.allocate_buffer::<u8>(MIB)?;
+    tokio::task::yield_now().await;
+    drop((input, activations, output, memory));
+    Ok(())
+}
+
+/// The deadlock in small: 8 requests of 3 MiB each, awaited piece
+/// by piece, under a budget of 5 MiB. Every request takes its input, and
+/// then all wait for activations: without the verdict they wait forever.
+/// With it, the newest waiter that holds memory fails with `HoldAndWait`,
+/// its input comes back, and the others go on; nothing else fails and
+/// nothing is left held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn piecewise_requests_under_a_small_budget_fail_the_newest_holder_instead_of_hanging() {
+    let (device, res) = budgeted(5 * MIB, 2);
+    let tasks: Vec<_> = (0..8)
+        .map(|i| {
+            let s = device.stream(i % 2).unwrap();
+            tokio::spawn(request_piecewise(res.clone(), s))
+        })
+        .collect();
+    let results = tokio::time::timeout(HANG, async {
+        let mut out = Vec::new();
+        for t in tasks {
+            out.push(t.await.unwrap());
+        }
+        out
+    })
+    .await
+    .expect("the requests hung in hold-and-wait");
+    let refused = results
+        .iter()
+        .filter(|r| matches!(r, Err(ResourceError::HoldAndWait { .. })))
+        .count();
+    let served = results.iter().filter(|r| r.is_ok()).count();
+    assert!(refused >= 1, "{results:?}");
+    assert_eq!(
+        served + refused,
+        8,
+        "only hold-and-wait may fail: {results:?}"
+    );
+    assert!(served >= 1, "{results:?}");
+    res.reap_pending().await.unwrap();
+    assert_eq!(res.bytes_outstanding(), 0);
+    assert_eq!(res.waiting_allocations(), 0);
+}
+
+/// The same 8 requests reserving their 3 MiB as one unit: every one is
+/// served, none fails, and nothing is left held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reserved_requests_under_a_small_budget_are_all_served() {
+    let (device, res) = budgeted(5 * MIB, 2);
+    let tasks: Vec<_> = (0..8)
+        .map(|i| {
+            let s = device.stream(i % 2).unwrap();
+            tokio::spawn(request_reserved(res.clone(), s))
+        })
+        .collect();
+    tokio::time::timeout(HANG, async {
+        for t in tasks {
+            t.await.unwrap().unwrap();
+        }
+    })
+    .await
+    .expect("reserved requests hung");
+    res.reap_pending().await.unwrap();
+    assert_eq!(res.bytes_outstanding(), 0);
+    assert_eq!(res.waiting_allocations(), 0);
+}
+
+/// The same, over a cache: the reservation's blocks are the cache's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reserved_requests_over_a_cache_are_all_served() {
+    let device = Device::sim(&SimGpu::new(), 2);
+    let budget = Budget::new(16 * MIB);
+    let layers = ResourceBuilder::new()
+        .budget(&budget)
+        .cache(CacheConfig::default());
+    let res = AsyncResource::build(&device, &layers).unwrap();
+    let tasks: Vec<_> = (0..16)
+        .map(|i| {
+            let s = device.stream(i % 2).unwrap();
+            tokio::spawn(request_reserved(res.clone(), s))
+        })
+        .collect();
+    tokio::time::timeout(HANG, async {
+        for t in tasks {
+            t.await.unwrap().unwrap();
+        }
+    })
+    .await
+    .expect("reserved requests hung");
+    assert_eq!(res.waiting_allocations(), 0);
+    assert!(budget.in_use() <= budget.limit());
+}
+
+/// What an error must match.
+type Expected = fn(&ResourceError) -> bool;
+
+/// Bad input is refused at the first poll, before waiting, and changes
+/// nothing.
+#[tokio::test]
+async fn bad_reservations_are_refused_and_change_nothing() {
+    let (device, res) = budgeted(4 * MIB, 1);
+    let s = device.stream(0).unwrap();
+    let cases: [(&[usize], Expected); 4] = [
+        (&[], |e| {
+            matches!(e, ResourceError::EmptyReservation { index: None })
+        }),
+        (&[MIB, 0], |e| {
+            matches!(e, ResourceError::EmptyReservation { index: Some(1) })
+        }),
+        (&[usize::MAX, 1], |e| {
+            matches!(e, ResourceError::ReservationOverflow { sizes: 2 })
+        }),
+        (
+            &[3 * MIB, 2 * MIB],
+            |e| matches!(e, ResourceError::BudgetExceeded { requested, .. } if *requested == 5 * MIB),
+        ),
+    ];
+    for (sizes, expected) in cases {
+        let e = res.reserve(sizes, s, TAG).await.unwrap_err();
+        assert!(expected(&e), "{sizes:?}: {e}");
+        assert_eq!(res.bytes_outstanding(), 0);
+        assert_eq!(res.waiting_allocations(), 0);
+    }
+}
+
+/// Buffers come from the smallest block that holds them; asking for more
+/// than any block left holds is an error that leaves the reservation as it
+/// was; dropping the reservation frees what was not taken.
+#[tokio::test]
+async fn buffers_are_taken_best_fit_and_the_rest_is_freed_on_drop() {
+    let (device, res) = budgeted(8 * MIB, 1);
+    let s = device.stream(0).unwrap();
+    let mut memory = res.reserve(&[2 * MIB, MIB, 2 * MIB], s, TAG).await.unwrap();
+    assert_eq!(memory.stream(), s);
+    assert_eq!(res.bytes_outstanding(), 5 * MIB);
+    // 4 KiB of f32: the 1 MiB block, the smallest that holds it.
+    let small = memory.allocate_buffer::<f32>(1024).unwrap();
+    assert_eq!(memory.sizes().collect::<Vec<_>>(), [2 * MIB, 2 * MIB]);
+    for bad in [3 * MIB, 0] {
+        let e = memory.allocate_buffer::<u8>(bad).unwrap_err();
+        assert_eq!(
+            e,
+            ResourceError::NotReserved {
+                requested: bad,
+                largest: 2 * MIB,
+                left: 2
+            }
+        );
+    }
+    assert!(matches!(
+        memory.allocate_buffer::<u64>(usize::MAX),
+        Err(ResourceError::SizeOverflow { .. })
+    ));
+    assert_eq!(memory.len(), 2);
+    assert_eq!(memory.bytes_left(), 4 * MIB);
+    let big = memory.allocate_buffer::<u8>(2 * MIB).unwrap();
+    assert_eq!(big.stream(), s);
+    drop(memory);
+    drop(small);
+    res.reap_pending().await.unwrap();
+    assert_eq!(res.bytes_outstanding(), 2 * MIB);
+    drop(big);
+    res.reap_pending().await.unwrap();
+    assert_eq!(res.bytes_outstanding(), 0);
+}
+
+/// A reservation waits first come first served, holding nothing while it
+/// waits (a try that fits in part gives the part back); dropped while
+/// waiting it strands nobody behind it.
+#[tokio::test]
+async fn a_waiting_reservation_holds_nothing_and_its_drop_strands_nobody() {
+    let (device, res) = budgeted(4 * MIB, 1);
+    let s = device.stream(0).unwrap();
+    let held = res.allocate_buffer::<u8>(2 * MIB, s, TAG).await.unwrap();
+    // 1 MiB + 2 MiB: the first fits, the second does not.
+    let mut waiting = Box::pin(res.reserve(&[MIB, 2 * MIB], s, TAG));
+    let mut behind = Box::pin(res.allocate_buffer::<u8>(MIB, s, TAG));
+    let cx_waker = futures_noop();
+    let mut cx = std::task::Context::from_waker(&cx_waker);
+    assert!(waiting.as_mut().poll(&mut cx).is_pending());
+    assert!(waiting.is_waiting());
+    res.reap_pending().await.unwrap();
+    assert_eq!(
+        res.bytes_outstanding(),
+        2 * MIB,
+        "the waiting reservation holds nothing"
+    );
+    // First come first served: the 1 MiB behind it would fit, and waits.
+    assert!(behind.as_mut().poll(&mut cx).is_pending());
+    assert_eq!(res.waiting_allocations(), 2);
+    drop(waiting);
+    let next = tokio::time::timeout(HANG, behind).await.expect("stranded");
+    let next = next.unwrap();
+    drop((held, next));
+    res.reap_pending().await.unwrap();
+    assert_eq!(res.bytes_outstanding(), 0);
+    assert_eq!(res.waiting_allocations(), 0);
+}
+
+/// `allocate_buffers`: all or nothing, in the order asked.
+#[tokio::test]
+async fn allocate_buffers_is_all_or_nothing() {
+    let (device, res) = budgeted(4 * MIB, 1);
+    let s = device.stream(0).unwrap();
+    let bufs = res
+        .allocate_buffers::<f32>(&[1024, 256 * 1024, 16], s, TAG)
+        .await
+        .unwrap();
+    assert_eq!(
+        bufs.iter().map(|b| b.len()).collect::<Vec<_>>(),
+        [1024, 256 * 1024, 16]
+    );
+    drop(bufs);
+    let e = res
+        .allocate_buffers::<u8>(&[MIB, 0], s, TAG)
+        .await
+        .unwrap_err();
+    assert_eq!(e, ResourceError::EmptyReservation { index: Some(1) });
+    res.reap_pending().await.unwrap();
+    assert_eq!(res.bytes_outstanding(), 0);
+}
+
+/// No false verdict: a task that holds memory and waits for something
+/// other than memory (here a channel) keeps the waiters waiting, and they
+/// are served once it lets go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_that_waits_for_something_else_is_not_hold_and_wait() {
+    let (device, res) = budgeted(2 * MIB, 1);
+    let s = device.stream(0).unwrap();
+    let (go, wait) = tokio::sync::oneshot::channel::<()>();
+    let (held_tx, held_rx) = tokio::sync::oneshot::channel::<()>();
+    let holder = {
+        let res = res.clone();
+        tokio::spawn(async move {
+            let b = res.allocate_buffer::<u8>(2 * MIB, s, TAG).await?;
+            held_tx.send(()).unwrap();
+            wait.await.unwrap();
+            drop(b);
+            Ok::<_, ResourceError>(())
+        })
+    };
+    held_rx.await.unwrap();
+    let waiter = {
+        let res = res.clone();
+        tokio::spawn(async move {
+            let first = res.allocate_buffer::<u8>(MIB, s, TAG).await?;
+            let second = res.allocate_buffer::<u8>(MIB, s, TAG).await?;
+            drop((first, second));
+            Ok::<_, ResourceError>(())
+        })
+    };
+    // Longer than the watchdog's retries, which judge again.
+    tokio::time::sleep(streamalloc::futures::FALLBACK_PERIOD * 5).await;
+    assert!(
+        !waiter.is_finished(),
+        "the waiter was failed or served early"
+    );
+    go.send(()).unwrap();
+    tokio::time::timeout(HANG, async {
+        holder.await.unwrap().unwrap();
+        waiter.await.unwrap().unwrap();
+    })
+    .await
+    .expect("hung");
+}
+
+/// The verdict can be turned off: then piecewise requests are not failed
+/// (here they cannot deadlock: the budget fits them all).
+#[tokio::test]
+async fn the_verdict_can_be_turned_off() {
+    let (device, res) = budgeted(64 * MIB, 1);
+    res.set_hold_and_wait_check(false);
+    let s = device.stream(0).unwrap();
+    request_piecewise(res.clone(), s).await.unwrap();
+}
+
+fn futures_noop() -> std::task::Waker {
+    std::task::Waker::noop().clone()
+}
