@@ -48,8 +48,8 @@
 //! harness steers around an open class unless `API_FUZZ_OPEN` names it
 //! (`API_FUZZ_OPEN=drop-in-capture scripts/api-fuzz.sh 1000`), and its
 //! written-out case is an ignored test that fails until it is fixed. Open
-//! now: `drop-in-capture`, `use-after-replay`, `capture-reuse`,
-//! `capture-refused`, `failed-replay` ([`graphs`]), `sibling-in-poll`
+//! now: `drop-in-capture`, `use-after-replay`, `failed-replay`
+//! ([`graphs`]), `sibling-in-poll`
 //! ([`twin`]), `foreign-after-budget` ([`foreign`]).
 //!
 //! The minimal case of each bug this harness found is written out in

@@ -12,6 +12,16 @@
 //!   reuse is as safe at every replay as it was in the capture). A block
 //!   allocated before the capture and freed inside it joins the pool too:
 //!   the replays use it up to their free.
+//! - **What a capture is served**: only memory no work queued outside the
+//!   graph can still touch, since its replays may run on any stream, after
+//!   nothing the capturing stream queued before the capture: its own
+//!   temporaries (above), memory with no use before, and arena ranges
+//!   whose free a fence queried done shows finished. Not the stream's own
+//!   recent frees (stream order covers a reuse on that stream only), not a
+//!   block allocated before the capture that it freed, not a size-class
+//!   block from the free lists (also: one used on another stream would
+//!   need a wait joining that stream's work to the capture). A size-class
+//!   request in a capture is a graph allocation of the inner resource.
 //! - **After the capture**, a block the capture allocated that a user still
 //!   holds (the graph's output, say) goes to the pool when freed: the
 //!   replays still write it.
@@ -48,7 +58,10 @@ pub(crate) struct GraphPool {
     /// order). The others (a block from before the capture, the graph's
     /// output freed after it) are noted freed at the release.
     pub(crate) ranges: Vec<(Placed, bool)>,
-    /// Size-class blocks freed while the graph owns them.
+    /// Size-class blocks freed while the graph owns them: all from before
+    /// the capture (a capture's own size-class requests are graph
+    /// allocations of the inner resource), so they serve none of its
+    /// allocations (see the module docs).
     pub(crate) blocks: Vec<(SizeClass, DeviceBlock)>,
     /// Leases of the shard the capture handed out that users still hold.
     pub(crate) live: usize,
@@ -95,14 +108,6 @@ impl GraphPool {
     pub(crate) fn put_range(&mut self, placed: Placed, noted: bool) {
         self.bytes += placed.len as usize;
         self.ranges.push((placed, noted));
-    }
-
-    /// Takes a block of `class`.
-    pub(crate) fn take_block(&mut self, class: SizeClass) -> Option<DeviceBlock> {
-        let i = self.blocks.iter().rposition(|(c, _)| *c == class)?;
-        let (_, block) = self.blocks.swap_remove(i);
-        self.bytes -= block.size();
-        Some(block)
     }
 
     /// Keeps a block the graph freed.

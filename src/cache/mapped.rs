@@ -87,7 +87,14 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
             (placed, tier.ptr(placed))
         } else {
             slot.add_arena_live(bytes as isize);
-            match tier.take_kept(arena, len, bytes) {
+            // Not in a capture: a block the stream kept is one of its own
+            // recent frees, which a replay on another stream would race
+            // (see `VmTier::alloc`).
+            let kept = match capture {
+                None => tier.take_kept(arena, len, bytes),
+                Some(_) => None,
+            };
+            match kept {
                 // A block the stream kept: mapped, its own, no driver call.
                 Some(kept) => {
                     shard.stats.hits += 1;
@@ -138,7 +145,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
                 .map(|s| s.arena_live.load(std::sync::atomic::Ordering::Relaxed))
                 .sum()
         };
-        let Some(taken) = tier.alloc(arena, len, bytes, stream, &live_total, capture.is_none())?
+        let Some(taken) = tier.alloc(arena, len, bytes, stream, &live_total, capture.is_some())?
         else {
             return Ok(None);
         };

@@ -664,24 +664,25 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R>
             // Checked before a block is taken, under the lock the lease is
             // made under: a hit cannot be refused.
             shard.room()?;
-            // In a capture: a block its graph freed first, then a cached one
-            // (stream order makes both safe, as below); the block becomes
-            // the graph's.
-            let pooled = capture.and_then(|c| shard.graph_mut(c)?.take_block(class));
-            let hit = match shard.serves(stream) {
-                true => pooled.or_else(|| shard.pop(class)),
+            // A capture takes no cached block: its replays may run on any
+            // stream, where nothing orders them after the work this stream
+            // queued on the block before (stream order covers only a reuse
+            // on this stream), and a block used on another stream would
+            // need a wait that joins that stream's work to the capture,
+            // which the driver refuses. Its miss below is a graph
+            // allocation of the inner resource, which no queued work
+            // touches.
+            let hit = match (capture, shard.serves(stream)) {
+                (None, true) => shard.pop(class),
                 // An id the inner resource has not accepted for this shard
                 // takes nothing here: below, it is refused or learnt.
-                false => None,
+                _ => None,
             };
             if let Some(inner) = hit {
                 // Stream order alone makes this safe: every use of the block
                 // on this stream was queued before, and uses on other streams
                 // were waited for when it was cached.
                 shard.stats.hits += 1;
-                if let Some(c) = capture {
-                    shard.graph_entry(c).live += 1;
-                }
                 let ptr = inner.ptr();
                 let Ok(serial) = shard.lease(Lease {
                     backing: Backing::Inner(inner),
@@ -690,7 +691,7 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R>
                     class: Some(class),
                     home_marked: false,
                     cross_used: false,
-                    capture,
+                    capture: None,
                 }) else {
                     unreachable!("room checked under this lock");
                 };

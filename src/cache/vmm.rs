@@ -57,8 +57,10 @@
 //!   free can overlap `T`'s. `T`'s own later free of it tags it with `T`,
 //!   whose stream order now includes that wait. A capturing stream never
 //!   waits (a wait on an outside event would invalidate the capture): it
-//!   uses only ranges the GPU is known done with, its own, and pages with
-//!   no memory behind them.
+//!   uses only ranges the GPU is known done with and pages with no memory
+//!   behind them (and its graph's own temporaries, see `graph_pool.rs`).
+//!   Not its own recent frees: its replays may run on another stream,
+//!   which stream order does not put after them.
 //! - A mapping is unmapped only once fences past the last free of every
 //!   stream on its pages have completed (queried, never waited for, except
 //!   as the last resort before out of memory), so no queued work can touch
@@ -384,8 +386,13 @@ impl VmTier {
     /// after [`take_kept`](Self::take_kept) found nothing. `None` when the
     /// arena has no room (the caller falls back).
     ///
-    /// `may_wait`: not in a capture, so the stream may wait on the GPU for
-    /// another stream's fence, to use memory that stream freed.
+    /// `capturing`: the stream is in a capture. Else it may wait on the GPU
+    /// for another stream's fence, to use memory that stream freed, and
+    /// reuse its own frees as they are (stream order puts its next work
+    /// after them). A capture does neither: a wait on an outside event
+    /// would invalidate it, and its replays may run on any stream, after
+    /// nothing this stream queued before: it takes only ranges no queued
+    /// work can touch (frees the GPU is known done with, or none).
     /// `live_total` sums the bytes users hold on every stream, for the
     /// slack target.
     pub(crate) fn alloc(
@@ -395,7 +402,7 @@ impl VmTier {
         requested: usize,
         stream: StreamId,
         live_total: &dyn Fn() -> usize,
-        may_wait: bool,
+        capturing: bool,
     ) -> ResourceResult<Option<Taken>> {
         let mut st = self.lock();
         if !ss.kept.keeps() {
@@ -403,7 +410,7 @@ impl VmTier {
             // back, for this block and the next to be placed around less.
             self.give_kept(&mut st, ss);
         }
-        let Some((placed, borrowed)) = self.place(&mut st, ss, len, may_wait) else {
+        let Some((placed, borrowed)) = self.place(&mut st, ss, len, capturing) else {
             return Ok(None);
         };
         let unbacked = st.pages.touch(placed.off, placed.len);
@@ -457,7 +464,7 @@ impl VmTier {
     /// (a larger free range with memory behind it before new memory; the
     /// blocks other streams freed last and ranges merged once fences
     /// completed before a growth), and among mapped memory, ranges the
-    /// stream may use as they are. When `may_wait` and nothing such fits,
+    /// stream may use as they are. Outside a capture, when nothing fits so,
     /// any free range serves before new memory, the stream waiting on the
     /// GPU for the fence of another stream's free where it may still run.
     /// Returns the placement and whether memory another stream freed
@@ -467,10 +474,13 @@ impl VmTier {
         st: &mut SharedArena,
         ss: &mut StreamSlot,
         len: u64,
-        may_wait: bool,
+        capturing: bool,
     ) -> Option<(Placed, bool)> {
         let slot = ss.slot;
-        let any = may_wait && self.lends;
+        let any = !capturing && self.lends;
+        // Whose frees count as the stream's own, usable as they are: none
+        // in a capture (see `alloc`).
+        let own = (!capturing).then_some(slot);
         // Memory with memory behind it that this stream may use as it is
         // comes first. A wait on another stream's fence orders all the
         // work queued there before it ahead of this stream's next work:
@@ -483,9 +493,9 @@ impl VmTier {
         // another stream: one of them, merged with its free neighbours,
         // may serve as it is.
         let now = match any {
-            true => Self::backed_now(st, slot, len).or_else(|| {
+            true => Self::backed_now(st, own, len).or_else(|| {
                 (self.give_kept(st, ss) > 0)
-                    .then(|| Self::backed_now(st, slot, len))
+                    .then(|| Self::backed_now(st, own, len))
                     .flatten()
             }),
             false => None,
@@ -493,11 +503,11 @@ impl VmTier {
         let placed = match now {
             Some(placed) => placed,
             None => {
-                let placed = self.choose(st, slot, len, any)?;
+                let placed = self.choose(st, own, len, any)?;
                 let SharedArena { arena, streams, .. } = &mut *st;
                 if any && !self.order_after(streams, ss, arena.freed(placed)) {
                     st.arena.free(placed, None, |_| false);
-                    self.choose(st, slot, len, false)?
+                    self.choose(st, own, len, false)?
                 } else {
                     placed
                 }
@@ -511,26 +521,32 @@ impl VmTier {
         Some((placed, borrowed))
     }
 
-    /// A good fit on memory mapped already that the stream of `slot` may
-    /// use as it is (its own frees, or frees the GPU is known done with),
-    /// if there is one.
-    fn backed_now(st: &mut SharedArena, slot: usize, len: u64) -> Option<Placed> {
-        let placed = Self::fit(st, slot, len, false)?;
+    /// A good fit on memory mapped already that a stream may use as it is
+    /// (the frees of `own`, or frees the GPU is known done with), if there
+    /// is one.
+    fn backed_now(st: &mut SharedArena, own: Option<usize>, len: u64) -> Option<Placed> {
+        let placed = Self::fit(st, own, len, false)?;
         if st.pages.all_backed(placed.off, placed.len) {
             return Some(placed);
         }
         st.arena.free(placed, None, |_| false);
-        Self::backed_fit(st, slot, len, false)
+        Self::backed_fit(st, own, len, false)
     }
 
     /// A good fit (see [`place`](Self::place)); `any`: on any free range,
     /// else only where the stream may use it as it is.
-    fn choose(&self, st: &mut SharedArena, slot: usize, len: u64, any: bool) -> Option<Placed> {
-        let placed = Self::fit(st, slot, len, any)?;
+    fn choose(
+        &self,
+        st: &mut SharedArena,
+        own: Option<usize>,
+        len: u64,
+        any: bool,
+    ) -> Option<Placed> {
+        let placed = Self::fit(st, own, len, any)?;
         if st.pages.all_backed(placed.off, placed.len) {
             return Some(placed);
         }
-        if let Some(backed) = Self::backed_fit(st, slot, len, any) {
+        if let Some(backed) = Self::backed_fit(st, own, len, any) {
             st.arena.free(placed, None, |_| false);
             return Some(backed);
         }
@@ -554,11 +570,11 @@ impl VmTier {
         }
         st.settled_at = done;
         st.arena.free(placed, None, |_| false);
-        let placed = Self::fit(st, slot, len, any)?;
+        let placed = Self::fit(st, own, len, any)?;
         if st.pages.all_backed(placed.off, placed.len) {
             return Some(placed);
         }
-        match Self::backed_fit(st, slot, len, any) {
+        match Self::backed_fit(st, own, len, any) {
             Some(backed) => {
                 st.arena.free(placed, None, |_| false);
                 Some(backed)
@@ -603,19 +619,20 @@ impl VmTier {
         })
     }
 
-    /// Whether the stream of `slot` may use a range with tags `freed` as
-    /// it is: its own frees, or frees the GPU is known done with.
-    fn usable_now(streams: &[Option<StreamFences>], slot: usize, freed: &[Freed]) -> bool {
+    /// Whether a stream may use a range with tags `freed` as it is: the
+    /// frees of `own` (its slot; none in a capture), or frees the GPU is
+    /// known done with.
+    fn usable_now(streams: &[Option<StreamFences>], own: Option<usize>, freed: &[Freed]) -> bool {
         freed
             .iter()
-            .all(|&f| f.slot() == Some(slot) || is_done(streams, f))
+            .all(|&f| (own.is_some() && f.slot() == own) || is_done(streams, f))
     }
 
-    /// A good fit the stream of `slot` may use now: where its tag allows
-    /// (its own frees, nobody's, or done), at the end with memory behind
-    /// it if only one end has; elsewhere only on pages with no memory.
-    /// Never on a page a growth is mapping (pending).
-    fn fit(st: &mut SharedArena, slot: usize, len: u64, any: bool) -> Option<Placed> {
+    /// A good fit a stream may use now: where its tag allows (the frees of
+    /// `own`, nobody's, or done), at the end with memory behind it if only
+    /// one end has; elsewhere only on pages with no memory. Never on a
+    /// page a growth is mapping (pending).
+    fn fit(st: &mut SharedArena, own: Option<usize>, len: u64, any: bool) -> Option<Placed> {
         let SharedArena {
             arena,
             pages,
@@ -623,7 +640,7 @@ impl VmTier {
             ..
         } = st;
         arena.alloc(len, |start, end, freed| {
-            if any || Self::usable_now(streams, slot, freed) {
+            if any || Self::usable_now(streams, own, freed) {
                 let at_end = end - start > len && !pages.backed(start) && pages.backed(end - 1);
                 let at = if at_end { end - len } else { start };
                 // Never on a page a growth is mapping (it would be seen
@@ -639,10 +656,10 @@ impl VmTier {
         })
     }
 
-    /// A free range the stream of `slot` may use now with memory behind
-    /// every page the block needs (so on no pending page: those have none
-    /// yet).
-    fn backed_fit(st: &mut SharedArena, slot: usize, len: u64, any: bool) -> Option<Placed> {
+    /// A free range a stream may use now (as [`fit`](Self::fit) judges
+    /// `own`) with memory behind every page the block needs (so on no
+    /// pending page: those have none yet).
+    fn backed_fit(st: &mut SharedArena, own: Option<usize>, len: u64, any: bool) -> Option<Placed> {
         let SharedArena {
             arena,
             pages,
@@ -650,7 +667,7 @@ impl VmTier {
             ..
         } = st;
         arena.lend(len, |start, end, freed| {
-            (any || Self::usable_now(streams, slot, freed))
+            (any || Self::usable_now(streams, own, freed))
                 .then(|| pages.backed_window(start, end, len))
                 .flatten()
         })

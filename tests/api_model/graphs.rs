@@ -25,10 +25,9 @@
 //!   whole capacity is free, and the books agree with it at every step.
 //!
 //! # Open classes
-//! Five bugs of graphs this harness found are open (see the ignored cases
+//! Three bugs of graphs this harness found are open (see the ignored cases
 //! in `regressions`); it steers around them unless `API_FUZZ_OPEN` names
-//! them: [`DROP_IN_CAPTURE`], [`USE_AFTER_REPLAY`], [`CAPTURE_REUSE`],
-//! [`CAPTURE_REFUSED`] and [`FAILED_REPLAY`].
+//! them: [`DROP_IN_CAPTURE`], [`USE_AFTER_REPLAY`] and [`FAILED_REPLAY`].
 //!
 //! # The launch's contract
 //! The captured work touches only what the capture allocated (its
@@ -64,15 +63,6 @@ pub(super) const DROP_IN_CAPTURE: &str = "drop-in-capture";
 /// The open class of a use of a kept block racing the replay before it
 /// (see [`regressions::a_kept_block_used_after_an_unawaited_replay`]).
 pub(super) const USE_AFTER_REPLAY: &str = "use-after-replay";
-
-/// The open class of a capture refused for what a cache served it (see
-/// [`regressions::a_capture_served_a_block_used_on_another_stream`]).
-pub(super) const CAPTURE_REFUSED: &str = "capture-refused";
-
-/// The open class of a capture's temporary served by a cache from memory
-/// still in use on the capture's stream, replayed on another (see
-/// [`regressions::a_temporary_from_a_cache_replayed_on_another_stream`]).
-pub(super) const CAPTURE_REUSE: &str = "capture-reuse";
 
 /// The open class of a launch that fails after queuing its replay (see
 /// [`regressions::a_failed_launch_that_queued_its_replay`]).
@@ -163,19 +153,12 @@ impl World {
                 Ok(())
             }
             Err(e) => {
-                let expected = match e {
+                let expected = matches!(
+                    e,
                     ResourceError::BudgetExceeded { .. }
-                    | ResourceError::OutOfMemory { .. }
-                    | ResourceError::AllocationsWaiting { .. } => true,
-                    // Open class `capture-refused`: under a size-class cache
-                    // a temporary is served a cached block used on another
-                    // stream before, and its first use in the capture is
-                    // refused; taken as a refusal unless named.
-                    ResourceError::StreamCapturing { stream, .. } => {
-                        stream == s && self.cache && !open(CAPTURE_REFUSED)
-                    }
-                    _ => false,
-                };
+                        | ResourceError::OutOfMemory { .. }
+                        | ResourceError::AllocationsWaiting { .. }
+                );
                 self.judge("capture_graph", &e, expected)
             }
         }
@@ -201,17 +184,9 @@ impl World {
         }
         let i = slot % n;
         let s = self.stream(stream);
-        let origin = self.graphs[i].graph.origin();
         // What must be done before the replay; when an await fails (an
         // injected fault), the harness cannot keep the contract: no replay.
         let mut before = Vec::new();
-        if self.cache && s != origin && !open(CAPTURE_REUSE) {
-            // Open class `capture-reuse`: a cache may serve a capture's
-            // temporary from a block whose last use on the capture's
-            // stream is still queued, and nothing orders a replay on
-            // another stream after it; steered around unless named.
-            before.push(origin);
-        }
         if self.graphs[i].kept.is_some() && self.cache {
             // The launch's Safety 2: a cache may have handed out the kept
             // block from memory the graph keeps across replays, which the

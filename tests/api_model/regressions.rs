@@ -428,41 +428,40 @@ fn a_kept_block_used_after_an_unawaited_replay() {
     );
 }
 
-/// Open class `capture-reuse`, found by the graph ops (not in the issue):
+/// Class `capture-reuse`, found by the graph ops (not in the issue):
 /// under a size-class cache, a request task allocates 200,000 B on stream
 /// 1, queues a kernel writing it, and is aborted (its buffer's free goes to
-/// the cache behind the kernel, on stream 1). A capture on stream 1 takes
+/// the cache behind the kernel, on stream 1). A capture on stream 1 took
 /// that block for a temporary (stream order makes it safe on stream 1),
-/// and the graph is replayed on stream 2: the replay's write is ordered
-/// after nothing on stream 1, and races the task's kernel. The launch's
-/// contract asks nothing about memory allocated inside the capture. Fails
-/// until fixed (a replay off the capture's stream ordered after it, or a
-/// capture served only memory whose uses are done); steered around (such
-/// a replay follows an awaited completion of the capture's stream)
-/// unless named.
+/// and the graph was replayed on stream 2: the replay's write was ordered
+/// after nothing on stream 1, and raced the task's kernel. The launch's
+/// contract asks nothing about memory allocated inside the capture. Fixed:
+/// a capture is served only memory no queued work can touch (a graph
+/// allocation below the size classes; in the arena, no recent free of the
+/// stream's own). The same ops run over the arena.
 #[test]
-#[ignore = "open: capture-reuse"]
 fn a_temporary_from_a_cache_replayed_on_another_stream() {
-    OPEN.with(|o| o.set(Some(graphs::CAPTURE_REUSE)));
-    check(
-        plain(vec![Kind::Cache { arena: false }]),
-        &[
-            Op::Spawn {
-                size: 200_000,
-                stream: 1,
-                other: 0,
-            },
-            Op::Abort { slot: 0, ticks: 1 },
-            Op::Capture {
-                stream: 1,
-                size: 200_000,
-                temps: 1,
-                keep: Keep::No,
-                adopt: None,
-            },
-            replay(2, Then::Keep),
-        ],
-    );
+    for arena in [false, true] {
+        check(
+            plain(vec![Kind::Cache { arena }]),
+            &[
+                Op::Spawn {
+                    size: 200_000,
+                    stream: 1,
+                    other: 0,
+                },
+                Op::Abort { slot: 0, ticks: 1 },
+                Op::Capture {
+                    stream: 1,
+                    size: 200_000,
+                    temps: 1,
+                    keep: Keep::No,
+                    adopt: None,
+                },
+                replay(2, Then::Keep),
+            ],
+        );
+    }
 }
 
 /// Open class `failed-replay`, found by the graph ops (not in the issue):
@@ -487,18 +486,16 @@ fn a_failed_launch_that_queued_its_replay() {
     );
 }
 
-/// Open class `capture-refused`, found by the graph ops (not in the
-/// issue): under a size-class cache, a request task frees a 1-byte
-/// buffer on stream 2 that it also read on stream 0 (while a graph of
-/// stream 0 is replayed); a capture on stream 2 then allocates a
-/// temporary, and the capture fails with `StreamCapturing` for stream
-/// 2: what the cache served it would need a wait on work outside the
-/// capture. Fails until fixed (a capture served only blocks it can
-/// use); taken as a refusal unless named.
+/// Class `capture-refused`, found by the graph ops (not in the issue):
+/// under a size-class cache, a request task frees a 1-byte buffer on
+/// stream 2 that it also read on stream 0 (while a graph of stream 0 is
+/// replayed); a capture on stream 2 then allocates a temporary, and the
+/// capture failed with `StreamCapturing` for stream 2: the cached block
+/// the cache served it would have needed a wait on work outside the
+/// capture. Fixed: a capture takes no cached block (its temporaries are
+/// graph allocations below the size classes).
 #[test]
-#[ignore = "open: capture-refused"]
 fn a_capture_served_a_block_used_on_another_stream() {
-    OPEN.with(|o| o.set(Some(graphs::CAPTURE_REFUSED)));
     check(
         plain(vec![Kind::Cache { arena: false }]),
         &[
