@@ -46,11 +46,9 @@
 //! `PROPTEST_CASES=N` or `scripts/api-fuzz.sh N` runs as many cases as
 //! you like. Every bug it found is fixed but the open classes: the
 //! harness steers around an open class unless `API_FUZZ_OPEN` names it
-//! (`API_FUZZ_OPEN=drop-in-capture scripts/api-fuzz.sh 1000`), and its
+//! (`API_FUZZ_OPEN=use-after-replay scripts/api-fuzz.sh 1000`), and its
 //! written-out case is an ignored test that fails until it is fixed. Open
-//! now: `drop-in-capture`, `use-after-replay`, `failed-replay`
-//! ([`graphs`]), `sibling-in-poll`
-//! ([`twin`]), `foreign-after-budget` ([`foreign`]).
+//! now: `use-after-replay` under a cache ([`graphs`]).
 //!
 //! The minimal case of each bug this harness found is written out in
 //! [`regressions`] (`tests/api_model/regressions.rs`); proptest also persists its seeds in
@@ -327,8 +325,6 @@ struct World {
     /// The blocks captures kept past their end (their buffers may be
     /// refused as unbacked).
     graph_blocks: Vec<BlockId>,
-    /// The buffers launches used on a stream not their own.
-    crossed: Vec<BlockId>,
     /// A driver fault was injected: calls may fail from now on.
     faulted: bool,
     /// The stack holds a debug guard.
@@ -444,7 +440,6 @@ impl World {
             tasks: Vec::new(),
             graphs: Vec::new(),
             graph_blocks: Vec::new(),
-            crossed: Vec::new(),
             faulted: false,
             weak_top,
             guard: stack.kinds.contains(&Kind::Guard),
@@ -810,11 +805,6 @@ impl World {
         let kept = std::iter::once(w)
             .chain(r)
             .any(|i| self.graph_blocks.contains(&self.buffers[i].id()));
-        for i in std::iter::once(w).chain(r) {
-            if self.buffers[i].stream() != s {
-                self.crossed.push(self.buffers[i].id());
-            }
-        }
         let res = self.res.clone().unwrap();
         let gpu = self.gpu.clone();
         // Both borrowed at once: the written one mutably.

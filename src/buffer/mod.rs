@@ -49,6 +49,7 @@
 mod alloc;
 #[cfg(feature = "cuda")]
 mod cuda;
+pub(crate) mod deferred;
 mod drop_errors;
 mod element;
 mod guard;

@@ -282,9 +282,18 @@ impl<T> Drop for Buffer<T> {
             return;
         }
         let done_at = self.core.done_at();
-        if let Err(e) = self.core.home.free(self.core.block.clone(), done_at) {
-            drop_errors::report(block, "freeing on drop", e);
+        let deferred = self.core.home.pool().deferred_frees();
+        match self.core.home.free(self.core.block.clone(), done_at) {
+            Ok(()) => {}
+            // A free a capture refused (the block stays live) is kept on
+            // the pool and applied once the capture ends: a drop never
+            // leaks for a capture (`buffer::deferred`).
+            Err(ResourceError::StreamCapturing { .. }) => {
+                deferred.defer(self.core.home.clone(), self.core.block.clone());
+            }
+            Err(e) => drop_errors::report(block, "freeing on drop", e),
         }
+        deferred.retry();
     }
 }
 

@@ -5,6 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use super::graph_memory::KeptGraphMemory;
+use crate::buffer::deferred::DeferredFrees;
 use crate::error::{ResourceError, ResourceResult};
 use crate::types::{RawStream, StreamId};
 
@@ -27,6 +28,8 @@ pub struct StreamPool {
     /// frees each replay's instance (shared by every resource and graph on
     /// the pool).
     kept: KeptGraphMemory,
+    /// Frees of dropped buffers a capture refused, applied once it ends.
+    deferred: DeferredFrees,
 }
 
 impl StreamPool {
@@ -66,6 +69,7 @@ impl StreamPool {
             raw,
             _owners: owners,
             kept: KeptGraphMemory::default(),
+            deferred: DeferredFrees::default(),
             #[cfg(feature = "cuda")]
             cuda: Vec::new(),
         }
@@ -97,6 +101,7 @@ impl StreamPool {
             raw,
             _owners: Vec::new(),
             kept: KeptGraphMemory::default(),
+            deferred: DeferredFrees::default(),
             cuda,
         }))
     }
@@ -138,6 +143,7 @@ impl StreamPool {
             raw,
             _owners: Vec::new(),
             kept: KeptGraphMemory::default(),
+            deferred: DeferredFrees::default(),
             cuda: streams,
         }))
     }
@@ -180,6 +186,12 @@ impl StreamPool {
     /// free ([`KeptGraphMemory`]).
     pub(crate) fn kept_graph_memory(&self) -> &KeptGraphMemory {
         &self.kept
+    }
+
+    /// The frees of dropped buffers of this pool that a capture refused
+    /// ([`DeferredFrees`]).
+    pub(crate) fn deferred_frees(&self) -> &DeferredFrees {
+        &self.deferred
     }
 
     /// The pool's identity, which its [`StreamId`]s carry.

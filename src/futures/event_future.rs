@@ -9,6 +9,7 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use super::core::Core;
+use super::notifier::Notifier;
 use super::wait_policy::{Behind, WaitPolicy};
 use super::wait_stats::FutureTally;
 use crate::error::{ResourceError, ResourceResult};
@@ -147,14 +148,29 @@ impl EventFuture {
     pub(crate) fn lazy_point(core: &Arc<Core>, stream: StreamId) -> ResourceResult<EventFuture> {
         let notifier = core.notifier(stream)?;
         notifier.refuse_capturing(&*core.gpu)?;
+        Ok(Self::marked(core, stream, notifier))
+    }
+
+    /// A completion point at the current end of `stream`, made after work
+    /// that cannot be taken back (a graph's replay): it cannot fail. Its
+    /// event is recorded now; when that fails, the point is lazy instead
+    /// (a mark, which cannot fail), and the record is tried again when it
+    /// is polled, whose error the future then returns. `notifier` is
+    /// `stream`'s, found by the caller before that work was queued.
+    pub(crate) fn point_after(
+        core: &Arc<Core>,
+        stream: StreamId,
+        notifier: &Notifier,
+    ) -> EventFuture {
+        Self::point_outside_capture(core, stream)
+            .unwrap_or_else(|_| Self::marked(core, stream, notifier))
+    }
+
+    /// A lazy point at the current end of `stream` (its notifier
+    /// checked by the caller): a mark, no event yet.
+    fn marked(core: &Arc<Core>, stream: StreamId, notifier: &Notifier) -> EventFuture {
         let seq = notifier.mark();
-        Ok(EventFuture::new(
-            core.clone(),
-            stream,
-            seq,
-            None,
-            core.policy.get(),
-        ))
+        EventFuture::new(core.clone(), stream, seq, None, core.policy.get())
     }
 
     fn new(

@@ -125,7 +125,9 @@ impl<R: DeviceMemoryResource + 'static> GraphCapture<R> {
         Ok(unsafe { self.res.gpu().capture_status(self.raw) }?)
     }
 
-    /// Ends the capture and instantiates its graph.
+    /// Ends the capture and instantiates its graph. Buffers dropped during
+    /// the capture whose frees it refused (a block another capture kept,
+    /// say) are freed then.
     ///
     /// # Errors
     /// The driver's: `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED` when an
@@ -139,6 +141,9 @@ impl<R: DeviceMemoryResource + 'static> GraphCapture<R> {
         // SAFETY: `self.raw` is a stream of the pool `self.res` holds.
         let exec =
             unsafe { Graph::end_capture(gpu, self.raw) }.and_then(|graph| graph.instantiate());
+        // Buffers dropped during the capture whose frees it refused are
+        // freed now (`buffer::deferred`).
+        self.res.stream_pool().deferred_frees().retry();
         match exec {
             Ok(exec) => Ok(CapturedGraph::new(self.res.clone(), exec, self.stream)),
             Err(e) => {
@@ -162,5 +167,6 @@ impl<R: DeviceMemoryResource + 'static> Drop for GraphCapture<R> {
             tracing::debug!(capture = %self.id, error = %e, "abandoned capture ended");
         }
         release_capture(&self.res, self.id, self.stream);
+        self.res.stream_pool().deferred_frees().retry();
     }
 }

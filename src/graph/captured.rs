@@ -79,6 +79,14 @@ impl<R: DeviceMemoryResource + 'static> CapturedGraph<R> {
     /// `CUDA_ERROR_INVALID_VALUE` when a block the capture allocated is
     /// still held and holds the last replay's output (nothing is queued:
     /// drop it first); the driver's error freeing an instance or launching.
+    /// An error means the replay was not queued. Once it is queued the call
+    /// succeeds, whatever fails after: were it to say `Err`, the caller
+    /// would take the replay as not launched and reuse what it touches
+    /// while it runs. So the completion point is made so that it cannot
+    /// fail: its event is recorded right after the launch, or, when that
+    /// record fails, when the future is first polled (the point is then a
+    /// lazy one, [`completion_lazy`](AsyncResource::completion_lazy)), and
+    /// that error is the future's.
     ///
     /// # Safety
     /// 1. Every memory range the captured work touches that was not
@@ -95,10 +103,15 @@ impl<R: DeviceMemoryResource + 'static> CapturedGraph<R> {
     pub unsafe fn launch(&self, stream: StreamId) -> ResourceResult<EventFuture> {
         let pool = self.res.stream_pool();
         let raw = pool.raw(stream)?;
-        self.res
-            .core()
-            .notifier(stream)?
-            .refuse_capturing(&**self.res.gpu())?;
+        // Frees of this graph's kept blocks a capture refused go first: the
+        // launch is refused while such a block is held.
+        pool.deferred_frees().retry();
+        // Every step that may fail comes before the replay is queued: once
+        // it is, the books say so and the call succeeds (the point of its
+        // completion cannot fail to be made, `EventFuture::point_after`).
+        let core = self.res.core();
+        let notifier = core.notifier(stream)?;
+        notifier.refuse_capturing(&**self.res.gpu())?;
         // Held across the launch: the ledger's view of this graph's
         // instances changes only here, one launch at a time.
         let mut last_launch = self.last_launch.lock().unwrap_or_else(|p| p.into_inner());
@@ -135,7 +148,7 @@ impl<R: DeviceMemoryResource + 'static> CapturedGraph<R> {
         *last_launch = Some(stream);
         drop(last_launch);
         self.launches.fetch_add(1, Ordering::Relaxed);
-        self.res.completion_outside_capture(stream)
+        Ok(EventFuture::point_after(core, stream, notifier))
     }
 
     /// The capture that recorded the graph.

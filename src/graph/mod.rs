@@ -55,7 +55,15 @@
 //!   last replay's output: drop it first (CUDA refuses that launch too);
 //! - once the graph is gone, dropping the block frees the instance the
 //!   last replay left (behind that replay, whatever its stream), or
-//!   nothing when the graph never ran.
+//!   nothing when the graph never ran;
+//! - a use of the block through the crate (a buffer's helpers, a launch)
+//!   on another stream than the last replay's waits for that stream: the
+//!   replay wrote the block, whether or not its future was awaited (for
+//!   the plain resource's graph memory nodes; a block a cache handed out
+//!   in the capture is not ordered so yet);
+//! - dropped while another capture would take its free (its stream, or
+//!   the last replay's, capturing), the block is freed once that capture
+//!   ends, not leaked (the pool keeps the free; `buffer::deferred`).
 //!
 //! The mirror case, a block allocated before the capture and dropped
 //! while its stream captures (by another thread, say), is adopted by the

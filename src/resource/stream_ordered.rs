@@ -467,10 +467,20 @@ impl<G: Gpu> StreamOrderedResource<G> {
     /// captured into that capture: outside its graph's replays there is no
     /// memory at its address then. A block of no capture (the common case)
     /// takes its shard's lock once.
+    ///
+    /// With `before: Some(use_stream)` (a use about to be queued there), a
+    /// use of a kept block outside its capture is first ordered after the
+    /// graph's last replay, which wrote the block: `use_stream` waits for
+    /// the work queued so far on the stream of that replay (nothing when
+    /// it is `use_stream`, whose order does it). The replay records no use
+    /// of the block (it is queued by the graph, not through a hook), so
+    /// nothing else would order it; refused (`StreamCapturing`, nothing
+    /// queued) while either stream captures.
     fn with_backed<T>(
         &self,
         block: BlockId,
         raw_use: RawStream,
+        before: Option<StreamId>,
         mut f: impl FnMut(&mut BlockRecord) -> ResourceResult<T>,
     ) -> ResourceResult<T> {
         let kept = self.with_live(block, |r| match r.capture {
@@ -484,15 +494,24 @@ impl<G: Gpu> StreamOrderedResource<G> {
         // SAFETY: `raw_use` was resolved through `self.stream_pool`, which
         // keeps its streams alive.
         let inside = unsafe { self.gpu.capture_status(raw_use) }?.id() == Some(capture);
+        if inside {
+            return self.with_live(block, f);
+        }
         // The ledger's lock is taken before any shard lock, never inside.
-        if !inside
-            && !self
-                .stream_pool
-                .kept_graph_memory()
-                .lock()
-                .backed(capture, ptr)
+        let last_launch = {
+            let ledger = self.stream_pool.kept_graph_memory().lock();
+            if !ledger.backed(capture, ptr) {
+                return Err(ResourceError::GraphMemoryUnbacked { block });
+            }
+            ledger.last_launch(capture)
+        };
+        if let Some(use_stream) = before
+            && let Some(last) = last_launch.filter(|&l| l != use_stream)
         {
-            return Err(ResourceError::GraphMemoryUnbacked { block });
+            // A capturing `use_stream` may not wait on an event recorded
+            // outside its capture (the driver would invalidate it).
+            self.refuse_capturing(use_stream, raw_use)?;
+            self.follow(last, raw_use)?;
         }
         // Backed until the user lets the block go (a launch that would free
         // its instance is refused while the user holds it).
@@ -997,7 +1016,7 @@ unsafe impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
 
     fn record_block_use(&self, block: &DeviceBlock, use_stream: StreamId) -> ResourceResult<()> {
         let raw_use = self.raw_stream(use_stream)?;
-        self.with_backed(block.id(), raw_use, |r| {
+        self.with_backed(block.id(), raw_use, None, |r| {
             self.record_use(r, use_stream, raw_use, Access::Read)
         })
     }
@@ -1009,7 +1028,7 @@ unsafe impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
         access: Access,
     ) -> ResourceResult<()> {
         let raw_use = self.raw_stream(use_stream)?;
-        self.with_backed(block, raw_use, |r| {
+        self.with_backed(block, raw_use, Some(use_stream), |r| {
             self.queue_waits(r, use_stream, raw_use, access)
         })
     }
@@ -1021,7 +1040,7 @@ unsafe impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
         access: Access,
     ) -> ResourceResult<()> {
         let raw_use = self.raw_stream(use_stream)?;
-        self.with_backed(block, raw_use, |r| {
+        self.with_backed(block, raw_use, None, |r| {
             self.record_use(r, use_stream, raw_use, access)
         })
     }

@@ -24,10 +24,17 @@
 //! - Every instance is freed exactly once: after the drain the device's
 //!   whole capacity is free, and the books agree with it at every step.
 //!
+//! - A use of a kept block on any stream is ordered after the replay
+//!   that wrote it, awaited or not (but under a cache, an open class),
+//!   and a launch that fails queued no replay.
+//!
+//! - A buffer dropped during a capture is freed exactly once, at once or
+//!   (when the capture refuses its free) when the capture ends.
+//!
 //! # Open classes
-//! Three bugs of graphs this harness found are open (see the ignored cases
-//! in `regressions`); it steers around them unless `API_FUZZ_OPEN` names
-//! them: [`DROP_IN_CAPTURE`], [`USE_AFTER_REPLAY`] and [`FAILED_REPLAY`].
+//! One bug of graphs this harness found is open (see the ignored case in
+//! `regressions`); it steers around it unless `API_FUZZ_OPEN` names it:
+//! [`USE_AFTER_REPLAY`] under a cache.
 //!
 //! # The launch's contract
 //! The captured work touches only what the capture allocated (its
@@ -56,17 +63,10 @@ pub(super) enum Keep {
     DroppedInside,
 }
 
-/// The open class of a kept block dropped during another capture of its
-/// stream (see [`regressions::a_buffer_dropped_during_a_capture`]).
-pub(super) const DROP_IN_CAPTURE: &str = "drop-in-capture";
-
-/// The open class of a use of a kept block racing the replay before it
-/// (see [`regressions::a_kept_block_used_after_an_unawaited_replay`]).
+/// The open class of a use of a block a cache handed out in a capture
+/// racing the replay before it (the plain resource's case is
+/// [`regressions::a_kept_block_used_after_an_unawaited_replay`]).
 pub(super) const USE_AFTER_REPLAY: &str = "use-after-replay";
-
-/// The open class of a launch that fails after queuing its replay (see
-/// [`regressions::a_failed_launch_that_queued_its_replay`]).
-pub(super) const FAILED_REPLAY: &str = "failed-replay";
 
 /// A graph the harness holds.
 pub(super) struct GraphSlot {
@@ -87,20 +87,12 @@ impl World {
         let s = self.stream(stream);
         let res = self.res().clone();
         let gpu = self.gpu.clone();
-        let adopted = adopt.and_then(|slot| {
-            let b = self.buffers.get(slot % self.buffers.len().max(1))?;
-            // Open class `drop-in-capture`: a block another capture kept
-            // (while its stream, or the stream of its graph's last replay,
-            // captures), or (under a cache) one used on another stream
-            // while its stream captures, is refused by the free
-            // (`StreamCapturing`) and leaked; steered around unless named.
-            // A debug guard's quarantine may free any such block it holds
-            // when another buffer is dropped.
-            let refused = self.guard
-                || self.graph_blocks.contains(&b.id())
-                || (b.stream() == s && self.cache && self.crossed.contains(&b.id()));
-            (!refused || open(DROP_IN_CAPTURE)).then(|| Self::take(&mut self.buffers, slot))?
-        });
+        // A free the capture refuses (a block another capture kept, or one
+        // used on another stream under a cache, or a debug guard's
+        // quarantine evicting one) is deferred to the capture's end.
+        let adopted = adopt
+            .filter(|_| !self.buffers.is_empty())
+            .map(|slot| Self::take(&mut self.buffers, slot));
         let captured = res.capture_graph(s, CaptureMode::Relaxed, |capture| {
             let raw = capture.raw_stream();
             let write = |b: &Buffer<u8>| gpu.launch_kernel(raw, &[MemAccess::write(b.block())]);
@@ -199,11 +191,12 @@ impl World {
             }
         }
         let slot = &self.graphs[i];
-        // Open class `use-after-replay`: the crate does not order a use of
-        // a kept block after the replay that writes it; steered around
-        // (such a replay is awaited, so the harness's uses follow it)
-        // unless named.
-        let steered = slot.kept.filter(|_| !open(USE_AFTER_REPLAY));
+        // Open class `use-after-replay` (under a cache): a block a cache
+        // handed out in the capture, from memory the graph keeps, is not
+        // ordered after the replay that writes it (the plain resource
+        // orders a graph memory node's uses); steered around (such a
+        // replay is awaited, so the harness's uses follow it) unless named.
+        let steered = slot.kept.filter(|_| self.cache && !open(USE_AFTER_REPLAY));
         // SAFETY: the captured work touches only blocks the capture
         // allocated (Safety 1); user work on a kept block is awaited above
         // where a cache may keep its range across replays, and a graph
@@ -211,6 +204,8 @@ impl World {
         let launches = slot.graph.launches();
         let launched = unsafe { slot.graph.launch(s) };
         match (launched, steered) {
+            // A use of the kept block is ordered after this replay by the
+            // crate, whenever the harness makes it.
             (Ok(done), None) => self.then_point(done, then),
             (Ok(mut done), Some(kept)) => {
                 if let Err(e) = self.settle(&mut done, "a replay's completion")? {
@@ -233,24 +228,11 @@ impl World {
             ) if slot.kept.is_some() => Ok(()),
             (Err(e), _) => {
                 self.judge("a graph's launch", &e, false)?;
-                let slot = &self.graphs[i];
-                if slot.graph.launches() == launches {
-                    return Ok(());
+                // A failed call changes nothing: no replay was queued.
+                match self.graphs[i].graph.launches() == launches {
+                    true => Ok(()),
+                    false => fail(format!("a launch that failed ({e:?}) queued a replay")),
                 }
-                // Open class `failed-replay`: the replay was queued, then
-                // its completion point could not be made (an injected
-                // fault), and the launch said `Err`; taken unless named,
-                // the kept block let go (the replay may still write it).
-                if open(FAILED_REPLAY) {
-                    return fail(format!("a launch that failed ({e:?}) queued a replay"));
-                }
-                if let Some(at) = slot
-                    .kept
-                    .and_then(|kept| self.buffers.iter().position(|b| b.id() == kept))
-                {
-                    drop(self.buffers.swap_remove(at));
-                }
-                Ok(())
             }
         }
     }
