@@ -49,7 +49,6 @@
 mod alloc;
 #[cfg(feature = "cuda")]
 mod cuda;
-pub(crate) mod deferred;
 mod drop_errors;
 mod element;
 mod guard;

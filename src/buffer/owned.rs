@@ -14,6 +14,7 @@ use super::home::BufferHome;
 use super::ledger::BufferCore;
 use super::refused::Refused;
 use super::view::{BufferView, BufferViewMut, element_range};
+use crate::device::deferred_frees::FreeLater;
 use crate::error::{ResourceError, ResourceResult};
 use crate::types::{AllocTag, BlockId, DeviceBlock, StreamId};
 
@@ -287,13 +288,28 @@ impl<T> Drop for Buffer<T> {
             Ok(()) => {}
             // A free a capture refused (the block stays live) is kept on
             // the pool and applied once the capture ends: a drop never
-            // leaks for a capture (`buffer::deferred`).
+            // leaks for a capture (`device::deferred_frees`).
             Err(ResourceError::StreamCapturing { .. }) => {
-                deferred.defer(self.core.home.clone(), self.core.block.clone());
+                let home = Arc::new(HomeFree(self.core.home.clone()));
+                deferred.defer(home, self.core.block.clone());
             }
             Err(e) => drop_errors::report(block, "freeing on drop", e),
         }
         deferred.retry();
+    }
+}
+
+/// A buffer's home, as where the pool frees a block a capture refused
+/// ([`FreeLater`]).
+struct HomeFree(Arc<dyn BufferHome>);
+
+impl FreeLater for HomeFree {
+    fn free_later(&self, block: DeviceBlock) -> ResourceResult<()> {
+        self.0.free(block, None)
+    }
+
+    fn report(&self, block: &DeviceBlock, error: ResourceError) {
+        drop_errors::report(block.id(), "freeing on drop, after a capture", error);
     }
 }
 

@@ -49,6 +49,7 @@
 //! ```
 
 mod backend;
+pub(crate) mod deferred_frees;
 pub(crate) mod graph_memory;
 mod open;
 pub(crate) mod stream_pool;

@@ -4,8 +4,8 @@ use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
+use super::deferred_frees::DeferredFrees;
 use super::graph_memory::KeptGraphMemory;
-use crate::buffer::deferred::DeferredFrees;
 use crate::error::{ResourceError, ResourceResult};
 use crate::types::{RawStream, StreamId};
 

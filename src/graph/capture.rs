@@ -142,7 +142,7 @@ impl<R: DeviceMemoryResource + 'static> GraphCapture<R> {
         let exec =
             unsafe { Graph::end_capture(gpu, self.raw) }.and_then(|graph| graph.instantiate());
         // Buffers dropped during the capture whose frees it refused are
-        // freed now (`buffer::deferred`).
+        // freed now (`device::deferred_frees`).
         self.res.stream_pool().deferred_frees().retry();
         match exec {
             Ok(exec) => Ok(CapturedGraph::new(self.res.clone(), exec, self.stream)),

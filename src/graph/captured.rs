@@ -100,6 +100,13 @@ impl<R: DeviceMemoryResource + 'static> CapturedGraph<R> {
     ///    the graph keeps) is ordered before this launch: awaited, or
     ///    queued on `stream`. (A block the graph memory holds is freed
     ///    after its uses by the crate, and made again by the replay.)
+    /// 3. Under a cache, work the user queues on such a cache's range
+    ///    after this launch, on another stream than `stream`, comes after
+    ///    the replay: await the future this returns first. (The crate
+    ///    orders it for a block of the graph memory, the bottom resource's,
+    ///    and on `stream` stream order does; the cache's use tracking does
+    ///    not see the replay: `tests/api_model`'s open class
+    ///    `use-after-replay`.)
     pub unsafe fn launch(&self, stream: StreamId) -> ResourceResult<EventFuture> {
         let pool = self.res.stream_pool();
         let raw = pool.raw(stream)?;

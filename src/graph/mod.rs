@@ -63,7 +63,7 @@
 //!   in the capture is not ordered so yet);
 //! - dropped while another capture would take its free (its stream, or
 //!   the last replay's, capturing), the block is freed once that capture
-//!   ends, not leaked (the pool keeps the free; `buffer::deferred`).
+//!   ends, not leaked (the pool keeps the free; `device::deferred_frees`).
 //!
 //! The mirror case, a block allocated before the capture and dropped
 //! while its stream captures (by another thread, say), is adopted by the

@@ -37,15 +37,27 @@
 
 use std::sync::Arc;
 
-use super::drop_errors;
-use super::home::BufferHome;
-use crate::error::ResourceError;
+use crate::error::{ResourceError, ResourceResult};
 use crate::sync::{AtomicUsize, Mutex, Ordering};
 use crate::types::DeviceBlock;
 
-/// A refused free: the block and the resource to free it into.
+/// Where a refused free goes when it is tried again: a buffer's home (the
+/// buffer layer implements it, so that the pool names nothing above it).
+pub(crate) trait FreeLater: Send + Sync {
+    /// Frees `block`; [`StreamCapturing`](ResourceError::StreamCapturing)
+    /// keeps it deferred.
+    ///
+    /// # Errors
+    /// The free's error; nothing changes.
+    fn free_later(&self, block: DeviceBlock) -> ResourceResult<()>;
+
+    /// Reports a retried free that failed for another reason.
+    fn report(&self, block: &DeviceBlock, error: ResourceError);
+}
+
+/// A refused free: the block and where to free it.
 struct Deferred {
-    home: Arc<dyn BufferHome>,
+    home: Arc<dyn FreeLater>,
     block: DeviceBlock,
 }
 
@@ -71,7 +83,7 @@ impl DeferredFrees {
     /// Keeps the free of `block` into `home`, which a capture refused
     /// ([`StreamCapturing`](ResourceError::StreamCapturing): the block is
     /// still live), for a [`retry`](Self::retry).
-    pub(crate) fn defer(&self, home: Arc<dyn BufferHome>, block: DeviceBlock) {
+    pub(crate) fn defer(&self, home: Arc<dyn FreeLater>, block: DeviceBlock) {
         tracing::debug!(block = %block.id(), "free deferred until the capture ends");
         let mut frees = self.frees.lock().unwrap_or_else(|p| p.into_inner());
         frees.push(Deferred { home, block });
@@ -95,11 +107,10 @@ impl DeferredFrees {
             std::mem::take(&mut *frees)
         };
         for Deferred { home, block } in taken {
-            let id = block.id();
-            match home.free(block.clone(), None) {
+            match home.free_later(block.clone()) {
                 Ok(()) => {}
                 Err(ResourceError::StreamCapturing { .. }) => self.defer(home, block),
-                Err(e) => drop_errors::report(id, "freeing on drop, after a capture", e),
+                Err(e) => home.report(&block, e),
             }
         }
     }
