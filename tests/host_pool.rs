@@ -338,3 +338,32 @@ fn the_race_detector_sees_host_memory_reused_under_a_copy() {
     assert!(gpu.host_free(mem).is_err());
     assert!(gpu.copy_to_host_async(mem.addr, dev, 16, raw).is_err());
 }
+
+#[test]
+fn a_pending_block_comes_back_by_its_notification_alone() {
+    // A threaded device, and nobody awaits or synchronizes anything: the
+    // drop asked the stream for a notification, whose delivery is the fact
+    // that brings the block back.
+    let gpu = SimGpu::builder()
+        .op_latency(std::time::Duration::from_millis(2))
+        .build();
+    let f = common::sim_with(gpu.clone(), 1);
+    let res = common::async_resource(&f);
+    let host = pool(&f, HostPoolConfig::new());
+    let s = f.stream(0);
+    let dev = res.try_allocate_buffer::<f32>(LEN, s, TAG).unwrap();
+    let mut out = host.allocate::<f32>(LEN, TAG).unwrap();
+    drop(res.copy_to_host(&dev, &mut out, s).unwrap());
+    drop(out);
+
+    let guard = std::time::Instant::now();
+    while host.stats().pending_bytes != 0 {
+        assert!(guard.elapsed() < common::guard(20), "hang");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert_eq!(host.stats().idle_bytes, CLASS);
+    drop(dev);
+    gpu.run_until_idle();
+    assert!(gpu.races().is_empty(), "{:?}", gpu.races());
+    assert_eq!(gpu.blocking_calls_in_polls(), 0);
+}
