@@ -80,7 +80,7 @@ suites)
     # (`BIN=DIR STAGES="safety tests san" scripts/gpu-call.sh N` there).
     dir="${2:?usage: gpu-run.sh suites DIR}"
     rm -rf "$dir" && mkdir -p "$dir"
-    tests=(safety_cuda cache cache_arena cache_graph buffer_cuda gpu_cuda futures_cuda resource graph_cuda gpu_adaptors)
+    tests=(safety_cuda cache cache_arena cache_graph buffer_cuda gpu_cuda futures_cuda resource graph_cuda gpu_adaptors host_cuda)
     cargo test --release -p streamalloc --no-run "${tests[@]/#/--test=}" --message-format=json 2>/dev/null |
         DIR="$dir" python3 -c '
 import json, sys, shutil, os
@@ -89,7 +89,7 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
         shutil.copy(m["executable"], os.path.join(os.environ["DIR"], "test-" + m["target"]["name"]))
 '
-    examples=(quickstart service pipeline kernel graph adaptor_stack reaper)
+    examples=(quickstart service pipeline kernel graph adaptor_stack reaper staging)
     cargo build --release -p streamalloc "${examples[@]/#/--example=}" --message-format=json 2>/dev/null |
         DIR="$dir" python3 -c '
 import json, sys, shutil, os
@@ -110,7 +110,7 @@ subset)
     dir="${2:?usage: gpu-run.sh subset DIR}"
     mkdir -p "$dir"
     for f in bin-bench_table bin-service_bench bin-trace_replay BUILD \
-        test-{cache,cache_arena,cache_graph,buffer_cuda,gpu_cuda,futures_cuda,resource,service_cuda,graph_cuda}; do
+        test-{cache,cache_arena,cache_graph,buffer_cuda,gpu_cuda,futures_cuda,resource,service_cuda,graph_cuda,host_cuda}; do
         cp "gpu-bin/$f" "$dir/"
     done
     du -sh "$dir"
