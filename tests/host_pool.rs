@@ -367,3 +367,12 @@ fn a_pending_block_comes_back_by_its_notification_alone() {
     assert!(gpu.races().is_empty(), "{:?}", gpu.races());
     assert_eq!(gpu.blocking_calls_in_polls(), 0);
 }
+
+#[test]
+fn host_handles_are_send_sync_unpin() {
+    fn send_sync_unpin_static<T: Send + Sync + Unpin + 'static>() {}
+    send_sync_unpin_static::<HostPool>();
+    send_sync_unpin_static::<streamalloc::host::HostBuffer<f32>>();
+    send_sync_unpin_static::<streamalloc::host::HostBuffer<[u8; 16]>>();
+    send_sync_unpin_static::<streamalloc::host::HostPoolStats>();
+}

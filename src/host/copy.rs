@@ -14,7 +14,8 @@ use crate::types::StreamId;
 impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
     /// Queues, on `stream`, a copy of the host buffer `src` into the device
     /// buffer `dst`, and returns a future that completes when the GPU has
-    /// run it.
+    /// run it. A [`CudaBuffer`](crate::CudaBuffer) is taken too (it derefs
+    /// to its `Buffer`).
     ///
     /// # Errors
     /// [`OutOfBounds`](ResourceError::OutOfBounds) when the lengths differ;

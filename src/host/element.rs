@@ -20,7 +20,9 @@ use crate::buffer::Element;
 ///    padding bytes, no invalid values, no pointers whose validity
 ///    matters);
 /// 2. `T` has no `Drop` and may be copied bytewise (it is
-///    [`Copy`](core::marker::Copy)).
+///    [`Copy`](core::marker::Copy));
+/// 3. `align_of::<T>()` is at most 256 (the alignment a pinned block is
+///    guaranteed).
 pub unsafe trait HostElement: Element + Copy {}
 
 macro_rules! host_elements {

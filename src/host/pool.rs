@@ -36,6 +36,10 @@ fn size_class(bytes: usize) -> Option<usize> {
 ///
 /// Cloning shares the pool. One pool serves one backend: its buffers are
 /// copied by resources on that backend (the same `Arc` of the device).
+/// When the last handle and the last buffer are gone, the idle blocks are
+/// unpinned (a driver call that may wait for the device: let a pool go
+/// outside latency-critical polls); blocks whose copies were never seen
+/// complete stay pinned rather than be freed under a copy.
 ///
 /// # Examples
 /// ```
