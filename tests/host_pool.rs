@@ -376,3 +376,90 @@ fn host_handles_are_send_sync_unpin() {
     send_sync_unpin_static::<streamalloc::host::HostBuffer<[u8; 16]>>();
     send_sync_unpin_static::<streamalloc::host::HostPoolStats>();
 }
+
+#[test]
+fn a_failed_pin_or_copy_changes_nothing() {
+    use streamalloc::DriverCall;
+    let f = common::sim(1);
+    let gpu = f.sim.clone().unwrap();
+    let res = common::async_resource(&f);
+    let host = pool(&f, HostPoolConfig::new());
+    let s = f.stream(0);
+
+    let before = host.stats();
+    gpu.fail_nth(DriverCall::MemHostAlloc, 1);
+    assert!(matches!(
+        host.allocate::<f32>(LEN, TAG),
+        Err(ResourceError::Driver {
+            call: DriverCall::MemHostAlloc,
+            ..
+        })
+    ));
+    assert_eq!(host.stats(), before);
+    assert_eq!(gpu.host_bytes(), 0);
+
+    // The driver refuses the copy: nothing queued, the buffer as it was.
+    let mut buf = host.allocate::<f32>(LEN, TAG).unwrap();
+    let mut dev = res.try_allocate_buffer::<f32>(LEN, s, TAG).unwrap();
+    gpu.fail_nth(DriverCall::MemcpyHostAsync, 1);
+    assert!(matches!(
+        res.copy_to_host(&dev, &mut buf, s),
+        Err(ResourceError::Driver {
+            call: DriverCall::MemcpyHostAsync,
+            ..
+        })
+    ));
+    assert_eq!(buf.pending_copies(), 0);
+    assert!(buf.as_mut_slice().is_ok());
+    // And it still copies afterwards.
+    let mut copy = res.copy_to_device(&buf, &mut dev, s).unwrap();
+    drive(&gpu, &mut copy).unwrap();
+    drop(buf);
+    assert_eq!(host.stats().idle_bytes, CLASS);
+
+    // An unpin that fails: the block leaves the pool, counted as leaked.
+    gpu.fail_nth(DriverCall::MemFreeHost, 1);
+    assert_eq!(host.trim().unwrap(), 0);
+    let stats = host.stats();
+    assert_eq!(
+        (stats.held_bytes, stats.leaked_bytes, stats.idle_bytes),
+        (0, CLASS, 0)
+    );
+    drop(dev);
+    gpu.run_until_idle();
+    assert!(gpu.races().is_empty(), "{:?}", gpu.races());
+}
+
+#[test]
+fn a_copy_whose_use_cannot_be_recorded_keeps_its_block_from_everyone() {
+    use streamalloc::DriverCall;
+    let f = common::sim(1);
+    let gpu = f.sim.clone().unwrap();
+    let res = common::async_resource(&f);
+    let host = pool(&f, HostPoolConfig::new());
+    let s = f.stream(0);
+    let dev = res.try_allocate_buffer::<f32>(LEN, s, TAG).unwrap();
+    let mut buf = host.allocate::<f32>(LEN, TAG).unwrap();
+
+    // The copy is queued, then its completion point cannot be made (its
+    // event cannot be recorded): the copy will still run.
+    let copies = gpu.call_count(DriverCall::MemcpyHostAsync);
+    gpu.fail_nth(DriverCall::EventRecord, 1);
+    assert!(res.copy_to_host(&dev, &mut buf, s).is_err());
+    assert_eq!(gpu.call_count(DriverCall::MemcpyHostAsync), copies + 1);
+    assert!(matches!(
+        buf.as_slice(),
+        Err(ResourceError::HostBufferBusy { .. })
+    ));
+    drop(buf);
+    let stats = host.stats();
+    assert_eq!(
+        (stats.leaked_bytes, stats.idle_bytes, stats.pending_bytes),
+        (CLASS, 0, 0)
+    );
+    let next = host.allocate::<f32>(LEN, TAG).unwrap();
+    assert_eq!(host.stats().pins, 2, "the leaked block is never handed out");
+    drop((next, dev));
+    gpu.run_until_idle();
+    assert!(gpu.races().is_empty(), "{:?}", gpu.races());
+}
