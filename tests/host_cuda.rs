@@ -57,7 +57,9 @@ async fn a_block_a_late_copy_writes_is_never_handed_on() {
     let mut dev = res.allocate_buffer::<u8>(LEN, s, TAG).await.unwrap();
     dev.fill_bytes_on(s, 0xAB).unwrap();
 
-    for _ in 0..4 {
+    // Some 10-20 ms of copies ahead of the late one: far longer than the
+    // drop and the next allocation take.
+    for _ in 0..16 {
         dst.copy_from_on(s, &src).unwrap();
     }
     let mut late = pool.allocate::<u8>(LEN, TAG).unwrap();
