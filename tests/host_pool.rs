@@ -463,3 +463,41 @@ fn a_copy_whose_use_cannot_be_recorded_keeps_its_block_from_everyone() {
     gpu.run_until_idle();
     assert!(gpu.races().is_empty(), "{:?}", gpu.races());
 }
+
+#[test]
+fn a_pending_block_comes_back_behind_a_parked_future_of_its_stream() {
+    // A future parked at an earlier point of the stream: the first
+    // notification covers only that point; the block's copy, later on the
+    // stream, must still be seen complete by the notifications that follow.
+    let f = common::sim(1);
+    let gpu = f.sim.clone().unwrap();
+    let res = common::async_resource(&f);
+    let host = pool(&f, HostPoolConfig::new());
+    let s = f.stream(0);
+    let raw = f.pool.raw(s).unwrap();
+    let (_c, waker) = CountingWaker::new();
+    let dev = res.try_allocate_buffer::<f32>(LEN, s, TAG).unwrap();
+    gpu.launch_kernel(raw, &[]).unwrap();
+    let mut parked = res.completion(s).unwrap();
+    assert!(poll_once(&mut parked, &waker).is_pending());
+    assert_eq!(res.parked_points(), 1);
+
+    let mut out = host.allocate::<f32>(LEN, TAG).unwrap();
+    drop(res.copy_to_host(&dev, &mut out, s).unwrap());
+    drop(out);
+    assert_eq!(host.stats().pending_bytes, CLASS);
+
+    let guard = std::time::Instant::now();
+    while host.stats().pending_bytes != 0 {
+        assert!(
+            guard.elapsed() < common::guard(20),
+            "the block never came back"
+        );
+        gpu.run_until_idle();
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert_eq!(drive(&gpu, &mut parked), Ok(()));
+    drop(dev);
+    gpu.run_until_idle();
+    assert!(gpu.races().is_empty(), "{:?}", gpu.races());
+}

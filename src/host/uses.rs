@@ -94,17 +94,26 @@ impl HostUses {
         self.lock().iter().filter(|u| !u.seen()).count()
     }
 
-    /// Asks each stream with an entry not seen complete for a completion
-    /// notification, so that the host sees it without anyone waiting (the
-    /// notification covers every point marked so far).
+    /// Asks each stream with an entry not seen complete for completion
+    /// notifications until one covers the entry's point, so that the host
+    /// sees it without anyone waiting.
     pub(crate) fn request_notifications(&self) {
         // Copied out: the requests make driver calls, never under a lock
         // of the bookkeeping.
-        for (core, stream) in self.pending_streams() {
+        for (core, stream, seq) in self.pending_points() {
             if let Some(n) = core.checked_notifier(stream) {
-                n.request(&*core.gpu);
+                n.watch(&*core.gpu, seq);
             }
         }
+    }
+
+    /// The `(core, stream, point)` of each entry not seen complete.
+    fn pending_points(&self) -> Vec<(Arc<Core>, StreamId, u64)> {
+        self.lock()
+            .iter()
+            .filter(|u| !u.seen())
+            .map(|u| (u.core.clone(), u.stream, u.seq))
+            .collect()
     }
 
     /// The `(core, stream)` of each entry not seen complete.
