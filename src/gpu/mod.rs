@@ -20,6 +20,8 @@
 //! block records. [`SimGpu`](sim::SimGpu) checks every handle and address
 //! itself, so it offers the same calls as safe inherent methods.
 
+#![deny(unsafe_code)]
+
 mod capture;
 // Only the CUDA backend asks the gate; without it the gate stands unused.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
@@ -120,10 +122,12 @@ pub struct HostMemory {
     pub bytes: usize,
 }
 
+#[allow(unsafe_code)] // a descriptor's auto traits, argued below.
 // SAFETY: a descriptor, as a `u64` address is: nothing reads or writes
 // through `ptr` without an `unsafe` block that argues the memory is live and
 // not touched by the device at the same time (the host pool's buffers).
 unsafe impl Send for HostMemory {}
+#[allow(unsafe_code)] // as for `Send`.
 // SAFETY: as for `Send`: shared references give no access to the memory.
 unsafe impl Sync for HostMemory {}
 
@@ -221,9 +225,17 @@ pub type HostFn = Box<dyn FnOnce() + Send + 'static>;
 ///    least 256 bytes, that nothing else uses until the crate calls
 ///    [`host_free`](Gpu::host_free) on it, and the host copy calls touch
 ///    only the ranges they are given, in stream order.
+#[allow(unsafe_code)] // the seam's contract: the crate trusts what a backend returns.
 pub unsafe trait Gpu: Send + Sync + 'static {
     /// Device ordinal.
     fn ordinal(&self) -> u32;
+
+    /// The identity of the context whose streams and memory this backend
+    /// uses (the `CUcontext` of a CUDA backend, the host of a simulated
+    /// one): two backends of one ordinal with different contexts do not
+    /// take each other's streams. [`Device::new`](crate::Device::new)
+    /// compares it with the context of a stream pool the crate made.
+    fn context_id(&self) -> u64;
 
     /// Queues an allocation of `bytes` on `stream`; the address is usable on
     /// `stream` from this point of its order. Zero bytes returns address 0.
