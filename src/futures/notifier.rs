@@ -15,7 +15,9 @@
 //! - `flight`: at most **one notification in flight** per stream; `wanted`:
 //!   a parked point asked for one since the last launch. Points that are
 //!   still querying their own event (or were never polled) do not cause a
-//!   host function.
+//!   host function. `watched`: the newest point the host must see reached
+//!   with no future on it ([`watch`](Notifier::watch), a pinned host
+//!   block's copy): notifications go on until one covers it.
 //! - `spare`: events for new points, reused (no driver call to create one
 //!   after warm-up, no lock other than this one).
 //!

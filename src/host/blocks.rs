@@ -149,7 +149,7 @@ impl Shared {
     }
 
     /// A buffer's block comes back: idle when every copy was seen
-    /// complete, else pending (and the streams asked for a notification).
+    /// complete, else pending (and each copy's point watched).
     pub(super) fn give_back(&self, block: HostMemory, uses: HostUses, tag: AllocTag) {
         let done = uses.prune();
         if !done {

@@ -53,8 +53,10 @@
 //!   until the host saw every conflicting copy complete: awaiting the
 //!   copies' futures, or [`HostBuffer::ready`], shows it.
 //! - A drop with every use seen complete puts the block back idle at once;
-//!   otherwise it goes pending, and the streams concerned are asked for a
-//!   completion notification (no thread polls, no stream is synchronized).
+//!   otherwise it goes pending, and each copy's point is *watched*
+//!   (`Notifier::watch`): its stream's notifications go on until one covers
+//!   it, however many futures of the stream park or let go meanwhile (no
+//!   thread polls, no stream is synchronized).
 //!   [`HostPool::allocate`], [`trim`](HostPool::trim) and
 //!   [`stats`](HostPool::stats) move the pending blocks whose copies have
 //!   been seen complete back to idle.
