@@ -32,8 +32,10 @@
 //!   (when the capture refuses its free) when the capture ends.
 //!
 //! # Open classes
-//! None: every bug of graphs this harness found is fixed (see
-//! `regressions`), `use-after-replay` under a cache the last.
+//! `capture-unjoined`: a buffer whose launch panicked, adopted by a
+//! capture, joins another stream to it (the ignored case in
+//! `regressions`; rare, not steered around). Every other bug of graphs
+//! this harness found is fixed, `use-after-replay` under a cache the last.
 //!
 //! # The launch's contract
 //! The captured work touches only what the capture allocated (its
