@@ -32,10 +32,9 @@
 //!   (when the capture refuses its free) when the capture ends.
 //!
 //! # Open classes
-//! `capture-unjoined`: a buffer whose launch panicked, adopted by a
-//! capture, joins another stream to it (the ignored case in
-//! `regressions`; rare, not steered around). Every other bug of graphs
-//! this harness found is fixed, `use-after-replay` under a cache the last.
+//! None: every bug of graphs this harness found is fixed,
+//! `use-after-replay` under a cache and `capture-unjoined` (a buffer whose
+//! launch panicked, adopted by a capture) the last.
 //!
 //! # The launch's contract
 //! The captured work touches only what the capture allocated (its
