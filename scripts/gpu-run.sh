@@ -16,6 +16,9 @@
 #                                     # cudarc, cuda-async) and the 10,000 fills row, into DIR
 #   scripts/gpu-run.sh subset DIR     # here: what gpu-call.sh runs, into DIR (BIN=DIR there)
 #   scripts/gpu-run.sh suites DIR     # here: the CUDA suites, safety_cuda and the examples only (release)
+#   scripts/gpu-run.sh host DIR       # here: the pinned host pool's CUDA tests, examples/staging
+#                                     # and the host_staging measurement (release), into DIR
+#   scripts/gpu-run.sh host-run DIR   # there: runs them (tests, example, µs per copy table)
 #   scripts/gpu-call.sh N             # there: a session's whole call (suites, memcheck, traces,
 #                                     # service, pairs) packed into $OUT/rN.tgz stage by stage
 #
@@ -80,7 +83,7 @@ suites)
     # (`BIN=DIR STAGES="safety tests san" scripts/gpu-call.sh N` there).
     dir="${2:?usage: gpu-run.sh suites DIR}"
     rm -rf "$dir" && mkdir -p "$dir"
-    tests=(safety_cuda cache cache_arena cache_graph buffer_cuda gpu_cuda futures_cuda resource graph_cuda gpu_adaptors)
+    tests=(safety_cuda cache cache_arena cache_graph buffer_cuda gpu_cuda futures_cuda resource graph_cuda gpu_adaptors host_cuda)
     cargo test --release -p streamalloc --no-run "${tests[@]/#/--test=}" --message-format=json 2>/dev/null |
         DIR="$dir" python3 -c '
 import json, sys, shutil, os
@@ -89,7 +92,7 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
         shutil.copy(m["executable"], os.path.join(os.environ["DIR"], "test-" + m["target"]["name"]))
 '
-    examples=(quickstart service pipeline kernel graph adaptor_stack reaper)
+    examples=(quickstart service pipeline kernel graph adaptor_stack reaper staging)
     cargo build --release -p streamalloc "${examples[@]/#/--example=}" --message-format=json 2>/dev/null |
         DIR="$dir" python3 -c '
 import json, sys, shutil, os
@@ -103,6 +106,38 @@ for line in sys.stdin:
     ls "$dir"
     du -sh "$dir"
     ;;
+host)
+    # Here: what issue 35's pinned host pool runs on the GPU (a few MiB).
+    dir="${2:?usage: gpu-run.sh host DIR}"
+    rm -rf "$dir" && mkdir -p "$dir"
+    cargo test --release -p streamalloc --no-run --test=host_cuda --message-format=json 2>/dev/null |
+        DIR="$dir" python3 -c '
+import json, sys, shutil, os
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
+        shutil.copy(m["executable"], os.path.join(os.environ["DIR"], "test-" + m["target"]["name"]))
+'
+    cargo build --release -p streamalloc --example staging
+    cp target/release/examples/staging "$dir/example-staging"
+    cargo build --release -p streamalloc-measure --bin host_staging
+    cp target/release/host_staging "$dir/bin-host_staging"
+    strip "$dir"/*
+    echo "build $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ' with uncommitted changes'), built $(date -u +%FT%TZ)" >"$dir/BUILD"
+    ls "$dir"
+    du -sh "$dir"
+    ;;
+host-run)
+    # There: the host pool's CUDA tests, the staging example, and the
+    # µs-per-copy table (pool vs pinning per request vs pageable).
+    dir="${2:?usage: gpu-run.sh host-run DIR}"
+    cat "$dir/BUILD"
+    status=0
+    "$dir/test-host_cuda" --include-ignored --test-threads=1 || status=1
+    timeout 120 "$dir/example-staging" || status=1
+    timeout 300 "$dir/bin-host_staging" || status=1
+    exit $status
+    ;;
 subset)
     # The binaries scripts/gpu-call.sh runs, into DIR (gpu-bin is about
     # 100 MiB, over the 64 MiB the device tool carries): run there with
@@ -110,7 +145,7 @@ subset)
     dir="${2:?usage: gpu-run.sh subset DIR}"
     mkdir -p "$dir"
     for f in bin-bench_table bin-service_bench bin-trace_replay BUILD \
-        test-{cache,cache_arena,cache_graph,buffer_cuda,gpu_cuda,futures_cuda,resource,service_cuda,graph_cuda}; do
+        test-{cache,cache_arena,cache_graph,buffer_cuda,gpu_cuda,futures_cuda,resource,service_cuda,graph_cuda,host_cuda}; do
         cp "gpu-bin/$f" "$dir/"
     done
     du -sh "$dir"
@@ -126,7 +161,7 @@ run)
     exit $status
     ;;
 examples)
-    for e in quickstart service pipeline reaper multi_gpu adaptor_stack kernel gemm; do
+    for e in quickstart service pipeline reaper multi_gpu adaptor_stack kernel gemm staging; do
         echo "=== example $e"
         timeout 120 "$BIN/example-$e" || echo "example $e failed: $?"
     done

@@ -73,11 +73,18 @@ pub enum DriverCall {
     GraphLaunch,
     /// `cuGraphDestroy` and `cuGraphExecDestroy`.
     GraphDestroy,
+    /// `cuMemHostAlloc`: pinning host memory.
+    MemHostAlloc,
+    /// `cuMemFreeHost`: unpinning and freeing host memory.
+    MemFreeHost,
+    /// `cuMemcpyHtoDAsync` and `cuMemcpyDtoHAsync`: a copy between pinned
+    /// host memory and the device, queued on a stream.
+    MemcpyHostAsync,
 }
 
 impl DriverCall {
     /// Every call kind, in declaration order (used by fault-injection sweeps).
-    pub const ALL: [DriverCall; 29] = [
+    pub const ALL: [DriverCall; 32] = [
         DriverCall::Init,
         DriverCall::AllocAsync,
         DriverCall::FreeAsync,
@@ -107,6 +114,9 @@ impl DriverCall {
         DriverCall::GraphInstantiate,
         DriverCall::GraphLaunch,
         DriverCall::GraphDestroy,
+        DriverCall::MemHostAlloc,
+        DriverCall::MemFreeHost,
+        DriverCall::MemcpyHostAsync,
     ];
 }
 
@@ -390,6 +400,38 @@ pub enum ResourceError {
         /// The block.
         block: BlockId,
     },
+    /// A host buffer of zero elements was asked of a
+    /// [`HostPool`](crate::host::HostPool): pinned memory has no empty
+    /// block to give. Nothing was allocated.
+    #[error("a host buffer of zero elements was asked for")]
+    EmptyHostBuffer,
+    /// A [`HostPool`](crate::host::HostPool) would pass its cap: `held`
+    /// bytes of pinned memory (in use, idle or waiting for copies) and
+    /// `requested` more would exceed `cap`, after the pool gave its idle
+    /// blocks back. Nothing was allocated.
+    #[error("host pool full: {requested} B more on {held} B held would pass the cap of {cap} B")]
+    HostPoolFull {
+        /// Bytes the request takes (its size class).
+        requested: usize,
+        /// The pool's cap.
+        cap: usize,
+        /// Pinned bytes the pool held when it refused.
+        held: usize,
+    },
+    /// A host buffer was touched on the host while a copy the host has not
+    /// seen complete may still read it (for a write) or write it: `pending`
+    /// copies are not known done. Await their futures, or
+    /// [`HostBuffer::ready`](crate::host::HostBuffer::ready).
+    #[error("the host buffer is in use by {pending} copies not known complete")]
+    HostBufferBusy {
+        /// Streams whose copies are not known complete.
+        pending: usize,
+    },
+    /// A host buffer of a pool on another backend than the resource that
+    /// would copy it: that backend's copy calls cannot vouch for its
+    /// memory. Nothing was queued.
+    #[error("the host buffer belongs to a pool of another backend than the copy's resource")]
+    ForeignHostBuffer,
     /// A CUDA stream that no stream pool of this device registers was used
     /// with a buffer, so its uses could not be ordered.
     #[error("a stream of device {device} that its stream pool does not register")]

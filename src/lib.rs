@@ -11,6 +11,8 @@
 //! ## Layers
 //!
 //! ```text
+//!  host         HostPool, HostBuffer<T>: pinned host memory for staging copies,
+//!               back to the pool once the host saw every copy complete
 //!  buffer       Buffer<T>: owned, frees on drop; views, guards; CudaBuffer for cudarc
 //!  futures      AsyncResource<R>, EventFuture, AllocFuture, DeallocHandle, Reaper
 //!  launch       LaunchRecorder: preflight → prepare → enqueue → finish
@@ -49,6 +51,7 @@ mod fast_hash;
 pub mod futures;
 pub mod gpu;
 pub mod graph;
+pub mod host;
 pub mod launch;
 mod padded;
 mod poll_scope;
@@ -74,6 +77,7 @@ pub use futures::AsyncResource;
 #[cfg(feature = "tokio")]
 pub use futures::Reaper;
 pub use gpu::sim::SimGpu;
+pub use host::{HostBuffer, HostPool, HostPoolConfig};
 pub use launch::LaunchRecorder;
 #[cfg(feature = "cuda")]
 pub use resource::AsyncCudaResource;

@@ -37,7 +37,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use streamalloc::DriverCall;
-use streamalloc::gpu::{Gpu, GpuResult, HeldMemory, HostFn, RawEvent, RawPhysical, RawStream};
+use streamalloc::gpu::{
+    Gpu, GpuResult, HeldMemory, HostFn, HostMemory, RawEvent, RawPhysical, RawStream,
+};
 
 const KINDS: usize = DriverCall::ALL.len();
 
@@ -363,6 +365,53 @@ unsafe impl<G: Gpu> Gpu for CountingGpu<G> {
 
     fn mem_info(&self) -> GpuResult<(usize, usize)> {
         self.count(DriverCall::MemGetInfo, || self.inner.mem_info())
+    }
+
+    fn host_alloc(&self, bytes: usize, numa_node: Option<u32>) -> GpuResult<HostMemory> {
+        self.count(DriverCall::MemHostAlloc, || {
+            self.inner.host_alloc(bytes, numa_node)
+        })
+    }
+
+    unsafe fn host_free(&self, memory: HostMemory) -> GpuResult<()> {
+        // SAFETY: forwarded with the caller's guarantees (as above).
+        self.count(DriverCall::MemFreeHost, || unsafe {
+            self.inner.host_free(memory)
+        })
+    }
+
+    unsafe fn copy_to_device_async(
+        &self,
+        dst: u64,
+        src: u64,
+        len: usize,
+        stream: RawStream,
+    ) -> GpuResult<()> {
+        // SAFETY: forwarded with the caller's guarantees (as above).
+        self.count(DriverCall::MemcpyHostAsync, || unsafe {
+            self.inner.copy_to_device_async(dst, src, len, stream)
+        })
+    }
+
+    unsafe fn copy_to_host_async(
+        &self,
+        dst: u64,
+        src: u64,
+        len: usize,
+        stream: RawStream,
+    ) -> GpuResult<()> {
+        // SAFETY: forwarded with the caller's guarantees (as above).
+        self.count(DriverCall::MemcpyHostAsync, || unsafe {
+            self.inner.copy_to_host_async(dst, src, len, stream)
+        })
+    }
+
+    fn note_host_access(&self, addr: u64, access: streamalloc::Access) {
+        self.inner.note_host_access(addr, access);
+    }
+
+    fn note_host_reuse(&self, addr: u64) {
+        self.inner.note_host_reuse(addr);
     }
 
     /// Counted as `Init`, as is `destroy_stream`.

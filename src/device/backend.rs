@@ -10,7 +10,7 @@ use std::sync::Arc;
 use crate::gpu::cuda::CudaGpu;
 use crate::gpu::sim::SimGpu;
 use crate::gpu::{
-    CaptureMode, CaptureStatus, Gpu, GpuResult, HeldMemory, HostFn, RawEvent, RawGraph,
+    CaptureMode, CaptureStatus, Gpu, GpuResult, HeldMemory, HostFn, HostMemory, RawEvent, RawGraph,
     RawGraphExec, RawPhysical, RawStream,
 };
 
@@ -153,6 +153,42 @@ unsafe impl Gpu for Backend {
 
     fn mem_info(&self) -> GpuResult<(usize, usize)> {
         forward!(self.mem_info())
+    }
+
+    fn host_alloc(&self, bytes: usize, numa_node: Option<u32>) -> GpuResult<HostMemory> {
+        forward!(self.host_alloc(bytes, numa_node))
+    }
+
+    unsafe fn host_free(&self, memory: HostMemory) -> GpuResult<()> {
+        forward_unsafe!(self.host_free(memory))
+    }
+
+    unsafe fn copy_to_device_async(
+        &self,
+        dst: u64,
+        src: u64,
+        len: usize,
+        stream: RawStream,
+    ) -> GpuResult<()> {
+        forward_unsafe!(self.copy_to_device_async(dst, src, len, stream))
+    }
+
+    unsafe fn copy_to_host_async(
+        &self,
+        dst: u64,
+        src: u64,
+        len: usize,
+        stream: RawStream,
+    ) -> GpuResult<()> {
+        forward_unsafe!(self.copy_to_host_async(dst, src, len, stream))
+    }
+
+    fn note_host_access(&self, addr: u64, access: crate::types::Access) {
+        forward!(self.note_host_access(addr, access))
+    }
+
+    fn note_host_reuse(&self, addr: u64) {
+        forward!(self.note_host_reuse(addr))
     }
 
     fn create_stream(&self) -> GpuResult<RawStream> {

@@ -15,7 +15,9 @@
 //! - `flight`: at most **one notification in flight** per stream; `wanted`:
 //!   a parked point asked for one since the last launch. Points that are
 //!   still querying their own event (or were never polled) do not cause a
-//!   host function.
+//!   host function. `watched`: the newest point the host must see reached
+//!   with no future on it ([`watch`](Notifier::watch), a pinned host
+//!   block's copy): notifications go on until one covers it.
 //! - `spare`: events for new points, reused (no driver call to create one
 //!   after warm-up, no lock other than this one).
 //!
@@ -96,6 +98,10 @@ struct SignalState {
     /// (points still querying, or never polled, do not need one).
     wanted: bool,
     reached: u64,
+    /// The newest point the host must see reached though no future waits
+    /// on it (a pinned host block a copy used): notifications go on until
+    /// one covers it.
+    watched: u64,
     flight: Flight,
     frees: VecDeque<(u64, u64)>,
     reap_to: u64,
@@ -147,7 +153,7 @@ impl SignalState {
                 self.wanted = false;
             }
         }
-        self.reap_to > 0 || self.wanted || !self.frees.is_empty()
+        self.reap_to > 0 || self.wanted || !self.frees.is_empty() || self.watched > self.reached
     }
 
     /// A notification for every point made so far: it covers the newest,
@@ -353,6 +359,7 @@ impl Notifier {
                 state: Mutex::new(SignalState {
                     next_seq: 0,
                     reached: 0,
+                    watched: 0,
                     flight: Flight::Idle,
                     points: Points::default(),
                     frees: VecDeque::new(),
@@ -590,7 +597,11 @@ impl Notifier {
     /// point, one in flight, a free, or frees to apply).
     pub(crate) fn has_pending(&self) -> bool {
         let st = self.signal.lock();
-        st.wanted || st.flight != Flight::Idle || !st.frees.is_empty() || st.reap_to > 0
+        st.wanted
+            || st.flight != Flight::Idle
+            || !st.frees.is_empty()
+            || st.reap_to > 0
+            || st.watched > st.reached
     }
 
     /// Points not known reached (for diagnostics and tests).
@@ -673,9 +684,21 @@ impl Notifier {
         self.queue(gpu, true);
     }
 
-    /// Queues a notification if none is in flight and a parked point or a
-    /// free needs one. Never called from a host function (it calls the
-    /// driver).
+    /// The host must see point `seq` reached although no future waits on
+    /// it (its owner let go of it): notifications are queued, one after
+    /// another, until one covers it (a landing that leaves it uncovered
+    /// kicks the dispatcher for the next).
+    pub(crate) fn watch(&self, gpu: &dyn Gpu, seq: u64) {
+        {
+            let mut st = self.signal.lock();
+            st.watched = st.watched.max(seq);
+        }
+        self.queue(gpu, false);
+    }
+
+    /// Queues a notification if none is in flight and a parked point, a
+    /// free or a watched point needs one. Never called from a host
+    /// function (it calls the driver).
     pub(crate) fn launch(&self, gpu: &dyn Gpu) {
         self.queue(gpu, false);
     }
@@ -684,7 +707,8 @@ impl Notifier {
         let target = {
             let mut st = self.signal.lock();
             st.wanted |= want;
-            if st.flight != Flight::Idle || (!st.wanted && st.frees.is_empty()) {
+            let watching = st.watched > st.reached;
+            if st.flight != Flight::Idle || (!st.wanted && st.frees.is_empty() && !watching) {
                 return;
             }
             st.flight = Flight::Launching;

@@ -24,8 +24,9 @@ use cudarc::driver::result::{self as cu, DriverError};
 use cudarc::driver::sys;
 
 use super::{
-    CaptureId, CaptureMode, CaptureStatus, Gpu, GpuError, GpuResult, HeldMemory, HostFn, RawEvent,
-    RawGraph, RawGraphExec, RawPhysical, RawStream, capture_code, capture_gate,
+    CaptureId, CaptureMode, CaptureStatus, Gpu, GpuError, GpuResult, HeldMemory, HostFn,
+    HostMemory, RawEvent, RawGraph, RawGraphExec, RawPhysical, RawStream, capture_code,
+    capture_gate,
 };
 use crate::error::{DriverCall, ResourceError, ResourceResult, driver_code};
 
@@ -38,6 +39,10 @@ pub(crate) fn cuda_error(call: DriverCall, e: DriverError) -> GpuError {
         .unwrap_or_else(|_| format!("{:?}", e.0));
     GpuError::driver(call, e.0 as i32, message)
 }
+
+/// `CU_MEMHOSTALLOC_PORTABLE`: pinned for every context, not only the
+/// current one.
+const CU_MEMHOSTALLOC_PORTABLE: std::ffi::c_uint = 0x01;
 
 /// The stream-ordered driver calls of one CUDA device.
 #[derive(Debug)]
@@ -502,6 +507,85 @@ unsafe impl Gpu for CudaGpu {
         // SAFETY: `s` is a live stream, both ranges live ranges (this fn's
         // Safety 1-2).
         unsafe { cu::memcpy_dtod_async(dst, src, len, s) }.map_err(|e| cuda_error(call, e))
+    }
+
+    fn host_alloc(&self, bytes: usize, numa_node: Option<u32>) -> GpuResult<HostMemory> {
+        let call = DriverCall::MemHostAlloc;
+        // Placement on a NUMA node is best-effort (see
+        // `HostPoolConfig::numa_node`): the driver pins the pages where the
+        // kernel put them, which first touch decides.
+        let _ = numa_node;
+        if bytes == 0 {
+            return Err(GpuError::driver(
+                call,
+                driver_code::INVALID_VALUE,
+                "CUDA_ERROR_INVALID_VALUE: zero bytes",
+            ));
+        }
+        self.bind(call)?;
+        let mut ptr: *mut c_void = std::ptr::null_mut();
+        // SAFETY: `ptr` is a valid out-pointer; `CU_MEMHOSTALLOC_PORTABLE`
+        // makes the memory pinned for every context, so copies on any
+        // device's streams may use it.
+        let r = unsafe { sys::cuMemHostAlloc(&mut ptr, bytes, CU_MEMHOSTALLOC_PORTABLE) };
+        Self::check(call, r)?;
+        let ptr = std::ptr::NonNull::new(ptr.cast::<u8>()).ok_or_else(|| {
+            GpuError::driver(call, driver_code::UNKNOWN, "cuMemHostAlloc returned null")
+        })?;
+        Ok(HostMemory {
+            ptr,
+            addr: ptr.as_ptr() as u64,
+            bytes,
+        })
+    }
+
+    unsafe fn host_free(&self, memory: HostMemory) -> GpuResult<()> {
+        let call = DriverCall::MemFreeHost;
+        self.bind(call)?;
+        // SAFETY: `memory` is what `host_alloc` (cuMemHostAlloc) returned,
+        // freed once and idle, as this fn's Safety 1-2 require.
+        let r = unsafe { sys::cuMemFreeHost(memory.ptr.as_ptr().cast::<c_void>()) };
+        Self::check(call, r)
+    }
+
+    unsafe fn copy_to_device_async(
+        &self,
+        dst: u64,
+        src: u64,
+        len: usize,
+        stream: RawStream,
+    ) -> GpuResult<()> {
+        let call = DriverCall::MemcpyHostAsync;
+        let s = Self::stream(stream, call)?;
+        if len == 0 {
+            return Ok(());
+        }
+        self.bind(call)?;
+        // SAFETY: `s` is a live stream, `dst` a live device range and `src`
+        // a live range of pinned host memory that the host does not write
+        // until the copy completed (this fn's Safety 1-3).
+        let r = unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src as *const c_void, len, s) };
+        Self::check(call, r)
+    }
+
+    unsafe fn copy_to_host_async(
+        &self,
+        dst: u64,
+        src: u64,
+        len: usize,
+        stream: RawStream,
+    ) -> GpuResult<()> {
+        let call = DriverCall::MemcpyHostAsync;
+        let s = Self::stream(stream, call)?;
+        if len == 0 {
+            return Ok(());
+        }
+        self.bind(call)?;
+        // SAFETY: `s` is a live stream, `src` a live device range and `dst`
+        // a live range of pinned host memory that the host does not touch
+        // until the copy completed (this fn's Safety 1-3).
+        let r = unsafe { sys::cuMemcpyDtoHAsync_v2(dst as *mut c_void, src, len, s) };
+        Self::check(call, r)
     }
 
     fn mem_info(&self) -> GpuResult<(usize, usize)> {

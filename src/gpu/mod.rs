@@ -97,6 +97,40 @@ fn vm_unsupported(call: DriverCall) -> GpuError {
     )
 }
 
+fn host_unsupported(call: DriverCall) -> GpuError {
+    GpuError::driver(
+        call,
+        driver_code::NOT_SUPPORTED,
+        "CUDA_ERROR_NOT_SUPPORTED: this backend has no pinned host memory",
+    )
+}
+
+/// Page-locked (pinned) host memory made by [`Gpu::host_alloc`]: a
+/// descriptor, like an address; it owns nothing, and only
+/// [`Gpu::host_free`] gives the memory back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostMemory {
+    /// Where the host reads and writes the memory.
+    pub ptr: std::ptr::NonNull<u8>,
+    /// The address the backend's host copy calls
+    /// ([`copy_to_device_async`](Gpu::copy_to_device_async),
+    /// [`copy_to_host_async`](Gpu::copy_to_host_async)) take for it: `ptr`
+    /// itself on CUDA (unified addressing), a simulated address on
+    /// [`SimGpu`](sim::SimGpu), whose copies touch no real memory.
+    pub addr: u64,
+    /// Its length in bytes.
+    pub bytes: usize,
+}
+
+#[allow(unsafe_code)] // a descriptor's auto traits, argued below.
+// SAFETY: a descriptor, as a `u64` address is: nothing reads or writes
+// through `ptr` without an `unsafe` block that argues the memory is live and
+// not touched by the device at the same time (the host pool's buffers).
+unsafe impl Send for HostMemory {}
+#[allow(unsafe_code)] // as for `Send`.
+// SAFETY: as for `Send`: shared references give no access to the memory.
+unsafe impl Sync for HostMemory {}
+
 fn capture_unsupported(call: DriverCall) -> GpuError {
     GpuError::driver(
         call,
@@ -150,6 +184,13 @@ pub type HostFn = Box<dyn FnOnce() + Send + 'static>;
 ///   more: the host has seen complete an event recorded after the last
 ///   operation on it (in stream order on every stream that used it).
 ///
+/// The pinned host memory calls add:
+///
+/// - a **live host range** is `len` bytes at an address inside one
+///   [`HostMemory`] that [`host_alloc`](Gpu::host_alloc) of this backend
+///   returned (its [`addr`](HostMemory::addr) side) and that
+///   [`host_free`](Gpu::host_free) was not called on.
+///
 /// [`note_suballocation`](Gpu::note_suballocation) and
 /// [`note_subfree`](Gpu::note_subfree) take addresses too but stay safe:
 /// they are bookkeeping hints that no backend passes to the driver (CUDA
@@ -178,7 +219,12 @@ pub type HostFn = Box<dyn FnOnce() + Send + 'static>;
 ///    [`stream_wait_event`](Gpu::stream_wait_event) orders the stream's
 ///    later work after the event's record;
 /// 4. a handle a create call returned (stream, event, physical memory,
-///    graph) stays valid for the calls taking it until its destroy call.
+///    graph) stays valid for the calls taking it until its destroy call;
+/// 5. a [`HostMemory`] [`host_alloc`](Gpu::host_alloc) returns is `bytes`
+///    bytes at `ptr`, readable and writable by the host, aligned to at
+///    least 256 bytes, that nothing else uses until the crate calls
+///    [`host_free`](Gpu::host_free) on it, and the host copy calls touch
+///    only the ranges they are given, in stream order.
 #[allow(unsafe_code)] // the seam's contract: the crate trusts what a backend returns.
 pub unsafe trait Gpu: Send + Sync + 'static {
     /// Device ordinal.
@@ -293,6 +339,91 @@ pub unsafe trait Gpu: Send + Sync + 'static {
 
     /// Free and total device memory, in bytes.
     fn mem_info(&self) -> GpuResult<(usize, usize)>;
+
+    /// Allocates `bytes` of page-locked host memory that any context's
+    /// streams may copy from and to asynchronously (`cuMemHostAlloc` with
+    /// `CU_MEMHOSTALLOC_PORTABLE`). The contents are undefined.
+    ///
+    /// `numa_node` asks for the memory on that host NUMA node; backends
+    /// place it as best they can (see [`HostPoolConfig::numa_node`]).
+    /// The default reports `CUDA_ERROR_NOT_SUPPORTED`.
+    ///
+    /// [`HostPoolConfig::numa_node`]: crate::host::HostPoolConfig::numa_node
+    fn host_alloc(&self, bytes: usize, numa_node: Option<u32>) -> GpuResult<HostMemory> {
+        let _ = (bytes, numa_node);
+        Err(host_unsupported(DriverCall::MemHostAlloc))
+    }
+
+    /// Unpins and frees host memory made by [`host_alloc`](Gpu::host_alloc)
+    /// (`cuMemFreeHost`).
+    ///
+    /// # Safety
+    /// 1. `memory` is exactly what [`host_alloc`](Gpu::host_alloc) of this
+    ///    backend returned, not freed before, and not used afterwards;
+    /// 2. it is idle: no copy queued on the device touches it any more (the
+    ///    host has seen an event recorded after each complete).
+    unsafe fn host_free(&self, memory: HostMemory) -> GpuResult<()> {
+        let _ = memory;
+        Err(host_unsupported(DriverCall::MemFreeHost))
+    }
+
+    /// Queues a copy of `len` bytes from pinned host memory to the device
+    /// (`cuMemcpyHtoDAsync`): the device reads `src` when the stream gets
+    /// there, not now.
+    ///
+    /// # Safety
+    /// 1. `stream` is a live stream;
+    /// 2. `dst..dst + len` is a live range, `src..src + len` a live host
+    ///    range;
+    /// 3. the host does not write `src..src + len` until the copy completed.
+    unsafe fn copy_to_device_async(
+        &self,
+        dst: u64,
+        src: u64,
+        len: usize,
+        stream: RawStream,
+    ) -> GpuResult<()> {
+        let _ = (dst, src, len, stream);
+        Err(host_unsupported(DriverCall::MemcpyHostAsync))
+    }
+
+    /// Queues a copy of `len` bytes from the device to pinned host memory
+    /// (`cuMemcpyDtoHAsync`): the device writes `dst` when the stream gets
+    /// there, not now.
+    ///
+    /// # Safety
+    /// 1. `stream` is a live stream;
+    /// 2. `src..src + len` is a live range, `dst..dst + len` a live host
+    ///    range;
+    /// 3. the host neither reads nor writes `dst..dst + len` until the
+    ///    copy completed.
+    unsafe fn copy_to_host_async(
+        &self,
+        dst: u64,
+        src: u64,
+        len: usize,
+        stream: RawStream,
+    ) -> GpuResult<()> {
+        let _ = (dst, src, len, stream);
+        Err(host_unsupported(DriverCall::MemcpyHostAsync))
+    }
+
+    /// Tells a checking backend that the host is about to read or write
+    /// (`access`) the host memory at `addr` (the [`HostMemory::addr`] side),
+    /// so that a copy the host has not seen complete shows as a race. The
+    /// simulated device checks it; CUDA and the default do nothing.
+    fn note_host_access(&self, addr: u64, access: crate::types::Access) {
+        let _ = (addr, access);
+    }
+
+    /// Tells a checking backend that the host memory at `addr` changes
+    /// owner (a pool hands it out again), the caller claiming every copy
+    /// of it complete: the simulated device checks the claim against what
+    /// the host has seen complete and reports a race when it is false.
+    /// CUDA and the default do nothing.
+    fn note_host_reuse(&self, addr: u64) {
+        let _ = addr;
+    }
 
     /// Creates a new non-blocking stream owned by the caller, who destroys it
     /// with [`destroy_stream`](Gpu::destroy_stream). The futures layer uses

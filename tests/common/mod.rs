@@ -65,6 +65,7 @@ fn fixture<G: Gpu>(device: Device<G>, sim: Option<Arc<SimGpu>>) -> Fixture<G> {
 }
 
 /// Device 0 through cudarc, with `streams` new streams.
+#[cfg(feature = "cuda")]
 pub fn cuda(streams: usize) -> Fixture<streamalloc::gpu::cuda::CudaGpu> {
     fixture(Device::open_cuda(0, streams).expect("a CUDA device"), None)
 }

@@ -10,6 +10,7 @@
 //! runnable. Host functions run with the mutex released.
 
 mod capture;
+mod host;
 
 use std::collections::VecDeque;
 
@@ -106,6 +107,8 @@ pub(crate) struct State {
     pub(crate) vm: VirtualMemory,
     /// Stream captures in progress, graphs and their memory.
     captures: capture::Captures,
+    /// Pinned host memory and the host stream (see [`host`]).
+    pub(crate) host_memory: host::HostMemories,
 }
 
 fn invalid(call: DriverCall) -> GpuError {
@@ -132,6 +135,7 @@ impl State {
             live: Default::default(),
             vm: VirtualMemory::new(granularity),
             captures: capture::Captures::default(),
+            host_memory: host::HostMemories::default(),
         }
     }
 

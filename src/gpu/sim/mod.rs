@@ -75,8 +75,8 @@ use self::device::{State, Step};
 use crate::device::stream_pool::StreamPool;
 use crate::error::DriverCall;
 use crate::gpu::{
-    CaptureMode, CaptureStatus, Gpu, GpuError, GpuResult, HeldMemory, HostFn, RawEvent, RawGraph,
-    RawGraphExec, RawPhysical, RawStream,
+    CaptureMode, CaptureStatus, Gpu, GpuError, GpuResult, HeldMemory, HostFn, HostMemory, RawEvent,
+    RawGraph, RawGraphExec, RawPhysical, RawStream,
 };
 use crate::types::{Access, DeviceBlock};
 
@@ -795,6 +795,73 @@ impl SimGpu {
             )
         })
     }
+    /// Pins `bytes` of zeroed host memory (see [`Gpu::host_alloc`]): real
+    /// bytes the host reads and writes, at a simulated address the copy
+    /// calls take. `numa_node` is accepted and ignored (the simulated host
+    /// has one node).
+    ///
+    /// # Errors
+    /// Zero bytes (`CUDA_ERROR_INVALID_VALUE`); out of memory past the
+    /// simulated host's 64 GiB of pinnable memory; an injected fault.
+    pub fn host_alloc(&self, bytes: usize, numa_node: Option<u32>) -> GpuResult<HostMemory> {
+        let _ = numa_node;
+        let mut state = self.shared.lock();
+        state.enter(DriverCall::MemHostAlloc)?;
+        state.host_alloc(bytes)
+    }
+    /// Frees host memory (see [`Gpu::host_free`]). Safe: the simulator
+    /// refuses memory it did not pin or freed already, and reports a free
+    /// of memory a copy the host has not seen complete may touch as a race.
+    pub fn host_free(&self, memory: HostMemory) -> GpuResult<()> {
+        let mut state = self.shared.lock();
+        state.enter(DriverCall::MemFreeHost)?;
+        state.host_free(memory)
+    }
+    /// Queues a host → device copy (see [`Gpu::copy_to_device_async`]).
+    /// Safe: the simulator refuses a host range it did not pin and checks
+    /// both sides with its race detector; no bytes move.
+    pub fn copy_to_device_async(
+        &self,
+        dst: u64,
+        src: u64,
+        len: usize,
+        stream: RawStream,
+    ) -> GpuResult<()> {
+        self.host_copy(src, dst, len, stream, true)
+    }
+    /// Queues a device → host copy (see [`Gpu::copy_to_host_async`]).
+    /// Safe: as [`copy_to_device_async`](Self::copy_to_device_async).
+    pub fn copy_to_host_async(
+        &self,
+        dst: u64,
+        src: u64,
+        len: usize,
+        stream: RawStream,
+    ) -> GpuResult<()> {
+        self.host_copy(dst, src, len, stream, false)
+    }
+    fn host_copy(
+        &self,
+        host: u64,
+        device: u64,
+        len: usize,
+        stream: RawStream,
+        to_device: bool,
+    ) -> GpuResult<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let call = DriverCall::MemcpyHostAsync;
+        self.queue(call, |st| {
+            st.own_stream(self.stream_slot(stream), self.ordinal, call)?;
+            st.host_copy(self.stream_slot(stream), host, device, len, to_device)
+        })
+    }
+    /// Pinned host memory held now, in bytes, by every device of this
+    /// simulated host.
+    pub fn host_bytes(&self) -> usize {
+        self.shared.lock().host_memory.held()
+    }
     /// Gives back a reservation (see [`Gpu::address_free`]). Safe: the
     /// simulator refuses a range that is not exactly one of its reservations,
     /// or that still has memory mapped in it.
@@ -1019,6 +1086,42 @@ unsafe impl Gpu for SimGpu {
         state.enter(DriverCall::MemGetInfo)?;
         let space = state.space(self.ordinal);
         Ok((space.free_bytes(), space.capacity()))
+    }
+
+    fn host_alloc(&self, bytes: usize, numa_node: Option<u32>) -> GpuResult<HostMemory> {
+        SimGpu::host_alloc(self, bytes, numa_node)
+    }
+
+    unsafe fn host_free(&self, memory: HostMemory) -> GpuResult<()> {
+        SimGpu::host_free(self, memory)
+    }
+
+    unsafe fn copy_to_device_async(
+        &self,
+        dst: u64,
+        src: u64,
+        len: usize,
+        stream: RawStream,
+    ) -> GpuResult<()> {
+        SimGpu::copy_to_device_async(self, dst, src, len, stream)
+    }
+
+    unsafe fn copy_to_host_async(
+        &self,
+        dst: u64,
+        src: u64,
+        len: usize,
+        stream: RawStream,
+    ) -> GpuResult<()> {
+        SimGpu::copy_to_host_async(self, dst, src, len, stream)
+    }
+
+    fn note_host_access(&self, addr: u64, access: Access) {
+        self.shared.lock().host_access(addr, access);
+    }
+
+    fn note_host_reuse(&self, addr: u64) {
+        self.shared.lock().host_reuse(addr);
     }
 
     fn vm_granularity(&self) -> GpuResult<usize> {

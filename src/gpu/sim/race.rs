@@ -45,6 +45,19 @@ pub enum SimOp {
     /// An unmap of virtual memory, by the host (reported with stream
     /// `usize::MAX`).
     Unmap,
+    /// The host reading or writing pinned host memory (a host buffer's
+    /// slice), reported with stream `usize::MAX`.
+    Host(Access),
+}
+
+impl SimOp {
+    /// Whether the operation only reads.
+    fn reads_only(self) -> bool {
+        matches!(
+            self,
+            SimOp::Kernel(Access::Read) | SimOp::Host(Access::Read)
+        )
+    }
 }
 
 /// One race found by the simulated device's detector.
@@ -108,6 +121,9 @@ pub(crate) struct RaceDetector {
     // so that a use after free is not hidden by an earlier race between the
     // same two streams.
     seen: HashMap<(u8, u64, usize, usize), ()>,
+    /// The slot of the host's own accesses (pinned host memory), reported
+    /// as stream `usize::MAX`.
+    host_stream: Option<usize>,
 }
 
 impl RaceDetector {
@@ -144,7 +160,21 @@ impl RaceDetector {
         }
     }
 
-    fn report(&mut self, report: RaceReport) {
+    /// Names the slot whose epochs are the host's own accesses.
+    pub(crate) fn set_host_stream(&mut self, slot: usize) {
+        self.host_stream = Some(slot);
+    }
+
+    fn report(&mut self, mut report: RaceReport) {
+        let host = |stream: &mut usize, slot: Option<usize>| {
+            if Some(*stream) == slot {
+                *stream = usize::MAX;
+            }
+        };
+        host(&mut report.later.1, self.host_stream);
+        if let Some((_, stream)) = &mut report.earlier {
+            host(stream, self.host_stream);
+        }
         let key = (
             report.kind as u8,
             report.addr,
@@ -213,7 +243,7 @@ impl RaceDetector {
                     later: (op, at.stream),
                 });
             }
-            let writes = !matches!(op, SimOp::Kernel(Access::Read));
+            let writes = !op.reads_only();
             if writes {
                 for read in history.reads.iter().filter(|r| !clock.covers(**r)) {
                     reports.push(RaceReport {
