@@ -44,6 +44,7 @@ use streamalloc::{
 };
 
 use crate::blocks::BlockTable;
+use crate::context::KeepCurrentContext;
 use crate::streams::TorchStream;
 
 /// Streams one device can register: PyTorch's 32 per priority, four
@@ -158,6 +159,9 @@ pub(crate) struct DeviceAllocator {
     limit: AtomicUsize,
     /// The device's memory, for a fraction (0 when the driver could not say).
     total: usize,
+    /// Whether the backend is CUDA (whose calls change the thread's
+    /// current context).
+    cuda: bool,
 }
 
 impl std::fmt::Debug for DeviceAllocator {
@@ -172,6 +176,7 @@ impl std::fmt::Debug for DeviceAllocator {
 impl DeviceAllocator {
     /// The allocator of `gpu`'s device, with no stream yet.
     pub(crate) fn new(gpu: Arc<Backend>) -> Result<Self, ResourceError> {
+        let cuda = gpu.cuda().is_some();
         let pool = StreamPool::open_ended(gpu.ordinal(), STREAMS);
         let total = gpu.mem_info().map_or(0, |(_, total)| total);
         let device = Device::new(gpu, pool.clone())?;
@@ -184,7 +189,14 @@ impl DeviceAllocator {
             counters: Counters::default(),
             limit: AtomicUsize::new(usize::MAX),
             total,
+            cuda,
         })
+    }
+
+    /// A guard that puts the thread's current CUDA context back when a
+    /// call of this allocator is done (`None` on the simulator).
+    pub(crate) fn keep_context(&self) -> Option<KeepCurrentContext> {
+        self.cuda.then(KeepCurrentContext::new)
     }
 
     /// The id of PyTorch's stream `stream`, registering it the first time.

@@ -34,7 +34,11 @@ fn on_device<T>(
     dev: c_int,
     f: impl FnOnce(&DeviceAllocator) -> Result<T, String>,
 ) -> Option<T> {
-    let caught = catch_unwind(AssertUnwindSafe(|| f(device(dev)?)));
+    let caught = catch_unwind(AssertUnwindSafe(|| {
+        let allocator = device(dev)?;
+        let _keep = allocator.keep_context();
+        f(allocator)
+    }));
     match caught {
         Ok(Ok(value)) => Some(value),
         Ok(Err(message)) => {

@@ -103,6 +103,7 @@
 
 mod allocator;
 mod blocks;
+mod context;
 mod device_table;
 mod ffi;
 pub mod streams;
