@@ -47,7 +47,8 @@ they were installed, or why not.
 
 `--sanitize` runs one short run of each model on streamalloc under
 `compute-sanitizer --tool memcheck --track-stream-ordered-races all` and
-records each run's ERROR SUMMARY.
+records each run's ERROR SUMMARY (`--only-sanitize`: those runs alone; with
+`--models` one model per call keeps each call short).
 """
 import argparse
 import ctypes
@@ -68,6 +69,35 @@ SEED = 7
 
 
 # ------------------------------------------------------------------ child
+class Dev:
+    """The device the models run on: "cuda", or "cpu" for a dry run of the
+    script's logic on a machine without a GPU (no streams, no memory
+    figures, PyTorch's allocator only)."""
+
+    def __init__(self, torch, name):
+        self.torch, self.name, self.cuda = torch, name, name == "cuda"
+
+    def sync(self):
+        if self.cuda:
+            self.dev.sync()
+
+    def stream(self):
+        return self.torch.cuda.Stream() if self.cuda else None
+
+    def current(self):
+        return self.torch.cuda.current_stream() if self.cuda else None
+
+    def wait(self, later, earlier):
+        """`later` waits for the work queued on `earlier` so far."""
+        if self.cuda:
+            later.wait_stream(earlier)
+
+    def on(self, stream):
+        import contextlib
+
+        return self.torch.cuda.stream(stream) if self.cuda else contextlib.nullcontext()
+
+
 def install_streamalloc(lib_path):
     """Makes streamalloc PyTorch's allocator; must run before any CUDA
     tensor exists. Returns the library, for its statistics."""
@@ -170,16 +200,18 @@ def MiniGPT2(torch):
     return GPT2()
 
 
-def run_gpt2(torch, rng, short):
+def run_gpt2(torch, dev, rng, short):
     model, step, kind = gpt2_model(torch)
-    model = model.to("cuda", torch.float16).eval()
-    requests = 3 if short else 16
+    model = model.to(dev.name, torch.float16 if dev.cuda else torch.float32).eval()
+    requests = 2 if short else 16
     outputs, times = [], []
     with torch.inference_mode():
         for r in range(requests + 1):  # the first is a warm-up, not timed
             b, p, n = rng.randint(1, 8), rng.randint(16, 896), rng.randint(8, 32)
-            ids = torch.randint(0, 50257, (b, p), device="cuda")
-            torch.cuda.synchronize()
+            if short:
+                p, n = min(p, 128), min(n, 8)
+            ids = torch.randint(0, 50257, (b, p), device=dev.name)
+            dev.sync()
             t0 = time.perf_counter()
             logits, past = step(ids, None)
             toks = []
@@ -187,7 +219,7 @@ def run_gpt2(torch, rng, short):
                 nxt = logits[:, -1, :].argmax(-1, keepdim=True)
                 toks.append(nxt)
                 logits, past = step(nxt, past)
-            torch.cuda.synchronize()
+            dev.sync()
             if r > 0:
                 times.append((time.perf_counter() - t0) / n)
                 outputs.append({"tokens": torch.cat(toks, 1).cpu(),
@@ -196,28 +228,29 @@ def run_gpt2(torch, rng, short):
     return outputs, times, "per token", kind
 
 
-def run_llama_serve4(torch, rng, short):
+def run_llama_serve4(torch, dev, rng, short):
     sys.path.insert(0, str(ROOT / "measure" / "scripts"))
     from record_trace import Llama
 
-    model = Llama().to("cuda", torch.float16).eval()
-    torch.cuda.synchronize()
+    model = Llama().to(dev.name, torch.float16 if dev.cuda else torch.float32).eval()
+    dev.sync()
     per_thread = 2 if short else 6
-    plans = [[(rng.randint(1, 4), rng.randint(16, 512), rng.randint(8, 32)) for _ in range(per_thread)]
+    cap = (128, 8) if short else (512, 32)
+    plans = [[(rng.randint(1, 4), rng.randint(16, cap[0]), rng.randint(8, cap[1])) for _ in range(per_thread)]
              for _ in range(4)]
     # Inputs made up front from one generator, so that the four threads'
     # interleaving cannot change them.
-    inputs = [[torch.randint(0, 32000, (b, p), device="cuda") for b, p, _ in plan] for plan in plans]
-    torch.cuda.synchronize()
+    inputs = [[torch.randint(0, 32000, (b, p), device=dev.name) for b, p, _ in plan] for plan in plans]
+    dev.sync()
     results = [[None] * per_thread for _ in range(4)]
     tokens = [0] * 4
     errors = []
 
     def serve(i):
         try:
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.default_stream())
-            with torch.inference_mode(), torch.cuda.stream(stream):
+            stream = dev.stream()
+            dev.wait(stream, dev.current())
+            with torch.inference_mode(), dev.on(stream):
                 for j, (b, p, n) in enumerate(plans[i]):
                     logits, caches = model(inputs[i][j], 0, None)
                     toks = []
@@ -229,7 +262,7 @@ def run_llama_serve4(torch, rng, short):
                                      "logits": logits[:, -1, :].float().cpu()}
                     tokens[i] += b * n
                     del logits, caches, toks
-                stream.synchronize()
+                dev.sync()
         except Exception as e:  # reported by the parent
             errors.append(repr(e))
 
@@ -237,14 +270,14 @@ def run_llama_serve4(torch, rng, short):
     # set up), not timed.
     with torch.inference_mode():
         model(inputs[0][0][:, :16], 0, None)
-    torch.cuda.synchronize()
+    dev.sync()
     t0 = time.perf_counter()
     threads = [threading.Thread(target=serve, args=(i,)) for i in range(4)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    torch.cuda.synchronize()
+    dev.sync()
     wall = time.perf_counter() - t0
     if errors:
         raise RuntimeError("; ".join(errors))
@@ -252,40 +285,42 @@ def run_llama_serve4(torch, rng, short):
     return outputs, [wall / sum(tokens)], "per token (4 streams)", "record_trace.Llama"
 
 
-def run_bert_train(torch, rng, short):
+def run_bert_train(torch, dev, rng, short):
     import torch.nn.functional as F
 
     sys.path.insert(0, str(ROOT / "measure" / "scripts"))
     from record_trace import Bert
 
-    model = Bert().to("cuda").train()
+    model = Bert().to(dev.name).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    side = torch.cuda.Stream()
-    main = torch.cuda.current_stream()
-    steps = 3 if short else 16
+    side, main = dev.stream(), dev.current()
+    steps = 2 if short else 16
     losses, times = [], []
     for i in range(steps + 1):  # the first is a warm-up, not timed
         b, t = 16, 64 * rng.randint(1, 8)
-        host = torch.randint(0, 30522, (2, b, t)).pin_memory()
-        torch.cuda.synchronize()
+        host = torch.randint(0, 30522, (2, b, t))
+        if dev.cuda:
+            host = host.pin_memory()
+        dev.sync()
         t0 = time.perf_counter()
         # The side stream allocates only once ordered after the main one's
         # uses of its earlier copies (record_stream never reaches a
         # pluggable allocator).
-        side.wait_stream(main)
-        with torch.cuda.stream(side):
-            both = host.to("cuda", non_blocking=True)
-        main.wait_stream(side)
-        both.record_stream(main)
+        dev.wait(side, main)
+        with dev.on(side):
+            both = host.to(dev.name, non_blocking=True)
+        dev.wait(main, side)
+        if dev.cuda:
+            both.record_stream(main)
         ids, labels = both[0], both[1]
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.autocast(dev.name, dtype=torch.bfloat16):
             logits = model(ids)
             loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.reshape(-1))
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         value = loss.detach().float().cpu()
-        torch.cuda.synchronize()
+        dev.sync()
         if i > 0:
             times.append(time.perf_counter() - t0)
             losses.append({"loss": value})
@@ -297,7 +332,8 @@ RUNNERS = {"gpt2_infer": run_gpt2, "llama_serve4": run_llama_serve4, "bert_train
 
 
 def child(args):
-    lib = install_streamalloc(args.lib) if args.allocator == "streamalloc" else None
+    on_gpu = args.device == "cuda"
+    lib = install_streamalloc(args.lib) if args.allocator == "streamalloc" and on_gpu else None
     hooks = "not asked (--hooks)"
     if lib and args.hooks:
         sys.path.insert(0, str(HERE))
@@ -312,8 +348,9 @@ def child(args):
     torch.backends.cudnn.allow_tf32 = False
     rng = random.Random(SEED)
     t0 = time.perf_counter()
-    outputs, times, unit, kind = RUNNERS[args.model](torch, rng, args.short)
-    torch.cuda.synchronize()
+    dev = Dev(torch, args.device)
+    outputs, times, unit, kind = RUNNERS[args.model](torch, dev, rng, args.short)
+    dev.sync()
     res = {"model": args.model, "allocator": args.allocator, "kind": kind, "unit": unit,
            "time_median": statistics.median(times), "time_all": times,
            "wall_s": time.perf_counter() - t0, "steps": len(times)}
@@ -334,8 +371,10 @@ def child(args):
         if after["failures"]:
             res["last_error"] = last_error(lib)
     else:
-        res["peak_reserved"] = torch.cuda.max_memory_reserved()
-        res["peak_allocated"] = torch.cuda.max_memory_allocated()
+        res["peak_reserved"] = torch.cuda.max_memory_reserved() if dev.cuda else 1
+        res["peak_allocated"] = torch.cuda.max_memory_allocated() if dev.cuda else 1
+    if args.allocator == "streamalloc" and not lib:  # the CPU dry run
+        res.update(allocator_calls=0, allocator_ns_per_call=0.0, allocator_share=0.0, failures=0)
     torch.save(outputs, args.result + ".pt")
     Path(args.result).write_text(json.dumps(res, indent=1))
 
@@ -347,6 +386,7 @@ def run_child(args, model, allocator, tag, sanitize=False):
            "--allocator", allocator, "--lib", args.lib, "--result", result]
     if args.short or sanitize:
         cmd.append("--short")
+    cmd += ["--device", args.device]
     if args.hooks:
         cmd.append("--hooks")
     if sanitize:
@@ -394,6 +434,9 @@ def parent(args):
         report["device"] = torch.cuda.get_device_name(0)
     for model in args.models.split(","):
         print(f"{model}:", flush=True)
+        if args.only_sanitize:
+            report["models"][model] = {"memcheck": run_child(args, model, "streamalloc", "memcheck", sanitize=True)}
+            continue
         ref = run_child(args, model, "torch", "torch")
         ours = run_child(args, model, "streamalloc", "streamalloc")
         row = {"torch": ref, "streamalloc": ours}
@@ -429,6 +472,9 @@ def table(report):
              "| time, PyTorch / streamalloc (ratio) | streamalloc allocator time | memcheck |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for model, row in report["models"].items():
+        if "torch" not in row:
+            lines.append(f"| {model} | | | | | | {row['memcheck']['summary']} |")
+            continue
         ref, ours = row["torch"], row["streamalloc"]
         if "error" in ref or "error" in ours:
             lines.append(f"| {model} | run failed: see {model}.*.log | | | | | |")
@@ -455,9 +501,13 @@ def main():
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--short", action="store_true", help="a few steps per model")
     ap.add_argument("--sanitize", action="store_true", help="also a short memcheck run of each model on streamalloc")
+    ap.add_argument("--only-sanitize", action="store_true", help="only the memcheck runs")
     ap.add_argument("--hooks", action="store_true",
                     help="compile torch_hooks.py's extension so that record_stream, empty_cache and "
                          "memory fractions reach streamalloc")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                    help="cpu: a dry run of the script without a GPU (runs streamalloc's side on PyTorch's "
+                         "allocator too, so only the logic is checked)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model", choices=MODELS, help=argparse.SUPPRESS)
     ap.add_argument("--allocator", choices=("torch", "streamalloc"), help=argparse.SUPPRESS)
