@@ -441,7 +441,7 @@ def parent(args):
         ours = run_child(args, model, "streamalloc", "streamalloc")
         row = {"torch": ref, "streamalloc": ours}
         if "error" not in ref and "error" not in ours:
-            load = lambda tag: torch.load(out / f"{model}.{tag}.json.pt")
+            load = lambda tag: torch.load(out / f"{model}.{tag}.json.pt", weights_only=True)
             toks, rel, bitwise = compare(torch, load("torch"), load("streamalloc"))
             spread = 0.0
             if not bitwise:
