@@ -632,6 +632,10 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R>
     fn allocation_limit(&self) -> Option<usize> {
         self.inner.allocation_limit()
     }
+
+    fn budget_reliefs(&self, out: &mut Vec<crate::resource::BudgetRelief>) {
+        self.inner.budget_reliefs(out)
+    }
     fn allocate(
         &self,
         bytes: usize,

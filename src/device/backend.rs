@@ -80,6 +80,10 @@ unsafe impl Gpu for Backend {
         forward!(self.ordinal())
     }
 
+    fn context_id(&self) -> u64 {
+        forward!(self.context_id())
+    }
+
     unsafe fn alloc_async(&self, bytes: usize, stream: RawStream) -> GpuResult<u64> {
         forward_unsafe!(self.alloc_async(bytes, stream))
     }

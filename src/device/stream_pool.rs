@@ -37,6 +37,10 @@ pub struct StreamPool {
     kept: KeptGraphMemory,
     /// Frees of dropped buffers a capture refused, applied once it ends.
     deferred: DeferredFrees,
+    /// The context the streams belong to ([`Gpu::context_id`](crate::gpu::Gpu::context_id)), where the
+    /// crate made or checked them; `None` for streams a caller vouched for
+    /// ([`from_raw`](StreamPool::from_raw)).
+    context: Option<u64>,
 }
 
 impl StreamPool {
@@ -77,9 +81,23 @@ impl StreamPool {
             _owners: owners,
             kept: KeptGraphMemory::default(),
             deferred: DeferredFrees::default(),
+            context: None,
             #[cfg(feature = "cuda")]
             cuda: Vec::new(),
         }
+    }
+
+    /// This pool, known to hold streams of the context `context`.
+    pub(crate) fn in_context(mut self, context: u64) -> Self {
+        self.context = Some(context);
+        self
+    }
+
+    /// The context the pool's streams belong to, where the crate made or
+    /// checked them (`None` for a pool made by
+    /// [`from_raw`](Self::from_raw), whose caller vouched for them).
+    pub fn context_id(&self) -> Option<u64> {
+        self.context
     }
 
     #[cfg(feature = "cuda")]
@@ -109,6 +127,7 @@ impl StreamPool {
             _owners: Vec::new(),
             kept: KeptGraphMemory::default(),
             deferred: DeferredFrees::default(),
+            context: Some(ctx.cu_ctx() as u64),
             cuda,
         }))
     }
@@ -151,6 +170,7 @@ impl StreamPool {
             _owners: Vec::new(),
             kept: KeptGraphMemory::default(),
             deferred: DeferredFrees::default(),
+            context: Some(ctx.cu_ctx() as u64),
             cuda: streams,
         }))
     }
@@ -269,6 +289,8 @@ impl StreamPool {
             _owners: Vec::new(),
             kept: KeptGraphMemory::default(),
             deferred: DeferredFrees::default(),
+            // Each stream's caller vouches for its context at `register`.
+            context: None,
             #[cfg(feature = "cuda")]
             cuda: Vec::new(),
         })

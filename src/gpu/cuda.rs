@@ -326,6 +326,10 @@ unsafe impl Gpu for CudaGpu {
         self.ctx.ordinal() as u32
     }
 
+    fn context_id(&self) -> u64 {
+        self.ctx.cu_ctx() as u64
+    }
+
     unsafe fn alloc_async(&self, bytes: usize, stream: RawStream) -> GpuResult<u64> {
         let call = DriverCall::AllocAsync;
         let s = Self::stream(stream, call)?;

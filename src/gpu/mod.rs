@@ -181,6 +181,13 @@ pub unsafe trait Gpu: Send + Sync + 'static {
     /// Device ordinal.
     fn ordinal(&self) -> u32;
 
+    /// The identity of the context whose streams and memory this backend
+    /// uses (the `CUcontext` of a CUDA backend, the host of a simulated
+    /// one): two backends of one ordinal with different contexts do not
+    /// take each other's streams. [`Device::new`](crate::Device::new)
+    /// compares it with the context of a stream pool the crate made.
+    fn context_id(&self) -> u64;
+
     /// Queues an allocation of `bytes` on `stream`; the address is usable on
     /// `stream` from this point of its order. Zero bytes returns address 0.
     ///

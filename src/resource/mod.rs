@@ -11,12 +11,14 @@ pub(crate) mod event_pool;
 pub(crate) mod forward;
 mod live_table;
 mod pending;
+pub(crate) mod relief;
 mod shard;
 mod stream_ordered;
 pub(crate) mod unwind;
 #[cfg(all(test, loom))]
 pub(crate) use stream_ordered::loom_tests::race_two_frees;
 
+pub use relief::BudgetRelief;
 #[cfg(feature = "cuda")]
 pub use stream_ordered::AsyncCudaResource;
 pub use stream_ordered::{SimResource, StreamOrderedResource};
@@ -383,6 +385,17 @@ pub unsafe trait DeviceMemoryResource: Send + Sync {
     /// Decorators answer for themselves or their inner resource.
     fn allocation_limit(&self) -> Option<usize>;
 
+    /// Adds to `out` the relief list of each budget this resource or one
+    /// below it charges (a [`Budget`](crate::adaptors::Budget) shared with
+    /// other stacks). The futures layer registers the whole stack with
+    /// each ([`AsyncResource::from_arc`](crate::futures::AsyncResource::from_arc)),
+    /// so that a request refused under that budget on another stack asks
+    /// this one for its idle memory, whatever the order of its layers (a
+    /// cache above the budget included). Decorators add their inner
+    /// resource's; a budget resource adds its budget's too; a resource at
+    /// the bottom adds nothing.
+    fn budget_reliefs(&self, out: &mut Vec<BudgetRelief>);
+
     /// Whether `stream` is being captured into a CUDA graph, and by which
     /// capture, as the backend at the bottom of the stack reports it
     /// ([`Gpu::capture_status`]). Decorators forward to the inner resource;
@@ -504,6 +517,9 @@ unsafe impl<R: DeviceMemoryResource + ?Sized> DeviceMemoryResource for std::sync
     }
     fn allocation_limit(&self) -> Option<usize> {
         (**self).allocation_limit()
+    }
+    fn budget_reliefs(&self, out: &mut Vec<BudgetRelief>) {
+        (**self).budget_reliefs(out)
     }
     fn capture_status(&self, stream: StreamId) -> ResourceResult<CaptureStatus> {
         (**self).capture_status(stream)

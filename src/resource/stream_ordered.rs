@@ -1083,6 +1083,9 @@ unsafe impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
     fn allocation_limit(&self) -> Option<usize> {
         None
     }
+
+    /// Charges no budget.
+    fn budget_reliefs(&self, _: &mut Vec<super::BudgetRelief>) {}
 }
 
 impl<G: Gpu> Drop for StreamOrderedResource<G> {

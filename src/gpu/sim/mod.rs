@@ -370,6 +370,12 @@ impl SimGpu {
         self.progress
     }
 
+    /// The identity of this simulated context (its host), which its
+    /// stream pools carry: see [`Gpu::context_id`].
+    pub fn context_id(&self) -> u64 {
+        u64::from(self.shared.host)
+    }
+
     /// Creates one stream on this device.
     pub fn create_stream(&self) -> RawStream {
         RawStream::sim(
@@ -394,7 +400,7 @@ impl SimGpu {
     pub fn stream_pool(&self, count: usize) -> Arc<StreamPool> {
         let ordinal = self.ordinal;
         let raw = (0..count).map(|_| self.create_stream()).collect();
-        Arc::new(StreamPool::from_checked(ordinal, raw, Vec::new()))
+        Arc::new(StreamPool::from_checked(ordinal, raw, Vec::new()).in_context(self.context_id()))
     }
 
     /// Queues a kernel on `stream` that touches `accesses`; races are
@@ -933,6 +939,10 @@ impl SimGpu {
 unsafe impl Gpu for SimGpu {
     fn ordinal(&self) -> u32 {
         self.ordinal
+    }
+
+    fn context_id(&self) -> u64 {
+        self.context_id()
     }
 
     unsafe fn alloc_async(&self, bytes: usize, stream: RawStream) -> GpuResult<u64> {
