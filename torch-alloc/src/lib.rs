@@ -34,7 +34,8 @@
 //! ([`streamalloc_torch_init`], [`streamalloc_torch_empty_cache`],
 //! [`streamalloc_torch_set_memory_fraction`],
 //! [`streamalloc_torch_record_stream`]), for a C++ extension that installs
-//! them, and for `ctypes`; and its own statistics
+//! them (`scripts/torch_hooks.py` compiles one with PyTorch's
+//! `load_inline`), and for `ctypes`; and its own statistics
 //! ([`streamalloc_torch_reserved_bytes`], ...).
 //!
 //! # Streams
