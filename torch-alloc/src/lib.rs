@@ -85,13 +85,16 @@
 //!
 //! # Not supported
 //!
-//! Graph pools: PyTorch's `torch.cuda.graph` tells a pluggable allocator
-//! nothing from Python. The cache asks the driver whether a stream is
-//! capturing at every allocation and free (set
-//! `STREAMALLOC_TORCH_CAPTURE=off` to skip the question in a program that
-//! never captures), so memory a capture takes stays its graph's for the
-//! rest of the process: safe, never reused under a replay, never given
-//! back. IPC handles, `torch.cuda.memory_snapshot()` and PyTorch's own
+//! CUDA graphs (`torch.cuda.graph`, `torch.compile(mode="reduce-overhead")`):
+//! PyTorch tells a pluggable allocator nothing about a capture from
+//! Python. The cache asks the driver whether a stream is capturing at
+//! every allocation and free (set `STREAMALLOC_TORCH_CAPTURE=off` to skip
+//! the question in a program that never captures), so memory a capture
+//! takes stays its graph's for the rest of the process: never reused under
+//! a replay, never given back. But a growth of the arena during a capture
+//! in PyTorch's default (global) mode makes driver calls the capture may
+//! refuse, which PyTorch's own allocator allows by relaxing the mode
+//! around them: captures are untested and unsupported. IPC handles, `torch.cuda.memory_snapshot()` and PyTorch's own
 //! statistics calls are PyTorch's and refuse a pluggable allocator.
 //!
 //! # Configuration
