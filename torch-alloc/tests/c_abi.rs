@@ -16,11 +16,21 @@ use torch_alloc::*;
 
 const MIB: isize = 1 << 20;
 
-/// The process's simulated host: five devices, 1 GiB each.
+/// The process's simulated devices: five, 1 GiB each, each built alone so
+/// that each has its own race detector (one test's deliberate race is not
+/// another's).
 fn host() -> &'static [Arc<SimGpu>] {
     static HOST: OnceLock<Vec<Arc<SimGpu>>> = OnceLock::new();
     HOST.get_or_init(|| {
-        let host = SimGpu::builder().capacity(1 << 30).manual().build_host(5);
+        let host: Vec<_> = (0..5)
+            .map(|n| {
+                SimGpu::builder()
+                    .ordinal(n)
+                    .capacity(1 << 30)
+                    .manual()
+                    .build()
+            })
+            .collect();
         simulate(host.clone()).expect("the first call of this process");
         host
     })
