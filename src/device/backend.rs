@@ -1,5 +1,8 @@
 //! [`Backend`]: CUDA or the simulator, chosen at run time, behind one type.
 
+// Unsafe here: the backend forwards every `unsafe fn` of the `Gpu` seam to CUDA or the simulator.
+#![allow(unsafe_code)]
+
 use std::fmt;
 use std::sync::Arc;
 

@@ -48,6 +48,8 @@
 //! # Ok::<(), streamalloc::ResourceError>(())
 //! ```
 
+#![deny(unsafe_code)]
+
 mod backend;
 pub(crate) mod deferred_frees;
 pub(crate) mod graph_memory;

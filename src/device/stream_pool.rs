@@ -1,5 +1,8 @@
 //! [`StreamPool`]: the streams of one device, resolved by [`StreamId`].
 
+// Unsafe here: `StreamPool::from_raw` trusts the caller's raw streams.
+#![allow(unsafe_code)]
+
 use std::any::Any;
 use std::fmt;
 use std::sync::Arc;

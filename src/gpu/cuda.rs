@@ -13,6 +13,9 @@
 //! This is the crate's FFI edge: every `unsafe` block of the CUDA path is
 //! here, each with the invariant it relies on.
 
+// Unsafe here: the CUDA backend: driver calls through cudarc's `sys` layer.
+#![allow(unsafe_code)]
+
 use std::ffi::c_void;
 use std::sync::Arc;
 

@@ -6,6 +6,8 @@
 //! frees are queued but not yet executed. [`AsyncCudaResource`] is its cudarc
 //! instance and [`SimResource`] its simulated one.
 
+#![deny(unsafe_code)]
+
 pub(crate) mod block_uses;
 pub(crate) mod event_pool;
 pub(crate) mod forward;
@@ -148,6 +150,7 @@ impl std::fmt::Debug for DeviceAccess {
 /// [`prepare_block_use`](Self::prepare_block_use) before queuing the work and
 /// [`finish_block_use`](Self::finish_block_use) after it do both, on resources
 /// that [`support`](Self::supports_block_use_tracking) it.
+#[allow(unsafe_code)] // the resource contract the crate trusts.
 pub unsafe trait DeviceMemoryResource: Send + Sync {
     /// Allocates `bytes` bytes on the resource's device, ordered on `stream`.
     /// The returned block is in [`BlockState::Live`].
@@ -448,6 +451,7 @@ pub unsafe trait DeviceMemoryResource: Send + Sync {
     fn release_capture(&self, capture: CaptureId, after: StreamId) -> ResourceResult<()>;
 }
 
+#[allow(unsafe_code)] // forwarded through an `Arc`.
 // SAFETY: every method is the same method of the resource the `Arc` holds,
 // which keeps the contract itself.
 unsafe impl<R: DeviceMemoryResource + ?Sized> DeviceMemoryResource for std::sync::Arc<R> {

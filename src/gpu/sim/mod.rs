@@ -54,6 +54,8 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+#![deny(unsafe_code)]
+
 mod address_space;
 mod clock;
 mod device;
@@ -932,6 +934,7 @@ impl SimGpu {
 
 // Every call is checked by the simulator: the trait's unsafe methods are the
 // inherent safe ones.
+#[allow(unsafe_code)] // the simulator keeps the seam's contract.
 // SAFETY: the simulated device hands out ranges of its own address space,
 // never pooled with cudarc streams (its pools hold simulated handles), and
 // models stream order, events and host functions as the contract says
