@@ -275,6 +275,15 @@ pub enum ResourceError {
         /// The stream that was passed.
         stream: StreamId,
     },
+    /// An [open-ended](crate::StreamPool::open_ended) stream pool has no
+    /// room for another stream (a fixed pool never has).
+    #[error("the stream pool of device {device} is full ({capacity} streams)")]
+    StreamPoolFull {
+        /// The pool's device.
+        device: u32,
+        /// How many streams it holds.
+        capacity: usize,
+    },
     /// A stream or block of another device was passed to a resource pinned
     /// to `expected`.
     #[error("wrong device: this resource serves device {expected}, got one of device {found}")]

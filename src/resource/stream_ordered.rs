@@ -152,8 +152,13 @@ impl<G: Gpu> StreamOrderedResource<G> {
         let gpu = device.gpu().clone();
         let stream_pool = device.streams().clone();
         let device_ordinal = device.ordinal();
-        let shards = stream_pool.len().clamp(1, MAX_SHARDS).next_power_of_two();
-        let streams_per_shard = stream_pool.len().div_ceil(shards);
+        // By capacity, not length: an open-ended pool's later streams get
+        // slots made now.
+        let shards = stream_pool
+            .capacity()
+            .clamp(1, MAX_SHARDS)
+            .next_power_of_two();
+        let streams_per_shard = stream_pool.capacity().div_ceil(shards);
         StreamOrderedResource {
             id: ResourceId::fresh(),
             events: EventPool::new(gpu.clone()),
