@@ -25,6 +25,8 @@
 //!                 Device::open(n, streams): CUDA device n, else the simulator
 //!  gpu seam     trait Gpu: the driver calls the bookkeeping needs
 //!                 CudaGpu (cudarc, libcuda loaded at run time)   SimGpu (simulated)
+//!  observe      MemorySnapshot, the memory history, OomReport; JSON and PyTorch's
+//!               memory-viewer pickle (every layer reports into it)
 //!  core types   StreamId, RawStream, BlockId, DeviceBlock, BlockState,
 //!               AllocTag, Access, ResourceError / ResourceResult
 //! ```
@@ -50,6 +52,7 @@ pub mod futures;
 pub mod gpu;
 pub mod graph;
 pub mod launch;
+pub mod observe;
 mod padded;
 mod poll_scope;
 pub mod registry;

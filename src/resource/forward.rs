@@ -56,7 +56,7 @@ macro_rules! forward_to_inner {
             supports_block_use_tracking, record_block_use, prepare_block_use,
             finish_block_use, block_state, allocation_cost, allocation_cost_is_exact,
             frees_across_streams, release_idle, allocation_limit, capture_status,
-            release_capture);
+            release_capture, snapshot_into);
     };
     (@one $f:tt deallocate) => {
         fn deallocate(&self, block: $crate::DeviceBlock) -> $crate::ResourceResult<()> {
@@ -171,6 +171,11 @@ macro_rules! forward_to_inner {
             after: $crate::StreamId,
         ) -> $crate::ResourceResult<()> {
             self.$f.release_capture(capture, after)
+        }
+    };
+    (@one $f:tt snapshot_into) => {
+        fn snapshot_into(&self, snapshot: &mut $crate::observe::MemorySnapshot) {
+            self.$f.snapshot_into(snapshot)
         }
     };
     (@one $f:tt block_state) => {
