@@ -44,6 +44,7 @@ pub mod adaptors;
 pub mod buffer;
 pub mod builder;
 pub mod cache;
+pub mod conf;
 pub mod device;
 pub mod error;
 mod faithful;

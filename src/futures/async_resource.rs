@@ -13,6 +13,9 @@ use super::event_future::EventFuture;
 use super::hold_wait::current_owner;
 use super::wait_policy::WaitPolicy;
 use super::wait_stats::WaitStats;
+use crate::adaptors::{Budget, BudgetResource, DebugGuard, GuardConfig, RetryOnOom};
+use crate::cache::{CacheConfig, CachingResource};
+use crate::conf::{AllocConf, CONF_ENV, WaitChoice};
 use crate::device::{Device, StreamPool};
 use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::{CaptureId, Gpu};
@@ -70,7 +73,10 @@ impl<G: Gpu> AsyncResource<StreamOrderedResource<G>> {
     /// # Errors
     /// As [`new`](Self::new).
     pub fn on(device: &Device<G>) -> ResourceResult<Self> {
-        Self::new(Arc::new(StreamOrderedResource::new(device)))
+        let conf = AllocConf::from_env()?;
+        let res = Self::new(Arc::new(StreamOrderedResource::new(device)))?;
+        res.apply_settings(&conf);
+        Ok(res)
     }
 
     /// Wraps a stream-ordered resource, on its own device.
@@ -85,6 +91,68 @@ impl<G: Gpu> AsyncResource<StreamOrderedResource<G>> {
         // SAFETY: the device is the resource's own: its blocks are
         // allocations of that backend and its streams those of that pool.
         unsafe { Self::from_arc(inner, &device) }
+    }
+}
+
+impl AsyncResource<Arc<dyn DeviceMemoryResource>> {
+    /// A stack built from `STREAMALLOC_CONF` alone (the [grammar](crate::conf)):
+    /// configuration without code. From the outside in: a debug guard
+    /// (`debug_guard:on`), retry on out-of-memory and a budget
+    /// (`budget:BYTES`), the cache (`cache:on`, `cache_max`,
+    /// `cache_virtual_memory`), the stream-ordered resource on `device`;
+    /// the budget above the cache, as `examples/service.rs` stacks them.
+    /// The history and the wait policy as [`build`](Self::build) applies
+    /// them. With the variable unset, the plain resource.
+    ///
+    /// ```
+    /// use streamalloc::{AsyncResource, Device, SimGpu};
+    ///
+    /// let device = Device::sim(&SimGpu::new(), 2);
+    /// // STREAMALLOC_CONF="cache:on,budget:12GiB,history:10000" in the environment
+    /// let res = AsyncResource::configured(&device)?;
+    /// # Ok::<(), streamalloc::ResourceError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`ResourceError::Config`] naming the key of a value it cannot
+    /// follow (nothing is built); a driver error creating the futures
+    /// layer's events.
+    pub fn configured<G: Gpu>(device: &Device<G>) -> ResourceResult<Self> {
+        Self::with_conf(device, &AllocConf::from_env()?)
+    }
+
+    /// As [`configured`](Self::configured), from `conf` instead of the
+    /// environment.
+    ///
+    /// # Errors
+    /// A driver error creating the futures layer's events.
+    pub fn with_conf<G: Gpu>(device: &Device<G>, conf: &AllocConf) -> ResourceResult<Self> {
+        let mut stack: Arc<dyn DeviceMemoryResource> = Arc::new(StreamOrderedResource::new(device));
+        if conf.cache == Some(true) {
+            let mut config = CacheConfig::default();
+            if let Some(max) = conf.cache_max {
+                config = config.max_cached_bytes(max);
+            }
+            if let Some(on) = conf.cache_virtual_memory {
+                config = config.virtual_memory(on);
+            }
+            stack = Arc::new(CachingResource::with_config(stack, config));
+        }
+        let budget = conf.budget.map(Budget::new);
+        if let Some(budget) = &budget {
+            stack = Arc::new(RetryOnOom::new(BudgetResource::new(stack, budget)));
+        }
+        if conf.debug_guard == Some(true) {
+            stack = Arc::new(DebugGuard::new(stack, GuardConfig::default()));
+        }
+        // SAFETY: the bottom of the stack was made on `device` just above
+        // and resolves its streams through `device`'s pool; every layer
+        // over it is one of the crate's own, which allocate and resolve
+        // streams only through the layer they wrap (items 1 and 2).
+        let res = unsafe { Self::with_device(stack, device) }?;
+        res.core.hold_budget_relief(budget.as_slice());
+        res.apply_settings(conf);
+        Ok(res)
     }
 }
 
@@ -115,6 +183,7 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
     where
         L: crate::faithful::FaithfulLayer<StreamOrderedResource<G>, Resource = R>,
     {
+        let conf = AllocConf::from_env()?;
         let stack = layers.layer(StreamOrderedResource::new(device));
         // SAFETY: the bottom of the stack was made on `device` just above,
         // and resolves its streams through `device`'s pool; `L` is a
@@ -127,7 +196,30 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
         let mut budgets = Vec::new();
         layers.budgets(&mut budgets);
         res.core.hold_budget_relief(&budgets);
+        res.apply_settings(&conf);
         Ok(res)
+    }
+
+    /// Applies what `conf` says that does not change the stack: the
+    /// history and the wait policy. The layers are the code's.
+    fn apply_settings(&self, conf: &AllocConf) {
+        if conf.shapes_the_stack() {
+            tracing::info!(
+                "{CONF_ENV} names layers; this stack's layers were chosen in code and are kept (AsyncResource::configured builds the stack from {CONF_ENV})"
+            );
+        }
+        // The code's own `record_memory_history` wins: only a history
+        // still off is turned on.
+        if let Some(n) = conf.history
+            && history::memory_history_capacity() == 0
+        {
+            history::record_memory_history(n, conf.history_backtraces == Some(true));
+        }
+        match conf.wait {
+            Some(WaitChoice::Default) => self.set_wait_policy(WaitPolicy::DEFAULT),
+            Some(WaitChoice::Park) => self.set_wait_policy(WaitPolicy::PARK_AT_ONCE),
+            None => {}
+        }
     }
 
     /// Wraps any resource `inner` (for instance an adaptor stack) that
