@@ -38,7 +38,7 @@
 //!
 //! A key it does not know, a key given twice, a value it cannot read, a
 //! key whose prerequisite is missing: a
-//! [`ResourceError::Config`](crate::ResourceError::Config) naming the key
+//! [`ResourceError::Config`] naming the key
 //! and the value, never a silent default. Nothing is built then.
 
 #![forbid(unsafe_code)]
