@@ -329,11 +329,6 @@ struct World {
     faulted: bool,
     /// The stack holds a debug guard.
     guard: bool,
-    /// A cache sits above the outermost budget, the one the second device
-    /// shares: a stack put together by hand, so the budget cannot reach
-    /// that cache's idle memory for the second device's waiter (a
-    /// documented limit: `AsyncResource::build` registers the whole stack).
-    cache_above_shared_budget: bool,
     /// The stack holds a cache.
     cache: bool,
     /// The stack, to see that it is gone after the drain.
@@ -448,16 +443,6 @@ impl World {
             faulted: false,
             weak_top,
             guard: stack.kinds.contains(&Kind::Guard),
-            cache_above_shared_budget: {
-                let first = |f: fn(&Kind) -> bool| stack.kinds.iter().position(f);
-                match (
-                    first(|k| matches!(k, Kind::Cache { .. })),
-                    first(|k| matches!(k, Kind::Budget(_))),
-                ) {
-                    (Some(c), Some(b)) => c < b,
-                    _ => false,
-                }
-            },
             cache: stack.kinds.iter().any(|k| matches!(k, Kind::Cache { .. })),
             bare: usize::from(stack.kinds.is_empty()),
 

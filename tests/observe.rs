@@ -8,7 +8,9 @@ use serde_pickle::{DeOptions, HashableValue, Value};
 use streamalloc::adaptors::{Budget, GuardConfig};
 use streamalloc::builder::ResourceBuilder;
 use streamalloc::observe::{BlockInfoState, OomReport};
-use streamalloc::{AllocTag, AsyncResource, Device, DeviceMemoryResource, ResourceError, SimGpu};
+use streamalloc::{
+    AllocTag, AsyncResource, CacheConfig, Device, DeviceMemoryResource, ResourceError, SimGpu,
+};
 
 const KIB: usize = 1 << 10;
 
@@ -296,4 +298,120 @@ fn a_sync_stack_snapshots_through_the_trait() {
     let mut snap = streamalloc::observe::MemorySnapshot::new(0);
     stack.snapshot_into(&mut snap);
     assert!(snap.blocks.is_empty() && snap.pending_frees.is_empty());
+}
+
+const MIB: usize = 1 << 20;
+
+/// The cache's part: its leases with the size asked and the size taken,
+/// its arena's range with what is mapped and idle, and a report that
+/// counts the idle memory.
+#[tokio::test]
+async fn a_snapshot_through_the_cache_shows_its_leases_and_idle_memory() {
+    let device = Device::sim(&SimGpu::new(), 2);
+    let budget = Budget::new(1 << 30);
+    let layers = ResourceBuilder::new()
+        .budget(&budget)
+        .cache(CacheConfig::default());
+    let res = AsyncResource::build(&device, &layers).unwrap();
+    let s0 = device.stream(0).unwrap();
+    let w = res
+        .allocate(3 * MIB, s0, AllocTag("weights"))
+        .await
+        .unwrap();
+    let mut acts = Vec::new();
+    for _ in 0..3 {
+        acts.push(res.allocate(MIB + 100, s0, AllocTag("acts")).await.unwrap());
+    }
+    for b in acts.drain(..2) {
+        res.deallocate(b).unwrap().await.unwrap();
+    }
+    let snap = res.snapshot();
+    let cache: Vec<_> = snap.blocks.iter().filter(|b| b.layer == "cache").collect();
+    assert_eq!(cache.len(), 2, "{:?}", snap.blocks);
+    let act = cache.iter().find(|b| b.tag == "acts").unwrap();
+    assert_eq!(act.requested, MIB + 100);
+    assert!(act.size >= MIB + 100);
+    assert_eq!(
+        snap.bytes_by_tag().iter().map(|t| t.0).collect::<Vec<_>>(),
+        ["weights", "acts"]
+    );
+    let segs: Vec<_> = snap
+        .segments
+        .iter()
+        .filter(|s| s.layer == "cache")
+        .collect();
+    assert_eq!(segs.len(), 1, "one arena: {:?}", snap.segments);
+    let seg = segs[0];
+    assert!(seg.mapped >= 4 * MIB, "{seg:?}");
+    assert!(
+        seg.idle >= 2 * MIB,
+        "the freed blocks' memory is idle: {seg:?}"
+    );
+    assert!(seg.largest_idle <= seg.idle && seg.largest_idle > 0);
+    assert!(seg.idle + 4 * MIB <= seg.mapped + seg.reserved);
+
+    // The pickle: one expandable segment whose blocks tile it.
+    let bytes = snap.to_torch_pickle();
+    let value = serde_pickle::value_from_slice(&bytes, DeOptions::new()).unwrap();
+    let top = dict(&value);
+    let segments = list(top["segments"]);
+    let arena = segments
+        .iter()
+        .map(dict)
+        .find(|s| matches!(s["is_expandable"], Value::Bool(true)))
+        .expect("the arena's segment");
+    let blocks = list(arena["blocks"]);
+    let sum: i64 = blocks.iter().map(|b| int(dict(b)["size"])).sum();
+    assert_eq!(sum, int(arena["total_size"]));
+    let states: Vec<String> = blocks
+        .iter()
+        .map(|b| string(dict(b)["state"]).to_string())
+        .collect();
+    assert_eq!(
+        states.iter().filter(|s| *s == "active_allocated").count(),
+        2
+    );
+    assert!(states.iter().any(|s| s == "inactive"));
+
+    // A refusal's report counts what the cache holds idle.
+    let err = ResourceError::OutOfMemory {
+        requested: 64 * MIB,
+        available: 0,
+        stream: s0,
+    };
+    let report = res.oom_report(&err).unwrap();
+    assert_eq!(report.idle_in_cache, seg.idle);
+    assert_eq!(report.top_tags[0].0, "weights");
+    drop(res.deallocate(w).unwrap());
+    drop(res.deallocate(acts.pop().unwrap()).unwrap());
+}
+
+#[tokio::test]
+async fn size_class_blocks_cached_idle_are_segments() {
+    let device = Device::sim(&SimGpu::new(), 1);
+    let layers = ResourceBuilder::new().cache(CacheConfig::default().virtual_memory(false));
+    let res = AsyncResource::build(&device, &layers).unwrap();
+    let s = device.stream(0).unwrap();
+    let kept = res.allocate(64 * KIB, s, AllocTag("kept")).await.unwrap();
+    let freed = res.allocate(100 * KIB, s, AllocTag("freed")).await.unwrap();
+    let freed_at = freed.ptr();
+    res.deallocate(freed).unwrap().await.unwrap();
+    let snap = res.snapshot();
+    let cache: Vec<_> = snap.blocks.iter().filter(|b| b.layer == "cache").collect();
+    assert_eq!(cache.len(), 1);
+    assert_eq!((cache[0].tag, cache[0].requested), ("kept", 64 * KIB));
+    let idle: Vec<_> = snap
+        .segments
+        .iter()
+        .filter(|s| s.address == freed_at)
+        .collect();
+    assert_eq!(idle.len(), 1, "{:?}", snap.segments);
+    assert!(idle[0].idle >= 100 * KIB && idle[0].idle == idle[0].reserved);
+    // Below the cache, the resource holds both class blocks.
+    assert_eq!(
+        snap.blocks.iter().filter(|b| b.layer == "resource").count(),
+        2
+    );
+    assert_eq!(snap.bytes_by_tag(), vec![("kept", cache[0].size)]);
+    drop(res.deallocate(kept).unwrap());
 }

@@ -11,7 +11,7 @@ use streamalloc::observe::{
     MemoryAction, clear_memory_history, memory_history, memory_history_capacity,
     record_memory_history,
 };
-use streamalloc::{AllocTag, AsyncResource, Device, ResourceError, SimGpu};
+use streamalloc::{AllocTag, AsyncResource, CacheConfig, Device, ResourceError, SimGpu};
 
 const KIB: usize = 1 << 10;
 
@@ -144,6 +144,41 @@ async fn the_history_records_what_the_stack_did_only_while_on() {
     let bt = memory_history()[0].backtrace.clone().unwrap();
     assert!(bt.contains("observe_history"), "{bt}");
     res.deallocate(b).unwrap().await.unwrap();
+
+    // The cache's mappings: a growth maps pages under the block; a trim
+    // gives idle ones back once the GPU is done with them.
+    record_memory_history(1000, false);
+    let cached = AsyncResource::build(
+        &device,
+        &ResourceBuilder::new().cache(CacheConfig::default()),
+    )
+    .unwrap();
+    let b = cached
+        .allocate(4 << 20, s0, AllocTag("mapped"))
+        .await
+        .unwrap();
+    let at = b.ptr();
+    let maps: Vec<_> = memory_history()
+        .into_iter()
+        .filter(|e| e.action == MemoryAction::SegmentMap)
+        .collect();
+    assert!(!maps.is_empty());
+    assert!(
+        maps.iter()
+            .any(|m| m.addr <= at && at < m.addr + m.size as u64)
+    );
+    cached.deallocate(b).unwrap().await.unwrap();
+    cached.completion(s0).unwrap().await.unwrap();
+    cached.inner().trim().unwrap();
+    cached.completion(s0).unwrap().await.unwrap();
+    cached.inner().trim().unwrap();
+    let unmapped: usize = memory_history()
+        .iter()
+        .filter(|e| e.action == MemoryAction::SegmentUnmap)
+        .map(|e| e.size)
+        .sum();
+    let mapped: usize = maps.iter().map(|m| m.size).sum();
+    assert_eq!(unmapped, mapped, "every page mapped was given back");
 
     // Off again: nothing more.
     record_memory_history(0, false);

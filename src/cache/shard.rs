@@ -17,16 +17,16 @@
 use crate::sync::{Mutex, MutexGuard};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use super::arena::Placed;
-use super::graph_pool::GraphPool;
+use super::arena::placement::Placed;
+use super::arena::vmm::StreamSlot;
+use super::graph::pool::GraphPool;
 use super::size_class::SizeClass;
 use super::slab::{GENERATION_BITS, INDEX_BITS, Occupied, Slab};
 use super::stats::CacheStats;
-use super::vmm::StreamSlot;
 use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::CaptureId;
 use crate::resource::block_uses::BlockUses;
-use crate::types::{Access, BlockId, DeviceBlock, StreamId};
+use crate::types::{Access, AllocTag, BlockId, DeviceBlock, StreamId};
 
 /// Low bits of a cache serial name the shard that handed the block out; the
 /// high bits are the lease's key in the shard, so that serials are unique
@@ -51,6 +51,9 @@ pub(crate) struct Mapped {
     /// free and before later uses on that stream, so no event is recorded
     /// for them until a use on another stream needs one to wait on.
     pub(crate) home_unrecorded: Option<Access>,
+    /// The caller's tag, for snapshots (a size-class lease's inner block
+    /// carries its own).
+    pub(crate) tag: AllocTag,
 }
 
 impl Mapped {
@@ -193,6 +196,16 @@ impl Shard {
         }
     }
 
+    /// The blocks handed out (for snapshots).
+    pub(crate) fn leases(&self) -> impl Iterator<Item = &Lease> {
+        self.leases.values()
+    }
+
+    /// The blocks in the free lists (for snapshots).
+    pub(crate) fn free_blocks(&self) -> impl Iterator<Item = &DeviceBlock> {
+        self.free.iter().flatten()
+    }
+
     /// Takes the hottest free block of `class`.
     pub(crate) fn pop(&mut self, class: SizeClass) -> Option<DeviceBlock> {
         let block = self.free.get_mut(class.index())?.pop()?;
@@ -307,10 +320,10 @@ impl Shard {
         self.lease_entry(serial).map(LeaseEntry::end)
     }
 
-    /// Ends the arena lease `serial` (as [`LeaseEntry::end_mapped`]).
+    /// Ends the arena lease `serial` (as [`LeaseEntry::end_arena_lease`]).
     #[inline]
-    pub(crate) fn end_mapped_lease(&mut self, serial: u64) -> Option<EndedMapped> {
-        self.lease_entry(serial).map(LeaseEntry::end_mapped)
+    pub(crate) fn end_arena_lease(&mut self, serial: u64) -> Option<EndedMapped> {
+        self.lease_entry(serial).map(LeaseEntry::end_arena_lease)
     }
 
     pub(crate) fn lease_count(&self) -> usize {
@@ -363,10 +376,10 @@ impl LeaseEntry<'_> {
     // Always: on the free's hot path, where a call would return the ended
     // lease through memory.
     #[inline(always)]
-    pub(crate) fn end_mapped(mut self) -> EndedMapped {
+    pub(crate) fn end_arena_lease(mut self) -> EndedMapped {
         let lease = self.entry.get_mut();
         let Backing::Mapped(m) = &mut lease.backing else {
-            unreachable!("end_mapped is called for arena leases only");
+            unreachable!("end_arena_lease is called for arena leases only");
         };
         let ended = EndedMapped {
             placed: m.placed,

@@ -150,7 +150,6 @@ impl AsyncResource<Arc<dyn DeviceMemoryResource>> {
         // over it is one of the crate's own, which allocate and resolve
         // streams only through the layer they wrap (items 1 and 2).
         let res = unsafe { Self::with_device(stack, device) }?;
-        res.core.hold_budget_relief(budget.as_slice());
         res.apply_settings(conf);
         Ok(res)
     }
@@ -190,12 +189,6 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
         // `FaithfulLayer`, so the stack allocates and resolves streams only
         // through that bottom (items 1 and 2 of `with_device`).
         let res = unsafe { Self::with_device(stack, device) }?;
-        // A request refused under one of the stack's budgets on another
-        // device asks this stack for its idle memory, whatever the order
-        // of its layers.
-        let mut budgets = Vec::new();
-        layers.budgets(&mut budgets);
-        res.core.hold_budget_relief(&budgets);
         res.apply_settings(&conf);
         Ok(res)
     }
@@ -253,6 +246,12 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
         let erased: Arc<dyn DeviceMemoryResource> = inner.clone();
         let gpu: Arc<dyn Gpu> = device.gpu().clone();
         let core = Core::new(erased, gpu, device.streams().clone())?;
+        // A request refused under one of the stack's budgets on another
+        // stack asks this one for its idle memory, whatever the order of
+        // its layers (a cache above the budget resource included).
+        let mut budgets = Vec::new();
+        inner.budget_reliefs(&mut budgets);
+        core.hold_budget_relief(&budgets);
         Ok(AsyncResource { inner, core })
     }
 
@@ -625,6 +624,7 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
             .into_iter()
             .filter(|e| e.device == device)
             .collect();
+        snapshot.date_blocks_from_history();
         snapshot
     }
 

@@ -142,7 +142,7 @@ impl MemorySnapshot {
                 seg.address,
                 seg.reserved,
                 seg.stream.unwrap_or(0),
-                seg.mapped < seg.reserved,
+                seg.expandable,
                 blocks,
             ));
         }

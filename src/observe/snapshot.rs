@@ -89,6 +89,9 @@ pub struct SegmentInfo {
     pub largest_idle: usize,
     /// The stream it belongs to, if only one may use it.
     pub stream: Option<u32>,
+    /// Whether its memory is mapped in pages over a reserved range, so
+    /// that it grows and shrinks in place (PyTorch's expandable segments).
+    pub expandable: bool,
     /// Its free ranges, `(address, bytes, mapped bytes)`, in address order.
     pub free_ranges: Vec<(u64, usize, usize)>,
 }
@@ -193,6 +196,23 @@ impl MemorySnapshot {
         }
         tags.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
         tags
+    }
+
+    /// Gives each block a layer could not date (the cache keeps no clock
+    /// on its hot path) the age of the newest allocation the history
+    /// recorded at its address, if any.
+    pub(crate) fn date_blocks_from_history(&mut self) {
+        let mut born = std::collections::HashMap::new();
+        for e in &self.history {
+            if e.action == super::history::MemoryAction::Alloc {
+                born.insert(e.addr, e.time_us);
+            }
+        }
+        for b in self.blocks.iter_mut().filter(|b| b.age.is_none()) {
+            if let Some(&t) = born.get(&b.address) {
+                b.age = Some(Duration::from_micros(self.time_us.saturating_sub(t)));
+            }
+        }
     }
 
     /// Bytes a cache holds mapped and idle.

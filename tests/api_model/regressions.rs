@@ -127,7 +127,7 @@ fn a_waiter_behind_idle_cached_memory() {
 }
 
 /// Class `size-overflow`: a request of `usize::MAX` bytes through a
-/// budget over the arena panics in `cache/mapped.rs`.
+/// budget over the arena panics in `cache/mapped.rs` (now `cache/arena/tier.rs`).
 #[test]
 fn a_huge_request_through_a_budget_over_the_arena() {
     check(arena_budget(), &[Op::Huge { which: 0 }]);
@@ -136,7 +136,7 @@ fn a_huge_request_through_a_budget_over_the_arena() {
 /// Found once the overflow above was fixed (not in the issue): a
 /// request of 2^63 bytes straight to the arena cache, with no budget,
 /// panicked negating its size as an `isize` ("attempt to negate with
-/// overflow" in `cache/mapped.rs`). A request longer than an arena now
+/// overflow" in `cache/mapped.rs` (now `cache/arena/tier.rs`)). A request longer than an arena now
 /// goes to the inner resource.
 #[test]
 fn half_the_address_space_through_the_arena() {

@@ -57,7 +57,7 @@
 
 use crate::sync::{AtomicU32, Ordering};
 
-use super::arena::Placed;
+use super::placement::Placed;
 
 /// Blocks kept per stream.
 pub(crate) const KEPT: usize = 8;
@@ -194,6 +194,16 @@ impl KeptBlocks {
             repeats: HISTORY,
             ..KeptBlocks::default()
         }
+    }
+
+    /// The blocks kept now (for snapshots; a growth may take one back at
+    /// any time, through the shared entries).
+    pub(crate) fn kept(&self) -> impl Iterator<Item = Placed> + '_ {
+        self.lens
+            .iter()
+            .zip(&self.placed)
+            .filter(|(len, _)| **len != 0)
+            .map(|(_, placed)| *placed)
     }
 
     /// Whether the stream keeps the blocks it frees (its sizes repeat).
@@ -351,8 +361,8 @@ impl KeptBlocks {
 mod loom_tests {
     use std::sync::Arc;
 
-    use crate::cache::arena::Placed;
-    use crate::cache::kept::{KeptBlocks, KeptNodes};
+    use crate::cache::arena::kept::{KeptBlocks, KeptNodes};
+    use crate::cache::arena::placement::Placed;
 
     fn block(node: u32) -> Placed {
         Placed {
