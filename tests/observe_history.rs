@@ -141,7 +141,7 @@ async fn the_history_records_what_the_stack_did_only_while_on() {
     // With backtraces: an allocation keeps its stack, naming this test.
     record_memory_history(10, true);
     let b = res.allocate(KIB, s0, AllocTag("bt")).await.unwrap();
-    let bt = memory_history()[0].backtrace.clone().unwrap();
+    let bt = memory_history()[0].backtrace.clone().unwrap().to_string();
     assert!(bt.contains("observe_history"), "{bt}");
     res.deallocate(b).unwrap().await.unwrap();
 

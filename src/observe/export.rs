@@ -285,7 +285,7 @@ fn alloc_frames(history: &[MemoryEvent]) -> HashMap<u64, Vec<Frame>> {
         if e.action == MemoryAction::Alloc
             && let Some(bt) = &e.backtrace
         {
-            out.insert(e.addr, parse_backtrace(bt));
+            out.insert(e.addr, parse_backtrace(&bt.to_string()));
         }
     }
     out
