@@ -46,9 +46,11 @@
 //! `PROPTEST_CASES=N` or `scripts/api-fuzz.sh N` runs as many cases as
 //! you like. Every bug it found is fixed but the open classes: the
 //! harness steers around an open class unless `API_FUZZ_OPEN` names it
-//! (`API_FUZZ_OPEN=use-after-replay scripts/api-fuzz.sh 1000`), and its
-//! written-out case is an ignored test that fails until it is fixed. Open
-//! now: `use-after-replay` under a cache ([`graphs`]).
+//! (`API_FUZZ_OPEN=CLASS scripts/api-fuzz.sh 1000`), and its written-out
+//! case is an ignored test that fails until it is fixed. Open now:
+//! `capture-unjoined` (written out in [`regressions`], not steered around
+//! yet: about one case in 30,000 finds it); `use-after-replay` under a
+//! cache is fixed.
 //!
 //! The minimal case of each bug this harness found is written out in
 //! [`regressions`] (`tests/api_model/regressions.rs`); proptest also persists its seeds in
@@ -1119,6 +1121,10 @@ fn panic_message(payload: &Box<dyn std::any::Any + Send>) -> String {
 /// Whether the known-open bug class `class` is named in `API_FUZZ_OPEN`
 /// (comma-separated): then the harness drives it instead of steering
 /// around it, and its cases fail until it is fixed.
+#[allow(
+    dead_code,
+    reason = "no class is open now; the next one found steers with it"
+)]
 fn open(class: &str) -> bool {
     OPEN.with(|o| o.get() == Some(class))
         || std::env::var("API_FUZZ_OPEN").is_ok_and(|v| v.split(',').any(|c| c.trim() == class))

@@ -111,6 +111,12 @@
 //! the graph is gone: the stream then waits for an event recorded where the
 //! replays ran, and the memory is freed there, as any free. No fence is
 //! recorded, no block moved and nothing trimmed on a capturing stream.
+//! Every replay writes the arena ranges the capture handed out without a
+//! hook seeing it, so a use of one on another stream than the last
+//! replay's first waits for that stream (the ledger of the device's pool
+//! says where the last launch ran); at the release, the stream that
+//! ordered itself after the last replay becomes the last write of each such
+//! range users still hold.
 //!
 //! # Failure
 //!

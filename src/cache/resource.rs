@@ -577,13 +577,27 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R>
         use_stream: StreamId,
         access: Access,
     ) -> ResourceResult<()> {
-        self.shards
-            .with_lease(block, |lease| match (&mut lease.backing, &self.arena) {
-                (Backing::Mapped(m), Some(arena)) => {
-                    arena.prepare_use(m, lease.stream, use_stream, access)
-                }
-                _ => SizeClassTier::prepare_use(&self.inner, lease, use_stream, access),
-            })
+        let (slot, serial) = self.shards.locate(block)?;
+        let mut shard = slot.lock();
+        let Some(mut lease) = shard.lease_mut(serial) else {
+            return Err(shard.missing(block));
+        };
+        // A range handed out in a capture is written by every replay of its
+        // graph, which the hooks do not see: its use follows the last one.
+        let mut replay = None;
+        if let (Some(capture), Some(arena)) = (lease.capture, &self.arena) {
+            replay = arena.last_replay(&shard, capture);
+            let Some(again) = shard.lease_mut(serial) else {
+                unreachable!("found above under this lock");
+            };
+            lease = again;
+        }
+        match (&mut lease.backing, &self.arena) {
+            (Backing::Mapped(m), Some(arena)) => {
+                arena.prepare_use(m, lease.stream, (use_stream, access), replay)
+            }
+            _ => SizeClassTier::prepare_use(&self.inner, lease, use_stream, access),
+        }
     }
 
     fn finish_block_use(

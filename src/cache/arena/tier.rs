@@ -15,7 +15,7 @@
 
 use super::placement::{Placed, round};
 use super::vmm::{StreamSlot, Taken, VirtualArena};
-use crate::cache::shard::{Backing, EndedMapped, Lease, Mapped, Slot, SlotGuard};
+use crate::cache::shard::{Backing, EndedMapped, Lease, Mapped, Shard, Slot, SlotGuard};
 use crate::cache::shards::Shards;
 use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::{CaptureId, Gpu, GpuError};
@@ -472,17 +472,49 @@ impl ArenaTier {
         Ok(())
     }
 
+    /// The stream of the last replay of `capture`'s graph, which writes
+    /// the ranges the capture handed out (see [`prepare_use`](Self::prepare_use)):
+    /// where the graph's release waits in `shard` for the stream to leave a
+    /// capture, the stream it is ordered after; else, while the graph
+    /// lives, the stream of its last launch, from the ledger of the
+    /// device's pool (`None` before the first).
+    pub(crate) fn last_replay(&self, shard: &Shard, capture: CaptureId) -> Option<StreamId> {
+        let released = shard
+            .graphs
+            .iter()
+            .find(|g| g.capture == capture)
+            .and_then(|g| g.released);
+        released.or_else(|| {
+            self.vm
+                .access
+                .streams
+                .kept_graph_memory()
+                .lock()
+                .last_launch(capture)
+        })
+    }
+
     /// Queues the waits `use_stream` needs before `access` to an arena
-    /// block leased on `home`: on the allocation (recorded on `home` at the
-    /// first use elsewhere), on the last write, and for a write on the
-    /// reads of other streams.
+    /// block leased on `home`: after the last replay of the graph whose
+    /// capture handed it out (`replay`, while the graph holds it), on the
+    /// allocation (recorded on `home` at the first use elsewhere), on the
+    /// last write, and for a write on the reads of other streams.
+    ///
+    /// A replay writes the range without the hooks (the graph queues the
+    /// write), so its stream is followed at every use elsewhere, as the
+    /// stream-ordered resource does for the graph memory it keeps; once
+    /// the graph is released, the lease's last write covers the replays
+    /// ([`settle_replays`](Self::settle_replays)).
     pub(crate) fn prepare_use(
         &self,
         m: &mut Mapped,
         home: StreamId,
-        use_stream: StreamId,
-        access: Access,
+        (use_stream, access): (StreamId, Access),
+        replay: Option<StreamId>,
     ) -> ResourceResult<()> {
+        if let Some(last) = replay.filter(|&l| l != use_stream) {
+            self.follow(last, use_stream)?;
+        }
         let tier = &self.vm;
         let gpu = &*tier.access.gpu;
         let raw_use = tier.access.streams.raw(use_stream)?;
@@ -542,6 +574,61 @@ impl ArenaTier {
                 Err(Self::driver(e, use_stream))
             }
         }
+    }
+
+    /// At the release of the graph whose capture handed out the arena lease
+    /// `m` (leased on `home`, which the release has ordered after the last
+    /// replay): `home` waits for the uses recorded on other streams, and
+    /// its current end becomes the lease's last write, so that a later use
+    /// on any stream follows the replays and every use before them (the
+    /// lease stops asking where the graph's replays ran).
+    pub(crate) fn settle_replays(&self, m: &mut Mapped, home: StreamId) -> ResourceResult<()> {
+        let tier = &self.vm;
+        let gpu = &*tier.access.gpu;
+        let raw_home = tier.access.streams.raw(home)?;
+        if let Some(uses) = &m.uses {
+            let failed = uses
+                .waits_for(home, Access::Write)
+                // SAFETY: the lease's use events, pooled and made on `gpu`;
+                // `raw_home` a stream of the tier's device pool.
+                .find_map(|event| unsafe { gpu.stream_wait_event(raw_home, event) }.err());
+            if let Some(e) = failed {
+                return Err(Self::driver(e, home));
+            }
+        }
+        self.record_event_use(m, home, Access::Write)?;
+        m.home_unrecorded = None;
+        Ok(())
+    }
+
+    /// Makes `use_stream` wait for the work queued so far on `last` (one
+    /// event, recorded there and given back once the wait is queued);
+    /// refused, nothing queued, while `use_stream` captures (a wait on an
+    /// event recorded outside its capture would invalidate it).
+    fn follow(&self, last: StreamId, use_stream: StreamId) -> ResourceResult<()> {
+        let tier = &self.vm;
+        let gpu = &*tier.access.gpu;
+        let raw_use = tier.access.streams.raw(use_stream)?;
+        let raw_last = tier.access.streams.raw(last)?;
+        // SAFETY: `raw_use` is a stream of the tier's device pool, which
+        // the tier holds.
+        let status =
+            unsafe { gpu.capture_status(raw_use) }.map_err(|e| Self::driver(e, use_stream))?;
+        if status.is_capturing() {
+            return Err(ResourceError::StreamCapturing {
+                stream: use_stream,
+                capture: status.id(),
+            });
+        }
+        let event = self.events.take().map_err(|e| Self::driver(e, last))?;
+        // SAFETY: a pooled event of the tier, made on `gpu`; `raw_last` and
+        // `raw_use` are streams of the tier's device pool, which the tier
+        // holds. Giving the event back after the wait is queued is fine: a
+        // wait keeps the record it saw.
+        let ordered = unsafe { gpu.event_record(event, raw_last) }
+            .and_then(|()| unsafe { gpu.stream_wait_event(raw_use, event) });
+        self.events.give([event]);
+        ordered.map_err(|e| Self::driver(e, use_stream))
     }
 
     /// An estimate of the new memory an arena allocation of `bytes` on slot

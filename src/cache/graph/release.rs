@@ -145,6 +145,18 @@ impl<R: DeviceMemoryResource> Graphs<'_, R> {
         if stream != after {
             self.order_after(shard, capture, after)?;
         }
+        if let Some(arena) = self.arena {
+            // Now after the last replay (by the wait above, or as its
+            // stream): the arena leases the capture handed out get their
+            // last write here.
+            for lease in shard.leases_mut() {
+                if lease.capture == Some(capture)
+                    && let Backing::Mapped(m) = &mut lease.backing
+                {
+                    arena.settle_replays(m, lease.stream)?;
+                }
+            }
+        }
         let Some(pool) = shard.remove_graph(capture) else {
             return Ok(());
         };
