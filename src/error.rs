@@ -441,6 +441,18 @@ pub enum ResourceError {
     /// memory. Nothing was queued.
     #[error("the host buffer belongs to a pool of another backend than the copy's resource")]
     ForeignHostBuffer,
+    /// A configuration (`STREAMALLOC_CONF`, see [`crate::conf`]) the crate
+    /// cannot follow: an unknown key, a key given twice, a value it cannot
+    /// read, or a key whose prerequisite is missing. Nothing was built.
+    #[error("STREAMALLOC_CONF: `{key}:{value}`: {reason}")]
+    Config {
+        /// The key.
+        key: String,
+        /// Its value as given.
+        value: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// A CUDA stream that no stream pool of this device registers was used
     /// with a buffer, so its uses could not be ordered.
     #[error("a stream of device {device} that its stream pool does not register")]

@@ -209,6 +209,7 @@ mod shard;
 mod shards;
 mod size_class;
 mod slab;
+mod snapshot;
 mod stats;
 
 pub use config::CacheConfig;

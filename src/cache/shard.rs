@@ -26,7 +26,7 @@ use super::stats::CacheStats;
 use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::CaptureId;
 use crate::resource::block_uses::BlockUses;
-use crate::types::{Access, BlockId, DeviceBlock, StreamId};
+use crate::types::{Access, AllocTag, BlockId, DeviceBlock, StreamId};
 
 /// Low bits of a cache serial name the shard that handed the block out; the
 /// high bits are the lease's key in the shard, so that serials are unique
@@ -51,6 +51,9 @@ pub(crate) struct Mapped {
     /// free and before later uses on that stream, so no event is recorded
     /// for them until a use on another stream needs one to wait on.
     pub(crate) home_unrecorded: Option<Access>,
+    /// The caller's tag, for snapshots (a size-class lease's inner block
+    /// carries its own).
+    pub(crate) tag: AllocTag,
 }
 
 impl Mapped {
@@ -191,6 +194,16 @@ impl Shard {
             stats: CacheStats::default(),
             graphs: Vec::new(),
         }
+    }
+
+    /// The blocks handed out (for snapshots).
+    pub(crate) fn leases(&self) -> impl Iterator<Item = &Lease> {
+        self.leases.values()
+    }
+
+    /// The blocks in the free lists (for snapshots).
+    pub(crate) fn free_blocks(&self) -> impl Iterator<Item = &DeviceBlock> {
+        self.free.iter().flatten()
     }
 
     /// Takes the hottest free block of `class`.

@@ -225,6 +225,7 @@ impl ArenaTier {
                 ptr,
                 uses: None,
                 home_unrecorded: None,
+                tag,
             }),
             stream,
             size: bytes,
