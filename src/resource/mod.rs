@@ -433,6 +433,23 @@ pub unsafe trait DeviceMemoryResource: Send + Sync {
     /// changes. A driver error part way: what was returned stays returned,
     /// the rest stays with the graph, and a later call returns it.
     fn release_capture(&self, capture: CaptureId, after: StreamId) -> ResourceResult<()>;
+
+    /// Shows `visit` the handle of each layer of the stack that has one,
+    /// outermost first: a statistics layer its
+    /// [`Stats`](crate::adaptors::Stats), a budget its
+    /// [`Budget`](crate::adaptors::Budget), a cache its
+    /// [`CacheStats`](crate::cache::CacheStats) as of now. This is how a
+    /// built stack's layers are reached by type
+    /// ([`AsyncResource::layer`](crate::futures::AsyncResource::layer))
+    /// rather than by counting `inner()`.
+    ///
+    /// A decorator shows its own handle, if any, then forwards
+    /// (`forward_to_inner!` does, in `all_but_allocate`); a decorator that
+    /// does not forward hides the layers below it from the look-up, and
+    /// nothing else. The bottom resource has none (the default).
+    fn visit_layers(&self, visit: &mut dyn FnMut(&dyn std::any::Any)) {
+        let _ = visit;
+    }
 }
 
 // SAFETY: every method is the same method of the resource the `Arc` holds,
@@ -510,5 +527,8 @@ unsafe impl<R: DeviceMemoryResource + ?Sized> DeviceMemoryResource for std::sync
     }
     fn release_capture(&self, capture: CaptureId, after: StreamId) -> ResourceResult<()> {
         (**self).release_capture(capture, after)
+    }
+    fn visit_layers(&self, visit: &mut dyn FnMut(&dyn std::any::Any)) {
+        (**self).visit_layers(visit)
     }
 }

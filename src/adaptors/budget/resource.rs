@@ -209,6 +209,10 @@ impl<R: DeviceMemoryResource> Counted<R> {
 #[allow(unsafe_code)]
 unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> {
     forward_to_inner!(counted; device_ordinal, bytes_outstanding, pending_free_seq, supports_block_use_tracking, record_block_use, prepare_block_use, finish_block_use, block_state, allocation_cost, allocation_cost_is_exact, frees_across_streams, capture_status);
+    fn visit_layers(&self, visit: &mut dyn FnMut(&dyn std::any::Any)) {
+        visit(&self.counted.budget);
+        self.counted.inner.visit_layers(visit)
+    }
     /// Reserves what the allocation will take from the device (the inner
     /// resource's [`allocation_cost`](DeviceMemoryResource::allocation_cost):
     /// `bytes`, the rounded size below a cache, nothing for a cache hit),

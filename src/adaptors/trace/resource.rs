@@ -1,6 +1,7 @@
 //! [`TracingResource`]: the decorator that emits events.
 
 use crate::forward_to_inner;
+use crate::poll_scope::in_waiting_try;
 use crate::resource::unwind::ReturnOnUnwind;
 use std::time::Instant;
 
@@ -155,7 +156,7 @@ impl<R: DeviceMemoryResource> TracingResource<R> {
 // call reaches it.
 #[allow(unsafe_code)]
 unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for TracingResource<R> {
-    forward_to_inner!(inner; device_ordinal, bytes_outstanding, pending_free_seq, supports_block_use_tracking, block_state, allocation_cost, allocation_cost_is_exact, frees_across_streams, release_idle, allocation_limit, capture_status);
+    forward_to_inner!(inner; device_ordinal, bytes_outstanding, pending_free_seq, supports_block_use_tracking, block_state, allocation_cost, allocation_cost_is_exact, frees_across_streams, release_idle, allocation_limit, capture_status, visit_layers);
     fn allocate(
         &self,
         bytes: usize,
@@ -180,6 +181,18 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for TracingResource<R>
                 block = %guard.block().id(),
                 elapsed_ns = elapsed_ns(start),
                 "allocate"
+            ),
+            // Back-pressure: the request waits in the futures layer's
+            // queue (whose span, around this event, says so and for how
+            // long); it is not a failure.
+            Err(e) if e.is_lack_of_memory() && in_waiting_try() => debug!(
+                target: TARGET,
+                device,
+                stream = %stream,
+                bytes,
+                tag = %tag,
+                refusal = %e,
+                "allocate refused; the request waits"
             ),
             Err(e) => warn!(
                 target: TARGET,
