@@ -589,6 +589,27 @@ pub(crate) fn deallocate_detached(
     block: DeviceBlock,
     done_at: Option<DoneAt>,
 ) -> ResourceResult<()> {
+    free_detached(core, block, done_at, true)
+}
+
+/// The free of a block a reservation's failed try took in the same poll
+/// (all or nothing): as [`deallocate_detached`], but it does not tell the
+/// wait queue that memory came back. Only the queue's head tries, and
+/// that head is the reservation itself: the memory is what it just could
+/// not use, and announcing it would make it try again at once, give back
+/// again, and spin (a reservation that waited for memory burnt a worker
+/// and churned the cache until others freed). Frees it queues below are
+/// announced when they land, as any.
+pub(crate) fn give_back_failed_try(core: &Core, block: DeviceBlock) -> ResourceResult<()> {
+    free_detached(core, block, None, false)
+}
+
+fn free_detached(
+    core: &Core,
+    block: DeviceBlock,
+    done_at: Option<DoneAt>,
+    announce: bool,
+) -> ResourceResult<()> {
     let stream = block.stream();
     let notifier = core.notifier(stream)?;
     // Only what the host saw proves the GPU done: a point settled because
@@ -621,7 +642,9 @@ pub(crate) fn deallocate_detached(
     }
     core.mark_frees_elsewhere(Some(stream));
     // Memory freed on a stream is reusable on it at once.
-    core.allocs.memory_returned();
+    if announce {
+        core.allocs.memory_returned();
+    }
     Ok(())
 }
 

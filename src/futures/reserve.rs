@@ -59,7 +59,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use super::alloc_future::worth_waiting;
-use super::async_resource::deallocate_detached;
+use super::async_resource::{deallocate_detached, give_back_failed_try};
 use super::core::Core;
 use super::hold_wait::current_owner;
 use super::waiter::{Attempt, Waiter};
@@ -155,8 +155,13 @@ impl Future for ReserveFuture {
                         Ok(block) => blocks.push(block),
                         Err(e) => {
                             // All or nothing: a waiting reservation holds
-                            // nothing.
-                            give_back(core, blocks);
+                            // nothing. Quietly: the head is this request.
+                            for block in blocks {
+                                let id = block.id();
+                                if let Err(e) = give_back_failed_try(core, block) {
+                                    tracing::error!(block = %id, error = %e, "freeing a reserved block failed");
+                                }
+                            }
                             return match worth_waiting(core, &e) {
                                 true => Attempt::Wait(e),
                                 false => Attempt::Fail(e),
