@@ -3,7 +3,7 @@
 # preemption bound unless LOOM_MAX_PREEMPTIONS is set) of the loom models
 # that sit next to the code they check (`#[cfg(all(test, loom))] mod loom_tests` in
 # src/resource/stream_ordered.rs, src/adaptors/debug_guard/resource.rs,
-# src/adaptors/budget/resource.rs, src/cache/kept.rs, src/cache/vmm.rs (the
+# src/adaptors/budget/resource.rs, src/cache/arena/kept.rs, src/cache/arena/vmm.rs (the
 # arena's shared lock, within three preemptions), src/futures/notifier.rs and
 # src/futures/wait_queue.rs).
 #

@@ -184,8 +184,4 @@ impl<R, L: Layer<R>> Layer<R> for ResourceBuilder<L> {
     fn layer(&self, inner: R) -> Self::Resource {
         self.layer.layer(inner)
     }
-
-    fn budgets(&self, out: &mut Vec<crate::adaptors::Budget>) {
-        self.layer.budgets(out)
-    }
 }

@@ -274,6 +274,14 @@ pub enum ResourceError {
         /// The device of the stream or block that was passed.
         found: u32,
     },
+    /// A stream pool of another context of the same device was paired with
+    /// a backend ([`Device::new`](crate::Device::new)): its streams would
+    /// order nothing the backend does.
+    #[error("the stream pool belongs to another context of device {device} than the backend")]
+    WrongContext {
+        /// The device both name.
+        device: u32,
+    },
     /// The block was allocated by another resource.
     #[error("{block} belongs to another resource")]
     ForeignBlock {

@@ -230,7 +230,7 @@ struct Overcounting<R> {
 // SAFETY: blocks and streams are the inner resource's, unchanged; every
 // call reaches it (only the count it reports is high).
 unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for Overcounting<R> {
-    streamalloc::forward_to_inner!(inner; supports_block_use_tracking, record_block_use, prepare_block_use, finish_block_use, allocation_cost, allocation_cost_is_exact, release_idle, frees_across_streams, allocation_limit, capture_status, release_capture);
+    streamalloc::forward_to_inner!(inner; supports_block_use_tracking, record_block_use, prepare_block_use, finish_block_use, allocation_cost, allocation_cost_is_exact, release_idle, frees_across_streams, allocation_limit, budget_reliefs, capture_status, release_capture);
     fn allocate(
         &self,
         bytes: usize,
@@ -395,13 +395,55 @@ fn a_waiter_is_served_by_idle_memory_cached_on_another_device() {
 
 /// The same with the cache above the budget, as the README and the service
 /// example stack it (`cache().retry_on_oom().budget()`): the budget cannot
-/// see a cache above it, so the stack built on each device registers
-/// whole with the budget, and a refusal on device 1 asks device 0's stack
-/// for its idle blocks. Device 1's waiter used to wait for good.
+/// see a cache above it, so the stack on each device registers whole with
+/// the budget, and a refusal on device 1 asks device 0's stack for its
+/// idle blocks. Device 1's waiter used to wait for good.
 #[test]
 fn a_waiter_is_served_by_idle_memory_of_a_cache_above_the_budget_on_another_device() {
     use streamalloc::cache::CacheConfig;
-    use streamalloc::{AsyncResource, Device, ResourceBuilder};
+    use streamalloc::{AsyncResource, ResourceBuilder};
+
+    waiter_on_device_1_is_served_by_device_0s_cache(|device, budget| {
+        let layers = ResourceBuilder::new()
+            .cache(CacheConfig::default())
+            .retry_on_oom()
+            .budget(budget);
+        AsyncResource::build(device, &layers).unwrap()
+    });
+}
+
+/// The same stack put together by hand and wrapped by `with_device`: the
+/// stack reports the budgets it charges (`budget_reliefs`, forwarded by
+/// every layer), so it registers as a built one does. It used to be the
+/// documented limit: only `AsyncResource::build` registered the stack,
+/// and device 1's waiter waited for good.
+#[test]
+fn a_hand_built_stack_with_a_cache_above_the_budget_serves_another_devices_waiter() {
+    use streamalloc::adaptors::RetryOnOom;
+    use streamalloc::cache::CachingResource;
+    use streamalloc::{AsyncResource, StreamOrderedResource};
+
+    waiter_on_device_1_is_served_by_device_0s_cache(|device, budget| {
+        let stack = CachingResource::new(RetryOnOom::new(BudgetResource::new(
+            StreamOrderedResource::new(device),
+            budget,
+        )));
+        // SAFETY: the bottom of the stack was made on `device`, and every
+        // layer allocates and resolves streams through it.
+        unsafe { AsyncResource::with_device(stack, device) }.unwrap()
+    });
+}
+
+/// One budget of one 2 MiB block over two simulated devices, each with the
+/// stack `make` puts over it: device 0 allocates the block and frees it
+/// (its cache keeps it), then device 1 waits for a block of the same size,
+/// which must be served by device 0's cache giving its idle block back.
+fn waiter_on_device_1_is_served_by_device_0s_cache<R, F>(make: F)
+where
+    R: DeviceMemoryResource + 'static,
+    F: Fn(&streamalloc::Device<SimGpu>, &Budget) -> streamalloc::AsyncResource<R>,
+{
+    use streamalloc::Device;
     const BLOCK: usize = 2 << 20;
 
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -410,14 +452,8 @@ fn a_waiter_is_served_by_idle_memory_of_a_cache_above_the_budget_on_another_devi
         .unwrap();
     let gpus = [0, 1].map(|o| SimGpu::builder().ordinal(o).build());
     let budget = Budget::new(BLOCK);
-    let layers = ResourceBuilder::new()
-        .cache(CacheConfig::default())
-        .retry_on_oom()
-        .budget(&budget);
     let devices = gpus.each_ref().map(|g| Device::simulated(g, 1));
-    let res = devices
-        .each_ref()
-        .map(|d| AsyncResource::build(d, &layers).unwrap());
+    let res = devices.each_ref().map(|d| make(d, &budget));
     let streams = devices.each_ref().map(|d| d.stream(0).unwrap());
 
     rt.block_on(async {

@@ -46,9 +46,11 @@
 //! `PROPTEST_CASES=N` or `scripts/api-fuzz.sh N` runs as many cases as
 //! you like. Every bug it found is fixed but the open classes: the
 //! harness steers around an open class unless `API_FUZZ_OPEN` names it
-//! (`API_FUZZ_OPEN=use-after-replay scripts/api-fuzz.sh 1000`), and its
-//! written-out case is an ignored test that fails until it is fixed. Open
-//! now: `use-after-replay` under a cache ([`graphs`]).
+//! (`API_FUZZ_OPEN=CLASS scripts/api-fuzz.sh 1000`), and its written-out
+//! case is an ignored test that fails until it is fixed. None is open
+//! now: `use-after-replay` under a cache and `capture-unjoined` (a use
+//! recorded twice by a launch that panicked, one case in 30,000) were the
+//! last, both fixed and written out in [`regressions`].
 //!
 //! The minimal case of each bug this harness found is written out in
 //! [`regressions`] (`tests/api_model/regressions.rs`); proptest also persists its seeds in
@@ -329,11 +331,6 @@ struct World {
     faulted: bool,
     /// The stack holds a debug guard.
     guard: bool,
-    /// A cache sits above the outermost budget, the one the second device
-    /// shares: a stack put together by hand, so the budget cannot reach
-    /// that cache's idle memory for the second device's waiter (a
-    /// documented limit: `AsyncResource::build` registers the whole stack).
-    cache_above_shared_budget: bool,
     /// The stack holds a cache.
     cache: bool,
     /// The stack, to see that it is gone after the drain.
@@ -448,16 +445,6 @@ impl World {
             faulted: false,
             weak_top,
             guard: stack.kinds.contains(&Kind::Guard),
-            cache_above_shared_budget: {
-                let first = |f: fn(&Kind) -> bool| stack.kinds.iter().position(f);
-                match (
-                    first(|k| matches!(k, Kind::Cache { .. })),
-                    first(|k| matches!(k, Kind::Budget(_))),
-                ) {
-                    (Some(c), Some(b)) => c < b,
-                    _ => false,
-                }
-            },
             cache: stack.kinds.iter().any(|k| matches!(k, Kind::Cache { .. })),
             bare: usize::from(stack.kinds.is_empty()),
 
@@ -1134,6 +1121,10 @@ fn panic_message(payload: &Box<dyn std::any::Any + Send>) -> String {
 /// Whether the known-open bug class `class` is named in `API_FUZZ_OPEN`
 /// (comma-separated): then the harness drives it instead of steering
 /// around it, and its cases fail until it is fixed.
+#[allow(
+    dead_code,
+    reason = "no class is open now; the next one found steers with it"
+)]
 fn open(class: &str) -> bool {
     OPEN.with(|o| o.get() == Some(class))
         || std::env::var("API_FUZZ_OPEN").is_ok_and(|v| v.split(',').any(|c| c.trim() == class))

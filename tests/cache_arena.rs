@@ -839,7 +839,7 @@ fn a_growth_takes_the_block_another_stream_freed_last() {
     c.assert_race_free();
 }
 
-/// Each stream keeps the last blocks it freed (`src/cache/kept.rs`): an
+/// Each stream keeps the last blocks it freed (`src/cache/arena/kept.rs`): an
 /// allocation of any of their sizes takes one back where it is, with no
 /// placement in the arena. Placed in the arena, the second size would go
 /// where the first was (the three ranges merge into one, and the best fit

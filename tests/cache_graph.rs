@@ -411,6 +411,55 @@ fn a_release_waits_for_the_streams_to_leave_their_captures() {
     assert_eq!(cache.graph_bytes(), 0);
 }
 
+/// A range a capture handed out that a user keeps is written by every
+/// replay, which no hook sees. Its graph released while the range's stream
+/// captures another graph (the release waits for that capture's end), a
+/// use on a third stream follows the last replay all the same (the
+/// released pool says where it ran), and once the release is done too (the
+/// range's stream, then after the replay, is its last write), though the
+/// range's last recorded write was on that third stream, before the
+/// replay.
+#[test]
+fn a_kept_range_used_elsewhere_follows_the_last_replay_across_a_deferred_release() {
+    let f = fixture();
+    let cache = CachingResource::new(SimResource::new(&f.device));
+    let third = f.device.stream(2).unwrap();
+    let write_on = |stream: StreamId, block: &DeviceBlock| {
+        cache
+            .prepare_block_use(block.id(), stream, Access::Write)
+            .unwrap();
+        f.write(stream, block);
+        cache
+            .finish_block_use(block.id(), stream, Access::Write)
+            .unwrap();
+    };
+    let first = f.begin(f.s);
+    let kept = cache.allocate(MIB, f.s, AllocTag("kept")).unwrap();
+    f.write(f.s, &kept);
+    let graph = f.end(f.s);
+    write_on(third, &kept);
+    // The launch's Safety 2: the user's work on the range goes first.
+    f.order(f.l, third);
+    f.replay(graph.1, f.l, 1);
+
+    let second = f.begin(f.s);
+    f.destroy(graph);
+    cache.release_capture(first, f.l).unwrap();
+    write_on(third, &kept);
+    let second_graph = f.end(f.s);
+    // The next call on the range's stream outside a capture finishes the
+    // release.
+    let other = cache.allocate(MIB, f.s, AllocTag::UNTAGGED).unwrap();
+    cache.deallocate(other).unwrap();
+    write_on(third, &kept);
+    cache.deallocate(kept).unwrap();
+    f.gpu.run_until_idle();
+    assert!(f.gpu.races().is_empty(), "{:?}", f.gpu.races());
+    f.destroy(second_graph);
+    cache.release_capture(second, f.s).unwrap();
+    assert_eq!(cache.graph_bytes(), 0);
+}
+
 /// A miss inside a capture goes to the stream-ordered resource as a graph
 /// allocation, which the graph frees itself: never cached, so the graph can
 /// be launched again and again.

@@ -433,7 +433,7 @@ struct PanicsOnReap(SimResource);
 // SAFETY: blocks and streams are the inner resource's, unchanged; every
 // call reaches it but `reap_through`, which panics.
 unsafe impl DeviceMemoryResource for PanicsOnReap {
-    streamalloc::forward_to_inner!(0; reap_pending, supports_block_use_tracking, record_block_use, prepare_block_use, finish_block_use, allocation_cost, allocation_cost_is_exact, release_idle, frees_across_streams, allocation_limit, capture_status, release_capture);
+    streamalloc::forward_to_inner!(0; reap_pending, supports_block_use_tracking, record_block_use, prepare_block_use, finish_block_use, allocation_cost, allocation_cost_is_exact, release_idle, frees_across_streams, allocation_limit, budget_reliefs, capture_status, release_capture);
     fn allocate(&self, bytes: usize, s: StreamId, tag: AllocTag) -> ResourceResult<DeviceBlock> {
         self.0.allocate(bytes, s, tag)
     }

@@ -158,7 +158,7 @@ struct PanicsInBackground<R> {
 // SAFETY: blocks and streams are the inner resource's, unchanged; every
 // call reaches it (or panics before it does).
 unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for PanicsInBackground<R> {
-    streamalloc::forward_to_inner!(inner; supports_block_use_tracking, record_block_use, prepare_block_use, finish_block_use, allocation_cost, allocation_cost_is_exact, release_idle, frees_across_streams, allocation_limit, capture_status, release_capture);
+    streamalloc::forward_to_inner!(inner; supports_block_use_tracking, record_block_use, prepare_block_use, finish_block_use, allocation_cost, allocation_cost_is_exact, release_idle, frees_across_streams, allocation_limit, budget_reliefs, capture_status, release_capture);
     fn allocate(&self, bytes: usize, s: StreamId, tag: AllocTag) -> ResourceResult<DeviceBlock> {
         self.inner.allocate(bytes, s, tag)
     }

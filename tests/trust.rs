@@ -52,7 +52,7 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for UserLayer<R> {
     streamalloc::forward_to_inner!(inner; reap_pending, pending_free_seq, reap_through,
         supports_block_use_tracking, record_block_use, prepare_block_use, finish_block_use,
         allocation_cost, allocation_cost_is_exact, release_idle, frees_across_streams,
-        allocation_limit, capture_status, release_capture);
+        allocation_limit, budget_reliefs, capture_status, release_capture);
 }
 
 fn user_layer(inner: SimResource) -> UserLayer<SimResource> {
@@ -256,14 +256,31 @@ fn a_resource_used_with_another_device_of_the_same_ordinal_is_refused() {
     assert!(a.races().is_empty() && b.races().is_empty());
 }
 
-/// A `Device` put together from one simulated device and the streams of
-/// another of the same ordinal: the simulator refuses every call on them
-/// (a stream handle names its host), instead of running the work on its
-/// own stream of the same index, and neither device allocates anything.
+/// A `Device` put together from one simulated device and a pool of the
+/// streams of another of the same ordinal is refused: the pool carries
+/// its context. It used to be accepted (only the ordinal was compared).
+#[test]
+fn a_device_over_another_contexts_pool_is_refused() {
+    let (a, b) = (SimGpu::new(), SimGpu::new());
+    assert_eq!(
+        streamalloc::Device::new(b.clone(), a.stream_pool(1)).err(),
+        Some(ResourceError::WrongContext { device: 0 })
+    );
+    assert!(streamalloc::Device::new(a.clone(), a.stream_pool(1)).is_ok());
+}
+
+/// The same pair with the streams vouched for by hand (the `unsafe`
+/// `StreamPool::from_raw`, whose contract this breaks on purpose): the
+/// simulator still refuses every call on them (a stream handle names its
+/// host), instead of running the work on its own stream of the same index,
+/// and neither device allocates anything.
 #[test]
 fn a_device_over_another_simulated_devices_streams_runs_nothing() {
     let (a, b) = (SimGpu::new(), SimGpu::new());
-    let mixed = streamalloc::Device::new(b.clone(), a.stream_pool(1)).unwrap();
+    // SAFETY: not upheld on purpose (the stream is `a`'s, the backend
+    // `b`): the simulator checks every handle, which is what is tested.
+    let lied = unsafe { streamalloc::StreamPool::from_raw(0, vec![a.create_stream()], Vec::new()) };
+    let mixed = streamalloc::Device::new(b.clone(), std::sync::Arc::new(lied)).unwrap();
     // `b` has a stream of the same index, which the handle must not name.
     let _own = b.stream_pool(1);
     let resource = SimResource::new(&mixed);

@@ -256,6 +256,10 @@ unsafe impl<G: Gpu> Gpu for CountingGpu<G> {
         self.inner.ordinal()
     }
 
+    fn context_id(&self) -> u64 {
+        self.inner.context_id()
+    }
+
     unsafe fn alloc_async(&self, bytes: usize, stream: RawStream) -> GpuResult<u64> {
         // SAFETY: forwarded with the caller's guarantees, to the backend
         // they were made for (this wrapper holds no handle of its own).

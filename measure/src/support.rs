@@ -182,6 +182,9 @@ unsafe impl Gpu for NullGpu {
     fn ordinal(&self) -> u32 {
         0
     }
+    fn context_id(&self) -> u64 {
+        0
+    }
     unsafe fn alloc_async(&self, bytes: usize, _: RawStream) -> GpuResult<u64> {
         Ok(if bytes == 0 { 0 } else { 1 << 40 })
     }

@@ -26,7 +26,7 @@ struct CountUses {
 // SAFETY: blocks and streams are the inner resource's, unchanged; every
 // call reaches it.
 unsafe impl DeviceMemoryResource for CountUses {
-    streamalloc::forward_to_inner!(inner; reap_pending, pending_free_seq, reap_through, prepare_block_use, finish_block_use, allocation_cost, allocation_cost_is_exact, release_idle, frees_across_streams, allocation_limit, capture_status, release_capture);
+    streamalloc::forward_to_inner!(inner; reap_pending, pending_free_seq, reap_through, prepare_block_use, finish_block_use, allocation_cost, allocation_cost_is_exact, release_idle, frees_across_streams, allocation_limit, budget_reliefs, capture_status, release_capture);
     fn allocate(
         &self,
         bytes: usize,

@@ -34,16 +34,6 @@ pub trait Layer<R> {
 
     /// Wraps `inner`.
     fn layer(&self, inner: R) -> Self::Resource;
-
-    /// The budgets the layer's resources charge, added to `out`: a stack
-    /// built on a device by
-    /// [`AsyncResource::build`](crate::futures::AsyncResource::build) is
-    /// asked for its idle memory when a request under one of them is
-    /// refused on another device. A layer that charges none (the default)
-    /// adds nothing; a layer made of others adds theirs.
-    fn budgets(&self, out: &mut Vec<crate::adaptors::Budget>) {
-        let _ = out;
-    }
 }
 
 impl<R, L: Layer<R> + ?Sized> Layer<R> for &L {
@@ -51,10 +41,6 @@ impl<R, L: Layer<R> + ?Sized> Layer<R> for &L {
 
     fn layer(&self, inner: R) -> Self::Resource {
         (**self).layer(inner)
-    }
-
-    fn budgets(&self, out: &mut Vec<crate::adaptors::Budget>) {
-        (**self).budgets(out)
     }
 }
 
@@ -117,10 +103,5 @@ where
 
     fn layer(&self, resource: R) -> Self::Resource {
         self.outer.layer(self.inner.layer(resource))
-    }
-
-    fn budgets(&self, out: &mut Vec<crate::adaptors::Budget>) {
-        self.inner.budgets(out);
-        self.outer.budgets(out);
     }
 }

@@ -27,6 +27,9 @@
 //! [`drop_error_count`](super::drop_error_count): the call fails instead of
 //! racing.
 
+// Unsafe here: cudarc's `PushKernelArg` impls hand a buffer's address to a kernel launch.
+#![allow(unsafe_code)]
+
 use std::fmt;
 use std::ops::{Deref, DerefMut, RangeBounds};
 use std::sync::Arc;

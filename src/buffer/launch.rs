@@ -1,6 +1,7 @@
 //! [`BufferLaunch`]: one launch over buffers on an [`AsyncResource`], one
 //! completion future for the whole launch.
 
+use std::cell::Cell;
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -158,13 +159,20 @@ impl<'a, R: DeviceMemoryResource + ?Sized + 'static> BufferLaunch<'a, R> {
         // From here the closure may have queued work on the buffers: until
         // their uses are known recorded, each is kept as a deferred use (so
         // an unwinding closure or a failed record never leaves a buffer
-        // whose free is not ordered after work queued on it).
+        // whose free is not ordered after work queued on it). A closure
+        // that unwinds after which the recorder's own finish recorded every
+        // use leaves nothing deferred: finishing again at the buffer's end
+        // would record an event on a stream that may be capturing by then,
+        // joining the free's stream to that capture.
+        let finished_on_unwind = Cell::new(false);
         let mut unfinished = UnfinishedUses {
             buffers: &self.buffers,
             stream: self.stream,
             armed: true,
+            finished_on_unwind: &finished_on_unwind,
         };
-        let (out, finished) = recorder.enqueue_then_finish(raw, enqueue);
+        let (out, finished) =
+            recorder.enqueue_then_finish_noting(raw, enqueue, &finished_on_unwind);
         unfinished.armed = finished.is_err();
         drop(unfinished);
         let value = out?;
@@ -196,11 +204,14 @@ struct UnfinishedUses<'a> {
     buffers: &'a [(&'a BufferCore, Access)],
     stream: StreamId,
     armed: bool,
+    /// Set by the recorder when the closure unwound and its finish then
+    /// recorded every use.
+    finished_on_unwind: &'a Cell<bool>,
 }
 
 impl Drop for UnfinishedUses<'_> {
     fn drop(&mut self) {
-        if !self.armed {
+        if !self.armed || self.finished_on_unwind.get() {
             return;
         }
         for (core, access) in self.buffers {

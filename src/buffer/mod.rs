@@ -46,6 +46,8 @@
 //! registers them: resources and buffers then order work on them, and
 //! cudarc calls given one of them find it.
 
+#![deny(unsafe_code)]
+
 mod alloc;
 #[cfg(feature = "cuda")]
 mod cuda;

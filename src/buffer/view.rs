@@ -1,6 +1,9 @@
 //! Views: [`BufferView`] and [`BufferViewMut`], a bounds-checked range of a
 //! buffer's elements, ordered as the buffer is.
 
+// Unsafe here: a view's copies and fills are raw-address calls of the `Gpu` seam.
+#![allow(unsafe_code)]
+
 use std::fmt;
 use std::marker::PhantomData;
 use std::ops::{Bound, RangeBounds};

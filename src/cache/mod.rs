@@ -104,13 +104,19 @@
 //! Memory handed out on a stream while it is being captured into a CUDA
 //! graph, and memory freed on one, belongs to the capture's graph: every
 //! replay touches it at the addresses the capture saw. The shard keeps it
-//! in the capture's pool (see `graph_pool.rs`), reused by later allocations
+//! in the capture's pool (see `graph/pool.rs`), reused by later allocations
 //! of the same capture on the same stream, never by anyone else, and
 //! never trimmed, until
 //! [`release_capture`](crate::DeviceMemoryResource::release_capture) says
 //! the graph is gone: the stream then waits for an event recorded where the
 //! replays ran, and the memory is freed there, as any free. No fence is
 //! recorded, no block moved and nothing trimmed on a capturing stream.
+//! Every replay writes the arena ranges the capture handed out without a
+//! hook seeing it, so a use of one on another stream than the last
+//! replay's first waits for that stream (the ledger of the device's pool
+//! says where the last launch ran); at the release, the stream that
+//! ordered itself after the last replay becomes the last write of each such
+//! range users still hold.
 //!
 //! # Failure
 //!
@@ -118,22 +124,92 @@
 //! device, a descriptor that does not match its lease) is refused before
 //! anything changes. A driver error in a hook or a free leaves the lease as
 //! it was; a failed mapping gives the range back and reports the error.
+//!
+//! # Layout
+//!
+//! The two allocators are two types, each in its folder: the arena tier
+//! ([`ArenaTier`](arena::tier::ArenaTier), `arena/`: the shared
+//! [`VirtualArena`](arena::vmm::VirtualArena), its placement, pages,
+//! fences and the blocks each stream keeps) and the size-class tier
+//! ([`SizeClassTier`](size_class::tier::SizeClassTier), `size_class/`).
+//! The graph pools are in `graph/`. Both tiers keep their leases in the
+//! cache's [`Shards`](shards::Shards) (one [`Slot`](shard::Slot) per
+//! stream, a generation-checked slab of leases in each), which every call
+//! of a tier is given; [`CachingResource`] owns the shards, the inner
+//! resource and both tiers, and only dispatches (`resource.rs`). Nothing in
+//! a tier imports the cache above it.
+//!
+//! # Life of a free
+//!
+//! From [`deallocate`](crate::DeviceMemoryResource::deallocate) to memory
+//! another allocation may take, one function per step:
+//!
+//! 1. [`CachingResource::free`](resource::CachingResource::free) (also
+//!    behind
+//!    [`deallocate_completed`](crate::DeviceMemoryResource::deallocate_completed))
+//!    finds the lease by the block's serial
+//!    ([`Shards::locate`](shards::Shards::locate),
+//!    [`Shard::lease_entry`](shard::Shard::lease_entry)), refuses a block
+//!    that does not match it, finds the graph that owns the memory, if
+//!    any, and hands the free to the lease's tier. A lease that bypassed
+//!    the cache goes to the inner resource's `deallocate` as it is.
+//! 2. An arena lease:
+//!    1. [`ArenaTier::free`](arena::tier::ArenaTier::free): the lease's
+//!       stream waits for the uses recorded on other streams (a lease used
+//!       on its own stream only skips this step);
+//!    2. [`Shard::end_arena_lease`](shard::Shard::end_arena_lease): the
+//!       lease leaves the shard;
+//!    3. [`ArenaTier::release`](arena::tier::ArenaTier::release): its use
+//!       events go back to the pool, and the range goes to its graph's pool
+//!       ([`ArenaTier::keep_for_graph`](arena::tier::ArenaTier::keep_for_graph))
+//!       or on to the arena;
+//!    4. [`VirtualArena::free`](arena::vmm::VirtualArena::free) (or
+//!       [`free_completed`](arena::vmm::VirtualArena::free_completed), when
+//!       the host saw the GPU done with it): the stream keeps the block
+//!       ([`KeptBlocks::keep`](arena::kept::KeptBlocks::keep)) while its
+//!       sizes repeat, taken back by its next allocation of that length
+//!       with no shared lock;
+//!    5. [`VirtualArena::release_range`](arena::vmm::VirtualArena::release_range):
+//!       the block pushed out of the kept ones (or this one) goes back
+//!       under the arena's lock, tagged with a new free of its stream
+//!       ([`Freed`](arena::freed::Freed),
+//!       [`Fences::next_stamp`](arena::fences::Fences::next_stamp)): its
+//!       pages no live block touches go idle, still mapped
+//!       ([`PageTable::untouch`](arena::pages::PageTable::untouch)), and the
+//!       range merges with its free neighbours
+//!       ([`Arena::free`](arena::placement::Arena::free));
+//!    6. [`ArenaTier::hold_to_cap`](arena::tier::ArenaTier::hold_to_cap):
+//!       under a cap, the stream's kept blocks go back too, and idle
+//!       mappings past the cap are given back to the device.
+//! 3. A size-class lease:
+//!    [`SizeClassTier::free`](size_class::tier::SizeClassTier::free): the
+//!    stream waits for the uses recorded on other streams, then the block
+//!    goes to its graph's pool
+//!    ([`GraphPool::put_block`](graph::pool::GraphPool::put_block)), or to
+//!    the stream's free list within the cap
+//!    ([`SizeClassTier::reserve`](size_class::tier::SizeClassTier::reserve),
+//!    [`Shard::push`](shard::Shard::push)), or back to the inner resource
+//!    ([`release_to_inner`](size_class::tier::release_to_inner)).
+//!
+//! Memory a graph's pool holds takes the same path from
+//! [`Graphs::finish_deferred`](graph::release::Graphs::finish_deferred)
+//! once the graph is released and its stream ordered after the last
+//! replay.
+
+// The "Life of a free" names the private functions of the path; rustdoc
+// still checks that each link resolves.
+#![allow(rustdoc::private_intra_doc_links)]
+#![deny(unsafe_code)]
 
 mod arena;
 mod config;
-mod fences;
-mod freed;
-mod graph_pool;
-mod graphs;
-mod kept;
-mod mapped;
-mod pages;
+mod graph;
 mod resource;
 mod shard;
+mod shards;
 mod size_class;
 mod slab;
 mod stats;
-mod vmm;
 
 pub use config::CacheConfig;
 pub use resource::CachingResource;

@@ -1,16 +1,24 @@
 //! [`CachingResource`]: the stream-ordered cache in front of a resource.
+//!
+//! The cache owns its [`Shards`] (identity, configuration, one slot per
+//! stream), the inner resource and its two tiers, and dispatches each call:
+//! to the [`ArenaTier`] when it has one and the stream has a slot, else to
+//! the [`SizeClassTier`]; requests neither tier holds go to the inner
+//! resource. What spans both tiers is here too: the release of idle
+//! memory (trim, and before out of memory) and the graph pools'
+//! [`Graphs`] duties, over both.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-
+use super::arena::tier::ArenaTier;
 use super::config::CacheConfig;
-use super::shard::{Backing, Lease, SHARD_MASK, Slot, SlotGuard};
+use super::graph::release::Graphs;
+use super::shard::{Backing, SHARD_MASK, Slot};
+use super::shards::Shards;
 use super::size_class::SizeClass;
+use super::size_class::tier::SizeClassTier;
 use super::stats::CacheStats;
-use super::vmm::VmTier;
 use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::{CaptureId, CaptureStatus};
 use crate::resource::DeviceMemoryResource;
-use crate::resource::event_pool::EventPool;
 use crate::types::{
     Access, AllocTag, BlockId, BlockState, CompletedUses, DeviceBlock, ResourceId, StreamId,
 };
@@ -67,31 +75,23 @@ use crate::types::{
 /// once a fence recorded on `S` after its last free has completed, or
 /// before, behind the new stream's wait for that fence on the GPU.
 pub struct CachingResource<R: DeviceMemoryResource> {
-    pub(super) id: ResourceId,
-    pub(super) inner: R,
-    pub(super) config: CacheConfig,
-    device: u32,
-    /// One slot per cached stream, plus a last one holding the leases of
-    /// streams past `config.streams` (which are never cached).
-    pub(super) slots: Box<[Slot]>,
-    /// The virtual-memory tier, when the inner resource lends its device
-    /// and the device has virtual memory management.
-    pub(super) vm: Option<VmTier>,
-    /// Events recording uses of arena blocks on other streams.
-    pub(super) events: Option<EventPool<dyn crate::gpu::Gpu>>,
-    /// The part of the cap held by shards (each shard holds its part in
-    /// `Shard::reserved`; this is their sum).
-    reserved_total: AtomicUsize,
-    /// How much more of the cap a shard takes than it needs, so that it does
-    /// not come back for every block.
-    grain: usize,
+    /// Identity, configuration and the per-stream slots both tiers keep
+    /// their leases in.
+    shards: Shards,
+    inner: R,
+    /// The arena tier, when the inner resource lends its device and the
+    /// device has virtual memory management.
+    arena: Option<ArenaTier>,
+    /// The size-class tier (the cap's accounting; its free lists are in
+    /// the shards).
+    classes: SizeClassTier,
 }
 
 impl<R: DeviceMemoryResource> std::fmt::Debug for CachingResource<R> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CachingResource")
-            .field("device", &self.device)
-            .field("config", &self.config)
+            .field("device", &self.shards.device)
+            .field("config", &self.shards.config)
             .finish_non_exhaustive()
     }
 }
@@ -112,12 +112,12 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         let slots = (0..=config.streams)
             .map(|i| Slot::new(StreamId::new(device, i as u32), i, classes))
             .collect();
-        let vm = config
+        let arena = config
             .virtual_memory
             .then(|| inner.device_access())
             .flatten()
             .and_then(|access| {
-                VmTier::new(
+                ArenaTier::new(
                     config.streams + 1,
                     access,
                     config.page_multiple,
@@ -126,15 +126,25 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
                 )
             });
         CachingResource {
-            events: vm.as_ref().map(|v| EventPool::new(v.access.gpu.clone())),
-            vm,
-            id: ResourceId::fresh(),
-            grain: (config.max_cached_bytes / 256).min(1 << 20),
+            arena,
+            classes: SizeClassTier::new(config.max_cached_bytes),
             inner,
-            config,
-            device,
-            slots,
-            reserved_total: AtomicUsize::new(0),
+            shards: Shards {
+                id: ResourceId::fresh(),
+                config,
+                device,
+                slots,
+            },
+        }
+    }
+
+    /// The graph-memory duties, over the cache's parts.
+    fn graphs(&self) -> Graphs<'_, R> {
+        Graphs {
+            shards: &self.shards,
+            inner: &self.inner,
+            arena: self.arena.as_ref(),
+            classes: &self.classes,
         }
     }
 
@@ -145,40 +155,44 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
 
     /// The configuration.
     pub fn config(&self) -> &CacheConfig {
-        &self.config
+        &self.shards.config
     }
 
     /// This cache's identity (the blocks it hands out carry it).
     pub fn resource_id(&self) -> ResourceId {
-        self.id
+        self.shards.id
     }
 
     /// Bytes idle in the free lists (at class sizes). They are still
     /// allocated from the inner resource and counted in
     /// [`bytes_outstanding`](DeviceMemoryResource::bytes_outstanding).
     pub fn cached_bytes(&self) -> usize {
-        self.slots.iter().map(|s| s.lock().cached).sum::<usize>() + self.idle_mapped_bytes()
+        let idle_mapped = self
+            .arena
+            .as_ref()
+            .map_or(0, |a| a.idle_bytes(&self.shards));
+        self.slots().map(|s| s.lock().cached).sum::<usize>() + idle_mapped
     }
 
     /// Number of blocks idle in the free lists.
     pub fn cached_blocks(&self) -> usize {
-        self.slots.iter().map(|s| s.lock().cached_blocks()).sum()
+        self.slots().map(|s| s.lock().cached_blocks()).sum()
     }
 
     /// Bytes held by users (requested sizes).
     pub fn leased_bytes(&self) -> usize {
-        self.slots.iter().map(|s| s.lock().leased).sum()
+        self.slots().map(|s| s.lock().leased).sum()
     }
 
     /// Number of blocks held by users.
     pub fn leased_blocks(&self) -> usize {
-        self.slots.iter().map(|s| s.lock().lease_count()).sum()
+        self.slots().map(|s| s.lock().lease_count()).sum()
     }
 
     /// What the cache did so far, summed over its shards.
     pub fn stats(&self) -> CacheStats {
         let mut total = CacheStats::default();
-        for slot in self.slots.iter() {
+        for slot in self.slots() {
             total.add(&slot.lock().stats);
         }
         total
@@ -186,7 +200,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
 
     /// The inner resource's block behind `block`, while it is leased.
     pub fn inner_block_id(&self, block: BlockId) -> Option<BlockId> {
-        let (slot, serial) = self.locate(block).ok()?;
+        let (slot, serial) = self.shards.locate(block).ok()?;
         match &slot.lock().lease_mut(serial)?.backing {
             Backing::Inner(inner) => Some(inner.id()),
             Backing::Mapped(_) => None,
@@ -205,66 +219,12 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
     /// allocated it on is freed behind an event recorded on the cached
     /// stream, so the free waits for the block's last user.
     pub fn trim(&self) -> ResourceResult<usize> {
-        let mut released = 0;
-        let mut first_err = None;
-        for (index, slot) in self.slots.iter().enumerate() {
-            let (stream, blocks) = {
-                let mut shard = slot.lock();
-                if shard.cached == 0 && !slot.deferred.load(Ordering::Relaxed) {
-                    continue;
-                }
-                // A free queued on a capturing stream would be captured (and
-                // run at every replay): its blocks stay until it is done.
-                let capturing = match self.inner.capture_status(shard.stream) {
-                    Ok(status) => status.is_capturing(),
-                    Err(e) => {
-                        first_err.get_or_insert(e);
-                        continue;
-                    }
-                };
-                if capturing {
-                    continue;
-                }
-                if let Err(e) = self.finish_deferred(index, &mut shard) {
-                    first_err.get_or_insert(e);
-                }
-                let blocks = shard.take_all();
-                self.reserved_total
-                    .fetch_sub(shard.reserved, Ordering::AcqRel);
-                shard.reserved = 0;
-                shard.stats.trimmed += blocks.len() as u64;
-                (shard.stream, blocks)
-            };
-            for (class, block) in blocks {
-                let size = block.size();
-                // A block moved here from another stream is freed on that
-                // one: not while it is capturing either.
-                let home_capturing = block.stream() != stream
-                    && !matches!(
-                        self.inner.capture_status(block.stream()),
-                        Ok(CaptureStatus::None)
-                    );
-                let freed = match home_capturing {
-                    true => Err(None),
-                    false => self.release_to_inner(&block, stream).map_err(Some),
-                };
-                match freed {
-                    Ok(()) => released += size,
-                    Err(e) => {
-                        // Keep it: the cap may be exceeded until the next
-                        // trim, but no memory is lost.
-                        let mut shard = slot.lock();
-                        shard.stats.trimmed -= 1;
-                        shard.push(class, block);
-                        shard.reserved += size;
-                        self.reserved_total.fetch_add(size, Ordering::AcqRel);
-                        if let Some(e) = e {
-                            first_err.get_or_insert(e);
-                        }
-                    }
-                }
-            }
-        }
+        let graphs = self.graphs();
+        let (mut released, first_err) =
+            self.classes
+                .trim(&self.shards, &self.inner, |index, shard| {
+                    graphs.finish_deferred(index, shard)
+                });
         released += self.reclaim_mapped(false);
         match first_err {
             Some(e) => Err(e),
@@ -272,156 +232,29 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         }
     }
 
-    /// The slot of a cached stream, or the overflow slot.
-    fn slot_index(&self, stream: StreamId) -> usize {
-        (stream.index() as usize).min(self.config.streams)
+    /// Bytes the graphs of live captures hold in the cache: ranges and
+    /// blocks freed in (or after) their capture, kept for their replays.
+    /// They count in
+    /// [`bytes_outstanding`](DeviceMemoryResource::bytes_outstanding) and
+    /// in neither [`cached_bytes`](Self::cached_bytes) nor
+    /// [`leased_bytes`](Self::leased_bytes); blocks a capture handed out
+    /// that users still hold are leased.
+    pub fn graph_bytes(&self) -> usize {
+        self.slots()
+            .map(|s| s.lock().graphs.iter().map(|g| g.bytes).sum::<usize>())
+            .sum()
     }
 
-    /// The slot and serial of one of this cache's blocks.
-    pub(super) fn locate(&self, block: BlockId) -> ResourceResult<(&Slot, u64)> {
-        if block.resource() != self.id {
-            return Err(ResourceError::ForeignBlock { block });
-        }
-        let serial = block.serial();
-        match self.slots.get((serial & SHARD_MASK) as usize) {
-            Some(slot) => Ok((slot, serial)),
-            None => Err(ResourceError::UnknownBlock { block }),
-        }
+    fn slots(&self) -> std::slice::Iter<'_, Slot> {
+        self.shards.slots.iter()
     }
 
-    /// Runs `f` on the lease of `block` under its shard lock (held across
-    /// the inner hooks `f` calls, so that a concurrent free cannot hand the
-    /// block to someone else in between).
-    pub(super) fn with_lease<T>(
-        &self,
-        block: BlockId,
-        f: impl FnOnce(&mut Lease) -> ResourceResult<T>,
-    ) -> ResourceResult<T> {
-        let (slot, serial) = self.locate(block)?;
-        let mut shard = slot.lock();
-        if let Some(lease) = shard.lease_mut(serial) {
-            return f(lease);
-        }
-        Err(shard.missing(block))
-    }
-
-    /// Frees a block cached on `cached_on` to the inner resource. The inner
-    /// resource frees it on its own allocation stream, which must first wait
-    /// for the block's last use on `cached_on`.
-    pub(super) fn release_to_inner(
-        &self,
-        block: &DeviceBlock,
-        cached_on: StreamId,
-    ) -> ResourceResult<()> {
-        if cached_on != block.stream() {
-            self.inner
-                .finish_block_use(block.id(), cached_on, Access::Write)?;
-        }
-        self.inner.deallocate(block.clone())
-    }
-
-    /// Makes sure the shard holds enough of the cap to cache `bytes` more.
-    pub(super) fn reserve(&self, shard: &mut SlotGuard<'_>, bytes: usize) -> bool {
-        let Some(need) = shard.cached.checked_add(bytes) else {
-            return false;
-        };
-        if need <= shard.reserved {
-            return true;
-        }
-        let want = need - shard.reserved;
-        if let Some(taken) = self.take_cap(want) {
-            shard.reserved += taken;
-            return true;
-        }
-        // Under pressure: take back what other shards hold but do not use,
-        // then try once more. try_lock only, so two shards doing this at
-        // once cannot deadlock (and our own shard is locked already).
-        for slot in self.slots.iter() {
-            if let Some(mut other) = slot.try_lock() {
-                let slack = other.reserved - other.cached.min(other.reserved);
-                other.reserved -= slack;
-                self.reserved_total.fetch_sub(slack, Ordering::AcqRel);
-            }
-        }
-        match self.take_cap(want) {
-            Some(taken) => {
-                shard.reserved += taken;
-                true
-            }
-            None => false,
-        }
-    }
-
-    /// Takes `want` bytes of the cap, plus the grain when it fits (so that
-    /// a shard does not come back for every block); returns what it took.
-    fn take_cap(&self, want: usize) -> Option<usize> {
-        let cap = self.config.max_cached_bytes;
-        let with_grain = |cur: usize| {
-            cur.checked_add(want)
-                .and_then(|n| n.checked_add(self.grain))
-                .filter(|&n| n <= cap)
-        };
-        let prev = self
-            .reserved_total
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
-                with_grain(cur).or_else(|| cur.checked_add(want).filter(|&n| n <= cap))
-            })
-            .ok()?;
-        Some(if with_grain(prev).is_some() {
-            want + self.grain
-        } else {
-            want
-        })
-    }
-
-    /// Takes a block of `class` cached on another stream and orders `stream`
-    /// after its last use there.
-    fn steal(&self, class: SizeClass, own: usize, stream: StreamId) -> Option<DeviceBlock> {
-        let n = self.config.streams;
-        for offset in 1..n {
-            let slot = &self.slots[(own + offset) % n];
-            if slot.looks_empty() {
-                continue;
-            }
-            let Some(mut other) = slot.try_lock() else {
-                continue;
-            };
-            if !other.holds(class) {
-                continue;
-            }
-            // An event recorded on a capturing stream is captured, and a
-            // wait on it would pull this stream into the capture.
-            if !matches!(
-                self.inner.capture_status(other.stream),
-                Ok(CaptureStatus::None)
-            ) {
-                continue;
-            }
-            let Some(block) = other.pop(class) else {
-                continue;
-            };
-            let from = other.stream;
-            drop(other);
-            // Record where `from` is now, and make `stream` wait for it.
-            let moved = self
-                .inner
-                .finish_block_use(block.id(), from, Access::Write)
-                .and_then(|()| {
-                    self.inner
-                        .prepare_block_use(block.id(), stream, Access::Write)
-                });
-            match moved {
-                Ok(()) => return Some(block),
-                Err(e) => {
-                    // Back on its list before the log line (a subscriber
-                    // may panic).
-                    slot.lock().push(class, block);
-                    tracing::debug!(error = %e, %from, %stream, "moving a cached block failed");
-                    return None;
-                }
-            }
-        }
-        None
+    /// Gives back the arena's idle mappings the GPU is done with (waiting
+    /// for it first when `wait`); nothing without an arena.
+    fn reclaim_mapped(&self, wait: bool) -> usize {
+        self.arena
+            .as_ref()
+            .map_or(0, |a| a.reclaim(&self.shards, wait))
     }
 
     /// Allocates from the inner resource; when memory is full (the device's
@@ -432,7 +265,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
     /// the inner resource reap its queued frees (which synchronizes the
     /// streams they were queued on, as PyTorch's allocator does before it
     /// gives up).
-    pub(super) fn inner_allocate(
+    fn inner_allocate(
         &self,
         bytes: usize,
         stream: StreamId,
@@ -442,7 +275,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         if !first.as_ref().is_err_and(memory_full) || self.cached_bytes() == 0 {
             return first;
         }
-        if self.vm.is_some() {
+        if self.arena.is_some() {
             let waits: &[bool] = if crate::poll_scope::in_poll() {
                 &[false]
             } else {
@@ -468,60 +301,6 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
             Err(_) => second,
         }
     }
-
-    /// Hands `inner` to the user as a block of this cache on `stream`; when
-    /// the shard has no serial left, `inner` goes back to the inner
-    /// resource and the error is the shard's.
-    pub(super) fn lease(
-        &self,
-        index: usize,
-        inner: DeviceBlock,
-        request: (usize, StreamId, AllocTag),
-        class: Option<SizeClass>,
-        count: impl FnOnce(&mut CacheStats),
-    ) -> ResourceResult<DeviceBlock> {
-        let (bytes, stream, tag) = request;
-        let ptr = inner.ptr();
-        let mut shard = self.slots[index].lock();
-        let leased = shard.lease(Lease {
-            backing: Backing::Inner(inner),
-            stream,
-            size: bytes,
-            class,
-            home_marked: false,
-            cross_used: false,
-            capture: None,
-        });
-        let serial = match leased {
-            Ok(serial) => serial,
-            Err(refused) => {
-                // No serial left: the block, got before this lock was
-                // taken, goes back, and the caller learns why (not how the
-                // give-back went).
-                let full = shard.full();
-                drop(shard);
-                if let Backing::Inner(inner) = &refused.backing
-                    && let Err(e) = self.release_to_inner(inner, stream)
-                {
-                    tracing::warn!(error = %e, %stream, "giving back a block no serial was left for failed; leaked");
-                }
-                return Err(full);
-            }
-        };
-        shard.seen |= class.is_some();
-        if index < self.config.streams {
-            // The inner resource just accepted `stream`: the shard's own.
-            shard.learn(stream);
-        }
-        count(&mut shard.stats);
-        Ok(DeviceBlock::new(
-            BlockId::new(self.id, serial),
-            ptr,
-            bytes,
-            stream,
-            tag,
-        ))
-    }
 }
 
 /// Whether `e` says memory is full: the device's out-of-memory, or a
@@ -537,10 +316,13 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
     /// A free (see [`deallocate`](DeviceMemoryResource::deallocate));
     /// `completed`: the GPU is done with every use of the block
     /// ([`deallocate_completed`](DeviceMemoryResource::deallocate_completed)).
+    /// Finds the lease and checks the block against it, then hands the
+    /// free to the lease's tier (see "Life of a free" in the
+    /// [module documentation](super)).
     fn free(&self, block: DeviceBlock, completed: bool) -> ResourceResult<()> {
-        ResourceError::check_device(self.device, block.device())?;
+        ResourceError::check_device(self.shards.device, block.device())?;
         let id = block.id();
-        let (slot, serial) = self.locate(id)?;
+        let (slot, serial) = self.shards.locate(id)?;
         let mut shard = slot.lock();
         let Some(found) = shard.lease_entry(serial) else {
             return Err(shard.missing(id));
@@ -570,56 +352,37 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         // The graph that owns the memory: the one of the capture that
         // handed it out while it lives, else the one capturing the stream
         // now (the replays use the block up to this free).
-        let now = match self.config.capture_aware {
+        let now = match self.shards.config.capture_aware {
             true => self.inner.capture_status(stream)?.id(),
             false => None,
         };
         let owner = leased_in.filter(|&c| found.has_graph(c)).or(now);
-        if mapped == Some(true) {
-            // Nothing to wait for: the lease ends here, found once.
-            let lease = found.end_mapped();
-            return self.end_mapped(slot, shard, lease, (owner, now), completed);
-        }
         if let Some(plain) = mapped {
-            return self.free_mapped(slot, shard, serial, (owner, now), plain);
+            let Some(arena) = &self.arena else {
+                unreachable!("an arena lease is made only by the arena tier");
+            };
+            if plain {
+                // Nothing to wait for: the lease ends here, found once.
+                let lease = found.end_arena_lease();
+                return arena.release(&self.shards, slot, shard, lease, (owner, now), completed);
+            }
+            return arena.free(&self.shards, slot, shard, serial, (owner, now));
         }
-        let Some(lease) = shard.lease_mut(serial) else {
-            unreachable!("the lease was found above");
-        };
-        let Backing::Inner(inner) = &lease.backing else {
-            unreachable!("an arena lease returned above");
-        };
-        let inner = inner.clone();
         let Some(class) = class else {
             unreachable!("a size-class lease");
         };
-        if lease.cross_used {
-            // The next user of the block on this stream (or the inner free)
-            // must come after every use recorded on other streams: queue
-            // those waits now.
-            self.inner
-                .prepare_block_use(inner.id(), stream, Access::Write)?;
-        }
-        if let Some(c) = owner {
-            let pool = shard.graph_entry(c);
-            pool.put_block(class, inner);
-            if leased_in == Some(c) {
-                pool.live -= 1;
-            }
-            shard.end_lease(serial);
-            return Ok(());
-        }
-        if self.reserve(&mut shard, inner.size()) {
-            shard.push(class, inner);
-        } else {
-            self.release_to_inner(&inner, stream)?;
-            shard.stats.evictions += 1;
-        }
-        shard.end_lease(serial);
-        Ok(())
+        self.classes.free(
+            &self.shards,
+            &self.inner,
+            shard,
+            serial,
+            class,
+            (owner, leased_in),
+        )
     }
 }
 
+#[allow(unsafe_code)] // the resource contract, argued below
 // SAFETY: the cache hands out its inner resource's blocks, or parts of
 // them, or memory it maps itself through the inner resource's
 // `device_access` (the backend and pool of that memory's device); a part is
@@ -632,95 +395,58 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R>
     fn allocation_limit(&self) -> Option<usize> {
         self.inner.allocation_limit()
     }
+
+    fn budget_reliefs(&self, out: &mut Vec<crate::resource::BudgetRelief>) {
+        self.inner.budget_reliefs(out)
+    }
     fn allocate(
         &self,
         bytes: usize,
         stream: StreamId,
         tag: AllocTag,
     ) -> ResourceResult<DeviceBlock> {
-        ResourceError::check_device(self.device, stream.device())?;
-        let index = self.slot_index(stream);
-        let served = bytes > 0 && index < self.config.streams;
+        ResourceError::check_device(self.shards.device, stream.device())?;
+        let index = self.shards.slot_index(stream.index());
+        let served = bytes > 0 && index < self.shards.config.streams;
         // Memory handed out on a capturing stream is the capture's graph's.
         let capture = match served {
-            true => self.capture_on(stream, index)?,
+            true => self.graphs().capture_on(stream, index)?,
             false => None,
         };
-        let mapped = self.vm.is_some() && served;
-        if mapped && let Some(block) = self.allocate_mapped(bytes, stream, tag, index, capture)? {
-            return Ok(block);
-        }
-        let class = SizeClass::of(bytes)
-            .filter(|_| !mapped && bytes != 0 && bytes <= self.config.max_block_size)
-            .filter(|_| index != self.config.streams);
-        let Some(class) = class else {
-            let inner = self.inner_allocate(bytes, stream, tag)?;
-            return self.lease(index, inner, (bytes, stream, tag), None, |s| {
-                s.bypasses += 1
-            });
-        };
-        let seen = {
-            let mut shard = self.slots[index].lock();
-            // Checked before a block is taken, under the lock the lease is
-            // made under: a hit cannot be refused.
-            shard.room()?;
-            // A capture takes no cached block: its replays may run on any
-            // stream, where nothing orders them after the work this stream
-            // queued on the block before (stream order covers only a reuse
-            // on this stream), and a block used on another stream would
-            // need a wait that joins that stream's work to the capture,
-            // which the driver refuses. Its miss below is a graph
-            // allocation of the inner resource, which no queued work
-            // touches.
-            let hit = match (capture, shard.serves(stream)) {
-                (None, true) => shard.pop(class),
-                // An id the inner resource has not accepted for this shard
-                // takes nothing here: below, it is refused or learnt.
-                _ => None,
-            };
-            if let Some(inner) = hit {
-                // Stream order alone makes this safe: every use of the block
-                // on this stream was queued before, and uses on other streams
-                // were waited for when it was cached.
-                shard.stats.hits += 1;
-                let ptr = inner.ptr();
-                let Ok(serial) = shard.lease(Lease {
-                    backing: Backing::Inner(inner),
-                    stream,
-                    size: bytes,
-                    class: Some(class),
-                    home_marked: false,
-                    cross_used: false,
-                    capture: None,
-                }) else {
-                    unreachable!("room checked under this lock");
-                };
-                return Ok(DeviceBlock::new(
-                    BlockId::new(self.id, serial),
-                    ptr,
-                    bytes,
-                    stream,
-                    tag,
-                ));
+        let request = (bytes, stream, tag);
+        let class = match &self.arena {
+            Some(arena) if served => {
+                if let Some(block) =
+                    arena.allocate(&self.shards, bytes, stream, tag, index, capture)?
+                {
+                    return Ok(block);
+                }
+                // What the arena cannot hold goes to the inner resource.
+                None
             }
-            shard.seen
+            _ => SizeClassTier::class_of(&self.shards, bytes, index),
         };
-        if capture.is_some() {
-            // A miss inside a capture: the inner resource's block is a graph
-            // allocation of its own (CUDA's graph memory node), freed in the
-            // graph or after it by the inner resource, never cached here.
-            let inner = self.inner_allocate(bytes, stream, tag)?;
-            return self.lease(index, inner, (bytes, stream, tag), None, |s| s.misses += 1);
-        }
-        if seen && let Some(inner) = self.steal(class, index, stream) {
-            return self.lease(index, inner, (bytes, stream, tag), Some(class), |s| {
-                s.steals += 1
-            });
-        }
-        let inner = self.inner_allocate(class.size(), stream, tag)?;
-        self.lease(index, inner, (bytes, stream, tag), Some(class), |s| {
-            s.misses += 1
-        })
+        let Some(class) = class else {
+            let block = self.inner_allocate(bytes, stream, tag)?;
+            return self.classes.lease(
+                &self.shards,
+                &self.inner,
+                index,
+                block,
+                request,
+                None,
+                |s| s.bypasses += 1,
+            );
+        };
+        self.classes.allocate(
+            &self.shards,
+            &self.inner,
+            request,
+            index,
+            class,
+            capture,
+            |size| self.inner_allocate(size, stream, tag),
+        )
     }
 
     fn deallocate(&self, block: DeviceBlock) -> ResourceResult<()> {
@@ -742,11 +468,11 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R>
     }
 
     fn device_ordinal(&self) -> u32 {
-        self.device
+        self.shards.device
     }
 
     fn bytes_outstanding(&self) -> usize {
-        self.inner.bytes_outstanding() + self.vm.as_ref().map_or(0, VmTier::held)
+        self.inner.bytes_outstanding() + self.arena.as_ref().map_or(0, ArenaTier::held)
     }
 
     fn reap_pending(&self) -> ResourceResult<()> {
@@ -770,41 +496,22 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R>
     /// resource takes for the class size (or for `bytes`, for a request that
     /// bypasses the cache).
     fn allocation_cost(&self, bytes: usize, stream: StreamId) -> usize {
-        let index = self.slot_index(stream);
-        if let Some(tier) = &self.vm
-            && stream.device() == self.device
+        let index = self.shards.slot_index(stream.index());
+        let ours = stream.device() == self.shards.device;
+        if let Some(arena) = &self.arena
+            && ours
             && bytes > 0
-            && index < self.config.streams
+            && index < self.shards.config.streams
         {
-            return match self.mapped_cost(tier, bytes, index) {
+            return match arena.cost(&self.shards, bytes, index) {
                 Some(cost) => cost,
                 // What the arena cannot hold goes to the inner resource.
                 None => self.inner.allocation_cost(bytes, stream),
             };
         }
-        let class = SizeClass::of(bytes)
-            .filter(|_| bytes != 0 && bytes <= self.config.max_block_size)
-            .filter(|_| stream.device() == self.device && index != self.config.streams);
-        let Some(class) = class else {
-            return self.inner.allocation_cost(bytes, stream);
-        };
-        let seen = {
-            let shard = self.slots[index].lock();
-            if shard.holds(class) {
-                return 0;
-            }
-            shard.seen
-        };
-        let n = self.config.streams;
-        let elsewhere = seen
-            && (1..n).any(|offset| {
-                let slot = &self.slots[(index + offset) % n];
-                !slot.looks_empty() && slot.try_lock().is_some_and(|s| s.holds(class))
-            });
-        if elsewhere {
-            0
-        } else {
-            self.inner.allocation_cost(class.size(), stream)
+        match SizeClassTier::class_of(&self.shards, bytes, index).filter(|_| ours) {
+            Some(class) => SizeClassTier::cost(&self.shards, &self.inner, class, index, stream),
+            None => self.inner.allocation_cost(bytes, stream),
         }
     }
 
@@ -819,7 +526,7 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R>
     /// call gets its share back at the first call that finds it not
     /// capturing. Then the inner resource is told.
     fn release_capture(&self, capture: CaptureId, after: StreamId) -> ResourceResult<()> {
-        self.release_capture_pools(capture, after)
+        self.graphs().release_capture_pools(capture, after)
     }
 
     /// Shows its [`CacheStats`] as of now, then the layers below.
@@ -857,20 +564,16 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R>
     }
 
     fn record_block_use(&self, block: &DeviceBlock, use_stream: StreamId) -> ResourceResult<()> {
-        self.with_lease(block.id(), |lease| {
+        self.shards.with_lease(block.id(), |lease| {
             if lease.backing.ptr() != block.ptr() || lease.size != block.size() {
                 return Err(ResourceError::UnknownBlock { block: block.id() });
             }
-            let home = lease.stream;
-            let inner = match &mut lease.backing {
-                Backing::Inner(inner) => inner,
-                Backing::Mapped(m) => {
-                    return self.record_mapped_use(m, home, use_stream, Access::Read);
+            match (&mut lease.backing, &self.arena) {
+                (Backing::Mapped(m), Some(arena)) => {
+                    arena.record_use(m, lease.stream, use_stream, Access::Read)
                 }
-            };
-            self.inner.record_block_use(inner, use_stream)?;
-            lease.cross_used |= use_stream != lease.stream;
-            Ok(())
+                _ => SizeClassTier::record_use(&self.inner, lease, use_stream),
+            }
         })
     }
 
@@ -880,45 +583,27 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R>
         use_stream: StreamId,
         access: Access,
     ) -> ResourceResult<()> {
-        self.with_lease(block, |lease| {
-            let inner = match &mut lease.backing {
-                Backing::Inner(inner) => inner.id(),
-                Backing::Mapped(m) => {
-                    return self.prepare_mapped_use(m, lease.stream, use_stream, access);
-                }
+        let (slot, serial) = self.shards.locate(block)?;
+        let mut shard = slot.lock();
+        let Some(mut lease) = shard.lease_mut(serial) else {
+            return Err(shard.missing(block));
+        };
+        // A range handed out in a capture is written by every replay of its
+        // graph, which the hooks do not see: its use follows the last one.
+        let mut replay = None;
+        if let (Some(capture), Some(arena)) = (lease.capture, &self.arena) {
+            replay = arena.last_replay(&shard, capture);
+            let Some(again) = shard.lease_mut(serial) else {
+                unreachable!("found above under this lock");
             };
-            if use_stream != lease.stream || lease.cross_used {
-                // Ordering after uses on other streams would make a
-                // capturing stream wait on events recorded outside its
-                // capture, which the driver refuses and which invalidates
-                // the capture: refused first, changing nothing.
-                let status = self.inner.capture_status(use_stream)?;
-                if status.is_capturing() {
-                    return Err(ResourceError::StreamCapturing {
-                        stream: use_stream,
-                        capture: status.id(),
-                    });
-                }
+            lease = again;
+        }
+        match (&mut lease.backing, &self.arena) {
+            (Backing::Mapped(m), Some(arena)) => {
+                arena.prepare_use(m, lease.stream, (use_stream, access), replay)
             }
-            if use_stream != lease.stream && !lease.home_marked {
-                // The inner block may carry records of earlier leases (or of
-                // another stream it was cached on): point its last write at
-                // this lease's stream, now, so the wait below covers the
-                // work queued there so far. Uses on other streams already
-                // recorded in this lease are folded in first, so that
-                // replacing the last write loses none of them.
-                if lease.cross_used {
-                    self.inner
-                        .prepare_block_use(inner, lease.stream, Access::Write)?;
-                }
-                self.inner
-                    .finish_block_use(inner, lease.stream, Access::Write)?;
-                self.inner.prepare_block_use(inner, use_stream, access)?;
-                lease.home_marked = true;
-                return Ok(());
-            }
-            self.inner.prepare_block_use(inner, use_stream, access)
-        })
+            _ => SizeClassTier::prepare_use(&self.inner, lease, use_stream, access),
+        }
     }
 
     fn finish_block_use(
@@ -927,20 +612,17 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R>
         use_stream: StreamId,
         access: Access,
     ) -> ResourceResult<()> {
-        self.with_lease(block, |lease| {
-            let home = lease.stream;
-            let inner = match &mut lease.backing {
-                Backing::Inner(inner) => inner.id(),
-                Backing::Mapped(m) => return self.record_mapped_use(m, home, use_stream, access),
-            };
-            self.inner.finish_block_use(inner, use_stream, access)?;
-            lease.cross_used |= use_stream != lease.stream;
-            Ok(())
-        })
+        self.shards
+            .with_lease(block, |lease| match (&mut lease.backing, &self.arena) {
+                (Backing::Mapped(m), Some(arena)) => {
+                    arena.record_use(m, lease.stream, use_stream, access)
+                }
+                _ => SizeClassTier::finish_use(&self.inner, lease, use_stream, access),
+            })
     }
 
     fn block_state(&self, block: BlockId) -> Option<BlockState> {
-        let (slot, serial) = self.locate(block).ok()?;
+        let (slot, serial) = self.shards.locate(block).ok()?;
         let mut shard = slot.lock();
         if shard.lease_mut(serial).is_some() {
             return Some(BlockState::Live);
@@ -957,7 +639,9 @@ impl<R: DeviceMemoryResource> Drop for CachingResource<R> {
         if let Err(e) = self.trim() {
             tracing::warn!(error = %e, "dropping the cache: some cached blocks could not be freed");
         }
-        self.close_mapped();
+        if let Some(arena) = &self.arena {
+            arena.close(&self.shards);
+        }
         let leased = self.leased_bytes();
         if leased > 0 {
             tracing::warn!(

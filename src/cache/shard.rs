@@ -17,12 +17,12 @@
 use crate::sync::{Mutex, MutexGuard};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use super::arena::Placed;
-use super::graph_pool::GraphPool;
+use super::arena::placement::Placed;
+use super::arena::vmm::StreamSlot;
+use super::graph::pool::GraphPool;
 use super::size_class::SizeClass;
 use super::slab::{GENERATION_BITS, INDEX_BITS, Occupied, Slab};
 use super::stats::CacheStats;
-use super::vmm::StreamSlot;
 use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::CaptureId;
 use crate::resource::block_uses::BlockUses;
@@ -307,10 +307,10 @@ impl Shard {
         self.lease_entry(serial).map(LeaseEntry::end)
     }
 
-    /// Ends the arena lease `serial` (as [`LeaseEntry::end_mapped`]).
+    /// Ends the arena lease `serial` (as [`LeaseEntry::end_arena_lease`]).
     #[inline]
-    pub(crate) fn end_mapped_lease(&mut self, serial: u64) -> Option<EndedMapped> {
-        self.lease_entry(serial).map(LeaseEntry::end_mapped)
+    pub(crate) fn end_arena_lease(&mut self, serial: u64) -> Option<EndedMapped> {
+        self.lease_entry(serial).map(LeaseEntry::end_arena_lease)
     }
 
     pub(crate) fn lease_count(&self) -> usize {
@@ -363,10 +363,10 @@ impl LeaseEntry<'_> {
     // Always: on the free's hot path, where a call would return the ended
     // lease through memory.
     #[inline(always)]
-    pub(crate) fn end_mapped(mut self) -> EndedMapped {
+    pub(crate) fn end_arena_lease(mut self) -> EndedMapped {
         let lease = self.entry.get_mut();
         let Backing::Mapped(m) = &mut lease.backing else {
-            unreachable!("end_mapped is called for arena leases only");
+            unreachable!("end_arena_lease is called for arena leases only");
         };
         let ended = EndedMapped {
             placed: m.placed,

@@ -1,5 +1,8 @@
 //! [`Backend`]: CUDA or the simulator, chosen at run time, behind one type.
 
+// Unsafe here: the backend forwards every `unsafe fn` of the `Gpu` seam to CUDA or the simulator.
+#![allow(unsafe_code)]
+
 use std::fmt;
 use std::sync::Arc;
 
@@ -78,6 +81,10 @@ macro_rules! forward_unsafe {
 unsafe impl Gpu for Backend {
     fn ordinal(&self) -> u32 {
         forward!(self.ordinal())
+    }
+
+    fn context_id(&self) -> u64 {
+        forward!(self.context_id())
     }
 
     unsafe fn alloc_async(&self, bytes: usize, stream: RawStream) -> GpuResult<u64> {

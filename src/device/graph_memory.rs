@@ -44,11 +44,12 @@
 //!
 //! # State
 //!
-//! Per capture with a kept allocation: the kept blocks (address, whether a
-//! user still holds it, whether a replay left it live), the adopted blocks
-//! (address, stream, use events), the stream of the last launch, the
-//! streams the next instance free must follow, and whether the graph is
-//! gone.
+//! Per capture with a kept allocation, or launched: the kept blocks
+//! (address, whether a user still holds it, whether a replay left it
+//! live), the adopted blocks (address, stream, use events), the stream of
+//! the last launch (which a cache asks for the ranges it handed out in the
+//! capture: the replays write them), the streams the next instance free
+//! must follow, and whether the graph is gone.
 //!
 //! # Who changes it
 //!
@@ -56,9 +57,11 @@
 //! capturing stream, drops it when the block is freed in its capture,
 //! adopts a block from outside a capture freed in it, and settles the
 //! user's free and the release of the graph; the crate's graph
-//! ([`CapturedGraph`](crate::graph::CapturedGraph)) reports each launch.
-//! All under one mutex, taken before any shard lock and never across a
-//! driver call that blocks. Launches through the raw seam
+//! ([`CapturedGraph`](crate::graph::CapturedGraph)) reports each launch;
+//! a cache reads the last launch's stream. All under one mutex, taken
+//! before any shard lock of the resource (a cache reads it under its own
+//! shard's lock: nothing that holds it calls up into a cache) and never
+//! across a driver call that blocks. Launches through the raw seam
 //! ([`Gpu::graph_launch`]) are not seen: their caller frees what such a
 //! launch leaves behind.
 //!
@@ -72,7 +75,8 @@
 //! # Bounded
 //!
 //! One entry per kept allocation of a capture whose graph lives or whose
-//! block a user still holds; both end.
+//! block a user still holds, and one per launched graph until its release;
+//! all end.
 
 #![allow(unsafe_code)]
 
@@ -292,14 +296,15 @@ impl KeptGuard<'_> {
     }
 
     /// `capture`'s graph was launched on `stream`: every kept block has a
-    /// live instance again.
+    /// live instance again. Recorded for every capture, kept blocks or
+    /// not: a cache asks where the last replay ran for the ranges it handed
+    /// out in the capture (the replays write them).
     pub(crate) fn launched(&mut self, capture: CaptureId, stream: StreamId) {
-        if let Some(c) = self.0.get_mut(&capture) {
-            for k in &mut c.kept {
-                k.live = true;
-            }
-            c.last_launch = Some(stream);
+        let c = self.0.entry(capture).or_default();
+        for k in &mut c.kept {
+            k.live = true;
         }
+        c.last_launch = Some(stream);
     }
 
     /// `capture`'s graph is gone: the blocks users hold are theirs to free

@@ -48,6 +48,8 @@
 //! # Ok::<(), streamalloc::ResourceError>(())
 //! ```
 
+#![deny(unsafe_code)]
+
 mod backend;
 pub(crate) mod deferred_frees;
 pub(crate) mod graph_memory;
@@ -79,16 +81,24 @@ pub struct Device<G: Gpu = Backend> {
 impl<G: Gpu> Device<G> {
     /// The device of backend `gpu`, with the streams of `streams`.
     ///
-    /// The pool should hold `gpu`'s own streams. Only the ordinal is
-    /// checked here; a simulated device refuses another simulated host's
-    /// streams at every call (its stream handles name their host), so a
-    /// mixed pair runs nothing rather than work on the wrong stream.
+    /// The pool must hold `gpu`'s own streams: its device is checked, and
+    /// its context where the crate made or checked the streams (every
+    /// constructor but the `unsafe` [`StreamPool::from_raw`], whose caller
+    /// vouches for it), against [`Gpu::context_id`]. (A simulated device
+    /// also refuses another simulated host's streams at every call.)
     ///
     /// # Errors
     /// [`ResourceError::WrongDevice`] when the pool's streams belong to
-    /// another device than `gpu`.
+    /// another device than `gpu`, [`ResourceError::WrongContext`] when they
+    /// belong to another context of that device (another `CudaContext`,
+    /// another `SimGpu` of the same ordinal).
     pub fn new(gpu: Arc<G>, streams: Arc<StreamPool>) -> ResourceResult<Self> {
         ResourceError::check_device(gpu.ordinal(), streams.device())?;
+        if streams.context_id().is_some_and(|c| c != gpu.context_id()) {
+            return Err(ResourceError::WrongContext {
+                device: gpu.ordinal(),
+            });
+        }
         Ok(Device { gpu, streams })
     }
 

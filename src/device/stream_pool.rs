@@ -1,5 +1,8 @@
 //! [`StreamPool`]: the streams of one device, resolved by [`StreamId`].
 
+// Unsafe here: `StreamPool::from_raw` trusts the caller's raw streams.
+#![allow(unsafe_code)]
+
 use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
@@ -30,6 +33,10 @@ pub struct StreamPool {
     kept: KeptGraphMemory,
     /// Frees of dropped buffers a capture refused, applied once it ends.
     deferred: DeferredFrees,
+    /// The context the streams belong to ([`Gpu::context_id`](crate::gpu::Gpu::context_id)), where the
+    /// crate made or checked them; `None` for streams a caller vouched for
+    /// ([`from_raw`](StreamPool::from_raw)).
+    context: Option<u64>,
 }
 
 impl StreamPool {
@@ -70,9 +77,23 @@ impl StreamPool {
             _owners: owners,
             kept: KeptGraphMemory::default(),
             deferred: DeferredFrees::default(),
+            context: None,
             #[cfg(feature = "cuda")]
             cuda: Vec::new(),
         }
+    }
+
+    /// This pool, known to hold streams of the context `context`.
+    pub(crate) fn in_context(mut self, context: u64) -> Self {
+        self.context = Some(context);
+        self
+    }
+
+    /// The context the pool's streams belong to, where the crate made or
+    /// checked them (`None` for a pool made by
+    /// [`from_raw`](Self::from_raw), whose caller vouched for them).
+    pub fn context_id(&self) -> Option<u64> {
+        self.context
     }
 
     #[cfg(feature = "cuda")]
@@ -102,6 +123,7 @@ impl StreamPool {
             _owners: Vec::new(),
             kept: KeptGraphMemory::default(),
             deferred: DeferredFrees::default(),
+            context: Some(ctx.cu_ctx() as u64),
             cuda,
         }))
     }
@@ -144,6 +166,7 @@ impl StreamPool {
             _owners: Vec::new(),
             kept: KeptGraphMemory::default(),
             deferred: DeferredFrees::default(),
+            context: Some(ctx.cu_ctx() as u64),
             cuda: streams,
         }))
     }

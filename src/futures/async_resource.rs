@@ -135,14 +135,7 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
         // and resolves its streams through `device`'s pool; `L` is a
         // `FaithfulLayer`, so the stack allocates and resolves streams only
         // through that bottom (items 1 and 2 of `with_device`).
-        let res = unsafe { Self::with_device(stack, device) }?;
-        // A request refused under one of the stack's budgets on another
-        // device asks this stack for its idle memory, whatever the order
-        // of its layers.
-        let mut budgets = Vec::new();
-        layers.budgets(&mut budgets);
-        res.core.hold_budget_relief(&budgets);
-        Ok(res)
+        unsafe { Self::with_device(stack, device) }
     }
 
     /// Wraps any resource `inner` (for instance an adaptor stack) that
@@ -176,6 +169,12 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
         let erased: Arc<dyn DeviceMemoryResource> = inner.clone();
         let gpu: Arc<dyn Gpu> = device.gpu().clone();
         let core = Core::new(erased, gpu, device.streams().clone())?;
+        // A request refused under one of the stack's budgets on another
+        // stack asks this one for its idle memory, whatever the order of
+        // its layers (a cache above the budget resource included).
+        let mut budgets = Vec::new();
+        inner.budget_reliefs(&mut budgets);
+        core.hold_budget_relief(&budgets);
         Ok(AsyncResource { inner, core })
     }
 }

@@ -24,12 +24,12 @@ use super::wait_policy::SharedPolicy;
 use super::wait_queue::AllocQueue;
 use super::watchdog::{self, Patrolled};
 use crate::adaptors::Stats;
-use crate::adaptors::budget::{Budget, HolderRegistration, IdleHolder};
 use crate::device::StreamPool;
 use crate::error::{DriverCall, ResourceError, ResourceResult};
 use crate::gpu::Gpu;
 use crate::poll_scope::PollScope;
 use crate::resource::DeviceMemoryResource;
+use crate::resource::relief::{BudgetRelief, HolderRegistration, IdleHolder};
 use crate::sync::{AtomicBool, AtomicU64, Ordering};
 use crate::types::{BlockState, StreamId};
 use crate::waiters;
@@ -257,15 +257,12 @@ impl Core {
     /// stack for its idle memory, whatever the order of its layers (a
     /// cache above a budget included). Once; the registrations end with
     /// the core.
-    pub(crate) fn hold_budget_relief(self: &Arc<Self>, budgets: &[Budget]) {
+    pub(crate) fn hold_budget_relief(self: &Arc<Self>, budgets: &[BudgetRelief]) {
         if budgets.is_empty() {
             return;
         }
         let me: std::sync::Weak<dyn IdleHolder> = Arc::downgrade(self) as _;
-        let registrations = budgets
-            .iter()
-            .map(|b| b.register_holder(me.clone()))
-            .collect();
+        let registrations = budgets.iter().map(|b| b.register(me.clone())).collect();
         let _ = self.relief.set(registrations);
     }
 

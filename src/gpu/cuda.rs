@@ -13,6 +13,9 @@
 //! This is the crate's FFI edge: every `unsafe` block of the CUDA path is
 //! here, each with the invariant it relies on.
 
+// Unsafe here: the CUDA backend: driver calls through cudarc's `sys` layer.
+#![allow(unsafe_code)]
+
 use std::ffi::c_void;
 use std::sync::Arc;
 
@@ -324,6 +327,10 @@ extern "C" fn run_host_fn(data: *mut c_void) {
 unsafe impl Gpu for CudaGpu {
     fn ordinal(&self) -> u32 {
         self.ctx.ordinal() as u32
+    }
+
+    fn context_id(&self) -> u64 {
+        self.ctx.cu_ctx() as u64
     }
 
     unsafe fn alloc_async(&self, bytes: usize, stream: RawStream) -> GpuResult<u64> {

@@ -6,6 +6,9 @@
 //! user-facing capture API ([`crate::graph`]) builds on them and adds what
 //! ties a graph to the memory it was given.
 
+// Unsafe here: graph capture, instantiation and launch take raw driver handles.
+#![allow(unsafe_code)]
+
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{CaptureId, CaptureStatus, Gpu, GpuError, GpuResult, RawGraph, RawGraphExec};

@@ -20,6 +20,8 @@
 //! block records. [`SimGpu`](sim::SimGpu) checks every handle and address
 //! itself, so it offers the same calls as safe inherent methods.
 
+#![deny(unsafe_code)]
+
 mod capture;
 // Only the CUDA backend asks the gate; without it the gate stands unused.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
@@ -177,9 +179,17 @@ pub type HostFn = Box<dyn FnOnce() + Send + 'static>;
 ///    later work after the event's record;
 /// 4. a handle a create call returned (stream, event, physical memory,
 ///    graph) stays valid for the calls taking it until its destroy call.
+#[allow(unsafe_code)] // the seam's contract: the crate trusts what a backend returns.
 pub unsafe trait Gpu: Send + Sync + 'static {
     /// Device ordinal.
     fn ordinal(&self) -> u32;
+
+    /// The identity of the context whose streams and memory this backend
+    /// uses (the `CUcontext` of a CUDA backend, the host of a simulated
+    /// one): two backends of one ordinal with different contexts do not
+    /// take each other's streams. [`Device::new`](crate::Device::new)
+    /// compares it with the context of a stream pool the crate made.
+    fn context_id(&self) -> u64;
 
     /// Queues an allocation of `bytes` on `stream`; the address is usable on
     /// `stream` from this point of its order. Zero bytes returns address 0.

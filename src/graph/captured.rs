@@ -100,13 +100,14 @@ impl<R: DeviceMemoryResource + ?Sized + 'static> CapturedGraph<R> {
     ///    the graph keeps) is ordered before this launch: awaited, or
     ///    queued on `stream`. (A block the graph memory holds is freed
     ///    after its uses by the crate, and made again by the replay.)
-    /// 3. Under a cache, work the user queues on such a cache's range
-    ///    after this launch, on another stream than `stream`, comes after
-    ///    the replay: await the future this returns first. (The crate
-    ///    orders it for a block of the graph memory, the bottom resource's,
-    ///    and on `stream` stream order does; the cache's use tracking does
-    ///    not see the replay: `tests/api_model`'s open class
-    ///    `use-after-replay`.)
+    /// 3. Work the user queues after this launch on a block the capture
+    ///    allocated, on another stream than `stream`, without the crate's
+    ///    block-use hooks (not through a buffer's launch or
+    ///    [`prepare_block_use`](crate::DeviceMemoryResource::prepare_block_use)),
+    ///    comes after the replay: await the future this returns first.
+    ///    (Through the hooks the crate orders it after the last replay: the
+    ///    bottom resource for its graph memory, a cache for a range it
+    ///    handed out in the capture; on `stream`, stream order does.)
     pub unsafe fn launch(&self, stream: StreamId) -> ResourceResult<EventFuture> {
         let pool = self.res.stream_pool();
         let raw = pool.raw(stream)?;

@@ -108,6 +108,8 @@
 //! # Ok(()) }
 //! ```
 
+#![deny(unsafe_code)]
+
 mod capture;
 mod captured;
 

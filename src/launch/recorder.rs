@@ -5,6 +5,7 @@ use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::Gpu;
 use crate::resource::DeviceMemoryResource;
 use crate::types::{Access, BlockId, BlockState, DeviceBlock, RawStream, StreamId};
+use std::cell::Cell;
 
 /// One declared use of a launch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -229,9 +230,23 @@ impl<'r, R: DeviceMemoryResource + ?Sized> LaunchRecorder<'r, R> {
         raw: RawStream,
         enqueue: impl FnOnce(RawStream) -> T,
     ) -> (T, ResourceResult<()>) {
+        self.enqueue_then_finish_noting(raw, enqueue, &Cell::new(false))
+    }
+
+    /// [`enqueue_then_finish`](Self::enqueue_then_finish), setting
+    /// `finished_on_unwind` when `enqueue` panicked and the `finish` run
+    /// while unwinding recorded every use: a caller that keeps its own
+    /// guard for uses not known recorded then knows they are.
+    pub(crate) fn enqueue_then_finish_noting<T>(
+        &self,
+        raw: RawStream,
+        enqueue: impl FnOnce(RawStream) -> T,
+        finished_on_unwind: &Cell<bool>,
+    ) -> (T, ResourceResult<()>) {
         let mut guard = FinishOnUnwind {
             recorder: self,
             armed: true,
+            finished: finished_on_unwind,
         };
         let out = enqueue(raw);
         guard.armed = false;
@@ -244,14 +259,18 @@ struct FinishOnUnwind<'a, 'r, R: DeviceMemoryResource + ?Sized> {
     recorder: &'a LaunchRecorder<'r, R>,
     // Cleared once the closure returned: `finish` then runs normally.
     armed: bool,
+    /// Set when the unwinding `finish` recorded every use.
+    finished: &'a Cell<bool>,
 }
 
 impl<R: DeviceMemoryResource + ?Sized> Drop for FinishOnUnwind<'_, '_, R> {
     fn drop(&mut self) {
-        if self.armed
-            && let Err(e) = self.recorder.finish()
-        {
-            tracing::error!(error = %e, "finishing a launch whose enqueue panicked");
+        if !self.armed {
+            return;
+        }
+        match self.recorder.finish() {
+            Ok(()) => self.finished.set(true),
+            Err(e) => tracing::error!(error = %e, "finishing a launch whose enqueue panicked"),
         }
     }
 }

@@ -4,6 +4,9 @@
 //! Reusing an event is safe as soon as no one will *queue* a wait on its old
 //! record any more: a wait already queued keeps the record it saw.
 
+// Unsafe here: the pool destroys its own events through the `Gpu` seam.
+#![allow(unsafe_code)]
+
 use std::sync::Arc;
 
 use crate::gpu::{Gpu, GpuResult, RawEvent};

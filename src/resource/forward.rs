@@ -39,7 +39,8 @@
 ///         bytes_outstanding, reap_pending, pending_free_seq, reap_through,
 ///         supports_block_use_tracking, record_block_use, prepare_block_use,
 ///         finish_block_use, block_state, allocation_cost, allocation_cost_is_exact,
-///         frees_across_streams, release_idle, capture_status, release_capture);
+///         frees_across_streams, release_idle, budget_reliefs, capture_status,
+///         release_capture);
 ///     fn allocation_limit(&self) -> Option<usize> {
 ///         Some(self.0.allocation_limit().map_or(self.1, |l| l.min(self.1)))
 ///     }
@@ -55,8 +56,8 @@ macro_rules! forward_to_inner {
             bytes_outstanding, reap_pending, pending_free_seq, reap_through,
             supports_block_use_tracking, record_block_use, prepare_block_use,
             finish_block_use, block_state, allocation_cost, allocation_cost_is_exact,
-            frees_across_streams, release_idle, allocation_limit, capture_status,
-            release_capture, visit_layers);
+            frees_across_streams, release_idle, allocation_limit, budget_reliefs,
+            capture_status, release_capture, visit_layers);
     };
     (@one $f:tt visit_layers) => {
         fn visit_layers(&self, visit: &mut dyn FnMut(&dyn ::std::any::Any)) {
@@ -154,6 +155,11 @@ macro_rules! forward_to_inner {
     (@one $f:tt allocation_limit) => {
         fn allocation_limit(&self) -> Option<usize> {
             self.$f.allocation_limit()
+        }
+    };
+    (@one $f:tt budget_reliefs) => {
+        fn budget_reliefs(&self, out: &mut ::std::vec::Vec<$crate::resource::BudgetRelief>) {
+            self.$f.budget_reliefs(out)
         }
     };
     (@one $f:tt frees_across_streams) => {

@@ -6,17 +6,21 @@
 //! frees are queued but not yet executed. [`AsyncCudaResource`] is its cudarc
 //! instance and [`SimResource`] its simulated one.
 
+#![deny(unsafe_code)]
+
 pub(crate) mod block_uses;
 pub(crate) mod event_pool;
 pub(crate) mod forward;
 mod live_table;
 mod pending;
+pub(crate) mod relief;
 mod shard;
 mod stream_ordered;
 pub(crate) mod unwind;
 #[cfg(all(test, loom))]
 pub(crate) use stream_ordered::loom_tests::race_two_frees;
 
+pub use relief::BudgetRelief;
 #[cfg(feature = "cuda")]
 pub use stream_ordered::AsyncCudaResource;
 pub use stream_ordered::{SimResource, StreamOrderedResource};
@@ -146,6 +150,7 @@ impl std::fmt::Debug for DeviceAccess {
 /// [`prepare_block_use`](Self::prepare_block_use) before queuing the work and
 /// [`finish_block_use`](Self::finish_block_use) after it do both, on resources
 /// that [`support`](Self::supports_block_use_tracking) it.
+#[allow(unsafe_code)] // the resource contract the crate trusts.
 pub unsafe trait DeviceMemoryResource: Send + Sync {
     /// Allocates `bytes` bytes on the resource's device, ordered on `stream`.
     /// The returned block is in [`BlockState::Live`].
@@ -383,6 +388,17 @@ pub unsafe trait DeviceMemoryResource: Send + Sync {
     /// Decorators answer for themselves or their inner resource.
     fn allocation_limit(&self) -> Option<usize>;
 
+    /// Adds to `out` the relief list of each budget this resource or one
+    /// below it charges (a [`Budget`](crate::adaptors::Budget) shared with
+    /// other stacks). The futures layer registers the whole stack with
+    /// each ([`AsyncResource::from_arc`](crate::futures::AsyncResource::from_arc)),
+    /// so that a request refused under that budget on another stack asks
+    /// this one for its idle memory, whatever the order of its layers (a
+    /// cache above the budget included). Decorators add their inner
+    /// resource's; a budget resource adds its budget's too; a resource at
+    /// the bottom adds nothing.
+    fn budget_reliefs(&self, out: &mut Vec<BudgetRelief>);
+
     /// Whether `stream` is being captured into a CUDA graph, and by which
     /// capture, as the backend at the bottom of the stack reports it
     /// ([`Gpu::capture_status`]). Decorators forward to the inner resource;
@@ -452,6 +468,7 @@ pub unsafe trait DeviceMemoryResource: Send + Sync {
     }
 }
 
+#[allow(unsafe_code)] // forwarded through an `Arc`.
 // SAFETY: every method is the same method of the resource the `Arc` holds,
 // which keeps the contract itself.
 unsafe impl<R: DeviceMemoryResource + ?Sized> DeviceMemoryResource for std::sync::Arc<R> {
@@ -521,6 +538,9 @@ unsafe impl<R: DeviceMemoryResource + ?Sized> DeviceMemoryResource for std::sync
     }
     fn allocation_limit(&self) -> Option<usize> {
         (**self).allocation_limit()
+    }
+    fn budget_reliefs(&self, out: &mut Vec<BudgetRelief>) {
+        (**self).budget_reliefs(out)
     }
     fn capture_status(&self, stream: StreamId) -> ResourceResult<CaptureStatus> {
         (**self).capture_status(stream)

@@ -55,6 +55,9 @@
 //! partial work when a driver call fails, so that a failed call leaves every
 //! counter and map as it was.
 
+// Unsafe here: allocations, frees, event records and waits on raw handles of the `Gpu` seam.
+#![allow(unsafe_code)]
+
 use std::sync::Arc;
 
 use super::DeviceMemoryResource;
@@ -1078,6 +1081,9 @@ unsafe impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
     fn allocation_limit(&self) -> Option<usize> {
         None
     }
+
+    /// Charges no budget.
+    fn budget_reliefs(&self, _: &mut Vec<super::BudgetRelief>) {}
 }
 
 impl<G: Gpu> Drop for StreamOrderedResource<G> {

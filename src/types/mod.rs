@@ -7,6 +7,8 @@
 //! allocation handed out by a resource, and a [`BlockId`] names it in the
 //! block-use hooks.
 
+#![deny(unsafe_code)]
+
 mod block;
 mod capture_id;
 mod completed;

@@ -1,6 +1,9 @@
 //! Stream names: the backend handle [`RawStream`] and the [`StreamId`] a
 //! device's [`StreamPool`](crate::StreamPool) resolves.
 
+// Unsafe here: `StreamId::from_cuda` trusts a raw CUDA stream handle.
+#![allow(unsafe_code)]
+
 use std::fmt;
 
 /// A backend stream handle: a `CUstream` for CUDA, an index for the

@@ -25,16 +25,16 @@
 //!   whole capacity is free, and the books agree with it at every step.
 //!
 //! - A use of a kept block on any stream is ordered after the replay
-//!   that wrote it, awaited or not (but under a cache, an open class),
-//!   and a launch that fails queued no replay.
+//!   that wrote it, awaited or not (under a cache too), and a launch that
+//!   fails queued no replay.
 //!
 //! - A buffer dropped during a capture is freed exactly once, at once or
 //!   (when the capture refuses its free) when the capture ends.
 //!
 //! # Open classes
-//! One bug of graphs this harness found is open (see the ignored case in
-//! `regressions`); it steers around it unless `API_FUZZ_OPEN` names it:
-//! [`USE_AFTER_REPLAY`] under a cache.
+//! None: every bug of graphs this harness found is fixed,
+//! `use-after-replay` under a cache and `capture-unjoined` (a buffer whose
+//! launch panicked, adopted by a capture) the last.
 //!
 //! # The launch's contract
 //! The captured work touches only what the capture allocated (its
@@ -62,11 +62,6 @@ pub(super) enum Keep {
     /// capture ends: a temporary of the graph.
     DroppedInside,
 }
-
-/// The open class of a use of a block a cache handed out in a capture
-/// racing the replay before it (the plain resource's case is
-/// [`regressions::a_kept_block_used_after_an_unawaited_replay`]).
-pub(super) const USE_AFTER_REPLAY: &str = "use-after-replay";
 
 /// A graph the harness holds.
 pub(super) struct GraphSlot {
@@ -191,42 +186,24 @@ impl World {
             }
         }
         let slot = &self.graphs[i];
-        // Open class `use-after-replay` (under a cache): a block a cache
-        // handed out in the capture, from memory the graph keeps, is not
-        // ordered after the replay that writes it (the plain resource
-        // orders a graph memory node's uses); steered around (such a
-        // replay is awaited, so the harness's uses follow it) unless named.
-        let steered = slot.kept.filter(|_| self.cache && !open(USE_AFTER_REPLAY));
         // SAFETY: the captured work touches only blocks the capture
         // allocated (Safety 1); user work on a kept block is awaited above
         // where a cache may keep its range across replays, and a graph
         // memory node is freed after its uses by the crate (Safety 2).
         let launches = slot.graph.launches();
         let launched = unsafe { slot.graph.launch(s) };
-        match (launched, steered) {
+        match launched {
             // A use of the kept block is ordered after this replay by the
-            // crate, whenever the harness makes it.
-            (Ok(done), None) => self.then_point(done, then),
-            (Ok(mut done), Some(kept)) => {
-                if let Err(e) = self.settle(&mut done, "a replay's completion")? {
-                    self.judge("a replay's completion", &e, false)?;
-                    // Not known done: the kept block's next use could race
-                    // the replay. Let it go (the graph frees its instance).
-                    if let Some(at) = self.buffers.iter().position(|b| b.id() == kept) {
-                        drop(self.buffers.swap_remove(at));
-                    }
-                }
-                Ok(())
-            }
-            (
-                Err(ResourceError::Driver {
-                    call: DriverCall::GraphLaunch,
-                    code: INVALID_VALUE,
-                    ..
-                }),
-                _,
-            ) if slot.kept.is_some() => Ok(()),
-            (Err(e), _) => {
+            // crate, whenever the harness makes it: by the plain resource
+            // for a graph memory node, by a cache for a range it handed
+            // out in the capture.
+            Ok(done) => self.then_point(done, then),
+            Err(ResourceError::Driver {
+                call: DriverCall::GraphLaunch,
+                code: INVALID_VALUE,
+                ..
+            }) if slot.kept.is_some() => Ok(()),
+            Err(e) => {
                 self.judge("a graph's launch", &e, false)?;
                 // A failed call changes nothing: no replay was queued.
                 match self.graphs[i].graph.launches() == launches {

@@ -127,7 +127,7 @@ fn a_waiter_behind_idle_cached_memory() {
 }
 
 /// Class `size-overflow`: a request of `usize::MAX` bytes through a
-/// budget over the arena panics in `cache/mapped.rs`.
+/// budget over the arena panics in `cache/mapped.rs` (now `cache/arena/tier.rs`).
 #[test]
 fn a_huge_request_through_a_budget_over_the_arena() {
     check(arena_budget(), &[Op::Huge { which: 0 }]);
@@ -136,7 +136,7 @@ fn a_huge_request_through_a_budget_over_the_arena() {
 /// Found once the overflow above was fixed (not in the issue): a
 /// request of 2^63 bytes straight to the arena cache, with no budget,
 /// panicked negating its size as an `isize` ("attempt to negate with
-/// overflow" in `cache/mapped.rs`). A request longer than an arena now
+/// overflow" in `cache/mapped.rs` (now `cache/arena/tier.rs`)). A request longer than an arena now
 /// goes to the inner resource.
 #[test]
 fn half_the_address_space_through_the_arena() {
@@ -422,18 +422,16 @@ fn a_kept_block_used_after_an_unawaited_replay() {
     );
 }
 
-/// Open class `use-after-replay` under a cache (the plain resource's case
-/// is fixed, above): a block the size-class arena handed out in a capture
-/// on stream 1, from memory the graph keeps, replayed on stream 0 and not
-/// awaited; a safe launch then writes the kept buffer on stream 1. The
-/// cache's use tracking knows nothing of the replay, and the detector
-/// reports the two writes unordered. Fails until fixed (the cache orders
-/// a use of a block it handed out in a capture after the graph's last
-/// replay); steered around under a cache unless named.
+/// Class `use-after-replay` under a cache (the plain resource's case is
+/// above): a block the arena handed out in a capture on stream 1, from
+/// memory the graph keeps, replayed on stream 0 and not awaited; a safe
+/// launch then writes the kept buffer on stream 1. The cache's use
+/// tracking knew nothing of the replay, and the detector reported the two
+/// writes unordered. Fixed: the cache orders a use of a block it handed
+/// out in a capture after the graph's last replay (the pool's graph
+/// memory ledger knows its stream), as the plain resource does.
 #[test]
-#[ignore = "open: use-after-replay"]
 fn a_cached_kept_block_used_after_an_unawaited_replay() {
-    OPEN.with(|o| o.set(Some(graphs::USE_AFTER_REPLAY)));
     check(
         plain(vec![Kind::Cache { arena: true }]),
         &[
@@ -451,6 +449,84 @@ fn a_cached_kept_block_used_after_an_unawaited_replay() {
                 stream: 1,
                 then: Then::Keep,
                 panic: false,
+            },
+        ],
+    );
+}
+
+/// Class `use-after-replay` under a cache, after the graph (found with
+/// the fix of the case above, not by the harness): a block the arena
+/// handed out in a capture on stream 1 is written on stream 2 (awaited
+/// before the replay, the launch's Safety 2), replayed on stream 0 and not
+/// awaited, and the graph dropped; a safe launch then writes the block on
+/// stream 2 again. The release orders the block's own stream after the
+/// replay, but stream 2's use waited only for the block's last write, its
+/// own. Fixed: at the release, the block's stream (then after the replay)
+/// waits for the block's uses elsewhere and becomes its last write.
+#[test]
+fn a_cached_kept_block_used_after_its_graph_and_an_unawaited_replay() {
+    let write = |stream| Op::Launch {
+        write: 0,
+        read: None,
+        stream,
+        then: Then::Keep,
+        panic: false,
+    };
+    check(
+        plain(vec![Kind::Cache { arena: true }]),
+        &[
+            Op::Capture {
+                stream: 1,
+                size: 100,
+                temps: 0,
+                keep: Keep::Here,
+                adopt: None,
+            },
+            write(2),
+            replay(0, Then::Keep),
+            Op::DropGraph {
+                slot: 0,
+                at: Place::Here,
+            },
+            write(2),
+        ],
+    );
+}
+
+/// Class `capture-unjoined`, found by the harness at 30,000 cases (it
+/// failed on e423c2c too, before the cache split): a 1-byte buffer
+/// allocated on stream 1 under the arena, a launch writing it on stream 0
+/// whose enqueue closure panics, then a capture on stream 0 whose closure
+/// drops the buffer on another thread (the graph adopts its free). Ending
+/// the capture failed with `CUDA_ERROR_STREAM_CAPTURE_UNJOINED`: the
+/// unwinding launch had recorded its uses, yet also kept them as deferred
+/// uses, which the buffer's drop finished again by recording an event on
+/// stream 0, capturing by then, and the cache's free on stream 1 waited on
+/// it, joining stream 1 to the capture. Fixed: a use the unwinding finish
+/// recorded is not deferred.
+#[test]
+fn a_buffer_whose_launch_panicked_adopted_by_a_capture() {
+    check(
+        plain(vec![Kind::Cache { arena: true }]),
+        &[
+            Op::Alloc {
+                size: 1,
+                stream: 1,
+                how: AllocHow::Await,
+            },
+            Op::Launch {
+                write: 0,
+                read: None,
+                stream: 0,
+                then: Then::Keep,
+                panic: true,
+            },
+            Op::Capture {
+                stream: 0,
+                size: 100,
+                temps: 0,
+                keep: Keep::No,
+                adopt: Some(0),
             },
         ],
     );

@@ -151,10 +151,7 @@ impl World {
             AllocHow::Await => {
                 // Behind a debug guard's quarantine (on the first device,
                 // under the shared budget) a wait may last for good.
-                let must = !self.holds_memory()
-                    && !self.guard
-                    && !self.cache_above_shared_budget
-                    && self.fits(size, granularity);
+                let must = !self.holds_memory() && !self.guard && self.fits(size, granularity);
                 let mut fut = res.allocate_buffer::<u8>(size, s, TAG);
                 let patience = if must { GUARD } else { PATIENCE };
                 match self.drive(&mut fut, patience) {

@@ -20,7 +20,7 @@ pub struct NoTracking<R>(pub R);
 // SAFETY: blocks and streams are `R`'s, unchanged; the block-use hooks
 // say there is no tracking (so buffers refuse cross-stream uses).
 unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for NoTracking<R> {
-    streamalloc::forward_to_inner!(0; allocation_cost, allocation_cost_is_exact, release_idle, frees_across_streams, allocation_limit, capture_status, release_capture);
+    streamalloc::forward_to_inner!(0; allocation_cost, allocation_cost_is_exact, release_idle, frees_across_streams, allocation_limit, budget_reliefs, capture_status, release_capture);
     fn allocate(&self, bytes: usize, s: StreamId, tag: AllocTag) -> ResourceResult<DeviceBlock> {
         self.0.allocate(bytes, s, tag)
     }

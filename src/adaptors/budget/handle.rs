@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use crate::sync::{AtomicUsize, Ordering};
 
-use super::relief::Holders;
 use crate::error::{ResourceError, ResourceResult};
+use crate::resource::BudgetRelief;
 
 #[derive(Debug)]
 struct Shared {
@@ -19,7 +19,7 @@ struct Shared {
     peak: AtomicUsize,
     /// The resources charging this budget, asked for idle memory when a
     /// request is refused (the module `relief`).
-    holders: Holders,
+    holders: BudgetRelief,
 }
 
 /// A byte budget shared by every resource (and device) that holds a clone.
@@ -74,7 +74,7 @@ impl Budget {
                 limit,
                 in_use: AtomicUsize::new(0),
                 peak: AtomicUsize::new(0),
-                holders: Holders::default(),
+                holders: BudgetRelief::default(),
             }),
         }
     }
@@ -102,8 +102,9 @@ impl Budget {
         self.shared.peak.load(Ordering::Acquire)
     }
 
-    /// The resources registered to give idle memory back.
-    pub(super) fn holders(&self) -> &Holders {
+    /// The resources registered to give idle memory back (the module
+    /// `relief`), as the resources charging this budget report it.
+    pub(crate) fn relief(&self) -> &BudgetRelief {
         &self.shared.holders
     }
 

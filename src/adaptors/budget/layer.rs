@@ -30,8 +30,4 @@ impl<R: crate::DeviceMemoryResource + 'static> Layer<R> for BudgetLayer {
     fn layer(&self, inner: R) -> BudgetResource<R> {
         BudgetResource::new(inner, &self.budget)
     }
-
-    fn budgets(&self, out: &mut Vec<Budget>) {
-        out.push(self.budget.clone());
-    }
 }

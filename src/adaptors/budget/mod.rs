@@ -72,5 +72,4 @@ mod resource;
 
 pub use handle::{Budget, Reservation};
 pub use layer::BudgetLayer;
-pub(crate) use relief::{HolderRegistration, IdleHolder};
 pub use resource::BudgetResource;

@@ -3,13 +3,20 @@
 //!
 //! # State
 //!
-//! - The budget's shared handle keeps a list of *holders*: one per live
+//! - The budget's shared handle keeps a list of *holders* (its
+//!   [`BudgetRelief`](crate::resource::BudgetRelief), a type of the
+//!   resource layer, which reports it): one per live
 //!   [`BudgetResource`](super::BudgetResource), a weak reference to the
 //!   part of it that reaches the stack below it (a cache's idle blocks and
 //!   arena pages, a debug guard's quarantine), and one per stack built by
 //!   [`AsyncResource::build`](crate::futures::AsyncResource::build) whose
 //!   layers charge the budget, the whole stack (so that a cache *above*
-//!   the budget is reached too), each with an id to unregister.
+//!   the budget is reached too), each with an id to unregister. A stack
+//!   reports the budgets it charges through
+//!   [`budget_reliefs`](crate::DeviceMemoryResource::budget_reliefs), so a
+//!   stack built by hand and wrapped by
+//!   [`AsyncResource::from_arc`](crate::futures::AsyncResource::from_arc)
+//!   registers too.
 //! - A thread-local flag marks a thread inside a relief.
 //!
 //! # Who changes it
@@ -49,92 +56,17 @@
 //! back only the pages the GPU is known done with, and nothing is reaped
 //! (a queued free is released when its notification reaps it).
 
-use std::cell::Cell;
 use std::sync::Weak;
 
 use super::Budget;
-use crate::sync::{AtomicU64, Mutex, Ordering};
-
-/// A resource under a budget that may hold memory no caller uses.
-pub(crate) trait IdleHolder: Send + Sync {
-    /// Gives idle memory back to the device and releases from the budget
-    /// what left it; returns the bytes released. Never blocks inside a
-    /// poll.
-    fn give_back_idle(&self) -> usize;
-
-    /// The stream pool whose whole stack this holder is (`None` for a
-    /// budget resource, which reaches only the stack below it): a request
-    /// refused on that pool does not ask it, as the stack may be inside
-    /// that very request (and its cache trims itself when it is refused).
-    fn whole_stack_of(&self) -> Option<u64> {
-        None
-    }
-}
-
-/// The holders of one budget.
-pub(super) struct Holders {
-    /// Registered holders, by registration id.
-    list: Mutex<Vec<(u64, Weak<dyn IdleHolder>)>>,
-    next_id: AtomicU64,
-}
-
-impl std::fmt::Debug for Holders {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Holders")
-            .field("count", &self.lock().len())
-            .finish()
-    }
-}
-
-impl Default for Holders {
-    fn default() -> Self {
-        Holders {
-            list: Mutex::new(Vec::new()),
-            next_id: AtomicU64::new(0),
-        }
-    }
-}
-
-impl Holders {
-    fn lock(&self) -> crate::sync::MutexGuard<'_, Vec<(u64, Weak<dyn IdleHolder>)>> {
-        self.list.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-thread_local! {
-    /// Whether this thread is inside a relief.
-    static RELIEVING: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Registered with a budget until dropped.
-#[derive(Debug)]
-pub(crate) struct HolderRegistration {
-    budget: Budget,
-    id: u64,
-}
-
-impl Drop for HolderRegistration {
-    fn drop(&mut self) {
-        self.budget
-            .holders()
-            .lock()
-            .retain(|(id, _)| *id != self.id);
-    }
-}
+use crate::resource::relief::{HolderRegistration, IdleHolder};
 
 impl Budget {
     /// Registers `holder` to be asked for idle memory when a request under
     /// this budget is refused, until the registration is dropped.
     pub(crate) fn register_holder(&self, holder: Weak<dyn IdleHolder>) -> HolderRegistration {
-        let holders = self.holders();
-        let id = holders.next_id.fetch_add(1, Ordering::Relaxed);
-        holders.lock().push((id, holder));
-        HolderRegistration {
-            budget: self.clone(),
-            id,
-        }
+        self.relief().register(holder)
     }
-
     /// Asks every resource charging this budget (each
     /// [`BudgetResource`](super::BudgetResource) of it, on any device) to
     /// give the memory it holds for no caller back to the device: a cache's
@@ -178,26 +110,6 @@ impl Budget {
     /// stream of the pool `refused_on`: whole stacks on that pool are not
     /// asked (the request may be inside one of them).
     pub(crate) fn release_idle_for(&self, refused_on: Option<u64>) -> usize {
-        if RELIEVING.with(Cell::get) {
-            return 0;
-        }
-        // Copied out: no lock is held while the holders make driver calls
-        // (and a holder's drop, which unregisters, may run meanwhile).
-        let live: Vec<_> = self
-            .holders()
-            .lock()
-            .iter()
-            .filter_map(|(_, h)| h.upgrade())
-            .filter(|h| refused_on.is_none() || h.whole_stack_of() != refused_on)
-            .collect();
-        RELIEVING.with(|r| r.set(true));
-        struct Leave;
-        impl Drop for Leave {
-            fn drop(&mut self) {
-                RELIEVING.with(|r| r.set(false));
-            }
-        }
-        let _leave = Leave;
-        live.iter().map(|h| h.give_back_idle()).sum()
+        self.relief().relieve(refused_on)
     }
 }

@@ -5,10 +5,11 @@ use crate::forward_to_inner;
 use std::sync::{Arc, Weak};
 
 use super::Budget;
-use super::relief::{HolderRegistration, IdleHolder};
 use crate::error::ResourceResult;
 use crate::gpu::CaptureId;
+use crate::resource::BudgetRelief;
 use crate::resource::DeviceMemoryResource;
+use crate::resource::relief::{HolderRegistration, IdleHolder};
 use crate::sync::{AtomicUsize, Mutex, Ordering};
 use crate::types::{AllocTag, CompletedUses, DeviceBlock, StreamId};
 
@@ -308,6 +309,15 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> 
         )
     }
 
+    /// The inner resource's, and this budget's.
+    fn budget_reliefs(&self, out: &mut Vec<BudgetRelief>) {
+        self.counted.inner.budget_reliefs(out);
+        let own = self.counted.budget.relief();
+        if !out.contains(own) {
+            out.push(own.clone());
+        }
+    }
+
     fn deallocate(&self, block: DeviceBlock) -> ResourceResult<()> {
         self.counted.inner.deallocate(block)?;
         // A stream-ordered inner still counts the bytes (the free is only
@@ -455,6 +465,7 @@ mod loom_tests {
         fn allocation_limit(&self) -> Option<usize> {
             None
         }
+        fn budget_reliefs(&self, _: &mut Vec<crate::resource::BudgetRelief>) {}
         fn capture_status(&self, _: StreamId) -> ResourceResult<crate::gpu::CaptureStatus> {
             Ok(crate::gpu::CaptureStatus::None)
         }

@@ -54,6 +54,8 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+#![deny(unsafe_code)]
+
 mod address_space;
 mod clock;
 mod device;
@@ -370,6 +372,12 @@ impl SimGpu {
         self.progress
     }
 
+    /// The identity of this simulated context (its host), which its
+    /// stream pools carry: see [`Gpu::context_id`].
+    pub fn context_id(&self) -> u64 {
+        u64::from(self.shared.host)
+    }
+
     /// Creates one stream on this device.
     pub fn create_stream(&self) -> RawStream {
         RawStream::sim(
@@ -394,7 +402,7 @@ impl SimGpu {
     pub fn stream_pool(&self, count: usize) -> Arc<StreamPool> {
         let ordinal = self.ordinal;
         let raw = (0..count).map(|_| self.create_stream()).collect();
-        Arc::new(StreamPool::from_checked(ordinal, raw, Vec::new()))
+        Arc::new(StreamPool::from_checked(ordinal, raw, Vec::new()).in_context(self.context_id()))
     }
 
     /// Queues a kernel on `stream` that touches `accesses`; races are
@@ -926,6 +934,7 @@ impl SimGpu {
 
 // Every call is checked by the simulator: the trait's unsafe methods are the
 // inherent safe ones.
+#[allow(unsafe_code)] // the simulator keeps the seam's contract.
 // SAFETY: the simulated device hands out ranges of its own address space,
 // never pooled with cudarc streams (its pools hold simulated handles), and
 // models stream order, events and host functions as the contract says
@@ -933,6 +942,10 @@ impl SimGpu {
 unsafe impl Gpu for SimGpu {
     fn ordinal(&self) -> u32 {
         self.ordinal
+    }
+
+    fn context_id(&self) -> u64 {
+        self.context_id()
     }
 
     unsafe fn alloc_async(&self, bytes: usize, stream: RawStream) -> GpuResult<u64> {

@@ -1,5 +1,6 @@
-//! The cache's arena leases: allocation and free through the
-//! [virtual-memory tier](super::vmm), and the block-use hooks for them.
+//! [`ArenaTier`]: the cache's arena tier — allocation and free of leases
+//! of the [virtual-memory arena](super::vmm), and the block-use hooks for
+//! them.
 //!
 //! A lease of the arena has no inner block, so the cache tracks its uses
 //! on other streams itself, the way the stream-ordered resource does: one
@@ -9,21 +10,66 @@
 //! noted, and one event on that stream covers them once a use elsewhere
 //! needs to wait (a request served on its buffers' stream records none).
 
-use super::arena::{Placed, round};
-use super::resource::CachingResource;
-use super::shard::{Backing, EndedMapped, Lease, Mapped, Slot, SlotGuard};
-use super::vmm::{StreamSlot, Taken, VmTier};
+// Unsafe here: the uses of arena leases are event records and waits on raw handles of the `Gpu` seam.
+#![allow(unsafe_code)]
+
+use super::placement::{Placed, round};
+use super::vmm::{StreamSlot, Taken, VirtualArena};
+use crate::cache::shard::{Backing, EndedMapped, Lease, Mapped, Shard, Slot, SlotGuard};
+use crate::cache::shards::Shards;
 use crate::error::{ResourceError, ResourceResult};
-use crate::gpu::{CaptureId, GpuError};
-use crate::resource::DeviceMemoryResource;
+use crate::gpu::{CaptureId, Gpu, GpuError};
+use crate::resource::DeviceAccess;
 use crate::resource::block_uses::BlockUses;
+use crate::resource::event_pool::EventPool;
 use crate::types::{Access, AllocTag, BlockId, DeviceBlock, StreamId};
 
-impl<R: DeviceMemoryResource> CachingResource<R> {
-    fn tier(&self) -> &VmTier {
-        self.vm
-            .as_ref()
-            .expect("called only with the virtual-memory tier")
+/// The arena tier of a cache: the [`VirtualArena`] every stream places its
+/// blocks in, and the events that record the uses of its leases on other
+/// streams. The leases themselves live in the cache's [`Shards`], which
+/// each call is given.
+pub(crate) struct ArenaTier {
+    /// The shared arena: reservation, placement, mappings, fences.
+    pub(crate) vm: VirtualArena,
+    /// Events recording uses of arena blocks on other streams.
+    events: EventPool<dyn Gpu>,
+}
+
+impl std::fmt::Debug for ArenaTier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ArenaTier")
+            .field("vm", &self.vm)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ArenaTier {
+    /// The arena tier over `access` for `slots` streams, or `None` when the
+    /// device has no virtual memory management.
+    pub(crate) fn new(
+        slots: usize,
+        access: DeviceAccess,
+        page_multiple: usize,
+        max_mapping_bytes: usize,
+        slack_percent: usize,
+    ) -> Option<Self> {
+        let vm = VirtualArena::new(
+            slots,
+            access,
+            page_multiple,
+            max_mapping_bytes,
+            slack_percent,
+        )?;
+        Some(ArenaTier {
+            events: EventPool::new(vm.access.gpu.clone()),
+            vm,
+        })
+    }
+
+    /// Physical bytes the arena holds.
+    #[inline]
+    pub(crate) fn held(&self) -> usize {
+        self.vm.held()
     }
 
     fn driver(e: GpuError, stream: StreamId) -> ResourceError {
@@ -34,21 +80,22 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
     /// the request (no arena for the stream, or no room in it), and the
     /// caller goes to the inner resource. Inside `capture`, a range its
     /// graph freed is taken first, and the block is the graph's.
-    pub(super) fn allocate_mapped(
+    pub(crate) fn allocate(
         &self,
+        shards: &Shards,
         bytes: usize,
         stream: StreamId,
         tag: AllocTag,
         index: usize,
         capture: Option<CaptureId>,
     ) -> ResourceResult<Option<DeviceBlock>> {
-        let tier = self.tier();
+        let tier = &self.vm;
         // A request larger than an arena can never be placed in one: the
         // inner resource answers it (and the sums below stay in range).
         let Some(len) = round(bytes).filter(|&len| len <= tier.arena_len()) else {
             return Ok(None);
         };
-        let slot = &self.slots[index];
+        let slot = &shards.slots[index];
         let mut shard = slot.lock();
         // Checked before a range is taken, under the lock the lease is
         // made under: the lease cannot be refused.
@@ -89,7 +136,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
             slot.add_arena_live(bytes as isize);
             // Not in a capture: a block the stream kept is one of its own
             // recent frees, which a replay on another stream would race
-            // (see `VmTier::alloc`).
+            // (see `VirtualArena::alloc`).
             let kept = match capture {
                 None => tier.take_kept(arena, len, bytes),
                 Some(_) => None,
@@ -100,7 +147,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
                     shard.stats.hits += 1;
                     kept
                 }
-                None => match self.place_mapped(&mut shard, len, bytes, stream, capture) {
+                None => match self.place(shards, &mut shard, len, bytes, stream, capture) {
                     Ok(Some(taken)) => taken,
                     other => {
                         slot.add_arena_live(-(bytes as isize));
@@ -112,7 +159,8 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         if let Some(c) = capture {
             shard.graph_entry(c).live += 1;
         }
-        Ok(Some(self.lease_mapped(
+        Ok(Some(self.lease(
+            shards,
             &mut shard,
             (placed, ptr),
             (bytes, stream, tag),
@@ -124,27 +172,21 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
     /// locked `shard`, when its stream kept no block of the length, and
     /// counts how: a hit, a miss (memory mapped for it) or a borrow. `None`
     /// when the arena has no room.
-    fn place_mapped(
+    fn place(
         &self,
+        shards: &Shards,
         shard: &mut SlotGuard<'_>,
         len: u64,
         bytes: usize,
         stream: StreamId,
         capture: Option<CaptureId>,
     ) -> ResourceResult<Option<(Placed, u64)>> {
-        let tier = self.tier();
+        let tier = &self.vm;
         let Some(arena) = shard.arena.as_mut() else {
             unreachable!("the caller checked");
         };
         let held = tier.held();
-        // Bytes users hold on every stream (each shard's count, read
-        // without its lock).
-        let live_total = || {
-            self.slots
-                .iter()
-                .map(|s| s.arena_live.load(std::sync::atomic::Ordering::Relaxed))
-                .sum()
-        };
+        let live_total = || shards.arena_live();
         let Some(taken) = tier.alloc(arena, len, bytes, stream, &live_total, capture.is_some())?
         else {
             return Ok(None);
@@ -166,10 +208,11 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
 
     /// Records the lease of the arena range `placed` at `ptr` and returns
     /// the user's block; the caller checked
-    /// [`Shard::room`](super::shard::Shard::room) under the same lock.
+    /// [`Shard::room`](crate::cache::shard::Shard::room) under the same lock.
     #[inline]
-    fn lease_mapped(
+    fn lease(
         &self,
+        shards: &Shards,
         shard: &mut SlotGuard<'_>,
         (placed, ptr): (Placed, u64),
         request: (usize, StreamId, AllocTag),
@@ -190,57 +233,43 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
             cross_used: false,
             capture,
         }) else {
-            unreachable!("allocate_mapped checked for room under this lock");
+            unreachable!("allocate checked for room under this lock");
         };
-        DeviceBlock::new(BlockId::new(self.id, serial), ptr, bytes, stream, tag)
+        DeviceBlock::new(BlockId::new(shards.id, serial), ptr, bytes, stream, tag)
     }
 
-    /// Ends the arena lease `serial` of the locked `shard`: the stream
-    /// waits for the block's uses on other streams, then the range goes
-    /// back to its arena, or to the pool of `owner`, the capture whose
-    /// graph still uses it (`now`: the capture the stream is in). `plain`:
-    /// the caller saw the lease used on its own stream only, so nothing is
-    /// waited for before the lease ends (two lease lookups fewer on the hot
-    /// path).
-    pub(super) fn free_mapped(
+    /// Frees the arena lease `serial` of the locked `shard`, used on
+    /// other streams: the stream waits for the block's uses there, then the
+    /// lease ends ([`Shard::end_arena_lease`]) and its range is
+    /// [released](Self::release) to the arena, or to the pool of `owner`,
+    /// the capture whose graph still uses it (`now`: the capture the
+    /// stream is in). A lease used on its own stream only skips this step:
+    /// the caller ends it at once, with no second lookup.
+    ///
+    /// [`Shard::end_arena_lease`]: crate::cache::shard::Shard::end_arena_lease
+    pub(crate) fn free(
         &self,
-        slot: &Slot,
-        shard: SlotGuard<'_>,
-        serial: u64,
-        (owner, now): (Option<CaptureId>, Option<CaptureId>),
-        plain: bool,
-    ) -> ResourceResult<()> {
-        match plain {
-            true => self.end_mapped_lease(slot, shard, serial, (owner, now)),
-            false => self.free_mapped_waits(slot, shard, serial, (owner, now)),
-        }
-    }
-
-    /// The part of [`free_mapped`](Self::free_mapped) for a lease used on
-    /// other streams: the waits for the uses elsewhere, then the end of the
-    /// lease.
-    fn free_mapped_waits(
-        &self,
+        shards: &Shards,
         slot: &Slot,
         mut shard: SlotGuard<'_>,
         serial: u64,
         (owner, now): (Option<CaptureId>, Option<CaptureId>),
     ) -> ResourceResult<()> {
-        let tier = self.tier();
+        let tier = &self.vm;
         let gpu = &*tier.access.gpu;
         let Some(raw) = shard.arena.as_ref().map(|a| a.raw) else {
             return Err(ResourceError::UnknownBlock {
-                block: BlockId::new(self.id, serial),
+                block: BlockId::new(shards.id, serial),
             });
         };
         let Some(lease) = shard.lease_mut(serial) else {
             return Err(ResourceError::UnknownBlock {
-                block: BlockId::new(self.id, serial),
+                block: BlockId::new(shards.id, serial),
             });
         };
         let stream = lease.stream;
         let Backing::Mapped(m) = &lease.backing else {
-            unreachable!("free_mapped is called for arena leases only");
+            unreachable!("ArenaTier::free is called for arena leases only");
         };
         let uses = m.uses.as_deref();
         let elsewhere = uses.is_some_and(|u| {
@@ -270,33 +299,27 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
                 }
             }
         }
-        self.end_mapped_lease(slot, shard, serial, (owner, now))
-    }
-
-    /// Ends the arena lease `serial` once nothing is left to wait for: the
-    /// range goes back to its arena, or to the pool of `owner`.
-    fn end_mapped_lease(
-        &self,
-        slot: &Slot,
-        mut shard: SlotGuard<'_>,
-        serial: u64,
-        (owner, now): (Option<CaptureId>, Option<CaptureId>),
-    ) -> ResourceResult<()> {
-        let Some(lease) = shard.end_mapped_lease(serial) else {
+        let Some(lease) = shard.end_arena_lease(serial) else {
             return Err(ResourceError::UnknownBlock {
-                block: BlockId::new(self.id, serial),
+                block: BlockId::new(shards.id, serial),
             });
         };
-        self.end_mapped(slot, shard, lease, (owner, now), false)
+        self.release(shards, slot, shard, lease, (owner, now), false)
     }
 
-    /// Ends the arena lease `lease`, taken out of the locked `shard`: the
-    /// range goes back to its arena, or to the pool of `owner`.
+    /// Releases the range of the arena lease `lease`, ended (taken out of
+    /// the locked `shard`): its use events go back to the pool
+    /// ([`return_events`](Self::return_events)), then the range goes to
+    /// the pool of `owner` ([`keep_for_graph`](Self::keep_for_graph)), or
+    /// back to the arena ([`VirtualArena::free`], or
+    /// [`VirtualArena::free_completed`] when `completed`), within the cap
+    /// ([`hold_to_cap`](Self::hold_to_cap)).
     // Always: the free's hot path, a few instructions once the rare
     // parts are out of line; a call would pass the ended lease in memory.
     #[inline(always)]
-    pub(super) fn end_mapped(
+    pub(crate) fn release(
         &self,
+        shards: &Shards,
         slot: &Slot,
         mut shard: SlotGuard<'_>,
         mut lease: EndedMapped,
@@ -304,13 +327,13 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         completed: bool,
     ) -> ResourceResult<()> {
         if let Some(uses) = lease.uses.take() {
-            self.give_events(uses);
+            self.return_events(uses);
         }
         if let Some(c) = owner {
-            self.end_mapped_in_graph(slot, &mut shard, lease, c, now);
+            self.keep_for_graph(slot, &mut shard, lease, c, now);
             return Ok(());
         }
-        let tier = self.tier();
+        let tier = &self.vm;
         let Some(arena) = shard.arena.as_mut() else {
             unreachable!("an arena lease's arena lives as long as the cache");
         };
@@ -319,8 +342,9 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
             false => tier.free(arena, lease.placed),
         }
         slot.add_arena_live(-(lease.size as isize));
-        if self.config.max_cached_bytes != usize::MAX {
-            self.hold_to_cap(arena);
+        let cap = shards.config.max_cached_bytes;
+        if cap != usize::MAX {
+            self.hold_to_cap(arena, cap);
         }
         Ok(())
     }
@@ -328,17 +352,16 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
     /// The events of an ended lease's uses go back to the pool, and the
     /// uses are dropped (here: out of the free's hot path).
     #[allow(clippy::boxed_local, reason = "dropped here, out of line")]
-    fn give_events(&self, mut uses: Box<BlockUses>) {
-        if uses.event_count() > 0
-            && let Some(events) = &self.events
-        {
-            events.give(uses.take_all().into_iter().map(|(_, e)| e));
+    fn return_events(&self, mut uses: Box<BlockUses>) {
+        if uses.event_count() > 0 {
+            self.events
+                .give(uses.take_all().into_iter().map(|(_, e)| e));
         }
     }
 
-    /// The part of [`end_mapped`](Self::end_mapped) for a range the graph
-    /// of `owner` still uses: it goes to the graph's pool.
-    fn end_mapped_in_graph(
+    /// The part of [`release`](Self::release) for a range the graph of
+    /// `owner` still uses: it goes to the graph's pool.
+    fn keep_for_graph(
         &self,
         slot: &Slot,
         shard: &mut SlotGuard<'_>,
@@ -346,7 +369,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         owner: CaptureId,
         now: Option<CaptureId>,
     ) {
-        let tier = self.tier();
+        let tier = &self.vm;
         let Some(arena) = shard.arena.as_ref() else {
             unreachable!("an arena lease's arena lives as long as the cache");
         };
@@ -369,10 +392,10 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
     /// Under a cap, a freed block counts as idle at once: the stream's
     /// kept blocks go back to the arena, and idle mappings past the cap
     /// are given back.
-    fn hold_to_cap(&self, arena: &mut StreamSlot) {
-        let tier = self.tier();
-        tier.flush_kept(arena);
-        if tier.idle_bytes() > self.config.max_cached_bytes {
+    fn hold_to_cap(&self, arena: &mut StreamSlot, cap: usize) {
+        let tier = &self.vm;
+        tier.release_kept(arena);
+        if tier.idle_bytes() > cap {
             tier.trim_idle();
         }
     }
@@ -383,7 +406,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
     /// puts it before the free and every later use on `home`, and the first
     /// use on another stream records one event on `home` that covers it
     /// ([`flush_home_uses`](Self::flush_home_uses)).
-    pub(super) fn record_mapped_use(
+    pub(crate) fn record_use(
         &self,
         m: &mut Mapped,
         home: StreamId,
@@ -401,7 +424,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
     }
 
     /// The uses on the lease's stream noted by
-    /// [`record_mapped_use`](Self::record_mapped_use) get their event on
+    /// [`record_use`](Self::record_use) get their event on
     /// `home` now (recorded at the stream's current end, it covers them),
     /// so that a use on another stream can wait on it. Nothing when none is
     /// noted.
@@ -422,10 +445,10 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         use_stream: StreamId,
         access: Access,
     ) -> ResourceResult<()> {
-        let tier = self.tier();
+        let tier = &self.vm;
         let gpu = &*tier.access.gpu;
         let raw_use = tier.access.streams.raw(use_stream)?;
-        let events = self.events.as_ref().expect("made with the tier");
+        let events = &self.events;
         let uses = m.uses_mut();
         let (event, fresh) = match uses.slot(use_stream, access) {
             Some(e) => (e, false),
@@ -448,21 +471,53 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         Ok(())
     }
 
+    /// The stream of the last replay of `capture`'s graph, which writes
+    /// the ranges the capture handed out (see [`prepare_use`](Self::prepare_use)):
+    /// where the graph's release waits in `shard` for the stream to leave a
+    /// capture, the stream it is ordered after; else, while the graph
+    /// lives, the stream of its last launch, from the ledger of the
+    /// device's pool (`None` before the first).
+    pub(crate) fn last_replay(&self, shard: &Shard, capture: CaptureId) -> Option<StreamId> {
+        let released = shard
+            .graphs
+            .iter()
+            .find(|g| g.capture == capture)
+            .and_then(|g| g.released);
+        released.or_else(|| {
+            self.vm
+                .access
+                .streams
+                .kept_graph_memory()
+                .lock()
+                .last_launch(capture)
+        })
+    }
+
     /// Queues the waits `use_stream` needs before `access` to an arena
-    /// block leased on `home`: on the allocation (recorded on `home` at the
-    /// first use elsewhere), on the last write, and for a write on the
-    /// reads of other streams.
-    pub(super) fn prepare_mapped_use(
+    /// block leased on `home`: after the last replay of the graph whose
+    /// capture handed it out (`replay`, while the graph holds it), on the
+    /// allocation (recorded on `home` at the first use elsewhere), on the
+    /// last write, and for a write on the reads of other streams.
+    ///
+    /// A replay writes the range without the hooks (the graph queues the
+    /// write), so its stream is followed at every use elsewhere, as the
+    /// stream-ordered resource does for the graph memory it keeps; once
+    /// the graph is released, the lease's last write covers the replays
+    /// ([`settle_replays`](Self::settle_replays)).
+    pub(crate) fn prepare_use(
         &self,
         m: &mut Mapped,
         home: StreamId,
-        use_stream: StreamId,
-        access: Access,
+        (use_stream, access): (StreamId, Access),
+        replay: Option<StreamId>,
     ) -> ResourceResult<()> {
-        let tier = self.tier();
+        if let Some(last) = replay.filter(|&l| l != use_stream) {
+            self.follow(last, use_stream)?;
+        }
+        let tier = &self.vm;
         let gpu = &*tier.access.gpu;
         let raw_use = tier.access.streams.raw(use_stream)?;
-        let events = self.events.as_ref().expect("made with the tier");
+        let events = &self.events;
         let waits = |m: &Mapped| {
             m.uses
                 .as_ref()
@@ -520,55 +575,105 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         }
     }
 
+    /// At the release of the graph whose capture handed out the arena lease
+    /// `m` (leased on `home`, which the release has ordered after the last
+    /// replay): `home` waits for the uses recorded on other streams, and
+    /// its current end becomes the lease's last write, so that a later use
+    /// on any stream follows the replays and every use before them (the
+    /// lease stops asking where the graph's replays ran).
+    pub(crate) fn settle_replays(&self, m: &mut Mapped, home: StreamId) -> ResourceResult<()> {
+        let tier = &self.vm;
+        let gpu = &*tier.access.gpu;
+        let raw_home = tier.access.streams.raw(home)?;
+        if let Some(uses) = &m.uses {
+            let failed = uses
+                .waits_for(home, Access::Write)
+                // SAFETY: the lease's use events, pooled and made on `gpu`;
+                // `raw_home` a stream of the tier's device pool.
+                .find_map(|event| unsafe { gpu.stream_wait_event(raw_home, event) }.err());
+            if let Some(e) = failed {
+                return Err(Self::driver(e, home));
+            }
+        }
+        self.record_event_use(m, home, Access::Write)?;
+        m.home_unrecorded = None;
+        Ok(())
+    }
+
+    /// Makes `use_stream` wait for the work queued so far on `last` (one
+    /// event, recorded there and given back once the wait is queued);
+    /// refused, nothing queued, while `use_stream` captures (a wait on an
+    /// event recorded outside its capture would invalidate it).
+    fn follow(&self, last: StreamId, use_stream: StreamId) -> ResourceResult<()> {
+        let tier = &self.vm;
+        let gpu = &*tier.access.gpu;
+        let raw_use = tier.access.streams.raw(use_stream)?;
+        let raw_last = tier.access.streams.raw(last)?;
+        // SAFETY: `raw_use` is a stream of the tier's device pool, which
+        // the tier holds.
+        let status =
+            unsafe { gpu.capture_status(raw_use) }.map_err(|e| Self::driver(e, use_stream))?;
+        if status.is_capturing() {
+            return Err(ResourceError::StreamCapturing {
+                stream: use_stream,
+                capture: status.id(),
+            });
+        }
+        let event = self.events.take().map_err(|e| Self::driver(e, last))?;
+        // SAFETY: a pooled event of the tier, made on `gpu`; `raw_last` and
+        // `raw_use` are streams of the tier's device pool, which the tier
+        // holds. Giving the event back after the wait is queued is fine: a
+        // wait keeps the record it saw.
+        let ordered = unsafe { gpu.event_record(event, raw_last) }
+            .and_then(|()| unsafe { gpu.stream_wait_event(raw_use, event) });
+        self.events.give([event]);
+        ordered.map_err(|e| Self::driver(e, use_stream))
+    }
+
     /// An estimate of the new memory an arena allocation of `bytes` on slot
     /// `index` maps: nothing when the idle mappings could hold it, else the
     /// pages it spans. `None` for a size no arena range can hold (its
-    /// rounding overflows): [`allocate_mapped`](Self::allocate_mapped)
-    /// passes such a request to the inner resource, whose cost it is.
-    pub(super) fn mapped_cost(&self, tier: &VmTier, bytes: usize, index: usize) -> Option<usize> {
+    /// rounding overflows): [`allocate`](Self::allocate) passes such a
+    /// request to the inner resource, whose cost it is.
+    pub(crate) fn cost(&self, shards: &Shards, bytes: usize, index: usize) -> Option<usize> {
+        let tier = &self.vm;
         // Checked: near `usize::MAX` the page rounding wraps (to a cost of
         // 0 in release, which a budget above would have admitted).
         round(bytes)?;
         let pages = bytes.checked_next_multiple_of(tier.page())?;
-        let mut shard = self.slots[index].lock();
+        let mut shard = shards.slots[index].lock();
         if let Some(arena) = shard.arena.as_mut() {
-            tier.flush_kept(arena);
+            tier.release_kept(arena);
         }
         drop(shard);
         Some(if tier.idle_bytes() >= pages { 0 } else { pages })
     }
 
-    /// Gives each stream's kept blocks back to the arena; returns the
-    /// leases users hold.
-    fn give_back_kept(&self, tier: &VmTier) -> usize {
+    /// Releases each stream's kept blocks to the arena; returns the leases
+    /// users hold.
+    fn release_all_kept(&self, shards: &Shards) -> usize {
         let mut leased = 0;
-        for slot in self.slots.iter() {
+        for slot in shards.slots.iter() {
             let mut shard = slot.lock();
             leased += shard.lease_count();
             if let Some(arena) = shard.arena.as_mut() {
-                tier.flush_kept(arena);
+                self.vm.release_kept(arena);
             }
         }
         leased
     }
 
     /// Bytes of idle mappings in the arena.
-    pub(super) fn idle_mapped_bytes(&self) -> usize {
-        let Some(tier) = &self.vm else {
-            return 0;
-        };
-        self.give_back_kept(tier);
-        tier.idle_bytes()
+    pub(crate) fn idle_bytes(&self, shards: &Shards) -> usize {
+        self.release_all_kept(shards);
+        self.vm.idle_bytes()
     }
 
     /// Closes the arena (waiting for the GPU): what no lease holds goes
     /// back to the device.
-    pub(super) fn close_mapped(&mut self) {
-        let Some(tier) = &self.vm else {
-            return;
-        };
-        let leased = self.give_back_kept(tier);
-        if !tier.close() && leased == 0 {
+    pub(crate) fn close(&self, shards: &Shards) {
+        let leased = self.release_all_kept(shards);
+        if !self.vm.close() && leased == 0 {
             tracing::warn!("the arena could not be given back");
         }
     }
@@ -577,11 +682,32 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
     /// GPU first when `wait` (fences are recorded for the others, so that a
     /// later call finds them done); returns the bytes given back. For a
     /// trim, and when the inner resource is out of memory.
-    pub(super) fn reclaim_mapped(&self, wait: bool) -> usize {
-        let Some(tier) = &self.vm else {
-            return 0;
-        };
-        self.give_back_kept(tier);
-        tier.reclaim_all(wait)
+    pub(crate) fn reclaim(&self, shards: &Shards, wait: bool) -> usize {
+        self.release_all_kept(shards);
+        self.vm.reclaim_all(wait)
+    }
+
+    /// Makes the stream of `arena` wait for `after`'s current end (one
+    /// event, recorded on `after`): a range is reused only in that
+    /// stream's order, or elsewhere behind a fence on it, so this orders
+    /// every later reuse of what the stream frees now after `after`'s
+    /// work.
+    pub(crate) fn order_after(
+        &self,
+        arena: &StreamSlot,
+        stream: StreamId,
+        after: StreamId,
+    ) -> ResourceResult<()> {
+        let gpu = &*self.vm.access.gpu;
+        let raw_after = self.vm.access.streams.raw(after)?;
+        let event = self.events.take().map_err(|e| e.for_request(0, after))?;
+        // SAFETY: a pooled event of the tier, made on `gpu`; `raw_after`
+        // and the arena's stream are streams of the tier's device pool,
+        // which the tier holds. Giving the event back after the wait is
+        // queued is fine: a wait keeps the record it saw.
+        let ordered = unsafe { gpu.event_record(event, raw_after) }
+            .and_then(|()| unsafe { gpu.stream_wait_event(arena.raw, event) });
+        self.events.give([event]);
+        ordered.map_err(|e| e.for_request(0, stream))
     }
 }

@@ -1,6 +1,6 @@
-//! The cache under CUDA graph capture: which capture a call serves, and
-//! the release of a graph's memory (see [`GraphPool`](super::graph_pool)
-//! for the rules).
+//! [`Graphs`]: the cache under CUDA graph capture — which capture a call
+//! serves, and the release of a graph's memory (see
+//! [`GraphPool`](super::pool) for the rules).
 //!
 //! Every allocation and free the cache serves itself asks the stack below
 //! whether the stream is capturing
@@ -12,28 +12,42 @@
 
 use std::sync::atomic::Ordering;
 
-use super::resource::CachingResource;
-use super::shard::{Backing, SlotGuard};
+use crate::cache::arena::tier::ArenaTier;
+use crate::cache::shard::{Backing, SlotGuard};
+use crate::cache::shards::Shards;
+use crate::cache::size_class::tier::{SizeClassTier, release_to_inner};
 use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::CaptureId;
 use crate::resource::DeviceMemoryResource;
 use crate::types::{Access, StreamId};
 
-impl<R: DeviceMemoryResource> CachingResource<R> {
+/// The graph-memory duties of a cache, over its parts: the shards (where
+/// each stream's graph pools live), the inner resource, and both tiers
+/// (a released pool's memory goes back to the tier it came from).
+#[derive(Debug)]
+pub(crate) struct Graphs<'a, R> {
+    pub(crate) shards: &'a Shards,
+    pub(crate) inner: &'a R,
+    pub(crate) arena: Option<&'a ArenaTier>,
+    pub(crate) classes: &'a SizeClassTier,
+}
+
+impl<R: DeviceMemoryResource> Graphs<'_, R> {
     /// The capture `stream` (of slot `index`) is in, if any. An invalidated
     /// capture counts as none: its graph never replays. When the stream is
     /// not capturing, finishes the releases that waited for that.
-    pub(super) fn capture_on(
+    pub(crate) fn capture_on(
         &self,
         stream: StreamId,
         index: usize,
     ) -> ResourceResult<Option<CaptureId>> {
-        if !self.config.capture_aware {
+        let slots = &self.shards.slots;
+        if !self.shards.config.capture_aware {
             return Ok(None);
         }
         let capture = self.inner.capture_status(stream)?.id();
-        if capture.is_none() && self.slots[index].deferred.load(Ordering::Relaxed) {
-            let mut shard = self.slots[index].lock();
+        if capture.is_none() && slots[index].deferred.load(Ordering::Relaxed) {
+            let mut shard = slots[index].lock();
             // Best effort: a failure keeps the pool for a later call, and
             // this call goes on.
             if let Err(e) = self.finish_deferred(index, &mut shard) {
@@ -43,29 +57,15 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         Ok(capture)
     }
 
-    /// Bytes the graphs of live captures hold in the cache: ranges and
-    /// blocks freed in (or after) their capture, kept for their replays.
-    /// They count in
-    /// [`bytes_outstanding`](DeviceMemoryResource::bytes_outstanding) and
-    /// in neither [`cached_bytes`](Self::cached_bytes) nor
-    /// [`leased_bytes`](Self::leased_bytes); blocks a capture handed out
-    /// that users still hold are leased.
-    pub fn graph_bytes(&self) -> usize {
-        self.slots
-            .iter()
-            .map(|s| s.lock().graphs.iter().map(|g| g.bytes).sum::<usize>())
-            .sum()
-    }
-
     /// [`release_capture`](DeviceMemoryResource::release_capture) for the
     /// cache's own pools: marks `capture`'s pool released on every shard
     /// and returns what it can now; the inner resource is told after.
-    pub(super) fn release_capture_pools(
+    pub(crate) fn release_capture_pools(
         &self,
         capture: CaptureId,
         after: StreamId,
     ) -> ResourceResult<()> {
-        ResourceError::check_device(self.device_ordinal(), after.device())?;
+        ResourceError::check_device(self.shards.device, after.device())?;
         let status = self.inner.capture_status(after)?;
         if status.is_capturing() {
             return Err(ResourceError::StreamCapturing {
@@ -74,7 +74,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
             });
         }
         let mut first_err = None;
-        for (index, slot) in self.slots.iter().enumerate() {
+        for (index, slot) in self.shards.slots.iter().enumerate() {
             let mut shard = slot.lock();
             let Some(pool) = shard.graph_mut(capture) else {
                 continue;
@@ -95,7 +95,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
     /// Returns every released pool of slot `index` to general use, unless
     /// its stream (or the stream a pool's replays are ordered on) is
     /// capturing now.
-    pub(super) fn finish_deferred(
+    pub(crate) fn finish_deferred(
         &self,
         index: usize,
         shard: &mut SlotGuard<'_>,
@@ -121,7 +121,9 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
             }
         }
         let waiting = shard.graphs.iter().any(|g| g.released.is_some());
-        self.slots[index].deferred.store(waiting, Ordering::Relaxed);
+        self.shards.slots[index]
+            .deferred
+            .store(waiting, Ordering::Relaxed);
         result
     }
 
@@ -143,6 +145,18 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         if stream != after {
             self.order_after(shard, capture, after)?;
         }
+        if let Some(arena) = self.arena {
+            // Now after the last replay (by the wait above, or as its
+            // stream): the arena leases the capture handed out get their
+            // last write here.
+            for lease in shard.leases_mut() {
+                if lease.capture == Some(capture)
+                    && let Backing::Mapped(m) = &mut lease.backing
+                {
+                    arena.settle_replays(m, lease.stream)?;
+                }
+            }
+        }
         let Some(pool) = shard.remove_graph(capture) else {
             return Ok(());
         };
@@ -152,8 +166,9 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
             }
         }
         if !pool.ranges.is_empty()
-            && let (Some(tier), Some(arena)) = (&self.vm, shard.arena.as_mut())
+            && let (Some(tier), Some(arena)) = (self.arena, shard.arena.as_mut())
         {
+            let tier = &tier.vm;
             let mut bytes = 0;
             for (placed, noted) in pool.ranges {
                 bytes += placed.len as usize;
@@ -161,15 +176,15 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
                     // Freed here, after the wait for the last replay.
                     tier.note_free(arena, placed);
                 }
-                tier.return_range(arena, placed);
+                tier.release_range(arena, placed);
             }
-            let index = (stream.index() as usize).min(self.config.streams);
-            self.slots[index].add_arena_live(-(bytes as isize));
+            let index = self.shards.slot_index(stream.index());
+            self.shards.slots[index].add_arena_live(-(bytes as isize));
         }
         for (class, block) in pool.blocks {
-            if self.reserve(shard, block.size()) {
+            if self.classes.reserve(self.shards, shard, block.size()) {
                 shard.push(class, block);
-            } else if let Err(e) = self.release_to_inner(&block, stream) {
+            } else if let Err(e) = release_to_inner(self.inner, &block, stream) {
                 // Kept cached past the cap rather than lost, as a failed
                 // trim does.
                 tracing::debug!(error = %e, %stream, "evicting a graph's block failed; cached");
@@ -195,18 +210,8 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         after: StreamId,
     ) -> ResourceResult<()> {
         let stream = shard.stream;
-        if let (Some(tier), Some(events), Some(arena)) = (&self.vm, &self.events, &shard.arena) {
-            let gpu = &*tier.access.gpu;
-            let raw_after = tier.access.streams.raw(after)?;
-            let event = events.take().map_err(|e| e.for_request(0, after))?;
-            // SAFETY: a pooled event of the tier, made on `gpu`; `raw_after`
-            // and the arena's stream are streams of the tier's device pool,
-            // which the tier holds. Giving the event back after the wait is
-            // queued is fine: a wait keeps the record it saw.
-            let ordered = unsafe { gpu.event_record(event, raw_after) }
-                .and_then(|()| unsafe { gpu.stream_wait_event(arena.raw, event) });
-            events.give([event]);
-            ordered.map_err(|e| e.for_request(0, stream))?;
+        if let (Some(tier), Some(arena)) = (self.arena, &shard.arena) {
+            tier.order_after(arena, stream, after)?;
         }
         let Some(pool) = shard.graph_mut(capture) else {
             return Ok(());

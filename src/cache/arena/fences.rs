@@ -27,6 +27,9 @@
 //!
 //! [`poll`]: Fences::poll
 
+// Unsafe here: fences are event records and queries on raw handles of the `Gpu` seam.
+#![allow(unsafe_code)]
+
 use std::collections::VecDeque;
 
 use crate::gpu::{Gpu, GpuResult, RawEvent, RawStream};

@@ -1,6 +1,7 @@
-//! The virtual-memory tier of the cache: one reserved address range that
-//! every stream places its blocks in, backed by physical memory mapped
-//! where a live block needs it, and given back to the device when idle.
+//! [`VirtualArena`]: the virtual-memory arena under the cache's arena tier:
+//! one reserved address range that every stream places its blocks in,
+//! backed by physical memory mapped where a live block needs it, and
+//! given back to the device when idle.
 //!
 //! # State
 //!
@@ -58,7 +59,7 @@
 //!   whose stream order now includes that wait. A capturing stream never
 //!   waits (a wait on an outside event would invalidate the capture): it
 //!   uses only ranges the GPU is known done with and pages with no memory
-//!   behind them (and its graph's own temporaries, see `graph_pool.rs`).
+//!   behind them (and its graph's own temporaries, see `graph/pool.rs`).
 //!   Not its own recent frees: its replays may run on another stream,
 //!   which stream order does not put after them.
 //! - A mapping is unmapped only once fences past the last free of every
@@ -102,14 +103,17 @@
 //! for it before the failure stays as idle mappings (given back by the
 //! next trim, or when memory is short).
 
+// Unsafe here: the arena maps, unmaps and releases physical memory at raw addresses, and waits on fences.
+#![allow(unsafe_code)]
+
 use crate::sync::{Mutex, MutexGuard};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use super::arena::{Arena, Placed};
 use super::fences::Fences;
 use super::freed::Freed;
 use super::kept::{KeptBlocks, KeptNodes};
 use super::pages::{Handle, PageTable};
+use super::placement::{Arena, Placed};
 use crate::error::ResourceResult;
 use crate::gpu::{Gpu, GpuError, RawStream};
 use crate::resource::DeviceAccess;
@@ -125,7 +129,7 @@ pub(crate) struct StreamSlot {
     /// The blocks freed last, not yet given back to the arena: an
     /// allocation of a size one of them has takes it as it is (no
     /// placement, no shared lock). Each is this stream's only while the
-    /// slot's entry of [`VmTier::kept`] still names it: a growth of any
+    /// slot's entry of [`VirtualArena::kept`] still names it: a growth of any
     /// stream may take it (see [`kept`](super::kept)).
     kept: KeptBlocks,
 }
@@ -198,7 +202,7 @@ impl SharedArena {
     /// The range goes back to the arena tagged `freed`; pages it leaves
     /// untouched go idle with that tag ([`Freed::CLEAN`]: no queued work
     /// touches it, free to unmap at once).
-    fn give_tagged(&mut self, placed: Placed, freed: Freed) {
+    fn release_tagged(&mut self, placed: Placed, freed: Freed) {
         let SharedArena {
             arena,
             pages,
@@ -211,18 +215,18 @@ impl SharedArena {
 
     /// The range goes back to the arena tagged with a new free of `slot`;
     /// pages it leaves untouched go idle.
-    fn give(&mut self, slot: usize, placed: Placed) {
+    fn release(&mut self, slot: usize, placed: Placed) {
         let Some(Some(s)) = self.streams.get_mut(slot) else {
             unreachable!("a stream places in the arena only once it opened it");
         };
         let freed = Freed::by(slot, s.fences.next_stamp());
-        self.give_tagged(placed, freed);
+        self.release_tagged(placed, freed);
     }
 }
 
 /// What the tier shares between streams.
 #[derive(Debug)]
-pub(crate) struct VmTier {
+pub(crate) struct VirtualArena {
     pub(crate) access: DeviceAccess,
     page: u64,
     arena_len: u64,
@@ -247,7 +251,7 @@ pub(crate) struct VmTier {
     kept: Box<[KeptNodes]>,
 }
 
-/// Where [`VmTier::alloc`] placed a block.
+/// Where [`VirtualArena::alloc`] placed a block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Taken {
     pub(crate) placed: Placed,
@@ -257,7 +261,7 @@ pub(crate) struct Taken {
     pub(crate) borrowed: bool,
 }
 
-impl VmTier {
+impl VirtualArena {
     /// A tier over `access` for `slots` streams (slots `0..slots`), or
     /// `None` when the device has no virtual memory management.
     pub(crate) fn new(
@@ -281,7 +285,7 @@ impl VmTier {
             Ok(event) => unsafe { access.gpu.event_destroy(event) }.is_ok(),
             Err(_) => false,
         };
-        Some(VmTier {
+        Some(VirtualArena {
             access,
             page,
             arena_len,
@@ -408,7 +412,7 @@ impl VmTier {
         if !ss.kept.keeps() {
             // The stream's sizes stopped repeating: what it keeps goes
             // back, for this block and the next to be placed around less.
-            self.give_kept(&mut st, ss);
+            self.release_kept_locked(&mut st, ss);
         }
         let Some((placed, borrowed)) = self.place(&mut st, ss, len, capturing) else {
             return Ok(None);
@@ -494,7 +498,7 @@ impl VmTier {
         // may serve as it is.
         let now = match any {
             true => Self::backed_now(st, own, len).or_else(|| {
-                (self.give_kept(st, ss) > 0)
+                (self.release_kept_locked(st, ss) > 0)
                     .then(|| Self::backed_now(st, own, len))
                     .flatten()
             }),
@@ -557,7 +561,7 @@ impl VmTier {
         for (i, kept) in self.kept.iter().enumerate() {
             for node in kept.take_all() {
                 let placed = st.arena.placed(node);
-                st.give(i, placed);
+                st.release(i, placed);
                 flushed = true;
             }
         }
@@ -681,7 +685,7 @@ impl VmTier {
     pub(crate) fn free(&self, ss: &mut StreamSlot, placed: Placed) {
         self.gpu().note_subfree(self.ptr(placed), ss.raw);
         if let Some(pushed) = ss.kept.keep(placed, &self.kept[ss.slot]) {
-            self.give_range(ss.slot, pushed);
+            self.release_range(ss, pushed);
         }
     }
 
@@ -699,16 +703,18 @@ impl VmTier {
         self.gpu().note_subfree_completed(self.ptr(placed), ss.raw);
         match ss.kept.keep(placed, &self.kept[ss.slot]) {
             None => {}
-            Some(given) if given == placed => self.lock().give_tagged(placed, Freed::CLEAN),
+            Some(given) if given == placed => self.lock().release_tagged(placed, Freed::CLEAN),
             // An older block pushed out: freed when it was, as any free.
-            Some(pushed) => self.give_range(ss.slot, pushed),
+            Some(pushed) => self.release_range(ss, pushed),
         }
     }
 
-    /// Gives `placed` back to the arena, freed at the current end of the
-    /// stream of `slot` (out of line: most frees keep their block).
-    fn give_range(&self, slot: usize, placed: Placed) {
-        self.lock().give(slot, placed);
+    /// Releases `placed` to the arena, freed at the current end of the
+    /// slot's stream (out of line: most frees keep their block); also a
+    /// range a graph's pool kept, once the graph is gone (its free was
+    /// noted already).
+    pub(crate) fn release_range(&self, ss: &StreamSlot, placed: Placed) {
+        self.lock().release(ss.slot, placed);
     }
 
     /// Tells a checking backend that the range at `placed`, taken out of a
@@ -726,26 +732,20 @@ impl VmTier {
         self.gpu().note_subfree(self.ptr(placed), ss.raw);
     }
 
-    /// Gives back to the arena a range a graph's pool kept (its free was
-    /// noted already), as freed at the current end of the slot's stream.
-    pub(crate) fn return_range(&self, ss: &StreamSlot, placed: Placed) {
-        self.give_range(ss.slot, placed);
-    }
-
     /// Gives the stream's kept blocks back to the arena (under its lock,
     /// `st`); returns how many.
-    fn give_kept(&self, st: &mut SharedArena, ss: &mut StreamSlot) -> usize {
+    fn release_kept_locked(&self, st: &mut SharedArena, ss: &mut StreamSlot) -> usize {
         let mut given = 0;
         for placed in ss.kept.drain(&self.kept[ss.slot]) {
-            st.give(ss.slot, placed);
+            st.release(ss.slot, placed);
             given += 1;
         }
         given
     }
 
     /// Gives the stream's kept blocks back to the arena.
-    pub(crate) fn flush_kept(&self, ss: &mut StreamSlot) {
-        self.give_kept(&mut self.lock(), ss);
+    pub(crate) fn release_kept(&self, ss: &mut StreamSlot) {
+        self.release_kept_locked(&mut self.lock(), ss);
     }
 
     /// Bytes of idle mappings.

@@ -57,7 +57,7 @@
 
 use crate::sync::{AtomicU32, Ordering};
 
-use super::arena::Placed;
+use super::placement::Placed;
 
 /// Blocks kept per stream.
 pub(crate) const KEPT: usize = 8;
@@ -351,8 +351,8 @@ impl KeptBlocks {
 mod loom_tests {
     use std::sync::Arc;
 
-    use crate::cache::arena::Placed;
-    use crate::cache::kept::{KeptBlocks, KeptNodes};
+    use crate::cache::arena::kept::{KeptBlocks, KeptNodes};
+    use crate::cache::arena::placement::Placed;
 
     fn block(node: u32) -> Placed {
         Placed {

@@ -36,14 +36,14 @@
 //!
 //! Pool memory is neither idle nor leased: its pages stay touched (the
 //! arena never unmaps them, a trim never sees them), and it counts in the
-//! cache's [`graph_bytes`](super::CachingResource::graph_bytes).
+//! cache's [`graph_bytes`](crate::cache::CachingResource::graph_bytes).
 //!
 //! # Who changes it
 //!
 //! The stream's shard, under its lock, like everything of the stream.
 
-use super::arena::Placed;
-use super::size_class::SizeClass;
+use crate::cache::arena::placement::Placed;
+use crate::cache::size_class::SizeClass;
 use crate::gpu::CaptureId;
 use crate::types::{DeviceBlock, StreamId};
 
