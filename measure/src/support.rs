@@ -163,6 +163,9 @@ impl<G: Gpu> Drop for Bench<G> {
 pub struct NullGpu {
     events: Option<Arc<SimGpu>>,
     next_reservation: std::sync::atomic::AtomicU64,
+    /// The context of the pool it is paired with (a simulator's), so that
+    /// `Device::new` takes the pair.
+    context: u64,
 }
 
 impl NullGpu {
@@ -183,7 +186,7 @@ unsafe impl Gpu for NullGpu {
         0
     }
     fn context_id(&self) -> u64 {
-        0
+        self.context
     }
     unsafe fn alloc_async(&self, bytes: usize, _: RawStream) -> GpuResult<u64> {
         Ok(if bytes == 0 { 0 } else { 1 << 40 })
@@ -279,7 +282,11 @@ pub fn null() -> Bench<NullGpu> {
         .manual()
         .build()
         .stream_pool(THREADS[THREADS.len() - 1]);
-    Bench::new("null", Arc::new(NullGpu::default()), pool)
+    let gpu = NullGpu {
+        context: pool.context_id().unwrap_or(0),
+        ..NullGpu::default()
+    };
+    Bench::new("null", Arc::new(gpu), pool)
 }
 
 /// The simulated device (threaded progress, as a GPU would run).
