@@ -70,11 +70,17 @@ proptest! {
                 Op::Alloc { size, stream } => {
                     // A refusal first asks the stack for its idle memory:
                     // the guard gives its quarantine back, and (off a poll)
-                    // what was given back is reaped, with every free
-                    // pending before it.
+                    // when that gave bytes back they are reaped, with every
+                    // free pending before them. A quarantine of 0-byte
+                    // blocks gives nothing back: its frees are queued and
+                    // nothing is reaped (the budget's relief reaps only
+                    // after bytes came back, so that a refusal with nothing
+                    // idle never blocks on the GPU).
                     if m.held_bytes() + size > LIMIT && !m.quarantine.is_empty() {
-                        m.quarantine.clear();
-                        m.pending = 0;
+                        let given: usize = m.quarantine.drain(..).sum();
+                        if given > 0 {
+                            m.pending = 0;
+                        }
                     }
                     match r.allocate(size, f.stream(stream), AllocTag("p")) {
                         Ok(b) => {
