@@ -432,6 +432,22 @@ pub enum ResourceError {
     /// memory. Nothing was queued.
     #[error("the host buffer belongs to a pool of another backend than the copy's resource")]
     ForeignHostBuffer,
+    /// A block of a tag the cache put to sleep
+    /// ([`CachingResource::sleep`](crate::cache::CachingResource::sleep))
+    /// was used before [`wake`](crate::cache::CachingResource::wake): its
+    /// memory may have no physical pages behind it. Nothing was queued.
+    #[error("block {block} is asleep: wake the cache before using it")]
+    BlockAsleep {
+        /// The block.
+        block: BlockId,
+    },
+    /// A sleep or wake the cache cannot make, for `reason`; nothing
+    /// changed.
+    #[error("sleep refused: {reason}")]
+    SleepRefused {
+        /// Why.
+        reason: &'static str,
+    },
     /// A CUDA stream that no stream pool of this device registers was used
     /// with a buffer, so its uses could not be ordered.
     #[error("a stream of device {device} that its stream pool does not register")]

@@ -26,7 +26,7 @@ use super::stats::CacheStats;
 use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::CaptureId;
 use crate::resource::block_uses::BlockUses;
-use crate::types::{Access, BlockId, DeviceBlock, StreamId};
+use crate::types::{Access, AllocTag, BlockId, DeviceBlock, StreamId};
 
 /// Low bits of a cache serial name the shard that handed the block out; the
 /// high bits are the lease's key in the shard, so that serials are unique
@@ -51,6 +51,16 @@ pub(crate) struct Mapped {
     /// free and before later uses on that stream, so no event is recorded
     /// for them until a use on another stream needs one to wait on.
     pub(crate) home_unrecorded: Option<Access>,
+    /// The block's tag is asleep ([`CachingResource::sleep`]): its pages
+    /// may have no memory behind them, every use is refused, and its free
+    /// gives the range straight back to the arena (never kept by the
+    /// stream, whose kept blocks are taken back with no check).
+    ///
+    /// [`CachingResource::sleep`]: crate::cache::CachingResource::sleep
+    pub(crate) asleep: bool,
+    /// The tag the block was allocated with: a sleep takes blocks by tag
+    /// (here, not in the lease: an inner block carries its own).
+    pub(crate) tag: AllocTag,
 }
 
 impl Mapped {
@@ -78,6 +88,8 @@ pub(crate) struct EndedMapped {
     pub(crate) capture: Option<CaptureId>,
     /// Its uses on other streams, if any was ever recorded.
     pub(crate) uses: Option<Box<BlockUses>>,
+    /// The block was asleep: its range goes straight back to the arena.
+    pub(crate) asleep: bool,
 }
 
 /// What is behind a lease.
@@ -373,6 +385,7 @@ impl LeaseEntry<'_> {
             size: lease.size,
             capture: lease.capture,
             uses: m.uses.take(),
+            asleep: m.asleep,
         };
         self.entry.discard();
         *self.leased -= ended.size;

@@ -127,8 +127,9 @@ mod dealloc;
 mod event_future;
 mod reserve;
 mod waiter;
-// 5. `AsyncResource`, which makes them.
+// 5. `AsyncResource`, which makes them, and its sleep over a cache.
 mod async_resource;
+mod sleep;
 // 6. `Reaper`, the background dispatcher of an `AsyncResource`.
 #[cfg(feature = "tokio")]
 mod reaper;
