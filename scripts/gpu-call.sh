@@ -14,9 +14,13 @@ B=${BIN:-gpu-bin}; R=r$1; O=$OUT/$R; mkdir -p $O
 date -u > $O/gpu.txt; cat $B/BUILD 2>/dev/null >> $O/gpu.txt; nproc >> $O/gpu.txt
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >> $O/gpu.txt; SECONDS=0
 pack() { echo "$1 at $SECONDS s" >> $O/gpu.txt; tar czf $OUT/$R.tgz -C $OUT $R; }
-# STAGES (default all) picks stages: tests san safety traces service many bench unseen slots.
+# STAGES (default all but the last four) picks stages: tests san safety
+# traces service many bench unseen slots, and host torch viz sleep (the
+# pinned host pool, PyTorch on streamalloc, the memory viewer export, sleep
+# and wake: issues 35, 36, 32).
 want() { case " ${STAGES:-tests san safety traces service many bench unseen slots} " in *" $1 "*) return 0;; esac; return 1; }
-want tests && for t in cache cache_arena cache_graph buffer_cuda gpu_cuda futures_cuda resource service_cuda graph_cuda; do
+want tests && for t in cache cache_arena cache_graph buffer_cuda gpu_cuda futures_cuda resource service_cuda graph_cuda gpu_adaptors host_cuda sleep_cuda; do
+  [ -x $B/test-$t ] || continue
   echo "=== $t"; timeout 100 $B/test-$t --include-ignored --test-threads=1 2>&1 | grep -E "test result|FAILED|panicked"
 done > $O/tests.txt 2>&1; pack tests
 cs="compute-sanitizer --error-exitcode 86 --report-api-errors no --tool memcheck --track-stream-ordered-races all"
@@ -50,7 +54,25 @@ if want slots && [ "${SLOTS:-0}" != 0 ]; then
   BIN=$B TRACES=gpu-traces ROUNDS=$SLOTS TORCH_REPLAY=measure/scripts/torch_slots_replay.py timeout 200 scripts/gpu-run.sh traces $O/slots > $O/slots.log 2>&1
   python3 measure/scripts/trace_ratios.py $O/slots > $O/slots_ratios.txt 2>&1; pack slots
 fi
-cat $O/gpu.txt $O/tests.txt $O/sanitize.txt $O/safety.txt 2>/dev/null
+# The pinned host pool: its CUDA tests ran above; the staging example and
+# the µs per copy (pool vs pinning per request vs pageable).
+want host && [ -x $B/bin-host_staging ] && {
+  timeout 120 $B/example-staging; echo "exit $?"; timeout 300 $B/bin-host_staging; echo "exit $?"
+} > $O/host.txt 2>&1 && pack host
+# PyTorch on streamalloc: three models on both allocators, then memcheck
+# over one short run of each on streamalloc.
+want torch && [ -f $B/libtorch_alloc.so ] && {
+  timeout ${TORCH_S:-300} python3 torch-alloc/scripts/compare_models.py --lib $B/libtorch_alloc.so --out $O/torch ${TORCH_ARGS:-}; echo "exit $?"
+  for m in ${TORCH_SAN:-}; do timeout 200 python3 torch-alloc/scripts/compare_models.py --lib $B/libtorch_alloc.so --out $O/memcheck-$m --only-sanitize --models $m; echo "memcheck $m exit $?"; done
+} > $O/torch.txt 2>&1; want torch && pack torch
+# A snapshot exported by memory_viz, read by PyTorch's own _memory_viz;
+# the out-of-memory report example.
+want viz && [ -x $B/bin-memory_viz ] && {
+  $B/bin-memory_viz $O/viz && python3 measure/scripts/check_memory_viz.py $O/viz/snapshot.pickle $O/viz; echo "exit $?"
+  timeout 60 $B/example-oom_report; echo "exit $?"
+} > $O/viz.txt 2>&1; want viz && pack viz
+want sleep && [ -x $B/example-sleep ] && { timeout 120 $B/example-sleep; echo "exit $?"; } > $O/sleep.txt 2>&1; want sleep && pack sleep
+cat $O/gpu.txt $O/tests.txt $O/sanitize.txt $O/safety.txt $O/host.txt $O/viz.txt $O/sleep.txt 2>/dev/null; tail -40 $O/torch.txt 2>/dev/null; cat $O/torch/compare.md 2>/dev/null
 cat $O/trace_ratios.txt $O/slots_ratios.txt $O/unseen.txt 2>/dev/null
 grep -ho "stack=[a-z]* backend=cuda rep=[0-9] ops=[0-9]* ns_per_op=[0-9.]*.*ratio=[0-9.]*" $O/traces/*.streamalloc.txt $O/many_streams.txt 2>/dev/null | sed 's/peak_requested.*peak_held=[0-9]* //' | cut -c1-160 | head -12
 grep -h peak_reserved $O/traces/*.torch.txt 2>/dev/null | head -2 | cut -c1-200

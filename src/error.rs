@@ -275,6 +275,15 @@ pub enum ResourceError {
         /// The stream that was passed.
         stream: StreamId,
     },
+    /// An [open-ended](crate::StreamPool::open_ended) stream pool has no
+    /// room for another stream (a fixed pool never has).
+    #[error("the stream pool of device {device} is full ({capacity} streams)")]
+    StreamPoolFull {
+        /// The pool's device.
+        device: u32,
+        /// How many streams it holds.
+        capacity: usize,
+    },
     /// A stream or block of another device was passed to a resource pinned
     /// to `expected`.
     #[error("wrong device: this resource serves device {expected}, got one of device {found}")]
@@ -447,6 +456,18 @@ pub enum ResourceError {
     SleepRefused {
         /// Why.
         reason: &'static str,
+    },
+    /// A configuration (`STREAMALLOC_CONF`, see [`crate::conf`]) the crate
+    /// cannot follow: an unknown key, a key given twice, a value it cannot
+    /// read, or a key whose prerequisite is missing. Nothing was built.
+    #[error("STREAMALLOC_CONF: `{key}:{value}`: {reason}")]
+    Config {
+        /// The key.
+        key: String,
+        /// Its value as given.
+        value: String,
+        /// What is wrong with it.
+        reason: String,
     },
     /// A CUDA stream that no stream pool of this device registers was used
     /// with a buffer, so its uses could not be ordered.

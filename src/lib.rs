@@ -27,6 +27,8 @@
 //!                 Device::open(n, streams): CUDA device n, else the simulator
 //!  gpu seam     trait Gpu: the driver calls the bookkeeping needs
 //!                 CudaGpu (cudarc, libcuda loaded at run time)   SimGpu (simulated)
+//!  observe      MemorySnapshot, the memory history, OomReport; JSON and PyTorch's
+//!               memory-viewer pickle (every layer reports into it)
 //!  core types   StreamId, RawStream, BlockId, DeviceBlock, BlockState,
 //!               AllocTag, Access, ResourceError / ResourceResult
 //! ```
@@ -44,6 +46,7 @@ pub mod adaptors;
 pub mod buffer;
 pub mod builder;
 pub mod cache;
+pub mod conf;
 pub mod device;
 pub mod error;
 mod faithful;
@@ -53,6 +56,7 @@ pub mod gpu;
 pub mod graph;
 pub mod host;
 pub mod launch;
+pub mod observe;
 mod padded;
 mod poll_scope;
 pub mod registry;

@@ -185,3 +185,74 @@ fn the_backend_forwards_the_calls_that_have_defaults() {
     unsafe { device.gpu().destroy_stream(lane) }.unwrap();
     resource.deallocate(block).unwrap();
 }
+
+/// Streams created elsewhere (a framework's) join an open-ended pool after
+/// the resources on it were built: the cache serves them and orders a range
+/// freed on one before another reuses it; a handle registered twice keeps
+/// its id; a full pool refuses a new one and changes nothing.
+#[test]
+fn an_open_ended_pool_takes_streams_registered_after_its_resources() {
+    use streamalloc::StreamPool;
+    use streamalloc::cache::CachingResource;
+    let sim = SimGpu::builder().manual().build();
+    let theirs = sim.stream_pool(3);
+    let raw: Vec<_> = theirs.ids().map(|s| theirs.raw(s).unwrap()).collect();
+    let pool = StreamPool::open_ended(0, 2);
+    let device = Device::new(sim.clone(), pool.clone()).unwrap();
+    let cache = CachingResource::new(StreamOrderedResource::new(&device));
+    assert_eq!((pool.len(), pool.capacity()), (0, 2));
+    // SAFETY: the simulated streams live as long as `sim`, which the device
+    // holds; each names one stream on every thread.
+    let a = unsafe { pool.register(raw[0]) }.unwrap();
+    // SAFETY: as above.
+    let again = unsafe { pool.register(raw[0]) }.unwrap();
+    assert!(again == a && pool.find(raw[0]) == Some(a));
+    // SAFETY: as above.
+    let b = unsafe { pool.register(raw[1]) }.unwrap();
+    assert_ne!(a, b);
+    // SAFETY: as above.
+    let full = unsafe { pool.register(raw[2]) };
+    assert_eq!(
+        full,
+        Err(ResourceError::StreamPoolFull {
+            device: 0,
+            capacity: 2
+        })
+    );
+    assert_eq!((pool.len(), pool.find(raw[2])), (2, None));
+
+    let first = cache.allocate(1 << 20, a, T).unwrap();
+    sim.launch_kernel(raw[0], &[MemAccess::write(&first)])
+        .unwrap();
+    let freed_at = first.ptr();
+    cache.deallocate(first).unwrap();
+    let second = cache.allocate(1 << 20, b, T).unwrap();
+    sim.launch_kernel(raw[1], &[MemAccess::write(&second)])
+        .unwrap();
+    sim.run_until_idle();
+    assert!(sim.races().is_empty(), "{:?}", sim.races());
+    assert_eq!(second.ptr(), freed_at, "the range freed on a serves b");
+    cache.deallocate(second).unwrap();
+}
+
+/// The futures layer makes a notifier per stream when it is built: a
+/// stream registered later is refused, never served without one.
+#[tokio::test]
+async fn the_futures_layer_refuses_a_stream_registered_after_it() {
+    use streamalloc::StreamPool;
+    let sim = SimGpu::builder().build();
+    let theirs = sim.stream_pool(2);
+    let raw: Vec<_> = theirs.ids().map(|s| theirs.raw(s).unwrap()).collect();
+    let pool = StreamPool::open_ended(0, 4);
+    // SAFETY: the simulated streams live as long as `sim`.
+    let early = unsafe { pool.register(raw[0]) }.unwrap();
+    let res = AsyncResource::on(&Device::new(sim.clone(), pool.clone()).unwrap()).unwrap();
+    // SAFETY: as above.
+    let late = unsafe { pool.register(raw[1]) }.unwrap();
+    let block = res.allocate(4096, early, T).await.unwrap();
+    assert!(matches!(
+        res.allocate(4096, late, T).await,
+        Err(ResourceError::UnknownStream { stream, .. }) if stream == late
+    ));
+    drop(res.deallocate(block).unwrap());
+}

@@ -163,6 +163,9 @@ impl<G: Gpu> Drop for Bench<G> {
 pub struct NullGpu {
     events: Option<Arc<SimGpu>>,
     next_reservation: std::sync::atomic::AtomicU64,
+    /// The context of the simulated device whose stream handles it runs
+    /// on, so that `Device::new` takes its pool.
+    context: u64,
 }
 
 impl NullGpu {
@@ -183,7 +186,7 @@ unsafe impl Gpu for NullGpu {
         0
     }
     fn context_id(&self) -> u64 {
-        0
+        self.context
     }
     unsafe fn alloc_async(&self, bytes: usize, _: RawStream) -> GpuResult<u64> {
         Ok(if bytes == 0 { 0 } else { 1 << 40 })
@@ -275,11 +278,13 @@ unsafe impl Gpu for NullGpu {
 /// The null backend, on the stream handles of a (never used) simulated
 /// device.
 pub fn null() -> Bench<NullGpu> {
-    let pool = SimGpu::builder()
-        .manual()
-        .build()
-        .stream_pool(THREADS[THREADS.len() - 1]);
-    Bench::new("null", Arc::new(NullGpu::default()), pool)
+    let sim = SimGpu::builder().manual().build();
+    let pool = sim.stream_pool(THREADS[THREADS.len() - 1]);
+    let gpu = NullGpu {
+        context: sim.context_id(),
+        ..NullGpu::default()
+    };
+    Bench::new("null", Arc::new(gpu), pool)
 }
 
 /// The simulated device (threaded progress, as a GPU would run).

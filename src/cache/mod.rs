@@ -210,6 +210,7 @@ mod shards;
 mod size_class;
 mod slab;
 mod sleep_plan;
+mod snapshot;
 mod stats;
 
 pub use config::CacheConfig;

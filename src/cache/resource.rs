@@ -727,6 +727,15 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R>
             })
     }
 
+    /// Its blocks (every lease, with the size asked and the size it takes
+    /// here) and its idle memory (the arena's range with what is mapped
+    /// and free in it, or each cached size-class block), then the layers
+    /// below.
+    fn snapshot_into(&self, snapshot: &mut crate::observe::MemorySnapshot) {
+        super::snapshot::snapshot_into(&self.shards, self.arena.as_ref(), snapshot);
+        self.inner.snapshot_into(snapshot);
+    }
+
     fn block_state(&self, block: BlockId) -> Option<BlockState> {
         let (slot, serial) = self.shards.locate(block).ok()?;
         let mut shard = slot.lock();

@@ -58,8 +58,8 @@ pub(crate) struct Mapped {
     ///
     /// [`CachingResource::sleep`]: crate::cache::CachingResource::sleep
     pub(crate) asleep: bool,
-    /// The tag the block was allocated with: a sleep takes blocks by tag
-    /// (here, not in the lease: an inner block carries its own).
+    /// The caller's tag, for snapshots and for a sleep, which takes blocks
+    /// by tag (a size-class lease's inner block carries its own).
     pub(crate) tag: AllocTag,
 }
 
@@ -203,6 +203,16 @@ impl Shard {
             stats: CacheStats::default(),
             graphs: Vec::new(),
         }
+    }
+
+    /// The blocks handed out (for snapshots).
+    pub(crate) fn leases(&self) -> impl Iterator<Item = &Lease> {
+        self.leases.values()
+    }
+
+    /// The blocks in the free lists (for snapshots).
+    pub(crate) fn free_blocks(&self) -> impl Iterator<Item = &DeviceBlock> {
+        self.free.iter().flatten()
     }
 
     /// Takes the hottest free block of `class`.

@@ -160,6 +160,11 @@ impl<T, const I: u32, const G: u32> Slab<T, I, G> {
         })
     }
 
+    /// Every value held, read-only.
+    pub(crate) fn values(&self) -> impl Iterator<Item = &T> {
+        self.entries.iter().filter_map(|e| e.value.as_ref())
+    }
+
     /// Every value held.
     pub(crate) fn values_mut(&mut self) -> impl Iterator<Item = &mut T> {
         self.entries.iter_mut().filter_map(|e| e.value.as_mut())

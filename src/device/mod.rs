@@ -54,6 +54,7 @@ mod backend;
 pub(crate) mod deferred_frees;
 pub(crate) mod graph_memory;
 mod open;
+mod stream_handles;
 pub(crate) mod stream_pool;
 
 use std::fmt;

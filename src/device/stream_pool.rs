@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use super::deferred_frees::DeferredFrees;
 use super::graph_memory::KeptGraphMemory;
+use super::stream_handles::StreamHandles;
 use crate::error::{ResourceError, ResourceResult};
 use crate::types::{RawStream, StreamId};
 
@@ -17,12 +18,18 @@ use crate::types::{RawStream, StreamId};
 /// A resource orders every allocation, free and wait on a stream of its pool.
 /// The pool owns its streams (for CUDA, cudarc `CudaStream`s) and keeps them
 /// alive as long as any resource holds the pool.
+///
+/// Most pools are made full and never change. An *open-ended* pool
+/// ([`StreamPool::open_ended`]) starts empty and takes streams created
+/// elsewhere as they appear ([`StreamPool::register`]): an allocator
+/// plugged into a framework that makes its own streams (PyTorch's) learns
+/// them one call at a time.
 pub struct StreamPool {
     device: u32,
     /// This pool's identity, carried by the ids it hands out (never 0, never
     /// reused in the process).
     pool: u64,
-    raw: Vec<RawStream>,
+    raw: StreamHandles,
     // Keeps the backend streams alive; never read, only dropped.
     _owners: Vec<Arc<dyn Any + Send + Sync>>,
     #[cfg(feature = "cuda")]
@@ -73,7 +80,7 @@ impl StreamPool {
         StreamPool {
             device,
             pool: fresh_pool_id(),
-            raw,
+            raw: StreamHandles::fixed(&raw),
             _owners: owners,
             kept: KeptGraphMemory::default(),
             deferred: DeferredFrees::default(),
@@ -112,14 +119,14 @@ impl StreamPool {
             })?;
             cuda.push(stream);
         }
-        let raw = cuda
+        let raw: Vec<_> = cuda
             .iter()
             .map(|s| RawStream(s.cu_stream() as u64))
             .collect();
         Ok(Arc::new(StreamPool {
             device: ctx.ordinal() as u32,
             pool: fresh_pool_id(),
-            raw,
+            raw: StreamHandles::fixed(&raw),
             _owners: Vec::new(),
             kept: KeptGraphMemory::default(),
             deferred: DeferredFrees::default(),
@@ -155,14 +162,14 @@ impl StreamPool {
                 });
             }
         }
-        let raw = streams
+        let raw: Vec<_> = streams
             .iter()
             .map(|s| RawStream(s.cu_stream() as u64))
             .collect();
         Ok(Arc::new(StreamPool {
             device,
             pool: fresh_pool_id(),
-            raw,
+            raw: StreamHandles::fixed(&raw),
             _owners: Vec::new(),
             kept: KeptGraphMemory::default(),
             deferred: DeferredFrees::default(),
@@ -222,14 +229,21 @@ impl StreamPool {
         self.pool
     }
 
-    /// Number of streams.
+    /// Number of streams (for an open-ended pool, registered so far).
     pub fn len(&self) -> usize {
         self.raw.len()
     }
 
     /// Whether the pool holds no stream.
     pub fn is_empty(&self) -> bool {
-        self.raw.is_empty()
+        self.len() == 0
+    }
+
+    /// How many streams the pool can ever hold: its length, unless it is
+    /// [open-ended](Self::open_ended). Resources size their per-stream
+    /// state by it.
+    pub fn capacity(&self) -> usize {
+        self.raw.capacity()
     }
 
     /// The id of the stream at `index`, if the pool has one there.
@@ -237,9 +251,84 @@ impl StreamPool {
         (index < self.raw.len()).then(|| self.tagged(index))
     }
 
-    /// Every stream id of the pool, in index order.
+    /// Every stream id of the pool, in index order (for an open-ended pool,
+    /// those registered when the call was made).
     pub fn ids(&self) -> impl Iterator<Item = StreamId> + '_ {
         (0..self.raw.len()).map(|i| self.tagged(i))
+    }
+
+    /// An empty pool of device `device` with room for `capacity` streams,
+    /// which join it through [`register`](Self::register) as they appear.
+    ///
+    /// Resources built on it ([`StreamOrderedResource`](crate::StreamOrderedResource)
+    /// and the cache over it) serve every stream registered, before or
+    /// after they were built. The futures layer ([`AsyncResource`](crate::AsyncResource))
+    /// serves the streams registered when it was built and refuses later
+    /// ones with [`ResourceError::UnknownStream`].
+    ///
+    /// # Examples
+    /// ```
+    /// use streamalloc::gpu::sim::SimGpu;
+    /// use streamalloc::{AllocTag, Device, DeviceMemoryResource, SimResource, StreamPool};
+    ///
+    /// let gpu = SimGpu::new();
+    /// let elsewhere = gpu.stream_pool(1); // a stream someone else created
+    /// let theirs = elsewhere.raw(elsewhere.id(0).unwrap())?;
+    /// let pool = StreamPool::open_ended(0, 8);
+    /// let device = Device::new(gpu, pool.clone())?;
+    /// let resource = SimResource::new(&device);
+    /// // SAFETY: the simulated stream lives as long as `gpu`, which the
+    /// // device holds.
+    /// let stream = unsafe { pool.register(theirs) }?;
+    /// let block = resource.allocate(4096, stream, AllocTag("late"))?;
+    /// resource.deallocate(block)?;
+    /// # Ok::<(), streamalloc::ResourceError>(())
+    /// ```
+    pub fn open_ended(device: u32, capacity: usize) -> Arc<Self> {
+        Arc::new(StreamPool {
+            device,
+            pool: fresh_pool_id(),
+            raw: StreamHandles::open(capacity),
+            _owners: Vec::new(),
+            kept: KeptGraphMemory::default(),
+            deferred: DeferredFrees::default(),
+            // Each stream's caller vouches for its context at `register`.
+            context: None,
+            #[cfg(feature = "cuda")]
+            cuda: Vec::new(),
+        })
+    }
+
+    /// The id of stream `raw` in this pool, adding it if it is new.
+    ///
+    /// Registering a handle twice returns the same id, so one stream never
+    /// has two names in one pool. Safe to call from any thread, at any time,
+    /// alongside every other call.
+    ///
+    /// # Errors
+    /// [`ResourceError::StreamPoolFull`] when `raw` is new and the pool
+    /// holds [`capacity`](Self::capacity) streams already (every fixed pool
+    /// is full); nothing changes.
+    ///
+    /// # Safety
+    /// As [`StreamPool::from_raw`], for `raw`:
+    /// 1. `raw` is a live stream of device `device`: a `CUstream` of the
+    ///    context of the [`CudaGpu`](crate::gpu::cuda::CudaGpu) it is used
+    ///    with (the null handle names that context's legacy default
+    ///    stream), or a stream of the simulated device it is used with. It
+    ///    names one stream for every thread: never a per-thread pseudo-handle
+    ///    (`CU_STREAM_PER_THREAD`), which is another stream on each thread.
+    /// 2. It stays valid as long as the pool lives, and nobody destroys it
+    ///    meanwhile.
+    pub unsafe fn register(&self, raw: RawStream) -> ResourceResult<StreamId> {
+        self.raw
+            .join(raw, self.device)
+            .map(|index| self.tagged(index))
+    }
+
+    /// The id of stream `raw`, if it is in this pool.
+    pub fn find(&self, raw: RawStream) -> Option<StreamId> {
+        self.raw.position(raw).map(|index| self.tagged(index))
     }
 
     /// Resolves `id` to the backend handle.
@@ -252,7 +341,13 @@ impl StreamPool {
     #[inline]
     pub fn raw(&self, id: StreamId) -> ResourceResult<RawStream> {
         self.check(id)?;
-        Ok(self.raw[id.index() as usize])
+        // An index the check passed stays in use: the pool never shrinks.
+        self.raw
+            .get(id.index() as usize)
+            .ok_or(ResourceError::UnknownStream {
+                stream: id,
+                pool_len: self.len(),
+            })
     }
 
     /// Whether `id` names a stream of this pool (as [`raw`](Self::raw)
@@ -274,10 +369,10 @@ impl StreamPool {
         if id.pool() != self.pool {
             return Err(ResourceError::ForeignStream { stream: id });
         }
-        if id.index() as usize >= self.raw.len() {
+        if id.index() as usize >= self.len() {
             return Err(ResourceError::UnknownStream {
                 stream: id,
-                pool_len: self.raw.len(),
+                pool_len: self.len(),
             });
         }
         Ok(())
@@ -296,7 +391,7 @@ impl fmt::Debug for StreamPool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("StreamPool")
             .field("device", &self.device)
-            .field("streams", &self.raw.len())
+            .field("streams", &self.len())
             .finish()
     }
 }

@@ -10,6 +10,7 @@ use super::core::Core;
 use super::hold_wait::current_owner;
 use super::waiter::{Attempt, Waiter};
 use crate::error::{ResourceError, ResourceResult};
+use crate::observe::history::{self, MemoryAction, MemoryEvent};
 use crate::poll_scope::PollScope;
 use crate::types::{AllocTag, DeviceBlock, StreamId};
 
@@ -75,7 +76,8 @@ impl Future for AllocFuture {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let _scope = PollScope::enter();
         let (bytes, stream, tag) = (self.bytes, self.stream, self.tag);
-        self.waiter.poll(
+        let was_waiting = self.waiter.is_waiting();
+        let poll = self.waiter.poll(
             cx,
             |core| core.check_request(bytes, stream),
             |core| match core.inner.allocate(bytes, stream, tag) {
@@ -88,6 +90,69 @@ impl Future for AllocFuture {
                 Err(e) if worth_waiting(core, &e) => Attempt::Wait(e),
                 Err(e) => Attempt::Fail(e),
             },
-        )
+        );
+        if history::recording() {
+            let device = stream.device();
+            match &poll {
+                Poll::Ready(Ok(block)) => {
+                    if was_waiting {
+                        history::record(|| {
+                            MemoryEvent::new(MemoryAction::WaitServed, device)
+                                .on(stream)
+                                .at(block.ptr(), bytes)
+                                .tagged(tag)
+                        });
+                    }
+                    record_alloc(block, bytes);
+                }
+                Poll::Ready(Err(e)) => record_oom(e, stream, tag),
+                Poll::Pending if !was_waiting && self.waiter.is_waiting() => {
+                    history::record(|| {
+                        MemoryEvent::new(MemoryAction::WaitBegun, device)
+                            .on(stream)
+                            .at(0, bytes)
+                            .tagged(tag)
+                    });
+                }
+                Poll::Pending => {}
+            }
+        }
+        poll
     }
+}
+
+/// Records `block`'s allocation (asked for `requested` bytes) in the
+/// history, if it is on.
+pub(crate) fn record_alloc(block: &DeviceBlock, requested: usize) {
+    history::record(|| {
+        MemoryEvent::new(MemoryAction::Alloc, block.stream().device())
+            .on(block.stream())
+            .at(block.ptr(), block.size().max(requested))
+            .tagged(block.tag())
+    });
+}
+
+/// Records an allocation that failed for memory (device or budget) in the
+/// history, if it is on; other errors are not memory's.
+pub(crate) fn record_oom(e: &ResourceError, stream: StreamId, tag: AllocTag) {
+    let (requested, free) = match *e {
+        ResourceError::OutOfMemory {
+            requested,
+            available,
+            ..
+        } => (requested, available),
+        ResourceError::BudgetExceeded {
+            requested,
+            limit,
+            in_use,
+        } => (requested, limit.saturating_sub(in_use)),
+        _ => return,
+    };
+    history::record(|| {
+        MemoryEvent::new(MemoryAction::Oom, stream.device())
+            .on(stream)
+            .at(0, requested)
+            .tagged(tag)
+            .with_free(free)
+    });
 }

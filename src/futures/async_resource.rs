@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use super::alloc_future::AllocFuture;
+use super::alloc_future::{AllocFuture, record_alloc, record_oom};
 use super::core::Core;
 use super::dealloc::{DeallocHandle, ReapFuture};
 use super::done_at::DoneAt;
@@ -13,9 +13,14 @@ use super::event_future::EventFuture;
 use super::hold_wait::current_owner;
 use super::wait_policy::WaitPolicy;
 use super::wait_stats::WaitStats;
+use crate::adaptors::{Budget, BudgetResource, DebugGuard, GuardConfig, RetryOnOom};
+use crate::cache::{CacheConfig, CachingResource};
+use crate::conf::{AllocConf, CONF_ENV, WaitChoice};
 use crate::device::{Device, StreamPool};
 use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::{CaptureId, Gpu};
+use crate::observe::history::{self, MemoryAction, MemoryEvent};
+use crate::observe::{MemorySnapshot, OomReport, WaitersInfo};
 use crate::resource::{DeviceMemoryResource, StreamOrderedResource};
 use crate::types::{Access, AllocTag, BlockId, BlockState, CompletedUses, DeviceBlock, StreamId};
 
@@ -68,7 +73,10 @@ impl<G: Gpu> AsyncResource<StreamOrderedResource<G>> {
     /// # Errors
     /// As [`new`](Self::new).
     pub fn on(device: &Device<G>) -> ResourceResult<Self> {
-        Self::new(Arc::new(StreamOrderedResource::new(device)))
+        let conf = AllocConf::from_env()?;
+        let res = Self::new(Arc::new(StreamOrderedResource::new(device)))?;
+        res.apply_settings(&conf);
+        Ok(res)
     }
 
     /// Wraps a stream-ordered resource, on its own device.
@@ -83,6 +91,67 @@ impl<G: Gpu> AsyncResource<StreamOrderedResource<G>> {
         // SAFETY: the device is the resource's own: its blocks are
         // allocations of that backend and its streams those of that pool.
         unsafe { Self::from_arc(inner, &device) }
+    }
+}
+
+impl AsyncResource<Arc<dyn DeviceMemoryResource>> {
+    /// A stack built from `STREAMALLOC_CONF` alone (the [grammar](crate::conf)):
+    /// configuration without code. From the outside in: a debug guard
+    /// (`debug_guard:on`), retry on out-of-memory and a budget
+    /// (`budget:BYTES`), the cache (`cache:on`, `cache_max`,
+    /// `cache_virtual_memory`), the stream-ordered resource on `device`;
+    /// the budget above the cache, as `examples/service.rs` stacks them.
+    /// The history and the wait policy as [`build`](Self::build) applies
+    /// them. With the variable unset, the plain resource.
+    ///
+    /// ```
+    /// use streamalloc::{AsyncResource, Device, SimGpu};
+    ///
+    /// let device = Device::sim(&SimGpu::new(), 2);
+    /// // STREAMALLOC_CONF="cache:on,budget:12GiB,history:10000" in the environment
+    /// let res = AsyncResource::configured(&device)?;
+    /// # Ok::<(), streamalloc::ResourceError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`ResourceError::Config`] naming the key of a value it cannot
+    /// follow (nothing is built); a driver error creating the futures
+    /// layer's events.
+    pub fn configured<G: Gpu>(device: &Device<G>) -> ResourceResult<Self> {
+        Self::with_conf(device, &AllocConf::from_env()?)
+    }
+
+    /// As [`configured`](Self::configured), from `conf` instead of the
+    /// environment.
+    ///
+    /// # Errors
+    /// A driver error creating the futures layer's events.
+    pub fn with_conf<G: Gpu>(device: &Device<G>, conf: &AllocConf) -> ResourceResult<Self> {
+        let mut stack: Arc<dyn DeviceMemoryResource> = Arc::new(StreamOrderedResource::new(device));
+        if conf.cache == Some(true) {
+            let mut config = CacheConfig::default();
+            if let Some(max) = conf.cache_max {
+                config = config.max_cached_bytes(max);
+            }
+            if let Some(on) = conf.cache_virtual_memory {
+                config = config.virtual_memory(on);
+            }
+            stack = Arc::new(CachingResource::with_config(stack, config));
+        }
+        let budget = conf.budget.map(Budget::new);
+        if let Some(budget) = &budget {
+            stack = Arc::new(RetryOnOom::new(BudgetResource::new(stack, budget)));
+        }
+        if conf.debug_guard == Some(true) {
+            stack = Arc::new(DebugGuard::new(stack, GuardConfig::default()));
+        }
+        // SAFETY: the bottom of the stack was made on `device` just above
+        // and resolves its streams through `device`'s pool; every layer
+        // over it is one of the crate's own, which allocate and resolve
+        // streams only through the layer they wrap (items 1 and 2).
+        let res = unsafe { Self::with_device(stack, device) }?;
+        res.apply_settings(conf);
+        Ok(res)
     }
 }
 
@@ -113,12 +182,37 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
     where
         L: crate::faithful::FaithfulLayer<StreamOrderedResource<G>, Resource = R>,
     {
+        let conf = AllocConf::from_env()?;
         let stack = layers.layer(StreamOrderedResource::new(device));
         // SAFETY: the bottom of the stack was made on `device` just above,
         // and resolves its streams through `device`'s pool; `L` is a
         // `FaithfulLayer`, so the stack allocates and resolves streams only
         // through that bottom (items 1 and 2 of `with_device`).
-        unsafe { Self::with_device(stack, device) }
+        let res = unsafe { Self::with_device(stack, device) }?;
+        res.apply_settings(&conf);
+        Ok(res)
+    }
+
+    /// Applies what `conf` says that does not change the stack: the
+    /// history and the wait policy. The layers are the code's.
+    fn apply_settings(&self, conf: &AllocConf) {
+        if conf.shapes_the_stack() {
+            tracing::info!(
+                "{CONF_ENV} names layers; this stack's layers were chosen in code and are kept (AsyncResource::configured builds the stack from {CONF_ENV})"
+            );
+        }
+        // The code's own `record_memory_history` wins: only a history
+        // still off is turned on.
+        if let Some(n) = conf.history
+            && history::memory_history_capacity() == 0
+        {
+            history::record_memory_history(n, conf.history_backtraces == Some(true));
+        }
+        match conf.wait {
+            Some(WaitChoice::Default) => self.set_wait_policy(WaitPolicy::DEFAULT),
+            Some(WaitChoice::Park) => self.set_wait_policy(WaitPolicy::PARK_AT_ONCE),
+            None => {}
+        }
     }
 
     /// Wraps any resource `inner` (for instance an adaptor stack) that
@@ -245,7 +339,12 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
         self.core.notifier(stream)?;
         match self.core.allocs.len() {
             0 => {
-                let block = self.inner.allocate(bytes, stream, tag)?;
+                let block = self.inner.allocate(bytes, stream, tag).inspect_err(|e| {
+                    if history::recording() {
+                        record_oom(e, stream, tag);
+                    }
+                })?;
+                record_alloc(&block, bytes);
                 self.core
                     .holdings
                     .served(block.id(), bytes, current_owner());
@@ -490,6 +589,68 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
         self.core.notifiers().iter().map(|n| n.launches()).sum()
     }
 
+    /// Where the memory of the stack is, now: every layer's part (see
+    /// [`MemorySnapshot`]), the allocations waiting, and this device's
+    /// events of the [history](crate::observe::history) if it is on.
+    ///
+    /// It copies under each layer's locks in turn, never across a driver
+    /// call that waits, and does not synchronize: it may be called from a
+    /// task, while the stack serves others (`BENCHMARKS.md` says what it
+    /// costs).
+    ///
+    /// # Examples
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), streamalloc::ResourceError> {
+    /// use streamalloc::{AllocTag, AsyncResource, Device, SimGpu};
+    ///
+    /// let device = Device::sim(&SimGpu::new(), 1);
+    /// let res = AsyncResource::on(&device)?;
+    /// let block = res.allocate(1 << 20, device.stream(0)?, AllocTag("weights")).await?;
+    /// let snapshot = res.snapshot();
+    /// assert_eq!(snapshot.bytes_by_tag(), vec![("weights", 1 << 20)]);
+    /// # drop(res.deallocate(block)?);
+    /// # Ok(()) }
+    /// ```
+    pub fn snapshot(&self) -> MemorySnapshot {
+        let mut snapshot = MemorySnapshot::new(self.inner.device_ordinal());
+        snapshot.waiters = Some(WaitersInfo {
+            waiting: self.core.allocs.len(),
+            parked_points: self.parked_points(),
+        });
+        self.inner.snapshot_into(&mut snapshot);
+        let device = snapshot.device;
+        snapshot.history = history::memory_history()
+            .into_iter()
+            .filter(|e| e.device == device)
+            .collect();
+        snapshot.date_blocks_from_history();
+        snapshot
+    }
+
+    /// The long form of an out-of-memory or budget error `error` of this
+    /// stack: what was asked and free, what the cache holds idle and its
+    /// largest idle range, the frees pending on the GPU, the tags holding
+    /// the most (see [`OomReport`]), from a [`snapshot`](Self::snapshot)
+    /// taken now: call it right after the error. `None` for other errors.
+    ///
+    /// # Examples
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), streamalloc::ResourceError> {
+    /// use streamalloc::{AllocTag, AsyncResource, Device, SimGpu};
+    ///
+    /// let device = Device::sim(&SimGpu::builder().capacity(1 << 20).build(), 1);
+    /// let res = AsyncResource::on(&device)?;
+    /// let err = res.allocate(2 << 20, device.stream(0)?, AllocTag("big")).await.unwrap_err();
+    /// println!("{err}");                               // one line
+    /// println!("{}", res.oom_report(&err).unwrap());   // who holds what
+    /// # Ok(()) }
+    /// ```
+    pub fn oom_report(&self, error: &ResourceError) -> Option<OomReport> {
+        OomReport::new(error, &self.snapshot())
+    }
+
     /// How this resource's completion futures waited so far, summed over
     /// its streams (see [`WaitStats`]).
     pub fn wait_stats(&self) -> WaitStats {
@@ -558,6 +719,7 @@ pub(crate) fn deallocate_detached(
     let seen_done = done_at.is_some_and(|d| {
         d.hook_uses == core.hook_uses.load(Ordering::SeqCst) && notifier.seen_reached(d.point)
     });
+    let freed = FreedBlock::of(&block);
     match seen_done {
         // Seen reached, and no use began through the hooks since: every
         // use of the block ran.
@@ -576,7 +738,9 @@ pub(crate) fn deallocate_detached(
     // keep a host function in flight per stream while a service ran.)
     // Otherwise, as a handle dropped unawaited: the free stays queued in
     // the notifier, and its bytes leave the accounting when it lands.
-    if notifier.mark_free_if_new(core.inner.pending_free_seq(stream)) {
+    let queued_below = notifier.mark_free_if_new(core.inner.pending_free_seq(stream));
+    freed.record(queued_below);
+    if queued_below {
         notifier.launch(&*core.gpu);
         core.kick.pending();
     }
@@ -591,11 +755,17 @@ fn queue_free(core: &Core, block: DeviceBlock) -> ResourceResult<(StreamId, u64,
     let stream = block.stream();
     let notifier = core.notifier(stream)?;
     let id = block.id();
+    let freed = FreedBlock::of(&block);
+    let before = match freed.0 {
+        Some(_) => core.inner.pending_free_seq(stream),
+        None => 0,
+    };
     core.inner.deallocate(block)?;
     if core.tracks_holdings() {
         core.holdings.freed(id);
     }
     let free_seq = core.inner.pending_free_seq(stream);
+    freed.record(free_seq != before);
     let point = notifier.mark_free(free_seq);
     notifier.launch(&*core.gpu);
     core.mark_frees_elsewhere(Some(stream));
@@ -603,4 +773,31 @@ fn queue_free(core: &Core, block: DeviceBlock) -> ResourceResult<(StreamId, u64,
     // Memory freed on a stream is reusable on it at once.
     core.allocs.memory_returned();
     Ok((stream, free_seq, point))
+}
+
+/// A block being freed, as the history records it (taken only while the
+/// history is on: the descriptor moves into the free).
+struct FreedBlock(Option<DeviceBlock>);
+
+impl FreedBlock {
+    fn of(block: &DeviceBlock) -> Self {
+        FreedBlock(history::recording().then(|| block.clone()))
+    }
+
+    /// Records the free as requested, and as completed at once when it
+    /// queued nothing below (a cache took the block back: its stream may
+    /// reuse it now); a free queued below completes when a reap drains it.
+    fn record(self, queued_below: bool) {
+        let Some(block) = self.0 else { return };
+        let event = |action| {
+            MemoryEvent::new(action, block.stream().device())
+                .on(block.stream())
+                .at(block.ptr(), block.size())
+                .tagged(block.tag())
+        };
+        history::record(|| event(MemoryAction::FreeRequested));
+        if !queued_below {
+            history::record(|| event(MemoryAction::FreeCompleted));
+        }
+    }
 }

@@ -26,6 +26,7 @@ use super::watchdog::{self, Patrolled};
 use crate::device::StreamPool;
 use crate::error::{DriverCall, ResourceError, ResourceResult};
 use crate::gpu::Gpu;
+use crate::observe::history::{self, MemoryAction, MemoryEvent};
 use crate::poll_scope::PollScope;
 use crate::resource::DeviceMemoryResource;
 use crate::resource::relief::{BudgetRelief, HolderRegistration, IdleHolder};
@@ -340,6 +341,13 @@ impl Core {
             return;
         }
         let drained = self.inner.reap_through(stream, free_seq);
+        if drained > 0 {
+            history::record(|| {
+                MemoryEvent::new(MemoryAction::FreeCompleted, stream.device())
+                    .on(stream)
+                    .at(0, drained)
+            });
+        }
         if let Ok(n) = self.notifier(stream) {
             n.note_reaped(free_seq);
         }

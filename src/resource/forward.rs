@@ -57,7 +57,7 @@ macro_rules! forward_to_inner {
             supports_block_use_tracking, record_block_use, prepare_block_use,
             finish_block_use, block_state, allocation_cost, allocation_cost_is_exact,
             frees_across_streams, release_idle, allocation_limit, budget_reliefs,
-            capture_status, release_capture);
+            capture_status, release_capture, snapshot_into);
     };
     (@one $f:tt deallocate) => {
         fn deallocate(&self, block: $crate::DeviceBlock) -> $crate::ResourceResult<()> {
@@ -177,6 +177,11 @@ macro_rules! forward_to_inner {
             after: $crate::StreamId,
         ) -> $crate::ResourceResult<()> {
             self.$f.release_capture(capture, after)
+        }
+    };
+    (@one $f:tt snapshot_into) => {
+        fn snapshot_into(&self, snapshot: &mut $crate::observe::MemorySnapshot) {
+            self.$f.snapshot_into(snapshot)
         }
     };
     (@one $f:tt block_state) => {

@@ -30,6 +30,7 @@ use std::sync::Arc;
 use crate::device::stream_pool::StreamPool;
 use crate::error::ResourceResult;
 use crate::gpu::{CaptureId, CaptureStatus, Gpu};
+use crate::observe::MemorySnapshot;
 use crate::types::{Access, AllocTag, BlockId, BlockState, CompletedUses, DeviceBlock, StreamId};
 
 /// The device behind a resource: its backend and the streams the resource
@@ -449,6 +450,20 @@ pub unsafe trait DeviceMemoryResource: Send + Sync {
     /// changes. A driver error part way: what was returned stays returned,
     /// the rest stays with the graph, and a later call returns it.
     fn release_capture(&self, capture: CaptureId, after: StreamId) -> ResourceResult<()>;
+
+    /// Adds what this layer holds to `snapshot` (its blocks, ranges, queued
+    /// frees, budget: see [`MemorySnapshot`]), then asks the layer it
+    /// wraps. Each layer copies its part under its own locks and releases
+    /// them before the next reads.
+    ///
+    /// Provided, as nothing: a snapshot moves no bytes, so a layer that
+    /// leaves it out hides itself and what lies below it from the picture
+    /// and breaks nothing else. Decorators forward it (with
+    /// [`forward_to_inner!`](crate::forward_to_inner), in
+    /// `all_but_allocate`) after adding their own part.
+    fn snapshot_into(&self, snapshot: &mut MemorySnapshot) {
+        let _ = snapshot;
+    }
 }
 
 #[allow(unsafe_code)] // forwarded through an `Arc`.
@@ -530,5 +545,8 @@ unsafe impl<R: DeviceMemoryResource + ?Sized> DeviceMemoryResource for std::sync
     }
     fn release_capture(&self, capture: CaptureId, after: StreamId) -> ResourceResult<()> {
         (**self).release_capture(capture, after)
+    }
+    fn snapshot_into(&self, snapshot: &mut MemorySnapshot) {
+        (**self).snapshot_into(snapshot)
     }
 }

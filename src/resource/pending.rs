@@ -94,6 +94,12 @@ impl StreamFrees {
     pub(crate) fn bytes(&self) -> usize {
         self.bytes
     }
+
+    /// Entries pending (frees queued between two reads of the numbers
+    /// share one).
+    pub(crate) fn entries(&self) -> usize {
+        self.queue.len()
+    }
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@
 //! one.
 
 use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 use super::block_uses::BlockUses;
 use super::live_table::LiveTable;
@@ -22,7 +23,7 @@ use super::pending::StreamFrees;
 use crate::gpu::{CaptureId, RawStream};
 use crate::padded::CachePadded;
 use crate::sync::{AtomicUsize, Mutex, MutexGuard};
-use crate::types::StreamId;
+use crate::types::{AllocTag, StreamId};
 
 /// Low bits of a serial that name its shard.
 pub(crate) const SHARD_BITS: u32 = 6;
@@ -59,6 +60,10 @@ pub(crate) struct BlockRecord {
     /// [`KeptGraphMemory`](crate::device::graph_memory::KeptGraphMemory)
     /// unless that capture frees it.
     pub(crate) capture: Option<CaptureId>,
+    /// The tag it was allocated with, and when: for snapshots (a clock
+    /// read beside a driver call that costs fifty times more).
+    pub(crate) tag: AllocTag,
+    pub(crate) born: Instant,
 }
 
 /// A shard's state; see the module documentation.

@@ -152,8 +152,13 @@ impl<G: Gpu> StreamOrderedResource<G> {
         let gpu = device.gpu().clone();
         let stream_pool = device.streams().clone();
         let device_ordinal = device.ordinal();
-        let shards = stream_pool.len().clamp(1, MAX_SHARDS).next_power_of_two();
-        let streams_per_shard = stream_pool.len().div_ceil(shards);
+        // By capacity, not length: an open-ended pool's later streams get
+        // slots made now.
+        let shards = stream_pool
+            .capacity()
+            .clamp(1, MAX_SHARDS)
+            .next_power_of_two();
+        let streams_per_shard = stream_pool.capacity().div_ceil(shards);
         StreamOrderedResource {
             id: ResourceId::fresh(),
             events: EventPool::new(gpu.clone()),
@@ -603,6 +608,8 @@ unsafe impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
                 uses: BlockUses::default(),
                 freeing: false,
                 capture,
+                tag,
+                born: std::time::Instant::now(),
             });
             slot.add_outstanding(&shard, bytes);
             seq
@@ -881,6 +888,53 @@ unsafe impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
     /// [`bytes_outstanding`](DeviceMemoryResource::bytes_outstanding) when a
     /// reap learns that `after` passed this point, that is after the last
     /// replay.
+    /// Its live blocks and each stream's queued frees, copied with every
+    /// shard locked at once (in shard order, as nothing else takes two):
+    /// a block in the middle of its free shows once, live or pending. The
+    /// device's free and total memory, asked of the backend after the
+    /// locks are released.
+    fn snapshot_into(&self, snapshot: &mut crate::observe::MemorySnapshot) {
+        use crate::observe::{BlockInfo, BlockInfoState, PendingFrees};
+        let now = std::time::Instant::now();
+        let shards: Vec<_> = self.shards.iter().map(|slot| slot.lock()).collect();
+        let n = shards.len();
+        for (index, shard) in shards.iter().enumerate() {
+            snapshot
+                .blocks
+                .extend(shard.blocks.values().map(|r| BlockInfo {
+                    layer: "resource",
+                    address: r.ptr,
+                    size: r.size,
+                    requested: r.size,
+                    stream: r.stream.index(),
+                    tag: r.tag.0,
+                    age: Some(now.saturating_duration_since(r.born)),
+                    state: if r.freeing {
+                        BlockInfoState::Freeing
+                    } else if r.capture.is_some() {
+                        BlockInfoState::Graph
+                    } else {
+                        BlockInfoState::Live
+                    },
+                    pending_uses: r.uses.event_count(),
+                }));
+            for (local, frees) in shard.streams().iter().enumerate() {
+                if frees.bytes() > 0 {
+                    snapshot.pending_frees.push(PendingFrees {
+                        stream: (local * n + index) as u32,
+                        bytes: frees.bytes(),
+                        frees: frees.entries(),
+                    });
+                }
+            }
+        }
+        drop(shards);
+        snapshot.pending_frees.sort_by_key(|p| p.stream);
+        if snapshot.device_memory.is_none() {
+            snapshot.device_memory = self.gpu.mem_info().ok();
+        }
+    }
+
     fn release_capture(&self, capture: CaptureId, after: StreamId) -> ResourceResult<()> {
         let raw = self.raw_stream(after)?;
         // SAFETY: `raw` was resolved through `self.stream_pool`, which keeps

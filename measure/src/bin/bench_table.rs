@@ -10,11 +10,15 @@
 //!
 //! `--null-only` measures the null backend alone (the bookkeeping, in
 //! seconds rather than minutes), for before/after comparisons of the
-//! resource's hot path.
+//! resource's hot path. `--observe-only` measures, on the simulated
+//! device, what observing costs: the futures layer's pair with the memory history
+//! off, on and on with backtraces, and a snapshot of a stack holding
+//! 1,000 and 10,000 live blocks, alone and beside 4 threads that allocate.
 //!
 //! ```text
 //! cargo run --release -p streamalloc-measure --bin bench_table -- [OUT_DIR]
 //! cargo run --release -p streamalloc-measure --bin bench_table -- --null-only [OUT_DIR]
+//! cargo run --release -p streamalloc-measure --bin bench_table -- --observe-only [OUT_DIR]
 //! cargo run --release -p streamalloc-measure --bin bench_table -- --profile-pair N
 //! cargo run --release -p streamalloc-measure --bin bench_table -- --profile-stack N
 //! cargo run --release -p streamalloc-measure --bin bench_table -- --profile-cache N SIZE [classes]
@@ -240,6 +244,120 @@ fn measure_threads<G: Gpu>(b: &Bench<G>, rows: &mut Vec<Row>) {
     }
 }
 
+/// What observing costs, on `b`: the pair through the futures layer over
+/// the cache (where the history records) with the history off, on, and on
+/// with backtraces; a snapshot of the stack with many live blocks, alone
+/// and while threads allocate.
+fn measure_observe<G: Gpu>(b: &Bench<G>, rows: &mut Vec<Row>) {
+    use streamalloc::observe::record_memory_history;
+    use streamalloc::{AsyncResource, CacheConfig, Device, ResourceBuilder};
+
+    let backend = b.name;
+    let device = Device::new(b.gpu.clone(), b.pool.clone()).expect("the pool is the gpu's");
+    let layers = ResourceBuilder::new().cache(CacheConfig::default());
+    let res = AsyncResource::build(&device, &layers).expect("a futures layer on the bench");
+    let s0 = b.stream(0);
+    let bytes = SCALING_SIZE;
+    let pair = || {
+        let block = res
+            .try_allocate(black_box(bytes), s0, streamalloc::AllocTag("bench"))
+            .unwrap();
+        drop(res.deallocate(block).unwrap());
+    };
+    record_memory_history(0, false);
+    let off = time(pair);
+    record_memory_history(1 << 16, false);
+    let on = time(pair);
+    record_memory_history(1 << 16, true);
+    let traced = time(pair);
+    record_memory_history(0, false);
+    for (peer, ns) in [
+        ("history off", off),
+        ("history on", on),
+        ("history on, backtraces", traced),
+    ] {
+        rows.push(Row {
+            backend,
+            kind: "futures pair",
+            peer: peer.into(),
+            size: "64 KiB".into(),
+            threads: 1,
+            ns_per_pair: ns,
+            baseline_ns: off,
+        });
+    }
+    // Snapshots of a stack holding `live` blocks over 8 streams.
+    for live in [1_000, 10_000] {
+        let blocks: Vec<_> = (0..live)
+            .map(|i| {
+                res.try_allocate(4096, b.stream(i % 8), streamalloc::AllocTag("held"))
+                    .unwrap()
+            })
+            .collect();
+        let alone = time(|| {
+            black_box(res.snapshot());
+        });
+        rows.push(Row {
+            backend,
+            kind: "snapshot",
+            peer: format!("{live} live blocks"),
+            size: "-".into(),
+            threads: 1,
+            ns_per_pair: alone,
+            baseline_ns: alone,
+        });
+        for block in blocks {
+            drop(res.deallocate(block).unwrap());
+        }
+    }
+    // Pairs of 4 threads on their own streams, with and without a fifth
+    // thread taking snapshots back to back (of a stack holding 1,000 live
+    // blocks): what a snapshot taken under load costs the others.
+    let held: Vec<_> = (0..1_000)
+        .map(|i| {
+            res.try_allocate(4096, b.stream(8 + i % 4), streamalloc::AllocTag("held"))
+                .unwrap()
+        })
+        .collect();
+    let threaded = |i: usize| {
+        let s = b.stream(i);
+        let block = res
+            .try_allocate(black_box(bytes), s, streamalloc::AllocTag("bench"))
+            .unwrap();
+        drop(res.deallocate(block).unwrap());
+    };
+    let quiet = time_threads(4, threaded);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (loaded, snapshots) = std::thread::scope(|scope| {
+        let taker = scope.spawn(|| {
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                black_box(res.snapshot());
+                n += 1;
+            }
+            n
+        });
+        let loaded = time_threads(4, threaded);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        (loaded, taker.join().unwrap())
+    });
+    eprintln!("  {snapshots} snapshots taken during the loaded runs");
+    for (peer, ns) in [("no snapshots", quiet), ("snapshots back to back", loaded)] {
+        rows.push(Row {
+            backend,
+            kind: "futures pair",
+            peer: peer.into(),
+            size: "64 KiB".into(),
+            threads: 4,
+            ns_per_pair: ns,
+            baseline_ns: quiet,
+        });
+    }
+    for block in held {
+        drop(res.deallocate(block).unwrap());
+    }
+}
+
 fn table(rows: &[Row]) -> String {
     let mut out = String::new();
     let _ = writeln!(
@@ -261,7 +379,7 @@ fn table(rows: &[Row]) -> String {
             r.mpairs(),
             // The null backend's raw calls cost next to nothing: a ratio to
             // them says nothing, its ns/pair is the bookkeeping itself.
-            if r.backend == "null" {
+            if r.backend == "null" && r.kind != "futures pair" {
                 "-".to_string()
             } else {
                 format!("{:.3}", r.ratio())
@@ -272,7 +390,9 @@ fn table(rows: &[Row]) -> String {
         "\nns/pair: wall time per pair for the whole machine (threads rows: divided by threads).\n\
          x raw time: this peer's time / the raw driver's, same run (0.2x = 5 times faster).\n\
          cross-stream rows are against the 6-call raw sequence.\n\
-         null backend: driver calls that do nothing, so ns/pair is the bookkeeping alone.\n",
+         null backend: driver calls that do nothing, so ns/pair is the bookkeeping alone.\n\
+         futures pair rows: x is against the first row of their group (history off; no snapshots).\n\
+         snapshot rows: ns per snapshot of the whole stack.\n",
     );
     out
 }
@@ -355,6 +475,19 @@ fn main() -> std::io::Result<()> {
         profile_stack(count(args.next()));
         return Ok(());
     }
+    if first.as_deref() == Some("--observe-only") {
+        let out_dir = args.next().unwrap_or_else(|| "target/bench-table".into());
+        let mut rows = Vec::new();
+        // On the simulated device: the futures layer needs events and
+        // notifier streams, which the null backend does not make.
+        eprintln!("measuring what observing costs on the simulated device...");
+        measure_observe(&support::sim(), &mut rows);
+        let table = table(&rows);
+        print!("{table}");
+        std::fs::create_dir_all(&out_dir)?;
+        std::fs::write(format!("{out_dir}/observe_table.txt"), &table)?;
+        return Ok(());
+    }
     let null_only = first.as_deref() == Some("--null-only");
     let first = if null_only { args.next() } else { first };
     let out_dir = first.unwrap_or_else(|| "target/bench-table".into());
@@ -366,7 +499,10 @@ fn main() -> std::io::Result<()> {
     drop(null);
     if !null_only {
         eprintln!("measuring the simulated device...");
-        measure(&support::sim(), false, &mut rows);
+        let sim = support::sim();
+        measure(&sim, false, &mut rows);
+        measure_observe(&sim, &mut rows);
+        drop(sim);
         match support::cuda() {
             Some(gpu) => {
                 eprintln!("measuring CUDA device 0...");

@@ -210,6 +210,17 @@ impl<R: DeviceMemoryResource> Counted<R> {
 #[allow(unsafe_code)]
 unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> {
     forward_to_inner!(counted; device_ordinal, bytes_outstanding, pending_free_seq, supports_block_use_tracking, record_block_use, prepare_block_use, finish_block_use, block_state, allocation_cost, allocation_cost_is_exact, frees_across_streams, capture_status);
+
+    /// Adds the budget (its limit, and what every resource sharing it
+    /// counts), then the layers below.
+    fn snapshot_into(&self, snapshot: &mut crate::observe::MemorySnapshot) {
+        let budget = &self.counted.budget;
+        snapshot.budgets.push(crate::observe::BudgetInfo {
+            limit: budget.limit(),
+            in_use: budget.in_use(),
+        });
+        self.counted.inner.snapshot_into(snapshot);
+    }
     /// Reserves what the allocation will take from the device (the inner
     /// resource's [`allocation_cost`](DeviceMemoryResource::allocation_cost):
     /// `bytes`, the rounded size below a cache, nothing for a cache hit),

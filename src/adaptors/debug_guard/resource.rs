@@ -290,6 +290,27 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for DebugGuard<R> {
     // quarantined blocks: they are still on the device.
     forward_to_inner!(inner; device_ordinal, bytes_outstanding, reap_pending, pending_free_seq, reap_through, supports_block_use_tracking, allocation_cost, allocation_cost_is_exact, allocation_limit, budget_reliefs, capture_status, release_capture);
 
+    /// The layers below first; then the blocks they hold that sit in the
+    /// quarantine (freed by the caller, not yet below) are marked so.
+    fn snapshot_into(&self, snapshot: &mut crate::observe::MemorySnapshot) {
+        let first = snapshot.blocks.len();
+        self.inner.snapshot_into(snapshot);
+        let held: Vec<(u64, crate::StreamId)> = self
+            .lock()
+            .quarantine
+            .iter()
+            .map(|b| (b.ptr(), b.stream()))
+            .collect();
+        for b in &mut snapshot.blocks[first..] {
+            if held
+                .iter()
+                .any(|&(ptr, s)| ptr == b.address && s.index() == b.stream)
+            {
+                b.state = crate::observe::BlockInfoState::Quarantined;
+            }
+        }
+    }
+
     fn allocate(
         &self,
         bytes: usize,

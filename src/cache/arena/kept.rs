@@ -196,6 +196,16 @@ impl KeptBlocks {
         }
     }
 
+    /// The blocks kept now (for snapshots; a growth may take one back at
+    /// any time, through the shared entries).
+    pub(crate) fn kept(&self) -> impl Iterator<Item = Placed> + '_ {
+        self.lens
+            .iter()
+            .zip(&self.placed)
+            .filter(|(len, _)| **len != 0)
+            .map(|(_, placed)| *placed)
+    }
+
     /// Whether the stream keeps the blocks it frees (its sizes repeat).
     #[inline]
     pub(crate) fn keeps(&self) -> bool {

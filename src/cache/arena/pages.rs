@@ -296,6 +296,30 @@ impl PageTable {
         self.idle_pages * self.page as usize
     }
 
+    /// Bytes from the arena's start up to the last page a block touched
+    /// so far: past it nothing is mapped or used.
+    pub(crate) fn extent(&self) -> u64 {
+        self.pages.len() as u64 * self.page
+    }
+
+    /// Of `[off, off + len)`: the bytes with memory behind them, and the
+    /// longest run of such bytes.
+    pub(crate) fn backed_in(&self, off: u64, len: u64) -> (u64, u64) {
+        let (mut total, mut run, mut longest) = (0, 0, 0);
+        for i in self.span(off, len) {
+            let start = (i as u64 * self.page).max(off);
+            let end = ((i as u64 + 1) * self.page).min(off + len);
+            if self.pages.get(i).is_some_and(|p| p.mapped()) {
+                total += end - start;
+                run += end - start;
+                longest = longest.max(run);
+            } else {
+                run = 0;
+            }
+        }
+        (total, longest)
+    }
+
     /// Bytes mapped.
     pub(crate) fn mapped_bytes(&self) -> usize {
         self.mapped_pages * self.page as usize

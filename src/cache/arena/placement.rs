@@ -147,6 +147,26 @@ impl Arena {
         self.free_bytes
     }
 
+    /// The free ranges, `(offset, length)`, in address order (for
+    /// snapshots: a walk of every node).
+    pub(crate) fn free_ranges(&self) -> Vec<(u64, u64)> {
+        let mut spare = vec![false; self.nodes.len()];
+        for &n in &self.spare_nodes {
+            spare[n as usize] = true;
+        }
+        let first = (0..self.nodes.len()).find(|&i| !spare[i] && self.nodes[i].prev_addr == NIL);
+        let mut out = Vec::new();
+        let mut at = first.map_or(NIL, |i| i as u32);
+        while at != NIL {
+            let n = &self.nodes[at as usize];
+            if n.free {
+                out.push((n.off, n.len));
+            }
+            at = n.next_addr;
+        }
+        out
+    }
+
     /// Splits `node` after its first `keep` bytes (`0 < keep < len`): the
     /// rest becomes a new node right after it in address order, in no free
     /// list; returns it. The caller decides which part is free.

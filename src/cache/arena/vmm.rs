@@ -106,6 +106,8 @@
 // Unsafe here: the arena maps, unmaps and releases physical memory at raw addresses, and waits on fences.
 #![allow(unsafe_code)]
 
+use crate::observe::SegmentInfo;
+use crate::observe::history::{self, MemoryAction, MemoryEvent};
 use crate::sync::{Mutex, MutexGuard};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
@@ -132,6 +134,13 @@ pub(crate) struct StreamSlot {
     /// slot's entry of [`VirtualArena::kept`] still names it: a growth of any
     /// stream may take it (see [`kept`](super::kept)).
     kept: KeptBlocks,
+}
+
+impl StreamSlot {
+    /// The blocks the stream keeps out of the arena (for snapshots).
+    pub(crate) fn kept_blocks(&self) -> impl Iterator<Item = Placed> + '_ {
+        self.kept.kept()
+    }
 }
 
 /// A stream's fences, in the shared state.
@@ -748,6 +757,50 @@ impl VirtualArena {
         self.release_kept_locked(&mut self.lock(), ss);
     }
 
+    /// The arena as a snapshot's segment, under the tier's lock: its range
+    /// up to the last page a block touched (the reservation's untouched
+    /// tail left out), the bytes mapped, and its free ranges with the
+    /// memory behind each; `kept`, the blocks the streams keep out of the
+    /// arena, count as free ranges too (they are idle). `None` before any
+    /// stream opened it.
+    pub(crate) fn segment(&self, kept: &[Placed]) -> Option<SegmentInfo> {
+        let st = self.lock();
+        if st.base == 0 {
+            return None;
+        }
+        let extent = st.pages.extent();
+        let free = st.arena.free_ranges();
+        // A kept block a growth took back meanwhile is free in the arena
+        // already: counted once.
+        let kept = kept
+            .iter()
+            .map(|p| (p.off, p.len))
+            .filter(|&(off, _)| !free.iter().any(|&(f, l)| f <= off && off < f + l));
+        let mut ranges: Vec<(u64, usize, usize)> = Vec::new();
+        let mut largest = 0;
+        for (off, len) in free.iter().copied().chain(kept) {
+            if off >= extent {
+                continue;
+            }
+            let len = len.min(extent - off);
+            let (backed, run) = st.pages.backed_in(off, len);
+            largest = largest.max(run);
+            ranges.push((st.base + off, len as usize, backed as usize));
+        }
+        ranges.sort_by_key(|r| r.0);
+        Some(SegmentInfo {
+            layer: "cache",
+            address: st.base,
+            reserved: extent as usize,
+            mapped: st.pages.mapped_bytes(),
+            idle: ranges.iter().map(|r| r.2).sum(),
+            largest_idle: largest as usize,
+            stream: None,
+            expandable: true,
+            free_ranges: ranges,
+        })
+    }
+
     /// Bytes of idle mappings.
     pub(crate) fn idle_bytes(&self) -> usize {
         self.lock().pages.idle_bytes()
@@ -889,6 +942,11 @@ impl VirtualArena {
         let result = mapped.map(|(handle, pages)| {
             st.pages.map(first, pages, handle);
             self.held.fetch_add(pages as usize * page, Ordering::AcqRel);
+            history::record(|| {
+                MemoryEvent::new(MemoryAction::SegmentMap, self.access.gpu.ordinal())
+                    .on(stream)
+                    .at(base + u64::from(first) * self.page, pages as usize * page)
+            });
         });
         // The pages ahead that were not mapped (all of them on an error, or
         // when only the block's pages could be created) are free again;
@@ -982,6 +1040,9 @@ impl VirtualArena {
             tracing::warn!(error = %e, "releasing physical memory failed; leaked");
         }
         self.held.fetch_sub(bytes, Ordering::AcqRel);
+        history::record(|| {
+            MemoryEvent::new(MemoryAction::SegmentUnmap, gpu.ordinal()).at(addr, bytes)
+        });
     }
 
     /// Gives back every idle mapping the GPU is done with (waiting for the

@@ -1,0 +1,80 @@
+"""Installs streamalloc's other hooks on PyTorch's current pluggable
+allocator: `torch.cuda.empty_cache()`, `set_per_process_memory_fraction`
+and `Tensor.record_stream` then reach streamalloc.
+
+PyTorch offers these hooks only as C++ setters of `CUDAPluggableAllocator`
+(`set_reset_fn`, `set_memory_fraction_fn`, `set_record_stream_fn`,
+`set_init_fn`); this module compiles a ten-line extension that calls them
+with the functions `libtorch_alloc.so` exports. It needs a C++ compiler,
+ninja, and the CUDA runtime headers (the CUDA toolkit's, or the
+`nvidia-cuda-runtime` wheel's that PyTorch depends on).
+
+    import torch_hooks
+    torch.cuda.memory.change_current_allocator(alloc)
+    torch_hooks.install("target/release/libtorch_alloc.so")  # -> None, or why not
+"""
+import glob
+import os
+import sys
+
+CPP = r"""
+#include <dlfcn.h>
+#include <string>
+#include <torch/csrc/cuda/CUDAPluggableAllocator.h>
+
+namespace pa = torch::cuda::CUDAPluggableAllocator;
+
+std::string install(const std::string& lib) {
+  void* h = dlopen(lib.c_str(), RTLD_NOW | RTLD_NOLOAD);
+  if (h == nullptr) {
+    return std::string("dlopen: ") + dlerror();
+  }
+  auto current = std::dynamic_pointer_cast<pa::CUDAPluggableAllocator>(pa::getCurrentAllocator());
+  if (!current) {
+    return "the current allocator is not a CUDAPluggableAllocator";
+  }
+  auto init = reinterpret_cast<void (*)(int)>(dlsym(h, "streamalloc_torch_init"));
+  auto reset = reinterpret_cast<void (*)()>(dlsym(h, "streamalloc_torch_empty_cache"));
+  auto fraction = reinterpret_cast<void (*)(double, int)>(dlsym(h, "streamalloc_torch_set_memory_fraction"));
+  auto record = reinterpret_cast<void (*)(void*, cudaStream_t)>(dlsym(h, "streamalloc_torch_record_stream"));
+  if (!init || !reset || !fraction || !record) {
+    return "a streamalloc_torch_* symbol is missing";
+  }
+  current->set_init_fn(init);
+  current->set_reset_fn(reset);
+  current->set_memory_fraction_fn(fraction);
+  current->set_record_stream_fn(record);
+  return "";
+}
+"""
+
+
+def _cuda_includes():
+    """Directories holding cuda_runtime_api.h: CUDA_HOME's, then the
+    NVIDIA wheels' next to PyTorch."""
+    found = []
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+    found += [d for d in [os.path.join(home, "include")] if os.path.exists(os.path.join(d, "cuda_runtime_api.h"))]
+    for site in sys.path:
+        for header in glob.glob(os.path.join(site, "nvidia", "**", "cuda_runtime_api.h"), recursive=True):
+            found.append(os.path.dirname(header))
+    return list(dict.fromkeys(found))
+
+
+def install(lib_path):
+    """Sets the hooks on the current allocator (call after
+    `change_current_allocator`, before the first CUDA tensor). Returns
+    None when installed, else the reason."""
+    try:
+        from torch.utils.cpp_extension import load_inline
+
+        includes = _cuda_includes()
+        if not includes:
+            return "no cuda_runtime_api.h found (set CUDA_HOME)"
+        ext = load_inline(name="streamalloc_torch_hooks", cpp_sources=CPP, functions=["install"],
+                          extra_include_paths=includes, extra_ldflags=["-ldl"], with_cuda=False,
+                          verbose=False)
+        why = ext.install(os.path.abspath(lib_path))
+        return why or None
+    except Exception as e:  # no compiler, no ninja, no headers: say so
+        return f"{type(e).__name__}: {str(e)[-400:]}"

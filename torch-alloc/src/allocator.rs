@@ -1,0 +1,380 @@
+//! [`DeviceAllocator`]: one device's cache, its streams, its live blocks and
+//! its counters.
+//!
+//! # State
+//!
+//! - the device's [open-ended](StreamPool::open_ended) stream pool, which
+//!   PyTorch's streams join as they appear ([`streams`](crate::streams));
+//! - the stack `RetryOnOom<CachingResource<StreamOrderedResource>>` on it:
+//!   the cache (one virtual-memory arena for every stream) over the
+//!   stream-ordered bookkeeping, and a retry that reaps completed frees
+//!   before an out-of-memory error is final;
+//! - the [`BlockTable`] of live blocks by address;
+//! - counters: bytes PyTorch holds and their peak, the peak of bytes held
+//!   from the device, the limit a memory fraction sets, time spent in
+//!   `alloc` and `free`, failures.
+//!
+//! # Who changes it
+//!
+//! The C functions of [`ffi`](crate::ffi), from any thread: the stack and
+//! the table are thread-safe, the counters are atomics.
+//!
+//! # Failure
+//!
+//! Every method returns the error as a value; the C layer keeps it for
+//! `streamalloc_torch_last_error`. A refused allocation changes no
+//! counter but the failures; a free the resource refuses keeps its block
+//! in the table (leaked, never handed out twice).
+//!
+//! # Bounded
+//!
+//! By [`STREAMS`] streams per device: PyTorch makes at most 32 per
+//! priority (four priorities in 2.x) besides the default stream.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Instant;
+
+use streamalloc::adaptors::RetryOnOom;
+use streamalloc::cache::{CacheConfig, CachingResource};
+use streamalloc::gpu::Gpu;
+use streamalloc::types::{AllocTag, StreamId};
+use streamalloc::{
+    Backend, Device, DeviceMemoryResource, ResourceError, StreamOrderedResource, StreamPool,
+};
+
+use crate::blocks::BlockTable;
+use crate::context::KeepCurrentContext;
+use crate::streams::TorchStream;
+
+/// Streams one device can register: PyTorch's 32 per priority, four
+/// priorities, the default stream, and room for external ones.
+pub(crate) const STREAMS: usize = 192;
+
+/// Every block PyTorch asks for carries this tag.
+const TAG: AllocTag = AllocTag("torch");
+
+type Stack = RetryOnOom<CachingResource<StreamOrderedResource<Backend>>>;
+
+/// Why an allocator call failed.
+#[derive(Debug)]
+pub(crate) enum Refusal {
+    /// The library's error.
+    Resource(ResourceError),
+    /// `cudaStreamPerThread`, which names no one stream.
+    PerThreadStream,
+    /// A size PyTorch cannot mean (negative).
+    BadSize(isize),
+    /// Over the limit `set_memory_fraction` set, after idle memory was
+    /// given back.
+    OverFraction {
+        /// Bytes asked for.
+        requested: usize,
+        /// Bytes held from the device.
+        held: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// A pointer this allocator has no live block at.
+    UnknownPointer(u64),
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::Resource(e) => write!(f, "{e}"),
+            Refusal::PerThreadStream => write!(
+                f,
+                "cudaStreamPerThread is another stream on every thread: not supported"
+            ),
+            Refusal::BadSize(size) => write!(f, "size {size} is negative"),
+            Refusal::OverFraction {
+                requested,
+                held,
+                limit,
+            } => write!(
+                f,
+                "{requested} B more would pass the memory fraction's limit of {limit} B ({held} B held)"
+            ),
+            Refusal::UnknownPointer(ptr) => {
+                write!(f, "{ptr:#x} is not a live allocation of this allocator")
+            }
+        }
+    }
+}
+
+impl From<ResourceError> for Refusal {
+    fn from(e: ResourceError) -> Self {
+        Refusal::Resource(e)
+    }
+}
+
+/// Counters of one device, all relaxed atomics (each is read alone).
+#[derive(Debug, Default)]
+struct Counters {
+    allocated: AtomicUsize,
+    peak_allocated: AtomicUsize,
+    peak_reserved: AtomicUsize,
+    alloc_nanos: AtomicU64,
+    free_nanos: AtomicU64,
+    allocs: AtomicU64,
+    frees: AtomicU64,
+    failures: AtomicU64,
+}
+
+/// A snapshot of one device's counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(C)]
+pub struct TorchAllocStats {
+    /// Bytes PyTorch holds now (the sizes it asked for).
+    pub allocated_bytes: u64,
+    /// The most it held since the last peak reset.
+    pub peak_allocated_bytes: u64,
+    /// Bytes held from the device now: mapped by the cache's arena, or
+    /// allocated from the driver's pool, live or idle.
+    pub reserved_bytes: u64,
+    /// The most held from the device since the last peak reset, read after
+    /// every allocation.
+    pub peak_reserved_bytes: u64,
+    /// Allocations served.
+    pub allocs: u64,
+    /// Frees taken.
+    pub frees: u64,
+    /// Nanoseconds spent in `alloc` calls, on the calling threads.
+    pub alloc_nanos: u64,
+    /// Nanoseconds spent in `free` calls.
+    pub free_nanos: u64,
+    /// Calls refused (null returned, or a free refused).
+    pub failures: u64,
+}
+
+/// One device's allocator.
+pub(crate) struct DeviceAllocator {
+    pool: Arc<StreamPool>,
+    stack: Stack,
+    blocks: BlockTable,
+    counters: Counters,
+    /// Bytes held from the device that a memory fraction allows
+    /// (`usize::MAX`: none set).
+    limit: AtomicUsize,
+    /// The device's memory, for a fraction (0 when the driver could not say).
+    total: usize,
+    /// Whether the backend is CUDA (whose calls change the thread's
+    /// current context).
+    cuda: bool,
+}
+
+impl std::fmt::Debug for DeviceAllocator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceAllocator")
+            .field("streams", &self.pool.len())
+            .field("counters", &self.counters)
+            .finish()
+    }
+}
+
+impl DeviceAllocator {
+    /// The allocator of `gpu`'s device, with no stream yet.
+    pub(crate) fn new(gpu: Arc<Backend>) -> Result<Self, ResourceError> {
+        let cuda = gpu.cuda().is_some();
+        let pool = StreamPool::open_ended(gpu.ordinal(), STREAMS);
+        let total = gpu.mem_info().map_or(0, |(_, total)| total);
+        let device = Device::new(gpu, pool.clone())?;
+        let config = CacheConfig::default().streams(STREAMS);
+        let cache = CachingResource::with_config(StreamOrderedResource::new(&device), config);
+        Ok(DeviceAllocator {
+            pool,
+            stack: RetryOnOom::new(cache),
+            blocks: BlockTable::default(),
+            counters: Counters::default(),
+            limit: AtomicUsize::new(usize::MAX),
+            total,
+            cuda,
+        })
+    }
+
+    /// A guard that puts the thread's current CUDA context back when a
+    /// call of this allocator is done (`None` on the simulator).
+    pub(crate) fn keep_context(&self) -> Option<KeepCurrentContext> {
+        self.cuda.then(KeepCurrentContext::new)
+    }
+
+    /// The id of PyTorch's stream `stream`, registering it the first time.
+    fn stream(&self, stream: usize) -> Result<StreamId, Refusal> {
+        let torch = TorchStream::new(stream).ok_or(Refusal::PerThreadStream)?;
+        // SAFETY: `torch` is a handle PyTorch passed to its allocator for
+        // this device: a stream of the primary context this device's
+        // backend was opened on, alive for the rest of the process, one
+        // stream on every thread (see `crate::streams`); or, on the
+        // simulated device, a handle the test gives as its simulator's.
+        let raw = unsafe { torch.raw() };
+        if let Some(id) = self.pool.find(raw) {
+            return Ok(id);
+        }
+        // SAFETY: as above.
+        Ok(unsafe { self.pool.register(raw) }?)
+    }
+
+    /// A block of `size` bytes for work on `stream`; its address.
+    pub(crate) fn alloc(&self, size: isize, stream: usize) -> Result<u64, Refusal> {
+        let started = Instant::now();
+        let result = self.alloc_inner(size, stream);
+        self.counters
+            .alloc_nanos
+            .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        if result.is_err() {
+            self.counters.failures.fetch_add(1, Ordering::Relaxed);
+        }
+        result
+    }
+
+    fn alloc_inner(&self, size: isize, stream: usize) -> Result<u64, Refusal> {
+        let size = usize::try_from(size).map_err(|_| Refusal::BadSize(size))?;
+        let stream = self.stream(stream)?;
+        self.within_fraction(size)?;
+        let block = match self.stack.allocate(size, stream, TAG) {
+            Ok(block) => block,
+            Err(ResourceError::OutOfMemory { .. }) => {
+                // Idle memory of every stream back, then once more.
+                self.stack.release_idle()?;
+                self.stack.allocate(size, stream, TAG)?
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let ptr = block.ptr();
+        self.blocks.insert(block);
+        let c = &self.counters;
+        c.allocs.fetch_add(1, Ordering::Relaxed);
+        let now = c.allocated.fetch_add(size, Ordering::Relaxed) + size;
+        c.peak_allocated.fetch_max(now, Ordering::Relaxed);
+        c.peak_reserved
+            .fetch_max(self.stack.bytes_outstanding(), Ordering::Relaxed);
+        Ok(ptr)
+    }
+
+    /// Refuses `size` more bytes past the memory fraction's limit, after
+    /// giving idle memory back.
+    fn within_fraction(&self, size: usize) -> Result<(), Refusal> {
+        let limit = self.limit.load(Ordering::Relaxed);
+        if limit == usize::MAX {
+            return Ok(());
+        }
+        let held = self.stack.bytes_outstanding();
+        if held.saturating_add(size) <= limit {
+            return Ok(());
+        }
+        self.stack.release_idle()?;
+        let held = self.stack.bytes_outstanding();
+        if held.saturating_add(size) <= limit {
+            return Ok(());
+        }
+        Err(Refusal::OverFraction {
+            requested: size,
+            held,
+            limit,
+        })
+    }
+
+    /// Frees the block at `ptr`, after the uses `record_stream` named.
+    pub(crate) fn free(&self, ptr: u64) -> Result<(), Refusal> {
+        let started = Instant::now();
+        let result = self.free_inner(ptr);
+        self.counters
+            .free_nanos
+            .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        if result.is_err() {
+            self.counters.failures.fetch_add(1, Ordering::Relaxed);
+        }
+        result
+    }
+
+    fn free_inner(&self, ptr: u64) -> Result<(), Refusal> {
+        let entry = self
+            .blocks
+            .remove(ptr)
+            .ok_or(Refusal::UnknownPointer(ptr))?;
+        // The uses are recorded now, at the free, as PyTorch's allocator
+        // records its events: the free waits for everything queued on
+        // those streams so far.
+        for &stream in &entry.uses {
+            if let Err(e) = self.stack.record_block_use(&entry.block, stream) {
+                self.blocks.restore(entry);
+                return Err(e.into());
+            }
+        }
+        let size = entry.block.size();
+        let block = entry.block.clone();
+        match self.stack.deallocate(block) {
+            Ok(()) => {
+                self.counters.frees.fetch_add(1, Ordering::Relaxed);
+                self.counters.allocated.fetch_sub(size, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => {
+                // Not freed: the block stays taken (leaked), never handed out
+                // twice.
+                self.blocks.restore(entry);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Notes that the block at `ptr` is used on `stream` too.
+    pub(crate) fn record_stream(&self, ptr: u64, stream: usize) -> Result<(), Refusal> {
+        let stream = self.stream(stream)?;
+        if self.blocks.record_use(ptr, stream) {
+            Ok(())
+        } else {
+            Err(Refusal::UnknownPointer(ptr))
+        }
+    }
+
+    /// Whether a live block of this device starts at `ptr`.
+    pub(crate) fn owns(&self, ptr: u64) -> bool {
+        self.blocks.contains(ptr)
+    }
+
+    /// Gives idle memory back to the device; the bytes given back.
+    pub(crate) fn empty_cache(&self) -> Result<usize, Refusal> {
+        Ok(self.stack.release_idle()?)
+    }
+
+    /// Limits the bytes held from the device to `fraction` of its memory
+    /// (1.0 or more, or NaN: no limit).
+    pub(crate) fn set_memory_fraction(&self, fraction: f64) {
+        let limit = if fraction.is_nan() || fraction >= 1.0 || self.total == 0 {
+            usize::MAX
+        } else {
+            (self.total as f64 * fraction.max(0.0)) as usize
+        };
+        self.limit.store(limit, Ordering::Relaxed);
+    }
+
+    /// The counters now.
+    pub(crate) fn stats(&self) -> TorchAllocStats {
+        let c = &self.counters;
+        let load = |a: &AtomicUsize| a.load(Ordering::Relaxed) as u64;
+        TorchAllocStats {
+            allocated_bytes: load(&c.allocated),
+            peak_allocated_bytes: load(&c.peak_allocated),
+            reserved_bytes: self.stack.bytes_outstanding() as u64,
+            peak_reserved_bytes: load(&c.peak_reserved),
+            allocs: c.allocs.load(Ordering::Relaxed),
+            frees: c.frees.load(Ordering::Relaxed),
+            alloc_nanos: c.alloc_nanos.load(Ordering::Relaxed),
+            free_nanos: c.free_nanos.load(Ordering::Relaxed),
+            failures: c.failures.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Starts the peaks again from what is held now, and zeroes the times.
+    pub(crate) fn reset_peaks(&self) {
+        let c = &self.counters;
+        c.peak_allocated
+            .store(c.allocated.load(Ordering::Relaxed), Ordering::Relaxed);
+        c.peak_reserved
+            .store(self.stack.bytes_outstanding(), Ordering::Relaxed);
+        c.alloc_nanos.store(0, Ordering::Relaxed);
+        c.free_nanos.store(0, Ordering::Relaxed);
+    }
+}
