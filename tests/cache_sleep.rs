@@ -327,3 +327,120 @@ fn a_failed_pin_changes_nothing() {
     c.cache.deallocate(weights).unwrap();
     c.assert_race_free();
 }
+
+#[test]
+fn a_failed_offload_copy_leaves_every_block_awake() {
+    let c = Cache::new(1);
+    let a = c.s(0);
+    let first = c.cache.allocate(4 * MIB, a, WEIGHTS).unwrap();
+    let second = c.cache.allocate(4 * MIB, a, WEIGHTS).unwrap();
+    let held = c.cache.physical_bytes();
+    // The first copy is queued, the second fails.
+    c.gpu.fail_nth(DriverCall::MemcpyHostAsync, 2);
+    assert!(c.cache.sleep(&plan()).is_err());
+    assert!(!c.cache.is_asleep());
+    assert_eq!(c.cache.physical_bytes(), held);
+    for b in [&first, &second] {
+        c.cache.prepare_block_use(b.id(), a, Access::Write).unwrap();
+        c.kernel(a, MemAccess::write(b));
+        c.cache.finish_block_use(b.id(), a, Access::Write).unwrap();
+    }
+    c.assert_race_free();
+    // The host memory the queued copy wrote goes once it is seen done;
+    // the other went at once.
+    assert!(c.cache.settle_sleep().unwrap());
+    assert_eq!(c.gpu.host_bytes(), 0);
+    c.cache.deallocate(first).unwrap();
+    c.cache.deallocate(second).unwrap();
+    c.assert_race_free();
+}
+
+#[test]
+fn a_wake_short_of_memory_stays_asleep_and_the_next_one_wakes() {
+    let c = Cache::new(1);
+    let a = c.s(0);
+    let weights = c.cache.allocate(8 * MIB, a, WEIGHTS).unwrap();
+    c.cache.sleep(&plan()).unwrap();
+    let asleep = c.cache.physical_bytes();
+    c.gpu.fail_nth(DriverCall::MemCreate, 1);
+    assert!(c.cache.wake().is_err());
+    assert!(c.cache.is_asleep());
+    assert_eq!(c.cache.physical_bytes(), asleep);
+    assert!(matches!(
+        c.cache.prepare_block_use(weights.id(), a, Access::Read),
+        Err(ResourceError::BlockAsleep { .. })
+    ));
+    c.cache.wake().unwrap();
+    assert_eq!(c.copies(), 2);
+    c.cache
+        .prepare_block_use(weights.id(), a, Access::Read)
+        .unwrap();
+    c.kernel(a, MemAccess::read(&weights));
+    c.cache
+        .finish_block_use(weights.id(), a, Access::Read)
+        .unwrap();
+    c.cache.deallocate(weights).unwrap();
+    c.assert_race_free();
+}
+
+#[test]
+fn idle_cached_pages_go_back_at_the_sleep_too() {
+    let c = Cache::new(1);
+    let a = c.s(0);
+    let weights = c.cache.allocate(8 * MIB, a, WEIGHTS).unwrap();
+    let scratch = c.cache.allocate(8 * MIB, a, REQUEST).unwrap();
+    c.kernel(a, MemAccess::write(&scratch));
+    c.cache.deallocate(scratch).unwrap();
+    c.gpu.run_until_idle();
+    assert!(c.cache.physical_bytes() >= 16 * MIB);
+    c.cache.sleep(&plan()).unwrap();
+    assert_eq!(
+        c.cache.physical_bytes(),
+        0,
+        "the weights' pages and the idle ones"
+    );
+    c.cache.wake().unwrap();
+    c.cache.deallocate(weights).unwrap();
+    c.assert_race_free();
+}
+
+/// Through the futures layer, on a device that runs on its own: the sleep
+/// future completes once the host saw the work queued before it done, with
+/// no thread parked, and the unmap after it is clean.
+#[tokio::test(flavor = "current_thread")]
+async fn the_async_sleep_awaits_the_queued_work() {
+    use std::time::Duration;
+    use streamalloc::futures::AsyncResource;
+    use streamalloc::{Device, ResourceBuilder};
+
+    let gpu = SimGpu::builder()
+        .op_latency(Duration::from_millis(2))
+        .build();
+    let device = Device::sim(&gpu, 2);
+    let res = AsyncResource::build(
+        &device,
+        &ResourceBuilder::new().cache(CacheConfig::default()),
+    )
+    .unwrap();
+    let (a, b) = (device.stream(0).unwrap(), device.stream(1).unwrap());
+    let weights = res.allocate(8 * MIB, a, WEIGHTS).await.unwrap();
+    for (s, access) in [(a, Access::Write), (b, Access::Read)] {
+        res.prepare_block_use(weights.id(), s, access).unwrap();
+        let raw = res.stream_pool().raw(s).unwrap();
+        let use_ = match access {
+            Access::Write => MemAccess::write(&weights),
+            Access::Read => MemAccess::read(&weights),
+        };
+        gpu.launch_kernel(raw, &[use_]).unwrap();
+        drop(res.finish_block_use(weights.id(), s, access).unwrap());
+    }
+    let held = res.inner().physical_bytes();
+    res.sleep(&plan()).await.unwrap();
+    assert!(res.inner().physical_bytes() + 8 * MIB <= held);
+    res.wake().await.unwrap();
+    res.prepare_block_use(weights.id(), b, Access::Read)
+        .unwrap();
+    drop(res.deallocate(weights).unwrap());
+    gpu.run_until_idle();
+    assert!(gpu.races().is_empty(), "{:#?}", gpu.races());
+}

@@ -298,8 +298,10 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
 
     /// Gives back the memory of the sleep in effect once a query shows the
     /// GPU done with the work [`begin_sleep`](Self::begin_sleep) queued
-    /// (never waiting), and the idle cached mappings the GPU is done with;
-    /// true when nothing of the sleep is left to give back, false while
+    /// (never waiting), and, while asleep, the idle cached mappings the
+    /// GPU is done with; also frees the pinned host memory of the last
+    /// wake whose copies the host saw complete. True when nothing of the
+    /// sleep is left to give back (or none is in effect), false while
     /// that work may still run.
     ///
     /// # Errors
@@ -308,8 +310,9 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         let Some(arena) = &self.arena else {
             return Ok(true);
         };
+        let asleep = arena.is_asleep();
         let settled = arena.settle_sleep()?;
-        if settled {
+        if settled && asleep {
             self.reclaim_mapped(false);
         }
         Ok(settled)
