@@ -64,7 +64,7 @@ want host && [ -x $B/bin-host_staging ] && {
 want torch && [ -f $B/libtorch_alloc.so ] && {
   timeout ${TORCH_S:-300} python3 torch-alloc/scripts/compare_models.py --lib $B/libtorch_alloc.so --out $O/torch ${TORCH_ARGS:-}; echo "exit $?"
   for m in ${TORCH_SAN:-}; do timeout 200 python3 torch-alloc/scripts/compare_models.py --lib $B/libtorch_alloc.so --out $O/memcheck-$m --only-sanitize --models $m; echo "memcheck $m exit $?"; done
-} > $O/torch.txt 2>&1; want torch && pack torch
+} > $O/torch.txt 2>&1; rm -f $O/torch/*.pt $O/memcheck-*/*.pt; want torch && pack torch
 # A snapshot exported by memory_viz, read by PyTorch's own _memory_viz;
 # the out-of-memory report example.
 want viz && [ -x $B/bin-memory_viz ] && {

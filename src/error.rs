@@ -361,6 +361,13 @@ pub enum ResourceError {
     /// The resource (or its background task) has shut down.
     #[error("the resource has shut down")]
     Shutdown,
+    /// The resource is closed
+    /// ([`AsyncResource::close`](crate::futures::AsyncResource::close),
+    /// or its `shutdown`): it serves no new allocation or reservation,
+    /// and the ones that were waiting fail with this. Frees, completions
+    /// and buffers already held work as before.
+    #[error("the resource is closed: it takes no new allocations")]
+    Closed,
     /// A range of elements lies outside a buffer (or is reversed).
     #[error("range {start}..{end} is outside a buffer of {len} elements")]
     OutOfBounds {
@@ -479,6 +486,15 @@ pub enum ResourceError {
 }
 
 impl ResourceError {
+    /// Whether the error is a refusal for lack of memory (the device's or
+    /// a budget's): what a request may wait out.
+    pub fn is_lack_of_memory(&self) -> bool {
+        matches!(
+            self,
+            ResourceError::OutOfMemory { .. } | ResourceError::BudgetExceeded { .. }
+        )
+    }
+
     /// `Ok` when `found` is the device `expected`, else
     /// [`ResourceError::WrongDevice`]: the one check every layer makes before
     /// touching a stream or block of a device.

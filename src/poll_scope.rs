@@ -19,6 +19,12 @@
 //! ([`SimGpu::blocking_calls_in_polls`](crate::gpu::sim::SimGpu::blocking_calls_in_polls)),
 //! so that tests catch a blocking call that comes back.
 //!
+//! A poll that tries an allocation which will *wait* when refused (the
+//! head of the futures layer's queue) also marks the try
+//! ([`WaitingTry`]): a refusal for lack of memory is then the start or the
+//! continuation of a wait, not a failure, and the statistics and tracing
+//! layers below count and log it as such ([`in_waiting_try`]).
+//!
 //! The scope is a per-thread depth counter (tokio detects a `block_on`
 //! inside a runtime the same way): nested scopes are fine, and a scope never
 //! leaks to another thread.
@@ -27,6 +33,7 @@ use std::cell::Cell;
 
 thread_local! {
     static DEPTH: Cell<u32> = const { Cell::new(0) };
+    static WAITING_TRY: Cell<bool> = const { Cell::new(false) };
 }
 
 /// The current thread is inside a poll of the crate's futures until this is
@@ -59,6 +66,39 @@ pub(crate) fn in_poll() -> bool {
     DEPTH.with(|d| d.get() > 0)
 }
 
+/// The current thread is trying an allocation that waits when refused for
+/// lack of memory, until this is dropped. See the
+/// [module documentation](self).
+#[derive(Debug)]
+pub(crate) struct WaitingTry {
+    /// What was marked before (a try inside a try stays marked).
+    outer: bool,
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl WaitingTry {
+    /// Marks the current thread's try.
+    pub(crate) fn enter() -> WaitingTry {
+        WaitingTry {
+            outer: WAITING_TRY.with(|w| w.replace(true)),
+            _not_send: std::marker::PhantomData,
+        }
+    }
+}
+
+impl Drop for WaitingTry {
+    fn drop(&mut self) {
+        WAITING_TRY.with(|w| w.set(self.outer));
+    }
+}
+
+/// Whether the allocation being tried on this thread waits when refused
+/// for lack of memory: a refusal then is not a failure. Read only on the
+/// refusal's path.
+pub(crate) fn in_waiting_try() -> bool {
+    WAITING_TRY.with(|w| w.get())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -75,5 +115,19 @@ mod tests {
         assert!(!std::thread::spawn(in_poll).join().unwrap());
         drop(outer);
         assert!(!in_poll());
+    }
+
+    #[test]
+    fn a_waiting_try_is_marked_until_it_ends_and_nests() {
+        assert!(!in_waiting_try());
+        let outer = WaitingTry::enter();
+        {
+            let _inner = WaitingTry::enter();
+            assert!(in_waiting_try());
+        }
+        assert!(in_waiting_try(), "the inner try's end unmarked the outer");
+        assert!(!std::thread::spawn(in_waiting_try).join().unwrap());
+        drop(outer);
+        assert!(!in_waiting_try());
     }
 }

@@ -66,7 +66,7 @@ fn over_the_limit_is_refused_and_changes_nothing() {
     ));
     assert_eq!(budget.in_use(), 600);
     // Exactly up to the limit is fine.
-    r.allocate(400, f.stream(0), T).unwrap();
+    let _kept = r.allocate(400, f.stream(0), T).unwrap();
     assert_eq!(budget.in_use(), 1000);
 }
 

@@ -64,6 +64,7 @@ fn counts_current_peak_and_total_per_tag() {
             peak_blocks: 3,
             total_blocks: 4,
             failed_allocations: 0,
+            ..Counts::default()
         }
     );
     assert_eq!(
@@ -76,6 +77,7 @@ fn counts_current_peak_and_total_per_tag() {
             peak_blocks: 2,
             total_blocks: 3,
             failed_allocations: 0,
+            ..Counts::default()
         }
     );
     assert_eq!(snap.tag(W).unwrap().current_bytes, 1000);

@@ -104,7 +104,7 @@ fn one_layer_wraps_one_resource_per_device() {
     let d1 = common::sim_with(SimGpu::builder().manual().ordinal(1).build(), 1);
     let r0 = layer.layer(d0.resource.clone());
     let r1 = layer.layer(d1.resource.clone());
-    r0.allocate(700, d0.stream(0), T).unwrap();
+    let _kept = r0.allocate(700, d0.stream(0), T).unwrap();
     assert!(matches!(
         r1.allocate(700, d1.stream(0), T),
         Err(ResourceError::BudgetExceeded { .. })
@@ -121,7 +121,7 @@ fn stack_and_identity_compose_by_hand() {
         Stack::new(Identity::new(), BudgetLayer::new(&budget)),
     );
     let r: BudgetResource<StatsResource<Arc<SimResource>>> = stack.layer(f.resource.clone());
-    r.allocate(10, f.stream(0), T).unwrap();
+    let _kept = r.allocate(10, f.stream(0), T).unwrap();
     assert_eq!(budget.in_use(), 10);
     assert_eq!(stack.inner().stats().snapshot().overall.total_blocks, 1);
 }

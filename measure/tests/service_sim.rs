@@ -222,3 +222,58 @@ fn streams_far_ahead_of_the_gpu_still_share_what_they_free() {
         assert!(gpu.races().is_empty(), "races: {:?}", gpu.races());
     }
 }
+
+/// `service_bench --budget-quarter`: under a budget of a quarter of the
+/// peak demand, each request taking its three buffers as one unit, and
+/// the same service awaiting them one by one behind a tokio `Semaphore`
+/// that mirrors the budget, answer every request, with no race and
+/// nothing outstanding after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_quarter_budget_serves_every_request_reserved_and_behind_a_semaphore() {
+    use streamalloc::{Budget, CacheConfig, ResourceBuilder};
+    use streamalloc_measure::service::streamalloc_way::{Level, Memory};
+
+    let gpu = SimGpu::builder()
+        .seed(7)
+        .op_latency(std::time::Duration::from_micros(2))
+        .build();
+    let device = Device::simulated(&gpu, STREAMS);
+    let kernels = Arc::new(SimKernels::new(gpu.clone()));
+    for clients in [16, 64] {
+        let limit = streamalloc_way::quarter_budget(&Dims::BENCH, clients);
+        assert!(limit < clients * streamalloc_way::max_request_bytes(&Dims::BENCH));
+        for memory in [
+            Memory::Reserved,
+            Memory::Semaphore {
+                permits: streamalloc_way::semaphore_permits(limit),
+            },
+        ] {
+            let budget = Budget::new(limit);
+            let layers = ResourceBuilder::new()
+                .cache(CacheConfig::default())
+                .budget(&budget);
+            let res = AsyncResource::build(&device, &layers).unwrap().into_any();
+            let level = Level {
+                dims: Dims::BENCH,
+                clients,
+                requests_per_client: 3,
+                seed: 42,
+                memory,
+            };
+            let row = streamalloc_way::run_level_observed(&res, &kernels, level, &mut |_| {})
+                .await
+                .unwrap_or_else(|e| panic!("{memory:?} at {clients} clients: {e}"));
+            assert_eq!(
+                row.requests,
+                clients * 3,
+                "{memory:?}: every request answered"
+            );
+            assert_eq!(row.way, memory.way_name());
+            assert!(budget.peak() <= limit, "{memory:?}: the budget was passed");
+            let left = streamalloc_way::release_all(&res).await.unwrap();
+            assert_eq!(left, 0, "{memory:?}: 0 B outstanding at the end");
+            assert_eq!(budget.in_use(), 0);
+        }
+    }
+    assert!(gpu.races().is_empty(), "races: {:?}", gpu.races());
+}

@@ -45,7 +45,7 @@ pub use cache_layer::CacheLayer;
 pub use debug_guard::{DebugGuard, DebugGuardLayer, GpuPoison, GuardConfig, Poison};
 pub use layer::{Identity, Layer, Stack};
 pub use retry::{RetryOnOom, RetryOnOomLayer};
-pub use stats::{Counts, Stats, StatsLayer, StatsResource, StatsSnapshot};
+pub use stats::{Counts, Stats, StatsLayer, StatsResource, StatsSnapshot, WaitOutcome};
 pub use trace::{TracingLayer, TracingResource};
 
 #[cfg(doc)]

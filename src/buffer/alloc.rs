@@ -15,7 +15,7 @@ use crate::error::{ResourceError, ResourceResult};
 use crate::futures::{AllocFuture, AsyncResource};
 use crate::gpu::Gpu;
 use crate::resource::{DeviceMemoryResource, StreamOrderedResource};
-use crate::types::{AllocTag, StreamId};
+use crate::types::{AllocTag, StreamId, Tag};
 
 /// The future of [`AsyncResource::allocate_buffer`]: an [`AllocFuture`]
 /// whose block becomes a [`Buffer`] in the same poll that allocates it.
@@ -50,7 +50,7 @@ impl<T: Element> Future for BufferFuture<T> {
     }
 }
 
-impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
+impl<R: DeviceMemoryResource + ?Sized + 'static> AsyncResource<R> {
     /// Allocates a buffer of `len` elements of `T` on `stream`, waiting
     /// while the device or budget is full (as [`allocate`](Self::allocate)).
     /// Dropping the buffer frees it, stream-ordered, after its uses.
@@ -65,7 +65,7 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
         &self,
         len: usize,
         stream: StreamId,
-        tag: AllocTag,
+        tag: impl Into<Tag>,
     ) -> BufferFuture<T> {
         let alloc = byte_len::<T>(len)
             .map(|bytes| self.allocate(bytes, stream, tag))
@@ -88,7 +88,7 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
         &self,
         len: usize,
         stream: StreamId,
-        tag: AllocTag,
+        tag: impl Into<Tag>,
     ) -> ResourceResult<Buffer<T>> {
         let block = self.try_allocate(byte_len::<T>(len)?, stream, tag)?;
         Ok(Buffer::adopt(block, len, self.core().clone()))

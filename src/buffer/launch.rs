@@ -63,14 +63,14 @@ use crate::types::{Access, DeviceBlock, RawStream, StreamId};
 /// declared block and the uses that conflict with it; later conflicting
 /// uses and the frees wait for the launch.
 #[must_use = "a BufferLaunch queues nothing until `enqueue`"]
-pub struct BufferLaunch<'a, R> {
+pub struct BufferLaunch<'a, R: ?Sized> {
     res: &'a AsyncResource<R>,
     stream: StreamId,
     buffers: Vec<(&'a BufferCore, Access)>,
     blocks: Vec<(DeviceBlock, Access)>,
 }
 
-impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
+impl<R: DeviceMemoryResource + ?Sized + 'static> AsyncResource<R> {
     /// Starts declaring a launch on `stream` (see [`BufferLaunch`]).
     pub fn launch(&self, stream: StreamId) -> BufferLaunch<'_, R> {
         BufferLaunch {
@@ -82,7 +82,7 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
     }
 }
 
-impl<'a, R: DeviceMemoryResource + 'static> BufferLaunch<'a, R> {
+impl<'a, R: DeviceMemoryResource + ?Sized + 'static> BufferLaunch<'a, R> {
     /// The launch reads `buf`.
     pub fn read<T>(mut self, buf: &'a Buffer<T>) -> Self {
         self.buffers.push((&buf.core, Access::Read));
@@ -220,7 +220,7 @@ impl Drop for UnfinishedUses<'_> {
     }
 }
 
-impl<R> fmt::Debug for BufferLaunch<'_, R> {
+impl<R: ?Sized> fmt::Debug for BufferLaunch<'_, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BufferLaunch")
             .field("stream", &self.stream)

@@ -6,7 +6,7 @@ use super::owned::{Buffer, byte_len};
 use crate::error::ResourceResult;
 use crate::futures::{AsyncResource, MemoryReservation};
 use crate::resource::DeviceMemoryResource;
-use crate::types::{AllocTag, StreamId};
+use crate::types::{StreamId, Tag};
 
 impl MemoryReservation {
     /// Takes a buffer of `len` elements of `T` from the reservation: the
@@ -26,7 +26,7 @@ impl MemoryReservation {
     }
 }
 
-impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
+impl<R: DeviceMemoryResource + ?Sized + 'static> AsyncResource<R> {
     /// Allocates one buffer of each of `lens` elements of `T` on `stream`,
     /// all or nothing: a [`reserve`](Self::reserve) of their sizes, whose
     /// blocks become the buffers, in the order asked.
@@ -45,7 +45,7 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
         &self,
         lens: &[usize],
         stream: StreamId,
-        tag: AllocTag,
+        tag: impl Into<Tag>,
     ) -> ResourceResult<Vec<Buffer<T>>> {
         let sizes = lens
             .iter()

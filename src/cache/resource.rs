@@ -639,6 +639,12 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R>
         self.graphs().release_capture_pools(capture, after)
     }
 
+    /// Shows its [`CacheStats`] as of now, then the layers below.
+    fn visit_layers(&self, visit: &mut dyn FnMut(&dyn std::any::Any)) {
+        visit(&self.stats());
+        self.inner.visit_layers(visit)
+    }
+
     /// `false`: the cost is estimated before the block is placed (see the
     /// trait method).
     fn allocation_cost_is_exact(&self) -> bool {

@@ -12,7 +12,7 @@ use super::waiter::{Attempt, Waiter};
 use crate::error::{ResourceError, ResourceResult};
 use crate::observe::history::{self, MemoryAction, MemoryEvent};
 use crate::poll_scope::PollScope;
-use crate::types::{AllocTag, DeviceBlock, StreamId};
+use crate::types::{AllocTag, DeviceBlock, StreamId, Tag};
 
 /// A future allocation: waits, first come first served, while the device (or
 /// a budget) is full.
@@ -38,16 +38,14 @@ pub struct AllocFuture {
     waiter: Waiter,
     bytes: usize,
     stream: StreamId,
-    tag: AllocTag,
 }
 
 impl AllocFuture {
-    pub(crate) fn new(core: Arc<Core>, bytes: usize, stream: StreamId, tag: AllocTag) -> Self {
+    pub(crate) fn new(core: Arc<Core>, bytes: usize, stream: StreamId, tag: Tag) -> Self {
         AllocFuture {
-            waiter: Waiter::new(core),
+            waiter: Waiter::new(core, tag),
             bytes,
             stream,
-            tag,
         }
     }
 
@@ -75,10 +73,12 @@ impl Future for AllocFuture {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let _scope = PollScope::enter();
-        let (bytes, stream, tag) = (self.bytes, self.stream, self.tag);
+        let (bytes, stream) = (self.bytes, self.stream);
+        let tag = self.waiter.tag.kind();
         let was_waiting = self.waiter.is_waiting();
         let poll = self.waiter.poll(
             cx,
+            bytes,
             |core| core.check_request(bytes, stream),
             |core| match core.inner.allocate(bytes, stream, tag) {
                 Ok(block) => {

@@ -22,7 +22,7 @@ use crate::gpu::{CaptureId, Gpu};
 use crate::observe::history::{self, MemoryAction, MemoryEvent};
 use crate::observe::{MemorySnapshot, OomReport, WaitersInfo};
 use crate::resource::{DeviceMemoryResource, StreamOrderedResource};
-use crate::types::{Access, AllocTag, BlockId, BlockState, CompletedUses, DeviceBlock, StreamId};
+use crate::types::{Access, BlockId, BlockState, CompletedUses, DeviceBlock, StreamId, Tag};
 
 /// A stream-ordered resource that async code can await: allocations wait for
 /// memory instead of failing, completion points and frees are futures, and
@@ -52,12 +52,19 @@ use crate::types::{Access, AllocTag, BlockId, BlockState, CompletedUses, DeviceB
 /// # Ok(()) }
 /// ```
 #[derive(Debug)]
-pub struct AsyncResource<R> {
+pub struct AsyncResource<R: ?Sized> {
     inner: Arc<R>,
     core: Arc<Core>,
 }
 
-impl<R> Clone for AsyncResource<R> {
+/// An [`AsyncResource`] over any stack, its type erased: what a struct
+/// holds (RMM's `any_resource`). Made by
+/// [`AsyncResource::into_any`]; every method of the typed resource is
+/// there, and the layers' handles are reached by type
+/// ([`AsyncResource::layer`]).
+pub type AnyResource = AsyncResource<dyn DeviceMemoryResource>;
+
+impl<R: ?Sized> Clone for AsyncResource<R> {
     fn clone(&self) -> Self {
         AsyncResource {
             inner: self.inner.clone(),
@@ -156,6 +163,16 @@ impl AsyncResource<Arc<dyn DeviceMemoryResource>> {
 }
 
 impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
+    /// The same resource with its type erased, for a struct field or a
+    /// collection of stacks of different types: cloneable, every method
+    /// and layer handle still there.
+    pub fn into_any(self) -> AnyResource {
+        AsyncResource {
+            inner: self.inner,
+            core: self.core,
+        }
+    }
+
     /// Makes a stream-ordered resource on `device`, stacks `layers` over
     /// it and wraps the stack: the safe way to put the futures layer over
     /// a stack (see [`with_device`](Self::with_device) for one you built).
@@ -254,7 +271,9 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
         core.hold_budget_relief(&budgets);
         Ok(AsyncResource { inner, core })
     }
+}
 
+impl<R: DeviceMemoryResource + ?Sized + 'static> AsyncResource<R> {
     /// The wrapped resource.
     pub fn inner(&self) -> &Arc<R> {
         &self.inner
@@ -282,8 +301,8 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
     ///
     /// # Stream ordering
     /// The block is usable on `stream` from this point of its order.
-    pub fn allocate(&self, bytes: usize, stream: StreamId, tag: AllocTag) -> AllocFuture {
-        AllocFuture::new(self.core.clone(), bytes, stream, tag)
+    pub fn allocate(&self, bytes: usize, stream: StreamId, tag: impl Into<Tag>) -> AllocFuture {
+        AllocFuture::new(self.core.clone(), bytes, stream, tag.into())
     }
 
     /// Reserves a request's memory as one unit: one block of each of
@@ -313,9 +332,9 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
         &self,
         sizes: &[usize],
         stream: StreamId,
-        tag: AllocTag,
+        tag: impl Into<Tag>,
     ) -> super::ReserveFuture {
-        super::ReserveFuture::new(self.core.clone(), sizes, stream, tag)
+        super::ReserveFuture::new(self.core.clone(), sizes, stream, tag.into())
     }
 
     /// Allocates at once, failing when the device or budget is full. It
@@ -325,6 +344,8 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
     /// # Errors
     /// A stream of another pool ([`ForeignStream`](crate::ResourceError::ForeignStream))
     /// or device, before anything else;
+    /// [`Closed`](crate::ResourceError::Closed) once the resource is
+    /// closed;
     /// [`AllocationsWaiting`](crate::ResourceError::AllocationsWaiting)
     /// while the queue is not empty; otherwise as
     /// [`DeviceMemoryResource::allocate`]. Nothing changes.
@@ -332,11 +353,13 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
         &self,
         bytes: usize,
         stream: StreamId,
-        tag: AllocTag,
+        tag: impl Into<Tag>,
     ) -> ResourceResult<DeviceBlock> {
+        let tag = tag.into().kind();
         // The stream first: a layer below that refuses for another reason
         // (a full budget) may act on the refusal (ask for idle memory).
         self.core.notifier(stream)?;
+        self.core.check_open()?;
         match self.core.allocs.len() {
             0 => {
                 let block = self.inner.allocate(bytes, stream, tag).inspect_err(|e| {
@@ -345,9 +368,11 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
                     }
                 })?;
                 record_alloc(&block, bytes);
-                self.core
-                    .holdings
-                    .served(block.id(), bytes, current_owner());
+                if self.core.tracks_holdings() {
+                    self.core
+                        .holdings
+                        .served(block.id(), bytes, current_owner());
+                }
                 Ok(block)
             }
             waiting => Err(ResourceError::AllocationsWaiting { waiting }),
@@ -573,9 +598,22 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
         self.inner.bytes_outstanding()
     }
 
-    /// Allocations waiting for memory now.
+    /// Allocations (and reservations) waiting for memory now.
     pub fn waiting_allocations(&self) -> usize {
         self.core.allocs.len()
+    }
+
+    /// The queue of waiting allocations: its length and oldest wait now,
+    /// and how the requests that waited left it (served, failed,
+    /// cancelled, with their waits). Takes the queue's lock once.
+    pub fn queue_stats(&self) -> super::QueueStats {
+        self.core.allocs.stats()
+    }
+
+    /// How long the oldest request waiting now has waited (`None` when
+    /// none waits).
+    pub fn oldest_wait(&self) -> Option<std::time::Duration> {
+        self.core.allocs.stats().oldest_wait
     }
 
     /// Points (futures and awaited frees) waiting for a notification now.
@@ -711,6 +749,27 @@ pub(crate) fn deallocate_detached(
     block: DeviceBlock,
     done_at: Option<DoneAt>,
 ) -> ResourceResult<()> {
+    free_detached(core, block, done_at, true)
+}
+
+/// The free of a block a reservation's failed try took in the same poll
+/// (all or nothing): as [`deallocate_detached`], but it does not tell the
+/// wait queue that memory came back. Only the queue's head tries, and
+/// that head is the reservation itself: the memory is what it just could
+/// not use, and announcing it would make it try again at once, give back
+/// again, and spin (a reservation that waited for memory burnt a worker
+/// and churned the cache until others freed). Frees it queues below are
+/// announced when they land, as any.
+pub(crate) fn give_back_failed_try(core: &Core, block: DeviceBlock) -> ResourceResult<()> {
+    free_detached(core, block, None, false)
+}
+
+fn free_detached(
+    core: &Core,
+    block: DeviceBlock,
+    done_at: Option<DoneAt>,
+    announce: bool,
+) -> ResourceResult<()> {
     let stream = block.stream();
     let notifier = core.notifier(stream)?;
     // Only what the host saw proves the GPU done: a point settled because
@@ -746,7 +805,9 @@ pub(crate) fn deallocate_detached(
     }
     core.mark_frees_elsewhere(Some(stream));
     // Memory freed on a stream is reusable on it at once.
-    core.allocs.memory_returned();
+    if announce {
+        core.allocs.memory_returned();
+    }
     Ok(())
 }
 

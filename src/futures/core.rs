@@ -23,6 +23,7 @@ use super::notifier::Notifier;
 use super::wait_policy::SharedPolicy;
 use super::wait_queue::AllocQueue;
 use super::watchdog::{self, Patrolled};
+use crate::adaptors::Stats;
 use crate::device::StreamPool;
 use crate::error::{DriverCall, ResourceError, ResourceResult};
 use crate::gpu::Gpu;
@@ -69,6 +70,13 @@ pub(crate) struct Core {
     /// Whether the hold-and-wait verdict is given (off by default: see
     /// [`AsyncResource::set_hold_and_wait_check`](super::AsyncResource::set_hold_and_wait_check)).
     hold_wait_check: AtomicBool,
+    /// The statistics layers of the stack, found once
+    /// ([`DeviceMemoryResource::visit_layers`]): a request that waited is
+    /// counted in each when it leaves the queue.
+    stats: Vec<Stats>,
+    /// Set by [`AsyncResource::close`](super::AsyncResource::close): no
+    /// new allocation is served, waiting ones fail.
+    closed: AtomicBool,
 }
 
 impl std::fmt::Debug for Core {
@@ -108,6 +116,12 @@ impl Core {
         }
         let allocs = Arc::new(AllocQueue::default());
         let inner_across = inner.frees_across_streams();
+        let mut stats = Vec::new();
+        inner.visit_layers(&mut |layer| {
+            if let Some(s) = layer.downcast_ref::<Stats>() {
+                stats.push(s.clone());
+            }
+        });
         let core = Arc::new_cyclic(|me| Core {
             inner,
             gpu,
@@ -123,6 +137,8 @@ impl Core {
             relief: OnceLock::new(),
             holdings: Holdings::default(),
             hold_wait_check: AtomicBool::new(false),
+            stats,
+            closed: AtomicBool::new(false),
         });
         let patrolled: std::sync::Weak<dyn Patrolled> = Arc::downgrade(&core) as _;
         watchdog::spawn(patrolled, kick).map_err(|e| ResourceError::Driver {
@@ -161,6 +177,25 @@ impl Core {
 
     pub(crate) fn notifiers(&self) -> &[Notifier] {
         &self.notifiers
+    }
+
+    /// Refuses new allocations from now on, and fails the waiting ones.
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        self.allocs.wake_all();
+    }
+
+    /// `Err(Closed)` once [`close`](Self::close) was called.
+    pub(crate) fn check_open(&self) -> ResourceResult<()> {
+        match self.closed.load(Ordering::Relaxed) {
+            true => Err(ResourceError::Closed),
+            false => Ok(()),
+        }
+    }
+
+    /// The statistics layers of the stack.
+    pub(crate) fn stats(&self) -> &[Stats] {
+        &self.stats
     }
 
     /// Total device memory, asked again of the driver while unknown (a

@@ -111,6 +111,7 @@ mod done_at;
 mod hold_wait;
 mod kick;
 mod points;
+mod queue_stats;
 mod wait_policy;
 mod wait_queue;
 mod wait_stats;
@@ -127,24 +128,29 @@ mod dealloc;
 mod event_future;
 mod reserve;
 mod waiter;
-// 5. `AsyncResource`, which makes them, and its sleep over a cache.
+// 5. `AsyncResource`, which makes them; its layers' handles and its
+//    shutdown; its sleep over a cache.
 mod async_resource;
+mod shutdown;
 mod sleep;
 // 6. `Reaper`, the background dispatcher of an `AsyncResource`.
 #[cfg(feature = "tokio")]
 mod reaper;
 
 pub use alloc_future::AllocFuture;
-pub use async_resource::AsyncResource;
+pub use async_resource::{AnyResource, AsyncResource};
+pub use shutdown::ShutdownReport;
 // For owned buffers, which hold only the core of their resource.
 pub(crate) use self::core::Core;
 pub(crate) use async_resource::deallocate_detached;
 pub use dealloc::{DeallocHandle, ReapFuture};
 pub(crate) use done_at::DoneAt;
 pub use event_future::EventFuture;
+pub use queue_stats::QueueStats;
 #[cfg(feature = "tokio")]
 pub use reaper::Reaper;
 pub use reserve::{MemoryReservation, ReserveFuture};
 pub use wait_policy::{Behind, WaitPolicy};
 pub use wait_stats::WaitStats;
+pub use waiter::WAIT_TARGET;
 pub use watchdog::FALLBACK_PERIOD;

@@ -62,12 +62,14 @@ impl Reaper {
     /// # Panics
     /// Outside a tokio runtime, as [`tokio::spawn`] does; use
     /// [`spawn_on`](Self::spawn_on) to name a runtime.
-    pub fn spawn<R: DeviceMemoryResource + 'static>(resource: &AsyncResource<R>) -> Reaper {
+    pub fn spawn<R: DeviceMemoryResource + ?Sized + 'static>(
+        resource: &AsyncResource<R>,
+    ) -> Reaper {
         Self::spawn_on(resource, &tokio::runtime::Handle::current())
     }
 
     /// Spawns the reaper of `resource` on the runtime of `handle`.
-    pub fn spawn_on<R: DeviceMemoryResource + 'static>(
+    pub fn spawn_on<R: DeviceMemoryResource + ?Sized + 'static>(
         resource: &AsyncResource<R>,
         handle: &tokio::runtime::Handle,
     ) -> Reaper {

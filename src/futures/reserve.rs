@@ -59,13 +59,13 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use super::alloc_future::worth_waiting;
-use super::async_resource::deallocate_detached;
+use super::async_resource::{deallocate_detached, give_back_failed_try};
 use super::core::Core;
 use super::hold_wait::current_owner;
 use super::waiter::{Attempt, Waiter};
 use crate::error::{ResourceError, ResourceResult};
 use crate::poll_scope::PollScope;
-use crate::types::{AllocTag, DeviceBlock, StreamId};
+use crate::types::{DeviceBlock, StreamId, Tag};
 
 /// The future of [`AsyncResource::reserve`](super::AsyncResource::reserve):
 /// waits, first come first served, until every size fits at once.
@@ -91,16 +91,14 @@ pub struct ReserveFuture {
     waiter: Waiter,
     sizes: Vec<usize>,
     stream: StreamId,
-    tag: AllocTag,
 }
 
 impl ReserveFuture {
-    pub(crate) fn new(core: Arc<Core>, sizes: &[usize], stream: StreamId, tag: AllocTag) -> Self {
+    pub(crate) fn new(core: Arc<Core>, sizes: &[usize], stream: StreamId, tag: Tag) -> Self {
         ReserveFuture {
-            waiter: Waiter::new(core),
+            waiter: Waiter::new(core, tag),
             sizes: sizes.to_vec(),
             stream,
-            tag,
         }
     }
 
@@ -142,9 +140,13 @@ impl Future for ReserveFuture {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let _scope = PollScope::enter();
         let this = &mut *self;
-        let (sizes, stream, tag) = (&this.sizes, this.stream, this.tag);
+        let (sizes, stream) = (&this.sizes, this.stream);
+        let tag = this.waiter.tag.kind();
+        // Overflow is reported by `check`, before anything queues.
+        let bytes = sizes.iter().fold(0usize, |sum, &s| sum.saturating_add(s));
         let served = this.waiter.poll(
             cx,
+            bytes,
             |core| core.check_request(total(sizes)?, stream),
             |core| {
                 let mut blocks = Vec::with_capacity(sizes.len());
@@ -153,8 +155,13 @@ impl Future for ReserveFuture {
                         Ok(block) => blocks.push(block),
                         Err(e) => {
                             // All or nothing: a waiting reservation holds
-                            // nothing.
-                            give_back(core, blocks);
+                            // nothing. Quietly: the head is this request.
+                            for block in blocks {
+                                let id = block.id();
+                                if let Err(e) = give_back_failed_try(core, block) {
+                                    tracing::error!(block = %id, error = %e, "freeing a reserved block failed");
+                                }
+                            }
                             return match worth_waiting(core, &e) {
                                 true => Attempt::Wait(e),
                                 false => Attempt::Fail(e),
@@ -177,7 +184,7 @@ impl Future for ReserveFuture {
                 core: core.clone(),
                 blocks,
                 stream,
-                tag,
+                tag: this.waiter.tag.clone(),
             })
         })
     }
@@ -231,7 +238,7 @@ pub struct MemoryReservation {
     /// The blocks not taken yet, in the order asked.
     blocks: Vec<DeviceBlock>,
     stream: StreamId,
-    tag: AllocTag,
+    tag: Tag,
 }
 
 impl MemoryReservation {
@@ -240,9 +247,9 @@ impl MemoryReservation {
         self.stream
     }
 
-    /// The tag its blocks were allocated with.
-    pub fn tag(&self) -> AllocTag {
-        self.tag
+    /// The tag it was asked with (its blocks carry its kind).
+    pub fn tag(&self) -> &Tag {
+        &self.tag
     }
 
     /// Blocks not taken yet.

@@ -51,8 +51,11 @@
 
 use std::collections::BTreeMap;
 use std::task::Waker;
+use std::time::{Duration, Instant};
 
 use super::hold_wait::Owner;
+use super::queue_stats::QueueStats;
+use crate::adaptors::WaitOutcome;
 use crate::error::ResourceError;
 use crate::sync::{AtomicU64, Mutex, MutexGuard, Ordering, fence};
 use crate::waiters;
@@ -66,6 +69,8 @@ struct Entry {
     /// Set when the core chose this waiter to fail
     /// ([`AllocQueue::fail`]); taken by its next poll.
     failed: Option<ResourceError>,
+    /// When it queued.
+    since: Instant,
 }
 
 #[derive(Debug, Default)]
@@ -73,6 +78,9 @@ struct QueueState {
     next_ticket: u64,
     /// Waiting tickets in arrival order, with their tasks' wakers.
     waiting: BTreeMap<u64, Entry>,
+    /// How the requests that waited left (`waiting` and `oldest_wait`
+    /// are filled in when read).
+    left: QueueStats,
 }
 
 /// Allocations waiting for memory, first come first served. See the
@@ -95,6 +103,16 @@ impl AllocQueue {
     /// Number of waiting allocations.
     pub(crate) fn len(&self) -> usize {
         self.waiting_len.load(Ordering::SeqCst) as usize
+    }
+
+    /// The queue now, and how the requests that waited left it.
+    pub(crate) fn stats(&self) -> QueueStats {
+        let st = self.lock();
+        QueueStats {
+            waiting: st.waiting.len(),
+            oldest_wait: st.waiting.values().map(|e| e.since.elapsed()).max(),
+            ..st.left
+        }
     }
 
     /// Moves whenever memory may have come back: read before a try, and
@@ -141,8 +159,21 @@ impl AllocQueue {
         }
     }
 
+    /// Wakes every waiter (the resource was closed: each fails at its
+    /// next poll).
+    pub(crate) fn wake_all(&self) {
+        let wakers: Vec<Waker> = self
+            .lock()
+            .waiting
+            .values()
+            .map(|e| e.waker.clone())
+            .collect();
+        wakers.into_iter().for_each(Waker::wake);
+    }
+
     /// Queues a ticket of `owner` at the tail; returns it and whether it is
-    /// the head.
+    /// the head (its position, the requests ahead of it, is
+    /// `len() - 1` right after).
     pub(crate) fn enqueue(&self, waker: &Waker, owner: Option<Owner>) -> (u64, bool) {
         let (ticket, head) = {
             let mut st = self.lock();
@@ -152,6 +183,7 @@ impl AllocQueue {
                 waker: waker.clone(),
                 owner,
                 failed: None,
+                since: Instant::now(),
             };
             st.waiting.insert(ticket, entry);
             self.waiting_len
@@ -213,23 +245,34 @@ impl AllocQueue {
         }
     }
 
-    /// Removes the ticket; if it was the head, wakes the next head.
-    pub(crate) fn leave(&self, ticket: u64) {
-        let (next, emptied) = {
+    /// Removes the ticket, counting how it left; if it was the head, wakes
+    /// the next head. Returns how long it waited (`None` for a ticket that
+    /// left already).
+    pub(crate) fn leave(&self, ticket: u64, outcome: WaitOutcome) -> Option<Duration> {
+        let (next, emptied, waited) = {
             let mut st = self.lock();
             let was_head = st
                 .waiting
                 .first_key_value()
                 .is_some_and(|(t, _)| *t == ticket);
-            if st.waiting.remove(&ticket).is_none() {
-                return;
+            let entry = st.waiting.remove(&ticket)?;
+            let waited = entry.since.elapsed();
+            let left = &mut st.left;
+            match outcome {
+                WaitOutcome::Served => {
+                    left.served += 1;
+                    left.wait_total += waited;
+                    left.wait_max = left.wait_max.max(waited);
+                }
+                WaitOutcome::Failed => left.failed += 1,
+                WaitOutcome::Cancelled => left.cancelled += 1,
             }
             self.waiting_len
                 .store(st.waiting.len() as u64, Ordering::SeqCst);
             let next = was_head
                 .then(|| st.waiting.first_key_value().map(|(_, e)| e.waker.clone()))
                 .flatten();
-            (next, st.waiting.is_empty())
+            (next, st.waiting.is_empty(), waited)
         };
         if emptied {
             waiters::none_waiting();
@@ -237,6 +280,7 @@ impl AllocQueue {
         if let Some(w) = next {
             w.wake();
         }
+        Some(waited)
     }
 }
 
@@ -280,7 +324,7 @@ mod loom_tests {
                 let q = q.clone();
                 loom::thread::spawn(move || q.memory_returned())
             };
-            q.leave(first);
+            q.leave(first, crate::adaptors::WaitOutcome::Cancelled);
             release.join().unwrap();
             assert!(
                 next.0.load(Ordering::Acquire) >= 1,

@@ -19,7 +19,7 @@ use crate::types::{RawStream, StreamId};
 /// during it.
 #[must_use = "a capture records until it is ended; dropping it throws the graph away"]
 #[derive(Debug)]
-pub struct GraphCapture<R: DeviceMemoryResource + 'static> {
+pub struct GraphCapture<R: DeviceMemoryResource + ?Sized + 'static> {
     res: AsyncResource<R>,
     stream: StreamId,
     raw: RawStream,
@@ -27,7 +27,7 @@ pub struct GraphCapture<R: DeviceMemoryResource + 'static> {
     ended: bool,
 }
 
-impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
+impl<R: DeviceMemoryResource + ?Sized + 'static> AsyncResource<R> {
     /// Begins capturing `stream` (one of this resource's pool) into a CUDA
     /// graph, in `mode` ([`CaptureMode::Relaxed`] lets other threads go on
     /// synchronizing their own streams, as inference servers need).
@@ -97,7 +97,7 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
     }
 }
 
-impl<R: DeviceMemoryResource + 'static> GraphCapture<R> {
+impl<R: DeviceMemoryResource + ?Sized + 'static> GraphCapture<R> {
     /// The capturing stream.
     pub fn stream(&self) -> StreamId {
         self.stream
@@ -154,7 +154,7 @@ impl<R: DeviceMemoryResource + 'static> GraphCapture<R> {
     }
 }
 
-impl<R: DeviceMemoryResource + 'static> Drop for GraphCapture<R> {
+impl<R: DeviceMemoryResource + ?Sized + 'static> Drop for GraphCapture<R> {
     fn drop(&mut self) {
         if self.ended {
             return;

@@ -20,7 +20,7 @@ use crate::types::StreamId;
 /// once `after` passes the graph's last replay
 /// ([`AsyncResource::release_capture`]). A failure is logged: what was not
 /// returned stays with the graph's tally.
-pub(super) fn release_capture<R: DeviceMemoryResource + 'static>(
+pub(super) fn release_capture<R: DeviceMemoryResource + ?Sized + 'static>(
     res: &AsyncResource<R>,
     id: CaptureId,
     after: StreamId,
@@ -39,7 +39,7 @@ pub(super) fn release_capture<R: DeviceMemoryResource + 'static>(
 /// graph (replays already queued still run) and then tells the resource
 /// stack to release the memory of its capture behind the stream of the last
 /// replay ([`AsyncResource::release_capture`]).
-pub struct CapturedGraph<R: DeviceMemoryResource + 'static> {
+pub struct CapturedGraph<R: DeviceMemoryResource + ?Sized + 'static> {
     res: AsyncResource<R>,
     exec: ManuallyDrop<GraphExec<dyn Gpu>>,
     origin: StreamId,
@@ -50,7 +50,7 @@ pub struct CapturedGraph<R: DeviceMemoryResource + 'static> {
     launches: AtomicU64,
 }
 
-impl<R: DeviceMemoryResource + 'static> CapturedGraph<R> {
+impl<R: DeviceMemoryResource + ?Sized + 'static> CapturedGraph<R> {
     pub(super) fn new(res: AsyncResource<R>, exec: GraphExec<dyn Gpu>, origin: StreamId) -> Self {
         CapturedGraph {
             res,
@@ -175,7 +175,7 @@ impl<R: DeviceMemoryResource + 'static> CapturedGraph<R> {
     }
 }
 
-impl<R: DeviceMemoryResource + 'static> Drop for CapturedGraph<R> {
+impl<R: DeviceMemoryResource + ?Sized + 'static> Drop for CapturedGraph<R> {
     fn drop(&mut self) {
         let capture = self.capture();
         let after = self
@@ -191,7 +191,7 @@ impl<R: DeviceMemoryResource + 'static> Drop for CapturedGraph<R> {
     }
 }
 
-impl<R: DeviceMemoryResource + 'static> std::fmt::Debug for CapturedGraph<R> {
+impl<R: DeviceMemoryResource + ?Sized + 'static> std::fmt::Debug for CapturedGraph<R> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CapturedGraph")
             .field("capture", &self.capture())

@@ -57,7 +57,12 @@ macro_rules! forward_to_inner {
             supports_block_use_tracking, record_block_use, prepare_block_use,
             finish_block_use, block_state, allocation_cost, allocation_cost_is_exact,
             frees_across_streams, release_idle, allocation_limit, budget_reliefs,
-            capture_status, release_capture, snapshot_into);
+            capture_status, release_capture, snapshot_into, visit_layers);
+    };
+    (@one $f:tt visit_layers) => {
+        fn visit_layers(&self, visit: &mut dyn FnMut(&dyn ::std::any::Any)) {
+            self.$f.visit_layers(visit)
+        }
     };
     (@one $f:tt deallocate) => {
         fn deallocate(&self, block: $crate::DeviceBlock) -> $crate::ResourceResult<()> {

@@ -464,6 +464,23 @@ pub unsafe trait DeviceMemoryResource: Send + Sync {
     fn snapshot_into(&self, snapshot: &mut MemorySnapshot) {
         let _ = snapshot;
     }
+
+    /// Shows `visit` the handle of each layer of the stack that has one,
+    /// outermost first: a statistics layer its
+    /// [`Stats`](crate::adaptors::Stats), a budget its
+    /// [`Budget`](crate::adaptors::Budget), a cache its
+    /// [`CacheStats`](crate::cache::CacheStats) as of now. This is how a
+    /// built stack's layers are reached by type
+    /// ([`AsyncResource::layer`](crate::futures::AsyncResource::layer))
+    /// rather than by counting `inner()`.
+    ///
+    /// A decorator shows its own handle, if any, then forwards
+    /// (`forward_to_inner!` does, in `all_but_allocate`); a decorator that
+    /// does not forward hides the layers below it from the look-up, and
+    /// nothing else. The bottom resource has none (the default).
+    fn visit_layers(&self, visit: &mut dyn FnMut(&dyn std::any::Any)) {
+        let _ = visit;
+    }
 }
 
 #[allow(unsafe_code)] // forwarded through an `Arc`.
@@ -548,5 +565,8 @@ unsafe impl<R: DeviceMemoryResource + ?Sized> DeviceMemoryResource for std::sync
     }
     fn snapshot_into(&self, snapshot: &mut MemorySnapshot) {
         (**self).snapshot_into(snapshot)
+    }
+    fn visit_layers(&self, visit: &mut dyn FnMut(&dyn std::any::Any)) {
+        (**self).visit_layers(visit)
     }
 }

@@ -126,6 +126,7 @@ pub enum Access {
 /// handed to another allocation as soon as the free is queued on the
 /// allocation stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use = "a DeviceBlock is a descriptor, not an owner: dropping it leaks its memory; deallocate it, or use an owned Buffer"]
 pub struct DeviceBlock {
     id: BlockId,
     ptr: u64,

@@ -13,9 +13,11 @@ mod block;
 mod capture_id;
 mod completed;
 mod stream_id;
+mod tag;
 
 pub use block::{Access, AllocTag, BlockId, BlockState, DeviceBlock, ResourceId};
 pub use capture_id::CaptureId;
 pub use completed::CompletedUses;
 pub(crate) use stream_id::SIM_HANDLE;
 pub use stream_id::{RawStream, StreamId};
+pub use tag::Tag;

@@ -79,7 +79,7 @@ class Dev:
 
     def sync(self):
         if self.cuda:
-            self.dev.sync()
+            self.torch.cuda.synchronize()
 
     def stream(self):
         return self.torch.cuda.Stream() if self.cuda else None

@@ -457,6 +457,23 @@ fn profile_stack(n: usize) {
     }
 }
 
+/// `bench_table --profile-stack-cache N`: as `--profile-cache N 65536`,
+/// with the Budget + Stats + Tracing stack over the cache, for a profile
+/// of what the adaptors add over the cache's pair.
+fn profile_stack_cache(n: usize) {
+    let null = support::null();
+    let s0 = null.stream(0);
+    let stack = streamalloc::ResourceBuilder::new()
+        .budget(&streamalloc::Budget::new(1 << 60))
+        .stats()
+        .tracing()
+        .cache(streamalloc::CacheConfig::default())
+        .build(null.resource.clone());
+    for _ in 0..n {
+        Bench::<support::NullGpu>::pair(&stack, s0, black_box(64 << 10));
+    }
+}
+
 fn main() -> std::io::Result<()> {
     let mut args = std::env::args().skip(1);
     let first = args.next();
@@ -469,6 +486,10 @@ fn main() -> std::io::Result<()> {
         let n = count(args.next());
         let size = count(args.next());
         profile_cache(n, size, args.next().as_deref() == Some("classes"));
+        return Ok(());
+    }
+    if first.as_deref() == Some("--profile-stack-cache") {
+        profile_stack_cache(count(args.next()));
         return Ok(());
     }
     if first.as_deref() == Some("--profile-stack") {

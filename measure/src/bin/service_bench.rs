@@ -29,6 +29,13 @@
 //! (timing events around each request, [`Timeline`]); and after the fills
 //! rows, one more round of each streamalloc fills row through a
 //! [`CountingGpu`]: the library's driver calls per fill by kind.
+//! `--budget-quarter` adds, per level, the same service under a budget of
+//! a quarter of the peak demand (every client's largest request at once;
+//! at least two of the largest), its three buffers taken as one unit
+//! (`streamalloc+reserve`, `allocate_buffers`) and, beside it, awaited one
+//! by one behind a tokio `Semaphore` that mirrors the budget
+//! (`streamalloc+semaphore`): both stacks are the caching tier over the
+//! budget (`AsyncResource::build`).
 //! `--policy NAME`
 //! sets the streamalloc way's (and the fills rows') wait policy (`default`, `park`, `spin20`,
 //! `yield1ms`, `coalesced`), to tell completion costs from the rest.
@@ -49,15 +56,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use streamalloc::error::DriverCall;
-use streamalloc::futures::{AsyncResource, WaitPolicy};
+use streamalloc::futures::{AnyResource, AsyncResource, WaitPolicy};
 use streamalloc::gpu::Gpu;
 use streamalloc::gpu::cuda::cuda_present;
 use streamalloc::gpu::sim::SimGpu;
-use streamalloc::{CachingResource, Device, SimResource, StreamOrderedResource};
+use streamalloc::{
+    Budget, CacheConfig, CachingResource, Device, ResourceBuilder, SimResource,
+    StreamOrderedResource,
+};
 use streamalloc_measure::calls::CountingGpu;
 use streamalloc_measure::service::cuda_model::CudaModel;
 use streamalloc_measure::service::fills::Point;
-use streamalloc_measure::service::streamalloc_way::{Edge, Level};
+use streamalloc_measure::service::streamalloc_way::{Edge, Level, Memory};
 use streamalloc_measure::service::{
     Dims, LevelResult, SimKernels, csv_header, cudarc_way, fills, plot, streamalloc_way,
 };
@@ -78,6 +88,7 @@ struct Args {
     workers: usize,
     diag: bool,
     policy: Option<WaitPolicy>,
+    budget_quarter: bool,
 }
 
 fn parse_args() -> BoxResult<Args> {
@@ -93,6 +104,7 @@ fn parse_args() -> BoxResult<Args> {
         workers: 4,
         diag: false,
         policy: None,
+        budget_quarter: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -120,6 +132,7 @@ fn parse_args() -> BoxResult<Args> {
             "--sim" => args.sim = true,
             "--sim-latency-us" => args.sim_latency_us = value("--sim-latency-us")?.parse()?,
             "--diag" => args.diag = true,
+            "--budget-quarter" => args.budget_quarter = true,
             "--policy" => args.policy = Some(parse_policy(&value("--policy")?)?),
             other => return Err(format!("unknown argument {other} (see the file's docs)").into()),
         }
@@ -203,6 +216,23 @@ async fn on_sim(args: &Args) -> BoxResult<()> {
         let row = streamalloc_way::run_level(&res, &kernels, Dims::BENCH, clients, per, args.seed)
             .await?;
         println!("{}", row.markdown_row());
+        if args.budget_quarter {
+            for memory in gated(clients) {
+                let res = budgeted_stack(&device, clients, None)?;
+                let level = Level {
+                    dims: Dims::BENCH,
+                    clients,
+                    requests_per_client: per,
+                    seed: args.seed,
+                    memory,
+                };
+                let gated_row =
+                    streamalloc_way::run_level_observed(&res, &kernels, level, &mut |_| {}).await?;
+                println!("{}", gated_row.markdown_row());
+                finish_level(&res, clients).await?;
+                rows.push((0, gated_row));
+            }
+        }
         if args.diag {
             let per_request: Vec<String> = DriverCall::ALL
                 .iter()
@@ -235,6 +265,10 @@ async fn on_sim(args: &Args) -> BoxResult<()> {
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Way {
     Streamalloc,
+    /// `--budget-quarter`: three buffers as one unit, under the budget.
+    Reserved,
+    /// `--budget-quarter`: a tokio `Semaphore` in front, under the budget.
+    Semaphore,
     Cudarc,
     #[cfg(feature = "peer-cuda-async")]
     CudaAsync,
@@ -242,6 +276,8 @@ enum Way {
 
 const WAYS: &[Way] = &[
     Way::Streamalloc,
+    Way::Reserved,
+    Way::Semaphore,
     Way::Cudarc,
     #[cfg(feature = "peer-cuda-async")]
     Way::CudaAsync,
@@ -288,8 +324,8 @@ async fn on_cuda(args: &Args) -> BoxResult<()> {
             if *w == Way::CudaAsync {
                 return peer.is_some();
             }
-            let _ = w;
-            true
+            matches!(w, Way::Streamalloc | Way::Cudarc)
+                || (args.budget_quarter && matches!(w, Way::Reserved | Way::Semaphore))
         })
         .collect();
     #[cfg(not(feature = "peer-cuda-async"))]
@@ -310,6 +346,7 @@ async fn on_cuda(args: &Args) -> BoxResult<()> {
                     clients,
                     requests_per_client: per,
                     seed: args.seed,
+                    memory: Memory::EachBuffer,
                 };
                 if args.diag {
                     // The same stack over a backend that counts its calls.
@@ -340,6 +377,31 @@ async fn on_cuda(args: &Args) -> BoxResult<()> {
                     finish_level(&res, clients).await?;
                     row
                 }
+            }
+            Way::Reserved | Way::Semaphore => {
+                let device = Device::cuda(0, STREAMS)?;
+                let budget = streamalloc_way::quarter_budget(&Dims::BENCH, clients);
+                let memory = match way {
+                    Way::Reserved => Memory::Reserved,
+                    _ => Memory::Semaphore {
+                        permits: streamalloc_way::semaphore_permits(budget),
+                    },
+                };
+                let res = budgeted_stack(&device, clients, Some(&model))?;
+                if let Some(p) = args.policy {
+                    res.set_wait_policy(p);
+                }
+                let shape = Level {
+                    dims: Dims::BENCH,
+                    clients,
+                    requests_per_client: per,
+                    seed: args.seed,
+                    memory,
+                };
+                let row =
+                    streamalloc_way::run_level_observed(&res, &model, shape, &mut |_| {}).await?;
+                finish_level(&res, clients).await?;
+                row
             }
             Way::Cudarc => {
                 cudarc_way::run_level(&ctx, &streams, &model, clients, per, args.seed).await?
@@ -549,8 +611,43 @@ fn streamalloc_stack<G: Gpu>(
     Ok(res)
 }
 
+/// The two gated ways of `--budget-quarter` at `clients`: reservations,
+/// and a semaphore that mirrors the budget.
+fn gated(clients: usize) -> [Memory; 2] {
+    let budget = streamalloc_way::quarter_budget(&Dims::BENCH, clients);
+    [
+        Memory::Reserved,
+        Memory::Semaphore {
+            permits: streamalloc_way::semaphore_permits(budget),
+        },
+    ]
+}
+
+/// The stack of `--budget-quarter` on `device`: the caching tier over a
+/// budget of a quarter of the peak demand of `clients`, futures on top
+/// (type-erased); the model's cuBLAS handles for its streams made
+/// beforehand on CUDA.
+fn budgeted_stack<G: Gpu>(
+    device: &Device<G>,
+    clients: usize,
+    model: Option<&CudaModel>,
+) -> BoxResult<AnyResource> {
+    if let Some(model) = model {
+        for id in device.streams().ids() {
+            let raw = device.raw(id)?.get() as cudarc::driver::sys::CUstream;
+            // SAFETY: a live stream of device 0's primary context, the model's.
+            unsafe { model.prepare_stream(raw)? };
+        }
+    }
+    let budget = Budget::new(streamalloc_way::quarter_budget(&Dims::BENCH, clients));
+    let layers = ResourceBuilder::new()
+        .cache(CacheConfig::default())
+        .budget(&budget);
+    Ok(AsyncResource::build(device, &layers)?.into_any())
+}
+
 /// After a streamalloc level: every byte given back, or an error.
-async fn finish_level<R: streamalloc::DeviceMemoryResource + 'static>(
+async fn finish_level<R: streamalloc::DeviceMemoryResource + ?Sized + 'static>(
     res: &AsyncResource<R>,
     clients: usize,
 ) -> BoxResult<()> {

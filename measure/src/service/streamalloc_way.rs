@@ -2,12 +2,20 @@
 //! [`AsyncResource`] over the caching tier, one launch and one
 //! [`EventFuture`](streamalloc::futures::EventFuture) per request, frees on
 //! drop, returned by a [`Reaper`].
+//!
+//! A request takes three buffers (input, activations, output). By default
+//! it awaits them one by one ([`Memory::EachBuffer`]); under a budget
+//! below the peak demand that is hold-and-wait, so the service then asks
+//! for them as one unit ([`Memory::Reserved`], `allocate_buffers`), or,
+//! as a user without reservations would, puts a tokio `Semaphore` that
+//! mirrors the budget in front ([`Memory::Semaphore`]).
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use streamalloc::futures::{AsyncResource, Reaper};
-use streamalloc::{AllocTag, DeviceMemoryResource, ResourceError, ResourceResult};
+use streamalloc::{AllocTag, Buffer, DeviceMemoryResource, ResourceError, ResourceResult};
+use tokio::sync::Semaphore;
 
 use super::{Dims, LevelResult, Recorder, RequestIo, RequestKernels, Shapes, ThreadSampler};
 
@@ -15,6 +23,64 @@ const TAG: AllocTag = AllocTag("service");
 
 /// The way's name in the tables.
 pub const NAME: &str = "streamalloc";
+
+/// How a request obtains its three buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Memory {
+    /// One awaited allocation per buffer: the service's default, and
+    /// hold-and-wait under a budget below the peak demand.
+    #[default]
+    EachBuffer,
+    /// The three as one unit (`AsyncResource::allocate_buffers`): served
+    /// first come first served, holding nothing while it waits.
+    Reserved,
+    /// A tokio `Semaphore` of `permits` KiB in front (a request acquires
+    /// its requested KiB, then awaits its buffers one by one): what a user
+    /// without reservations writes.
+    Semaphore {
+        /// KiB of requested bytes admitted at once.
+        permits: u32,
+    },
+}
+
+impl Memory {
+    /// The way's name in the tables.
+    pub fn way_name(&self) -> &'static str {
+        match self {
+            Memory::EachBuffer => NAME,
+            Memory::Reserved => "streamalloc+reserve",
+            Memory::Semaphore { .. } => "streamalloc+semaphore",
+        }
+    }
+}
+
+/// The largest request of `dims`, in bytes (all three buffers).
+pub fn max_request_bytes(dims: &Dims) -> usize {
+    dims.max_rows() * (dims.hidden + dims.inner + dims.out) * std::mem::size_of::<f32>()
+}
+
+/// The budget of a level of `clients` whose requests are gated: a quarter
+/// of the peak demand (every client's largest request at once), and at
+/// least two of the largest requests (so that one always fits, rounded
+/// up to the cache's size classes).
+pub fn quarter_budget(dims: &Dims, clients: usize) -> usize {
+    let largest = max_request_bytes(dims);
+    (clients * largest / 4).max(2 * largest)
+}
+
+/// The permits of the semaphore that mirrors `budget`: half of it, in
+/// KiB of requested bytes, since the stack rounds each buffer up to its
+/// size class (at most doubling it) and keeps idle blocks of other sizes.
+pub fn semaphore_permits(budget: usize) -> u32 {
+    u32::try_from(budget / 2 / 1024).unwrap_or(u32::MAX)
+}
+
+/// What gates a level's requests (see [`Memory`]).
+enum Gate {
+    Each,
+    Reserved,
+    Semaphore(Arc<Semaphore>),
+}
 
 /// One level: `clients` tasks sending `requests_per_client` requests each,
 /// client `c` on stream `c mod streams`, with request shapes seeded by
@@ -33,7 +99,7 @@ pub async fn run_level<R, K>(
     seed: u64,
 ) -> ResourceResult<LevelResult>
 where
-    R: DeviceMemoryResource + 'static,
+    R: DeviceMemoryResource + ?Sized + 'static,
     K: RequestKernels,
 {
     let level = Level {
@@ -41,6 +107,7 @@ where
         clients,
         requests_per_client,
         seed,
+        memory: Memory::EachBuffer,
     };
     run_level_observed(res, kernels, level, &mut |_| {}).await
 }
@@ -56,6 +123,8 @@ pub struct Level {
     pub requests_per_client: usize,
     /// Seeds the request shapes.
     pub seed: u64,
+    /// How a request obtains its buffers.
+    pub memory: Memory,
 }
 
 /// Where a level is, for [`run_level_observed`]'s observer.
@@ -80,7 +149,7 @@ pub async fn run_level_observed<R, K>(
     observe: &mut (dyn FnMut(Edge) + Send),
 ) -> ResourceResult<LevelResult>
 where
-    R: DeviceMemoryResource + 'static,
+    R: DeviceMemoryResource + ?Sized + 'static,
     K: RequestKernels,
 {
     let Level {
@@ -88,7 +157,15 @@ where
         clients,
         requests_per_client,
         seed,
+        memory,
     } = level;
+    let gate = Arc::new(match memory {
+        Memory::EachBuffer => Gate::Each,
+        Memory::Reserved => Gate::Reserved,
+        Memory::Semaphore { permits } => {
+            Gate::Semaphore(Arc::new(Semaphore::new(permits as usize)))
+        }
+    });
     release_all(res).await?;
     res.gpu().reset_memory_held_high()?;
     let reaper = Reaper::spawn(res);
@@ -99,10 +176,11 @@ where
     let tasks: Vec<_> = (0..clients)
         .map(|client| {
             let (res, kernels, rec) = (res.clone(), kernels.clone(), rec.clone());
+            let gate = gate.clone();
             tokio::spawn(async move {
                 let mut shapes = Shapes::new(seed, client, dims);
                 for _ in 0..requests_per_client {
-                    serve_one(&res, &*kernels, &rec, dims, client, &mut shapes).await?;
+                    serve_one(&res, &*kernels, &rec, &gate, dims, client, &mut shapes).await?;
                 }
                 ResourceResult::Ok(())
             })
@@ -127,7 +205,7 @@ where
     }
     let held = res.gpu().memory_held()?.high;
     release_all(res).await?;
-    Ok(rec.finish(NAME, clients, elapsed, held, threads))
+    Ok(rec.finish(memory.way_name(), clients, elapsed, held, threads))
 }
 
 /// Gives every idle byte back to the device, and returns the bytes still
@@ -139,7 +217,7 @@ where
 ///
 /// # Errors
 /// A reap's or release's error.
-pub async fn release_all<R: DeviceMemoryResource + 'static>(
+pub async fn release_all<R: DeviceMemoryResource + ?Sized + 'static>(
     res: &AsyncResource<R>,
 ) -> ResourceResult<usize> {
     for _ in 0..200 {
@@ -160,12 +238,13 @@ async fn serve_one<R, K>(
     res: &AsyncResource<R>,
     kernels: &K,
     rec: &Recorder,
+    gate: &Gate,
     dims: Dims,
     client: usize,
     shapes: &mut Shapes,
 ) -> ResourceResult<()>
 where
-    R: DeviceMemoryResource + 'static,
+    R: DeviceMemoryResource + ?Sized + 'static,
     K: RequestKernels,
 {
     let shape = shapes.next_shape();
@@ -176,10 +255,29 @@ where
         .id(client % pool.len().max(1))
         .ok_or(ResourceError::Shutdown)?;
     let t = Instant::now();
-    let mut x = res.allocate_buffer::<f32>(nx, stream, TAG).await?;
-    let mut h = res.allocate_buffer::<f32>(nh, stream, TAG).await?;
-    let mut y = res.allocate_buffer::<f32>(ny, stream, TAG).await?;
     let bytes = shape.bytes(&dims);
+    // Held until the buffers are dropped, at the end.
+    let _permit = match gate {
+        Gate::Semaphore(sem) => Some(
+            sem.clone()
+                .acquire_many_owned(u32::try_from(bytes.div_ceil(1024)).unwrap_or(u32::MAX))
+                .await
+                .map_err(|_| ResourceError::Closed)?,
+        ),
+        _ => None,
+    };
+    let [mut x, mut h, mut y]: [Buffer<f32>; 3] = match gate {
+        Gate::Reserved => res
+            .allocate_buffers::<f32>(&[nx, nh, ny], stream, TAG)
+            .await?
+            .try_into()
+            .map_err(|_| ResourceError::Closed)?,
+        Gate::Each | Gate::Semaphore(_) => [
+            res.allocate_buffer::<f32>(nx, stream, TAG).await?,
+            res.allocate_buffer::<f32>(nh, stream, TAG).await?,
+            res.allocate_buffer::<f32>(ny, stream, TAG).await?,
+        ],
+    };
     rec.requested(bytes);
     let (bx, bh, by) = (x.block().clone(), h.block().clone(), y.block().clone());
     let launched = res

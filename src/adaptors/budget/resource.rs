@@ -176,6 +176,20 @@ impl<R: DeviceMemoryResource> Counted<R> {
 }
 
 impl<R: DeviceMemoryResource> Counted<R> {
+    /// After an allocation or a free: settles only when the inner resource
+    /// now holds less than was charged (a free done at once, as a
+    /// synchronous resource does it; an allocation that took less than its
+    /// cost). Otherwise, a stream-ordered inner that only queued the free
+    /// and an allocation that took what it cost, no lock is taken (the
+    /// pair's hot path). Skipping is safe: whatever drains bytes meanwhile
+    /// (a reap, a release) settles them itself, and a refused allocation
+    /// asks for idle memory, which settles, before it refuses.
+    fn settle_if_over(&self) {
+        if self.inner.bytes_outstanding() < self.charged.load(Ordering::Acquire) {
+            self.settle();
+        }
+    }
+
     /// Raises `charged` to what the inner resource holds when an allocation
     /// took more than its estimated cost (a race over a cached block), so
     /// that the budget never counts less than the device holds. It may pass
@@ -220,6 +234,11 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> 
             in_use: budget.in_use(),
         });
         self.counted.inner.snapshot_into(snapshot);
+    }
+
+    fn visit_layers(&self, visit: &mut dyn FnMut(&dyn std::any::Any)) {
+        visit(&self.counted.budget);
+        self.counted.inner.visit_layers(visit)
     }
     /// Reserves what the allocation will take from the device (the inner
     /// resource's [`allocation_cost`](DeviceMemoryResource::allocation_cost):
@@ -285,7 +304,8 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> 
         if cost != bytes || !self.counted.inner.allocation_cost_is_exact() {
             self.counted.top_up();
         }
-        self.counted.settle();
+        // It took less than its cost, or the layers below drained bytes.
+        self.counted.settle_if_over();
         Ok(block)
     }
 
@@ -314,7 +334,7 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> 
         self.counted.inner.deallocate(block)?;
         // A stream-ordered inner still counts the bytes (the free is only
         // queued) and nothing is released; a synchronous one freed them.
-        self.counted.settle();
+        self.counted.settle_if_over();
         Ok(())
     }
 
@@ -324,7 +344,7 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> 
         completed: CompletedUses,
     ) -> ResourceResult<()> {
         self.counted.inner.deallocate_completed(block, completed)?;
-        self.counted.settle();
+        self.counted.settle_if_over();
         Ok(())
     }
 

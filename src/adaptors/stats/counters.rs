@@ -1,11 +1,12 @@
 //! [`Stats`]: the live counters behind a stats layer.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::sync::{Mutex, MutexGuard};
 
-use super::StatsSnapshot;
 use super::table::Tally;
+use super::{StatsSnapshot, WaitOutcome};
 use crate::types::AllocTag;
 
 /// The counters of one or more [`StatsResource`](super::StatsResource)s.
@@ -63,6 +64,19 @@ impl Stats {
     /// Counts a failed allocation tagged `tag`.
     pub fn record_failure(&self, tag: AllocTag) {
         self.lock().failure(tag);
+    }
+
+    /// Counts a try tagged `tag` refused for lack of memory while its
+    /// request waits (back-pressure, not a failure).
+    pub fn record_refusal(&self, tag: AllocTag) {
+        self.lock().refusal(tag);
+    }
+
+    /// Counts a request tagged `tag` that left the futures layer's wait
+    /// queue after `wait`, served, failed or cancelled.
+    pub fn record_wait(&self, tag: AllocTag, wait: Duration, outcome: WaitOutcome) {
+        let ns = u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX);
+        self.lock().wait(tag, ns, outcome);
     }
 
     /// A copy of every counter, all taken at one moment (the overall counts

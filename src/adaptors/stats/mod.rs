@@ -16,7 +16,12 @@
 //! quarantine, a pending free) is the business of the layers below; place
 //! the stats layer below a debug guard to count quarantined blocks as held
 //! (see the [builder's `# Order`](crate::builder::ResourceBuilder#order)).
-//! Failed calls count nothing but a failure.
+//! Failed calls count nothing but a failure, except a refusal for lack of
+//! memory of a request that then *waits* in the futures layer's queue:
+//! that is back-pressure, counted as a refused try, and the futures layer
+//! counts the request once more when it leaves the queue (waited, with its
+//! wait time; failed; or cancelled) through [`Stats::record_wait`]. So
+//! `failed_allocations` counts only requests that failed.
 //!
 //! [`Stats::snapshot`] copies every counter into a plain
 //! [`StatsSnapshot`], which prints as a table.
@@ -34,4 +39,4 @@ mod table;
 pub use counters::Stats;
 pub use layer::StatsLayer;
 pub use resource::StatsResource;
-pub use snapshot::{Counts, StatsSnapshot};
+pub use snapshot::{Counts, StatsSnapshot, WaitOutcome};

@@ -3,6 +3,7 @@
 use super::Stats;
 use crate::error::ResourceResult;
 use crate::forward_to_inner;
+use crate::poll_scope::in_waiting_try;
 use crate::resource::DeviceMemoryResource;
 use crate::types::{AllocTag, CompletedUses, DeviceBlock, StreamId};
 
@@ -52,11 +53,21 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for StatsResource<R> {
                 self.stats.record_allocate(bytes, tag);
                 Ok(block)
             }
+            // A refusal its request waits out is back-pressure.
+            Err(e) if e.is_lack_of_memory() && in_waiting_try() => {
+                self.stats.record_refusal(tag);
+                Err(e)
+            }
             Err(e) => {
                 self.stats.record_failure(tag);
                 Err(e)
             }
         }
+    }
+
+    fn visit_layers(&self, visit: &mut dyn FnMut(&dyn std::any::Any)) {
+        visit(&self.stats);
+        self.inner.visit_layers(visit)
     }
 
     fn deallocate(&self, block: DeviceBlock) -> ResourceResult<()> {

@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 
-use super::Counts;
+use super::{Counts, WaitOutcome};
 use crate::fast_hash::FastMap;
 use crate::types::AllocTag;
 
@@ -32,6 +32,19 @@ impl Counts {
         self.current_blocks += 1;
         self.peak_blocks = self.peak_blocks.max(self.current_blocks);
         self.total_blocks += 1;
+    }
+
+    /// Counts a request that left the wait queue after `wait_ns`.
+    fn count_wait(&mut self, wait_ns: u64, outcome: WaitOutcome) {
+        match outcome {
+            WaitOutcome::Served => {
+                self.waited += 1;
+                self.wait_total_ns += wait_ns;
+                self.wait_max_ns = self.wait_max_ns.max(wait_ns);
+            }
+            WaitOutcome::Failed => self.failed_allocations += 1,
+            WaitOutcome::Cancelled => self.cancelled_waits += 1,
+        }
     }
 
     /// Stops counting a block of `bytes`. Saturating: a block allocated
@@ -75,6 +88,18 @@ impl Tally {
     pub(super) fn failure(&mut self, tag: AllocTag) {
         self.overall.failed_allocations += 1;
         self.tag(tag).failed_allocations += 1;
+    }
+
+    /// Counts a try refused while its request waits.
+    pub(super) fn refusal(&mut self, tag: AllocTag) {
+        self.overall.refused_tries += 1;
+        self.tag(tag).refused_tries += 1;
+    }
+
+    /// Counts a request that left the wait queue after `wait_ns`.
+    pub(super) fn wait(&mut self, tag: AllocTag, wait_ns: u64, outcome: WaitOutcome) {
+        self.overall.count_wait(wait_ns, outcome);
+        self.tag(tag).count_wait(wait_ns, outcome);
     }
 
     /// The overall counts.

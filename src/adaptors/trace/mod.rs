@@ -12,6 +12,12 @@
 //! | `prepare_block_use` / `finish_block_use` / `record_block_use` | TRACE | `device`, `stream` (of the use), `block`, `access`, `elapsed_ns` |
 //! | `reap_through` | DEBUG | `device`, `stream`, `seq`, `bytes` (drained), `elapsed_ns` |
 //! | any failure | WARN | the call's fields and `error` |
+//! | `allocate` refused for lack of memory while its request waits | DEBUG | the call's fields and `refusal` |
+//!
+//! A request that waits is not failing: the futures layer gives it a span
+//! (target [`WAIT_TARGET`](crate::futures::WAIT_TARGET)) with its queue
+//! position and wait time, and the refusals of its tries are DEBUG events
+//! inside that span, not warnings.
 //!
 //! [`reap_pending`](crate::DeviceMemoryResource::reap_pending) runs in an
 //! INFO span `reap_pending` and ends with an event carrying the bytes

@@ -1,12 +1,13 @@
 //! [`TracingResource`]: the decorator that emits events.
 
 use crate::forward_to_inner;
+use crate::poll_scope::in_waiting_try;
 use crate::resource::unwind::ReturnOnUnwind;
 use std::time::Instant;
 
 use tracing::{Level, debug, enabled, info_span, trace, warn};
 
-use crate::error::ResourceResult;
+use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::CaptureId;
 use crate::resource::DeviceMemoryResource;
 use crate::types::{Access, AllocTag, BlockId, CompletedUses, DeviceBlock, StreamId};
@@ -72,6 +73,36 @@ fn access_name(access: Access) -> &'static str {
 }
 
 impl<R: DeviceMemoryResource> TracingResource<R> {
+    /// Logs a refused allocation: a warning, or a DEBUG event when its
+    /// request waits (back-pressure, not a failure).
+    #[cold]
+    fn allocate_failed(&self, bytes: usize, stream: StreamId, tag: AllocTag, e: &ResourceError) {
+        let device = self.inner.device_ordinal();
+        if e.is_lack_of_memory() && in_waiting_try() {
+            // The futures layer's span, around this event, says how long
+            // the request waits.
+            debug!(
+                target: TARGET,
+                device,
+                stream = %stream,
+                bytes,
+                tag = %tag,
+                refusal = %e,
+                "allocate refused; the request waits"
+            );
+        } else {
+            warn!(
+                target: TARGET,
+                device,
+                stream = %stream,
+                bytes,
+                tag = %tag,
+                error = %e,
+                "allocate failed"
+            );
+        }
+    }
+
     fn hook(
         &self,
         name: &'static str,
@@ -113,7 +144,22 @@ impl<R: DeviceMemoryResource> TracingResource<R> {
         block: DeviceBlock,
         free: impl FnOnce(&R, DeviceBlock) -> ResourceResult<()>,
     ) -> ResourceResult<()> {
-        let start = start!(Level::DEBUG);
+        if !enabled!(target: TARGET, Level::DEBUG) {
+            // Only a failure is logged: keep what it names.
+            let (id, ptr, bytes, stream, tag) = (
+                block.id(),
+                block.ptr(),
+                block.size(),
+                block.stream(),
+                block.tag(),
+            );
+            let result = free(&self.inner, block);
+            if let Err(e) = &result {
+                self.free_failed(id, ptr, bytes, stream, tag, e);
+            }
+            return result;
+        }
+        let start = Some(Instant::now());
         let (id, ptr, bytes, stream, tag) = (
             block.id(),
             block.ptr(),
@@ -135,19 +181,33 @@ impl<R: DeviceMemoryResource> TracingResource<R> {
                 elapsed_ns = elapsed_ns(start),
                 "deallocate"
             ),
-            Err(e) => warn!(
-                target: TARGET,
-                device,
-                stream = %stream,
-                bytes,
-                tag = %tag,
-                address = ptr,
-                block = %id,
-                error = %e,
-                "deallocate failed"
-            ),
+            Err(e) => self.free_failed(id, ptr, bytes, stream, tag, e),
         }
         result
+    }
+
+    /// Logs a refused free.
+    #[cold]
+    fn free_failed(
+        &self,
+        id: BlockId,
+        ptr: u64,
+        bytes: usize,
+        stream: StreamId,
+        tag: AllocTag,
+        e: &ResourceError,
+    ) {
+        warn!(
+            target: TARGET,
+            device = self.inner.device_ordinal(),
+            stream = %stream,
+            bytes,
+            tag = %tag,
+            address = ptr,
+            block = %id,
+            error = %e,
+            "deallocate failed"
+        );
     }
 }
 
@@ -155,14 +215,23 @@ impl<R: DeviceMemoryResource> TracingResource<R> {
 // call reaches it.
 #[allow(unsafe_code)]
 unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for TracingResource<R> {
-    forward_to_inner!(inner; device_ordinal, bytes_outstanding, pending_free_seq, supports_block_use_tracking, block_state, allocation_cost, allocation_cost_is_exact, frees_across_streams, release_idle, allocation_limit, budget_reliefs, capture_status, snapshot_into);
+    forward_to_inner!(inner; device_ordinal, bytes_outstanding, pending_free_seq, supports_block_use_tracking, block_state, allocation_cost, allocation_cost_is_exact, frees_across_streams, release_idle, allocation_limit, budget_reliefs, capture_status, snapshot_into, visit_layers);
     fn allocate(
         &self,
         bytes: usize,
         stream: StreamId,
         tag: AllocTag,
     ) -> ResourceResult<DeviceBlock> {
-        let start = start!(Level::DEBUG);
+        // Without a subscriber that wants the event: the call, one check,
+        // and the failure's warning (no clock, no unwind guard).
+        if !enabled!(target: TARGET, Level::DEBUG) {
+            let result = self.inner.allocate(bytes, stream, tag);
+            if let Err(e) = &result {
+                self.allocate_failed(bytes, stream, tag, e);
+            }
+            return result;
+        }
+        let start = Some(Instant::now());
         let result = self.inner.allocate(bytes, stream, tag);
         let device = self.inner.device_ordinal();
         // A subscriber that panics on the event below must not leave the
@@ -181,15 +250,10 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for TracingResource<R>
                 elapsed_ns = elapsed_ns(start),
                 "allocate"
             ),
-            Err(e) => warn!(
-                target: TARGET,
-                device,
-                stream = %stream,
-                bytes,
-                tag = %tag,
-                error = %e,
-                "allocate failed"
-            ),
+            // Back-pressure: the request waits in the futures layer's
+            // queue (whose span, around this event, says so and for how
+            // long); it is not a failure.
+            Err(e) => self.allocate_failed(bytes, stream, tag, e),
         }
         result.map(ReturnOnUnwind::hand_out)
     }

@@ -222,6 +222,16 @@ impl KeptBlocks {
         debug_assert_eq!(self.repeats, self.history.count_ones());
     }
 
+    /// Whether a kept block of exactly `len` bytes is there: a look that
+    /// takes nothing and leaves the history alone (a budget above asks what
+    /// an allocation will cost before making it). A growth may take the
+    /// block before the allocation does: the allocation then costs pages,
+    /// which the budget charges when it sees them.
+    #[inline]
+    pub(crate) fn holds(&self, len: u64) -> bool {
+        self.lens.contains(&len)
+    }
+
     /// The newest kept block of exactly `len` bytes that the stream still
     /// owns, taken out. Counts the allocation in the history (see the
     /// module's docs).

@@ -383,6 +383,12 @@ impl VirtualArena {
     // Always: on the allocation's hot path, and a call costs as much as
     // this body when it finds a block.
     #[inline(always)]
+    /// Whether `ss`'s stream kept a block of exactly `len` bytes (a look:
+    /// nothing is taken).
+    pub(crate) fn keeps_len(&self, ss: &StreamSlot, len: u64) -> bool {
+        ss.kept.holds(len)
+    }
+
     pub(crate) fn take_kept(
         &self,
         ss: &mut StreamSlot,

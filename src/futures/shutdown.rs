@@ -1,0 +1,148 @@
+//! One handle for a built stack: its layers' handles by type, `close`, and
+//! a `shutdown` to zero.
+//!
+//! # Layers by type
+//!
+//! Each layer of a stack shows its handle to
+//! [`DeviceMemoryResource::visit_layers`]: a statistics layer its
+//! [`Stats`], a budget its [`Budget`], a cache its [`CacheStats`] as of the
+//! call. [`AsyncResource::layer`] returns the outermost one of the type
+//! asked for, whatever the order of the layers, instead of counting
+//! `inner()`s; a layer of the user's own shows its own handle the same way.
+//!
+//! # Closing, and the life of a shutdown
+//!
+//! [`AsyncResource::close`] sets a flag every new allocation, reservation
+//! and waiting request reads at its next poll: they fail with
+//! [`Closed`](crate::ResourceError::Closed). Frees, completions and buffers held
+//! go on as before, so the requests being served finish.
+//! [`AsyncResource::shutdown`] then, without blocking a thread:
+//!
+//! 1. closes;
+//! 2. awaits every pending free (`reap_pending`);
+//! 3. asks the stack for its idle memory (a cache's blocks and pages) and
+//!    awaits the frees that queued, until nothing more comes back;
+//! 4. returns the final figures ([`ShutdownReport`]): what is still
+//!    outstanding (0 B once every buffer was dropped), the statistics, the
+//!    cache's and the budget's, the queue's.
+
+#![forbid(unsafe_code)]
+
+use std::any::Any;
+
+use super::async_resource::AsyncResource;
+use super::queue_stats::QueueStats;
+use crate::adaptors::{Budget, Stats, StatsSnapshot};
+use crate::cache::CacheStats;
+use crate::error::ResourceResult;
+use crate::poll_scope::PollScope;
+use crate::resource::DeviceMemoryResource;
+
+/// The final figures of a stack, returned by
+/// [`AsyncResource::shutdown`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ShutdownReport {
+    /// Bytes the stack still holds on the device: 0 once every block and
+    /// buffer was freed; more is what users still hold (or what a layer
+    /// could not give back).
+    pub bytes_outstanding: usize,
+    /// Idle bytes the stack gave back during the shutdown.
+    pub released_idle: usize,
+    /// The outermost statistics layer's figures, if the stack has one.
+    pub stats: Option<StatsSnapshot>,
+    /// The outermost cache's figures, if the stack has one.
+    pub cache: Option<CacheStats>,
+    /// The outermost budget's bytes in use, if the stack has one.
+    pub budget_in_use: Option<usize>,
+    /// The wait queue's figures.
+    pub queue: QueueStats,
+}
+
+impl<R: DeviceMemoryResource + ?Sized + 'static> AsyncResource<R> {
+    /// The handle of the outermost layer of type `T` in the stack:
+    /// [`Stats`], [`Budget`], [`CacheStats`] (the cache's figures now), or
+    /// a handle a layer of your own shows to
+    /// [`visit_layers`](DeviceMemoryResource::visit_layers). `None` when
+    /// no layer shows one.
+    ///
+    /// # Examples
+    /// ```
+    /// use streamalloc::adaptors::{Budget, Stats};
+    /// use streamalloc::builder::ResourceBuilder;
+    /// use streamalloc::cache::{CacheConfig, CacheStats};
+    /// use streamalloc::{AsyncResource, Device, SimGpu};
+    ///
+    /// let device = Device::sim(&SimGpu::new(), 1);
+    /// let layers = ResourceBuilder::new()
+    ///     .stats()
+    ///     .cache(CacheConfig::default())
+    ///     .budget(&Budget::new(1 << 30));
+    /// let res = AsyncResource::build(&device, &layers)?.into_any();
+    /// assert!(res.layer::<Stats>().is_some());
+    /// assert_eq!(res.layer::<Budget>().unwrap().limit(), 1 << 30);
+    /// assert_eq!(res.layer::<CacheStats>().unwrap().hits, 0);
+    /// # Ok::<(), streamalloc::ResourceError>(())
+    /// ```
+    pub fn layer<T: Any + Clone>(&self) -> Option<T> {
+        let mut found = None;
+        self.inner().visit_layers(&mut |layer| {
+            if found.is_none() {
+                found = layer.downcast_ref::<T>().cloned();
+            }
+        });
+        found
+    }
+
+    /// Refuses new allocations and reservations from now on
+    /// ([`Closed`](crate::ResourceError::Closed)), and fails those waiting.
+    /// Frees, completions and buffers already held work as before. Every
+    /// clone of the resource is closed.
+    pub fn close(&self) {
+        self.core().close();
+    }
+
+    /// Closes, drains every pending free, gives the stack's idle memory
+    /// back (a cache's blocks and pages) and returns the final figures,
+    /// without blocking a thread. Once every buffer was dropped, the
+    /// report's `bytes_outstanding` is 0.
+    ///
+    /// A running [`Reaper`](super::Reaper) may stay; shut it down after.
+    ///
+    /// # Errors
+    /// The driver's error when a stream's device faulted (the figures are
+    /// then lost; the resource is closed either way).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropped, it leaves the resource closed, with the frees
+    /// and releases done so far done.
+    pub async fn shutdown(&self) -> ResourceResult<ShutdownReport> {
+        self.close();
+        self.reap_pending().await?;
+        let mut released_idle = 0;
+        // Bounded: each round gives back what became idle in the last one
+        // (a cache's pages once their blocks' frees ran); it stops when a
+        // round gives nothing.
+        for _ in 0..8 {
+            let given = {
+                let _scope = PollScope::enter();
+                let given = self.inner().release_idle()?;
+                self.core().adopt_frees();
+                given
+            };
+            self.reap_pending().await?;
+            released_idle += given;
+            if given == 0 {
+                break;
+            }
+        }
+        Ok(ShutdownReport {
+            bytes_outstanding: self.bytes_outstanding(),
+            released_idle,
+            stats: self.layer::<Stats>().map(|s| s.snapshot()),
+            cache: self.layer::<CacheStats>(),
+            budget_in_use: self.layer::<Budget>().map(|b| b.in_use()),
+            queue: self.queue_stats(),
+        })
+    }
+}
