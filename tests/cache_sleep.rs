@@ -444,3 +444,49 @@ async fn the_async_sleep_awaits_the_queued_work() {
     gpu.run_until_idle();
     assert!(gpu.races().is_empty(), "{:#?}", gpu.races());
 }
+
+/// The cache sleeps wherever it sits in a stack: the decorators above it
+/// forward the sleep; a stack with no cache refuses it, changing nothing.
+#[tokio::test(flavor = "current_thread")]
+async fn a_stack_sleeps_through_its_decorators_and_one_without_a_cache_refuses() {
+    use streamalloc::adaptors::Budget;
+    use streamalloc::futures::AsyncResource;
+    use streamalloc::{Device, ResourceBuilder};
+
+    let device = Device::sim(&SimGpu::new(), 1);
+    let layers = ResourceBuilder::new()
+        .stats()
+        .retry_on_oom()
+        .budget(&Budget::new(1 << 30))
+        .cache(CacheConfig::default());
+    let res = AsyncResource::build(&device, &layers).unwrap();
+    let s = device.stream(0).unwrap();
+    let weights = res.allocate(8 * MIB, s, WEIGHTS).await.unwrap();
+    let held = res.bytes_outstanding();
+    res.sleep(&plan()).await.unwrap();
+    assert!(res.bytes_outstanding() + 8 * MIB <= held);
+    assert!(matches!(
+        res.prepare_block_use(weights.id(), s, Access::Read),
+        Err(ResourceError::BlockAsleep { .. })
+    ));
+    res.wake().await.unwrap();
+    res.prepare_block_use(weights.id(), s, Access::Read)
+        .unwrap();
+    drop(res.deallocate(weights).unwrap());
+
+    let plain = AsyncResource::on(&device).unwrap();
+    let block = plain.allocate(MIB, s, WEIGHTS).await.unwrap();
+    let r = plain.sleep(&plan()).await;
+    assert!(
+        matches!(r, Err(ResourceError::SleepRefused { .. })),
+        "{r:?}"
+    );
+    assert!(matches!(
+        plain.wake().await,
+        Err(ResourceError::SleepRefused { .. })
+    ));
+    plain
+        .prepare_block_use(block.id(), s, Access::Read)
+        .unwrap();
+    drop(plain.deallocate(block).unwrap());
+}

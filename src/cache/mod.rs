@@ -209,12 +209,11 @@ mod shard;
 mod shards;
 mod size_class;
 mod slab;
-mod sleep_plan;
 mod snapshot;
 mod stats;
 
+pub use crate::types::{SleepMode, SleepPlan};
 pub use config::CacheConfig;
 pub use resource::CachingResource;
 pub use size_class::{MIN_CLASS_SIZE, SizeClass};
-pub use sleep_plan::{SleepMode, SleepPlan};
 pub use stats::CacheStats;

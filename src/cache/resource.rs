@@ -15,11 +15,11 @@ use super::shard::{Backing, SHARD_MASK, Slot};
 use super::shards::Shards;
 use super::size_class::SizeClass;
 use super::size_class::tier::SizeClassTier;
-use super::sleep_plan::SleepPlan;
 use super::stats::CacheStats;
 use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::{CaptureId, CaptureStatus};
 use crate::resource::DeviceMemoryResource;
+use crate::types::SleepPlan;
 use crate::types::{
     Access, AllocTag, BlockId, BlockState, CompletedUses, DeviceBlock, ResourceId, StreamId,
 };
@@ -637,6 +637,20 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R>
     /// capturing. Then the inner resource is told.
     fn release_capture(&self, capture: CaptureId, after: StreamId) -> ResourceResult<()> {
         self.graphs().release_capture_pools(capture, after)
+    }
+
+    /// The cache's own sleep ([`CachingResource::begin_sleep`]); the layers
+    /// below are not asked.
+    fn begin_sleep(&self, plan: &SleepPlan) -> ResourceResult<Vec<StreamId>> {
+        CachingResource::begin_sleep(self, plan)
+    }
+
+    fn settle_sleep(&self) -> ResourceResult<bool> {
+        CachingResource::settle_sleep(self)
+    }
+
+    fn wake(&self) -> ResourceResult<Vec<StreamId>> {
+        CachingResource::wake(self)
     }
 
     /// Shows its [`CacheStats`] as of now, then the layers below.

@@ -1,5 +1,6 @@
-//! Sleep and wake through the futures layer: the cache's sleep, awaited
-//! rather than waited for.
+//! Sleep and wake through the futures layer: the sleep of the stack's
+//! cache (wherever it sits among the layers, reached through
+//! [`DeviceMemoryResource::begin_sleep`]), awaited rather than waited for.
 //!
 //! [`CachingResource::begin_sleep`] queues the sleep's work and names the
 //! streams it went on; the host learns that work complete through a
@@ -10,15 +11,18 @@
 //! is the same over [`CachingResource::wake`]'s restores.
 
 use super::async_resource::AsyncResource;
-use crate::cache::{CachingResource, SleepPlan};
+#[cfg(doc)]
+use crate::cache::CachingResource;
 use crate::error::ResourceResult;
 use crate::resource::DeviceMemoryResource;
+use crate::types::SleepPlan;
 use crate::types::StreamId;
 
-impl<R: DeviceMemoryResource + 'static> AsyncResource<CachingResource<R>> {
+impl<R: DeviceMemoryResource + ?Sized + 'static> AsyncResource<R> {
     /// Puts the blocks of the tags `plan` names to sleep and gives their
     /// physical memory back, as [`CachingResource::sleep`] does, awaiting
-    /// the work queued before it instead of blocking a thread.
+    /// the work queued before it instead of blocking a thread. The stack's
+    /// outermost cache sleeps, whatever layers sit above it.
     ///
     /// ```
     /// use streamalloc::cache::{CacheConfig, SleepMode, SleepPlan};
@@ -31,11 +35,11 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<CachingResource<R>> {
     /// let res = AsyncResource::build(&device, &ResourceBuilder::new().cache(CacheConfig::default()))?;
     /// let s = device.stream(0)?;
     /// let weights = res.allocate(64 << 20, s, AllocTag("weights")).await?;
-    /// let held = res.inner().physical_bytes();
+    /// let held = res.bytes_outstanding();
     /// res.sleep(&SleepPlan::new().tag(AllocTag("weights"), SleepMode::Offload)).await?;
-    /// assert!(res.inner().physical_bytes() < held);
+    /// assert!(res.bytes_outstanding() < held);
     /// res.wake().await?;
-    /// assert!(res.inner().physical_bytes() >= 64 << 20);
+    /// assert!(res.bytes_outstanding() >= 64 << 20);
     /// drop(res.deallocate(weights)?);
     /// # Ok(())
     /// # }
@@ -44,12 +48,14 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<CachingResource<R>> {
     /// # Errors
     /// As [`CachingResource::sleep`]; an error of a completion point after
     /// the work was queued (a device fault): the sleep is in effect, its
-    /// memory not given back yet ([`CachingResource::settle_sleep`] gives
-    /// it back later, [`wake`](Self::wake) ends it).
+    /// memory not given back yet ([`settle_sleep`](DeviceMemoryResource::settle_sleep)
+    /// gives it back later, [`wake`](Self::wake) ends it).
+    /// [`SleepRefused`](crate::ResourceError::SleepRefused) when no layer
+    /// of the stack can sleep.
     ///
     /// # Cancel safety
     /// Dropping the future after its first poll leaves the sleep in
-    /// effect, not settled: [`CachingResource::settle_sleep`] or the next
+    /// effect, not settled: [`settle_sleep`](DeviceMemoryResource::settle_sleep) or the next
     /// sleep-related call gives the memory back once the host sees the
     /// GPU done, and [`wake`](Self::wake) ends it.
     pub async fn sleep(&self, plan: &SleepPlan) -> ResourceResult<()> {

@@ -70,11 +70,11 @@ use super::pages::Handle;
 use super::vmm::VirtualArena;
 use crate::cache::shard::{Backing, Mapped, SlotGuard};
 use crate::cache::shards::Shards;
-use crate::cache::sleep_plan::{SleepMode, SleepPlan};
 use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::{Gpu, HostMemory};
 use crate::sync::{Mutex, MutexGuard};
 use crate::types::{Access, StreamId};
+use crate::types::{SleepMode, SleepPlan};
 
 /// One sleeping block.
 #[derive(Debug)]

@@ -18,12 +18,12 @@ use super::sleep::Sleeper;
 use super::vmm::{StreamSlot, Taken, VirtualArena};
 use crate::cache::shard::{Backing, EndedMapped, Lease, Mapped, Shard, Slot, SlotGuard};
 use crate::cache::shards::Shards;
-use crate::cache::sleep_plan::SleepPlan;
 use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::{CaptureId, Gpu, GpuError};
 use crate::resource::DeviceAccess;
 use crate::resource::block_uses::BlockUses;
 use crate::resource::event_pool::EventPool;
+use crate::types::SleepPlan;
 use crate::types::{Access, AllocTag, BlockId, DeviceBlock, StreamId};
 
 /// The arena tier of a cache: the [`VirtualArena`] every stream places its

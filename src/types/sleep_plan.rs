@@ -6,11 +6,12 @@
 //! in pinned host memory and copied back at the wake
 //! ([`SleepMode::Offload`], vLLM's weights at sleep level 1), zeroed at the
 //! wake ([`SleepMode::Zero`]), or left undefined ([`SleepMode::Discard`],
-//! a KV cache). See [`CachingResource::sleep`](super::CachingResource::sleep).
+//! a KV cache). See [`CachingResource::sleep`](crate::cache::CachingResource::sleep)
+//! and [`AsyncResource::sleep`](crate::futures::AsyncResource::sleep).
 
 #![forbid(unsafe_code)]
 
-use crate::types::AllocTag;
+use super::block::AllocTag;
 
 /// What becomes of a sleeping block's contents.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
