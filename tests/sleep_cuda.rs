@@ -126,12 +126,13 @@ async fn weights_and_kv_sleep_give_memory_back_and_wake_restores_the_weights() {
     }
     res.completion(s).unwrap().await.unwrap();
 
-    // The same without sleep: copy the weights out, free everything and
-    // give it back to the device, then allocate again and copy back in.
+    // The same without sleep: pin host memory and copy the weights out
+    // (the sleep pins its own too), free everything and give it back to
+    // the device; then allocate again and copy back in.
+    let t = Instant::now();
     let mut host: Vec<_> = (0..WEIGHT_BLOCKS)
         .map(|_| pool.allocate::<u32>(BLOCK, WEIGHTS).unwrap())
         .collect();
-    let t = Instant::now();
     for (w, h) in weights.iter().zip(host.iter_mut()) {
         res.copy_to_host(w, h, s).unwrap().await.unwrap();
     }
@@ -156,14 +157,14 @@ async fn weights_and_kv_sleep_give_memory_back_and_wake_restores_the_weights() {
     res.completion(s).unwrap().await.unwrap();
     let realloc_time = t.elapsed();
     println!(
-        "baseline: copy out + free + trim {:.1} ms (cuMemGetInfo free {:.2} GiB); \
+        "baseline: pin + copy out + free + trim {:.1} ms (cuMemGetInfo free {:.2} GiB); \
          allocate + copy in {:.1} ms",
         free_time.as_secs_f64() * 1e3,
         gib(free_freed),
         realloc_time.as_secs_f64() * 1e3,
     );
     println!(
-        "sleep / (copy out + free): {:.2}; wake / (allocate + copy in): {:.2}",
+        "sleep / (pin + copy out + free): {:.2}; wake / (allocate + copy in): {:.2}",
         sleep_time.as_secs_f64() / free_time.as_secs_f64(),
         wake_time.as_secs_f64() / realloc_time.as_secs_f64(),
     );
