@@ -19,17 +19,18 @@
 //!
 //! # Who changes it
 //!
-//! 1. [`Sleeper::sleep`], with every shard locked (so no hook, free or
-//!    allocation of a stream runs meanwhile), checks everything first
-//!    (a block of a named tag outside the arena, one a captured graph
-//!    holds, a capturing stream: refused, nothing changed), pins the host
-//!    memory of the offloads (a failure unpins it: nothing changed), then
-//!    queues on each block's stream the waits for its uses on other
-//!    streams and its offload copy, takes out of the page table the
-//!    handles no block of another tag touches (their pages pending: no
-//!    placement or growth touches them), records a fence on every stream
-//!    involved (the blocks' and those that freed memory on the handles)
-//!    and marks the blocks asleep. Nothing is unmapped yet.
+//! 1. [`Sleeper::sleep`] finds the blocks (a block of a named tag
+//!    outside the arena, or one a captured graph holds: refused, nothing
+//!    changed), pins the host memory of the offloads with the shards
+//!    unlocked (a failure unpins it: nothing changed), then, with every
+//!    shard locked (so no hook, free or allocation of a stream runs
+//!    meanwhile), finds the same blocks again (else refused, unpinned),
+//!    refuses a capturing stream, and queues on each block's stream the
+//!    waits for its uses on other streams and its offload copy, takes out
+//!    of the page table the handles no block of another tag touches (their
+//!    pages pending: no placement or growth touches them), records a fence
+//!    on every stream involved (the blocks' and those that freed memory on
+//!    the handles) and marks the blocks asleep. Nothing is unmapped yet.
 //! 2. [`Sleeper::settle`] unmaps and releases the handles once a
 //!    query shows every fence complete: the fact the unmap rests on (no
 //!    queued work touches them: the offload copies and every recorded
@@ -158,36 +159,39 @@ impl Sleeper {
             return Err(refused("already asleep: wake first"));
         }
         self.drain(vm, &mut state);
-        let mut guards: Vec<SlotGuard<'_>> = shards.slots.iter().map(|s| s.lock()).collect();
-        // Checked first: nothing changes on a refusal.
-        let mut blocks = Vec::new();
-        for (slot, guard) in guards.iter_mut().enumerate() {
-            for lease in guard.leases_mut() {
-                let tag = match &lease.backing {
-                    Backing::Mapped(m) => m.tag,
-                    Backing::Inner(block) => block.tag(),
-                };
-                let Some(mode) = plan.mode_of(tag) else {
-                    continue;
-                };
-                let Backing::Mapped(m) = &lease.backing else {
-                    return Err(refused(
-                        "a block of a sleeping tag is not in the arena (size classes, or too large)",
-                    ));
-                };
-                if lease.capture.is_some() {
-                    return Err(refused(
-                        "a block of a sleeping tag belongs to a captured graph",
-                    ));
-                }
-                blocks.push(SleptBlock {
-                    slot,
-                    ptr: m.ptr,
-                    size: lease.size,
-                    mode,
-                    host: None,
-                });
+        // Checked first: nothing changes on a refusal. The host memory is
+        // pinned with the shards unlocked (`cuMemHostAlloc` takes
+        // milliseconds; allocations of every stream go on meanwhile), and
+        // the blocks looked up again under the locks.
+        let guards: Vec<SlotGuard<'_>> = shards.slots.iter().map(|s| s.lock()).collect();
+        let mut blocks = Self::sleeping(guards, plan)?;
+        for i in 0..blocks.len() {
+            if blocks[i].mode != SleepMode::Offload {
+                continue;
             }
+            match gpu.host_alloc(blocks[i].size.max(1), None) {
+                Ok(h) => blocks[i].host = Some(h),
+                Err(e) => {
+                    Self::unpin(gpu, &mut blocks);
+                    return Err(e.into());
+                }
+            }
+        }
+        let mut guards: Vec<SlotGuard<'_>> = shards.slots.iter().map(|s| s.lock()).collect();
+        let again = Self::sleeping_in(&mut guards, plan);
+        let same = again.as_ref().is_ok_and(|again| {
+            again.len() == blocks.len()
+                && again.iter().zip(&blocks).all(|(a, b)| {
+                    (a.slot, a.ptr, a.size, a.mode) == (b.slot, b.ptr, b.size, b.mode)
+                })
+        });
+        if !same {
+            drop(guards);
+            Self::unpin(gpu, &mut blocks);
+            again?;
+            return Err(refused(
+                "the sleeping tags' blocks changed while the sleep pinned host memory: try again",
+            ));
         }
         let mut slots: Vec<usize> = blocks.iter().map(|b| b.slot).collect();
         slots.sort_unstable();
@@ -198,28 +202,22 @@ impl Sleeper {
                 unreachable!("a shard with arena leases opened the arena");
             };
             // SAFETY: the arena's stream is a stream of the tier's pool.
-            let status = unsafe { gpu.capture_status(arena.raw) }?;
-            if status.is_capturing() {
-                return Err(ResourceError::StreamCapturing {
-                    stream: g.stream,
-                    capture: status.id(),
-                });
-            }
-        }
-        for i in 0..blocks.len() {
-            if blocks[i].mode != SleepMode::Offload {
-                continue;
-            }
-            match gpu.host_alloc(blocks[i].size.max(1), None) {
-                Ok(h) => blocks[i].host = Some(h),
+            let status = match unsafe { gpu.capture_status(arena.raw) } {
+                Ok(status) => status,
                 Err(e) => {
-                    for h in blocks.iter_mut().filter_map(|b| b.host.take()) {
-                        // SAFETY: (1) pinned just above and freed once;
-                        // (2) no copy was queued on it.
-                        let _ = unsafe { gpu.host_free(h) };
-                    }
+                    drop(guards);
+                    Self::unpin(gpu, &mut blocks);
                     return Err(e.into());
                 }
+            };
+            if status.is_capturing() {
+                let stream = g.stream;
+                drop(guards);
+                Self::unpin(gpu, &mut blocks);
+                return Err(ResourceError::StreamCapturing {
+                    stream,
+                    capture: status.id(),
+                });
             }
         }
         // The streams' kept blocks go back, so that the page counts name
@@ -299,6 +297,62 @@ impl Sleeper {
             fences,
         });
         Ok(streams)
+    }
+
+    /// The live blocks of the tags `plan` names, in the shards `guards`
+    /// locked (unlocked on return); refused, nothing changed, when one is
+    /// not in the arena or belongs to a captured graph.
+    fn sleeping(
+        mut guards: Vec<SlotGuard<'_>>,
+        plan: &SleepPlan,
+    ) -> ResourceResult<Vec<SleptBlock>> {
+        Self::sleeping_in(&mut guards, plan)
+    }
+
+    /// As [`sleeping`](Self::sleeping), under locks the caller keeps.
+    fn sleeping_in(
+        guards: &mut [SlotGuard<'_>],
+        plan: &SleepPlan,
+    ) -> ResourceResult<Vec<SleptBlock>> {
+        let mut blocks = Vec::new();
+        for (slot, guard) in guards.iter_mut().enumerate() {
+            for lease in guard.leases_mut() {
+                let tag = match &lease.backing {
+                    Backing::Mapped(m) => m.tag,
+                    Backing::Inner(block) => block.tag(),
+                };
+                let Some(mode) = plan.mode_of(tag) else {
+                    continue;
+                };
+                let Backing::Mapped(m) = &lease.backing else {
+                    return Err(refused(
+                        "a block of a sleeping tag is not in the arena (size classes, or too large)",
+                    ));
+                };
+                if lease.capture.is_some() {
+                    return Err(refused(
+                        "a block of a sleeping tag belongs to a captured graph",
+                    ));
+                }
+                blocks.push(SleptBlock {
+                    slot,
+                    ptr: m.ptr,
+                    size: lease.size,
+                    mode,
+                    host: None,
+                });
+            }
+        }
+        Ok(blocks)
+    }
+
+    /// Unpins the host memory pinned for `blocks`, none of it copied to.
+    fn unpin(gpu: &dyn Gpu, blocks: &mut [SleptBlock]) {
+        for h in blocks.iter_mut().filter_map(|b| b.host.take()) {
+            // SAFETY: (1) pinned by this sleep and freed once (taken out);
+            // (2) no copy was queued on it.
+            let _ = unsafe { gpu.host_free(h) };
+        }
     }
 
     /// Queues on `b`'s stream the waits for its uses on other streams and,
