@@ -138,6 +138,7 @@ async fn weights_and_kv_sleep_give_memory_back_and_wake_restores_the_weights() {
     }
     drop(weights);
     drop(kv);
+    res.reap_pending().await.unwrap();
     res.completion(s).unwrap().await.unwrap();
     res.inner().trim().unwrap();
     res.completion(s).unwrap().await.unwrap();

@@ -325,7 +325,11 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
     /// usable at once (a use on the block's stream follows the restore in
     /// stream order, a use elsewhere waits for it). Returns the streams
     /// the restores were queued on. Blocks freed while asleep are not
-    /// restored; their host memory goes.
+    /// restored. The pinned host memory is freed once a query shows the
+    /// copies back complete, at the next
+    /// [`settle_sleep`](Self::settle_sleep) or sleep after that (or when
+    /// the cache goes); [`AsyncResource::wake`](crate::futures::AsyncResource::wake)
+    /// awaits the restores and frees it.
     ///
     /// # Errors
     /// [`SleepRefused`](ResourceError::SleepRefused) when no sleep is in
