@@ -19,6 +19,8 @@
 #   scripts/gpu-run.sh host DIR       # here: the pinned host pool's CUDA tests, examples/staging
 #                                     # and the host_staging measurement (release), into DIR
 #   scripts/gpu-run.sh host-run DIR   # there: runs them (tests, example, µs per copy table)
+#   scripts/gpu-run.sh sleep DIR      # here: the sleep's CUDA test and examples/sleep (release)
+#   scripts/gpu-run.sh sleep-run DIR  # there: runs them (prints sleep/wake times and the baseline)
 #   scripts/gpu-call.sh N             # there: a session's whole call (suites, memcheck, traces,
 #                                     # service, pairs) packed into $OUT/rN.tgz stage by stage
 #
@@ -83,7 +85,7 @@ suites)
     # (`BIN=DIR STAGES="safety tests san" scripts/gpu-call.sh N` there).
     dir="${2:?usage: gpu-run.sh suites DIR}"
     rm -rf "$dir" && mkdir -p "$dir"
-    tests=(safety_cuda cache cache_arena cache_graph buffer_cuda gpu_cuda futures_cuda resource graph_cuda gpu_adaptors host_cuda)
+    tests=(safety_cuda cache cache_arena cache_graph buffer_cuda gpu_cuda futures_cuda resource graph_cuda gpu_adaptors host_cuda sleep_cuda)
     cargo test --release -p streamalloc --no-run "${tests[@]/#/--test=}" --message-format=json 2>/dev/null |
         DIR="$dir" python3 -c '
 import json, sys, shutil, os
@@ -92,7 +94,7 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
         shutil.copy(m["executable"], os.path.join(os.environ["DIR"], "test-" + m["target"]["name"]))
 '
-    examples=(quickstart service pipeline kernel graph adaptor_stack reaper staging)
+    examples=(quickstart service pipeline kernel graph adaptor_stack reaper staging sleep)
     cargo build --release -p streamalloc "${examples[@]/#/--example=}" --message-format=json 2>/dev/null |
         DIR="$dir" python3 -c '
 import json, sys, shutil, os
@@ -136,6 +138,35 @@ host-run)
     "$dir/test-host_cuda" --include-ignored --test-threads=1 || status=1
     timeout 120 "$dir/example-staging" || status=1
     timeout 300 "$dir/bin-host_staging" || status=1
+    exit $status
+    ;;
+sleep)
+    # Here: what issue 35's sleep and wake runs on the GPU (a few MiB).
+    dir="${2:?usage: gpu-run.sh sleep DIR}"
+    rm -rf "$dir" && mkdir -p "$dir"
+    cargo test --release -p streamalloc --no-run --test=sleep_cuda --message-format=json 2>/dev/null |
+        DIR="$dir" python3 -c '
+import json, sys, shutil, os
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
+        shutil.copy(m["executable"], os.path.join(os.environ["DIR"], "test-" + m["target"]["name"]))
+'
+    cargo build --release -p streamalloc --example sleep
+    cp target/release/examples/sleep "$dir/example-sleep"
+    strip "$dir"/*
+    echo "build $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ' with uncommitted changes'), built $(date -u +%FT%TZ)" >"$dir/BUILD"
+    ls "$dir"
+    du -sh "$dir"
+    ;;
+sleep-run)
+    # There: the sleep's CUDA test (its printed times: sleep and wake
+    # beside copy out + free and allocate + copy in) and the example.
+    dir="${2:?usage: gpu-run.sh sleep-run DIR}"
+    cat "$dir/BUILD"
+    status=0
+    "$dir/test-sleep_cuda" --include-ignored --test-threads=1 --nocapture || status=1
+    timeout 120 "$dir/example-sleep" || status=1
     exit $status
     ;;
 subset)

@@ -448,6 +448,22 @@ pub enum ResourceError {
     /// memory. Nothing was queued.
     #[error("the host buffer belongs to a pool of another backend than the copy's resource")]
     ForeignHostBuffer,
+    /// A block of a tag the cache put to sleep
+    /// ([`CachingResource::sleep`](crate::cache::CachingResource::sleep))
+    /// was used before [`wake`](crate::cache::CachingResource::wake): its
+    /// memory may have no physical pages behind it. Nothing was queued.
+    #[error("block {block} is asleep: wake the cache before using it")]
+    BlockAsleep {
+        /// The block.
+        block: BlockId,
+    },
+    /// A sleep or wake the cache cannot make, for `reason`; nothing
+    /// changed.
+    #[error("sleep refused: {reason}")]
+    SleepRefused {
+        /// Why.
+        reason: &'static str,
+    },
     /// A configuration (`STREAMALLOC_CONF`, see [`crate::conf`]) the crate
     /// cannot follow: an unknown key, a key given twice, a value it cannot
     /// read, or a key whose prerequisite is missing. Nothing was built.

@@ -88,7 +88,7 @@ pub use resource::AsyncCudaResource;
 pub use resource::{DeviceAccess, DeviceMemoryResource, SimResource, StreamOrderedResource};
 pub use types::{
     Access, AllocTag, BlockId, BlockState, CompletedUses, DeviceBlock, RawStream, ResourceId,
-    StreamId, Tag,
+    SleepMode, SleepPlan, StreamId, Tag,
 };
 
 /// The README's examples, compiled and run as doctests (`cargo test --doc`).

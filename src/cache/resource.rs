@@ -19,6 +19,7 @@ use super::stats::CacheStats;
 use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::{CaptureId, CaptureStatus};
 use crate::resource::DeviceMemoryResource;
+use crate::types::SleepPlan;
 use crate::types::{
     Access, AllocTag, BlockId, BlockState, CompletedUses, DeviceBlock, ResourceId, StreamId,
 };
@@ -243,6 +244,119 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         self.slots()
             .map(|s| s.lock().graphs.iter().map(|g| g.bytes).sum::<usize>())
             .sum()
+    }
+
+    /// Puts the blocks of the tags `plan` names to sleep and gives their
+    /// physical memory back to the device, keeping their addresses: each
+    /// block's stream first waits for its uses on other streams, then an
+    /// [`Offload`](super::SleepMode::Offload) block is copied to pinned host
+    /// memory; once the host saw that work complete, the mappings under
+    /// the blocks are unmapped and released, and idle cached mappings the
+    /// GPU is done with go too. [`wake`](Self::wake) maps memory at the
+    /// same addresses and restores the contents. Blocks of other tags, and
+    /// new allocations of any tag, stay usable meanwhile.
+    ///
+    /// This call waits for that work, parking the thread (never call it
+    /// from inside a poll); async code awaits
+    /// [`AsyncResource::sleep`](crate::futures::AsyncResource::sleep)
+    /// instead, which waits for the same fact without blocking.
+    ///
+    /// # Errors
+    /// [`SleepRefused`](ResourceError::SleepRefused), nothing changed: the
+    /// plan names no tag; a sleep is in effect already; the cache has no
+    /// virtual-memory arena; a block of a named tag is not in the arena
+    /// (size classes, or larger than the arena) or belongs to a captured
+    /// graph. [`StreamCapturing`](ResourceError::StreamCapturing) while a
+    /// block's stream is being captured. A driver error (pinning host
+    /// memory, queueing a wait or copy): every block stays awake.
+    ///
+    /// # Stream ordering
+    /// A use of a sleeping block is refused
+    /// ([`BlockAsleep`](ResourceError::BlockAsleep)) by the block-use
+    /// hooks until the wake: finish every launch that uses one (its
+    /// [`finish_block_use`](DeviceMemoryResource::finish_block_use))
+    /// before the sleep, since a use the hooks never saw is not waited
+    /// for. Pages a live block of another tag shares stay mapped, with
+    /// their contents (see `cache/arena/sleep.rs`).
+    pub fn sleep(&self, plan: &SleepPlan) -> ResourceResult<()> {
+        let arena = self.sleep_arena()?;
+        arena.sleep(&self.shards, plan)?;
+        arena.wait_sleep()?;
+        self.settle_sleep().map(drop)
+    }
+
+    /// The first half of [`sleep`](Self::sleep), which waits for nothing:
+    /// queues the sleep's work and returns the streams on which it was
+    /// queued; once the host saw each of them reach its current end,
+    /// [`settle_sleep`](Self::settle_sleep) gives the memory back.
+    ///
+    /// # Errors
+    /// As [`sleep`](Self::sleep).
+    pub fn begin_sleep(&self, plan: &SleepPlan) -> ResourceResult<Vec<StreamId>> {
+        self.sleep_arena()?.sleep(&self.shards, plan)
+    }
+
+    /// Gives back the memory of the sleep in effect once a query shows the
+    /// GPU done with the work [`begin_sleep`](Self::begin_sleep) queued
+    /// (never waiting), and, while asleep, the idle cached mappings the
+    /// GPU is done with; also frees the pinned host memory of the last
+    /// wake whose copies the host saw complete. True when nothing of the
+    /// sleep is left to give back (or none is in effect), false while
+    /// that work may still run.
+    ///
+    /// # Errors
+    /// A driver error of an unmap (the mapping is kept for the next call).
+    pub fn settle_sleep(&self) -> ResourceResult<bool> {
+        let Some(arena) = &self.arena else {
+            return Ok(true);
+        };
+        let asleep = arena.is_asleep();
+        let settled = arena.settle_sleep()?;
+        if settled && asleep {
+            self.reclaim_mapped(false);
+        }
+        Ok(settled)
+    }
+
+    /// Wakes the sleep in effect: maps new physical memory at the sleeping
+    /// blocks' addresses and queues, on each block's stream, its restore
+    /// (the copy back from host of an [`Offload`](super::SleepMode::Offload)
+    /// block, the fill of a [`Zero`](super::SleepMode::Zero) one); the blocks are
+    /// usable at once (a use on the block's stream follows the restore in
+    /// stream order, a use elsewhere waits for it). Returns the streams
+    /// the restores were queued on. Blocks freed while asleep are not
+    /// restored. The pinned host memory is freed once a query shows the
+    /// copies back complete, at the next
+    /// [`settle_sleep`](Self::settle_sleep) or sleep after that (or when
+    /// the cache goes); [`AsyncResource::wake`](crate::futures::AsyncResource::wake)
+    /// awaits the restores and frees it.
+    ///
+    /// # Errors
+    /// [`SleepRefused`](ResourceError::SleepRefused) when no sleep is in
+    /// effect; out of memory or another driver error while mapping or
+    /// queueing a restore: what was woken stays awake, the rest stays
+    /// asleep for the next call.
+    pub fn wake(&self) -> ResourceResult<Vec<StreamId>> {
+        self.sleep_arena()?.wake(&self.shards)
+    }
+
+    /// Whether a sleep is in effect (from [`sleep`](Self::sleep) or
+    /// [`begin_sleep`](Self::begin_sleep) to [`wake`](Self::wake)).
+    pub fn is_asleep(&self) -> bool {
+        self.arena.as_ref().is_some_and(ArenaTier::is_asleep)
+    }
+
+    /// Physical bytes the virtual-memory arena holds mapped now (the
+    /// inner resource's are apart): what a sleep gives back and a wake
+    /// takes again.
+    pub fn physical_bytes(&self) -> usize {
+        self.arena.as_ref().map_or(0, ArenaTier::held)
+    }
+
+    fn sleep_arena(&self) -> ResourceResult<&ArenaTier> {
+        self.arena.as_ref().ok_or(ResourceError::SleepRefused {
+            reason: "the cache has no virtual-memory arena",
+        })
     }
 
     fn slots(&self) -> std::slice::Iter<'_, Slot> {
@@ -529,6 +643,20 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R>
         self.graphs().release_capture_pools(capture, after)
     }
 
+    /// The cache's own sleep ([`CachingResource::begin_sleep`]); the layers
+    /// below are not asked.
+    fn begin_sleep(&self, plan: &SleepPlan) -> ResourceResult<Vec<StreamId>> {
+        CachingResource::begin_sleep(self, plan)
+    }
+
+    fn settle_sleep(&self) -> ResourceResult<bool> {
+        CachingResource::settle_sleep(self)
+    }
+
+    fn wake(&self) -> ResourceResult<Vec<StreamId>> {
+        CachingResource::wake(self)
+    }
+
     /// Shows its [`CacheStats`] as of now, then the layers below.
     fn visit_layers(&self, visit: &mut dyn FnMut(&dyn std::any::Any)) {
         visit(&self.stats());
@@ -569,6 +697,9 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R>
                 return Err(ResourceError::UnknownBlock { block: block.id() });
             }
             match (&mut lease.backing, &self.arena) {
+                (Backing::Mapped(m), _) if m.asleep => {
+                    Err(ResourceError::BlockAsleep { block: block.id() })
+                }
                 (Backing::Mapped(m), Some(arena)) => {
                     arena.record_use(m, lease.stream, use_stream, Access::Read)
                 }
@@ -599,6 +730,7 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R>
             lease = again;
         }
         match (&mut lease.backing, &self.arena) {
+            (Backing::Mapped(m), _) if m.asleep => Err(ResourceError::BlockAsleep { block }),
             (Backing::Mapped(m), Some(arena)) => {
                 arena.prepare_use(m, lease.stream, (use_stream, access), replay)
             }
@@ -614,6 +746,7 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R>
     ) -> ResourceResult<()> {
         self.shards
             .with_lease(block, |lease| match (&mut lease.backing, &self.arena) {
+                (Backing::Mapped(m), _) if m.asleep => Err(ResourceError::BlockAsleep { block }),
                 (Backing::Mapped(m), Some(arena)) => {
                     arena.record_use(m, lease.stream, use_stream, access)
                 }

@@ -51,8 +51,15 @@ pub(crate) struct Mapped {
     /// free and before later uses on that stream, so no event is recorded
     /// for them until a use on another stream needs one to wait on.
     pub(crate) home_unrecorded: Option<Access>,
-    /// The caller's tag, for snapshots (a size-class lease's inner block
-    /// carries its own).
+    /// The block's tag is asleep ([`CachingResource::sleep`]): its pages
+    /// may have no memory behind them, every use is refused, and its free
+    /// gives the range straight back to the arena (never kept by the
+    /// stream, whose kept blocks are taken back with no check).
+    ///
+    /// [`CachingResource::sleep`]: crate::cache::CachingResource::sleep
+    pub(crate) asleep: bool,
+    /// The caller's tag, for snapshots and for a sleep, which takes blocks
+    /// by tag (a size-class lease's inner block carries its own).
     pub(crate) tag: AllocTag,
 }
 
@@ -81,6 +88,8 @@ pub(crate) struct EndedMapped {
     pub(crate) capture: Option<CaptureId>,
     /// Its uses on other streams, if any was ever recorded.
     pub(crate) uses: Option<Box<BlockUses>>,
+    /// The block was asleep: its range goes straight back to the arena.
+    pub(crate) asleep: bool,
 }
 
 /// What is behind a lease.
@@ -386,6 +395,7 @@ impl LeaseEntry<'_> {
             size: lease.size,
             capture: lease.capture,
             uses: m.uses.take(),
+            asleep: m.asleep,
         };
         self.entry.discard();
         *self.leased -= ended.size;

@@ -129,9 +129,10 @@ mod event_future;
 mod reserve;
 mod waiter;
 // 5. `AsyncResource`, which makes them; its layers' handles and its
-//    shutdown.
+//    shutdown; its sleep over a cache.
 mod async_resource;
 mod shutdown;
+mod sleep;
 // 6. `Reaper`, the background dispatcher of an `AsyncResource`.
 #[cfg(feature = "tokio")]
 mod reaper;

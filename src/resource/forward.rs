@@ -57,7 +57,26 @@ macro_rules! forward_to_inner {
             supports_block_use_tracking, record_block_use, prepare_block_use,
             finish_block_use, block_state, allocation_cost, allocation_cost_is_exact,
             frees_across_streams, release_idle, allocation_limit, budget_reliefs,
-            capture_status, release_capture, snapshot_into, visit_layers);
+            capture_status, release_capture, snapshot_into, visit_layers, begin_sleep,
+            settle_sleep, wake);
+    };
+    (@one $f:tt begin_sleep) => {
+        fn begin_sleep(
+            &self,
+            plan: &$crate::SleepPlan,
+        ) -> $crate::ResourceResult<::std::vec::Vec<$crate::StreamId>> {
+            self.$f.begin_sleep(plan)
+        }
+    };
+    (@one $f:tt settle_sleep) => {
+        fn settle_sleep(&self) -> $crate::ResourceResult<bool> {
+            self.$f.settle_sleep()
+        }
+    };
+    (@one $f:tt wake) => {
+        fn wake(&self) -> $crate::ResourceResult<::std::vec::Vec<$crate::StreamId>> {
+            self.$f.wake()
+        }
     };
     (@one $f:tt visit_layers) => {
         fn visit_layers(&self, visit: &mut dyn FnMut(&dyn ::std::any::Any)) {

@@ -465,6 +465,52 @@ pub unsafe trait DeviceMemoryResource: Send + Sync {
         let _ = snapshot;
     }
 
+    /// Queues the sleep of the blocks of the tags `plan` names (see
+    /// [`CachingResource::sleep`](crate::cache::CachingResource::sleep)) in
+    /// the outermost layer that can put memory to sleep, and returns the
+    /// streams whose completion, once the host saw it, lets
+    /// [`settle_sleep`](Self::settle_sleep) give the memory back.
+    /// [`AsyncResource::sleep`](crate::futures::AsyncResource::sleep) is the
+    /// way to call it.
+    ///
+    /// Provided, as a refusal
+    /// ([`SleepRefused`](crate::ResourceError::SleepRefused)): only a cache
+    /// with a virtual-memory arena sleeps. Decorators forward it
+    /// ([`forward_to_inner!`](crate::forward_to_inner), in
+    /// `all_but_allocate`).
+    ///
+    /// # Errors
+    /// As [`CachingResource::sleep`](crate::cache::CachingResource::sleep).
+    fn begin_sleep(&self, plan: &crate::types::SleepPlan) -> ResourceResult<Vec<StreamId>> {
+        let _ = plan;
+        Err(crate::ResourceError::SleepRefused {
+            reason: "no layer of the stack can sleep (a cache with a virtual-memory arena can)",
+        })
+    }
+
+    /// Gives back the memory of the sleep in effect once the host saw its
+    /// work complete (never waiting); true when nothing is left to give
+    /// back. Provided: `Ok(true)`, nothing sleeps. Decorators forward it.
+    ///
+    /// # Errors
+    /// A driver error of an unmap (kept for the next call).
+    fn settle_sleep(&self) -> ResourceResult<bool> {
+        Ok(true)
+    }
+
+    /// Wakes the sleep in effect (see
+    /// [`CachingResource::wake`](crate::cache::CachingResource::wake)) and
+    /// returns the streams its restores were queued on. Provided, as a
+    /// refusal. Decorators forward it.
+    ///
+    /// # Errors
+    /// As [`CachingResource::wake`](crate::cache::CachingResource::wake).
+    fn wake(&self) -> ResourceResult<Vec<StreamId>> {
+        Err(crate::ResourceError::SleepRefused {
+            reason: "no layer of the stack can sleep (a cache with a virtual-memory arena can)",
+        })
+    }
+
     /// Shows `visit` the handle of each layer of the stack that has one,
     /// outermost first: a statistics layer its
     /// [`Stats`](crate::adaptors::Stats), a budget its
@@ -568,5 +614,14 @@ unsafe impl<R: DeviceMemoryResource + ?Sized> DeviceMemoryResource for std::sync
     }
     fn visit_layers(&self, visit: &mut dyn FnMut(&dyn std::any::Any)) {
         (**self).visit_layers(visit)
+    }
+    fn begin_sleep(&self, plan: &crate::types::SleepPlan) -> ResourceResult<Vec<StreamId>> {
+        (**self).begin_sleep(plan)
+    }
+    fn settle_sleep(&self) -> ResourceResult<bool> {
+        (**self).settle_sleep()
+    }
+    fn wake(&self) -> ResourceResult<Vec<StreamId>> {
+        (**self).wake()
     }
 }

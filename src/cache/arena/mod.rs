@@ -3,7 +3,7 @@
 //! its lock), its placement of addresses ([`placement`]), page table
 //! ([`pages`]), fences ([`fences`]) and free tags ([`freed`]), the blocks
 //! each stream keeps ([`kept`]), and the tier's leases and their block-use
-//! hooks ([`tier`]).
+//! hooks ([`tier`]), and its sleep and wake ([`sleep`]).
 
 #![deny(unsafe_code)]
 
@@ -12,5 +12,6 @@ pub(super) mod freed;
 pub(super) mod kept;
 pub(super) mod pages;
 pub(super) mod placement;
+pub(super) mod sleep;
 pub(super) mod tier;
 pub(super) mod vmm;

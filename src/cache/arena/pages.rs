@@ -519,6 +519,65 @@ impl PageTable {
         self.spare_handles.push(hi);
     }
 
+    /// The handles a sleep may take out from under the blocks on `spans`
+    /// (offset, length): those over which every live block is one of
+    /// them (a page's count of blocks is exactly the spans on it). A
+    /// handle a block of another tag touches stays mapped, with every
+    /// block on it.
+    pub(crate) fn sleepable(&self, spans: &[(u64, u64)]) -> Vec<u32> {
+        let mut asleep: std::collections::HashMap<usize, u32> = Default::default();
+        for &(off, len) in spans {
+            for i in self.span(off, len) {
+                *asleep.entry(i).or_default() += 1;
+            }
+        }
+        let mut handles: Vec<u32> = asleep
+            .keys()
+            .filter_map(|&i| self.pages.get(i).filter(|p| p.mapped()).map(|p| p.handle))
+            .collect();
+        handles.sort_unstable();
+        handles.dedup();
+        handles.retain(|&hi| {
+            let h = &self.handles[hi as usize];
+            (h.first..h.first + h.pages).all(|i| {
+                let refs = self.pages[i as usize].refs;
+                refs == 0 || asleep.get(&(i as usize)) == Some(&refs)
+            })
+        });
+        handles
+    }
+
+    /// Takes handle `hi` out of the table for a sleep, with its tags (the
+    /// frees on its pages the GPU must be done with before it is
+    /// unmapped): its pages become pending, so that no block is placed on
+    /// them and no growth maps them until [`map`](Self::map) backs them
+    /// again at the wake (or [`unpend`](Self::unpend) gives them up).
+    pub(crate) fn take_asleep(&mut self, hi: u32) -> (Handle, Vec<Freed>) {
+        let h = self.handles[hi as usize];
+        debug_assert!(h.live, "a handle taken twice");
+        self.handles[hi as usize].live = false;
+        for p in &mut self.pages[h.first as usize..(h.first + h.pages) as usize] {
+            p.handle = PENDING;
+        }
+        if h.busy == 0 {
+            self.idle_pages -= h.pages as usize;
+        }
+        self.mapped_pages -= h.pages as usize;
+        self.pending_pages += h.pages as usize;
+        self.spare_handles.push(hi);
+        (h, std::mem::take(&mut self.tags[hi as usize]))
+    }
+
+    /// Adds `tags` to the handle mapped at page `first` (a handle a sleep
+    /// took and put back keeps the frees the GPU may not be done with).
+    pub(crate) fn add_tags(&mut self, first: u32, tags: &[Freed]) {
+        let hi = self.pages[first as usize].handle;
+        debug_assert!(self.pages[first as usize].mapped(), "no handle at {first}");
+        for &t in tags {
+            add_tag(&mut self.tags[hi as usize], t);
+        }
+    }
+
     /// Puts back a handle [`take_idle`](Self::take_idle) took, when giving
     /// it back to the device failed (idle, with no tag: the GPU was done
     /// with it).

@@ -14,6 +14,7 @@
 #![allow(unsafe_code)]
 
 use super::placement::{Placed, round};
+use super::sleep::Sleeper;
 use super::vmm::{StreamSlot, Taken, VirtualArena};
 use crate::cache::shard::{Backing, EndedMapped, Lease, Mapped, Shard, Slot, SlotGuard};
 use crate::cache::shards::Shards;
@@ -22,6 +23,7 @@ use crate::gpu::{CaptureId, Gpu, GpuError};
 use crate::resource::DeviceAccess;
 use crate::resource::block_uses::BlockUses;
 use crate::resource::event_pool::EventPool;
+use crate::types::SleepPlan;
 use crate::types::{Access, AllocTag, BlockId, DeviceBlock, StreamId};
 
 /// The arena tier of a cache: the [`VirtualArena`] every stream places its
@@ -33,6 +35,9 @@ pub(crate) struct ArenaTier {
     pub(crate) vm: VirtualArena,
     /// Events recording uses of arena blocks on other streams.
     events: EventPool<dyn Gpu>,
+    /// The sleep in effect, if any, and host memory its copies may use
+    /// (see [`sleep`](super::sleep)); taken before the shards' locks.
+    sleep: Sleeper,
 }
 
 impl std::fmt::Debug for ArenaTier {
@@ -63,6 +68,7 @@ impl ArenaTier {
         Some(ArenaTier {
             events: EventPool::new(vm.access.gpu.clone()),
             vm,
+            sleep: Sleeper::default(),
         })
     }
 
@@ -225,6 +231,7 @@ impl ArenaTier {
                 ptr,
                 uses: None,
                 home_unrecorded: None,
+                asleep: false,
                 tag,
             }),
             stream,
@@ -330,6 +337,9 @@ impl ArenaTier {
         if let Some(uses) = lease.uses.take() {
             self.return_events(uses);
         }
+        if lease.asleep {
+            return self.release_asleep(slot, &mut shard, lease);
+        }
         if let Some(c) = owner {
             self.keep_for_graph(slot, &mut shard, lease, c, now);
             return Ok(());
@@ -348,6 +358,52 @@ impl ArenaTier {
             self.hold_to_cap(arena, cap);
         }
         Ok(())
+    }
+
+    /// The part of [`release`](Self::release) for a block freed while
+    /// asleep: its range goes straight back to the arena (its pages have
+    /// no memory until the wake, so the stream may not keep it).
+    #[cold]
+    fn release_asleep(
+        &self,
+        slot: &Slot,
+        shard: &mut SlotGuard<'_>,
+        lease: EndedMapped,
+    ) -> ResourceResult<()> {
+        let Some(arena) = shard.arena.as_ref() else {
+            unreachable!("an arena lease's arena lives as long as the cache");
+        };
+        self.vm.free_asleep(arena, lease.placed);
+        slot.add_arena_live(-(lease.size as isize));
+        Ok(())
+    }
+
+    /// Puts the blocks of the tags `plan` names to sleep (see
+    /// [`sleep`](super::sleep)); returns the streams to see complete
+    /// before [`settle_sleep`](Self::settle_sleep) gives the memory back.
+    pub(crate) fn sleep(&self, shards: &Shards, plan: &SleepPlan) -> ResourceResult<Vec<StreamId>> {
+        self.sleep.sleep(&self.vm, shards, plan)
+    }
+
+    /// Gives the sleep's memory back once the host saw its work complete;
+    /// true when nothing is left to give back.
+    pub(crate) fn settle_sleep(&self) -> ResourceResult<bool> {
+        self.sleep.settle(&self.vm)
+    }
+
+    /// Waits, parking the thread, for the work of the sleep in effect.
+    pub(crate) fn wait_sleep(&self) -> ResourceResult<()> {
+        self.sleep.wait(&self.vm)
+    }
+
+    /// Wakes the sleep in effect; returns the streams of the restores.
+    pub(crate) fn wake(&self, shards: &Shards) -> ResourceResult<Vec<StreamId>> {
+        self.sleep.wake(&self.vm, shards)
+    }
+
+    /// Whether a sleep is in effect.
+    pub(crate) fn is_asleep(&self) -> bool {
+        self.sleep.is_asleep()
     }
 
     /// The events of an ended lease's uses go back to the pool, and the
@@ -681,6 +737,7 @@ impl ArenaTier {
     /// Closes the arena (waiting for the GPU): what no lease holds goes
     /// back to the device.
     pub(crate) fn close(&self, shards: &Shards) {
+        self.sleep.close(&self.vm);
         let leased = self.release_all_kept(shards);
         if !self.vm.close() && leased == 0 {
             tracing::warn!("the arena could not be given back");

@@ -121,6 +121,10 @@ use crate::gpu::{Gpu, GpuError, RawStream};
 use crate::resource::DeviceAccess;
 use crate::types::StreamId;
 
+// What a sleep needs of the arena (`vmm/sleep.rs`): a child module, as
+// it works on the shared state's private parts.
+mod sleep;
+
 /// One stream's part of the tier; in its shard, guarded by the shard's
 /// lock.
 #[derive(Debug)]
