@@ -104,6 +104,7 @@
 //! only; [`simulate`] does the same from Rust).
 
 #![deny(missing_docs)]
+#![deny(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 
 mod allocator;
 mod blocks;
