@@ -183,6 +183,40 @@ fn a_use_while_asleep_is_refused_and_a_free_is_not() {
     c.assert_race_free();
 }
 
+/// A launch between its `prepare_block_use` and `finish_block_use` may
+/// have queued work on a stream the block's uses do not name yet, which a
+/// sleep could not order its unmap after: the sleep is refused, changing
+/// nothing, until the use is finished. It used to go ahead (the finish was
+/// refused after the fact, with the kernel already queued on pages about
+/// to lose their memory).
+#[test]
+fn a_sleep_is_refused_while_a_launch_on_a_sleeping_block_is_in_progress() {
+    let c = Cache::new(2);
+    let (a, b) = (c.s(0), c.s(1));
+    let weights = c.cache.allocate(4 * MIB, a, WEIGHTS).unwrap();
+    c.cache
+        .prepare_block_use(weights.id(), b, Access::Write)
+        .unwrap();
+    c.kernel(b, MemAccess::write(&weights));
+    let held = c.cache.physical_bytes();
+    let refused = c.cache.sleep(&plan());
+    assert!(
+        matches!(refused, Err(ResourceError::SleepRefused { .. })),
+        "{refused:?}"
+    );
+    assert!(!c.cache.is_asleep());
+    assert_eq!((c.cache.physical_bytes(), c.copies()), (held, 0));
+    c.cache
+        .finish_block_use(weights.id(), b, Access::Write)
+        .unwrap();
+    c.cache.sleep(&plan()).unwrap();
+    assert!(c.cache.is_asleep());
+    c.assert_race_free();
+    c.cache.wake().unwrap();
+    c.cache.deallocate(weights).unwrap();
+    c.assert_race_free();
+}
+
 #[test]
 fn the_sleep_waits_for_work_queued_before_it_on_every_stream() {
     let c = Cache::new(2);

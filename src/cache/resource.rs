@@ -732,7 +732,10 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R>
         match (&mut lease.backing, &self.arena) {
             (Backing::Mapped(m), _) if m.asleep => Err(ResourceError::BlockAsleep { block }),
             (Backing::Mapped(m), Some(arena)) => {
-                arena.prepare_use(m, lease.stream, (use_stream, access), replay)
+                arena.prepare_use(m, lease.stream, (use_stream, access), replay)?;
+                // Until its finish, a sleep of this block is refused.
+                m.uses_begun = m.uses_begun.saturating_add(1);
+                Ok(())
             }
             _ => SizeClassTier::prepare_use(&self.inner, lease, use_stream, access),
         }
@@ -748,7 +751,12 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R>
             .with_lease(block, |lease| match (&mut lease.backing, &self.arena) {
                 (Backing::Mapped(m), _) if m.asleep => Err(ResourceError::BlockAsleep { block }),
                 (Backing::Mapped(m), Some(arena)) => {
-                    arena.record_use(m, lease.stream, use_stream, access)
+                    arena.record_use(m, lease.stream, use_stream, access)?;
+                    // Counted down only when the finish recorded the use
+                    // (a failed one is finished again, by the buffer's
+                    // deferred use); never below zero.
+                    m.uses_begun = m.uses_begun.saturating_sub(1);
+                    Ok(())
                 }
                 _ => SizeClassTier::finish_use(&self.inner, lease, use_stream, access),
             })

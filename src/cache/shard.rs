@@ -58,6 +58,13 @@ pub(crate) struct Mapped {
     ///
     /// [`CachingResource::sleep`]: crate::cache::CachingResource::sleep
     pub(crate) asleep: bool,
+    /// Uses begun ([`prepare_block_use`]) and not yet finished: work on
+    /// the block may be queued, or about to be, on a stream the lease does
+    /// not know yet, so a sleep of the block is refused until they end
+    /// (an unmap under such work would fault the device).
+    ///
+    /// [`prepare_block_use`]: crate::DeviceMemoryResource::prepare_block_use
+    pub(crate) uses_begun: u32,
     /// The caller's tag, for snapshots and for a sleep, which takes blocks
     /// by tag (a size-class lease's inner block carries its own).
     pub(crate) tag: AllocTag,

@@ -334,6 +334,11 @@ impl Sleeper {
                         "a block of a sleeping tag belongs to a captured graph",
                     ));
                 }
+                if m.uses_begun > 0 {
+                    return Err(refused(
+                        "a block of a sleeping tag has a use begun and not finished (a launch in progress)",
+                    ));
+                }
                 blocks.push(SleptBlock {
                     slot,
                     ptr: m.ptr,

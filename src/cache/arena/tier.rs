@@ -232,6 +232,7 @@ impl ArenaTier {
                 uses: None,
                 home_unrecorded: None,
                 asleep: false,
+                uses_begun: 0,
                 tag,
             }),
             stream,
