@@ -11,51 +11,16 @@ use proptest::prelude::*;
 use streamalloc::cache::{CacheConfig, CachingResource};
 use streamalloc::error::DriverCall;
 use streamalloc::gpu::sim::{MemAccess, RaceKind, SimGpu};
-use streamalloc::{
-    Access, AllocTag, BlockState, DeviceMemoryResource, ResourceError, SimResource, StreamId,
-};
+use streamalloc::{Access, AllocTag, BlockState, DeviceMemoryResource, ResourceError, StreamId};
 
 const T: AllocTag = AllocTag::UNTAGGED;
 const P: usize = 2 << 20;
 
-struct Cache {
-    gpu: Arc<SimGpu>,
-    cache: CachingResource<Arc<SimResource>>,
-    pool: Arc<streamalloc::StreamPool>,
-    streams: Vec<StreamId>,
-}
+use common::arena::ArenaCache as Cache;
 
 impl Cache {
     fn new(streams: usize, config: CacheConfig) -> Self {
-        Self::on(
-            SimGpu::builder().manual().capacity(64 << 30).build(),
-            streams,
-            config,
-        )
-    }
-
-    fn on(gpu: Arc<SimGpu>, streams: usize, config: CacheConfig) -> Self {
-        let f = common::sim_with(gpu, streams);
-        Cache {
-            gpu: f.sim.clone().unwrap(),
-            cache: CachingResource::with_config(f.resource.clone(), config),
-            pool: f.pool.clone(),
-            streams: f.streams.clone(),
-        }
-    }
-
-    fn s(&self, i: usize) -> StreamId {
-        self.streams[i]
-    }
-
-    fn kernel(&self, stream: StreamId, access: MemAccess) {
-        let raw = self.pool.raw(stream).unwrap();
-        self.gpu.launch_kernel(raw, &[access]).unwrap();
-    }
-
-    fn assert_race_free(&self) {
-        self.gpu.run_until_idle();
-        assert!(self.gpu.races().is_empty(), "{:#?}", self.gpu.races());
+        Self::manual(streams, config)
     }
 
     fn creates(&self) -> u64 {

@@ -8,53 +8,21 @@
 
 mod common;
 
-use std::sync::Arc;
-
-use streamalloc::cache::{CacheConfig, CachingResource, SleepMode, SleepPlan};
+use streamalloc::cache::{CacheConfig, SleepMode, SleepPlan};
 use streamalloc::error::DriverCall;
 use streamalloc::gpu::sim::{MemAccess, SimGpu};
-use streamalloc::{Access, AllocTag, DeviceMemoryResource, ResourceError, SimResource, StreamId};
+use streamalloc::{Access, AllocTag, DeviceMemoryResource, ResourceError};
 
 const WEIGHTS: AllocTag = AllocTag("weights");
 const KV: AllocTag = AllocTag("kv");
 const REQUEST: AllocTag = AllocTag("request");
 const MIB: usize = 1 << 20;
 
-struct Cache {
-    gpu: Arc<SimGpu>,
-    cache: CachingResource<Arc<SimResource>>,
-    pool: Arc<streamalloc::StreamPool>,
-    streams: Vec<StreamId>,
-}
+use common::arena::ArenaCache as Cache;
 
 impl Cache {
     fn new(streams: usize) -> Self {
-        Self::with(streams, CacheConfig::default())
-    }
-
-    fn with(streams: usize, config: CacheConfig) -> Self {
-        let gpu = SimGpu::builder().manual().capacity(64 << 30).build();
-        let f = common::sim_with(gpu, streams);
-        Cache {
-            gpu: f.sim.clone().unwrap(),
-            cache: CachingResource::with_config(f.resource.clone(), config),
-            pool: f.pool.clone(),
-            streams: f.streams.clone(),
-        }
-    }
-
-    fn s(&self, i: usize) -> StreamId {
-        self.streams[i]
-    }
-
-    fn kernel(&self, stream: StreamId, access: MemAccess) {
-        let raw = self.pool.raw(stream).unwrap();
-        self.gpu.launch_kernel(raw, &[access]).unwrap();
-    }
-
-    fn assert_race_free(&self) {
-        self.gpu.run_until_idle();
-        assert!(self.gpu.races().is_empty(), "{:#?}", self.gpu.races());
+        Self::manual(streams, CacheConfig::default())
     }
 
     fn copies(&self) -> u64 {
@@ -318,7 +286,7 @@ fn bad_input_changes_nothing() {
     refused(c.cache.wake().map(drop));
     // A block of a named tag too large for the arena would be refused the
     // same way; one in the size classes (no arena at all) is:
-    let classes = Cache::with(1, CacheConfig::default().virtual_memory(false));
+    let classes = Cache::manual(1, CacheConfig::default().virtual_memory(false));
     let b = classes.cache.allocate(4096, classes.s(0), WEIGHTS).unwrap();
     let r = classes.cache.sleep(&plan());
     assert!(
