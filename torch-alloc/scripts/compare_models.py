@@ -18,7 +18,12 @@ classes are reused; random weights from seeds):
   `GPT2LMHeadModel` from a config when `transformers` imports, else a
   GPT-2 of the same shape written here.
 - `llama_serve4`: the LLaMA-style decoder of record_trace serving requests
-  from four threads, each on its own `torch.cuda.Stream()`.
+  from four threads, each on its own `torch.cuda.Stream()` (batch 1-4,
+  prompts 16-512, 8-32 new tokens: the weights are most of the memory).
+- `llama_serve4_wide`: the same with the shape of the recorded
+  `llama_serve4` trace (batch 1-16, prompts 16-768, 8-64 new tokens): the
+  keys, values and activations of four concurrent requests are most of
+  the memory, where an allocator's per-stream pools show.
 - `bert_train`: the BERT-base training step of record_trace (AdamW, bf16
   autocast, varying sequence length) with its inputs copied on a side
   stream. A pluggable allocator never sees `record_stream` (PyTorch drops
@@ -64,7 +69,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-MODELS = ("gpt2_infer", "llama_serve4", "bert_train")
+MODELS = ("gpt2_infer", "llama_serve4", "llama_serve4_wide", "bert_train")
 SEED = 7
 
 
@@ -245,15 +250,20 @@ def run_gpt2(torch, dev, rng, short):
     return outputs, times, "per token", kind
 
 
-def run_llama_serve4(torch, dev, rng, short):
+def run_llama_serve4_wide(torch, dev, rng, short):
+    return run_llama_serve4(torch, dev, rng, short, wide=True)
+
+
+def run_llama_serve4(torch, dev, rng, short, wide=False):
     sys.path.insert(0, str(ROOT / "measure" / "scripts"))
     from record_trace import Llama
 
     model = Llama().to(dev.name, torch.float16 if dev.cuda else torch.float32).eval()
     dev.sync()
     per_thread = 2 if short else 6
-    cap = (128, 8) if short else (512, 32)
-    plans = [[(rng.randint(1, 4), rng.randint(16, cap[0]), rng.randint(8, cap[1])) for _ in range(per_thread)]
+    cap = (128, 8) if short else ((768, 64) if wide else (512, 32))
+    batch = 16 if wide and not short else 4
+    plans = [[(rng.randint(1, batch), rng.randint(16, cap[0]), rng.randint(8, cap[1])) for _ in range(per_thread)]
              for _ in range(4)]
     # Inputs made up front from one generator, so that the four threads'
     # interleaving cannot change them.
@@ -345,7 +355,7 @@ def run_bert_train(torch, dev, rng, short):
     return losses, times, "per step", "record_trace.Bert"
 
 
-RUNNERS = {"gpt2_infer": run_gpt2, "llama_serve4": run_llama_serve4, "bert_train": run_bert_train}
+RUNNERS = {"gpt2_infer": run_gpt2, "llama_serve4": run_llama_serve4, "llama_serve4_wide": run_llama_serve4_wide, "bert_train": run_bert_train}
 
 
 def child(args):
