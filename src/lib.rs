@@ -85,10 +85,13 @@ pub use host::{HostBuffer, HostPool, HostPoolConfig};
 pub use launch::LaunchRecorder;
 #[cfg(feature = "cuda")]
 pub use resource::AsyncCudaResource;
-pub use resource::{DeviceAccess, DeviceMemoryResource, SimResource, StreamOrderedResource};
+pub use resource::{
+    DeviceAccess, DeviceMemoryResource, OffloadHost, SimResource, SleepMode, SleepPlan,
+    StreamOrderedResource,
+};
 pub use types::{
     Access, AllocTag, BlockId, BlockState, CompletedUses, DeviceBlock, RawStream, ResourceId,
-    SleepMode, SleepPlan, StreamId, Tag,
+    StreamId, Tag,
 };
 
 /// The README's examples, compiled and run as doctests (`cargo test --doc`).

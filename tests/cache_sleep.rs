@@ -492,3 +492,162 @@ async fn a_stack_sleeps_through_its_decorators_and_one_without_a_cache_refuses()
         .unwrap();
     drop(plain.deallocate(block).unwrap());
 }
+
+/// A lender that hands out a host pool's blocks and remembers them, so
+/// that a test can touch what it lent.
+#[derive(Debug)]
+struct Recording {
+    pool: streamalloc::HostPool,
+    lent: std::sync::Mutex<Vec<streamalloc::gpu::HostMemory>>,
+}
+
+// SAFETY: every method forwards to the pool's own implementation, whose
+// contract holds; the addresses are only remembered.
+unsafe impl streamalloc::OffloadHost for Recording {
+    fn lend(
+        &self,
+        bytes: usize,
+        tag: AllocTag,
+    ) -> streamalloc::ResourceResult<streamalloc::gpu::HostMemory> {
+        let mem = self.pool.lend(bytes, tag)?;
+        self.lent.lock().unwrap().push(mem);
+        Ok(mem)
+    }
+
+    unsafe fn take_back(&self, memory: streamalloc::gpu::HostMemory, tag: AllocTag) {
+        // SAFETY: the caller's claim, passed on.
+        unsafe { self.pool.take_back(memory, tag) }
+    }
+
+    fn pins_for(&self, gpu: &dyn streamalloc::gpu::Gpu) -> bool {
+        self.pool.pins_for(gpu)
+    }
+}
+
+fn host_pool(c: &Cache, config: streamalloc::HostPoolConfig) -> streamalloc::HostPool {
+    let gpu: std::sync::Arc<dyn streamalloc::gpu::Gpu> = c.gpu.clone();
+    streamalloc::HostPool::with_gpu(gpu, config)
+}
+
+#[test]
+fn offloads_borrow_from_a_host_pool_and_repeated_cycles_pin_nothing_new() {
+    use streamalloc::OffloadHost as _;
+    let c = Cache::new(1);
+    let a = c.s(0);
+    let weights = c.cache.allocate(8 * MIB, a, WEIGHTS).unwrap();
+    let kv = c.cache.allocate(4 * MIB, a, KV).unwrap();
+    c.kernel(a, MemAccess::write(&weights));
+    let pool = host_pool(&c, streamalloc::HostPoolConfig::new());
+    assert!(pool.pins_for(&*c.gpu));
+    let plan = plan().offload_to(pool.clone());
+    let mut pinned = None;
+    for cycle in 0..3u64 {
+        c.cache.sleep(&plan).unwrap();
+        let st = pool.stats();
+        assert_eq!(
+            st.in_use_bytes,
+            8 * MIB,
+            "cycle {cycle}: the weights' block lent"
+        );
+        let tag = st.tags.iter().find(|(t, _)| *t == WEIGHTS).map(|(_, s)| *s);
+        assert_eq!(
+            tag.map(|t| t.current_bytes),
+            Some(8 * MIB),
+            "counted under the tag"
+        );
+        assert_eq!(
+            (st.pins, st.reuses),
+            (1, cycle),
+            "cycle {cycle}: pinned once"
+        );
+        assert_eq!(
+            *pinned.get_or_insert(c.gpu.host_bytes()),
+            c.gpu.host_bytes()
+        );
+
+        c.cache.wake().unwrap();
+        c.gpu.run_until_idle();
+        // The host sees the copy back complete: the block goes back idle.
+        assert!(c.cache.settle_sleep().unwrap());
+        let st = pool.stats();
+        assert_eq!(
+            (st.in_use_bytes, st.idle_bytes),
+            (0, 8 * MIB),
+            "cycle {cycle}"
+        );
+        for b in [&weights, &kv] {
+            c.cache.prepare_block_use(b.id(), a, Access::Write).unwrap();
+            c.kernel(a, MemAccess::write(b));
+            c.cache.finish_block_use(b.id(), a, Access::Write).unwrap();
+        }
+    }
+    assert_eq!(c.copies(), 6, "three offloads and three restores");
+    // The host takes the block the sleeps used, and writes it: its copies
+    // were seen complete, so the race detector finds nothing.
+    let mut staged = pool.allocate::<u8>(8 * MIB, REQUEST).unwrap();
+    staged.as_mut_slice().unwrap().fill(1);
+    assert_eq!(pool.stats().pins, 1, "the same block");
+    drop(staged);
+    c.cache.deallocate(weights).unwrap();
+    c.cache.deallocate(kv).unwrap();
+    c.assert_race_free();
+}
+
+#[test]
+fn the_race_detector_sees_the_host_touch_an_offload_before_its_copy_ran() {
+    use streamalloc::gpu::Gpu as _;
+    let c = Cache::new(1);
+    let a = c.s(0);
+    let weights = c.cache.allocate(4 * MIB, a, WEIGHTS).unwrap();
+    c.kernel(a, MemAccess::write(&weights));
+    c.assert_race_free();
+    let lender = std::sync::Arc::new(Recording {
+        pool: host_pool(&c, streamalloc::HostPoolConfig::new()),
+        lent: Default::default(),
+    });
+    let plan = plan().offload_to(lender.clone());
+    // Queued, not run (a manual device): the copy out may still write it.
+    c.cache.begin_sleep(&plan).unwrap();
+    let lent = lender.lent.lock().unwrap()[0];
+    c.gpu.note_host_access(lent.addr, Access::Write);
+    c.gpu.run_until_idle();
+    assert!(
+        !c.gpu.races().is_empty(),
+        "a host write under the offload copy must be reported"
+    );
+    c.cache.wake().unwrap();
+    c.cache.deallocate(weights).unwrap();
+}
+
+#[test]
+fn a_host_pool_over_its_cap_or_of_another_device_changes_nothing() {
+    let c = Cache::new(1);
+    let a = c.s(0);
+    let weights = c.cache.allocate(8 * MIB, a, WEIGHTS).unwrap();
+    let held = c.cache.physical_bytes();
+    let small = host_pool(&c, streamalloc::HostPoolConfig::new().cap(4 * MIB));
+    let full = c.cache.sleep(&plan().offload_to(small.clone()));
+    assert!(
+        matches!(full, Err(ResourceError::HostPoolFull { .. })),
+        "{full:?}"
+    );
+    let other_gpu: std::sync::Arc<dyn streamalloc::gpu::Gpu> = SimGpu::new();
+    let other = streamalloc::HostPool::with_gpu(other_gpu, streamalloc::HostPoolConfig::new());
+    let foreign = c.cache.sleep(&plan().offload_to(other.clone()));
+    assert!(
+        matches!(foreign, Err(ResourceError::ForeignHostBuffer)),
+        "{foreign:?}"
+    );
+    for pool in [&small, &other] {
+        let st = pool.stats();
+        assert_eq!((st.held_bytes, st.in_use_bytes), (0, 0));
+    }
+    assert!(!c.cache.is_asleep());
+    assert_eq!(c.cache.physical_bytes(), held);
+    assert_eq!(c.gpu.host_bytes(), 0);
+    c.cache
+        .prepare_block_use(weights.id(), a, Access::Read)
+        .unwrap();
+    c.cache.deallocate(weights).unwrap();
+    c.assert_race_free();
+}

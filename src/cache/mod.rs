@@ -212,7 +212,7 @@ mod slab;
 mod snapshot;
 mod stats;
 
-pub use crate::types::{SleepMode, SleepPlan};
+pub use crate::resource::{OffloadHost, SleepMode, SleepPlan};
 pub use config::CacheConfig;
 pub use resource::CachingResource;
 pub use size_class::{MIN_CLASS_SIZE, SizeClass};

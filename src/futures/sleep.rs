@@ -15,7 +15,7 @@ use super::async_resource::AsyncResource;
 use crate::cache::CachingResource;
 use crate::error::ResourceResult;
 use crate::resource::DeviceMemoryResource;
-use crate::types::SleepPlan;
+use crate::resource::SleepPlan;
 use crate::types::StreamId;
 
 impl<R: DeviceMemoryResource + ?Sized + 'static> AsyncResource<R> {
