@@ -651,3 +651,106 @@ fn a_host_pool_over_its_cap_or_of_another_device_changes_nothing() {
     c.cache.deallocate(weights).unwrap();
     c.assert_race_free();
 }
+
+/// The driver calls between two snapshots, by kind.
+fn calls_since(c: &Cache, before: &[u64]) -> impl Fn(DriverCall) -> u64 {
+    let now: Vec<u64> = DriverCall::ALL
+        .iter()
+        .map(|&k| c.gpu.call_count(k))
+        .collect();
+    let before = before.to_vec();
+    move |k| {
+        let i = DriverCall::ALL.iter().position(|&x| x == k).unwrap();
+        now[i] - before[i]
+    }
+}
+
+fn call_counts(c: &Cache) -> Vec<u64> {
+    DriverCall::ALL
+        .iter()
+        .map(|&k| c.gpu.call_count(k))
+        .collect()
+}
+
+/// What a wake costs in driver calls: one new handle mapped (create, map,
+/// set access) per handle the sleep released, never page by page; one
+/// copy back per offloaded block, queued without a synchronize. Pinned
+/// per block, the offloads are unpinned at the wake's end (what made a
+/// wake 4.5x allocating and copying in on an H100); borrowed from a warm
+/// host pool, neither the sleep pins nor the wake unpins anything.
+#[test]
+fn a_wake_maps_per_released_handle_and_with_a_pool_pins_and_unpins_nothing() {
+    let c = Cache::new(1);
+    let a = c.s(0);
+    let blocks: Vec<_> = (0..8)
+        .map(|i| {
+            let tag = if i < 6 { WEIGHTS } else { KV };
+            c.cache.allocate(64 * MIB, a, tag).unwrap()
+        })
+        .collect();
+    let pages = 8 * 64 * MIB / streamalloc::gpu::Gpu::vm_granularity(&*c.gpu).unwrap();
+    let pool = host_pool(&c, streamalloc::HostPoolConfig::new());
+    let pooled = plan().offload_to(pool.clone());
+    for (cycle, p) in [plan(), pooled.clone(), pooled].iter().enumerate() {
+        let before = call_counts(&c);
+        c.cache.sleep(p).unwrap();
+        let slept = calls_since(&c, &before);
+        let released = slept(DriverCall::MemRelease);
+        assert_eq!(slept(DriverCall::MemUnmap), released);
+        assert!(
+            (1..=blocks.len() as u64).contains(&released),
+            "cycle {cycle}: {released} handles released for {} blocks",
+            blocks.len()
+        );
+        assert_eq!(
+            slept(DriverCall::MemcpyHostAsync),
+            6,
+            "the weights offloaded"
+        );
+        let pins = slept(DriverCall::MemHostAlloc);
+        match cycle {
+            0 | 1 => assert_eq!(pins, 6, "cycle {cycle}: pinned for the weights"),
+            _ => assert_eq!(pins, 0, "a warm pool pins nothing"),
+        }
+
+        let before = call_counts(&c);
+        c.cache.wake().unwrap();
+        c.gpu.run_until_idle();
+        assert!(c.cache.settle_sleep().unwrap());
+        let woke = calls_since(&c, &before);
+        for k in [
+            DriverCall::MemCreate,
+            DriverCall::MemMap,
+            DriverCall::MemSetAccess,
+        ] {
+            assert_eq!(
+                woke(k),
+                released,
+                "cycle {cycle}: {k:?} once per released handle"
+            );
+        }
+        assert!((released as usize) < pages, "never page by page");
+        assert_eq!(
+            woke(DriverCall::MemcpyHostAsync),
+            6,
+            "one copy back per block"
+        );
+        for k in [DriverCall::StreamSynchronize, DriverCall::EventSynchronize] {
+            assert_eq!(
+                woke(k),
+                0,
+                "cycle {cycle}: the wake waits for nothing ({k:?})"
+            );
+        }
+        assert_eq!(woke(DriverCall::MemHostAlloc), 0);
+        let unpins = woke(DriverCall::MemFreeHost);
+        match cycle {
+            0 => assert_eq!(unpins, 6, "pinned per block: unpinned at the wake"),
+            _ => assert_eq!(unpins, 0, "cycle {cycle}: back to the pool, not unpinned"),
+        }
+    }
+    for b in blocks {
+        c.cache.deallocate(b).unwrap();
+    }
+    c.assert_race_free();
+}

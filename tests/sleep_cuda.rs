@@ -1,10 +1,11 @@
 //! Sleep and wake on a real GPU: 1.5 GiB of "weights" (offloaded) and
 //! 512 MiB of a KV-cache-like region (discarded) put to sleep give their
 //! memory back to the device (`cuMemGetInfo`), and after the wake the
-//! weights read back bit for bit, twice: the offloads borrow from a
-//! `HostPool`, so the second sleep pins nothing. Prints the times of
-//! sleep and wake beside the same memory freed, allocated again and copied
-//! in again.
+//! weights read back bit for bit, three times: first with the offloads
+//! pinned per block (the sleep pins, the wake unpins), then twice
+//! borrowing from a `HostPool` (the last sleep pins nothing, and no wake
+//! unpins). Prints the times of each sleep and wake, then the last ones
+//! beside the same memory freed, allocated again and copied in again.
 //! Run on the GPU machine with `--include-ignored --nocapture`
 //! (`scripts/gpu-run.sh sleep DIR`, then `sleep-run DIR` there).
 
@@ -72,25 +73,32 @@ async fn weights_and_kv_sleep_give_memory_back_and_wake_restores_the_weights() {
     res.completion(s).unwrap().await.unwrap();
     let slept_bytes = bytes(WEIGHT_BLOCKS + KV_BLOCKS);
 
-    // The offloads borrow from the pool: the first cycle pins, the second
-    // reuses what the first gave back.
-    let plan = SleepPlan::new()
+    // Cycle 0 pins the offloads per block at the sleep and unpins them in
+    // the wake (no lender); cycles 1 and 2 borrow them from the pool: the
+    // first of those pins, the second reuses what it gave back, and
+    // neither wake unpins.
+    let per_block = SleepPlan::new()
         .tag(WEIGHTS, SleepMode::Offload)
-        .tag(KV, SleepMode::Discard)
-        .offload_to(pool.clone());
+        .tag(KV, SleepMode::Discard);
+    let pooled = per_block.clone().offload_to(pool.clone());
     let mut out = pool.allocate::<u32>(BLOCK, WEIGHTS).unwrap();
     let (mut sleep_time, mut wake_time) = (Default::default(), Default::default());
-    for cycle in 0..2 {
+    for (cycle, plan) in [&per_block, &pooled, &pooled].into_iter().enumerate() {
         let pins = pool.stats().pins;
         let (free_awake, held_awake) = (free_bytes(&res), res.inner().physical_bytes());
         let t = Instant::now();
-        res.sleep(&plan).await.unwrap();
+        res.sleep(plan).await.unwrap();
         sleep_time = t.elapsed();
         let (free_asleep, held_asleep) = (free_bytes(&res), res.inner().physical_bytes());
         println!(
-            "cycle {cycle}: sleep: {:.1} ms for {:.2} GiB ({:.2} GiB offloaded, {:.2} GiB discarded, \
-             {} host blocks pinned); cuMemGetInfo free {:.2} -> {:.2} GiB (+{:.2}), arena holds \
+            "cycle {cycle} ({}): sleep: {:.1} ms for {:.2} GiB ({:.2} GiB offloaded, {:.2} GiB discarded, \
+             {} new pool pins); cuMemGetInfo free {:.2} -> {:.2} GiB (+{:.2}), arena holds \
              {:.2} -> {:.2} GiB",
+            if cycle == 0 {
+                "pinned per block"
+            } else {
+                "host pool"
+            },
             sleep_time.as_secs_f64() * 1e3,
             gib(slept_bytes),
             gib(bytes(WEIGHT_BLOCKS)),
@@ -107,8 +115,12 @@ async fn weights_and_kv_sleep_give_memory_back_and_wake_restores_the_weights() {
             "the device got {} B back of {slept_bytes} B",
             free_asleep.saturating_sub(free_awake)
         );
-        if cycle > 0 {
-            assert_eq!(pool.stats().pins, pins, "the second sleep pins nothing");
+        if cycle == 2 {
+            assert_eq!(
+                pool.stats().pins,
+                pins,
+                "the second pooled sleep pins nothing"
+            );
         }
         assert!(matches!(
             res.copy_to_host(&weights[0], &mut out, s),
@@ -182,7 +194,7 @@ async fn weights_and_kv_sleep_give_memory_back_and_wake_restores_the_weights() {
         realloc_time.as_secs_f64() * 1e3,
     );
     println!(
-        "second cycle: sleep / (copy out + free): {:.2}; wake / (allocate + copy in): {:.2}",
+        "last cycle (pooled, warm): sleep / (copy out + free): {:.2}; wake / (allocate + copy in): {:.2}",
         sleep_time.as_secs_f64() / free_time.as_secs_f64(),
         wake_time.as_secs_f64() / realloc_time.as_secs_f64(),
     );
