@@ -5,7 +5,7 @@
 //! ([`offload_to`](super::SleepPlan::offload_to)) borrows each offloaded
 //! block's host memory from it at the sleep and gives it back after the
 //! wake, so that repeated sleeps and wakes pin nothing new: a
-//! [`HostPool`](crate::host::HostPool) is one, and its cap, statistics per
+//! [`HostPool`](crate::HostPool) is one, and its cap, statistics per
 //! tag and reuse rules apply to the offloads as to its own buffers. A plan
 //! that names none pins per block at each sleep (`cuMemHostAlloc`, which
 //! takes milliseconds) and unpins after the wake.
@@ -28,7 +28,7 @@ use crate::types::AllocTag;
 /// Pinned host memory lent to a cache's sleep's offloads
 /// ([`SleepPlan::offload_to`](super::SleepPlan::offload_to)), taken back
 /// once the host saw every copy of it complete: repeated sleeps and wakes
-/// pin nothing new. A [`HostPool`](crate::host::HostPool) is one.
+/// pin nothing new. A [`HostPool`](crate::HostPool) is one.
 ///
 /// # Safety
 /// An implementation promises that:

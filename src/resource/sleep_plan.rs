@@ -6,12 +6,12 @@
 //! in pinned host memory and copied back at the wake
 //! ([`SleepMode::Offload`], vLLM's weights at sleep level 1), zeroed at the
 //! wake ([`SleepMode::Zero`]), or left undefined ([`SleepMode::Discard`],
-//! a KV cache). See [`CachingResource::sleep`](crate::cache::CachingResource::sleep)
-//! and [`AsyncResource::sleep`](crate::futures::AsyncResource::sleep).
+//! a KV cache). See [`CachingResource::sleep`](crate::CachingResource::sleep)
+//! and [`AsyncResource::sleep`](crate::AsyncResource::sleep).
 //!
 //! The offloads' pinned host memory comes from the plan's
 //! [`OffloadHost`] when it names one ([`SleepPlan::offload_to`], a
-//! [`HostPool`](crate::host::HostPool)), and is pinned per block otherwise.
+//! [`HostPool`](crate::HostPool)), and is pinned per block otherwise.
 
 #![forbid(unsafe_code)]
 
@@ -36,7 +36,7 @@ pub enum SleepMode {
 ///
 /// ```
 /// use streamalloc::AllocTag;
-/// use streamalloc::cache::{SleepMode, SleepPlan};
+/// use streamalloc::{SleepMode, SleepPlan};
 ///
 /// let plan = SleepPlan::new()
 ///     .tag(AllocTag("weights"), SleepMode::Offload)

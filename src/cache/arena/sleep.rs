@@ -81,8 +81,8 @@ use crate::cache::shards::Shards;
 use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::{Gpu, HostMemory};
 use crate::resource::{OffloadHost, SleepMode, SleepPlan};
-use crate::sync::{Mutex, MutexGuard};
 use crate::types::{Access, AllocTag, StreamId};
+use crate::util::sync::{Mutex, MutexGuard};
 
 /// One sleeping block.
 #[derive(Debug)]
@@ -499,7 +499,7 @@ impl Sleeper {
     }
 
     /// Waits, parking the thread, for the fences of the sleep in effect
-    /// (the blocking [`CachingResource::sleep`](crate::cache::CachingResource::sleep)).
+    /// (the blocking [`CachingResource::sleep`](crate::CachingResource::sleep)).
     pub(crate) fn wait(&self, vm: &VirtualArena) -> ResourceResult<()> {
         let fences = match &self.sleep_lock().slumber {
             Some(s) => s.fences.clone(),
