@@ -9,10 +9,10 @@
 //! STREAMALLOC_DEVICE=sim cargo run --example sleep  # always simulated
 //! ```
 
-use streamalloc::cache::{CacheConfig, SleepMode, SleepPlan};
-use streamalloc::futures::AsyncResource;
-use streamalloc::host::{HostPool, HostPoolConfig};
+use streamalloc::AsyncResource;
 use streamalloc::{AllocTag, Device, ResourceBuilder, ResourceError, ResourceResult};
+use streamalloc::{CacheConfig, SleepMode, SleepPlan};
+use streamalloc::{HostPool, HostPoolConfig};
 
 const WEIGHTS: AllocTag = AllocTag("weights");
 const KV: AllocTag = AllocTag("kv");

@@ -9,11 +9,9 @@ mod common;
 
 use std::sync::Arc;
 
-use streamalloc::adaptors::{Budget, BudgetResource};
-use streamalloc::cache::{CacheConfig, CachingResource};
-use streamalloc::error::DriverCall;
 use streamalloc::gpu::sim::{MemAccess, SimGpu};
 use streamalloc::{AllocTag, DeviceMemoryResource, StreamId, StreamOrderedResource};
+use streamalloc::{Budget, BudgetResource, CacheConfig, CachingResource, DriverCall};
 
 const T: AllocTag = AllocTag::UNTAGGED;
 const KIB: usize = 1 << 10;

@@ -8,10 +8,10 @@
 
 mod common;
 
-use streamalloc::cache::{CacheConfig, SleepMode, SleepPlan};
-use streamalloc::error::DriverCall;
+use streamalloc::DriverCall;
 use streamalloc::gpu::sim::{MemAccess, SimGpu};
 use streamalloc::{Access, AllocTag, DeviceMemoryResource, ResourceError};
+use streamalloc::{CacheConfig, SleepMode, SleepPlan};
 
 const WEIGHTS: AllocTag = AllocTag("weights");
 const KV: AllocTag = AllocTag("kv");
@@ -412,7 +412,7 @@ fn idle_cached_pages_go_back_at_the_sleep_too() {
 #[tokio::test(flavor = "current_thread")]
 async fn the_async_sleep_awaits_the_queued_work() {
     use std::time::Duration;
-    use streamalloc::futures::AsyncResource;
+    use streamalloc::AsyncResource;
     use streamalloc::{Device, ResourceBuilder};
 
     let gpu = SimGpu::builder()
@@ -451,8 +451,8 @@ async fn the_async_sleep_awaits_the_queued_work() {
 /// forward the sleep; a stack with no cache refuses it, changing nothing.
 #[tokio::test(flavor = "current_thread")]
 async fn a_stack_sleeps_through_its_decorators_and_one_without_a_cache_refuses() {
-    use streamalloc::adaptors::Budget;
-    use streamalloc::futures::AsyncResource;
+    use streamalloc::AsyncResource;
+    use streamalloc::Budget;
     use streamalloc::{Device, ResourceBuilder};
 
     let device = Device::sim(&SimGpu::new(), 1);

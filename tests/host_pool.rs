@@ -7,8 +7,8 @@ mod common;
 
 use common::{CountingWaker, drive, poll_once};
 use streamalloc::gpu::sim::{RaceKind, SimGpu, SimOp};
-use streamalloc::host::{HostPool, HostPoolConfig};
 use streamalloc::{Access, AllocTag, ResourceError};
+use streamalloc::{HostPool, HostPoolConfig};
 
 const TAG: AllocTag = AllocTag("staging");
 /// 1024 f32: one page, the smallest size class.
@@ -372,9 +372,9 @@ fn a_pending_block_comes_back_by_its_notification_alone() {
 fn host_handles_are_send_sync_unpin() {
     fn send_sync_unpin_static<T: Send + Sync + Unpin + 'static>() {}
     send_sync_unpin_static::<HostPool>();
-    send_sync_unpin_static::<streamalloc::host::HostBuffer<f32>>();
-    send_sync_unpin_static::<streamalloc::host::HostBuffer<[u8; 16]>>();
-    send_sync_unpin_static::<streamalloc::host::HostPoolStats>();
+    send_sync_unpin_static::<streamalloc::HostBuffer<f32>>();
+    send_sync_unpin_static::<streamalloc::HostBuffer<[u8; 16]>>();
+    send_sync_unpin_static::<streamalloc::HostPoolStats>();
 }
 
 #[test]

@@ -10,10 +10,10 @@
 
 use std::time::Instant;
 
-use streamalloc::cache::{CacheConfig, SleepMode, SleepPlan};
-use streamalloc::futures::AsyncResource;
-use streamalloc::host::{HostPool, HostPoolConfig};
+use streamalloc::AsyncResource;
 use streamalloc::{AllocTag, Device, ResourceBuilder, ResourceError};
+use streamalloc::{CacheConfig, SleepMode, SleepPlan};
+use streamalloc::{HostPool, HostPoolConfig};
 
 const WEIGHTS: AllocTag = AllocTag("weights");
 const KV: AllocTag = AllocTag("kv");

@@ -25,7 +25,7 @@ impl<R: DeviceMemoryResource + ?Sized + 'static> AsyncResource<R> {
     /// outermost cache sleeps, whatever layers sit above it.
     ///
     /// ```
-    /// use streamalloc::cache::{CacheConfig, SleepMode, SleepPlan};
+    /// use streamalloc::{CacheConfig, SleepMode, SleepPlan};
     /// use streamalloc::{AllocTag, AsyncResource, Device, ResourceBuilder};
     /// use streamalloc::gpu::sim::SimGpu;
     ///

@@ -27,7 +27,7 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
     /// capturing stream included); the driver's error. Nothing is queued
     /// on error, except when the error comes after the driver took the
     /// copy: then `src` is kept from the host and from its pool for good
-    /// (see the [module documentation](crate::host)).
+    /// (the essay of `src/host/` says why).
     ///
     /// # Cancel safety
     /// The future is a completion like [`completion`](AsyncResource::completion):

@@ -18,8 +18,8 @@ use super::stats::{HostPoolStats, HostTagStats};
 use crate::device::Device;
 use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::{Gpu, HostMemory};
-use crate::sync::Mutex;
 use crate::types::AllocTag;
+use crate::util::sync::Mutex;
 
 const MIN_CLASS: usize = 4096;
 
@@ -32,7 +32,7 @@ fn size_class(bytes: usize) -> Option<usize> {
 
 /// A pool of pinned host memory: [`HostBuffer`]s for staging copies, whose
 /// blocks come back to the pool once the host saw every copy of them
-/// complete. See the [module documentation](super).
+/// complete. The essay of `src/host/` says how.
 ///
 /// Cloning shares the pool. One pool serves one backend: its buffers are
 /// copied by resources on that backend (the same `Arc` of the device).
@@ -45,8 +45,8 @@ fn size_class(bytes: usize) -> Option<usize> {
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), streamalloc::ResourceError> {
-/// use streamalloc::host::{HostPool, HostPoolConfig};
-/// use streamalloc::{AllocTag, AsyncResource, Device, SimGpu};
+/// use streamalloc::{HostPool, HostPoolConfig};
+/// use streamalloc::{AllocTag, AsyncResource, Device, gpu::sim::SimGpu};
 ///
 /// let device = Device::sim(&SimGpu::new(), 1);
 /// let res = AsyncResource::on(&device)?;
@@ -74,7 +74,7 @@ impl HostPool {
     }
 
     /// A pool pinning memory through `gpu` (the backend an
-    /// [`AsyncResource::gpu`](crate::futures::AsyncResource::gpu) names).
+    /// [`AsyncResource::gpu`](crate::AsyncResource::gpu) names).
     pub fn with_gpu(gpu: Arc<dyn Gpu>, config: HostPoolConfig) -> Self {
         HostPool {
             shared: Arc::new(Shared {

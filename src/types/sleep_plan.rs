@@ -6,8 +6,8 @@
 //! in pinned host memory and copied back at the wake
 //! ([`SleepMode::Offload`], vLLM's weights at sleep level 1), zeroed at the
 //! wake ([`SleepMode::Zero`]), or left undefined ([`SleepMode::Discard`],
-//! a KV cache). See [`CachingResource::sleep`](crate::cache::CachingResource::sleep)
-//! and [`AsyncResource::sleep`](crate::futures::AsyncResource::sleep).
+//! a KV cache). See [`CachingResource::sleep`](crate::CachingResource::sleep)
+//! and [`AsyncResource::sleep`](crate::AsyncResource::sleep).
 
 #![forbid(unsafe_code)]
 
@@ -29,7 +29,7 @@ pub enum SleepMode {
 ///
 /// ```
 /// use streamalloc::AllocTag;
-/// use streamalloc::cache::{SleepMode, SleepPlan};
+/// use streamalloc::{SleepMode, SleepPlan};
 ///
 /// let plan = SleepPlan::new()
 ///     .tag(AllocTag("weights"), SleepMode::Offload)

@@ -24,8 +24,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use streamalloc::DriverCall;
-use streamalloc::futures::{AnyResource, AsyncResource};
 use streamalloc::gpu::sim::SimGpu;
+use streamalloc::{AnyResource, AsyncResource};
 use streamalloc::{Budget, CacheConfig, Device, ResourceBuilder, Stats};
 use streamalloc_measure::service::streamalloc_way::{self, Level, Memory};
 use streamalloc_measure::service::{Dims, LevelResult, SimKernels};

@@ -55,11 +55,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use streamalloc::error::DriverCall;
-use streamalloc::futures::{AnyResource, AsyncResource, WaitPolicy};
+use streamalloc::DriverCall;
 use streamalloc::gpu::Gpu;
 use streamalloc::gpu::cuda::cuda_present;
 use streamalloc::gpu::sim::SimGpu;
+use streamalloc::{AnyResource, AsyncResource, WaitPolicy};
 use streamalloc::{
     Budget, CacheConfig, CachingResource, Device, ResourceBuilder, SimResource,
     StreamOrderedResource,
@@ -163,7 +163,7 @@ fn parse_policy(name: &str) -> BoxResult<WaitPolicy> {
         // stream's end (how every parked future was notified before
         // notifications targeted the oldest parked point).
         "coalesced" => WaitPolicy {
-            behind: streamalloc::futures::Behind::Park,
+            behind: streamalloc::Behind::Park,
             ..WaitPolicy::DEFAULT
         },
         other => {
@@ -675,11 +675,7 @@ fn busy_after(
 }
 
 /// A level's wait statistics, per request.
-fn wait_delta(
-    a: &streamalloc::futures::WaitStats,
-    b: &streamalloc::futures::WaitStats,
-    requests: usize,
-) -> String {
+fn wait_delta(a: &streamalloc::WaitStats, b: &streamalloc::WaitStats, requests: usize) -> String {
     let per = |x: u64, y: u64| (y - x) as f64 / requests.max(1) as f64;
     format!(
         "per request: points {:.2}, queries {:.2}, frontier queries {:.2}, spins {:.2}, yields {:.2}, parks {:.2}, notifications {:.2}",

@@ -23,7 +23,7 @@ use cuda_async::device_operation::{DeviceOp, ExecutionContext, value, with_conte
 use cuda_async::scheduling_policies::SingleStream;
 use cudarc::driver::CudaContext;
 use cudarc::driver::sys::CUstream;
-use streamalloc::error::DriverCall;
+use streamalloc::DriverCall;
 use streamalloc::gpu::{GpuError, GpuResult};
 
 use super::cuda_model::CudaModel;

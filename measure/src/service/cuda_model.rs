@@ -31,8 +31,8 @@ use std::sync::{Arc, Mutex};
 use cudarc::cublas::sys as blas;
 use cudarc::driver::sys::{self as cu, CUdeviceptr, CUfunction, CUmodule, CUstream};
 use cudarc::driver::{CudaContext, DriverError};
+use streamalloc::DriverCall;
 use streamalloc::RawStream;
-use streamalloc::error::DriverCall;
 use streamalloc::gpu::{GpuError, GpuResult};
 
 use super::timeline::Timeline;

@@ -73,9 +73,9 @@ use crate::cache::shard::{Backing, Mapped, SlotGuard};
 use crate::cache::shards::Shards;
 use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::{Gpu, HostMemory};
-use crate::sync::{Mutex, MutexGuard};
 use crate::types::{Access, StreamId};
 use crate::types::{SleepMode, SleepPlan};
+use crate::util::sync::{Mutex, MutexGuard};
 
 /// One sleeping block.
 #[derive(Debug)]
@@ -440,7 +440,7 @@ impl Sleeper {
     }
 
     /// Waits, parking the thread, for the fences of the sleep in effect
-    /// (the blocking [`CachingResource::sleep`](crate::cache::CachingResource::sleep)).
+    /// (the blocking [`CachingResource::sleep`](crate::CachingResource::sleep)).
     pub(crate) fn wait(&self, vm: &VirtualArena) -> ResourceResult<()> {
         let fences = match &self.sleep_lock().slumber {
             Some(s) => s.fences.clone(),
