@@ -4,8 +4,8 @@
 # `scripts/gpu-run.sh build`; a BUILD file in it says which commit), the
 # traces from gpu-traces/ (the shared traces, and many_streams.ops.csv.gz
 # from `bin-synth_trace many_streams`).
-# Stages, each packed into $OUT/rN.tgz as it ends: the nine CUDA suites,
-# memcheck over two, the traces (ROUNDS rounds against torch_cpp_replay.py),
+# Stages, each packed into $OUT/rN.tgz as it ends: the GPU tests,
+# memcheck over the cache's, the traces (ROUNDS rounds against torch_cpp_replay.py),
 # the service, the eight-stream trace, the pairs table, the synthetic
 # shapes of gpu-traces/unseen/ beside PyTorch (if there), then SLOTS rounds
 # against torch_slots_replay.py (the same bookkeeping as trace_replay).
@@ -19,21 +19,27 @@ pack() { echo "$1 at $SECONDS s" >> $O/gpu.txt; tar czf $OUT/$R.tgz -C $OUT $R; 
 # pinned host pool, PyTorch on streamalloc, the memory viewer export, sleep
 # and wake: issues 35, 36, 32).
 want() { case " ${STAGES:-tests san safety traces service many bench unseen slots} " in *" $1 "*) return 0;; esac; return 1; }
-want tests && for t in cache cache_arena cache_graph buffer_cuda gpu_cuda futures_cuda resource service_cuda graph_cuda gpu_adaptors host_cuda sleep_cuda; do
+# The GPU tests: every test of test-cuda (the GPU-only files) and of
+# test-service_cuda, and the ignored (CUDA) tests of cache, resource and
+# futures (their other tests run on the simulator in CI).
+want tests && for t in cuda:--include-ignored:600 cache:--ignored:100 resource:--ignored:100 futures:--ignored:100 service_cuda:--include-ignored:100; do
+  IFS=: read -r t which secs <<< "$t"
   [ -x $B/test-$t ] || continue
-  echo "=== $t"; timeout 100 $B/test-$t --include-ignored --test-threads=1 2>&1 | grep -E "test result|FAILED|panicked"
+  echo "=== $t"; timeout $secs $B/test-$t $which --test-threads=1 2>&1 | grep -E "test result|FAILED|panicked"
 done > $O/tests.txt 2>&1; pack tests
 cs="compute-sanitizer --error-exitcode 86 --report-api-errors no --tool memcheck --track-stream-ordered-races all"
-want san && for t in ${SAN_TESTS:-cache_arena cache_graph}; do echo "=== memcheck $t"; timeout 100 $cs $B/test-$t --include-ignored --test-threads=1 > $O/san-$t.log 2>&1; echo "exit $?"; grep -E "ERROR SUMMARY" $O/san-$t.log; done > $O/sanitize.txt 2>&1; pack san
-# The shortcuts of the ordering rules on the GPU (tests/safety_cuda.rs),
-# with test-safety_cuda-old (the same test built on an older commit, if
-# carried) beside it, then under memcheck with stream-ordered race tracking.
+# SAN_TESTS: binaries whose ignored (CUDA) tests run under memcheck.
+want san && for t in ${SAN_TESTS:-cache}; do echo "=== memcheck $t"; timeout 200 $cs $B/test-$t --ignored --test-threads=1 > $O/san-$t.log 2>&1; echo "exit $?"; grep -E "ERROR SUMMARY" $O/san-$t.log; done > $O/sanitize.txt 2>&1; pack san
+# The shortcuts of the ordering rules on the GPU (tests/cuda/safety.rs,
+# `safety::` in test-cuda), with test-cuda-old (the same binary built on an
+# older commit, if carried) beside it, then under memcheck with
+# stream-ordered race tracking.
 want safety && {
-  for t in safety_cuda safety_cuda-old; do
+  for t in cuda cuda-old; do
     [ -x $B/test-$t ] || continue
-    echo "=== $t"; timeout 150 $B/test-$t --include-ignored --test-threads=1 --nocapture 2>&1 | grep -E "^test |test result|panicked|cuda:|round|left|right"
+    echo "=== $t safety::"; timeout 150 $B/test-$t --include-ignored --test-threads=1 --nocapture safety:: 2>&1 | grep -E "^test |test result|panicked|cuda:|round|left|right"
   done
-  echo "=== memcheck safety_cuda"; timeout 200 $cs $B/test-safety_cuda --include-ignored --test-threads=1 > $O/san-safety.log 2>&1; echo "exit $?"
+  echo "=== memcheck safety::"; timeout 200 $cs $B/test-cuda --include-ignored --test-threads=1 safety:: > $O/san-safety.log 2>&1; echo "exit $?"
   grep -E "ERROR SUMMARY|test result" $O/san-safety.log
 } > $O/safety.txt 2>&1; want safety && pack safety
 # Multi-stream traces recorded from PyTorch (measure/scripts/record_trace.py,

@@ -82,13 +82,15 @@ for line in sys.stdin:
     ls -la gpu-bin
     ;;
 suites)
-    # Here: only the CUDA suites, tests/safety_cuda.rs and the examples
-    # that need no cuBLAS, in release, into DIR (about 23 MiB, no
-    # measurement crate): what a call that checks correctness runs
-    # (`BIN=DIR STAGES="safety tests san" scripts/gpu-call.sh N` there).
+    # Here: only the test binaries with GPU tests (test-cuda, every
+    # GPU-only test; cache, resource and futures, whose CUDA variants are
+    # their ignored tests) and the examples that need no cuBLAS, in
+    # release, into DIR (no measurement crate): what a call that checks
+    # correctness runs (`BIN=DIR STAGES="safety tests san" scripts/gpu-call.sh N`
+    # there).
     dir="${2:?usage: gpu-run.sh suites DIR}"
     rm -rf "$dir" && mkdir -p "$dir"
-    tests=(safety_cuda cache cache_arena cache_graph buffer_cuda gpu_cuda futures_cuda resource graph_cuda gpu_adaptors host_cuda sleep_cuda)
+    tests=(cuda cache resource futures)
     cargo test --release -p streamalloc --no-run "${tests[@]/#/--test=}" --message-format=json 2>/dev/null |
         DIR="$dir" python3 -c '
 import json, sys, shutil, os
@@ -115,7 +117,7 @@ host)
     # Here: what issue 35's pinned host pool runs on the GPU (a few MiB).
     dir="${2:?usage: gpu-run.sh host DIR}"
     rm -rf "$dir" && mkdir -p "$dir"
-    cargo test --release -p streamalloc --no-run --test=host_cuda --message-format=json 2>/dev/null |
+    cargo test --release -p streamalloc --no-run --test=cuda --message-format=json 2>/dev/null |
         DIR="$dir" python3 -c '
 import json, sys, shutil, os
 for line in sys.stdin:
@@ -141,7 +143,7 @@ host-run)
     dir="${2:?usage: gpu-run.sh host-run DIR}"
     cat "$dir/BUILD"
     status=0
-    "$dir/test-host_cuda" --include-ignored --test-threads=1 || status=1
+    "$dir/test-cuda" --include-ignored --test-threads=1 host:: || status=1
     timeout 120 "$dir/example-staging" || status=1
     timeout 300 "$dir/bin-host_staging" || status=1
     # The service with real input and output copies: streamalloc through
@@ -156,7 +158,7 @@ sleep)
     # Here: what issue 35's sleep and wake runs on the GPU (a few MiB).
     dir="${2:?usage: gpu-run.sh sleep DIR}"
     rm -rf "$dir" && mkdir -p "$dir"
-    cargo test --release -p streamalloc --no-run --test=sleep_cuda --message-format=json 2>/dev/null |
+    cargo test --release -p streamalloc --no-run --test=cuda --message-format=json 2>/dev/null |
         DIR="$dir" python3 -c '
 import json, sys, shutil, os
 for line in sys.stdin:
@@ -177,7 +179,7 @@ sleep-run)
     dir="${2:?usage: gpu-run.sh sleep-run DIR}"
     cat "$dir/BUILD"
     status=0
-    "$dir/test-sleep_cuda" --include-ignored --test-threads=1 --nocapture || status=1
+    "$dir/test-cuda" --include-ignored --test-threads=1 --nocapture sleep:: || status=1
     timeout 120 "$dir/example-sleep" || status=1
     exit $status
     ;;
@@ -188,7 +190,7 @@ subset)
     dir="${2:?usage: gpu-run.sh subset DIR}"
     mkdir -p "$dir"
     for f in bin-bench_table bin-service_bench bin-trace_replay BUILD \
-        test-{cache,cache_arena,cache_graph,buffer_cuda,gpu_cuda,futures_cuda,resource,service_cuda,graph_cuda,host_cuda}; do
+        test-{cuda,cache,resource,futures,service_cuda}; do
         cp "gpu-bin/$f" "$dir/"
     done
     du -sh "$dir"
@@ -301,11 +303,11 @@ sanitize)
         echo "$name exit: $code"
     }
     echo "=== memcheck (stream-ordered races) over the CUDA tests"
-    check memcheck $racecheck $BIN/test-gpu_cuda --include-ignored --test-threads=1
+    check memcheck $racecheck $BIN/test-cuda --include-ignored --test-threads=1 resource::
     echo "=== synccheck over the CUDA tests"
-    check synccheck $cs --tool synccheck $BIN/test-gpu_cuda --include-ignored --test-threads=1
+    check synccheck $cs --tool synccheck $BIN/test-cuda --include-ignored --test-threads=1 resource::
     echo "=== memcheck (stream-ordered races) over the buffer tests and the kernel example"
-    check "buffer memcheck" $racecheck $BIN/test-buffer_cuda --include-ignored --test-threads=1
+    check "buffer memcheck" $racecheck $BIN/test-cuda --include-ignored --test-threads=1 buffer::
     check "kernel memcheck" $racecheck $BIN/example-kernel
     echo "=== planted bug in the kernel example (an escaped address): must be reported (exit 86)"
     check "kernel planted" $racecheck $BIN/example-kernel plant

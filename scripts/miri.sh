@@ -11,7 +11,7 @@
 # `cfg(miri)` the tests do less of the same (the list is exact):
 # - proptest runs 4 cases (PROPTEST_CASES) and the stress tests 1 s
 #   (STREAMALLOC_SOAK_SECS) or 50 iterations a thread;
-# - loops that only repeat work are cut with `common::scaled`: futures_event
+# - loops that only repeat work are cut with `support::scaled`: futures_event
 #   10,000 -> 100 concurrent futures, futures_reaper 200 -> 16 frees and 20
 #   -> 3 rounds, futures_stress 4 x 48 -> 1 x 12 tasks, cache 4 x 500 -> 4 x
 #   50 thread rounds and 300 -> 30 pipeline items, adaptor_stats 8 x 200 ->
@@ -21,18 +21,18 @@
 #   still in flight when a waiter queues; the yield budget of
 #   futures_event's `a_yielding_point_behind_parks_when_its_budget_ends`
 #   is 2 s (5 ms), so that one poll ends inside it; hang guards are 30 times longer
-#   (`common::guard`);
-# - the poll-time harness (tests/common/bounded.rs) does not time polls: the
+#   (`support::guard`);
+# - the poll-time harness (tests/support/bounded.rs) does not time polls: the
 #   interpreter's time says nothing about blocking, and Miri cannot read
 #   /proc; `SimGpu::blocking_calls_in_polls` is still asserted;
 # - ignored (`#[cfg_attr(miri, ignore = "...")]`):
-#   `sim_regressions::async_resources_built_and_dropped_leave_no_stream_behind`
+#   `sim` binary, `regressions::async_resources_built_and_dropped_leave_no_stream_behind`
 #   (5,000 resources, each with a watchdog thread),
 #   `stack_orders::every_order_of_distinct_layers_holds` (3,262 stacks; the
 #   proptest of the same file runs) and
-#   `futures_drop::points_dropped_behind_an_unpolled_one_do_not_pile_up`
+#   `drop::points_dropped_behind_an_unpolled_one_do_not_pile_up`
 #   (5,000 points to pass the notifier's long span: over 6 minutes), and
-#   `futures_nonblocking::a_current_thread_timeout_returns_at_once_with_cache_retry_and_budget`
+#   `nonblocking::a_current_thread_timeout_returns_at_once_with_cache_retry_and_budget`
 #   and `a_budget_bound_full_stack_never_blocks_a_current_thread_runtime`
 #   (they tell a blocking poll from a free one by wall time, which the
 #   interpreter's pace swamps).
@@ -50,16 +50,17 @@ export MIRIFLAGS="${MIRIFLAGS:-} -Zmiri-disable-isolation"
 miri() { cargo +nightly miri test -p streamalloc --no-fail-fast "$@"; }
 if [ "$phase" = all ] || [ "$phase" = core ]; then
   miri --lib -- sim:: resource:: cache::
-  miri --test smoke --test resource --test bad_input --test model --test sim_regressions \
-    --test stress --test fault_sweep --test hostile_input
+  miri --test resource -- smoke:: resource:: bad_input stress:: fault_sweep::
+  miri --test model -- resource_model::
+  miri --test sim -- regressions::
 fi
 if [ "$phase" = all ] || [ "$phase" = layers ]; then
-  miri --test compose --test stack_orders --test panics --test cache \
-    --test adaptor_budget --test adaptor_debug_guard --test adaptor_retry --test adaptor_stats
+  miri --test adaptors -- compose:: stack_orders:: budget:: debug_guard:: retry:: stats::
+  miri --test resource -- panics::
+  miri --test cache -- size_class::
 fi
 if [ "$phase" = all ] || [ "$phase" = futures ]; then
   miri --lib -- futures:: poll_scope::
-  miri --test futures_traits --test futures_alloc --test futures_event --test futures_drop \
-    --test futures_fault --test futures_reaper --test futures_stress --test futures_nonblocking \
-    --test futures_capture
+  miri --test futures -- traits:: alloc:: event:: drop:: fault:: reaper:: stress:: \
+    nonblocking:: capture::
 fi

@@ -76,7 +76,7 @@ use crate::adaptors::{
 /// after every call (live, cached, quarantined and not-yet-reaped bytes,
 /// and the pages a cache's arena maps), a refused allocation takes
 /// nothing, and after the last free and the stack's drop nothing is left
-/// charged, allocated or mapped. `tests/stack_orders.rs` checks this
+/// charged, allocated or mapped. `tests/adaptors/stack_orders.rs` checks this
 /// against the simulated device for all 1,631 orders of distinct layers
 /// that hold a budget (with either cache tier) and for random sequences
 /// with repeats, under random allocations, frees, cross-stream uses,

@@ -1,7 +1,22 @@
-//! Helpers for the adaptor tests: a resource that does not track block use,
-//! and one check that an adaptor forwards everything it does not change.
+//! What every test binary shares (each names it with
+//! `#[path = "../support/mod.rs"] mod support;`): fixtures on every backend
+//! ([`fixture`]), the arena's cache ([`arena`]), the poll-time harness
+//! ([`bounded`]), counter snapshots and settling ([`checks`]), where proptest keeps its
+//! failing cases ([`regressions`]), and, here,
+//! for the adaptor tests, a resource that does not track block use and one
+//! check that an adaptor forwards everything it does not change.
 
-#![allow(dead_code)]
+// Each binary uses part of this folder.
+#![allow(dead_code, unused_imports)]
+
+pub mod arena;
+pub mod bounded;
+pub mod checks;
+pub mod fixture;
+pub mod regressions;
+
+pub use checks::*;
+pub use fixture::*;
 
 use std::sync::Arc;
 
@@ -71,7 +86,7 @@ pub fn check_forwarding<A: DeviceMemoryResource>(
     wrap: impl FnOnce(Arc<SimResource>) -> A,
     release: impl Fn(&A),
 ) {
-    let f = crate::common::sim(3);
+    let f = sim(3);
     let gpu = f.sim.clone().unwrap();
     let inner = f.resource.clone();
     let r = wrap(inner.clone());
@@ -136,8 +151,8 @@ pub fn check_bad_input<A: DeviceMemoryResource, O: PartialEq + std::fmt::Debug>(
 ) {
     use streamalloc::ResourceError;
 
-    let f = crate::common::sim(2);
-    let other = crate::common::sim(1);
+    let f = sim(2);
+    let other = sim(1);
     let gpu = f.sim.clone().unwrap();
     let inner = f.resource.clone();
     let r = wrap(inner.clone());

@@ -624,7 +624,7 @@ impl State {
             // An event recorded outside any capture: an ordinary wait on a
             // stream that is not capturing. On a capturing one the driver
             // answers CUDA_ERROR_STREAM_CAPTURE_ISOLATION and invalidates
-            // the capture (`tests/graph_cuda.rs` checks that it does).
+            // the capture (`tests/cuda/graph.rs` checks that it does).
             return match self.capturing(s) {
                 None => Ok(false),
                 Some(id) => {

@@ -1,0 +1,6 @@
+//! Owned buffers on the simulated device.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod owned;

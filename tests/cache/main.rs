@@ -1,0 +1,12 @@
+//! The caching tier on the simulated device: the size classes, the
+//! virtual-memory arena, the graph pools, sleep and wake, and a cache over a
+//! full budget.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod arena;
+mod budget_full;
+mod graph_pools;
+mod size_class;
+mod sleep;
