@@ -69,6 +69,8 @@ fi
 # the µs per copy (pool vs pinning per request vs pageable).
 want host && [ -x $B/bin-host_staging ] && {
   timeout 120 $B/example-staging; echo "exit $?"; timeout 300 $B/bin-host_staging; echo "exit $?"
+  # The service with real input and output copies (service_bench --staged).
+  [ -x $B/bin-service_bench ] && { timeout 400 $B/bin-service_bench --staged --clients 64,1024 --out $O/staged; echo "exit $?"; }
 } > $O/host.txt 2>&1 && pack host
 # PyTorch on streamalloc: three models on both allocators, then memcheck
 # over one short run of each on streamalloc.

@@ -118,11 +118,12 @@ pub use registry::DeviceRegistry;
 #[cfg(feature = "cuda")]
 pub use resource::AsyncCudaResource;
 pub use resource::{
-    BudgetRelief, DeviceAccess, DeviceMemoryResource, SimResource, StreamOrderedResource,
+    BudgetRelief, DeviceAccess, DeviceMemoryResource, OffloadHost, SimResource, SleepMode,
+    SleepPlan, StreamOrderedResource,
 };
 pub use types::{
     Access, AllocTag, BlockId, BlockState, CaptureId, CompletedUses, DeviceBlock, RawStream,
-    ResourceId, SleepMode, SleepPlan, StreamId, Tag,
+    ResourceId, StreamId, Tag,
 };
 
 /// The README's examples, compiled and run as doctests (`cargo test --doc`).

@@ -501,3 +501,27 @@ fn a_pending_block_comes_back_behind_a_parked_future_of_its_stream() {
     gpu.run_until_idle();
     assert!(gpu.races().is_empty(), "{:?}", gpu.races());
 }
+
+/// The type-erased handle (`into_any`, "every method still there") copies
+/// too: the copies once asked for a sized resource.
+#[test]
+fn the_type_erased_handle_copies_too() {
+    let f = common::sim(1);
+    let gpu = f.sim.clone().unwrap();
+    let res = common::async_resource(&f).into_any();
+    let host = pool(&f, HostPoolConfig::new());
+    let s = f.stream(0);
+
+    let mut staged = host.allocate::<f32>(LEN, TAG).unwrap();
+    staged.as_mut_slice().unwrap().fill(3.0);
+    let mut dev = res.try_allocate_buffer::<f32>(LEN, s, TAG).unwrap();
+    let mut to_dev = res.copy_to_device(&staged, &mut dev, s).unwrap();
+    drive(&gpu, &mut to_dev).unwrap();
+    let mut to_host = res.copy_to_host(&dev, &mut staged, s).unwrap();
+    assert_eq!(staged.pending_copies(), 1, "the copy out is noted");
+    drive(&gpu, &mut to_host).unwrap();
+    assert_eq!(staged.pending_copies(), 0);
+    drop((staged, dev));
+    assert_eq!(host.stats().idle_bytes, CLASS, "back to the pool, idle");
+    assert!(gpu.races().is_empty(), "{:?}", gpu.races());
+}

@@ -19,7 +19,7 @@ use super::stats::CacheStats;
 use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::{CaptureId, CaptureStatus};
 use crate::resource::DeviceMemoryResource;
-use crate::types::SleepPlan;
+use crate::resource::SleepPlan;
 use crate::types::{
     Access, AllocTag, BlockId, BlockState, CompletedUses, DeviceBlock, ResourceId, StreamId,
 };

@@ -11,7 +11,7 @@ use crate::futures::{AsyncResource, EventFuture};
 use crate::resource::DeviceMemoryResource;
 use crate::types::StreamId;
 
-impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
+impl<R: DeviceMemoryResource + ?Sized + 'static> AsyncResource<R> {
     /// Queues, on `stream`, a copy of the host buffer `src` into the device
     /// buffer `dst`, and returns a future that completes when the GPU has
     /// run it. A [`CudaBuffer`](crate::CudaBuffer) is taken too (it derefs

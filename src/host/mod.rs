@@ -96,6 +96,7 @@ mod buffer;
 mod config;
 mod copy;
 mod element;
+mod offload;
 mod pool;
 mod stats;
 mod uses;

@@ -26,7 +26,7 @@ const MIN_CLASS: usize = 4096;
 /// The size class of a request of `bytes`: the next power of two, at
 /// least a page (as PyTorch's host allocator rounds), or `None` past the
 /// largest power of two of `usize`.
-fn size_class(bytes: usize) -> Option<usize> {
+pub(super) fn size_class(bytes: usize) -> Option<usize> {
     bytes.max(MIN_CLASS).checked_next_power_of_two()
 }
 
@@ -85,6 +85,11 @@ impl HostPool {
         }
     }
 
+    /// The books the pool's handles and buffers share.
+    pub(super) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
     /// The pool's configuration.
     pub fn config(&self) -> HostPoolConfig {
         self.shared.config
@@ -122,10 +127,18 @@ impl HostPool {
         let class = size_class(bytes)
             .filter(|&c| c <= isize::MAX as usize)
             .ok_or(overflow)?;
+        let block = self.allocate_block(class, tag)?;
+        Ok(HostBuffer::new(block, len, tag, self.shared.clone()))
+    }
+
+    /// A block of `class` bytes (a size class) handed out to `tag`: an
+    /// idle one (noted to the backend as reused), else newly pinned and
+    /// zeroed.
+    pub(super) fn allocate_block(&self, class: usize, tag: AllocTag) -> ResourceResult<HostMemory> {
         let shared = &self.shared;
         if let Some(block) = self.take(class, tag) {
             shared.gpu.note_host_reuse(block.addr);
-            return Ok(HostBuffer::new(block, len, tag, shared.clone()));
+            return Ok(block);
         }
         self.reserve(class)?;
         match shared.gpu.host_alloc(class, shared.config.numa_node) {
@@ -133,13 +146,13 @@ impl HostPool {
                 // Zeroed on the allocating thread: the slices are of
                 // initialized elements from the first, and first touch
                 // places the pages (see `HostPoolConfig::numa_node`).
-                HostBuffer::<T>::zero(&block);
+                HostBuffer::<u8>::zero(&block);
                 let mut st = shared.lock();
                 st.pins += 1;
                 st.peak_held = st.peak_held.max(st.held);
                 st.hand_out(class, tag);
                 drop(st);
-                Ok(HostBuffer::new(block, len, tag, shared.clone()))
+                Ok(block)
             }
             Err(e) => {
                 shared.lock().held -= class;

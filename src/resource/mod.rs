@@ -12,15 +12,19 @@ pub(crate) mod block_uses;
 pub(crate) mod event_pool;
 pub(crate) mod forward;
 mod live_table;
+mod offload_host;
 mod pending;
 pub(crate) mod relief;
 mod shard;
+mod sleep_plan;
 mod stream_ordered;
 pub(crate) mod unwind;
 #[cfg(all(test, loom))]
 pub(crate) use stream_ordered::loom_tests::race_two_frees;
 
+pub use offload_host::OffloadHost;
 pub use relief::BudgetRelief;
+pub use sleep_plan::{SleepMode, SleepPlan};
 #[cfg(feature = "cuda")]
 pub use stream_ordered::AsyncCudaResource;
 pub use stream_ordered::{SimResource, StreamOrderedResource};
@@ -534,7 +538,7 @@ pub unsafe trait DeviceMemoryResource: Send + Sync {
     ///
     /// # Errors
     /// As [`CachingResource::sleep`](crate::CachingResource::sleep).
-    fn begin_sleep(&self, plan: &crate::types::SleepPlan) -> ResourceResult<Vec<StreamId>> {
+    fn begin_sleep(&self, plan: &SleepPlan) -> ResourceResult<Vec<StreamId>> {
         let _ = plan;
         Err(crate::ResourceError::SleepRefused {
             reason: "no layer of the stack can sleep (a cache with a virtual-memory arena can)",
@@ -684,7 +688,7 @@ unsafe impl<R: DeviceMemoryResource + ?Sized> DeviceMemoryResource for std::sync
     fn visit_layers(&self, visit: &mut dyn FnMut(&dyn std::any::Any)) {
         (**self).visit_layers(visit)
     }
-    fn begin_sleep(&self, plan: &crate::types::SleepPlan) -> ResourceResult<Vec<StreamId>> {
+    fn begin_sleep(&self, plan: &SleepPlan) -> ResourceResult<Vec<StreamId>> {
         (**self).begin_sleep(plan)
     }
     fn settle_sleep(&self) -> ResourceResult<bool> {

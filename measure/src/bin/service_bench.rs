@@ -36,6 +36,11 @@
 //! by one behind a tokio `Semaphore` that mirrors the budget
 //! (`streamalloc+semaphore`): both stacks are the caching tier over the
 //! budget (`AsyncResource::build`).
+//! `--staged` runs, instead, the service with real input and output
+//! copies: each request's input written on the host into pinned memory,
+//! copied in, its result copied out and checked; streamalloc through a
+//! `HostPool`, cudarc and cuda-async with pinned buffers per client
+//! (`staged.md`, `staged.csv`; see the `staged` module).
 //! `--policy NAME`
 //! sets the streamalloc way's (and the fills rows') wait policy (`default`, `park`, `spin20`,
 //! `yield1ms`, `coalesced`), to tell completion costs from the rest.
@@ -72,6 +77,9 @@ use streamalloc_measure::service::{
     Dims, LevelResult, SimKernels, csv_header, cudarc_way, fills, plot, streamalloc_way,
 };
 
+#[path = "service_bench/staged.rs"]
+mod staged;
+
 const STREAMS: usize = 8;
 
 type BoxResult<T> = Result<T, Box<dyn Error>>;
@@ -89,6 +97,7 @@ struct Args {
     diag: bool,
     policy: Option<WaitPolicy>,
     budget_quarter: bool,
+    staged: bool,
 }
 
 fn parse_args() -> BoxResult<Args> {
@@ -105,6 +114,7 @@ fn parse_args() -> BoxResult<Args> {
         diag: false,
         policy: None,
         budget_quarter: false,
+        staged: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -133,6 +143,7 @@ fn parse_args() -> BoxResult<Args> {
             "--sim-latency-us" => args.sim_latency_us = value("--sim-latency-us")?.parse()?,
             "--diag" => args.diag = true,
             "--budget-quarter" => args.budget_quarter = true,
+            "--staged" => args.staged = true,
             "--policy" => args.policy = Some(parse_policy(&value("--policy")?)?),
             other => return Err(format!("unknown argument {other} (see the file's docs)").into()),
         }
@@ -188,11 +199,15 @@ fn main() -> BoxResult<()> {
         STREAMS,
         args.seed
     );
-    if !args.sim && cuda_present() {
-        rt.block_on(on_cuda(&args))
-    } else {
+    let cuda = !args.sim && cuda_present();
+    if !cuda {
         println!("device: SIMULATED (only the streamalloc way; cudarc and cuda-async need CUDA)");
-        rt.block_on(on_sim(&args))
+    }
+    match (args.staged, cuda) {
+        (true, true) => rt.block_on(staged::on_cuda(&args)),
+        (true, false) => rt.block_on(staged::on_sim(&args)),
+        (false, true) => rt.block_on(on_cuda(&args)),
+        (false, false) => rt.block_on(on_sim(&args)),
     }
 }
 

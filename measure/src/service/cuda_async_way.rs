@@ -84,10 +84,24 @@ impl CudaAsyncWay {
         })
     }
 
-    fn synchronize(&self) -> GpuResult<()> {
+    /// Waits for every stream of its context.
+    ///
+    /// # Errors
+    /// A driver error.
+    pub fn synchronize(&self) -> GpuResult<()> {
         self.ctx
             .synchronize()
             .map_err(|e| peer_error(DriverCall::StreamSynchronize, e))
+    }
+
+    /// Its context (device 0's primary context, through cuda-core).
+    pub fn context(&self) -> &Arc<cuda_core::Context> {
+        &self.ctx
+    }
+
+    /// The scheduling policy of client `client`'s stream.
+    pub fn policy(&self, client: usize) -> &SingleStream {
+        &self.policies[client % self.policies.len()]
     }
 
     /// One level, as the other ways' (client `c` on stream `c mod streams`).

@@ -147,8 +147,9 @@ pub fn replay_stack(
             on_backend(kind, gpu, pool, Some(&drain), trace, peak_requested, config)
         }
         DeviceKind::Null => {
-            let gpu = Arc::new(crate::support::NullGpu::with_events());
-            let pool = SimGpu::builder().manual().build().stream_pool(streams);
+            let handles = SimGpu::builder().manual().build();
+            let gpu = Arc::new(crate::support::NullGpu::with_events_on(&handles));
+            let pool = handles.stream_pool(streams);
             on_backend(kind, gpu, pool, None, trace, peak_requested, config)
         }
     }

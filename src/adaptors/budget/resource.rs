@@ -336,8 +336,8 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> 
         // `bytes_outstanding` sums per-shard counts one load at a time, so
         // under concurrent allocations and reaps on other streams it may
         // read high, and topping up from such a read charged bytes nobody
-        // held (16 threads on an H200 took the budget's peak past its
-        // limit).
+        // held (with 16 threads allocating, enough to take the budget's
+        // peak past its limit).
         //
         // Below layers whose cost is exact, the allocation took what was
         // charged, and nothing is settled here: bytes the layers below

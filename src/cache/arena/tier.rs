@@ -21,9 +21,9 @@ use crate::cache::shards::Shards;
 use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::{CaptureId, Gpu, GpuError};
 use crate::resource::DeviceAccess;
+use crate::resource::SleepPlan;
 use crate::resource::block_uses::BlockUses;
 use crate::resource::event_pool::EventPool;
-use crate::types::SleepPlan;
 use crate::types::{Access, AllocTag, BlockId, DeviceBlock, StreamId};
 
 /// The arena tier of a cache: the [`VirtualArena`] every stream places its
