@@ -171,10 +171,24 @@ pub struct NullGpu {
 impl NullGpu {
     /// A null backend whose events exist and are always complete.
     pub fn with_events() -> Self {
+        let events = SimGpu::builder().manual().build();
         NullGpu {
-            events: Some(SimGpu::builder().manual().build()),
+            context: events.context_id(),
+            events: Some(events),
             ..NullGpu::default()
         }
+    }
+
+    /// `count` streams for this backend: handles of the simulated device
+    /// its events come from (so that `Device::new` takes them), or of a
+    /// new one without events.
+    pub fn stream_pool(&mut self, count: usize) -> Arc<StreamPool> {
+        let sim = self
+            .events
+            .clone()
+            .unwrap_or_else(|| SimGpu::builder().manual().build());
+        self.context = sim.context_id();
+        sim.stream_pool(count)
     }
 }
 
