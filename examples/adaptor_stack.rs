@@ -11,10 +11,10 @@
 use std::error::Error;
 use std::sync::Arc;
 
-use streamalloc::adaptors::{Budget, GpuPoison, GuardConfig, Stats};
 use streamalloc::{
     AllocTag, Buffer, Device, DeviceMemoryResource, ResourceBuilder, StreamOrderedResource,
 };
+use streamalloc::{Budget, GpuPoison, GuardConfig, Stats};
 
 type BoxError = Box<dyn Error + Send + Sync>;
 const MIB: usize = 1 << 20;

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
-use streamalloc::futures::AsyncResource;
+use streamalloc::AsyncResource;
 use streamalloc::gpu::sim::{MemAccess, SimGpu};
 use streamalloc::{
     AllocTag, Backend, CudaBuffer, Device, RawStream, ResourceError, StreamOrderedResource,

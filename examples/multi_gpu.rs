@@ -7,8 +7,8 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use streamalloc::DeviceRegistry;
 use streamalloc::gpu::sim::SimGpu;
-use streamalloc::registry::DeviceRegistry;
 use streamalloc::{
     AllocTag, Device, DeviceMemoryResource, ResourceResult, StreamId, StreamOrderedResource,
 };

@@ -12,7 +12,7 @@
 //! STREAMALLOC_DEVICE=sim cargo run --example oom_report   # always simulated
 //! ```
 
-use streamalloc::observe::record_memory_history;
+use streamalloc::record_memory_history;
 use streamalloc::{AllocTag, AsyncResource, Budget, CacheConfig, Device, ResourceBuilder};
 
 const MIB: usize = 1 << 20;

@@ -10,9 +10,9 @@
 
 use std::time::{Duration, Instant};
 
-use streamalloc::futures::{AsyncResource, Reaper};
 use streamalloc::gpu::sim::SimGpu;
 use streamalloc::{AllocTag, Buffer, Device, DeviceMemoryResource, ResourceResult};
+use streamalloc::{AsyncResource, Reaper};
 use tokio::sync::mpsc;
 
 const ITEMS: usize = 256;
@@ -31,7 +31,7 @@ async fn main() -> ResourceResult<()> {
     );
     println!("device: {device}");
     // The async layer right on the device: the point here is buffers
-    // crossing streams (examples/service.rs puts a cache, `RetryOnOom` and
+    // crossing streams (examples/service.rs puts a cache, `RetryOnOomResource` and
     // a budget under it).
     let res = AsyncResource::on(&device)?;
     run(res.clone()).await?;

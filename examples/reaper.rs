@@ -10,9 +10,9 @@
 
 use std::time::{Duration, Instant};
 
-use streamalloc::futures::{AsyncResource, Reaper};
 use streamalloc::gpu::sim::SimGpu;
 use streamalloc::{AllocTag, Device, DeviceMemoryResource, ResourceResult};
+use streamalloc::{AsyncResource, Reaper};
 
 const FREES: usize = 1000;
 const STREAMS: usize = 4;

@@ -13,10 +13,10 @@
 
 use std::time::Duration;
 
-use streamalloc::futures::{AnyResource, Reaper};
+use streamalloc::{AnyResource, Reaper};
 use streamalloc::{
-    AsyncResource, Budget, CacheConfig, Device, ResourceBuilder, ResourceError, SimGpu, StreamId,
-    Tag,
+    AsyncResource, Budget, CacheConfig, Device, ResourceBuilder, ResourceError, StreamId, Tag,
+    gpu::sim::SimGpu,
 };
 
 const REQUESTS: usize = 64;

@@ -1,6 +1,6 @@
 //! Sleep and wake: a service idle between bursts gives the GPU memory of
 //! its model back without rebuilding anything. The weights are offloaded
-//! to pinned host memory and restored, the KV cache is dropped; every
+//! to the host pool's pinned memory and restored, the KV cache is dropped; every
 //! address stays the same, so the buffers (and anything that captured
 //! their pointers) are used again as they are after the wake.
 //!
@@ -9,10 +9,10 @@
 //! STREAMALLOC_DEVICE=sim cargo run --example sleep  # always simulated
 //! ```
 
-use streamalloc::cache::{CacheConfig, SleepMode, SleepPlan};
-use streamalloc::futures::AsyncResource;
-use streamalloc::host::{HostPool, HostPoolConfig};
+use streamalloc::AsyncResource;
 use streamalloc::{AllocTag, Device, ResourceBuilder, ResourceError, ResourceResult};
+use streamalloc::{CacheConfig, SleepMode, SleepPlan};
+use streamalloc::{HostPool, HostPoolConfig};
 
 const WEIGHTS: AllocTag = AllocTag("weights");
 const KV: AllocTag = AllocTag("kv");
@@ -43,10 +43,12 @@ async fn main() -> ResourceResult<()> {
     let mib = |b: usize| b >> 20;
     println!("awake:  {} MiB mapped", mib(res.inner().physical_bytes()));
 
-    // Idle: the weights go to host memory, the KV cache is dropped.
+    // Idle: the weights go to the pool's pinned memory (the next sleep
+    // reuses it, pinning nothing), the KV cache is dropped.
     let plan = SleepPlan::new()
         .tag(WEIGHTS, SleepMode::Offload)
-        .tag(KV, SleepMode::Discard);
+        .tag(KV, SleepMode::Discard)
+        .offload_to(pool.clone());
     res.sleep(&plan).await?;
     println!("asleep: {} MiB mapped", mib(res.inner().physical_bytes()));
     // A sleeping buffer is refused, never a fault.

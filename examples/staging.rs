@@ -12,10 +12,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use streamalloc::futures::{AsyncResource, Reaper};
 use streamalloc::gpu::sim::SimGpu;
-use streamalloc::host::{HostPool, HostPoolConfig};
 use streamalloc::{AllocTag, Device, DeviceMemoryResource, ResourceResult};
+use streamalloc::{AsyncResource, Reaper};
+use streamalloc::{HostPool, HostPoolConfig};
 use tokio::sync::Semaphore;
 
 const REQUESTS: usize = 64;

@@ -36,7 +36,18 @@ want safety && {
   echo "=== memcheck safety_cuda"; timeout 200 $cs $B/test-safety_cuda --include-ignored --test-threads=1 > $O/san-safety.log 2>&1; echo "exit $?"
   grep -E "ERROR SUMMARY|test result" $O/san-safety.log
 } > $O/safety.txt 2>&1; want safety && pack safety
-want traces && BIN=$B TRACES=gpu-traces ROUNDS=${ROUNDS:-4} timeout 300 scripts/gpu-run.sh traces $O/traces > $O/traces.log 2>&1; pack traces
+# Multi-stream traces recorded from PyTorch (measure/scripts/record_trace.py,
+# the models of RECORD, in parallel: each process records only its own
+# allocations), returned in $OUT/traces-ms.tgz; the traces stage then
+# replays them (TRACE_NAMES).
+want record && {
+  for m in ${RECORD:-gpt2_serve8 gpt2_train_side llama_serve4}; do
+    (PYTHONUNBUFFERED=1 timeout ${RECORD_S:-240} python3 measure/scripts/record_trace.py $m gpu-traces/$m.ops.csv.gz > $O/record-$m.txt 2>&1; echo "exit $?" >> $O/record-$m.txt) &
+  done; wait; cat $O/record-*.txt
+  mkdir -p $OUT/traces-ms; for m in ${RECORD:-gpt2_serve8 gpt2_train_side llama_serve4}; do cp gpu-traces/$m.ops.csv.gz $OUT/traces-ms/; done
+  tar czf $OUT/traces-ms.tgz -C $OUT traces-ms && rm -rf $OUT/traces-ms
+} > $O/record.txt 2>&1; want record && pack record
+want traces && BIN=$B TRACES=gpu-traces ROUNDS=${ROUNDS:-4} timeout ${TRACES_S:-300} scripts/gpu-run.sh traces $O/traces > $O/traces.log 2>&1; pack traces
 python3 measure/scripts/trace_ratios.py $O/traces > $O/trace_ratios.txt 2>&1
 want service && BIN=$B timeout 150 scripts/gpu-run.sh service $O/service > $O/service.log 2>&1; pack service
 want many && timeout 60 $B/bin-trace_replay gpu-traces/many_streams.ops.csv.gz --stack resource,cache --repeat 2 > $O/many_streams.txt 2>&1; pack many
@@ -58,6 +69,8 @@ fi
 # the µs per copy (pool vs pinning per request vs pageable).
 want host && [ -x $B/bin-host_staging ] && {
   timeout 120 $B/example-staging; echo "exit $?"; timeout 300 $B/bin-host_staging; echo "exit $?"
+  # The service with real input and output copies (service_bench --staged).
+  [ -x $B/bin-service_bench ] && { timeout 400 $B/bin-service_bench --staged --clients 64,1024 --out $O/staged; echo "exit $?"; }
 } > $O/host.txt 2>&1 && pack host
 # PyTorch on streamalloc: three models on both allocators, then memcheck
 # over one short run of each on streamalloc.
@@ -72,7 +85,7 @@ want viz && [ -x $B/bin-memory_viz ] && {
   timeout 60 $B/example-oom_report; echo "exit $?"
 } > $O/viz.txt 2>&1; want viz && pack viz
 want sleep && [ -x $B/example-sleep ] && { timeout 120 $B/example-sleep; echo "exit $?"; } > $O/sleep.txt 2>&1; want sleep && pack sleep
-cat $O/gpu.txt $O/tests.txt $O/sanitize.txt $O/safety.txt $O/host.txt $O/viz.txt $O/sleep.txt 2>/dev/null; tail -40 $O/torch.txt 2>/dev/null; cat $O/torch/compare.md 2>/dev/null
+cat $O/gpu.txt $O/record.txt $O/tests.txt $O/sanitize.txt $O/safety.txt $O/host.txt $O/viz.txt $O/sleep.txt 2>/dev/null; tail -40 $O/torch.txt 2>/dev/null; cat $O/torch/compare.md 2>/dev/null
 cat $O/trace_ratios.txt $O/slots_ratios.txt $O/unseen.txt 2>/dev/null
 grep -ho "stack=[a-z]* backend=cuda rep=[0-9] ops=[0-9]* ns_per_op=[0-9.]*.*ratio=[0-9.]*" $O/traces/*.streamalloc.txt $O/many_streams.txt 2>/dev/null | sed 's/peak_requested.*peak_held=[0-9]* //' | cut -c1-160 | head -12
 grep -h peak_reserved $O/traces/*.torch.txt 2>/dev/null | head -2 | cut -c1-200

@@ -16,9 +16,12 @@
 #                                     # cudarc, cuda-async) and the 10,000 fills row, into DIR
 #   scripts/gpu-run.sh subset DIR     # here: what gpu-call.sh runs, into DIR (BIN=DIR there)
 #   scripts/gpu-run.sh suites DIR     # here: the CUDA suites, safety_cuda and the examples only (release)
-#   scripts/gpu-run.sh host DIR       # here: the pinned host pool's CUDA tests, examples/staging
-#                                     # and the host_staging measurement (release), into DIR
-#   scripts/gpu-run.sh host-run DIR   # there: runs them (tests, example, µs per copy table)
+#   scripts/gpu-run.sh host DIR       # here: the pinned host pool's CUDA tests, examples/staging,
+#                                     # the host_staging measurement and service_bench (release;
+#                                     # with cuda-async when CUDA_TOOLKIT_PATH is set), into DIR
+#   scripts/gpu-run.sh host-run DIR   # there: runs them (tests, example, µs per copy table, then
+#                                     # the service with real copies, service_bench --staged, into
+#                                     # STAGED_OUT, default DIR/staged)
 #   scripts/gpu-run.sh sleep DIR      # here: the sleep's CUDA test and examples/sleep (release)
 #   scripts/gpu-run.sh sleep-run DIR  # there: runs them (prints sleep/wake times and the baseline)
 #   scripts/gpu-call.sh N             # there: a session's whole call (suites, memcheck, traces,
@@ -122,8 +125,11 @@ for line in sys.stdin:
 '
     cargo build --release -p streamalloc --example staging
     cp target/release/examples/staging "$dir/example-staging"
-    cargo build --release -p streamalloc-measure --bin host_staging
+    peer=()
+    if [ -n "${CUDA_TOOLKIT_PATH:-}" ]; then peer=(--features peer-cuda-async); fi
+    cargo build --release -p streamalloc-measure --bin host_staging --bin service_bench "${peer[@]}"
     cp target/release/host_staging "$dir/bin-host_staging"
+    cp target/release/service_bench "$dir/bin-service_bench"
     strip "$dir"/*
     echo "build $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ' with uncommitted changes'), built $(date -u +%FT%TZ)" >"$dir/BUILD"
     ls "$dir"
@@ -138,6 +144,12 @@ host-run)
     "$dir/test-host_cuda" --include-ignored --test-threads=1 || status=1
     timeout 120 "$dir/example-staging" || status=1
     timeout 300 "$dir/bin-host_staging" || status=1
+    # The service with real input and output copies: streamalloc through
+    # its HostPool beside cudarc and cuda-async with pinned buffers per
+    # client, every result checked on the host.
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+    timeout 400 "$dir/bin-service_bench" --staged --clients "${STAGED_CLIENTS:-64,1024}" \
+        --out "${STAGED_OUT:-$dir/staged}" ${STAGED_ARGS:-} || status=1
     exit $status
     ;;
 sleep)

@@ -17,8 +17,8 @@ use crate::adaptors::{
 ///
 /// # Examples
 /// ```
-/// use streamalloc::adaptors::Budget;
-/// use streamalloc::builder::ResourceBuilder;
+/// use streamalloc::Budget;
+/// use streamalloc::ResourceBuilder;
 /// use streamalloc::gpu::sim::SimGpu;
 /// use streamalloc::{Device, AllocTag, DeviceMemoryResource, SimResource};
 ///
@@ -45,14 +45,14 @@ use crate::adaptors::{
 /// orders of the same two layers:
 ///
 /// ```text
-/// ResourceBuilder::new().retry_on_oom().budget(&b)   RetryOnOom<BudgetResource<R>>
-///     A budget refusal reaches RetryOnOom, which reaps *through* the budget:
+/// ResourceBuilder::new().retry_on_oom().budget(&b)   RetryOnOomResource<BudgetResource<R>>
+///     A budget refusal reaches RetryOnOomResource, which reaps *through* the budget:
 ///     frees that have executed give their bytes back, and the retry can
 ///     succeed. Memory queued for freeing turns into back-pressure, not errors.
 ///
-/// ResourceBuilder::new().budget(&b).retry_on_oom()   BudgetResource<RetryOnOom<R>>
-///     The budget refuses before RetryOnOom is reached: a budget refusal is
-///     final until someone reaps. RetryOnOom only helps with device
+/// ResourceBuilder::new().budget(&b).retry_on_oom()   BudgetResource<RetryOnOomResource<R>>
+///     The budget refuses before RetryOnOomResource is reached: a budget refusal is
+///     final until someone reaps. RetryOnOomResource only helps with device
 ///     out-of-memory.
 /// ```
 ///
@@ -89,7 +89,7 @@ use crate::adaptors::{
 /// page boundary) or a few pages ahead within its slack, so the budget can
 /// pass its limit by about that much until those pages are freed. Put the
 /// budget below the cache (`.cache(c).budget(&b)`), or turn the arena off
-/// ([`CacheConfig::virtual_memory`](crate::cache::CacheConfig::virtual_memory)),
+/// ([`CacheConfig::virtual_memory`](crate::CacheConfig::virtual_memory)),
 /// for a hard limit: the cache then keeps size classes, whose every byte
 /// the budget admits first.
 #[derive(Debug, Clone)]
@@ -118,49 +118,49 @@ impl<L> ResourceBuilder<L> {
         }
     }
 
-    /// Adds a [`BudgetResource`](crate::adaptors::BudgetResource) charging
+    /// Adds a [`BudgetResource`](crate::BudgetResource) charging
     /// `budget`.
     pub fn budget(self, budget: &Budget) -> ResourceBuilder<Stack<BudgetLayer, L>> {
         self.layer(BudgetLayer::new(budget))
     }
 
-    /// Adds a [`StatsResource`](crate::adaptors::StatsResource) with fresh
+    /// Adds a [`StatsResource`](crate::StatsResource) with fresh
     /// counters (reach them through the built resource's `stats()`), or use
     /// [`stats_with`](Self::stats_with) to keep a handle.
     pub fn stats(self) -> ResourceBuilder<Stack<StatsLayer, L>> {
         self.layer(StatsLayer::new())
     }
 
-    /// Adds a [`StatsResource`](crate::adaptors::StatsResource) counting into
+    /// Adds a [`StatsResource`](crate::StatsResource) counting into
     /// `stats`.
     pub fn stats_with(self, stats: &Stats) -> ResourceBuilder<Stack<StatsLayer, L>> {
         self.layer(StatsLayer::with_stats(stats))
     }
 
-    /// Adds a [`TracingResource`](crate::adaptors::TracingResource).
+    /// Adds a [`TracingResource`](crate::TracingResource).
     pub fn tracing(self) -> ResourceBuilder<Stack<TracingLayer, L>> {
         self.layer(TracingLayer::new())
     }
 
-    /// Adds a [`RetryOnOom`](crate::adaptors::RetryOnOom).
+    /// Adds a [`RetryOnOomResource`](crate::RetryOnOomResource).
     pub fn retry_on_oom(self) -> ResourceBuilder<Stack<RetryOnOomLayer, L>> {
         self.layer(RetryOnOomLayer::new())
     }
 
-    /// Adds a [`DebugGuard`](crate::adaptors::DebugGuard) configured by
+    /// Adds a [`DebugGuardResource`](crate::DebugGuardResource) configured by
     /// `config`.
     pub fn debug_guard(self, config: GuardConfig) -> ResourceBuilder<Stack<DebugGuardLayer, L>> {
         self.layer(DebugGuardLayer::new(config))
     }
 
-    /// Adds the caching tier ([`CachingResource`](crate::cache::CachingResource))
+    /// Adds the caching tier ([`CachingResource`](crate::CachingResource))
     /// with `config`, inside the layers added so far (they sit above the
     /// cache; the ones added after it sit below).
     pub fn cache(
         self,
         config: crate::cache::CacheConfig,
-    ) -> ResourceBuilder<Stack<crate::adaptors::CacheLayer, L>> {
-        self.layer(crate::adaptors::CacheLayer::new(config))
+    ) -> ResourceBuilder<Stack<crate::adaptors::CachingLayer, L>> {
+        self.layer(crate::adaptors::CachingLayer::new(config))
     }
 
     /// The stacked layer, to wrap several resources (for instance one per

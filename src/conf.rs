@@ -11,14 +11,14 @@
 //!
 //! | key | value | what it does |
 //! | --- | --- | --- |
-//! | `cache` | `on` / `off` | the caching tier ([`CacheConfig::default`](crate::cache::CacheConfig)) |
-//! | `cache_max` | bytes | the most idle bytes the cache keeps ([`CacheConfig::max_cached_bytes`](crate::cache::CacheConfig::max_cached_bytes)); needs `cache:on` |
-//! | `cache_virtual_memory` | `on` / `off` | the cache's virtual-memory arena, or size classes ([`CacheConfig::virtual_memory`](crate::cache::CacheConfig::virtual_memory)); needs `cache:on` |
+//! | `cache` | `on` / `off` | the caching tier ([`CacheConfig::default`](crate::CacheConfig)) |
+//! | `cache_max` | bytes | the most idle bytes the cache keeps ([`CacheConfig::max_cached_bytes`](crate::CacheConfig::max_cached_bytes)); needs `cache:on` |
+//! | `cache_virtual_memory` | `on` / `off` | the cache's virtual-memory arena, or size classes ([`CacheConfig::virtual_memory`](crate::CacheConfig::virtual_memory)); needs `cache:on` |
 //! | `budget` | bytes | a [`Budget`](crate::Budget) of that limit over the stack |
-//! | `debug_guard` | `on` / `off` | a [`DebugGuard`](crate::DebugGuard) with the default quarantine, outermost |
-//! | `history` | a count | record the last N events in the [memory history](crate::observe::history) (0: off) |
+//! | `debug_guard` | `on` / `off` | a [`DebugGuardResource`](crate::DebugGuardResource) with the default quarantine, outermost |
+//! | `history` | a count | record the last N events in the [memory history](crate::history) (0: off) |
 //! | `history_backtraces` | `on` / `off` | keep each allocation's Rust backtrace in the history; needs `history` |
-//! | `wait` | `default` / `park` | the completion futures' [`WaitPolicy`](crate::futures::WaitPolicy) (`DEFAULT` or `PARK_AT_ONCE`) |
+//! | `wait` | `default` / `park` | the completion futures' [`WaitPolicy`](crate::WaitPolicy) (`DEFAULT` or `PARK_AT_ONCE`) |
 //!
 //! Bytes are a whole number with an optional unit: `B`, `KiB`, `MiB`,
 //! `GiB`, `TiB` (powers of 1024) or `KB`, `MB`, `GB`, `TB` (powers of
@@ -52,14 +52,14 @@ pub const CONF_ENV: &str = "STREAMALLOC_CONF";
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum WaitChoice {
-    /// [`WaitPolicy::DEFAULT`](crate::futures::WaitPolicy::DEFAULT).
+    /// [`WaitPolicy::DEFAULT`](crate::WaitPolicy::DEFAULT).
     Default,
-    /// [`WaitPolicy::PARK_AT_ONCE`](crate::futures::WaitPolicy::PARK_AT_ONCE).
+    /// [`WaitPolicy::PARK_AT_ONCE`](crate::WaitPolicy::PARK_AT_ONCE).
     Park,
 }
 
-/// What `STREAMALLOC_CONF` says; `None` where it says nothing (see the
-/// [module documentation](self) for the grammar).
+/// What `STREAMALLOC_CONF` says; `None` where it says nothing (see
+/// [`AllocConf::parse`] for the grammar).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct AllocConf {
@@ -100,10 +100,11 @@ impl AllocConf {
         }
     }
 
-    /// Reads `text` in the grammar of the [module documentation](self).
+    /// Reads `text` in the grammar of `STREAMALLOC_CONF` (the essay of
+    /// `src/conf.rs`).
     ///
     /// ```
-    /// use streamalloc::conf::AllocConf;
+    /// use streamalloc::AllocConf;
     ///
     /// let conf = AllocConf::parse("cache:on, budget:12GiB, history:10000")?;
     /// assert_eq!(conf.budget, Some(12 << 30));

@@ -163,7 +163,7 @@ pub enum ResourceError {
         /// Stream the allocation was ordered on.
         stream: StreamId,
     },
-    /// A [`try_allocate`](crate::futures::AsyncResource::try_allocate) found
+    /// A [`try_allocate`](crate::AsyncResource::try_allocate) found
     /// allocations waiting for memory: memory that comes back is theirs
     /// first (first come first served), so it does not try.
     #[error("{waiting} allocations are waiting for memory first")]
@@ -176,7 +176,7 @@ pub enum ResourceError {
     /// the budget compared.
     ///
     /// A budget counts device bytes (see
-    /// [`Budget`](crate::adaptors::Budget)): `requested` is what the
+    /// [`Budget`](crate::Budget)): `requested` is what the
     /// allocation would take from the device, which a cache below the budget
     /// rounds up (a size class, a 2 MiB page of its arena), so it may be more
     /// than the caller asked for.
@@ -211,8 +211,8 @@ pub enum ResourceError {
     /// served. The newest waiter that holds memory fails with this error,
     /// so that its task gives its memory back (dropping its buffers) and
     /// the older ones are served. Ask for a request's memory as one unit
-    /// instead ([`AsyncResource::reserve`](crate::futures::AsyncResource::reserve)).
-    /// [`set_hold_and_wait_check`](crate::futures::AsyncResource::set_hold_and_wait_check)
+    /// instead ([`AsyncResource::reserve`](crate::AsyncResource::reserve)).
+    /// [`set_hold_and_wait_check`](crate::AsyncResource::set_hold_and_wait_check)
     /// says
     /// for the facts the verdict rests on.
     #[error(
@@ -245,7 +245,7 @@ pub enum ResourceError {
         sizes: usize,
     },
     /// No block left in a
-    /// [`MemoryReservation`](crate::futures::MemoryReservation) holds
+    /// [`MemoryReservation`](crate::MemoryReservation) holds
     /// `requested` bytes. The reservation is as it was.
     #[error(
         "no block left in the reservation holds {requested} B (the largest left holds {largest} B, {left} blocks left)"
@@ -362,7 +362,7 @@ pub enum ResourceError {
     #[error("the resource has shut down")]
     Shutdown,
     /// The resource is closed
-    /// ([`AsyncResource::close`](crate::futures::AsyncResource::close),
+    /// ([`AsyncResource::close`](crate::AsyncResource::close),
     /// or its `shutdown`): it serves no new allocation or reservation,
     /// and the ones that were waiting fail with this. Frees, completions
     /// and buffers already held work as before.
@@ -390,7 +390,8 @@ pub enum ResourceError {
     /// The stream is being captured into a CUDA graph, and the call needs a
     /// point on it that runs: a completion future (its event could never be
     /// queried, nor a host function wait on it, without invalidating the
-    /// capture; await the graph's launch instead, see [`crate::graph`]),
+    /// capture; await the graph's launch instead, see
+    /// [`CapturedGraph::launch`](crate::CapturedGraph::launch)),
     /// or the stream a graph's memory is released after
     /// ([`release_capture`](crate::DeviceMemoryResource::release_capture)).
     /// Nothing was queued and nothing changed.
@@ -417,11 +418,11 @@ pub enum ResourceError {
         block: BlockId,
     },
     /// A host buffer of zero elements was asked of a
-    /// [`HostPool`](crate::host::HostPool): pinned memory has no empty
+    /// [`HostPool`](crate::HostPool): pinned memory has no empty
     /// block to give. Nothing was allocated.
     #[error("a host buffer of zero elements was asked for")]
     EmptyHostBuffer,
-    /// A [`HostPool`](crate::host::HostPool) would pass its cap: `held`
+    /// A [`HostPool`](crate::HostPool) would pass its cap: `held`
     /// bytes of pinned memory (in use, idle or waiting for copies) and
     /// `requested` more would exceed `cap`, after the pool gave its idle
     /// blocks back. Nothing was allocated.
@@ -437,7 +438,7 @@ pub enum ResourceError {
     /// A host buffer was touched on the host while a copy the host has not
     /// seen complete may still read it (for a write) or write it: `pending`
     /// copies are not known done. Await their futures, or
-    /// [`HostBuffer::ready`](crate::host::HostBuffer::ready).
+    /// [`HostBuffer::ready`](crate::HostBuffer::ready).
     #[error("the host buffer is in use by {pending} copies not known complete")]
     HostBufferBusy {
         /// Streams whose copies are not known complete.
@@ -449,8 +450,8 @@ pub enum ResourceError {
     #[error("the host buffer belongs to a pool of another backend than the copy's resource")]
     ForeignHostBuffer,
     /// A block of a tag the cache put to sleep
-    /// ([`CachingResource::sleep`](crate::cache::CachingResource::sleep))
-    /// was used before [`wake`](crate::cache::CachingResource::wake): its
+    /// ([`CachingResource::sleep`](crate::CachingResource::sleep))
+    /// was used before [`wake`](crate::CachingResource::wake): its
     /// memory may have no physical pages behind it. Nothing was queued.
     #[error("block {block} is asleep: wake the cache before using it")]
     BlockAsleep {
@@ -464,7 +465,7 @@ pub enum ResourceError {
         /// Why.
         reason: &'static str,
     },
-    /// A configuration (`STREAMALLOC_CONF`, see [`crate::conf`]) the crate
+    /// A configuration (`STREAMALLOC_CONF`, see [`crate::AllocConf`]) the crate
     /// cannot follow: an unknown key, a key given twice, a value it cannot
     /// read, or a key whose prerequisite is missing. Nothing was built.
     #[error("STREAMALLOC_CONF: `{key}:{value}`: {reason}")]

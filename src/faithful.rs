@@ -2,15 +2,15 @@
 //! it wraps, so that a stack built from them on a device is on that device.
 
 use crate::adaptors::{
-    BudgetLayer, CacheLayer, DebugGuardLayer, Identity, Layer, RetryOnOomLayer, Stack, StatsLayer,
-    TracingLayer,
+    BudgetLayer, CachingLayer, DebugGuardLayer, Identity, Layer, RetryOnOomLayer, Stack,
+    StatsLayer, TracingLayer,
 };
 use crate::builder::ResourceBuilder;
 
 /// A [`Layer`] whose resource hands out only blocks of the resource it was
 /// given, and resolves streams only through it.
 ///
-/// It lets [`AsyncResource::build`](crate::futures::AsyncResource::build)
+/// It lets [`AsyncResource::build`](crate::AsyncResource::build)
 /// stack layers over a resource it made on a device itself, safely: the
 /// futures layer queues work on that device's backend with the stack's
 /// blocks and streams, which no backend can check.
@@ -42,7 +42,7 @@ unsafe impl<R> FaithfulLayer<R> for RetryOnOomLayer {}
 unsafe impl<R: crate::DeviceMemoryResource> FaithfulLayer<R> for DebugGuardLayer {}
 // SAFETY: a cache of `inner`'s blocks, or of memory it maps through
 // `inner`'s `device_access`, on `inner`'s streams.
-unsafe impl<R: crate::DeviceMemoryResource> FaithfulLayer<R> for CacheLayer {}
+unsafe impl<R: crate::DeviceMemoryResource> FaithfulLayer<R> for CachingLayer {}
 // SAFETY: two faithful layers composed: each keeps both promises.
 unsafe impl<R, Inner, Outer> FaithfulLayer<R> for Stack<Inner, Outer>
 where

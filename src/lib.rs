@@ -16,8 +16,9 @@
 //!  buffer       Buffer<T>: owned, frees on drop; views, guards; CudaBuffer for cudarc
 //!  futures      AsyncResource<R>, EventFuture, AllocFuture, DeallocHandle, Reaper
 //!  launch       LaunchRecorder: preflight → prepare → enqueue → finish
-//!  adaptors     Budget, DebugGuard, Stats, Tracing, RetryOnOom (decorators over any
-//!               resource), stacked by builder::ResourceBuilder
+//!  adaptors     BudgetResource, DebugGuardResource, StatsResource, TracingResource,
+//!               RetryOnOomResource: decorators over any resource, each built by its
+//!               ...Layer (BudgetLayer, ...), stacked by ResourceBuilder
 //!  cache        CachingResource<R>: per-stream virtual-memory arenas (size classes without VMM)
 //!  resource     trait DeviceMemoryResource
 //!               StreamOrderedResource<G>: the bookkeeping, written once
@@ -25,70 +26,104 @@
 //!                 SimResource       = StreamOrderedResource<SimGpu>
 //!  device       Device<G>: a backend and its StreamPool, held together;
 //!                 Device::open(n, streams): CUDA device n, else the simulator
-//!  gpu seam     trait Gpu: the driver calls the bookkeeping needs
-//!                 CudaGpu (cudarc, libcuda loaded at run time)   SimGpu (simulated)
+//!  gpu seam     gpu::Gpu: the driver calls the bookkeeping needs
+//!                 gpu::cuda::CudaGpu (cudarc, libcuda loaded at run time)
+//!                 gpu::sim::SimGpu (simulated)
 //!  observe      MemorySnapshot, the memory history, OomReport; JSON and PyTorch's
 //!               memory-viewer pickle (every layer reports into it)
 //!  core types   StreamId, RawStream, BlockId, DeviceBlock, BlockState,
 //!               AllocTag, Access, ResourceError / ResourceResult
 //! ```
 //!
-//! The simulated device, [`SimGpu`], runs everywhere and
+//! The simulated device, [`SimGpu`](gpu::sim::SimGpu), runs everywhere and
 //! carries a race detector: tests and users without a GPU exercise the same
 //! bookkeeping that runs on CUDA.
+//!
+//! ## Paths
+//!
+//! Every public item has one path. The allocator's items are here, at the
+//! root. [`gpu`] is the one namespace: the seam a backend implements (the
+//! [`Gpu`](gpu::Gpu) trait, raw handles, the driver's codes), which code
+//! that only allocates does not touch, with the two backends in it,
+//! [`gpu::sim`] (the simulated device and its test tools) and `gpu::cuda`
+//! (feature `cuda`). Each folder of `src/` opens with an essay on its layer
+//! (`src/cache/mod.rs`, `src/futures/mod.rs`, ...), which the items' docs
+//! refer to.
 
 #![deny(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 #![warn(missing_debug_implementations, rust_2018_idioms)]
 
-pub mod adaptors;
-pub mod buffer;
-pub mod builder;
-pub mod cache;
-pub mod conf;
-pub mod device;
-pub mod error;
+// One path per public item: the modules are private and their items are
+// re-exported here, flat, as tokio and wgpu do. `gpu` stays a namespace:
+// it is the seam a backend implements (the `Gpu` trait, the raw handles,
+// the driver's codes), which a user of the allocator does not touch, and
+// it holds the two backends, `gpu::sim` (the simulated device and its test
+// tools) and `gpu::cuda` (cudarc).
+mod adaptors;
+mod buffer;
+mod builder;
+mod cache;
+mod conf;
+mod device;
+mod error;
 mod faithful;
-mod fast_hash;
-pub mod futures;
+mod futures;
 pub mod gpu;
-pub mod graph;
-pub mod host;
-pub mod launch;
-pub mod observe;
-mod padded;
-mod poll_scope;
-pub mod registry;
-pub mod resource;
-mod sync;
-pub mod types;
+mod graph;
+mod host;
+mod launch;
+mod observe;
+mod registry;
+mod resource;
+mod types;
+mod util;
 mod waiters;
 
 pub use adaptors::{
-    Budget, BudgetResource, DebugGuard, GuardConfig, Identity, Layer, RetryOnOom, Stack, Stats,
-    StatsResource, StatsSnapshot, TracingResource,
+    ALLOC_TARGET, Budget, BudgetLayer, BudgetReservation, BudgetResource, CachingLayer, Counts,
+    DebugGuardLayer, DebugGuardResource, GpuPoison, GuardConfig, Identity, Layer, Poison,
+    RetryOnOomLayer, RetryOnOomResource, Stack, Stats, StatsLayer, StatsResource, StatsSnapshot,
+    TracingLayer, TracingResource, WaitOutcome,
 };
-pub use buffer::Buffer;
+pub use buffer::{
+    Buffer, BufferFuture, BufferLaunch, BufferView, BufferViewMut, Element, Refused, UseGuard,
+    UseGuardMut, drop_error_count, take_drop_error,
+};
 #[cfg(feature = "cuda")]
-pub use buffer::CudaBuffer;
+pub use buffer::{CudaBuffer, CudaView, CudaViewMut};
 pub use builder::ResourceBuilder;
-pub use cache::{CacheConfig, CachingResource};
-pub use device::{Backend, Device, StreamPool};
+pub use cache::{CacheConfig, CacheStats, CachingResource, MIN_CLASS_SIZE, SizeClass};
+pub use conf::{AllocConf, CONF_ENV, WaitChoice};
+pub use device::{Backend, DEVICE_ENV, Device, StreamPool};
 pub use error::{DriverCall, ResourceError, ResourceResult};
 pub use faithful::FaithfulLayer;
-pub use futures::AsyncResource;
 #[cfg(feature = "tokio")]
 pub use futures::Reaper;
-pub use gpu::sim::SimGpu;
-pub use host::{HostBuffer, HostPool, HostPoolConfig};
-pub use launch::LaunchRecorder;
+pub use futures::{
+    AllocFuture, AnyResource, AsyncResource, Behind, DeallocHandle, EventFuture, FALLBACK_PERIOD,
+    MemoryReservation, QueueStats, ReapFuture, ReserveFuture, ShutdownReport, WAIT_TARGET,
+    WaitPolicy, WaitStats,
+};
+pub use graph::{CapturedGraph, GraphCapture};
+pub use host::{HostBuffer, HostElement, HostPool, HostPoolConfig, HostPoolStats, HostTagStats};
+pub use launch::{BlockUse, LaunchRecorder};
+pub use observe::{
+    BlockInfo, BlockInfoState, BudgetInfo, MemoryAction, MemoryEvent, MemorySnapshot, OomReport,
+    PendingFrees, SegmentInfo, WaitersInfo, clear_memory_history, memory_history,
+    memory_history_capacity, record_memory_history,
+};
+pub use registry::DeviceRegistry;
 #[cfg(feature = "cuda")]
 pub use resource::AsyncCudaResource;
-pub use resource::{DeviceAccess, DeviceMemoryResource, SimResource, StreamOrderedResource};
+pub use resource::{
+    BudgetRelief, DeviceAccess, DeviceMemoryResource, OffloadHost, SimResource, SleepMode,
+    SleepPlan, StreamOrderedResource,
+};
 pub use types::{
-    Access, AllocTag, BlockId, BlockState, CompletedUses, DeviceBlock, RawStream, ResourceId,
-    SleepMode, SleepPlan, StreamId, Tag,
+    Access, AllocTag, BlockId, BlockState, CaptureId, CompletedUses, DeviceBlock, RawStream,
+    ResourceId, StreamId, Tag,
 };
 
 /// The README's examples, compiled and run as doctests (`cargo test --doc`).

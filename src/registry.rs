@@ -22,7 +22,7 @@ use crate::types::{AllocTag, DeviceBlock, StreamId};
 /// ```
 /// use std::sync::Arc;
 /// use streamalloc::gpu::sim::SimGpu;
-/// use streamalloc::registry::DeviceRegistry;
+/// use streamalloc::DeviceRegistry;
 /// use streamalloc::{Device, AllocTag, DeviceMemoryResource, SimResource};
 ///
 /// let registry: DeviceRegistry<SimResource> = DeviceRegistry::new();

@@ -6,10 +6,10 @@ mod support;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use streamalloc::adaptors::{Budget, BudgetResource, DebugGuard, GuardConfig};
-use streamalloc::error::DriverCall;
+use streamalloc::DriverCall;
 use streamalloc::gpu::sim::SimGpu;
 use streamalloc::{AllocTag, DeviceMemoryResource, ResourceError};
+use streamalloc::{Budget, BudgetResource, DebugGuardResource, GuardConfig};
 use support::NoTracking;
 
 const T: AllocTag = AllocTag("test");
@@ -155,7 +155,7 @@ fn a_quarantine_below_stays_counted_until_really_freed() {
     let f = common::sim(1);
     let budget = Budget::new(1 << 20);
     let r = BudgetResource::new(
-        DebugGuard::new(f.resource.clone(), GuardConfig::new()),
+        DebugGuardResource::new(f.resource.clone(), GuardConfig::new()),
         &budget,
     );
     let block = r.allocate(4096, f.stream(0), T).unwrap();
@@ -298,8 +298,8 @@ fn an_overcounting_read_below_never_charges_the_budget_past_its_limit() {
 /// never fit.
 #[test]
 fn a_refusal_reports_the_device_bytes_it_compared() {
-    use streamalloc::cache::{CacheConfig, CachingResource};
     use streamalloc::{AsyncResource, Device, ResourceBuilder};
+    use streamalloc::{CacheConfig, CachingResource};
     const PAGE: usize = 2 << 20;
 
     let f = common::sim(1);
@@ -356,7 +356,7 @@ fn a_refusal_reports_the_device_bytes_it_compared() {
 /// to give back. It used to wait for good: nothing asked a sibling.
 #[test]
 fn a_waiter_is_served_by_idle_memory_cached_on_another_device() {
-    use streamalloc::cache::CacheConfig;
+    use streamalloc::CacheConfig;
     use streamalloc::{AsyncResource, Device, ResourceBuilder};
     const PAGE: usize = 2 << 20;
 
@@ -400,7 +400,7 @@ fn a_waiter_is_served_by_idle_memory_cached_on_another_device() {
 /// idle blocks. Device 1's waiter used to wait for good.
 #[test]
 fn a_waiter_is_served_by_idle_memory_of_a_cache_above_the_budget_on_another_device() {
-    use streamalloc::cache::CacheConfig;
+    use streamalloc::CacheConfig;
     use streamalloc::{AsyncResource, ResourceBuilder};
 
     waiter_on_device_1_is_served_by_device_0s_cache(|device, budget| {
@@ -419,12 +419,12 @@ fn a_waiter_is_served_by_idle_memory_of_a_cache_above_the_budget_on_another_devi
 /// and device 1's waiter waited for good.
 #[test]
 fn a_hand_built_stack_with_a_cache_above_the_budget_serves_another_devices_waiter() {
-    use streamalloc::adaptors::RetryOnOom;
-    use streamalloc::cache::CachingResource;
+    use streamalloc::CachingResource;
+    use streamalloc::RetryOnOomResource;
     use streamalloc::{AsyncResource, StreamOrderedResource};
 
     waiter_on_device_1_is_served_by_device_0s_cache(|device, budget| {
-        let stack = CachingResource::new(RetryOnOom::new(BudgetResource::new(
+        let stack = CachingResource::new(RetryOnOomResource::new(BudgetResource::new(
             StreamOrderedResource::new(device),
             budget,
         )));
@@ -479,7 +479,7 @@ where
 /// more. It used to be refused while device 0 held the bytes idle.
 #[test]
 fn a_refusal_frees_idle_blocks_cached_on_another_device() {
-    use streamalloc::cache::{CacheConfig, CachingResource};
+    use streamalloc::{CacheConfig, CachingResource};
     let d = [0, 1].map(|o| common::sim_with(SimGpu::builder().manual().ordinal(o).build(), 1));
     let budget = Budget::new(1 << 20);
     let r = d.each_ref().map(|f| {
@@ -509,7 +509,7 @@ fn a_refusal_frees_idle_blocks_cached_on_another_device() {
 /// below it. It used to keep the block counted until a later call.
 #[test]
 fn a_refusal_below_that_gave_memory_back_leaves_the_outer_budget_too() {
-    use streamalloc::cache::{CacheConfig, CachingResource};
+    use streamalloc::{CacheConfig, CachingResource};
     let f = common::sim(2);
     let (outer, inner) = (Budget::new(4 << 20), Budget::new(1 << 20));
     let cache = CachingResource::with_config(

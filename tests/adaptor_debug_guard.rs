@@ -1,4 +1,4 @@
-//! DebugGuard: quarantine, caps, poison, and refusal of bad frees.
+//! DebugGuardResource: quarantine, caps, poison, and refusal of bad frees.
 
 mod common;
 mod support;
@@ -8,13 +8,13 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::thread;
 use std::time::Duration;
 
-use streamalloc::adaptors::{DebugGuard, GpuPoison, GuardConfig, Poison};
-use streamalloc::error::DriverCall;
+use streamalloc::DriverCall;
 use streamalloc::gpu::sim::MemAccess;
 use streamalloc::{
     Access, AllocTag, BlockId, BlockState, DeviceBlock, DeviceMemoryResource, ResourceError,
     ResourceId, ResourceResult, SimResource, StreamId,
 };
+use streamalloc::{DebugGuardResource, GpuPoison, GuardConfig, Poison};
 use support::NoTracking;
 
 const T: AllocTag = AllocTag("test");
@@ -22,7 +22,7 @@ const T: AllocTag = AllocTag("test");
 #[test]
 fn bad_input_changes_nothing() {
     support::check_bad_input(
-        |inner| DebugGuard::new(inner, GuardConfig::new()),
+        |inner| DebugGuardResource::new(inner, GuardConfig::new()),
         |g| (g.quarantined(), g.quarantined_bytes()),
     );
 }
@@ -30,20 +30,20 @@ fn bad_input_changes_nothing() {
 #[test]
 fn forwards_what_it_does_not_change() {
     support::check_forwarding(
-        |inner| DebugGuard::new(inner, GuardConfig::new()),
+        |inner| DebugGuardResource::new(inner, GuardConfig::new()),
         |guard| {
             guard.flush().unwrap();
         },
     );
     let f = common::sim(1);
-    let g = DebugGuard::new(NoTracking(f.resource.clone()), GuardConfig::new());
+    let g = DebugGuardResource::new(NoTracking(f.resource.clone()), GuardConfig::new());
     assert!(!g.supports_block_use_tracking());
 }
 
 #[test]
 fn freed_blocks_are_quarantined_fifo_under_the_block_cap() {
     let f = common::sim(1);
-    let g = DebugGuard::new(f.resource.clone(), GuardConfig::new().max_blocks(2));
+    let g = DebugGuardResource::new(f.resource.clone(), GuardConfig::new().max_blocks(2));
     let blocks: Vec<_> = (0..3)
         .map(|i| g.allocate(100 * (i + 1), f.stream(0), T).unwrap())
         .collect();
@@ -73,7 +73,7 @@ fn freed_blocks_are_quarantined_fifo_under_the_block_cap() {
 #[test]
 fn the_byte_cap_evicts_and_oversized_blocks_go_straight_through() {
     let f = common::sim(1);
-    let g = DebugGuard::new(
+    let g = DebugGuardResource::new(
         f.resource.clone(),
         GuardConfig::new().max_blocks(100).max_bytes(1000),
     );
@@ -94,12 +94,12 @@ fn bad_frees_are_refused_and_change_nothing() {
     let f = common::sim(1);
     let other = common::sim(1);
     let gpu = f.sim.clone().unwrap();
-    let g = DebugGuard::new(f.resource.clone(), GuardConfig::new().max_blocks(1));
+    let g = DebugGuardResource::new(f.resource.clone(), GuardConfig::new().max_blocks(1));
     let block = g.allocate(256, f.stream(0), T).unwrap();
     let keep = g.allocate(128, f.stream(0), T).unwrap();
     g.deallocate(block.clone()).unwrap();
 
-    let snapshot = |g: &DebugGuard<_>| {
+    let snapshot = |g: &DebugGuardResource<_>| {
         (
             g.quarantined(),
             g.quarantined_bytes(),
@@ -157,7 +157,7 @@ fn bad_frees_are_refused_and_change_nothing() {
 #[test]
 fn hooks_on_a_quarantined_block_are_use_after_free() {
     let f = common::sim(2);
-    let g = DebugGuard::new(f.resource.clone(), GuardConfig::new());
+    let g = DebugGuardResource::new(f.resource.clone(), GuardConfig::new());
     let block = g.allocate(256, f.stream(0), T).unwrap();
     g.deallocate(block.clone()).unwrap();
     let events = f.resource.pending_use_event_count(block.ptr());
@@ -180,7 +180,7 @@ fn poison_is_filled_after_every_use_without_a_race() {
     // SAFETY: the guard is the poison's only user and fills only blocks live in that resource.
     let poison = unsafe { GpuPoison::for_resource(&f.resource, 0xA5) };
     assert_eq!(poison.value(), 0xA5);
-    let g = DebugGuard::new(f.resource.clone(), GuardConfig::new().poison(poison));
+    let g = DebugGuardResource::new(f.resource.clone(), GuardConfig::new().poison(poison));
     let block = g.allocate(4096, a, T).unwrap();
     // A reader on another stream, declared through the hooks.
     g.prepare_block_use(block.id(), b, Access::Read).unwrap();
@@ -202,7 +202,7 @@ fn a_failed_poison_leaves_the_block_live() {
     let gpu = f.sim.clone().unwrap();
     // SAFETY: the guard is the poison's only user and fills only blocks live in that resource.
     let poison = unsafe { GpuPoison::for_resource(&f.resource, 0) };
-    let g = DebugGuard::new(f.resource.clone(), GuardConfig::new().poison(poison));
+    let g = DebugGuardResource::new(f.resource.clone(), GuardConfig::new().poison(poison));
     let block = g.allocate(64, f.stream(0), T).unwrap();
     gpu.fail_nth(DriverCall::MemsetAsync, 1);
     assert!(matches!(
@@ -222,7 +222,7 @@ fn a_failed_poison_leaves_the_block_live() {
 fn a_failed_eviction_keeps_the_quarantine_as_it_was() {
     let f = common::sim(1);
     let gpu = f.sim.clone().unwrap();
-    let g = DebugGuard::new(f.resource.clone(), GuardConfig::new().max_blocks(1));
+    let g = DebugGuardResource::new(f.resource.clone(), GuardConfig::new().max_blocks(1));
     let a = g.allocate(64, f.stream(0), T).unwrap();
     let b = g.allocate(64, f.stream(0), T).unwrap();
     g.deallocate(a.clone()).unwrap();
@@ -238,7 +238,7 @@ fn a_failed_eviction_keeps_the_quarantine_as_it_was() {
 #[test]
 fn dropping_the_guard_frees_the_quarantine() {
     let f = common::sim(1);
-    let g = DebugGuard::new(f.resource.clone(), GuardConfig::new());
+    let g = DebugGuardResource::new(f.resource.clone(), GuardConfig::new());
     let block = g.allocate(512, f.stream(0), T).unwrap();
     g.deallocate(block).unwrap();
     assert_eq!(f.resource.live_bytes(), 512);
@@ -271,7 +271,7 @@ impl<F: Fn(&DeviceBlock) -> ResourceResult<()> + Send + Sync + 'static> Poison f
     }
 }
 
-type SimGuard = DebugGuard<Arc<SimResource>>;
+type SimGuard = DebugGuardResource<Arc<SimResource>>;
 
 /// A place for the guard that its own poison (or inner resource) can reach
 /// once the guard is built; weak, so the guard is still dropped (and
@@ -306,7 +306,7 @@ fn a_poison_may_call_back_into_the_guard() {
             Ok(())
         })
     };
-    let g = Arc::new(DebugGuard::new(
+    let g = Arc::new(DebugGuardResource::new(
         f.resource.clone(),
         GuardConfig::new().poison(poison),
     ));
@@ -351,7 +351,7 @@ fn hooks_and_a_racing_free_do_not_wait_for_a_fill() {
         go_rx.lock().unwrap().recv().unwrap();
         Ok(())
     });
-    let g = Arc::new(DebugGuard::new(
+    let g = Arc::new(DebugGuardResource::new(
         f.resource.clone(),
         GuardConfig::new().poison(poison),
     ));
@@ -411,7 +411,7 @@ fn a_failed_poison_fill_changes_nothing() {
     let (a, b) = (f.stream(0), f.stream(1));
     // SAFETY: the guard is the poison's only user and fills only blocks live in that resource.
     let poison = unsafe { GpuPoison::for_resource(&f.resource, 0x5A) };
-    let g = DebugGuard::new(f.resource.clone(), GuardConfig::new().poison(poison));
+    let g = DebugGuardResource::new(f.resource.clone(), GuardConfig::new().poison(poison));
     let held = g.allocate(100, a, T).unwrap();
     let block = g.allocate(300, a, T).unwrap();
     g.deallocate(held.clone()).unwrap();
@@ -471,7 +471,7 @@ type Sighting = (
 /// A `Spy` is the guard's inner resource, so it reaches the guard weakly.
 struct Spy {
     inner: Arc<SimResource>,
-    guard: GuardCell<DebugGuard<Spy>>,
+    guard: GuardCell<DebugGuardResource<Spy>>,
     seen: Mutex<Vec<Sighting>>,
 }
 
@@ -524,13 +524,16 @@ fn an_eviction_keeps_its_victim_quarantined_until_freed_and_a_failed_one_changes
         guard: Arc::default(),
         seen: Mutex::default(),
     };
-    let g = Arc::new(DebugGuard::new(spy, GuardConfig::new().max_blocks(1)));
+    let g = Arc::new(DebugGuardResource::new(
+        spy,
+        GuardConfig::new().max_blocks(1),
+    ));
     g.inner().guard.set(Arc::downgrade(&g)).unwrap();
     let old = g.allocate(64, f.stream(0), T).unwrap();
     let new = g.allocate(96, f.stream(0), T).unwrap();
     g.deallocate(old.clone()).unwrap();
 
-    let snapshot = |g: &DebugGuard<Spy>| {
+    let snapshot = |g: &DebugGuardResource<Spy>| {
         (
             g.quarantined(),
             g.quarantined_bytes(),
@@ -542,7 +545,7 @@ fn an_eviction_keeps_its_victim_quarantined_until_freed_and_a_failed_one_changes
         )
     };
     let before = snapshot(&g);
-    let free_new = |g: &Arc<DebugGuard<Spy>>| {
+    let free_new = |g: &Arc<DebugGuardResource<Spy>>| {
         let (g, new) = (g.clone(), new.clone());
         within("deallocate with an eviction", move || g.deallocate(new))
     };
@@ -592,7 +595,7 @@ fn a_descriptor_with_the_wrong_stream_is_refused_before_the_poison() {
     let gpu = f.sim.clone().unwrap();
     // SAFETY: the guard is the poison's only user and fills only blocks live in that resource.
     let poison = unsafe { GpuPoison::for_resource(&f.resource, 0xA5) };
-    let g = DebugGuard::new(f.resource.clone(), GuardConfig::new().poison(poison));
+    let g = DebugGuardResource::new(f.resource.clone(), GuardConfig::new().poison(poison));
     let block = g.allocate(256, f.stream(0), T).unwrap();
     let forged = DeviceBlock::new(block.id(), block.ptr(), block.size(), f.stream(1), T);
     let memsets = gpu.call_count(DriverCall::MemsetAsync);

@@ -1,4 +1,4 @@
-//! A stack of Budget, Stats and DebugGuard against a small reference model:
+//! A stack of Budget, Stats and DebugGuardResource against a small reference model:
 //! random allocations, frees, bad frees, flushes and reaps keep every count
 //! equal to the model's.
 
@@ -7,8 +7,8 @@ mod common;
 use std::collections::VecDeque;
 
 use proptest::prelude::*;
-use streamalloc::adaptors::{Budget, GuardConfig, Stats};
 use streamalloc::{AllocTag, DeviceBlock, DeviceMemoryResource, ResourceBuilder, ResourceError};
+use streamalloc::{Budget, GuardConfig, Stats};
 
 const LIMIT: usize = 16 << 10;
 const CAP: usize = 3;

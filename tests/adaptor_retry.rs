@@ -1,12 +1,12 @@
-//! RetryOnOom: reap and retry once when memory is short.
+//! RetryOnOomResource: reap and retry once when memory is short.
 
 mod common;
 mod support;
 
-use streamalloc::adaptors::{Budget, BudgetResource, RetryOnOom};
-use streamalloc::error::DriverCall;
+use streamalloc::DriverCall;
 use streamalloc::gpu::sim::SimGpu;
 use streamalloc::{AllocTag, DeviceMemoryResource, ResourceError, StreamId};
+use streamalloc::{Budget, BudgetResource, RetryOnOomResource};
 use support::NoTracking;
 
 const T: AllocTag = AllocTag::UNTAGGED;
@@ -18,14 +18,14 @@ fn small_device() -> common::Fixture<SimGpu> {
 
 #[test]
 fn bad_input_changes_nothing() {
-    support::check_bad_input(RetryOnOom::new, |r| r.retries());
+    support::check_bad_input(RetryOnOomResource::new, |r| r.retries());
 }
 
 #[test]
 fn forwards_what_it_does_not_change() {
-    support::check_forwarding(RetryOnOom::new, |_| {});
+    support::check_forwarding(RetryOnOomResource::new, |_| {});
     let f = common::sim(1);
-    assert!(!RetryOnOom::new(NoTracking(f.resource.clone())).supports_block_use_tracking());
+    assert!(!RetryOnOomResource::new(NoTracking(f.resource.clone())).supports_block_use_tracking());
 }
 
 #[test]
@@ -46,7 +46,7 @@ fn out_of_memory_reaps_and_retries_once() {
     let f = small_device();
     let (a, b) = (f.stream(0), f.stream(1));
     let gpu = f.sim.clone().unwrap();
-    let r = RetryOnOom::new(f.resource.clone());
+    let r = RetryOnOomResource::new(f.resource.clone());
     let block = r.allocate(768 << 10, a, T).unwrap();
     r.deallocate(block).unwrap();
     let allocs = gpu.call_count(DriverCall::AllocAsync);
@@ -61,7 +61,7 @@ fn out_of_memory_reaps_and_retries_once() {
 fn persistent_out_of_memory_is_reported_after_one_retry() {
     let f = small_device();
     let gpu = f.sim.clone().unwrap();
-    let r = RetryOnOom::new(f.resource.clone());
+    let r = RetryOnOomResource::new(f.resource.clone());
     let allocs = gpu.call_count(DriverCall::AllocAsync);
     assert!(matches!(
         r.allocate(2 * MIB, f.stream(0), T),
@@ -79,7 +79,7 @@ fn persistent_out_of_memory_is_reported_after_one_retry() {
 fn other_errors_are_not_retried() {
     let f = small_device();
     let gpu = f.sim.clone().unwrap();
-    let r = RetryOnOom::new(f.resource.clone());
+    let r = RetryOnOomResource::new(f.resource.clone());
     let allocs = gpu.call_count(DriverCall::AllocAsync);
     gpu.fail_nth(DriverCall::AllocAsync, 1);
     assert!(matches!(
@@ -99,7 +99,7 @@ fn a_budget_below_is_reaped_before_the_retry() {
     let f = common::sim(1);
     let s = f.stream(0);
     let budget = Budget::new(1000);
-    let r = RetryOnOom::new(BudgetResource::new(f.resource.clone(), &budget));
+    let r = RetryOnOomResource::new(BudgetResource::new(f.resource.clone(), &budget));
     let block = r.allocate(800, s, T).unwrap();
     r.deallocate(block).unwrap();
     assert_eq!(budget.in_use(), 800);
@@ -113,7 +113,7 @@ fn a_budget_below_is_reaped_before_the_retry() {
 fn a_failed_reap_reports_the_first_error() {
     let f = small_device();
     let gpu = f.sim.clone().unwrap();
-    let r = RetryOnOom::new(f.resource.clone());
+    let r = RetryOnOomResource::new(f.resource.clone());
     let block = r.allocate(768 << 10, f.stream(0), T).unwrap();
     r.deallocate(block).unwrap();
     gpu.fail_nth(DriverCall::StreamSynchronize, 1);

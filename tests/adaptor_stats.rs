@@ -5,10 +5,10 @@ mod support;
 
 use std::sync::Arc;
 
-use streamalloc::adaptors::{Counts, Stats, StatsResource};
-use streamalloc::error::DriverCall;
+use streamalloc::DriverCall;
 use streamalloc::gpu::sim::SimGpu;
 use streamalloc::{AllocTag, DeviceMemoryResource, ResourceError};
+use streamalloc::{Counts, Stats, StatsResource};
 use support::NoTracking;
 
 const W: AllocTag = AllocTag("weights");

@@ -6,9 +6,9 @@ mod support;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use streamalloc::adaptors::{TracingResource, trace::TARGET};
-use streamalloc::error::DriverCall;
+use streamalloc::DriverCall;
 use streamalloc::gpu::sim::MemAccess;
+use streamalloc::{ALLOC_TARGET, TracingResource};
 use streamalloc::{Access, AllocTag, DeviceMemoryResource};
 use support::NoTracking;
 use tracing::field::{Field, Visit};
@@ -52,7 +52,7 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> tracing_subscriber::Layer<S> for Ca
         Interest::sometimes()
     }
     fn enabled(&self, metadata: &Metadata<'_>, _: Context<'_, S>) -> bool {
-        metadata.target() == TARGET && *metadata.level() <= self.max
+        metadata.target() == ALLOC_TARGET && *metadata.level() <= self.max
     }
     fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
         let mut fields = FieldText::default();

@@ -4,13 +4,13 @@
 
 use std::sync::Arc;
 
-use streamalloc::adaptors::{
-    Budget, BudgetLayer, BudgetResource, DebugGuard, DebugGuardLayer, GpuPoison, GuardConfig,
-    Identity, RetryOnOom, RetryOnOomLayer, Stack, Stats, StatsLayer, StatsResource, StatsSnapshot,
-    TracingLayer, TracingResource,
-};
+use streamalloc::LaunchRecorder;
 use streamalloc::gpu::sim::SimGpu;
-use streamalloc::launch::LaunchRecorder;
+use streamalloc::{
+    Budget, BudgetLayer, BudgetResource, DebugGuardLayer, DebugGuardResource, GpuPoison,
+    GuardConfig, Identity, RetryOnOomLayer, RetryOnOomResource, Stack, Stats, StatsLayer,
+    StatsResource, StatsSnapshot, TracingLayer, TracingResource,
+};
 use streamalloc::{DeviceMemoryResource, ResourceBuilder, SimResource};
 
 fn all<T: Send + Sync + Unpin>() {}
@@ -36,7 +36,9 @@ fn handles_layers_and_adaptors_are_send_sync_unpin() {
     resource::<BudgetResource<R>>();
     resource::<StatsResource<R>>();
     resource::<TracingResource<R>>();
-    resource::<RetryOnOom<R>>();
-    resource::<DebugGuard<R>>();
-    resource::<TracingResource<RetryOnOom<BudgetResource<StatsResource<DebugGuard<R>>>>>>();
+    resource::<RetryOnOomResource<R>>();
+    resource::<DebugGuardResource<R>>();
+    resource::<
+        TracingResource<RetryOnOomResource<BudgetResource<StatsResource<DebugGuardResource<R>>>>>,
+    >();
 }

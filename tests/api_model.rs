@@ -62,11 +62,11 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
-use streamalloc::adaptors::{Budget, GuardConfig};
-use streamalloc::buffer::drop_error_count;
-use streamalloc::cache::CacheConfig;
-use streamalloc::futures::{AsyncResource, DeallocHandle, EventFuture, Reaper};
+use streamalloc::CacheConfig;
+use streamalloc::drop_error_count;
 use streamalloc::gpu::sim::{MemAccess, SimGpu};
+use streamalloc::{AsyncResource, DeallocHandle, EventFuture, Reaper};
+use streamalloc::{Budget, GuardConfig};
 #[path = "api_model/foreign.rs"]
 mod foreign;
 #[path = "api_model/graphs.rs"]
@@ -977,7 +977,7 @@ impl World {
         if errors != self.drop_errors && !self.faulted {
             return fail(format!(
                 "a buffer's drop failed: {:?}",
-                streamalloc::buffer::take_drop_error()
+                streamalloc::take_drop_error()
             ));
         }
         self.drop_errors = errors;

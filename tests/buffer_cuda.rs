@@ -6,10 +6,10 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaStream, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
-use streamalloc::buffer::{drop_error_count, take_drop_error};
-use streamalloc::futures::AsyncResource;
+use streamalloc::AsyncResource;
 use streamalloc::gpu::cuda::CudaGpu;
 use streamalloc::{AllocTag, AsyncCudaResource, CudaBuffer, Device, ResourceError, StreamPool};
+use streamalloc::{drop_error_count, take_drop_error};
 
 const PTX: &str = include_str!("../examples/kernels/saxpy.ptx");
 const N: usize = 1 << 16;

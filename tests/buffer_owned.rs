@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::task::Poll;
 
 use common::{CountingWaker, drive, poll_once};
-use streamalloc::buffer::Buffer;
-use streamalloc::futures::AsyncResource;
+use streamalloc::AsyncResource;
+use streamalloc::Buffer;
 use streamalloc::gpu::sim::{MemAccess, RaceKind, SimGpu};
 use streamalloc::{AllocTag, Device, ResourceError, SimResource, StreamId};
 

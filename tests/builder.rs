@@ -5,12 +5,12 @@ mod support;
 
 use std::sync::Arc;
 
-use streamalloc::adaptors::{
-    Budget, BudgetLayer, BudgetResource, DebugGuard, GuardConfig, Identity, Layer, RetryOnOom,
-    Stack, Stats, StatsLayer, StatsResource, TracingResource,
-};
 use streamalloc::gpu::sim::SimGpu;
 use streamalloc::{AllocTag, DeviceMemoryResource, ResourceBuilder, ResourceError, SimResource};
+use streamalloc::{
+    Budget, BudgetLayer, BudgetResource, DebugGuardResource, GuardConfig, Identity, Layer,
+    RetryOnOomResource, Stack, Stats, StatsLayer, StatsResource, TracingResource,
+};
 
 const T: AllocTag = AllocTag("t");
 
@@ -18,7 +18,7 @@ const T: AllocTag = AllocTag("t");
 fn the_first_layer_added_is_the_outermost() {
     let f = common::sim(1);
     let budget = Budget::new(1 << 20);
-    let r: TracingResource<RetryOnOom<BudgetResource<StatsResource<Arc<SimResource>>>>> =
+    let r: TracingResource<RetryOnOomResource<BudgetResource<StatsResource<Arc<SimResource>>>>> =
         ResourceBuilder::new()
             .tracing()
             .retry_on_oom()
@@ -140,7 +140,7 @@ fn a_full_stack_forwards_everything() {
                 .build(inner)
         },
         |r| {
-            let guard: &DebugGuard<_> = r.inner().inner().inner().inner();
+            let guard: &DebugGuardResource<_> = r.inner().inner().inner().inner();
             guard.flush().unwrap();
         },
     );

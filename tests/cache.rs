@@ -8,12 +8,12 @@ mod common;
 
 use std::sync::Arc;
 
-use streamalloc::cache::{CacheConfig, CachingResource};
-use streamalloc::error::DriverCall;
+use streamalloc::DriverCall;
 use streamalloc::gpu::sim::{MemAccess, SimGpu};
 use streamalloc::{
     Access, AllocTag, BlockState, DeviceMemoryResource, ResourceError, SimResource, StreamId,
 };
+use streamalloc::{CacheConfig, CachingResource};
 
 const T: AllocTag = AllocTag::UNTAGGED;
 

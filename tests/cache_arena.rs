@@ -8,10 +8,10 @@ mod common;
 use std::sync::Arc;
 
 use proptest::prelude::*;
-use streamalloc::cache::{CacheConfig, CachingResource};
-use streamalloc::error::DriverCall;
+use streamalloc::DriverCall;
 use streamalloc::gpu::sim::{MemAccess, RaceKind, SimGpu};
 use streamalloc::{Access, AllocTag, BlockState, DeviceMemoryResource, ResourceError, StreamId};
+use streamalloc::{CacheConfig, CachingResource};
 
 const T: AllocTag = AllocTag::UNTAGGED;
 const P: usize = 2 << 20;
@@ -579,7 +579,7 @@ proptest! {
 /// request the arena serves from idle mapped memory costs it nothing.
 #[test]
 fn a_budget_above_the_arena_counts_mapped_pages() {
-    use streamalloc::adaptors::{Budget, BudgetResource};
+    use streamalloc::{Budget, BudgetResource};
     let f = common::sim(1);
     let s = f.stream(0);
     let budget = Budget::new(2 * P);
@@ -704,7 +704,7 @@ fn on_cuda_a_lent_range_is_written_after_the_home_streams_queued_work() {
 #[test]
 fn an_async_allocation_never_synchronizes_in_a_poll() {
     use std::time::Duration;
-    use streamalloc::futures::AsyncResource;
+    use streamalloc::AsyncResource;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()

@@ -10,18 +10,17 @@ use std::sync::Arc;
 
 use proptest::prelude::*;
 
-use streamalloc::adaptors::{
-    Budget, BudgetResource, DebugGuard, GuardConfig, Stats, StatsResource,
-};
-use streamalloc::cache::{CacheConfig, CachingResource};
-use streamalloc::error::DriverCall;
-use streamalloc::futures::AsyncResource;
+use streamalloc::AsyncResource;
+use streamalloc::CaptureId;
+use streamalloc::DriverCall;
 use streamalloc::gpu::sim::{MemAccess, SimGpu};
-use streamalloc::gpu::{CaptureId, CaptureMode, CaptureStatus, Gpu, Graph, RawGraph, RawGraphExec};
+use streamalloc::gpu::{CaptureMode, CaptureStatus, Gpu, Graph, RawGraph, RawGraphExec};
 use streamalloc::{
     Access, AllocTag, Device, DeviceBlock, DeviceMemoryResource, ResourceError, SimResource,
     StreamId,
 };
+use streamalloc::{Budget, BudgetResource, DebugGuardResource, GuardConfig, Stats, StatsResource};
+use streamalloc::{CacheConfig, CachingResource};
 
 const MIB: usize = 1 << 20;
 
@@ -799,7 +798,7 @@ fn a_graph_keeps_its_memory_on_any_backend_cuda() {
 #[test]
 fn a_guard_passes_frees_in_a_capture_to_the_graph_and_bad_releases_change_nothing() {
     let f = fixture();
-    let guard = DebugGuard::new(
+    let guard = DebugGuardResource::new(
         CachingResource::new(SimResource::new(&f.device)),
         GuardConfig::new().max_blocks(8),
     );

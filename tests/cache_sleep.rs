@@ -8,10 +8,10 @@
 
 mod common;
 
-use streamalloc::cache::{CacheConfig, SleepMode, SleepPlan};
-use streamalloc::error::DriverCall;
+use streamalloc::DriverCall;
 use streamalloc::gpu::sim::{MemAccess, SimGpu};
 use streamalloc::{Access, AllocTag, DeviceMemoryResource, ResourceError};
+use streamalloc::{CacheConfig, SleepMode, SleepPlan};
 
 const WEIGHTS: AllocTag = AllocTag("weights");
 const KV: AllocTag = AllocTag("kv");
@@ -412,7 +412,7 @@ fn idle_cached_pages_go_back_at_the_sleep_too() {
 #[tokio::test(flavor = "current_thread")]
 async fn the_async_sleep_awaits_the_queued_work() {
     use std::time::Duration;
-    use streamalloc::futures::AsyncResource;
+    use streamalloc::AsyncResource;
     use streamalloc::{Device, ResourceBuilder};
 
     let gpu = SimGpu::builder()
@@ -451,8 +451,8 @@ async fn the_async_sleep_awaits_the_queued_work() {
 /// forward the sleep; a stack with no cache refuses it, changing nothing.
 #[tokio::test(flavor = "current_thread")]
 async fn a_stack_sleeps_through_its_decorators_and_one_without_a_cache_refuses() {
-    use streamalloc::adaptors::Budget;
-    use streamalloc::futures::AsyncResource;
+    use streamalloc::AsyncResource;
+    use streamalloc::Budget;
     use streamalloc::{Device, ResourceBuilder};
 
     let device = Device::sim(&SimGpu::new(), 1);
@@ -491,4 +491,266 @@ async fn a_stack_sleeps_through_its_decorators_and_one_without_a_cache_refuses()
         .prepare_block_use(block.id(), s, Access::Read)
         .unwrap();
     drop(plain.deallocate(block).unwrap());
+}
+
+/// A lender that hands out a host pool's blocks and remembers them, so
+/// that a test can touch what it lent.
+#[derive(Debug)]
+struct Recording {
+    pool: streamalloc::HostPool,
+    lent: std::sync::Mutex<Vec<streamalloc::gpu::HostMemory>>,
+}
+
+// SAFETY: every method forwards to the pool's own implementation, whose
+// contract holds; the addresses are only remembered.
+unsafe impl streamalloc::OffloadHost for Recording {
+    fn lend(
+        &self,
+        bytes: usize,
+        tag: AllocTag,
+    ) -> streamalloc::ResourceResult<streamalloc::gpu::HostMemory> {
+        let mem = self.pool.lend(bytes, tag)?;
+        self.lent.lock().unwrap().push(mem);
+        Ok(mem)
+    }
+
+    unsafe fn take_back(&self, memory: streamalloc::gpu::HostMemory, tag: AllocTag) {
+        // SAFETY: the caller's claim, passed on.
+        unsafe { self.pool.take_back(memory, tag) }
+    }
+
+    fn pins_for(&self, gpu: &dyn streamalloc::gpu::Gpu) -> bool {
+        self.pool.pins_for(gpu)
+    }
+}
+
+fn host_pool(c: &Cache, config: streamalloc::HostPoolConfig) -> streamalloc::HostPool {
+    let gpu: std::sync::Arc<dyn streamalloc::gpu::Gpu> = c.gpu.clone();
+    streamalloc::HostPool::with_gpu(gpu, config)
+}
+
+#[test]
+fn offloads_borrow_from_a_host_pool_and_repeated_cycles_pin_nothing_new() {
+    use streamalloc::OffloadHost as _;
+    let c = Cache::new(1);
+    let a = c.s(0);
+    let weights = c.cache.allocate(8 * MIB, a, WEIGHTS).unwrap();
+    let kv = c.cache.allocate(4 * MIB, a, KV).unwrap();
+    c.kernel(a, MemAccess::write(&weights));
+    let pool = host_pool(&c, streamalloc::HostPoolConfig::new());
+    assert!(pool.pins_for(&*c.gpu));
+    let plan = plan().offload_to(pool.clone());
+    let mut pinned = None;
+    for cycle in 0..3u64 {
+        c.cache.sleep(&plan).unwrap();
+        let st = pool.stats();
+        assert_eq!(
+            st.in_use_bytes,
+            8 * MIB,
+            "cycle {cycle}: the weights' block lent"
+        );
+        let tag = st.tags.iter().find(|(t, _)| *t == WEIGHTS).map(|(_, s)| *s);
+        assert_eq!(
+            tag.map(|t| t.current_bytes),
+            Some(8 * MIB),
+            "counted under the tag"
+        );
+        assert_eq!(
+            (st.pins, st.reuses),
+            (1, cycle),
+            "cycle {cycle}: pinned once"
+        );
+        assert_eq!(
+            *pinned.get_or_insert(c.gpu.host_bytes()),
+            c.gpu.host_bytes()
+        );
+
+        c.cache.wake().unwrap();
+        c.gpu.run_until_idle();
+        // The host sees the copy back complete: the block goes back idle.
+        assert!(c.cache.settle_sleep().unwrap());
+        let st = pool.stats();
+        assert_eq!(
+            (st.in_use_bytes, st.idle_bytes),
+            (0, 8 * MIB),
+            "cycle {cycle}"
+        );
+        for b in [&weights, &kv] {
+            c.cache.prepare_block_use(b.id(), a, Access::Write).unwrap();
+            c.kernel(a, MemAccess::write(b));
+            c.cache.finish_block_use(b.id(), a, Access::Write).unwrap();
+        }
+    }
+    assert_eq!(c.copies(), 6, "three offloads and three restores");
+    // The host takes the block the sleeps used, and writes it: its copies
+    // were seen complete, so the race detector finds nothing.
+    let mut staged = pool.allocate::<u8>(8 * MIB, REQUEST).unwrap();
+    staged.as_mut_slice().unwrap().fill(1);
+    assert_eq!(pool.stats().pins, 1, "the same block");
+    drop(staged);
+    c.cache.deallocate(weights).unwrap();
+    c.cache.deallocate(kv).unwrap();
+    c.assert_race_free();
+}
+
+#[test]
+fn the_race_detector_sees_the_host_touch_an_offload_before_its_copy_ran() {
+    use streamalloc::gpu::Gpu as _;
+    let c = Cache::new(1);
+    let a = c.s(0);
+    let weights = c.cache.allocate(4 * MIB, a, WEIGHTS).unwrap();
+    c.kernel(a, MemAccess::write(&weights));
+    c.assert_race_free();
+    let lender = std::sync::Arc::new(Recording {
+        pool: host_pool(&c, streamalloc::HostPoolConfig::new()),
+        lent: Default::default(),
+    });
+    let plan = plan().offload_to(lender.clone());
+    // Queued, not run (a manual device): the copy out may still write it.
+    c.cache.begin_sleep(&plan).unwrap();
+    let lent = lender.lent.lock().unwrap()[0];
+    c.gpu.note_host_access(lent.addr, Access::Write);
+    c.gpu.run_until_idle();
+    assert!(
+        !c.gpu.races().is_empty(),
+        "a host write under the offload copy must be reported"
+    );
+    c.cache.wake().unwrap();
+    c.cache.deallocate(weights).unwrap();
+}
+
+#[test]
+fn a_host_pool_over_its_cap_or_of_another_device_changes_nothing() {
+    let c = Cache::new(1);
+    let a = c.s(0);
+    let weights = c.cache.allocate(8 * MIB, a, WEIGHTS).unwrap();
+    let held = c.cache.physical_bytes();
+    let small = host_pool(&c, streamalloc::HostPoolConfig::new().cap(4 * MIB));
+    let full = c.cache.sleep(&plan().offload_to(small.clone()));
+    assert!(
+        matches!(full, Err(ResourceError::HostPoolFull { .. })),
+        "{full:?}"
+    );
+    let other_gpu: std::sync::Arc<dyn streamalloc::gpu::Gpu> = SimGpu::new();
+    let other = streamalloc::HostPool::with_gpu(other_gpu, streamalloc::HostPoolConfig::new());
+    let foreign = c.cache.sleep(&plan().offload_to(other.clone()));
+    assert!(
+        matches!(foreign, Err(ResourceError::ForeignHostBuffer)),
+        "{foreign:?}"
+    );
+    for pool in [&small, &other] {
+        let st = pool.stats();
+        assert_eq!((st.held_bytes, st.in_use_bytes), (0, 0));
+    }
+    assert!(!c.cache.is_asleep());
+    assert_eq!(c.cache.physical_bytes(), held);
+    assert_eq!(c.gpu.host_bytes(), 0);
+    c.cache
+        .prepare_block_use(weights.id(), a, Access::Read)
+        .unwrap();
+    c.cache.deallocate(weights).unwrap();
+    c.assert_race_free();
+}
+
+/// The driver calls between two snapshots, by kind.
+fn calls_since(c: &Cache, before: &[u64]) -> impl Fn(DriverCall) -> u64 {
+    let now: Vec<u64> = DriverCall::ALL
+        .iter()
+        .map(|&k| c.gpu.call_count(k))
+        .collect();
+    let before = before.to_vec();
+    move |k| {
+        let i = DriverCall::ALL.iter().position(|&x| x == k).unwrap();
+        now[i] - before[i]
+    }
+}
+
+fn call_counts(c: &Cache) -> Vec<u64> {
+    DriverCall::ALL
+        .iter()
+        .map(|&k| c.gpu.call_count(k))
+        .collect()
+}
+
+/// What a wake costs in driver calls: one new handle mapped (create, map,
+/// set access) per handle the sleep released, never page by page; one
+/// copy back per offloaded block, queued without a synchronize. Pinned
+/// per block, the offloads are unpinned at the wake's end (what made a
+/// wake 4.5x allocating and copying in on an H100); borrowed from a warm
+/// host pool, neither the sleep pins nor the wake unpins anything.
+#[test]
+fn a_wake_maps_per_released_handle_and_with_a_pool_pins_and_unpins_nothing() {
+    let c = Cache::new(1);
+    let a = c.s(0);
+    let blocks: Vec<_> = (0..8)
+        .map(|i| {
+            let tag = if i < 6 { WEIGHTS } else { KV };
+            c.cache.allocate(64 * MIB, a, tag).unwrap()
+        })
+        .collect();
+    let pages = 8 * 64 * MIB / streamalloc::gpu::Gpu::vm_granularity(&*c.gpu).unwrap();
+    let pool = host_pool(&c, streamalloc::HostPoolConfig::new());
+    let pooled = plan().offload_to(pool.clone());
+    for (cycle, p) in [plan(), pooled.clone(), pooled].iter().enumerate() {
+        let before = call_counts(&c);
+        c.cache.sleep(p).unwrap();
+        let slept = calls_since(&c, &before);
+        let released = slept(DriverCall::MemRelease);
+        assert_eq!(slept(DriverCall::MemUnmap), released);
+        assert!(
+            (1..=blocks.len() as u64).contains(&released),
+            "cycle {cycle}: {released} handles released for {} blocks",
+            blocks.len()
+        );
+        assert_eq!(
+            slept(DriverCall::MemcpyHostAsync),
+            6,
+            "the weights offloaded"
+        );
+        let pins = slept(DriverCall::MemHostAlloc);
+        match cycle {
+            0 | 1 => assert_eq!(pins, 6, "cycle {cycle}: pinned for the weights"),
+            _ => assert_eq!(pins, 0, "a warm pool pins nothing"),
+        }
+
+        let before = call_counts(&c);
+        c.cache.wake().unwrap();
+        c.gpu.run_until_idle();
+        assert!(c.cache.settle_sleep().unwrap());
+        let woke = calls_since(&c, &before);
+        for k in [
+            DriverCall::MemCreate,
+            DriverCall::MemMap,
+            DriverCall::MemSetAccess,
+        ] {
+            assert_eq!(
+                woke(k),
+                released,
+                "cycle {cycle}: {k:?} once per released handle"
+            );
+        }
+        assert!((released as usize) < pages, "never page by page");
+        assert_eq!(
+            woke(DriverCall::MemcpyHostAsync),
+            6,
+            "one copy back per block"
+        );
+        for k in [DriverCall::StreamSynchronize, DriverCall::EventSynchronize] {
+            assert_eq!(
+                woke(k),
+                0,
+                "cycle {cycle}: the wake waits for nothing ({k:?})"
+            );
+        }
+        assert_eq!(woke(DriverCall::MemHostAlloc), 0);
+        let unpins = woke(DriverCall::MemFreeHost);
+        match cycle {
+            0 => assert_eq!(unpins, 6, "pinned per block: unpinned at the wake"),
+            _ => assert_eq!(unpins, 0, "cycle {cycle}: back to the pool, not unpinned"),
+        }
+    }
+    for b in blocks {
+        c.cache.deallocate(b).unwrap();
+    }
+    c.assert_race_free();
 }

@@ -8,11 +8,11 @@ mod common;
 
 use std::sync::Arc;
 
-use streamalloc::adaptors::{Budget, BudgetResource, DebugGuard, GuardConfig};
-use streamalloc::cache::{CacheConfig, CachingResource};
-use streamalloc::futures::AsyncResource;
+use streamalloc::AsyncResource;
 use streamalloc::gpu::sim::SimGpu;
 use streamalloc::{AllocTag, Device, DeviceMemoryResource, ResourceError, SimResource};
+use streamalloc::{Budget, BudgetResource, DebugGuardResource, GuardConfig};
+use streamalloc::{CacheConfig, CachingResource};
 
 const T: AllocTag = AllocTag("compose");
 
@@ -176,7 +176,7 @@ fn a_dropped_budget_above_the_arena_gets_the_pages_back() {
     assert_eq!(budget.in_use(), 0, "the page went with the stack");
 }
 
-/// `Budget(DebugGuard(max_blocks = 1))` under the futures layer: freeing y on
+/// `Budget(DebugGuardResource(max_blocks = 1))` under the futures layer: freeing y on
 /// stream 1 evicts x, whose free runs on stream 0. The notifications reap
 /// that free too, so the budget comes down to what the device holds without
 /// a synchronize.
@@ -187,7 +187,7 @@ async fn an_eviction_on_another_stream_is_reaped_like_any_free() {
     let bottom = Arc::new(SimResource::new(&device));
     let budget = Budget::new(1 << 20);
     let stack = BudgetResource::new(
-        DebugGuard::new(bottom.clone(), GuardConfig::new().max_blocks(1)),
+        DebugGuardResource::new(bottom.clone(), GuardConfig::new().max_blocks(1)),
         &budget,
     );
     // SAFETY: the stack's bottom resource was made on `device`.

@@ -5,11 +5,11 @@
 
 use std::process::Command;
 
-use streamalloc::adaptors::Budget;
-use streamalloc::builder::ResourceBuilder;
-use streamalloc::futures::WaitPolicy;
-use streamalloc::observe::{BlockInfoState, memory_history_capacity};
-use streamalloc::{AllocTag, AsyncResource, Device, ResourceError, SimGpu};
+use streamalloc::Budget;
+use streamalloc::ResourceBuilder;
+use streamalloc::WaitPolicy;
+use streamalloc::{AllocTag, AsyncResource, Device, ResourceError, gpu::sim::SimGpu};
+use streamalloc::{BlockInfoState, memory_history_capacity};
 
 const GOOD: &str = "budget:1MiB, debug_guard:on, history:50, wait:park";
 const BAD: &str = "budget:1MiB,history:lots";

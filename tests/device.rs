@@ -1,13 +1,13 @@
 //! `Device`: a backend and its streams held together, opened as CUDA or the
 //! simulator behind one type.
 
-use streamalloc::adaptors::{DebugGuard, GpuPoison, GuardConfig, Poison};
+use streamalloc::LaunchRecorder;
 use streamalloc::gpu::sim::{MemAccess, SimGpu};
-use streamalloc::launch::LaunchRecorder;
 use streamalloc::{
     AllocTag, AsyncResource, Backend, Device, DeviceMemoryResource, ResourceError,
     StreamOrderedResource,
 };
+use streamalloc::{DebugGuardResource, GpuPoison, GuardConfig, Poison};
 
 const T: AllocTag = AllocTag("device");
 
@@ -138,11 +138,11 @@ async fn an_awaitable_resource_on_the_device() {
 #[test]
 fn a_stack_over_the_device_is_awaitable_with_the_same_device() {
     let device = Device::simulated(&SimGpu::builder().manual().build(), 1);
-    let guard = DebugGuard::new(StreamOrderedResource::new(&device), GuardConfig::new());
+    let guard = DebugGuardResource::new(StreamOrderedResource::new(&device), GuardConfig::new());
     // SAFETY: the guard's bottom resource was made on `device`.
     assert!(unsafe { AsyncResource::with_device(guard, &device) }.is_ok());
     let other = Device::simulated(&SimGpu::builder().ordinal(3).manual().build(), 1);
-    let guard = DebugGuard::new(StreamOrderedResource::new(&device), GuardConfig::new());
+    let guard = DebugGuardResource::new(StreamOrderedResource::new(&device), GuardConfig::new());
     assert!(matches!(
         // SAFETY: refused before anything is queued (another device).
         unsafe { AsyncResource::with_device(guard, &other) },
@@ -192,8 +192,8 @@ fn the_backend_forwards_the_calls_that_have_defaults() {
 /// its id; a full pool refuses a new one and changes nothing.
 #[test]
 fn an_open_ended_pool_takes_streams_registered_after_its_resources() {
+    use streamalloc::CachingResource;
     use streamalloc::StreamPool;
-    use streamalloc::cache::CachingResource;
     let sim = SimGpu::builder().manual().build();
     let theirs = sim.stream_pool(3);
     let raw: Vec<_> = theirs.ids().map(|s| theirs.raw(s).unwrap()).collect();

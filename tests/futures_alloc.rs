@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::task::Poll;
 
 use common::{CountingWaker, poll_once};
-use streamalloc::futures::AsyncResource;
+use streamalloc::AsyncResource;
 use streamalloc::gpu::sim::MemAccess;
 use streamalloc::gpu::sim::SimGpu;
 use streamalloc::{AllocTag, ResourceError, SimResource, StreamId};

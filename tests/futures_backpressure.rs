@@ -4,10 +4,10 @@
 
 use std::time::Duration;
 
-use streamalloc::adaptors::{Budget, Stats};
-use streamalloc::builder::ResourceBuilder;
-use streamalloc::futures::AsyncResource;
-use streamalloc::{AllocTag, Device, DeviceMemoryResource, ResourceError, SimGpu, Tag};
+use streamalloc::AsyncResource;
+use streamalloc::ResourceBuilder;
+use streamalloc::{AllocTag, Device, DeviceMemoryResource, ResourceError, Tag, gpu::sim::SimGpu};
+use streamalloc::{Budget, Stats};
 
 const MIB: usize = 1 << 20;
 const HANG: Duration = Duration::from_secs(20);

@@ -10,13 +10,14 @@ use std::sync::Arc;
 use std::task::Poll;
 
 use common::{CountingWaker, drive, poll_once};
-use streamalloc::futures::{AsyncResource, WaitPolicy};
+use streamalloc::CaptureId;
 use streamalloc::gpu::sim::{MemAccess, SimGpu};
-use streamalloc::gpu::{CaptureId, CaptureMode, CaptureStatus};
+use streamalloc::gpu::{CaptureMode, CaptureStatus};
 use streamalloc::{
     Access, AllocTag, Device, DeviceMemoryResource, DriverCall, ResourceError, SimResource,
     StreamId,
 };
+use streamalloc::{AsyncResource, WaitPolicy};
 
 const TAG: AllocTag = AllocTag("capture");
 
@@ -141,7 +142,7 @@ fn frees_inside_a_capture_keep_it_valid_and_are_accounted_after_it() {
     drop(buf);
     // Let the watchdog and the device do what they would meanwhile.
     sc.gpu.run_until_idle();
-    std::thread::sleep(streamalloc::futures::FALLBACK_PERIOD * 3);
+    std::thread::sleep(streamalloc::FALLBACK_PERIOD * 3);
     assert_eq!(
         sc.gpu.call_count(DriverCall::LaunchHostFunc),
         host_fns,

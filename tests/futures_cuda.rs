@@ -6,8 +6,8 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use streamalloc::futures::{AsyncResource, Reaper};
 use streamalloc::{Access, AllocTag, AsyncCudaResource};
+use streamalloc::{AsyncResource, Reaper};
 
 const GUARD: Duration = Duration::from_secs(30);
 

@@ -7,7 +7,7 @@ use std::task::Poll;
 use std::time::Duration;
 
 use common::{CountingWaker, drive, poll_once};
-use streamalloc::futures::Reaper;
+use streamalloc::Reaper;
 use streamalloc::gpu::sim::{MemAccess, SimGpu};
 use streamalloc::{AllocTag, DeviceMemoryResource};
 

@@ -5,10 +5,10 @@ mod common;
 use std::task::Poll;
 
 use common::{CountingWaker, poll_once, step_until_ready};
-use streamalloc::futures::{Behind, WaitPolicy, WaitStats};
 use streamalloc::gpu::Gpu;
 use streamalloc::gpu::sim::{MemAccess, SimGpu};
 use streamalloc::{Access, AllocTag, DriverCall, ResourceError, StreamId};
+use streamalloc::{Behind, WaitPolicy, WaitStats};
 
 #[test]
 fn a_future_never_completes_before_its_point() {

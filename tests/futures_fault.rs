@@ -9,9 +9,9 @@ use common::bounded::BoundedExt;
 
 use std::time::Duration;
 
-use streamalloc::futures::{AsyncResource, Reaper};
 use streamalloc::gpu::sim::{MemAccess, SimGpu};
 use streamalloc::{AllocTag, DriverCall, ResourceError, SimResource};
+use streamalloc::{AsyncResource, Reaper};
 
 const BLOCK: usize = 4096;
 const TAG: AllocTag = AllocTag("fault");

@@ -9,9 +9,9 @@ use std::task::Poll;
 use std::time::Duration;
 
 use common::{CountingWaker, drive, poll_once, step_until_ready};
-use streamalloc::futures::{AsyncResource, Behind, WaitPolicy};
 use streamalloc::gpu::sim::SimGpu;
 use streamalloc::gpu::{CaptureMode, CaptureStatus, Gpu};
+use streamalloc::{AsyncResource, Behind, WaitPolicy};
 use streamalloc::{DriverCall, ResourceError, SimResource};
 
 /// Calls of the kinds a completion can make, read off the simulator.

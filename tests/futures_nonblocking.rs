@@ -11,15 +11,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::bounded::BoundedExt;
-use streamalloc::adaptors::{Budget, BudgetResource};
-use streamalloc::builder::ResourceBuilder;
-use streamalloc::cache::CachingResource;
-use streamalloc::futures::{AsyncResource, WaitPolicy};
+use streamalloc::CachingResource;
+use streamalloc::ResourceBuilder;
 use streamalloc::gpu::sim::{MemAccess, SimGpu};
 use streamalloc::{
     AllocTag, Device, DeviceBlock, DeviceMemoryResource, DriverCall, ResourceError, ResourceResult,
     SimResource, StreamId,
 };
+use streamalloc::{AsyncResource, WaitPolicy};
+use streamalloc::{Budget, BudgetResource};
 
 const BLOCK: usize = 1 << 20;
 const TAG: AllocTag = AllocTag("nonblocking");
@@ -136,7 +136,7 @@ fn retry_on_oom_under_an_awaiting_allocation_does_not_synchronize() {
     });
 }
 
-/// The budget-bound full stack (cache over `RetryOnOom` over a budget) under
+/// The budget-bound full stack (cache over `RetryOnOomResource` over a budget) under
 /// an `AsyncResource`: two blocks fill the budget, their frees wait behind
 /// `busy`'s work on stream 0, and a current-thread runtime's
 /// `timeout(1 ms, allocate)` on stream 1 must return at once; awaited, the

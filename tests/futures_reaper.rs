@@ -7,7 +7,7 @@ use common::bounded::BoundedExt;
 use std::time::Duration;
 
 use streamalloc::AllocTag;
-use streamalloc::futures::Reaper;
+use streamalloc::Reaper;
 use streamalloc::gpu::sim::{MemAccess, SimGpu};
 
 const BLOCK: usize = 4096;

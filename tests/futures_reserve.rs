@@ -4,11 +4,11 @@
 use std::future::Future;
 use std::time::Duration;
 
-use streamalloc::adaptors::Budget;
-use streamalloc::builder::ResourceBuilder;
-use streamalloc::cache::CacheConfig;
-use streamalloc::futures::AsyncResource;
-use streamalloc::{AllocTag, Device, ResourceError, SimGpu, StreamId};
+use streamalloc::AsyncResource;
+use streamalloc::Budget;
+use streamalloc::CacheConfig;
+use streamalloc::ResourceBuilder;
+use streamalloc::{AllocTag, Device, ResourceError, StreamId, gpu::sim::SimGpu};
 
 const MIB: usize = 1 << 20;
 const TAG: AllocTag = AllocTag("request");
@@ -318,7 +318,7 @@ async fn a_holder_that_waits_for_something_else_is_not_hold_and_wait() {
         })
     };
     // Longer than the watchdog's retries, which judge again.
-    tokio::time::sleep(streamalloc::futures::FALLBACK_PERIOD * 5).await;
+    tokio::time::sleep(streamalloc::FALLBACK_PERIOD * 5).await;
     assert!(
         !waiter.is_finished(),
         "the waiter was failed or served early"

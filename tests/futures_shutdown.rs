@@ -3,11 +3,11 @@
 
 use std::time::Duration;
 
-use streamalloc::adaptors::{Budget, Stats};
-use streamalloc::builder::ResourceBuilder;
-use streamalloc::cache::{CacheConfig, CacheStats};
-use streamalloc::futures::{AnyResource, AsyncResource, Reaper};
-use streamalloc::{AllocTag, Device, ResourceError, SimGpu, Tag};
+use streamalloc::ResourceBuilder;
+use streamalloc::{AllocTag, Device, ResourceError, Tag, gpu::sim::SimGpu};
+use streamalloc::{AnyResource, AsyncResource, Reaper};
+use streamalloc::{Budget, Stats};
+use streamalloc::{CacheConfig, CacheStats};
 
 const MIB: usize = 1 << 20;
 const HANG: Duration = Duration::from_secs(20);

@@ -3,9 +3,7 @@
 //! who spawn it; this file stops compiling first.
 
 use streamalloc::SimResource;
-use streamalloc::futures::{
-    AllocFuture, AsyncResource, DeallocHandle, EventFuture, ReapFuture, Reaper,
-};
+use streamalloc::{AllocFuture, AsyncResource, DeallocHandle, EventFuture, ReapFuture, Reaper};
 
 fn send_sync_unpin_static<T: Send + Sync + Unpin + 'static>() {}
 fn future_of<T: std::future::Future<Output = O>, O>() {}

@@ -7,10 +7,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use streamalloc::adaptors::Budget;
-use streamalloc::builder::ResourceBuilder;
-use streamalloc::futures::{AsyncResource, WAIT_TARGET};
-use streamalloc::{AllocTag, Device, DeviceMemoryResource, SimGpu, Tag};
+use streamalloc::Budget;
+use streamalloc::ResourceBuilder;
+use streamalloc::{AllocTag, Device, DeviceMemoryResource, Tag, gpu::sim::SimGpu};
+use streamalloc::{AsyncResource, WAIT_TARGET};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::subscriber::Interest;

@@ -11,11 +11,11 @@ mod common;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use streamalloc::adaptors::{Budget, BudgetResource, GpuPoison, GuardConfig, RetryOnOom, Stats};
+use streamalloc::LaunchRecorder;
 use streamalloc::gpu::Gpu;
 use streamalloc::gpu::sim::SimGpu;
-use streamalloc::launch::LaunchRecorder;
 use streamalloc::{AllocTag, BlockState, DeviceMemoryResource, ResourceBuilder, ResourceError};
+use streamalloc::{Budget, BudgetResource, GpuPoison, GuardConfig, RetryOnOomResource, Stats};
 
 const T: AllocTag = AllocTag("gpu");
 const MIB: usize = 1 << 20;
@@ -140,7 +140,7 @@ fn sixteen_threads_share_a_budget_without_overshoot<G: Gpu>(f: common::Fixture<G
 
 fn retry_reports_a_real_out_of_memory_and_the_stream_stays_usable<G: Gpu>(f: common::Fixture<G>) {
     let s = f.stream(0);
-    let r = RetryOnOom::new(f.resource.clone());
+    let r = RetryOnOomResource::new(f.resource.clone());
     assert!(matches!(
         r.allocate(1 << 50, s, T),
         Err(ResourceError::OutOfMemory { .. })

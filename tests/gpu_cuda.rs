@@ -108,7 +108,7 @@ fn cuda_host_function_runs() {
 #[ignore = "needs a CUDA GPU"]
 fn cuda_registry_over_every_device_present() {
     use std::sync::Arc;
-    use streamalloc::registry::DeviceRegistry;
+    use streamalloc::DeviceRegistry;
     use streamalloc::{AsyncCudaResource, Device, StreamId};
 
     let count = Device::cuda_count();

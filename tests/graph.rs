@@ -7,13 +7,13 @@ mod common;
 use std::sync::Arc;
 
 use common::drive;
-use streamalloc::adaptors::{Budget, BudgetResource};
-use streamalloc::cache::{CacheConfig, CachingResource};
-use streamalloc::error::DriverCall;
-use streamalloc::futures::AsyncResource;
+use streamalloc::AsyncResource;
+use streamalloc::DriverCall;
 use streamalloc::gpu::sim::{MemAccess, RaceKind, SimGpu};
 use streamalloc::gpu::{CaptureMode, CaptureStatus, capture_code};
 use streamalloc::{AllocTag, Device, DeviceMemoryResource, ResourceError, SimResource, StreamId};
+use streamalloc::{Budget, BudgetResource};
+use streamalloc::{CacheConfig, CachingResource};
 
 const TAG: AllocTag = AllocTag("graph");
 const N: usize = 4096;

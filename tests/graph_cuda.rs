@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use streamalloc::futures::AsyncResource;
+use streamalloc::AsyncResource;
 use streamalloc::gpu::{CaptureMode, CaptureStatus, capture_code};
 use streamalloc::{AllocTag, AsyncCudaResource, DeviceMemoryResource, ResourceError};
 
@@ -86,7 +86,7 @@ async fn cuda_awaiting_on_a_capturing_stream_keeps_the_capture_valid() {
     assert!(matches!(e, ResourceError::StreamCapturing { .. }), "{e}");
     let handle = res.deallocate(block).unwrap();
     // The watchdog runs meanwhile (it must not query the capture either).
-    tokio::time::sleep(streamalloc::futures::FALLBACK_PERIOD * 3).await;
+    tokio::time::sleep(streamalloc::FALLBACK_PERIOD * 3).await;
     f.resource.reap_pending().unwrap();
     assert!(matches!(
         capture.status().unwrap(),

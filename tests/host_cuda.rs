@@ -2,9 +2,9 @@
 //! block a late copy still writes is never handed to anyone else. Run on
 //! the GPU machine with `--include-ignored` (scripts/gpu-run.sh suites).
 
-use streamalloc::futures::AsyncResource;
-use streamalloc::host::{HostPool, HostPoolConfig};
+use streamalloc::AsyncResource;
 use streamalloc::{AllocTag, Device, ResourceError};
+use streamalloc::{HostPool, HostPoolConfig};
 
 const TAG: AllocTag = AllocTag("host-cuda");
 /// Copies of this many bytes queued first keep the stream busy.

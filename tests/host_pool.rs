@@ -7,8 +7,8 @@ mod common;
 
 use common::{CountingWaker, drive, poll_once};
 use streamalloc::gpu::sim::{RaceKind, SimGpu, SimOp};
-use streamalloc::host::{HostPool, HostPoolConfig};
 use streamalloc::{Access, AllocTag, ResourceError};
+use streamalloc::{HostPool, HostPoolConfig};
 
 const TAG: AllocTag = AllocTag("staging");
 /// 1024 f32: one page, the smallest size class.
@@ -372,9 +372,9 @@ fn a_pending_block_comes_back_by_its_notification_alone() {
 fn host_handles_are_send_sync_unpin() {
     fn send_sync_unpin_static<T: Send + Sync + Unpin + 'static>() {}
     send_sync_unpin_static::<HostPool>();
-    send_sync_unpin_static::<streamalloc::host::HostBuffer<f32>>();
-    send_sync_unpin_static::<streamalloc::host::HostBuffer<[u8; 16]>>();
-    send_sync_unpin_static::<streamalloc::host::HostPoolStats>();
+    send_sync_unpin_static::<streamalloc::HostBuffer<f32>>();
+    send_sync_unpin_static::<streamalloc::HostBuffer<[u8; 16]>>();
+    send_sync_unpin_static::<streamalloc::HostPoolStats>();
 }
 
 #[test]
@@ -499,5 +499,29 @@ fn a_pending_block_comes_back_behind_a_parked_future_of_its_stream() {
     assert_eq!(drive(&gpu, &mut parked), Ok(()));
     drop(dev);
     gpu.run_until_idle();
+    assert!(gpu.races().is_empty(), "{:?}", gpu.races());
+}
+
+/// The type-erased handle (`into_any`, "every method still there") copies
+/// too: the copies once asked for a sized resource.
+#[test]
+fn the_type_erased_handle_copies_too() {
+    let f = common::sim(1);
+    let gpu = f.sim.clone().unwrap();
+    let res = common::async_resource(&f).into_any();
+    let host = pool(&f, HostPoolConfig::new());
+    let s = f.stream(0);
+
+    let mut staged = host.allocate::<f32>(LEN, TAG).unwrap();
+    staged.as_mut_slice().unwrap().fill(3.0);
+    let mut dev = res.try_allocate_buffer::<f32>(LEN, s, TAG).unwrap();
+    let mut to_dev = res.copy_to_device(&staged, &mut dev, s).unwrap();
+    drive(&gpu, &mut to_dev).unwrap();
+    let mut to_host = res.copy_to_host(&dev, &mut staged, s).unwrap();
+    assert_eq!(staged.pending_copies(), 1, "the copy out is noted");
+    drive(&gpu, &mut to_host).unwrap();
+    assert_eq!(staged.pending_copies(), 0);
+    drop((staged, dev));
+    assert_eq!(host.stats().idle_bytes, CLASS, "back to the pool, idle");
     assert!(gpu.races().is_empty(), "{:?}", gpu.races());
 }

@@ -7,11 +7,11 @@ mod common;
 use std::sync::Arc;
 
 use checks::Snapshot;
-use streamalloc::cache::{CacheConfig, CachingResource};
 use streamalloc::gpu::sim::SimGpu;
 use streamalloc::{
     AllocTag, DeviceBlock, DeviceMemoryResource, DriverCall, ResourceError, SimResource,
 };
+use streamalloc::{CacheConfig, CachingResource};
 
 const T: AllocTag = AllocTag("hostile");
 
@@ -185,7 +185,7 @@ fn orders(kinds: &[Kind]) -> Vec<Vec<Kind>> {
 /// what it stands on.
 struct SizeRig {
     top: Arc<dyn DeviceMemoryResource>,
-    budgets: Vec<streamalloc::adaptors::Budget>,
+    budgets: Vec<streamalloc::Budget>,
     bottom: Arc<SimResource>,
     gpu: Arc<SimGpu>,
     stream: streamalloc::StreamId,
@@ -193,7 +193,7 @@ struct SizeRig {
 
 fn size_rig(kinds: &[Kind], budget_limit: usize) -> SizeRig {
     use streamalloc::ResourceBuilder;
-    use streamalloc::adaptors::{Budget, GuardConfig};
+    use streamalloc::{Budget, GuardConfig};
     let gpu = SimGpu::builder().manual().capacity(1 << 30).build();
     let device = streamalloc::Device::simulated(&gpu, 2);
     let stream = device.stream(0).unwrap();
@@ -382,10 +382,10 @@ fn every_stack_refuses_every_huge_size() {
 /// element count does not fit in bytes, and take nothing.
 #[test]
 fn the_futures_layer_refuses_every_huge_size_and_element_count() {
-    use streamalloc::adaptors::{Budget, GuardConfig};
     use streamalloc::{
         AsyncResource, Device, FaithfulLayer, ResourceBuilder, StreamOrderedResource,
     };
+    use streamalloc::{Budget, GuardConfig};
 
     fn check<L, R>(name: &str, layers: impl Fn(&Budget) -> L)
     where

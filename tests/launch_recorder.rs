@@ -6,13 +6,13 @@ mod support;
 
 use std::error::Error;
 
-use streamalloc::adaptors::{Budget, DebugGuard, GuardConfig};
-use streamalloc::error::DriverCall;
+use streamalloc::DriverCall;
+use streamalloc::LaunchRecorder;
 use streamalloc::gpu::sim::{MemAccess, RaceReport, SimGpu};
-use streamalloc::launch::LaunchRecorder;
 use streamalloc::{
     Access, AllocTag, DeviceMemoryResource, RawStream, ResourceBuilder, ResourceError, StreamId,
 };
+use streamalloc::{Budget, DebugGuardResource, GuardConfig};
 use support::NoTracking;
 
 type BoxError = Box<dyn Error + Send + Sync>;
@@ -177,7 +177,7 @@ fn retired_quarantined_unknown_and_foreign_blocks_fail_before_any_work() {
     let f = common::sim(2);
     let other = common::sim(1);
     let gpu = f.sim.clone().unwrap();
-    let guard = DebugGuard::new(f.resource.clone(), GuardConfig::new());
+    let guard = DebugGuardResource::new(f.resource.clone(), GuardConfig::new());
     let s = f.stream(1);
     let retired = guard.allocate(64, f.stream(0), T).unwrap();
     guard.deallocate(retired.clone()).unwrap();

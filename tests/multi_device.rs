@@ -3,9 +3,9 @@
 
 use std::sync::Arc;
 
+use streamalloc::DeviceRegistry;
 use streamalloc::gpu::Gpu;
 use streamalloc::gpu::sim::{MemAccess, SimGpu};
-use streamalloc::registry::DeviceRegistry;
 use streamalloc::{AllocTag, Device, DeviceMemoryResource, ResourceError, SimResource, StreamId};
 
 fn host(devices: u32) -> (Vec<Arc<SimGpu>>, DeviceRegistry<SimResource>) {
@@ -204,7 +204,7 @@ fn threads_on_two_devices_through_the_registry() {
 #[test]
 fn one_budget_across_two_devices_with_racing_threads() {
     use std::sync::atomic::{AtomicUsize, Ordering};
-    use streamalloc::adaptors::{Budget, BudgetResource};
+    use streamalloc::{Budget, BudgetResource};
 
     // Small enough that even one thread alone reaches it (4 held blocks plus
     // up to 3 unreaped frees), so refusals do not depend on scheduling.

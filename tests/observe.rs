@@ -5,12 +5,13 @@
 use std::collections::BTreeMap;
 
 use serde_pickle::{DeOptions, HashableValue, Value};
-use streamalloc::adaptors::{Budget, GuardConfig};
-use streamalloc::builder::ResourceBuilder;
-use streamalloc::observe::{BlockInfoState, OomReport};
+use streamalloc::ResourceBuilder;
 use streamalloc::{
-    AllocTag, AsyncResource, CacheConfig, Device, DeviceMemoryResource, ResourceError, SimGpu,
+    AllocTag, AsyncResource, CacheConfig, Device, DeviceMemoryResource, ResourceError,
+    gpu::sim::SimGpu,
 };
+use streamalloc::{BlockInfoState, OomReport};
+use streamalloc::{Budget, GuardConfig};
 
 const KIB: usize = 1 << 10;
 
@@ -274,7 +275,7 @@ fn a_sync_stack_snapshots_through_the_trait() {
         .build(streamalloc::SimResource::new(&device));
     let s = device.stream(0).unwrap();
     let b = stack.allocate(4 * KIB, s, AllocTag("io")).unwrap();
-    let mut snap = streamalloc::observe::MemorySnapshot::new(0);
+    let mut snap = streamalloc::MemorySnapshot::new(0);
     stack.snapshot_into(&mut snap);
     assert_eq!(snap.blocks.len(), 1, "every decorator forwards");
     assert_eq!(snap.budgets.len(), 1);
@@ -284,7 +285,7 @@ fn a_sync_stack_snapshots_through_the_trait() {
     // gone; at one instant, so with the bytes outstanding.
     let c = stack.allocate(8 * KIB, s, AllocTag("io")).unwrap();
     stack.deallocate(b).unwrap();
-    let mut snap = streamalloc::observe::MemorySnapshot::new(0);
+    let mut snap = streamalloc::MemorySnapshot::new(0);
     stack.snapshot_into(&mut snap);
     assert_eq!(snap.blocks.len(), 1);
     assert_eq!(snap.pending_frees.len(), 1);
@@ -295,7 +296,7 @@ fn a_sync_stack_snapshots_through_the_trait() {
     assert_eq!(stack.bytes_outstanding(), 12 * KIB);
     stack.deallocate(c).unwrap();
     stack.reap_pending().unwrap();
-    let mut snap = streamalloc::observe::MemorySnapshot::new(0);
+    let mut snap = streamalloc::MemorySnapshot::new(0);
     stack.snapshot_into(&mut snap);
     assert!(snap.blocks.is_empty() && snap.pending_frees.is_empty());
 }

@@ -5,13 +5,13 @@
 use std::time::Duration;
 
 use serde_pickle::{DeOptions, HashableValue, Value};
-use streamalloc::adaptors::Budget;
-use streamalloc::builder::ResourceBuilder;
-use streamalloc::observe::{
+use streamalloc::Budget;
+use streamalloc::ResourceBuilder;
+use streamalloc::{AllocTag, AsyncResource, CacheConfig, Device, ResourceError, gpu::sim::SimGpu};
+use streamalloc::{
     MemoryAction, clear_memory_history, memory_history, memory_history_capacity,
     record_memory_history,
 };
-use streamalloc::{AllocTag, AsyncResource, CacheConfig, Device, ResourceError, SimGpu};
 
 const KIB: usize = 1 << 10;
 

@@ -11,14 +11,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use streamalloc::adaptors::{DebugGuard, GuardConfig, Poison, TracingResource};
-use streamalloc::futures::AsyncResource;
+use streamalloc::AsyncResource;
 use streamalloc::gpu::Gpu;
 use streamalloc::gpu::sim::SimGpu;
 use streamalloc::{
     Access, AllocTag, BlockId, BlockState, DeviceBlock, DeviceMemoryResource, ResourceResult,
     SimResource, StreamId,
 };
+use streamalloc::{DebugGuardResource, GuardConfig, Poison, TracingResource};
 
 const T: AllocTag = AllocTag("panics");
 /// How long a test waits for something that must happen before calling it
@@ -92,7 +92,7 @@ fn a_panicking_poison_fill_leaves_the_block_live() {
         }
     }
     let f = common::sim(1);
-    let guard = DebugGuard::new(
+    let guard = DebugGuardResource::new(
         f.resource.clone(),
         GuardConfig::new().poison(Panicky(AtomicUsize::new(0))),
     );

@@ -11,13 +11,13 @@ use std::time::Duration;
 
 use common::{CountingWaker, poll_once};
 
-use streamalloc::buffer::Buffer;
-use streamalloc::error::DriverCall;
-use streamalloc::futures::{AsyncResource, Behind, EventFuture, WaitPolicy};
+use streamalloc::Buffer;
+use streamalloc::DriverCall;
 use streamalloc::gpu::sim::{MemAccess, SimGpu};
 use streamalloc::{
     Access, AllocTag, CachingResource, Device, DeviceMemoryResource, SimResource, StreamId,
 };
+use streamalloc::{AsyncResource, Behind, EventFuture, WaitPolicy};
 
 const TAG: AllocTag = AllocTag("request");
 
@@ -359,9 +359,9 @@ async fn memory_freed_before_its_completion_is_not_handed_over_unordered() {
 /// not pass it on: its free is a plain one.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_completed_proof_passes_through_the_adaptors() {
-    use streamalloc::adaptors::Budget;
-    use streamalloc::builder::ResourceBuilder;
-    use streamalloc::cache::CacheConfig;
+    use streamalloc::Budget;
+    use streamalloc::CacheConfig;
+    use streamalloc::ResourceBuilder;
 
     let gpu = SimGpu::builder()
         .op_latency(Duration::from_millis(5))

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use streamalloc::futures::AsyncResource;
+use streamalloc::AsyncResource;
 use streamalloc::{
     Access, AllocTag, Buffer, CacheConfig, CudaBuffer, Device, ResourceBuilder, ResourceError,
     ResourceResult, StreamId,

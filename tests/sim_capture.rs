@@ -4,9 +4,9 @@
 
 use std::sync::Arc;
 
+use streamalloc::Access;
 use streamalloc::gpu::sim::{MemAccess, RaceKind, SimGpu};
 use streamalloc::gpu::{CaptureMode, CaptureStatus, Gpu, GpuError, Graph, capture_code};
-use streamalloc::types::Access;
 
 fn manual() -> Arc<SimGpu> {
     SimGpu::builder().manual().build()
@@ -343,18 +343,18 @@ fn a_wait_across_two_captures_fails_and_invalidates_the_waiting_one() {
 /// `Graph::end_capture` on the simulator, whose checked calls need no
 /// proof.
 trait EndCaptureSim {
-    fn end_capture_sim(gpu: &Arc<SimGpu>, s: streamalloc::gpu::RawStream) -> Graph<SimGpu>;
+    fn end_capture_sim(gpu: &Arc<SimGpu>, s: streamalloc::RawStream) -> Graph<SimGpu>;
 }
 
 impl EndCaptureSim for Graph<SimGpu> {
-    fn end_capture_sim(gpu: &Arc<SimGpu>, s: streamalloc::gpu::RawStream) -> Graph<SimGpu> {
+    fn end_capture_sim(gpu: &Arc<SimGpu>, s: streamalloc::RawStream) -> Graph<SimGpu> {
         // SAFETY: `s` is a stream of `gpu`, created above and not destroyed.
         unsafe { Graph::end_capture(gpu, s) }.unwrap()
     }
 }
 
 /// A graph writing `target`, captured on `s` and instantiated.
-fn writer(gpu: &Arc<SimGpu>, s: streamalloc::gpu::RawStream, target: u64) -> Graph<SimGpu> {
+fn writer(gpu: &Arc<SimGpu>, s: streamalloc::RawStream, target: u64) -> Graph<SimGpu> {
     gpu.begin_capture(s, CaptureMode::Relaxed).unwrap();
     gpu.launch_kernel(s, &[write(target)]).unwrap();
     Graph::end_capture_sim(gpu, s)

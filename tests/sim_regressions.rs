@@ -231,8 +231,8 @@ fn dropping_a_threaded_device_stops_its_thread() {
 #[cfg_attr(miri, ignore = "5,000 resources, each with a watchdog thread")]
 fn async_resources_built_and_dropped_leave_no_stream_behind() {
     use std::sync::Arc;
+    use streamalloc::AsyncResource;
     use streamalloc::SimResource;
-    use streamalloc::futures::AsyncResource;
 
     let gpu = SimGpu::builder().manual().build();
     let device = streamalloc::Device::simulated(&gpu, 1);

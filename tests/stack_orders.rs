@@ -22,13 +22,13 @@
 
 use std::sync::Arc;
 
-use streamalloc::adaptors::{Budget, GuardConfig};
-use streamalloc::cache::CacheConfig;
+use streamalloc::CacheConfig;
 use streamalloc::gpu::sim::{MemAccess, SimGpu};
 use streamalloc::{
     Access, AllocTag, Device, DeviceBlock, DeviceMemoryResource, ResourceBuilder, ResourceError,
     SimResource, StreamId, StreamPool,
 };
+use streamalloc::{Budget, GuardConfig};
 
 const T: AllocTag = AllocTag("orders");
 /// The device's memory.
@@ -195,7 +195,7 @@ impl Rig {
         Ok(())
     }
 
-    fn raw(&self, stream: usize) -> streamalloc::gpu::RawStream {
+    fn raw(&self, stream: usize) -> streamalloc::RawStream {
         self.pool.raw(self.streams[stream]).unwrap()
     }
 }

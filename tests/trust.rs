@@ -8,10 +8,10 @@ mod common;
 
 use std::sync::Arc;
 
-use streamalloc::buffer::Buffer;
-use streamalloc::builder::ResourceBuilder;
-use streamalloc::cache::CacheConfig;
-use streamalloc::futures::AsyncResource;
+use streamalloc::AsyncResource;
+use streamalloc::Buffer;
+use streamalloc::CacheConfig;
+use streamalloc::ResourceBuilder;
 use streamalloc::gpu::sim::SimGpu;
 use streamalloc::{
     Access, AllocTag, DeviceBlock, DeviceMemoryResource, ResourceError, ResourceResult,
@@ -165,11 +165,11 @@ fn refused_by<R: DeviceMemoryResource + 'static>(
     foreign(res.inner().capture_status(bad).map(drop), "capture_status");
     foreign(
         res.inner()
-            .release_capture(streamalloc::gpu::CaptureId::new(1 << 40), bad),
+            .release_capture(streamalloc::CaptureId::new(1 << 40), bad),
         "release_capture",
     );
     foreign(
-        res.release_capture(streamalloc::gpu::CaptureId::new(1 << 40), bad),
+        res.release_capture(streamalloc::CaptureId::new(1 << 40), bad),
         "AsyncResource::release_capture",
     );
     foreign(

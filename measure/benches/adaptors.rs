@@ -6,12 +6,12 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use streamalloc::adaptors::{
-    Budget, BudgetResource, DebugGuard, GuardConfig, RetryOnOom, Stats, StatsResource,
-    TracingResource,
-};
 use streamalloc::gpu::sim::SimGpu;
 use streamalloc::{AllocTag, Device, DeviceMemoryResource, ResourceBuilder, SimResource, StreamId};
+use streamalloc::{
+    Budget, BudgetResource, DebugGuardResource, GuardConfig, RetryOnOomResource, Stats,
+    StatsResource, TracingResource,
+};
 
 fn sim() -> (SimResource, StreamId) {
     let device = Device::simulated(&SimGpu::new(), 1);
@@ -46,11 +46,16 @@ fn adaptors(c: &mut Criterion) {
         s,
     );
     let (r, s) = sim();
-    pair(c, "retry_on_oom", RetryOnOom::new(r), s);
+    pair(c, "retry_on_oom", RetryOnOomResource::new(r), s);
     let (r, s) = sim();
     pair(c, "tracing/no-subscriber", TracingResource::new(r), s);
     let (r, s) = sim();
-    pair(c, "debug_guard", DebugGuard::new(r, GuardConfig::new()), s);
+    pair(
+        c,
+        "debug_guard",
+        DebugGuardResource::new(r, GuardConfig::new()),
+        s,
+    );
     let (r, s) = sim();
     let stack = ResourceBuilder::new()
         .tracing()

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 
-use streamalloc::futures::AsyncResource;
+use streamalloc::AsyncResource;
 use streamalloc::gpu::sim::SimGpu;
 use streamalloc::{AllocTag, DeviceBlock, DeviceMemoryResource};
 use streamalloc::{Device, StreamOrderedResource};
@@ -170,7 +170,7 @@ fn queued(
     waiters: usize,
 ) -> (
     AsyncResource<StreamOrderedResource<SimGpu>>,
-    Vec<streamalloc::futures::AllocFuture>,
+    Vec<streamalloc::AllocFuture>,
 ) {
     const BLOCK: usize = 1 << 20;
     let gpu = SimGpu::builder().manual().capacity(BLOCK).build();

@@ -17,6 +17,21 @@ MODEL is one of:
 - `resnet_train`: a ResNet-50 (bottleneck blocks, channels-last, AMP with a
   gradient scaler) trained with SGD at batch 48 on 224 x 224 images;
   cuDNN's workspaces come through the allocator too.
+- `gpt2_serve8`: GPT-2 medium (24 layers, d 1024, fp16) serving 48
+  requests on 8 streams: each stream holds one request at a time (batch
+  1-8, prompt 16-512, 16-96 new tokens) and the decode steps go round
+  robin over the streams from one thread, as a continuous-batching server
+  without batching does; each request's key/value cache grows by
+  `torch.cat` on its own stream, and a finished request's stream takes the
+  next one.
+- `gpt2_train_side`: GPT-2 small trained with AdamW under bf16 autocast
+  (batch 8, sequence 128-512): inputs copied on a data stream and handed
+  over with `record_stream`; each gradient, as backward produces it, is
+  copied into a flat bucket on a gradient stream (as DDP's all-reduce
+  buckets are), scaled there (the stand-in for the all-reduce) and copied
+  back before the optimizer step.
+- `llama_serve4`: the `llama_infer` decoder in bf16 serving 32 requests on
+  4 streams round robin (batch 1-16, prompts 16-768, 8-64 new tokens).
 
 The recorder is PyTorch's own (`torch.cuda.memory._record_memory_history`):
 each `alloc` and `free_requested` event of the device trace becomes an `a`
@@ -204,7 +219,161 @@ def resnet_train(rng):
     torch.cuda.synchronize()
 
 
-MODELS = {"llama_infer": llama_infer, "bert_train": bert_train, "resnet_train": resnet_train}
+# ---------------------------------------------------------------- multi-stream
+class GPT2Block(nn.Module):
+    def __init__(self, d, h):
+        super().__init__()
+        self.h = h
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x, past):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
+        q, k, v = (z.view(b, t, self.h, d // self.h).transpose(1, 2) for z in (q, k, v))
+        if past is not None:
+            k, v = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=past is None)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
+        x = x + self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+        return x, (k, v)
+
+
+class GPT2(nn.Module):
+    def __init__(self, vocab=50257, d=768, layers=12, heads=12, n_pos=1024):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(n_pos, d)
+        self.blocks = nn.ModuleList(GPT2Block(d, heads) for _ in range(layers))
+        self.ln = nn.LayerNorm(d)
+
+    def forward(self, ids, past=None, last_only=False):
+        start = 0 if past is None else past[0][0].shape[2]
+        pos = torch.arange(start, start + ids.shape[1], device=ids.device)
+        x = self.wte(ids) + self.wpe(pos)
+        new = []
+        for i, blk in enumerate(self.blocks):
+            x, c = blk(x, None if past is None else past[i])
+            new.append(c)
+        if last_only:
+            x = x[:, -1:, :]
+        return self.ln(x) @ self.wte.weight.T, new
+
+
+def serve_round_robin(n_streams, requests, prefill, decode):
+    """Serves `requests` (a list of plans) on `n_streams` streams, one
+    request per stream at a time, decode steps round robin from one thread."""
+    streams = [torch.cuda.Stream() for _ in range(n_streams)]
+    torch.cuda.synchronize()
+    queue = list(requests)
+    active = [None] * n_streams
+    while queue or any(a is not None for a in active):
+        for i, s in enumerate(streams):
+            with torch.cuda.stream(s):
+                if active[i] is None and queue:
+                    plan = queue.pop(0)
+                    active[i] = [plan, 0] + list(prefill(plan))
+                a = active[i]
+                if a is None:
+                    continue
+                plan, done = a[0], a[1]
+                if done >= plan[-1]:
+                    active[i] = None
+                    continue
+                a[2], a[3] = decode(plan, done, a[2], a[3])
+                a[1] += 1
+    torch.cuda.synchronize()
+
+
+def gpt2_serve8(rng):
+    model = GPT2(d=1024, layers=24, heads=16).to(DEV, torch.float16).eval()
+    plans = [(rng.randint(1, 8), rng.randint(16, 512), rng.randint(16, 96)) for _ in range(48)]
+
+    def prefill(plan):
+        b, p, _ = plan
+        ids = torch.randint(0, 50257, (b, p), device=DEV)
+        return model(ids, None, last_only=True)
+
+    def decode(plan, step, logits, past):
+        nxt = logits[:, -1, :].argmax(-1, keepdim=True)
+        return model(nxt, past)
+
+    with torch.inference_mode():
+        serve_round_robin(8, plans, prefill, decode)
+
+
+def llama_serve4(rng):
+    model = Llama().to(DEV, torch.bfloat16).eval()
+    plans = [(rng.randint(1, 16), rng.randint(16, 768), rng.randint(8, 64)) for _ in range(32)]
+
+    def prefill(plan):
+        b, p, _ = plan
+        ids = torch.randint(0, 32000, (b, p), device=DEV)
+        return model(ids, 0, None)
+
+    def decode(plan, step, logits, caches):
+        nxt = logits[:, -1, :].argmax(-1, keepdim=True)
+        return model(nxt, plan[1] + step, caches)
+
+    with torch.inference_mode():
+        serve_round_robin(4, plans, prefill, decode)
+
+
+def gpt2_train_side(rng):
+    model = GPT2().to(DEV).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    data, grads = torch.cuda.Stream(), torch.cuda.Stream()
+    params = [p for p in model.parameters() if p.requires_grad]
+    bucket_bytes = 25 * 2**20
+    pending = []
+
+    def ready(p):
+        # DDP-style: a gradient joins a bucket on the gradient stream as
+        # soon as backward produced it; a full bucket is "reduced" there.
+        grads.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(grads):
+            pending.append(p)
+            if sum(q.grad.numel() * q.grad.element_size() for q in pending) >= bucket_bytes:
+                flush()
+
+    def flush():
+        if not pending:
+            return
+        flat = torch.cat([q.grad.reshape(-1) for q in pending])
+        flat.mul_(0.5)
+        off = 0
+        for q in pending:
+            n = q.grad.numel()
+            q.grad.copy_(flat[off:off + n].view_as(q.grad))
+            off += n
+        pending.clear()
+
+    hooks = [p.register_post_accumulate_grad_hook(ready) for p in params]
+    for _ in range(8):
+        b, t = 8, 128 * rng.randint(1, 4)
+        host = torch.randint(0, 50257, (2, b, t)).pin_memory()
+        with torch.cuda.stream(data):
+            both = host.to(DEV, non_blocking=True)
+        torch.cuda.current_stream().wait_stream(data)
+        both.record_stream(torch.cuda.current_stream())
+        ids, labels = both[0], both[1]
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits, _ = model(ids)
+            loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.reshape(-1))
+        loss.backward()
+        with torch.cuda.stream(grads):
+            flush()
+        torch.cuda.current_stream().wait_stream(grads)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        del both, ids, labels, logits, loss
+    for h in hooks:
+        h.remove()
+    torch.cuda.synchronize()
+
+
+MODELS = {"llama_infer": llama_infer, "bert_train": bert_train, "resnet_train": resnet_train,
+          "gpt2_serve8": gpt2_serve8, "gpt2_train_side": gpt2_train_side, "llama_serve4": llama_serve4}
 
 
 def convert(entries, out):

@@ -37,9 +37,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use streamalloc::DriverCall;
-use streamalloc::gpu::{
-    Gpu, GpuResult, HeldMemory, HostFn, HostMemory, RawEvent, RawPhysical, RawStream,
-};
+use streamalloc::RawStream;
+use streamalloc::gpu::{Gpu, GpuResult, HeldMemory, HostFn, HostMemory, RawEvent, RawPhysical};
 
 const KINDS: usize = DriverCall::ALL.len();
 

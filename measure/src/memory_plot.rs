@@ -1,12 +1,12 @@
 //! A PNG of the memory each tag held over time, from the memory history
-//! (`streamalloc::observe`): one line per tag, the bytes its callers held
+//! (`streamalloc::record_memory_history`): one line per tag, the bytes its callers held
 //! (allocated and not yet handed back) after each event, drawn with
 //! plotters beside the trace plots (`trace::plot`, same font handling).
 
 use std::path::Path;
 
 use plotters::prelude::*;
-use streamalloc::observe::{MemoryAction, MemoryEvent};
+use streamalloc::{MemoryAction, MemoryEvent};
 
 const MIB: f64 = (1u64 << 20) as f64;
 const COLORS: [RGBColor; 6] = [

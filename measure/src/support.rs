@@ -11,8 +11,8 @@
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use streamalloc::cache::CachingResource;
-use streamalloc::error::DriverCall;
+use streamalloc::CachingResource;
+use streamalloc::DriverCall;
 use streamalloc::gpu::cuda::CudaGpu;
 use streamalloc::gpu::sim::SimGpu;
 use streamalloc::gpu::{Gpu, GpuError, GpuResult, HostFn, RawEvent, RawPhysical};
@@ -213,7 +213,7 @@ unsafe impl Gpu for NullGpu {
             Some(handles) => handles.event_create(),
             None => Err(GpuError::driver(
                 DriverCall::EventCreate,
-                streamalloc::error::driver_code::NOT_SUPPORTED,
+                streamalloc::gpu::driver_code::NOT_SUPPORTED,
                 "the null backend has no events",
             )),
         }

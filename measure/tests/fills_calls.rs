@@ -15,11 +15,11 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use streamalloc::error::DriverCall;
-use streamalloc::futures::{AsyncResource, WaitPolicy};
+use streamalloc::DriverCall;
 use streamalloc::gpu::Gpu;
 use streamalloc::gpu::sim::SimGpu;
 use streamalloc::{AllocTag, Device, StreamOrderedResource};
+use streamalloc::{AsyncResource, WaitPolicy};
 use streamalloc_measure::calls::{CallCounts, CountingGpu};
 use streamalloc_measure::service::fills::Point;
 

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use streamalloc::futures::AsyncResource;
+use streamalloc::AsyncResource;
 use streamalloc::{CachingResource, Device, StreamOrderedResource};
 use streamalloc_measure::service::cuda_model::CudaModel;
 use streamalloc_measure::service::{Dims, cudarc_way, streamalloc_way};

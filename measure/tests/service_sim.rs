@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use streamalloc::futures::AsyncResource;
+use streamalloc::AsyncResource;
 use streamalloc::gpu::sim::{MemAccess, SimGpu};
 use streamalloc::gpu::{Gpu, GpuResult};
 use streamalloc::{

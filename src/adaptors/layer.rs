@@ -6,7 +6,7 @@
 //! many resources, for instance one per device.
 //!
 //! [`Stack`] nests two layers and [`Identity`] is the empty one; the
-//! [`ResourceBuilder`](crate::builder::ResourceBuilder) is a thin wrapper
+//! [`ResourceBuilder`](crate::ResourceBuilder) is a thin wrapper
 //! that grows a `Stack` one layer at a time, as tower's `ServiceBuilder` does.
 
 #![forbid(unsafe_code)]
@@ -15,7 +15,7 @@
 ///
 /// # Examples
 /// ```
-/// use streamalloc::adaptors::{Layer, StatsLayer};
+/// use streamalloc::{Layer, StatsLayer};
 /// use streamalloc::gpu::sim::SimGpu;
 /// use streamalloc::{Device, AllocTag, DeviceMemoryResource, SimResource};
 ///
@@ -69,7 +69,7 @@ impl<R> Layer<R> for Identity {
 /// # Order
 /// `inner` wraps the resource first and so sees every call last; `outer`
 /// sees every call first. See the
-/// [builder's `# Order` section](crate::builder::ResourceBuilder#order) for
+/// [builder's `# Order` section](crate::ResourceBuilder#order) for
 /// why the order changes behaviour.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Stack<Inner, Outer> {

@@ -14,17 +14,22 @@
 //! feature (a budget settles after a release; a debug guard does not
 //! quarantine a block freed in a capture, which belongs to the graph):
 //!
-//! | adaptor | changes | module |
-//! | --- | --- | --- |
-//! | [`BudgetResource`] | refuses allocations past a shared [`Budget`] | [`budget`] |
-//! | [`DebugGuard`] | quarantines freed blocks, catches double free | [`debug_guard`] |
-//! | [`StatsResource`] | counts bytes and blocks per tag | [`stats`] |
-//! | [`TracingResource`] | emits `tracing` events | [`trace`] |
-//! | [`RetryOnOom`] | reaps and retries once when memory is short | [`retry`] |
+//! | decorator | its layer | changes | folder |
+//! | --- | --- | --- | --- |
+//! | [`BudgetResource`] | [`BudgetLayer`] | refuses allocations past a shared [`Budget`] | `budget/` |
+//! | [`DebugGuardResource`] | [`DebugGuardLayer`] | quarantines freed blocks, catches double free | `debug_guard/` |
+//! | [`StatsResource`] | [`StatsLayer`] | counts bytes and blocks per tag | `stats/` |
+//! | [`TracingResource`] | [`TracingLayer`] | emits `tracing` events | `trace/` |
+//! | [`RetryOnOomResource`] | [`RetryOnOomLayer`] | reaps and retries once when memory is short | `retry/` |
+//!
+//! One naming scheme: the decorator is `…Resource` (as the cache's
+//! [`CachingResource`](crate::CachingResource), built by [`CachingLayer`]),
+//! the [`Layer`] that builds it `…Layer`, and a handle shared by several
+//! stacks carries the concept's plain name ([`Budget`], [`Stats`]).
 //!
 //! Every adaptor comes with a [`Layer`] that builds it, so that stacks are
 //! types: [`Stack`] nests two layers, [`Identity`] is the empty one, and
-//! [`ResourceBuilder`](crate::builder::ResourceBuilder) grows a stack one
+//! [`ResourceBuilder`](crate::ResourceBuilder) grows a stack one
 //! call at a time.
 //!
 //! A failed call of any adaptor changes nothing, in the adaptor or below.
@@ -32,21 +37,21 @@
 // `GpuPoison` is the one unsafe item (see `debug_guard::poison`).
 #![deny(unsafe_code)]
 
-pub mod budget;
-mod cache_layer;
-pub mod debug_guard;
+mod budget;
+mod caching_layer;
+mod debug_guard;
 mod layer;
-pub mod retry;
-pub mod stats;
-pub mod trace;
+mod retry;
+mod stats;
+mod trace;
 
-pub use budget::{Budget, BudgetLayer, BudgetResource, Reservation};
-pub use cache_layer::CacheLayer;
-pub use debug_guard::{DebugGuard, DebugGuardLayer, GpuPoison, GuardConfig, Poison};
+pub use budget::{Budget, BudgetLayer, BudgetReservation, BudgetResource};
+pub use caching_layer::CachingLayer;
+pub use debug_guard::{DebugGuardLayer, DebugGuardResource, GpuPoison, GuardConfig, Poison};
 pub use layer::{Identity, Layer, Stack};
-pub use retry::{RetryOnOom, RetryOnOomLayer};
+pub use retry::{RetryOnOomLayer, RetryOnOomResource};
 pub use stats::{Counts, Stats, StatsLayer, StatsResource, StatsSnapshot, WaitOutcome};
-pub use trace::{TracingLayer, TracingResource};
+pub use trace::{ALLOC_TARGET, TracingLayer, TracingResource};
 
 #[cfg(doc)]
 use crate::DeviceMemoryResource;

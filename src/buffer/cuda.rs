@@ -102,7 +102,7 @@ fn arg_ref<'b>(
 /// ```no_run
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use std::sync::Arc;
-/// use streamalloc::buffer::CudaBuffer;
+/// use streamalloc::CudaBuffer;
 /// use streamalloc::{AllocTag, AsyncCudaResource, Device};
 ///
 /// let device = Device::open_cuda(0, 2)?;

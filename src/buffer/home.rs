@@ -3,7 +3,7 @@
 //!
 //! [`BufferHome`] is object safe, so that one [`Buffer`](super::Buffer) type
 //! serves every resource: a synchronous resource or adaptor stack
-//! ([`SyncHome`]), or an [`AsyncResource`](crate::futures::AsyncResource), whose frees reach the
+//! ([`SyncHome`]), or an [`AsyncResource`](crate::AsyncResource), whose frees reach the
 //! accounting through completion notifications, without a synchronize.
 
 use std::sync::Arc;
@@ -92,9 +92,9 @@ impl<G: Gpu> BufferHome for StreamOrderedResource<G> {
     }
 }
 
-/// An [`AsyncResource`](crate::futures::AsyncResource)'s buffers hold its core (shared, no allocation of
+/// An [`AsyncResource`](crate::AsyncResource)'s buffers hold its core (shared, no allocation of
 /// their own), whose `inner` is the same resource, erased; their frees go
-/// through the notifications as [`AsyncResource::deallocate`](crate::futures::AsyncResource::deallocate)'s do.
+/// through the notifications as [`AsyncResource::deallocate`](crate::AsyncResource::deallocate)'s do.
 impl BufferHome for Core {
     fn gpu(&self) -> &dyn Gpu {
         &*self.gpu

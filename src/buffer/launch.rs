@@ -30,7 +30,7 @@ use crate::types::{Access, DeviceBlock, RawStream, StreamId};
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use std::sync::Arc;
-/// use streamalloc::futures::AsyncResource;
+/// use streamalloc::AsyncResource;
 /// use streamalloc::gpu::sim::SimGpu;
 /// use streamalloc::{Device, AllocTag, SimResource};
 ///

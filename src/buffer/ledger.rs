@@ -39,7 +39,7 @@
 
 use std::sync::Arc;
 
-use crate::sync::{Mutex, MutexGuard};
+use crate::util::sync::{Mutex, MutexGuard};
 
 use super::home::BufferHome;
 use crate::error::{ResourceError, ResourceResult};

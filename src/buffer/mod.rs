@@ -7,7 +7,7 @@
 //! (a task cancelled at an await, a panic, a `?`), it queues its
 //! stream-ordered free after every use recorded on it, and the bytes come
 //! back through the resource's accounting (for an
-//! [`AsyncResource`](crate::futures::AsyncResource), through completion
+//! [`AsyncResource`](crate::AsyncResource), through completion
 //! notifications, with no synchronize).
 //!
 //! # Uses, and how they are ordered

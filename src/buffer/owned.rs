@@ -22,7 +22,7 @@ use crate::types::{AllocTag, BlockId, DeviceBlock, StreamId};
 /// its stream-ordered free after every use recorded on it.
 ///
 /// A `Buffer` comes from an awaiting allocation
-/// ([`AsyncResource::allocate_buffer`](crate::futures::AsyncResource::allocate_buffer))
+/// ([`AsyncResource::allocate_buffer`](crate::AsyncResource::allocate_buffer))
 /// or a plain one ([`StreamOrderedResource::allocate_buffer`](crate::StreamOrderedResource::allocate_buffer),
 /// [`Buffer::allocate_in`]). It holds its block and a handle on its
 /// resource, so a task cancelled at any await, a panic or a `?` frees it as
@@ -32,7 +32,7 @@ use crate::types::{AllocTag, BlockId, DeviceBlock, StreamId};
 /// Uses on streams go through guards ([`read_on`](Self::read_on),
 /// [`write_on`](Self::write_on)), the safe helpers
 /// ([`fill_bytes_on`](Self::fill_bytes_on), [`copy_from_on`](Self::copy_from_on)),
-/// a launch ([`AsyncResource::launch`](crate::futures::AsyncResource::launch)),
+/// a launch ([`AsyncResource::launch`](crate::AsyncResource::launch)),
 /// or, on CUDA, cudarc itself ([`CudaBuffer`](super::CudaBuffer)).
 ///
 /// # Examples
@@ -40,7 +40,7 @@ use crate::types::{AllocTag, BlockId, DeviceBlock, StreamId};
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), streamalloc::ResourceError> {
 /// use std::sync::Arc;
-/// use streamalloc::futures::AsyncResource;
+/// use streamalloc::AsyncResource;
 /// use streamalloc::gpu::sim::SimGpu;
 /// use streamalloc::{Device, AllocTag, SimResource};
 ///
@@ -164,7 +164,7 @@ impl<T> Buffer<T> {
     }
 
     /// The block's id (for the resource's hooks and statistics). Uses
-    /// begun through an [`AsyncResource`](crate::futures::AsyncResource)'s
+    /// begun through an [`AsyncResource`](crate::AsyncResource)'s
     /// hooks keep the buffer's free ordered after them; a use begun on its
     /// inner resource directly is outside what the buffer can see.
     pub fn id(&self) -> BlockId {
@@ -178,7 +178,7 @@ impl<T> Buffer<T> {
 
     /// The block, to read its address, size or tag. Using the address
     /// directly bypasses the ordering: prefer the guards, or use it inside
-    /// a declared launch ([`AsyncResource::launch`](crate::futures::AsyncResource::launch)).
+    /// a declared launch ([`AsyncResource::launch`](crate::AsyncResource::launch)).
     /// Work queued with the address outside any declared use is not
     /// ordered against the buffer's free, not even on the buffer's own
     /// stream: once the buffer's last declared launch has completed, its

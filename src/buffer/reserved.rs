@@ -34,7 +34,7 @@ impl<R: DeviceMemoryResource + ?Sized + 'static> AsyncResource<R> {
     /// # Errors
     /// [`SizeOverflow`](crate::ResourceError::SizeOverflow) when a length
     /// overflows `usize` bytes; otherwise as
-    /// [`ReserveFuture`](crate::futures::ReserveFuture) (a zero length is
+    /// [`ReserveFuture`](crate::ReserveFuture) (a zero length is
     /// an [`EmptyReservation`](crate::ResourceError::EmptyReservation)).
     /// Nothing is held after an error.
     ///

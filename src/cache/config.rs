@@ -4,7 +4,7 @@
 ///
 /// # Examples
 /// ```
-/// use streamalloc::cache::CacheConfig;
+/// use streamalloc::CacheConfig;
 ///
 /// let config = CacheConfig::default()
 ///     .max_cached_bytes(1 << 30)

@@ -54,7 +54,7 @@
 //!   touches stay mapped, idle, until reused in place or given back.
 //!   [`deallocate_completed`](crate::DeviceMemoryResource::deallocate_completed)
 //!   (an owned buffer dropped after the completion of its last launch
-//!   settled, through [`AsyncResource`](crate::futures::AsyncResource))
+//!   settled, through [`AsyncResource`](crate::AsyncResource))
 //!   puts it back **clean**: the GPU is done with it, so every stream
 //!   takes it as it is, with no fence and no borrow. A service whose
 //!   requests await their work before dropping their buffers never makes
@@ -222,7 +222,6 @@ mod slab;
 mod snapshot;
 mod stats;
 
-pub use crate::types::{SleepMode, SleepPlan};
 pub use config::CacheConfig;
 pub use resource::CachingResource;
 pub use size_class::{MIN_CLASS_SIZE, SizeClass};

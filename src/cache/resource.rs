@@ -19,7 +19,7 @@ use super::stats::CacheStats;
 use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::{CaptureId, CaptureStatus};
 use crate::resource::DeviceMemoryResource;
-use crate::types::SleepPlan;
+use crate::resource::SleepPlan;
 use crate::types::{
     Access, AllocTag, BlockId, BlockState, CompletedUses, DeviceBlock, ResourceId, StreamId,
 };
@@ -44,8 +44,8 @@ use crate::types::{
 ///
 /// # Examples
 /// ```
-/// use streamalloc::cache::CachingResource;
-/// use streamalloc::error::DriverCall;
+/// use streamalloc::CachingResource;
+/// use streamalloc::DriverCall;
 /// use streamalloc::gpu::sim::SimGpu;
 /// use streamalloc::{Device, AllocTag, DeviceMemoryResource, SimResource};
 ///
@@ -249,7 +249,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
     /// Puts the blocks of the tags `plan` names to sleep and gives their
     /// physical memory back to the device, keeping their addresses: each
     /// block's stream first waits for its uses on other streams, then an
-    /// [`Offload`](super::SleepMode::Offload) block is copied to pinned host
+    /// [`Offload`](crate::SleepMode::Offload) block is copied to pinned host
     /// memory; once the host saw that work complete, the mappings under
     /// the blocks are unmapped and released, and idle cached mappings the
     /// GPU is done with go too. [`wake`](Self::wake) maps memory at the
@@ -258,7 +258,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
     ///
     /// This call waits for that work, parking the thread (never call it
     /// from inside a poll); async code awaits
-    /// [`AsyncResource::sleep`](crate::futures::AsyncResource::sleep)
+    /// [`AsyncResource::sleep`](crate::AsyncResource::sleep)
     /// instead, which waits for the same fact without blocking.
     ///
     /// # Errors
@@ -320,15 +320,15 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
 
     /// Wakes the sleep in effect: maps new physical memory at the sleeping
     /// blocks' addresses and queues, on each block's stream, its restore
-    /// (the copy back from host of an [`Offload`](super::SleepMode::Offload)
-    /// block, the fill of a [`Zero`](super::SleepMode::Zero) one); the blocks are
+    /// (the copy back from host of an [`Offload`](crate::SleepMode::Offload)
+    /// block, the fill of a [`Zero`](crate::SleepMode::Zero) one); the blocks are
     /// usable at once (a use on the block's stream follows the restore in
     /// stream order, a use elsewhere waits for it). Returns the streams
     /// the restores were queued on. Blocks freed while asleep are not
     /// restored. The pinned host memory is freed once a query shows the
     /// copies back complete, at the next
     /// [`settle_sleep`](Self::settle_sleep) or sleep after that (or when
-    /// the cache goes); [`AsyncResource::wake`](crate::futures::AsyncResource::wake)
+    /// the cache goes); [`AsyncResource::wake`](crate::AsyncResource::wake)
     /// awaits the restores and frees it.
     ///
     /// # Errors
@@ -390,7 +390,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
             return first;
         }
         if self.arena.is_some() {
-            let waits: &[bool] = if crate::poll_scope::in_poll() {
+            let waits: &[bool] = if crate::util::poll_scope::in_poll() {
                 &[false]
             } else {
                 &[false, true]
@@ -676,12 +676,12 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R>
     /// on a stream, so only once the GPU is done with its pages: outside a
     /// poll of the crate's futures this waits for the arena's fences (as
     /// the out-of-memory path does), so that a
-    /// [`BudgetResource`](crate::adaptors::BudgetResource) dropped above the
+    /// [`BudgetResource`](crate::BudgetResource) dropped above the
     /// cache gets every idle byte back; inside one it gives back what the
     /// GPU has already finished with.
     fn release_idle(&self) -> ResourceResult<usize> {
         let trimmed = self.trim()?;
-        let unmapped = self.reclaim_mapped(!crate::poll_scope::in_poll());
+        let unmapped = self.reclaim_mapped(!crate::util::poll_scope::in_poll());
         Ok(trimmed + unmapped + self.inner.release_idle()?)
     }
 

@@ -14,7 +14,7 @@
 //! and no shared counter; a stale serial names an older generation and
 //! finds nothing.
 
-use crate::sync::{Mutex, MutexGuard};
+use crate::util::sync::{Mutex, MutexGuard};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use super::arena::placement::Placed;
@@ -56,7 +56,7 @@ pub(crate) struct Mapped {
     /// gives the range straight back to the arena (never kept by the
     /// stream, whose kept blocks are taken back with no check).
     ///
-    /// [`CachingResource::sleep`]: crate::cache::CachingResource::sleep
+    /// [`CachingResource::sleep`]: crate::CachingResource::sleep
     pub(crate) asleep: bool,
     /// Uses begun ([`prepare_block_use`]) and not yet finished: work on
     /// the block may be queued, or about to be, on a stream the lease does

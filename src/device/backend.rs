@@ -17,8 +17,8 @@ use crate::gpu::{
 /// The backend of a [`Device`](crate::Device) opened at run time: a CUDA
 /// device, or the simulated one.
 ///
-/// Every [`Gpu`] call is forwarded by one `match` (see the
-/// [module documentation](crate::device) for its cost).
+/// Every [`Gpu`] call is forwarded by one `match` (the essay of
+/// `src/device/` says what it costs).
 #[non_exhaustive]
 pub enum Backend {
     /// A CUDA device, through cudarc.

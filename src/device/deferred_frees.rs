@@ -14,9 +14,9 @@
 //! buffer's streams, and tried again
 //!
 //! - when a capture begun through the crate on the pool ends
-//!   ([`GraphCapture::end`](crate::graph::GraphCapture::end), or its drop),
+//!   ([`GraphCapture::end`](crate::GraphCapture::end), or its drop),
 //! - at the next drop of a buffer on the pool, and at the next launch of a
-//!   [`CapturedGraph`](crate::graph::CapturedGraph),
+//!   [`CapturedGraph`](crate::CapturedGraph),
 //!
 //! until it is no longer refused for a capture. It is then an ordinary
 //! stream-ordered free (the completion a buffer may have seen before its
@@ -26,7 +26,7 @@
 //! A retry takes the frees out of the list under its lock and puts back,
 //! under it again, those refused again: two threads retrying at once never
 //! free one block twice. A free that fails for another reason is reported
-//! as a buffer's drop error ([`drop_error_count`](crate::buffer::drop_error_count))
+//! as a buffer's drop error ([`drop_error_count`](crate::drop_error_count))
 //! and the block is leaked, as a drop's failed free is.
 //!
 //! # Bounded
@@ -38,8 +38,8 @@
 use std::sync::Arc;
 
 use crate::error::{ResourceError, ResourceResult};
-use crate::sync::{AtomicUsize, Mutex, Ordering};
 use crate::types::DeviceBlock;
+use crate::util::sync::{AtomicUsize, Mutex, Ordering};
 
 /// Where a refused free goes when it is tried again: a buffer's home (the
 /// buffer layer implements it, so that the pool names nothing above it).

@@ -57,7 +57,7 @@
 //! capturing stream, drops it when the block is freed in its capture,
 //! adopts a block from outside a capture freed in it, and settles the
 //! user's free and the release of the graph; the crate's graph
-//! ([`CapturedGraph`](crate::graph::CapturedGraph)) reports each launch;
+//! ([`CapturedGraph`](crate::CapturedGraph)) reports each launch;
 //! a cache reads the last launch's stream. All under one mutex, taken
 //! before any shard lock of the resource (a cache reads it under its own
 //! shard's lock: nothing that holds it calls up into a cache) and never
@@ -84,8 +84,8 @@ use std::collections::HashMap;
 
 use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::{CaptureId, Gpu, RawEvent};
-use crate::sync::{Mutex, MutexGuard};
 use crate::types::{RawStream, StreamId};
+use crate::util::sync::{Mutex, MutexGuard};
 
 /// One allocation a capture made and did not free.
 #[derive(Debug)]
@@ -149,7 +149,7 @@ pub(crate) struct InstanceFrees {
 #[derive(Debug)]
 pub(crate) struct KeptGraphMemory {
     // Guards the map; see "Who changes it". Behind the loom switch with
-    // the rest of the resource layer's state (`crate::sync`).
+    // the rest of the resource layer's state (`crate::util::sync`).
     captures: Mutex<HashMap<CaptureId, Capture>>,
 }
 

@@ -72,7 +72,8 @@ use crate::types::{RawStream, StreamId};
 /// One device: its [`Gpu`] backend and the [`StreamPool`] of its streams.
 ///
 /// `G` defaults to [`Backend`] (CUDA or the simulator, chosen at run time);
-/// see the [module documentation](self) for the constructors. Cloning
+/// [`Device::open`], [`Device::simulated`] and [`Device::new`] make one
+/// (the essay of `src/device/` compares them). Cloning
 /// shares the backend and the streams.
 pub struct Device<G: Gpu = Backend> {
     gpu: Arc<G>,

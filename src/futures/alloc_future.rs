@@ -11,8 +11,8 @@ use super::hold_wait::current_owner;
 use super::waiter::{Attempt, Waiter};
 use crate::error::{ResourceError, ResourceResult};
 use crate::observe::history::{self, MemoryAction, MemoryEvent};
-use crate::poll_scope::PollScope;
 use crate::types::{AllocTag, DeviceBlock, StreamId, Tag};
+use crate::util::poll_scope::PollScope;
 
 /// A future allocation: waits, first come first served, while the device (or
 /// a budget) is full.

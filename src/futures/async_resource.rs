@@ -13,7 +13,9 @@ use super::event_future::EventFuture;
 use super::hold_wait::current_owner;
 use super::wait_policy::WaitPolicy;
 use super::wait_stats::WaitStats;
-use crate::adaptors::{Budget, BudgetResource, DebugGuard, GuardConfig, RetryOnOom};
+use crate::adaptors::{
+    Budget, BudgetResource, DebugGuardResource, GuardConfig, RetryOnOomResource,
+};
 use crate::cache::{CacheConfig, CachingResource};
 use crate::conf::{AllocConf, CONF_ENV, WaitChoice};
 use crate::device::{Device, StreamPool};
@@ -33,7 +35,7 @@ use crate::types::{Access, BlockId, BlockState, CompletedUses, DeviceBlock, Stre
 /// an adaptor stack over one) together with the [`Device`] (backend and
 /// streams) the notifications need. Cloning is cheap and shares everything.
 ///
-/// See the [module documentation](super) for how completions are delivered.
+/// The essay of `src/futures/` says how completions are delivered.
 ///
 /// # Examples
 /// ```
@@ -102,7 +104,7 @@ impl<G: Gpu> AsyncResource<StreamOrderedResource<G>> {
 }
 
 impl AsyncResource<Arc<dyn DeviceMemoryResource>> {
-    /// A stack built from `STREAMALLOC_CONF` alone (the [grammar](crate::conf)):
+    /// A stack built from `STREAMALLOC_CONF` alone (the [grammar](crate::AllocConf::parse)):
     /// configuration without code. From the outside in: a debug guard
     /// (`debug_guard:on`), retry on out-of-memory and a budget
     /// (`budget:BYTES`), the cache (`cache:on`, `cache_max`,
@@ -112,7 +114,7 @@ impl AsyncResource<Arc<dyn DeviceMemoryResource>> {
     /// them. With the variable unset, the plain resource.
     ///
     /// ```
-    /// use streamalloc::{AsyncResource, Device, SimGpu};
+    /// use streamalloc::{AsyncResource, Device, gpu::sim::SimGpu};
     ///
     /// let device = Device::sim(&SimGpu::new(), 2);
     /// // STREAMALLOC_CONF="cache:on,budget:12GiB,history:10000" in the environment
@@ -147,10 +149,10 @@ impl AsyncResource<Arc<dyn DeviceMemoryResource>> {
         }
         let budget = conf.budget.map(Budget::new);
         if let Some(budget) = &budget {
-            stack = Arc::new(RetryOnOom::new(BudgetResource::new(stack, budget)));
+            stack = Arc::new(RetryOnOomResource::new(BudgetResource::new(stack, budget)));
         }
         if conf.debug_guard == Some(true) {
-            stack = Arc::new(DebugGuard::new(stack, GuardConfig::default()));
+            stack = Arc::new(DebugGuardResource::new(stack, GuardConfig::default()));
         }
         // SAFETY: the bottom of the stack was made on `device` just above
         // and resolves its streams through `device`'s pool; every layer
@@ -178,10 +180,10 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
     /// a stack (see [`with_device`](Self::with_device) for one you built).
     ///
     /// ```
-    /// use streamalloc::adaptors::Budget;
-    /// use streamalloc::builder::ResourceBuilder;
-    /// use streamalloc::cache::CacheConfig;
-    /// use streamalloc::{AsyncResource, Device, SimGpu};
+    /// use streamalloc::Budget;
+    /// use streamalloc::ResourceBuilder;
+    /// use streamalloc::CacheConfig;
+    /// use streamalloc::{AsyncResource, Device, gpu::sim::SimGpu};
     ///
     /// let device = Device::sim(&SimGpu::new(), 2);
     /// let budget = Budget::new(1 << 30);
@@ -501,7 +503,7 @@ impl<R: DeviceMemoryResource + ?Sized + 'static> AsyncResource<R> {
     /// # Captures
     /// Refused at creation rather than completed at a replay: a replay's
     /// completion is a point recorded after the launch, outside the capture
-    /// (see [`crate::graph`]). One `cuStreamGetCaptureInfo` per call tells.
+    /// (see [`CapturedGraph::launch`](crate::CapturedGraph::launch)). One `cuStreamGetCaptureInfo` per call tells.
     pub fn completion(&self, stream: StreamId) -> ResourceResult<EventFuture> {
         EventFuture::point(&self.core, stream)
     }
@@ -629,7 +631,7 @@ impl<R: DeviceMemoryResource + ?Sized + 'static> AsyncResource<R> {
 
     /// Where the memory of the stack is, now: every layer's part (see
     /// [`MemorySnapshot`]), the allocations waiting, and this device's
-    /// events of the [history](crate::observe::history) if it is on.
+    /// events of the [history](crate::record_memory_history) if it is on.
     ///
     /// It copies under each layer's locks in turn, never across a driver
     /// call that waits, and does not synchronize: it may be called from a
@@ -640,7 +642,7 @@ impl<R: DeviceMemoryResource + ?Sized + 'static> AsyncResource<R> {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), streamalloc::ResourceError> {
-    /// use streamalloc::{AllocTag, AsyncResource, Device, SimGpu};
+    /// use streamalloc::{AllocTag, AsyncResource, Device, gpu::sim::SimGpu};
     ///
     /// let device = Device::sim(&SimGpu::new(), 1);
     /// let res = AsyncResource::on(&device)?;
@@ -676,7 +678,7 @@ impl<R: DeviceMemoryResource + ?Sized + 'static> AsyncResource<R> {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), streamalloc::ResourceError> {
-    /// use streamalloc::{AllocTag, AsyncResource, Device, SimGpu};
+    /// use streamalloc::{AllocTag, AsyncResource, Device, gpu::sim::SimGpu};
     ///
     /// let device = Device::sim(&SimGpu::builder().capacity(1 << 20).build(), 1);
     /// let res = AsyncResource::on(&device)?;

@@ -28,11 +28,11 @@ use crate::device::StreamPool;
 use crate::error::{DriverCall, ResourceError, ResourceResult};
 use crate::gpu::Gpu;
 use crate::observe::history::{self, MemoryAction, MemoryEvent};
-use crate::poll_scope::PollScope;
 use crate::resource::DeviceMemoryResource;
 use crate::resource::relief::{BudgetRelief, HolderRegistration, IdleHolder};
-use crate::sync::{AtomicBool, AtomicU64, Ordering};
 use crate::types::{BlockState, StreamId};
+use crate::util::poll_scope::PollScope;
+use crate::util::sync::{AtomicBool, AtomicU64, Ordering};
 use crate::waiters;
 
 /// Shared state of one async resource. See the [module documentation](self).

@@ -14,8 +14,8 @@ use std::task::{Context, Poll};
 
 use super::core::Core;
 use crate::error::ResourceResult;
-use crate::poll_scope::PollScope;
 use crate::types::StreamId;
+use crate::util::poll_scope::PollScope;
 
 /// The free of one block, queued on its stream.
 ///

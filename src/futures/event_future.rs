@@ -14,8 +14,8 @@ use super::wait_policy::{Behind, WaitPolicy};
 use super::wait_stats::FutureTally;
 use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::RawEvent;
-use crate::poll_scope::PollScope;
 use crate::types::StreamId;
+use crate::util::poll_scope::PollScope;
 
 /// A future that completes when the GPU has executed everything queued on
 /// one stream before the point it stands for.
@@ -26,7 +26,7 @@ use crate::types::StreamId;
 /// [`AsyncResource::completion_lazy`](super::AsyncResource::completion_lazy),
 /// which records none until polled. It
 /// works on any executor: it is `Send + 'static`, and its wake-up comes from
-/// a host function or from the [fallback](super::watchdog), never from a
+/// a host function or from the fallback ([`FALLBACK_PERIOD`](crate::FALLBACK_PERIOD)), never from a
 /// runtime's timer or reactor.
 ///
 /// Polling first queries the point's event (cheap when the work is done; a
@@ -49,7 +49,7 @@ use crate::types::StreamId;
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), streamalloc::ResourceError> {
-/// use streamalloc::futures::AsyncResource;
+/// use streamalloc::AsyncResource;
 /// use streamalloc::gpu::sim::{MemAccess, SimGpu};
 /// use streamalloc::{Device, Access, AllocTag, SimResource};
 ///

@@ -63,9 +63,9 @@
 //! [`AsyncResource::inner`]: super::AsyncResource::inner
 //! [`AsyncResource::set_hold_and_wait_check`]: super::AsyncResource::set_hold_and_wait_check
 
-use crate::fast_hash::FastMap;
-use crate::sync::{Mutex, MutexGuard};
 use crate::types::BlockId;
+use crate::util::fast_hash::FastMap;
+use crate::util::sync::{Mutex, MutexGuard};
 
 /// The task a block or a waiting allocation belongs to.
 #[cfg(feature = "tokio")]

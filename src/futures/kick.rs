@@ -16,7 +16,7 @@ use std::thread::Thread;
 
 use tokio::sync::Notify;
 
-use crate::sync::{AtomicBool, AtomicUsize, Ordering};
+use crate::util::sync::{AtomicBool, AtomicUsize, Ordering};
 
 /// The wake-up side of the dispatcher, shared with host functions. See the
 /// [module documentation](self).

@@ -118,7 +118,7 @@ mod wait_stats;
 // 1. The notifier: per-stream state; it kicks, it does not name `Core`.
 mod notifier;
 // 2. The watchdog: patrols what it is handed (`watchdog::Patrolled`).
-pub mod watchdog;
+pub(crate) mod watchdog;
 // 3. `Core`: owns the notifiers, the wait queue and the watchdog's kick.
 mod core;
 // 4. The futures and handles, made over `Core` (a waiter's place in the

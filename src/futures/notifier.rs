@@ -66,8 +66,8 @@ use super::points::Points;
 use super::wait_stats::{Tally, WaitStats};
 use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::{CaptureStatus, Gpu, RawEvent, RawStream};
-use crate::sync::{AtomicBool, AtomicU64, Mutex, MutexGuard, Ordering};
 use crate::types::StreamId;
+use crate::util::sync::{AtomicBool, AtomicU64, Mutex, MutexGuard, Ordering};
 
 /// Where the stream's one notification is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -939,8 +939,8 @@ mod loom_tests {
     use crate::futures::kick::Kick;
     use crate::futures::notifier::Notifier;
     use crate::gpu::RawEvent;
-    use crate::sync::Ordering;
     use crate::types::{RawStream, StreamId};
+    use crate::util::sync::Ordering;
 
     struct Flag(LoomBool);
 

@@ -16,7 +16,7 @@ use std::time::Duration;
 ///
 /// A request is an allocation or a whole reservation. Requests served at
 /// once, without queueing, are not counted here (a
-/// [`Stats`](crate::adaptors::Stats) layer counts every allocation).
+/// [`Stats`](crate::Stats) layer counts every allocation).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct QueueStats {
     /// Requests waiting now.

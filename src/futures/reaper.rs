@@ -23,19 +23,20 @@ use super::dealloc::ReapFuture;
 use super::kick::Kick;
 use crate::error::{ResourceError, ResourceResult};
 use crate::resource::DeviceMemoryResource;
-use crate::sync::Ordering;
+use crate::util::sync::Ordering;
 
 /// A running background reaper: a tokio task, woken by completion
 /// notifications, that applies completed frees to the accounting, wakes the
 /// allocations waiting for that memory and queues the next notifications
-/// (step 5 of [how a completion reaches a task](super#how-a-completion-reaches-a-task)).
+/// (step 5 of "How a completion reaches a task" in the essay of
+/// `src/futures/`).
 /// It holds the resource weakly: dropping the resource ends it.
 ///
 /// # Examples
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), streamalloc::ResourceError> {
-/// use streamalloc::futures::{AsyncResource, Reaper};
+/// use streamalloc::{AsyncResource, Reaper};
 /// use streamalloc::gpu::sim::SimGpu;
 /// use streamalloc::{Device, AllocTag, SimResource};
 ///

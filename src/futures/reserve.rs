@@ -64,8 +64,8 @@ use super::core::Core;
 use super::hold_wait::current_owner;
 use super::waiter::{Attempt, Waiter};
 use crate::error::{ResourceError, ResourceResult};
-use crate::poll_scope::PollScope;
 use crate::types::{DeviceBlock, StreamId, Tag};
+use crate::util::poll_scope::PollScope;
 
 /// The future of [`AsyncResource::reserve`](super::AsyncResource::reserve):
 /// waits, first come first served, until every size fits at once.
@@ -210,7 +210,7 @@ impl Future for ReserveFuture {
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), streamalloc::ResourceError> {
-/// use streamalloc::{AllocTag, AsyncResource, Device, SimGpu};
+/// use streamalloc::{AllocTag, AsyncResource, Device, gpu::sim::SimGpu};
 ///
 /// let device = Device::sim(&SimGpu::new(), 1);
 /// let res = AsyncResource::on(&device)?;

@@ -35,8 +35,8 @@ use super::queue_stats::QueueStats;
 use crate::adaptors::{Budget, Stats, StatsSnapshot};
 use crate::cache::CacheStats;
 use crate::error::ResourceResult;
-use crate::poll_scope::PollScope;
 use crate::resource::DeviceMemoryResource;
+use crate::util::poll_scope::PollScope;
 
 /// The final figures of a stack, returned by
 /// [`AsyncResource::shutdown`].
@@ -68,10 +68,10 @@ impl<R: DeviceMemoryResource + ?Sized + 'static> AsyncResource<R> {
     ///
     /// # Examples
     /// ```
-    /// use streamalloc::adaptors::{Budget, Stats};
-    /// use streamalloc::builder::ResourceBuilder;
-    /// use streamalloc::cache::{CacheConfig, CacheStats};
-    /// use streamalloc::{AsyncResource, Device, SimGpu};
+    /// use streamalloc::{Budget, Stats};
+    /// use streamalloc::ResourceBuilder;
+    /// use streamalloc::{CacheConfig, CacheStats};
+    /// use streamalloc::{AsyncResource, Device, gpu::sim::SimGpu};
     ///
     /// let device = Device::sim(&SimGpu::new(), 1);
     /// let layers = ResourceBuilder::new()

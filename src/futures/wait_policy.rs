@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::sync::{AtomicBool, AtomicU64, Ordering};
+use crate::util::sync::{AtomicBool, AtomicU64, Ordering};
 
 /// How an [`EventFuture`](super::EventFuture) waits before relying on a
 /// host-function notification.

@@ -57,7 +57,7 @@ use super::hold_wait::Owner;
 use super::queue_stats::QueueStats;
 use crate::adaptors::WaitOutcome;
 use crate::error::ResourceError;
-use crate::sync::{AtomicU64, Mutex, MutexGuard, Ordering, fence};
+use crate::util::sync::{AtomicU64, Mutex, MutexGuard, Ordering, fence};
 use crate::waiters;
 
 /// One waiting allocation.
@@ -298,7 +298,7 @@ mod loom_tests {
     use std::task::Waker;
 
     use crate::futures::wait_queue::AllocQueue;
-    use crate::sync::Ordering;
+    use crate::util::sync::Ordering;
 
     struct Count(LoomUsize);
 

@@ -1,6 +1,6 @@
 //! [`WaitStats`]: how the completion futures of a resource waited.
 
-use crate::sync::{AtomicU64, Ordering};
+use crate::util::sync::{AtomicU64, Ordering};
 
 /// How the completion futures of an [`AsyncResource`](super::AsyncResource)
 /// waited, summed over its streams since it was made
@@ -20,7 +20,7 @@ use crate::sync::{AtomicU64, Ordering};
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), streamalloc::ResourceError> {
-/// use streamalloc::futures::AsyncResource;
+/// use streamalloc::AsyncResource;
 /// use streamalloc::gpu::sim::SimGpu;
 /// use streamalloc::{Device, SimResource};
 ///

@@ -9,7 +9,7 @@
 //! A request that queues is counted when it leaves the queue, served,
 //! failed or cancelled, with its wait: in the queue's
 //! [`QueueStats`](super::QueueStats) and in every
-//! [`Stats`](crate::adaptors::Stats) layer of the stack. With a `tracing`
+//! [`Stats`](crate::Stats) layer of the stack. With a `tracing`
 //! subscriber that wants INFO on [`WAIT_TARGET`], it gets a span
 //! `alloc_wait` (`bytes`, `tag`, `request`, `position`: the requests ahead
 //! of it when it queued; `wait_ns` and `outcome` recorded when it leaves),
@@ -27,8 +27,8 @@ use super::core::Core;
 use super::hold_wait::current_owner;
 use crate::adaptors::WaitOutcome;
 use crate::error::{ResourceError, ResourceResult};
-use crate::poll_scope::WaitingTry;
 use crate::types::Tag;
+use crate::util::poll_scope::WaitingTry;
 
 /// The target of the span of every request that waits (`alloc_wait`).
 pub const WAIT_TARGET: &str = "streamalloc::wait";

@@ -10,7 +10,7 @@
 //! pairs/s (`bench_table`). So, like PyTorch's
 //! `captures_underway`, the CUDA backend counts the captures begun through
 //! the crate ([`Gpu::begin_capture`](super::Gpu::begin_capture), which
-//! [`GraphCapture`](crate::graph::GraphCapture) and
+//! [`GraphCapture`](crate::GraphCapture) and
 //! [`AsyncResource::capture_graph`](crate::AsyncResource::capture_graph)
 //! use) and asks the driver only while one is underway. While one is, every
 //! stream is asked, so a stream that joined the capture (by waiting on one

@@ -11,7 +11,7 @@
 //! - [`GpuError::for_request`], for the one call made for a request of
 //!   `requested` bytes on a stream (the allocation): an out-of-memory becomes
 //!   [`ResourceError::OutOfMemory`] with that context, which waiting
-//!   allocations and [`RetryOnOom`](crate::RetryOnOom) recognise.
+//!   allocations and [`RetryOnOomResource`](crate::RetryOnOomResource) recognise.
 
 use crate::error::{DriverCall, ResourceError, driver_code};
 use crate::types::StreamId;

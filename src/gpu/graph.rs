@@ -137,7 +137,7 @@ impl<G: Gpu + ?Sized> GraphExec<G> {
     ///
     /// A raw launch: the frees of what the replay allocates and does not
     /// free are the caller's, before the next launch. The crate's
-    /// [`CapturedGraph`](crate::graph::CapturedGraph) does them for blocks a
+    /// [`CapturedGraph`](crate::CapturedGraph) does them for blocks a
     /// resource allocated in the capture.
     ///
     /// # Errors

@@ -33,13 +33,15 @@ mod graph;
 mod held;
 pub mod sim;
 
-pub use capture::{CaptureId, CaptureMode, CaptureStatus, RawGraph, RawGraphExec, capture_code};
+pub(crate) use capture::CaptureId;
+pub use capture::{CaptureMode, CaptureStatus, RawGraph, RawGraphExec, capture_code};
 pub use capture_gate::detect_foreign_captures;
 pub use graph::{Graph, GraphExec};
 pub use held::HeldMemory;
 
-use crate::error::{DriverCall, driver_code};
-pub use crate::types::RawStream;
+use crate::error::DriverCall;
+pub use crate::error::driver_code;
+pub(crate) use crate::types::RawStream;
 pub use error::{GpuError, GpuResult};
 
 /// A backend event handle (a `CUevent`, or a tagged index on the simulated
@@ -348,7 +350,7 @@ pub unsafe trait Gpu: Send + Sync + 'static {
     /// place it as best they can (see [`HostPoolConfig::numa_node`]).
     /// The default reports `CUDA_ERROR_NOT_SUPPORTED`.
     ///
-    /// [`HostPoolConfig::numa_node`]: crate::host::HostPoolConfig::numa_node
+    /// [`HostPoolConfig::numa_node`]: crate::HostPoolConfig::numa_node
     fn host_alloc(&self, bytes: usize, numa_node: Option<u32>) -> GpuResult<HostMemory> {
         let _ = (bytes, numa_node);
         Err(host_unsupported(DriverCall::MemHostAlloc))

@@ -3,7 +3,7 @@
 
 #![allow(unsafe_code)]
 
-use crate::sync::Mutex;
+use crate::util::sync::Mutex;
 use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -67,7 +67,8 @@ impl<R: DeviceMemoryResource + ?Sized + 'static> CapturedGraph<R> {
     ///
     /// Before the launch, it frees the instances the last replay left of
     /// blocks the capture allocated and their users dropped since (see
-    /// [the module docs](super#a-block-the-capture-allocated-and-did-not-free)),
+    /// "A block the capture allocated and did not free" in the essay of
+    /// `src/graph/`),
     /// on `stream`, after the last replay's stream and the streams those
     /// blocks were freed on.
     ///

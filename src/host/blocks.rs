@@ -31,8 +31,8 @@ use super::config::HostPoolConfig;
 use super::stats::HostTagStats;
 use super::uses::HostUses;
 use crate::gpu::{Gpu, HostMemory};
-use crate::sync::{Mutex, MutexGuard};
 use crate::types::AllocTag;
+use crate::util::sync::{Mutex, MutexGuard};
 
 #[derive(Debug, Default)]
 pub(super) struct State {

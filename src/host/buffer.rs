@@ -23,8 +23,8 @@ use crate::types::{Access, AllocTag, StreamId};
 ///
 /// Made by [`HostPool::allocate`](super::HostPool::allocate); copied to
 /// and from device buffers by
-/// [`AsyncResource::copy_to_device`](crate::futures::AsyncResource::copy_to_device)
-/// and [`copy_to_host`](crate::futures::AsyncResource::copy_to_host), one
+/// [`AsyncResource::copy_to_device`](crate::AsyncResource::copy_to_device)
+/// and [`copy_to_host`](crate::AsyncResource::copy_to_host), one
 /// future each.
 ///
 /// # Stream ordering

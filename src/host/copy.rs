@@ -11,7 +11,7 @@ use crate::futures::{AsyncResource, EventFuture};
 use crate::resource::DeviceMemoryResource;
 use crate::types::StreamId;
 
-impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
+impl<R: DeviceMemoryResource + ?Sized + 'static> AsyncResource<R> {
     /// Queues, on `stream`, a copy of the host buffer `src` into the device
     /// buffer `dst`, and returns a future that completes when the GPU has
     /// run it. A [`CudaBuffer`](crate::CudaBuffer) is taken too (it derefs
@@ -27,7 +27,7 @@ impl<R: DeviceMemoryResource + 'static> AsyncResource<R> {
     /// capturing stream included); the driver's error. Nothing is queued
     /// on error, except when the error comes after the driver took the
     /// copy: then `src` is kept from the host and from its pool for good
-    /// (see the [module documentation](crate::host)).
+    /// (the essay of `src/host/` says why).
     ///
     /// # Cancel safety
     /// The future is a completion like [`completion`](AsyncResource::completion):

@@ -44,8 +44,8 @@
 //!
 //! # Who changes it
 //!
-//! - A copy ([`AsyncResource::copy_to_device`](crate::futures::AsyncResource::copy_to_device),
-//!   [`copy_to_host`](crate::futures::AsyncResource::copy_to_host)) orders
+//! - A copy ([`AsyncResource::copy_to_device`](crate::AsyncResource::copy_to_device),
+//!   [`copy_to_host`](crate::AsyncResource::copy_to_host)) orders
 //!   the device buffer like any launch, queues the driver's copy, and notes
 //!   its point among the host buffer's uses.
 //! - The host side ([`HostBuffer::as_slice`], [`HostBuffer::as_mut_slice`])
@@ -96,6 +96,7 @@ mod buffer;
 mod config;
 mod copy;
 mod element;
+mod offload;
 mod pool;
 mod stats;
 mod uses;

@@ -18,21 +18,21 @@ use super::stats::{HostPoolStats, HostTagStats};
 use crate::device::Device;
 use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::{Gpu, HostMemory};
-use crate::sync::Mutex;
 use crate::types::AllocTag;
+use crate::util::sync::Mutex;
 
 const MIN_CLASS: usize = 4096;
 
 /// The size class of a request of `bytes`: the next power of two, at
 /// least a page (as PyTorch's host allocator rounds), or `None` past the
 /// largest power of two of `usize`.
-fn size_class(bytes: usize) -> Option<usize> {
+pub(super) fn size_class(bytes: usize) -> Option<usize> {
     bytes.max(MIN_CLASS).checked_next_power_of_two()
 }
 
 /// A pool of pinned host memory: [`HostBuffer`]s for staging copies, whose
 /// blocks come back to the pool once the host saw every copy of them
-/// complete. See the [module documentation](super).
+/// complete. The essay of `src/host/` says how.
 ///
 /// Cloning shares the pool. One pool serves one backend: its buffers are
 /// copied by resources on that backend (the same `Arc` of the device).
@@ -45,8 +45,8 @@ fn size_class(bytes: usize) -> Option<usize> {
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), streamalloc::ResourceError> {
-/// use streamalloc::host::{HostPool, HostPoolConfig};
-/// use streamalloc::{AllocTag, AsyncResource, Device, SimGpu};
+/// use streamalloc::{HostPool, HostPoolConfig};
+/// use streamalloc::{AllocTag, AsyncResource, Device, gpu::sim::SimGpu};
 ///
 /// let device = Device::sim(&SimGpu::new(), 1);
 /// let res = AsyncResource::on(&device)?;
@@ -74,7 +74,7 @@ impl HostPool {
     }
 
     /// A pool pinning memory through `gpu` (the backend an
-    /// [`AsyncResource::gpu`](crate::futures::AsyncResource::gpu) names).
+    /// [`AsyncResource::gpu`](crate::AsyncResource::gpu) names).
     pub fn with_gpu(gpu: Arc<dyn Gpu>, config: HostPoolConfig) -> Self {
         HostPool {
             shared: Arc::new(Shared {
@@ -83,6 +83,11 @@ impl HostPool {
                 state: Mutex::new(State::default()),
             }),
         }
+    }
+
+    /// The books the pool's handles and buffers share.
+    pub(super) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
     }
 
     /// The pool's configuration.
@@ -122,10 +127,18 @@ impl HostPool {
         let class = size_class(bytes)
             .filter(|&c| c <= isize::MAX as usize)
             .ok_or(overflow)?;
+        let block = self.allocate_block(class, tag)?;
+        Ok(HostBuffer::new(block, len, tag, self.shared.clone()))
+    }
+
+    /// A block of `class` bytes (a size class) handed out to `tag`: an
+    /// idle one (noted to the backend as reused), else newly pinned and
+    /// zeroed.
+    pub(super) fn allocate_block(&self, class: usize, tag: AllocTag) -> ResourceResult<HostMemory> {
         let shared = &self.shared;
         if let Some(block) = self.take(class, tag) {
             shared.gpu.note_host_reuse(block.addr);
-            return Ok(HostBuffer::new(block, len, tag, shared.clone()));
+            return Ok(block);
         }
         self.reserve(class)?;
         match shared.gpu.host_alloc(class, shared.config.numa_node) {
@@ -133,13 +146,13 @@ impl HostPool {
                 // Zeroed on the allocating thread: the slices are of
                 // initialized elements from the first, and first touch
                 // places the pages (see `HostPoolConfig::numa_node`).
-                HostBuffer::<T>::zero(&block);
+                HostBuffer::<u8>::zero(&block);
                 let mut st = shared.lock();
                 st.pins += 1;
                 st.peak_held = st.peak_held.max(st.held);
                 st.hand_out(class, tag);
                 drop(st);
-                Ok(HostBuffer::new(block, len, tag, shared.clone()))
+                Ok(block)
             }
             Err(e) => {
                 shared.lock().held -= class;

@@ -17,8 +17,8 @@
 use std::sync::Arc;
 
 use crate::futures::Core;
-use crate::sync::{Mutex, MutexGuard};
 use crate::types::StreamId;
+use crate::util::sync::{Mutex, MutexGuard};
 
 #[derive(Debug)]
 struct Use {

@@ -29,7 +29,7 @@ pub struct BlockUse {
 /// # Examples
 /// ```
 /// use streamalloc::gpu::sim::{MemAccess, SimGpu};
-/// use streamalloc::launch::LaunchRecorder;
+/// use streamalloc::LaunchRecorder;
 /// use streamalloc::{AllocTag, Device, DeviceMemoryResource, SimResource};
 ///
 /// let gpu = SimGpu::builder().manual().build();

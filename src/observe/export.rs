@@ -82,7 +82,7 @@ impl MemorySnapshot {
     ///
     /// # Examples
     /// ```
-    /// use streamalloc::{AllocTag, AsyncResource, Device, SimGpu};
+    /// use streamalloc::{AllocTag, AsyncResource, Device, gpu::sim::SimGpu};
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), streamalloc::ResourceError> {

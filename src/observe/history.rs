@@ -185,7 +185,7 @@ impl MemoryEvent {
 static ON: AtomicBool = AtomicBool::new(false);
 
 /// The ring and its settings. A process-wide `std` lock, outside the loom
-/// switch of `crate::sync`: no bookkeeping decision reads it, it only
+/// switch of `crate::util::sync`: no bookkeeping decision reads it, it only
 /// receives copies.
 static RING: Mutex<Ring> = Mutex::new(Ring {
     events: VecDeque::new(),
@@ -213,7 +213,7 @@ fn ring() -> std::sync::MutexGuard<'static, Ring> {
 ///
 /// # Examples
 /// ```
-/// use streamalloc::observe::{memory_history, record_memory_history};
+/// use streamalloc::{memory_history, record_memory_history};
 ///
 /// record_memory_history(10_000, false);
 /// // ... run the program ...

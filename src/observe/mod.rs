@@ -38,7 +38,7 @@
 #![forbid(unsafe_code)]
 
 mod export;
-pub mod history;
+pub(crate) mod history;
 mod oom;
 mod snapshot;
 

@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use crate::gpu::{Gpu, GpuResult, RawEvent};
-use crate::sync::Mutex;
+use crate::util::sync::Mutex;
 
 #[derive(Debug)]
 pub(crate) struct EventPool<G: Gpu + ?Sized> {

@@ -14,10 +14,17 @@
 ///
 /// `$field` is the field holding the wrapped resource (a name, or `0` for a
 /// tuple struct). Each name is a method of
-/// [`DeviceMemoryResource`](crate::DeviceMemoryResource); the group
-/// `all_but_allocate` names every method but `allocate` and
-/// `device_access` (a decorator keeps the provided `None` there, so that a
-/// tier above allocates through it and it sees every byte).
+/// [`DeviceMemoryResource`](crate::DeviceMemoryResource), or one of its
+/// groups (see "Methods, by group" there): `frees`, `use_tracking`,
+/// `capture`, `costs`, `sleep`, `observing`. `all_but_allocate` names every
+/// method but `allocate` and `device_access` (a decorator keeps the
+/// provided `None` there, so that a tier above allocates through it and it
+/// sees every byte).
+///
+/// This is the checked way for a decorator outside the crate to pass on
+/// what it does not change: the trait has no default for a method that
+/// moves bytes or tracks uses, so a method neither written nor named here
+/// fails to compile, and one named twice (written and forwarded) too.
 ///
 /// # Examples
 /// ```
@@ -35,12 +42,9 @@
 ///         }
 ///         self.0.allocate(bytes, stream, tag)
 ///     }
-///     streamalloc::forward_to_inner!(0; deallocate, deallocate_completed, device_ordinal,
-///         bytes_outstanding, reap_pending, pending_free_seq, reap_through,
-///         supports_block_use_tracking, record_block_use, prepare_block_use,
-///         finish_block_use, block_state, allocation_cost, allocation_cost_is_exact,
-///         frees_across_streams, release_idle, budget_reliefs, capture_status,
-///         release_capture);
+///     streamalloc::forward_to_inner!(0; deallocate, device_ordinal, bytes_outstanding,
+///         frees, use_tracking, capture, allocation_cost, allocation_cost_is_exact,
+///         budget_reliefs, sleep, observing);
 ///     fn allocation_limit(&self) -> Option<usize> {
 ///         Some(self.0.allocation_limit().map_or(self.1, |l| l.min(self.1)))
 ///     }
@@ -51,15 +55,33 @@ macro_rules! forward_to_inner {
     ($field:tt; $($method:ident),+ $(,)?) => {
         $( $crate::forward_to_inner!(@one $field $method); )+
     };
+    // The groups of the trait's documentation ("Methods, by group").
     (@one $f:tt all_but_allocate) => {
-        $crate::forward_to_inner!($f; deallocate, deallocate_completed, device_ordinal,
-            bytes_outstanding, reap_pending, pending_free_seq, reap_through,
-            supports_block_use_tracking, record_block_use, prepare_block_use,
-            finish_block_use, block_state, allocation_cost, allocation_cost_is_exact,
-            frees_across_streams, release_idle, allocation_limit, budget_reliefs,
-            capture_status, release_capture, snapshot_into, visit_layers, begin_sleep,
-            settle_sleep, wake);
+        $crate::forward_to_inner!($f; deallocate, device_ordinal, bytes_outstanding, frees,
+            use_tracking, capture, costs, sleep, observing);
     };
+    (@one $f:tt frees) => {
+        $crate::forward_to_inner!($f; deallocate_completed, reap_pending, pending_free_seq,
+            reap_through, release_idle, frees_across_streams);
+    };
+    (@one $f:tt use_tracking) => {
+        $crate::forward_to_inner!($f; supports_block_use_tracking, record_block_use,
+            prepare_block_use, finish_block_use, block_state);
+    };
+    (@one $f:tt capture) => {
+        $crate::forward_to_inner!($f; capture_status, release_capture);
+    };
+    (@one $f:tt costs) => {
+        $crate::forward_to_inner!($f; allocation_cost, allocation_cost_is_exact,
+            allocation_limit, budget_reliefs);
+    };
+    (@one $f:tt sleep) => {
+        $crate::forward_to_inner!($f; begin_sleep, settle_sleep, wake);
+    };
+    (@one $f:tt observing) => {
+        $crate::forward_to_inner!($f; snapshot_into, visit_layers);
+    };
+    // One method each.
     (@one $f:tt begin_sleep) => {
         fn begin_sleep(
             &self,
@@ -177,7 +199,7 @@ macro_rules! forward_to_inner {
         }
     };
     (@one $f:tt budget_reliefs) => {
-        fn budget_reliefs(&self, out: &mut ::std::vec::Vec<$crate::resource::BudgetRelief>) {
+        fn budget_reliefs(&self, out: &mut ::std::vec::Vec<$crate::BudgetRelief>) {
             self.$f.budget_reliefs(out)
         }
     };
@@ -197,14 +219,14 @@ macro_rules! forward_to_inner {
     (@one $f:tt release_capture) => {
         fn release_capture(
             &self,
-            capture: $crate::gpu::CaptureId,
+            capture: $crate::CaptureId,
             after: $crate::StreamId,
         ) -> $crate::ResourceResult<()> {
             self.$f.release_capture(capture, after)
         }
     };
     (@one $f:tt snapshot_into) => {
-        fn snapshot_into(&self, snapshot: &mut $crate::observe::MemorySnapshot) {
+        fn snapshot_into(&self, snapshot: &mut $crate::MemorySnapshot) {
             self.$f.snapshot_into(snapshot)
         }
     };

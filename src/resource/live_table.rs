@@ -15,7 +15,7 @@
 //! owner counts them up), so a stale number never finds a newer record: a
 //! slot's occupant is checked against the full number.
 
-use crate::fast_hash::FastMap;
+use crate::util::fast_hash::FastMap;
 
 /// Slots of a ring when it is first used.
 const MIN_RING: usize = 16;

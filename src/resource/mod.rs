@@ -12,15 +12,19 @@ pub(crate) mod block_uses;
 pub(crate) mod event_pool;
 pub(crate) mod forward;
 mod live_table;
+mod offload_host;
 mod pending;
 pub(crate) mod relief;
 mod shard;
+mod sleep_plan;
 mod stream_ordered;
 pub(crate) mod unwind;
 #[cfg(all(test, loom))]
 pub(crate) use stream_ordered::loom_tests::race_two_frees;
 
+pub use offload_host::OffloadHost;
 pub use relief::BudgetRelief;
+pub use sleep_plan::{SleepMode, SleepPlan};
 #[cfg(feature = "cuda")]
 pub use stream_ordered::AsyncCudaResource;
 pub use stream_ordered::{SimResource, StreamOrderedResource};
@@ -93,6 +97,61 @@ impl std::fmt::Debug for DeviceAccess {
 /// }
 /// ```
 ///
+/// # Methods, by group
+///
+/// Each group is also a name [`forward_to_inner!`](crate::forward_to_inner)
+/// takes, so a decorator forwards a whole group it does not change in one
+/// word (`forward_to_inner!(inner; frees, use_tracking)`).
+///
+/// ## Allocating
+/// [`allocate`](Self::allocate), [`deallocate`](Self::deallocate),
+/// [`device_ordinal`](Self::device_ordinal),
+/// [`bytes_outstanding`](Self::bytes_outstanding): required, the core of
+/// the contract. [`device_access`](Self::device_access) (provided, `None`)
+/// lets a tier above map memory itself.
+///
+/// ## Frees
+/// [`deallocate_completed`](Self::deallocate_completed) (provided: a plain
+/// `deallocate`), [`reap_pending`](Self::reap_pending),
+/// [`pending_free_seq`](Self::pending_free_seq),
+/// [`reap_through`](Self::reap_through), [`release_idle`](Self::release_idle),
+/// [`frees_across_streams`](Self::frees_across_streams): when a queued free
+/// has run and its bytes are back, and memory held back given up. Required:
+/// a layer that dropped one would lose frees. Macro group `frees`.
+///
+/// ## Use tracking
+/// [`supports_block_use_tracking`](Self::supports_block_use_tracking),
+/// [`record_block_use`](Self::record_block_use),
+/// [`prepare_block_use`](Self::prepare_block_use),
+/// [`finish_block_use`](Self::finish_block_use), and
+/// [`block_state`](Self::block_state) (provided, `None`): uses of a block on
+/// streams other than its own. Required but `block_state`: a layer that
+/// dropped one would lose a use and let a free race it. Macro group
+/// `use_tracking`.
+///
+/// ## Capture
+/// [`capture_status`](Self::capture_status),
+/// [`release_capture`](Self::release_capture): memory that belongs to a CUDA
+/// graph's capture. Required. Macro group `capture`.
+///
+/// ## Costs
+/// [`allocation_cost`](Self::allocation_cost),
+/// [`allocation_cost_is_exact`](Self::allocation_cost_is_exact),
+/// [`allocation_limit`](Self::allocation_limit),
+/// [`budget_reliefs`](Self::budget_reliefs): what a budget above counts and
+/// whom it asks for memory. Required. Macro group `costs`.
+///
+/// ## Sleep
+/// [`begin_sleep`](Self::begin_sleep), [`settle_sleep`](Self::settle_sleep),
+/// [`wake`](Self::wake): giving physical memory back while keeping
+/// addresses. Provided (nothing sleeps). Macro group `sleep`.
+///
+/// ## Observing
+/// [`snapshot_into`](Self::snapshot_into),
+/// [`visit_layers`](Self::visit_layers): what the stack shows of itself.
+/// Provided (a layer that leaves them out hides itself and nothing else).
+/// Macro group `observing`.
+///
 /// A resource written without `unsafe` does not compile, so safe code cannot
 /// hand out another resource's live block or an address it made up:
 ///
@@ -153,6 +212,8 @@ impl std::fmt::Debug for DeviceAccess {
 /// that [`support`](Self::supports_block_use_tracking) it.
 #[allow(unsafe_code)] // the resource contract the crate trusts.
 pub unsafe trait DeviceMemoryResource: Send + Sync {
+    // ---- Allocating ----
+
     /// Allocates `bytes` bytes on the resource's device, ordered on `stream`.
     /// The returned block is in [`BlockState::Live`].
     ///
@@ -185,33 +246,6 @@ pub unsafe trait DeviceMemoryResource: Send + Sync {
     /// nothing changes.
     fn deallocate(&self, block: DeviceBlock) -> ResourceResult<()>;
 
-    /// Returns `block`, whose every use the GPU has completed, to the
-    /// resource: as [`deallocate`](Self::deallocate), and a layer that
-    /// hands memory between streams (the cache's arena) may then give it
-    /// to any stream at once, with no fence and no stream waiting on the
-    /// freeing stream's queued work. `completed` is the crate's proof of
-    /// it (see [`CompletedUses`]). The provided method drops the proof and
-    /// calls `deallocate`: an ordinary stream-ordered free, always correct,
-    /// only slower to reuse.
-    ///
-    /// [`AsyncResource`](crate::futures::AsyncResource) calls it when an
-    /// owned buffer is dropped after the completion of its last launch
-    /// settled: a request that awaited its work before letting its buffers
-    /// go frees memory every stream may use as it is.
-    ///
-    /// # Errors
-    /// As [`deallocate`](Self::deallocate);
-    /// [`UnknownBlock`](crate::ResourceError::UnknownBlock) when
-    /// `completed` names another block. Nothing changes.
-    fn deallocate_completed(
-        &self,
-        block: DeviceBlock,
-        completed: CompletedUses,
-    ) -> ResourceResult<()> {
-        let _ = completed;
-        self.deallocate(block)
-    }
-
     /// CUDA device ordinal this resource serves; a resource is pinned to one
     /// device.
     fn device_ordinal(&self) -> u32;
@@ -233,6 +267,47 @@ pub unsafe trait DeviceMemoryResource: Send + Sync {
     /// consistent total across resources.
     fn bytes_outstanding(&self) -> usize;
 
+    /// The backend and streams behind this resource, for a tier above it
+    /// that manages device memory itself (the cache's virtual-memory arena
+    /// maps physical memory with it instead of allocating through this
+    /// resource).
+    ///
+    /// The default is `None`, and decorators keep it: a budget, a debug
+    /// guard or a statistics layer must see every byte, so a tier above
+    /// them allocates through them.
+    fn device_access(&self) -> Option<DeviceAccess> {
+        None
+    }
+
+    // ---- Frees ----
+
+    /// Returns `block`, whose every use the GPU has completed, to the
+    /// resource: as [`deallocate`](Self::deallocate), and a layer that
+    /// hands memory between streams (the cache's arena) may then give it
+    /// to any stream at once, with no fence and no stream waiting on the
+    /// freeing stream's queued work. `completed` is the crate's proof of
+    /// it (see [`CompletedUses`]). The provided method drops the proof and
+    /// calls `deallocate`: an ordinary stream-ordered free, always correct,
+    /// only slower to reuse.
+    ///
+    /// [`AsyncResource`](crate::AsyncResource) calls it when an
+    /// owned buffer is dropped after the completion of its last launch
+    /// settled: a request that awaited its work before letting its buffers
+    /// go frees memory every stream may use as it is.
+    ///
+    /// # Errors
+    /// As [`deallocate`](Self::deallocate);
+    /// [`UnknownBlock`](crate::ResourceError::UnknownBlock) when
+    /// `completed` names another block. Nothing changes.
+    fn deallocate_completed(
+        &self,
+        block: DeviceBlock,
+        completed: CompletedUses,
+    ) -> ResourceResult<()> {
+        let _ = completed;
+        self.deallocate(block)
+    }
+
     /// Drains retired bytes whose free has completed: stream-ordered
     /// resources synchronize the streams with queued frees and re-count
     /// [`bytes_outstanding`](Self::bytes_outstanding); a decorator forwards
@@ -245,7 +320,7 @@ pub unsafe trait DeviceMemoryResource: Send + Sync {
     /// [`forward_to_inner!`](crate::forward_to_inner).
     ///
     /// Called inside a poll of the crate's futures (an allocation awaited
-    /// through [`AsyncResource`](crate::futures::AsyncResource) reaches a
+    /// through [`AsyncResource`](crate::AsyncResource) reaches a
     /// decorator that reaps on its out-of-memory path), the stream-ordered
     /// resource does not synchronize: it returns at once, and the
     /// completion notifications apply the frees as they execute. A
@@ -271,6 +346,28 @@ pub unsafe trait DeviceMemoryResource: Send + Sync {
     /// two such reads together, so a cut at a number it never returned may
     /// leave some frees below it pending (it never drains one above it).
     fn reap_through(&self, stream: StreamId, seq: u64) -> usize;
+
+    /// Gives memory that no caller holds back to the layer below: a cache
+    /// frees its idle blocks, a debug guard its quarantine. Returns the bytes
+    /// given back (their frees may still be queued: reap to see them leave
+    /// [`bytes_outstanding`](Self::bytes_outstanding)). Decorators pass the
+    /// call on; a resource that holds nothing back answers `Ok(0)`.
+    ///
+    /// # Errors
+    /// The first error of a free; what was given back before stays given
+    /// back.
+    fn release_idle(&self) -> ResourceResult<usize>;
+
+    /// Whether a call of this resource (or one below it) may queue a free
+    /// on a stream other than the one of the block it was given: a debug
+    /// guard's eviction, a cache giving back a block cached on another
+    /// stream. The futures layer then looks at every stream's
+    /// [`pending_free_seq`](Self::pending_free_seq) after a free, so that
+    /// those frees are reaped by notifications too. Decorators answer for
+    /// themselves or their inner resource.
+    fn frees_across_streams(&self) -> bool;
+
+    // ---- Use tracking ----
 
     /// Whether this resource, and every resource it wraps, tracks
     /// cross-stream uses. Decorators forward to the inner resource; a
@@ -325,80 +422,7 @@ pub unsafe trait DeviceMemoryResource: Send + Sync {
         None
     }
 
-    /// The backend and streams behind this resource, for a tier above it
-    /// that manages device memory itself (the cache's virtual-memory arena
-    /// maps physical memory with it instead of allocating through this
-    /// resource).
-    ///
-    /// The default is `None`, and decorators keep it: a budget, a debug
-    /// guard or a statistics layer must see every byte, so a tier above
-    /// them allocates through them.
-    fn device_access(&self) -> Option<DeviceAccess> {
-        None
-    }
-
-    /// How much [`bytes_outstanding`](Self::bytes_outstanding) would grow if
-    /// `bytes` were allocated on `stream` now: the new memory the allocation
-    /// takes from the device.
-    ///
-    /// `bytes` for a resource that allocates every request as asked; a cache
-    /// answers 0 when it holds a block that serves the
-    /// request, and the rounded size when it does not. A
-    /// [`BudgetResource`](crate::adaptors::BudgetResource) reserves this much,
-    /// so that it counts what the layers below really take. Decorators
-    /// forward to the inner resource. Between threads it is an estimate: the
-    /// budget settles the difference after the allocation.
-    fn allocation_cost(&self, bytes: usize, stream: StreamId) -> usize;
-
-    /// Whether [`allocation_cost`](Self::allocation_cost) is exactly what an
-    /// allocation made right after takes from the device (on one thread).
-    ///
-    /// `true` for a resource that allocates every request as asked. A cache answers `false`: its cost is a guess made before it
-    /// places the block (the virtual-memory arena may need one page more
-    /// than the estimate when the block straddles a page, or new pages
-    /// where its idle ones are scattered), so a
-    /// [`BudgetResource`](crate::adaptors::BudgetResource) above it counts
-    /// what the inner resource holds after every allocation instead of
-    /// trusting the estimate. Decorators forward to the inner resource.
-    fn allocation_cost_is_exact(&self) -> bool;
-
-    /// Gives memory that no caller holds back to the layer below: a cache
-    /// frees its idle blocks, a debug guard its quarantine. Returns the bytes
-    /// given back (their frees may still be queued: reap to see them leave
-    /// [`bytes_outstanding`](Self::bytes_outstanding)). Decorators pass the
-    /// call on; a resource that holds nothing back answers `Ok(0)`.
-    ///
-    /// # Errors
-    /// The first error of a free; what was given back before stays given
-    /// back.
-    fn release_idle(&self) -> ResourceResult<usize>;
-
-    /// Whether a call of this resource (or one below it) may queue a free
-    /// on a stream other than the one of the block it was given: a debug
-    /// guard's eviction, a cache giving back a block cached on another
-    /// stream. The futures layer then looks at every stream's
-    /// [`pending_free_seq`](Self::pending_free_seq) after a free, so that
-    /// those frees are reaped by notifications too. Decorators answer for
-    /// themselves or their inner resource.
-    fn frees_across_streams(&self) -> bool;
-
-    /// The most bytes one allocation through this stack could ever take, if
-    /// a layer limits it (a [`Budget`](crate::adaptors::Budget)'s limit),
-    /// else `None`. A request past it can never be served, so the futures
-    /// layer refuses it at once instead of queueing it behind other waiters.
-    /// Decorators answer for themselves or their inner resource.
-    fn allocation_limit(&self) -> Option<usize>;
-
-    /// Adds to `out` the relief list of each budget this resource or one
-    /// below it charges (a [`Budget`](crate::adaptors::Budget) shared with
-    /// other stacks). The futures layer registers the whole stack with
-    /// each ([`AsyncResource::from_arc`](crate::futures::AsyncResource::from_arc)),
-    /// so that a request refused under that budget on another stack asks
-    /// this one for its idle memory, whatever the order of its layers (a
-    /// cache above the budget included). Decorators add their inner
-    /// resource's; a budget resource adds its budget's too; a resource at
-    /// the bottom adds nothing.
-    fn budget_reliefs(&self, out: &mut Vec<BudgetRelief>);
+    // ---- Capture ----
 
     /// Whether `stream` is being captured into a CUDA graph, and by which
     /// capture, as the backend at the bottom of the stack reports it
@@ -451,26 +475,59 @@ pub unsafe trait DeviceMemoryResource: Send + Sync {
     /// the rest stays with the graph, and a later call returns it.
     fn release_capture(&self, capture: CaptureId, after: StreamId) -> ResourceResult<()>;
 
-    /// Adds what this layer holds to `snapshot` (its blocks, ranges, queued
-    /// frees, budget: see [`MemorySnapshot`]), then asks the layer it
-    /// wraps. Each layer copies its part under its own locks and releases
-    /// them before the next reads.
+    // ---- Costs ----
+
+    /// How much [`bytes_outstanding`](Self::bytes_outstanding) would grow if
+    /// `bytes` were allocated on `stream` now: the new memory the allocation
+    /// takes from the device.
     ///
-    /// Provided, as nothing: a snapshot moves no bytes, so a layer that
-    /// leaves it out hides itself and what lies below it from the picture
-    /// and breaks nothing else. Decorators forward it (with
-    /// [`forward_to_inner!`](crate::forward_to_inner), in
-    /// `all_but_allocate`) after adding their own part.
-    fn snapshot_into(&self, snapshot: &mut MemorySnapshot) {
-        let _ = snapshot;
-    }
+    /// `bytes` for a resource that allocates every request as asked; a cache
+    /// answers 0 when it holds a block that serves the
+    /// request, and the rounded size when it does not. A
+    /// [`BudgetResource`](crate::BudgetResource) reserves this much,
+    /// so that it counts what the layers below really take. Decorators
+    /// forward to the inner resource. Between threads it is an estimate: the
+    /// budget settles the difference after the allocation.
+    fn allocation_cost(&self, bytes: usize, stream: StreamId) -> usize;
+
+    /// Whether [`allocation_cost`](Self::allocation_cost) is exactly what an
+    /// allocation made right after takes from the device (on one thread).
+    ///
+    /// `true` for a resource that allocates every request as asked. A cache answers `false`: its cost is a guess made before it
+    /// places the block (the virtual-memory arena may need one page more
+    /// than the estimate when the block straddles a page, or new pages
+    /// where its idle ones are scattered), so a
+    /// [`BudgetResource`](crate::BudgetResource) above it counts
+    /// what the inner resource holds after every allocation instead of
+    /// trusting the estimate. Decorators forward to the inner resource.
+    fn allocation_cost_is_exact(&self) -> bool;
+
+    /// The most bytes one allocation through this stack could ever take, if
+    /// a layer limits it (a [`Budget`](crate::Budget)'s limit),
+    /// else `None`. A request past it can never be served, so the futures
+    /// layer refuses it at once instead of queueing it behind other waiters.
+    /// Decorators answer for themselves or their inner resource.
+    fn allocation_limit(&self) -> Option<usize>;
+
+    /// Adds to `out` the relief list of each budget this resource or one
+    /// below it charges (a [`Budget`](crate::Budget) shared with
+    /// other stacks). The futures layer registers the whole stack with
+    /// each ([`AsyncResource::from_arc`](crate::AsyncResource::from_arc)),
+    /// so that a request refused under that budget on another stack asks
+    /// this one for its idle memory, whatever the order of its layers (a
+    /// cache above the budget included). Decorators add their inner
+    /// resource's; a budget resource adds its budget's too; a resource at
+    /// the bottom adds nothing.
+    fn budget_reliefs(&self, out: &mut Vec<BudgetRelief>);
+
+    // ---- Sleep ----
 
     /// Queues the sleep of the blocks of the tags `plan` names (see
-    /// [`CachingResource::sleep`](crate::cache::CachingResource::sleep)) in
+    /// [`CachingResource::sleep`](crate::CachingResource::sleep)) in
     /// the outermost layer that can put memory to sleep, and returns the
     /// streams whose completion, once the host saw it, lets
     /// [`settle_sleep`](Self::settle_sleep) give the memory back.
-    /// [`AsyncResource::sleep`](crate::futures::AsyncResource::sleep) is the
+    /// [`AsyncResource::sleep`](crate::AsyncResource::sleep) is the
     /// way to call it.
     ///
     /// Provided, as a refusal
@@ -480,8 +537,8 @@ pub unsafe trait DeviceMemoryResource: Send + Sync {
     /// `all_but_allocate`).
     ///
     /// # Errors
-    /// As [`CachingResource::sleep`](crate::cache::CachingResource::sleep).
-    fn begin_sleep(&self, plan: &crate::types::SleepPlan) -> ResourceResult<Vec<StreamId>> {
+    /// As [`CachingResource::sleep`](crate::CachingResource::sleep).
+    fn begin_sleep(&self, plan: &SleepPlan) -> ResourceResult<Vec<StreamId>> {
         let _ = plan;
         Err(crate::ResourceError::SleepRefused {
             reason: "no layer of the stack can sleep (a cache with a virtual-memory arena can)",
@@ -499,25 +556,41 @@ pub unsafe trait DeviceMemoryResource: Send + Sync {
     }
 
     /// Wakes the sleep in effect (see
-    /// [`CachingResource::wake`](crate::cache::CachingResource::wake)) and
+    /// [`CachingResource::wake`](crate::CachingResource::wake)) and
     /// returns the streams its restores were queued on. Provided, as a
     /// refusal. Decorators forward it.
     ///
     /// # Errors
-    /// As [`CachingResource::wake`](crate::cache::CachingResource::wake).
+    /// As [`CachingResource::wake`](crate::CachingResource::wake).
     fn wake(&self) -> ResourceResult<Vec<StreamId>> {
         Err(crate::ResourceError::SleepRefused {
             reason: "no layer of the stack can sleep (a cache with a virtual-memory arena can)",
         })
     }
 
+    // ---- Observing ----
+
+    /// Adds what this layer holds to `snapshot` (its blocks, ranges, queued
+    /// frees, budget: see [`MemorySnapshot`]), then asks the layer it
+    /// wraps. Each layer copies its part under its own locks and releases
+    /// them before the next reads.
+    ///
+    /// Provided, as nothing: a snapshot moves no bytes, so a layer that
+    /// leaves it out hides itself and what lies below it from the picture
+    /// and breaks nothing else. Decorators forward it (with
+    /// [`forward_to_inner!`](crate::forward_to_inner), in
+    /// `all_but_allocate`) after adding their own part.
+    fn snapshot_into(&self, snapshot: &mut MemorySnapshot) {
+        let _ = snapshot;
+    }
+
     /// Shows `visit` the handle of each layer of the stack that has one,
     /// outermost first: a statistics layer its
-    /// [`Stats`](crate::adaptors::Stats), a budget its
-    /// [`Budget`](crate::adaptors::Budget), a cache its
-    /// [`CacheStats`](crate::cache::CacheStats) as of now. This is how a
+    /// [`Stats`](crate::Stats), a budget its
+    /// [`Budget`](crate::Budget), a cache its
+    /// [`CacheStats`](crate::CacheStats) as of now. This is how a
     /// built stack's layers are reached by type
-    /// ([`AsyncResource::layer`](crate::futures::AsyncResource::layer))
+    /// ([`AsyncResource::layer`](crate::AsyncResource::layer))
     /// rather than by counting `inner()`.
     ///
     /// A decorator shows its own handle, if any, then forwards
@@ -615,7 +688,7 @@ unsafe impl<R: DeviceMemoryResource + ?Sized> DeviceMemoryResource for std::sync
     fn visit_layers(&self, visit: &mut dyn FnMut(&dyn std::any::Any)) {
         (**self).visit_layers(visit)
     }
-    fn begin_sleep(&self, plan: &crate::types::SleepPlan) -> ResourceResult<Vec<StreamId>> {
+    fn begin_sleep(&self, plan: &SleepPlan) -> ResourceResult<Vec<StreamId>> {
         (**self).begin_sleep(plan)
     }
     fn settle_sleep(&self) -> ResourceResult<bool> {

@@ -1,4 +1,4 @@
-//! Relief lists: where a shared limit (a [`Budget`](crate::adaptors::Budget))
+//! Relief lists: where a shared limit (a [`Budget`](crate::Budget))
 //! finds the resources it may ask for idle memory.
 //!
 //! A limit shared by several stacks refuses a request on one of them while
@@ -6,14 +6,14 @@
 //! debug guard's quarantine). Its [`BudgetRelief`] lists those *holders*,
 //! each a weak reference with an id to unregister:
 //!
-//! - every [`BudgetResource`](crate::adaptors::BudgetResource), which
+//! - every [`BudgetResource`](crate::BudgetResource), which
 //!   reaches the stack below it;
 //! - every stack under the futures layer that charges the limit, the whole
 //!   stack, so that a cache *above* the budget resource is reached too. A
 //!   stack reports the limits it charges through
 //!   [`DeviceMemoryResource::budget_reliefs`](super::DeviceMemoryResource::budget_reliefs),
 //!   which every decorator forwards, so a stack built by hand registers
-//!   exactly as one built by [`AsyncResource::build`](crate::futures::AsyncResource::build).
+//!   exactly as one built by [`AsyncResource::build`](crate::AsyncResource::build).
 //!
 //! The list lives in the resource layer, below the adaptor that owns the
 //! budget, because the futures layer registers a whole stack from what the
@@ -37,7 +37,7 @@
 use std::cell::Cell;
 use std::sync::{Arc, Weak};
 
-use crate::sync::{AtomicU64, Mutex, MutexGuard, Ordering};
+use crate::util::sync::{AtomicU64, Mutex, MutexGuard, Ordering};
 
 /// A resource under a shared limit that may hold memory no caller uses.
 pub(crate) trait IdleHolder: Send + Sync {

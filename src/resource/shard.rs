@@ -21,9 +21,9 @@ use super::block_uses::BlockUses;
 use super::live_table::LiveTable;
 use super::pending::StreamFrees;
 use crate::gpu::{CaptureId, RawStream};
-use crate::padded::CachePadded;
-use crate::sync::{AtomicUsize, Mutex, MutexGuard};
 use crate::types::{AllocTag, StreamId};
+use crate::util::padded::CachePadded;
+use crate::util::sync::{AtomicUsize, Mutex, MutexGuard};
 
 /// Low bits of a serial that name its shard.
 pub(crate) const SHARD_BITS: u32 = 6;
@@ -57,7 +57,7 @@ pub(crate) struct BlockRecord {
     pub(crate) freeing: bool,
     /// The capture it was allocated in (a graph memory node, which every
     /// replay allocates again): its free is settled with the pool's
-    /// [`KeptGraphMemory`](crate::device::graph_memory::KeptGraphMemory)
+    /// [`KeptGraphMemory`](crate::graph_memory::KeptGraphMemory)
     /// unless that capture frees it.
     pub(crate) capture: Option<CaptureId>,
     /// The tag it was allocated with, and when: for snapshots (a clock

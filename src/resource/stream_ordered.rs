@@ -22,7 +22,7 @@
 //! - **Kept graph allocations**: a record allocated on a capturing stream
 //!   notes its capture. Freed in that capture, it is a graph free as above;
 //!   freed after it, the pool's ledger
-//!   ([`KeptGraphMemory`](crate::device::graph_memory::KeptGraphMemory))
+//!   ([`KeptGraphMemory`](crate::graph_memory::KeptGraphMemory))
 //!   says what the free does: while the graph lives, nothing on the device
 //!   (the bytes join the graph's tally, and the graph frees each replay's
 //!   instance); once it is gone, an ordinary free of the instance the last
@@ -72,8 +72,8 @@ use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::cuda::CudaGpu;
 use crate::gpu::sim::SimGpu;
 use crate::gpu::{CaptureId, CaptureStatus, Gpu, RawStream};
-use crate::padded::CachePadded;
 use crate::types::{Access, AllocTag, BlockId, BlockState, DeviceBlock, ResourceId, StreamId};
+use crate::util::padded::CachePadded;
 
 /// The stream-ordered resource over a backend `G`.
 ///
@@ -829,10 +829,10 @@ unsafe impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
     /// nothing may block, it synchronizes nothing and drains nothing: the
     /// completion notifications apply those frees as the GPU runs them, and
     /// a waiting allocation is woken then. So a decorator that reaps on its
-    /// out-of-memory path (`RetryOnOom`, the cache) never parks the
+    /// out-of-memory path (`RetryOnOomResource`, the cache) never parks the
     /// executor thread.
     fn reap_pending(&self) -> ResourceResult<()> {
-        if crate::poll_scope::in_poll() {
+        if crate::util::poll_scope::in_poll() {
             return Ok(());
         }
         let mut marks = Vec::new();

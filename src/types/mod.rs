@@ -12,14 +12,12 @@
 mod block;
 mod capture_id;
 mod completed;
-mod sleep_plan;
 mod stream_id;
 mod tag;
 
 pub use block::{Access, AllocTag, BlockId, BlockState, DeviceBlock, ResourceId};
 pub use capture_id::CaptureId;
 pub use completed::CompletedUses;
-pub use sleep_plan::{SleepMode, SleepPlan};
 pub(crate) use stream_id::SIM_HANDLE;
 pub use stream_id::{RawStream, StreamId};
 pub use tag::Tag;

@@ -4,7 +4,7 @@
 //! The resources of a stack see only the kind: statistics group by it, and
 //! it is a copy of two words, so a tag costs nothing per call. The identity
 //! lives in the futures layer, which is where a request waits: its span
-//! (see [`AsyncResource::allocate`](crate::futures::AsyncResource::allocate))
+//! (see [`AsyncResource::allocate`](crate::AsyncResource::allocate))
 //! carries it, so every event a layer below emits while the request is
 //! served or refused is attributed to the request. Making a tag with an
 //! identity costs the identity's `Arc<str>` (once per request, shared by
@@ -26,7 +26,7 @@ use super::AllocTag;
 ///
 /// # Examples
 /// ```
-/// use streamalloc::types::Tag;
+/// use streamalloc::Tag;
 /// use streamalloc::AllocTag;
 ///
 /// let plain: Tag = AllocTag("weights").into();

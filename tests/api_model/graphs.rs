@@ -44,9 +44,9 @@
 //! work before replaying a graph with a kept block when the stack has a
 //! cache; a graph memory node is freed after its uses by the crate.
 
-use streamalloc::error::driver_code::INVALID_VALUE;
+use streamalloc::CapturedGraph;
 use streamalloc::gpu::CaptureMode;
-use streamalloc::graph::CapturedGraph;
+use streamalloc::gpu::driver_code::INVALID_VALUE;
 
 use super::*;
 

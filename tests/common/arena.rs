@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
-use streamalloc::cache::{CacheConfig, CachingResource};
 use streamalloc::gpu::sim::{MemAccess, SimGpu};
+use streamalloc::{CacheConfig, CachingResource};
 use streamalloc::{SimResource, StreamId, StreamPool};
 
 /// A cache over the stream-ordered resource of a simulated device.

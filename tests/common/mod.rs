@@ -121,8 +121,8 @@ pub fn step_until_ready<F: std::future::Future + Unpin>(
 }
 
 /// An async resource over a fixture's resource.
-pub fn async_resource(f: &Fixture<SimGpu>) -> streamalloc::futures::AsyncResource<SimResource> {
-    streamalloc::futures::AsyncResource::new(f.resource.clone()).expect("async resource")
+pub fn async_resource(f: &Fixture<SimGpu>) -> streamalloc::AsyncResource<SimResource> {
+    streamalloc::AsyncResource::new(f.resource.clone()).expect("async resource")
 }
 
 /// Polls `f` to completion on this thread, running the simulated device

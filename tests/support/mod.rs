@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use streamalloc::error::DriverCall;
+use streamalloc::DriverCall;
 use streamalloc::gpu::sim::MemAccess;
 use streamalloc::{
     Access, AllocTag, BlockId, BlockState, DeviceBlock, DeviceMemoryResource, ResourceResult,

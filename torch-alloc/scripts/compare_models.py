@@ -18,7 +18,12 @@ classes are reused; random weights from seeds):
   `GPT2LMHeadModel` from a config when `transformers` imports, else a
   GPT-2 of the same shape written here.
 - `llama_serve4`: the LLaMA-style decoder of record_trace serving requests
-  from four threads, each on its own `torch.cuda.Stream()`.
+  from four threads, each on its own `torch.cuda.Stream()` (batch 1-4,
+  prompts 16-512, 8-32 new tokens: the weights are most of the memory).
+- `llama_serve4_wide`: the same with the shape of the recorded
+  `llama_serve4` trace (batch 1-16, prompts 16-768, 8-64 new tokens): the
+  keys, values and activations of four concurrent requests are most of
+  the memory, where an allocator's per-stream pools show.
 - `bert_train`: the BERT-base training step of record_trace (AdamW, bf16
   autocast, varying sequence length) with its inputs copied on a side
   stream. A pluggable allocator never sees `record_stream` (PyTorch drops
@@ -64,7 +69,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-MODELS = ("gpt2_infer", "llama_serve4", "bert_train")
+MODELS = ("gpt2_infer", "llama_serve4", "llama_serve4_wide", "bert_train")
 SEED = 7
 
 
@@ -120,6 +125,23 @@ class Stats(ctypes.Structure):
     _fields_ = [(n, ctypes.c_uint64) for n in (
         "allocated_bytes", "peak_allocated_bytes", "reserved_bytes", "peak_reserved_bytes",
         "allocs", "frees", "alloc_nanos", "free_nanos", "failures")]
+
+
+def install_rmm():
+    """Makes RMM's pool PyTorch's allocator, as `rmm.allocators.torch`
+    does, with statistics above and below the pool: the pool starts at
+    2 MiB and grows (RMM's default of half the free memory up front would
+    make "reserved" meaningless). Returns (below, above)."""
+    import rmm
+    import torch
+    from rmm.allocators.torch import rmm_torch_allocator
+
+    below = rmm.mr.StatisticsResourceAdaptor(rmm.mr.CudaMemoryResource())
+    pool = rmm.mr.PoolMemoryResource(below, initial_pool_size=2**21)
+    above = rmm.mr.StatisticsResourceAdaptor(pool)
+    rmm.mr.set_current_device_resource(above)
+    torch.cuda.memory.change_current_allocator(rmm_torch_allocator)
+    return below, above
 
 
 def sa_stats(lib):
@@ -228,15 +250,20 @@ def run_gpt2(torch, dev, rng, short):
     return outputs, times, "per token", kind
 
 
-def run_llama_serve4(torch, dev, rng, short):
+def run_llama_serve4_wide(torch, dev, rng, short):
+    return run_llama_serve4(torch, dev, rng, short, wide=True)
+
+
+def run_llama_serve4(torch, dev, rng, short, wide=False):
     sys.path.insert(0, str(ROOT / "measure" / "scripts"))
     from record_trace import Llama
 
     model = Llama().to(dev.name, torch.float16 if dev.cuda else torch.float32).eval()
     dev.sync()
     per_thread = 2 if short else 6
-    cap = (128, 8) if short else (512, 32)
-    plans = [[(rng.randint(1, 4), rng.randint(16, cap[0]), rng.randint(8, cap[1])) for _ in range(per_thread)]
+    cap = (128, 8) if short else ((768, 64) if wide else (512, 32))
+    batch = 16 if wide and not short else 4
+    plans = [[(rng.randint(1, batch), rng.randint(16, cap[0]), rng.randint(8, cap[1])) for _ in range(per_thread)]
              for _ in range(4)]
     # Inputs made up front from one generator, so that the four threads'
     # interleaving cannot change them.
@@ -328,12 +355,13 @@ def run_bert_train(torch, dev, rng, short):
     return losses, times, "per step", "record_trace.Bert"
 
 
-RUNNERS = {"gpt2_infer": run_gpt2, "llama_serve4": run_llama_serve4, "bert_train": run_bert_train}
+RUNNERS = {"gpt2_infer": run_gpt2, "llama_serve4": run_llama_serve4, "llama_serve4_wide": run_llama_serve4_wide, "bert_train": run_bert_train}
 
 
 def child(args):
     on_gpu = args.device == "cuda"
     lib = install_streamalloc(args.lib) if args.allocator == "streamalloc" and on_gpu else None
+    rmm_stats = install_rmm() if args.allocator == "rmm" else None
     hooks = "not asked (--hooks)"
     if lib and args.hooks:
         sys.path.insert(0, str(HERE))
@@ -370,6 +398,10 @@ def child(args):
         res["hooks"] = hooks
         if after["failures"]:
             res["last_error"] = last_error(lib)
+    elif rmm_stats:
+        below, above = rmm_stats
+        res["peak_reserved"] = below.allocation_counts["peak_bytes"]
+        res["peak_allocated"] = above.allocation_counts["peak_bytes"]
     else:
         res["peak_reserved"] = torch.cuda.max_memory_reserved() if dev.cuda else 1
         res["peak_allocated"] = torch.cuda.max_memory_allocated() if dev.cuda else 1
@@ -456,6 +488,14 @@ def parent(args):
             row["time_ratio"] = ours["time_median"] / ref["time_median"]
             row["reserved_over_allocated"] = ours["peak_reserved"] / max(1, ours["peak_allocated"])
             row["torch_reserved_over_allocated"] = ref["peak_reserved"] / max(1, ref["peak_allocated"])
+        if args.rmm:
+            theirs = run_child(args, model, "rmm", "rmm")
+            row["rmm"] = theirs
+            if "error" not in theirs and "error" not in ours and "error" not in ref:
+                toks, rel, bitwise = compare(torch, load("torch"), load("rmm"))
+                row["rmm_outputs"] = {"bitwise": bitwise, "tokens_differing": toks, "max_rel_diff": rel}
+                row["rmm_reserved_ratio"] = ours["peak_reserved"] / theirs["peak_reserved"]
+                row["rmm_time_ratio"] = ours["time_median"] / theirs["time_median"]
         if args.sanitize:
             row["memcheck"] = run_child(args, model, "streamalloc", "memcheck", sanitize=True)
         report["models"][model] = row
@@ -491,6 +531,20 @@ def table(report):
             f"({row['reserved_ratio']:.2f}x) | {row['torch_reserved_over_allocated']:.3f}x / {row['reserved_over_allocated']:.3f}x | "
             f"{fmt(ref['time_median'])} / {fmt(ours['time_median'])} {unit} ({row['time_ratio']:.3f}x) | "
             f"{ours['allocator_ns_per_call']:.0f} ns/call, {100 * ours['allocator_share']:.2f}% of the run{fails} | {mc} |")
+    rmm_rows = [(m, r) for m, r in report["models"].items() if "rmm" in r]
+    if rmm_rows:
+        lines += ["", "| model | RMM pool: outputs vs PyTorch | peak reserved MiB, RMM / streamalloc (ratio) "
+                  "| time, RMM / streamalloc (ratio) |", "| --- | --- | --- | --- |"]
+        for model, row in rmm_rows:
+            theirs, ours = row["rmm"], row["streamalloc"]
+            if "error" in theirs or "rmm_reserved_ratio" not in row:
+                lines.append(f"| {model} | run failed: see {model}.rmm.log | | |")
+                continue
+            o = row["rmm_outputs"]
+            agree = "bitwise" if o["bitwise"] else f"{o['tokens_differing']} tokens, rel {o['max_rel_diff']:.1e}"
+            lines.append(f"| {model} | {agree} | {mib(theirs['peak_reserved'])} / {mib(ours['peak_reserved'])} "
+                         f"({row['rmm_reserved_ratio']:.2f}x) | {theirs['time_median'] * 1e3:.2f} / "
+                         f"{ours['time_median'] * 1e3:.2f} ms ({row['rmm_time_ratio']:.3f}x) |")
     return "\n".join(lines) + "\n"
 
 
@@ -505,12 +559,14 @@ def main():
     ap.add_argument("--hooks", action="store_true",
                     help="compile torch_hooks.py's extension so that record_stream, empty_cache and "
                          "memory fractions reach streamalloc")
+    ap.add_argument("--rmm", action="store_true",
+                    help="also RMM's pool through the same hook (rmm.allocators.torch; needs rmm installed)")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                     help="cpu: a dry run of the script without a GPU (runs streamalloc's side on PyTorch's "
                          "allocator too, so only the logic is checked)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model", choices=MODELS, help=argparse.SUPPRESS)
-    ap.add_argument("--allocator", choices=("torch", "streamalloc"), help=argparse.SUPPRESS)
+    ap.add_argument("--allocator", choices=("torch", "streamalloc", "rmm"), help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.lib = str(Path(args.lib).resolve())

@@ -5,7 +5,7 @@
 //!
 //! - the device's [open-ended](StreamPool::open_ended) stream pool, which
 //!   PyTorch's streams join as they appear ([`streams`](crate::streams));
-//! - the stack `RetryOnOom<CachingResource<StreamOrderedResource>>` on it:
+//! - the stack `RetryOnOomResource<CachingResource<StreamOrderedResource>>` on it:
 //!   the cache (one virtual-memory arena for every stream) over the
 //!   stream-ordered bookkeeping, and a retry that reaps completed frees
 //!   before an out-of-memory error is final;
@@ -35,13 +35,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
-use streamalloc::adaptors::RetryOnOom;
-use streamalloc::cache::{CacheConfig, CachingResource};
+use streamalloc::RetryOnOomResource;
 use streamalloc::gpu::Gpu;
-use streamalloc::types::{AllocTag, StreamId};
+use streamalloc::{AllocTag, StreamId};
 use streamalloc::{
     Backend, Device, DeviceMemoryResource, ResourceError, StreamOrderedResource, StreamPool,
 };
+use streamalloc::{CacheConfig, CachingResource};
 
 use crate::blocks::BlockTable;
 use crate::context::KeepCurrentContext;
@@ -54,7 +54,7 @@ pub(crate) const STREAMS: usize = 192;
 /// Every block PyTorch asks for carries this tag.
 const TAG: AllocTag = AllocTag("torch");
 
-type Stack = RetryOnOom<CachingResource<StreamOrderedResource<Backend>>>;
+type Stack = RetryOnOomResource<CachingResource<StreamOrderedResource<Backend>>>;
 
 /// Why an allocator call failed.
 #[derive(Debug)]
@@ -184,7 +184,7 @@ impl DeviceAllocator {
         let cache = CachingResource::with_config(StreamOrderedResource::new(&device), config);
         Ok(DeviceAllocator {
             pool,
-            stack: RetryOnOom::new(cache),
+            stack: RetryOnOomResource::new(cache),
             blocks: BlockTable::default(),
             counters: Counters::default(),
             limit: AtomicUsize::new(usize::MAX),

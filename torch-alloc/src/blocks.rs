@@ -25,7 +25,7 @@
 use std::sync::{Mutex, MutexGuard};
 
 use rustc_hash::FxHashMap;
-use streamalloc::types::{DeviceBlock, StreamId};
+use streamalloc::{DeviceBlock, StreamId};
 
 const SHARDS: usize = 16;
 

@@ -19,7 +19,7 @@
 
 use std::sync::{Arc, OnceLock};
 
-use streamalloc::device::DEVICE_ENV;
+use streamalloc::DEVICE_ENV;
 use streamalloc::gpu::sim::SimGpu;
 use streamalloc::{Backend, ResourceError};
 

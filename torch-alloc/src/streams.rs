@@ -26,7 +26,7 @@
 //!
 //! [`StreamPool::register`]: streamalloc::StreamPool::register
 
-use streamalloc::types::RawStream;
+use streamalloc::RawStream;
 
 /// `cudaStreamLegacy`: the legacy default stream, by another name than null.
 const STREAM_LEGACY: usize = 0x1;

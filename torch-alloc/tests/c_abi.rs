@@ -11,7 +11,7 @@ use std::sync::{Arc, OnceLock};
 
 use streamalloc::gpu::Gpu;
 use streamalloc::gpu::sim::{MemAccess, SimGpu};
-use streamalloc::types::{Access, RawStream};
+use streamalloc::{Access, RawStream};
 use torch_alloc::*;
 
 const MIB: isize = 1 << 20;

@@ -150,7 +150,7 @@ fn measure_pairs<G: Gpu>(b: &Bench<G>, cudarc: bool, rows: &mut Vec<Row>) {
         // 19): their cost is the ratio of the row above to this one.
         let unaware = streamalloc::CachingResource::with_config(
             b.resource.clone(),
-            streamalloc::cache::CacheConfig::default().capture_aware(false),
+            streamalloc::CacheConfig::default().capture_aware(false),
         );
         peers.push((
             "Cache, no capture query".into(),
@@ -249,7 +249,7 @@ fn measure_threads<G: Gpu>(b: &Bench<G>, rows: &mut Vec<Row>) {
 /// with backtraces; a snapshot of the stack with many live blocks, alone
 /// and while threads allocate.
 fn measure_observe<G: Gpu>(b: &Bench<G>, rows: &mut Vec<Row>) {
-    use streamalloc::observe::record_memory_history;
+    use streamalloc::record_memory_history;
     use streamalloc::{AsyncResource, CacheConfig, Device, ResourceBuilder};
 
     let backend = b.name;

@@ -129,7 +129,7 @@ fn drop_vs_deallocate<G: Gpu>(bench: &support::Bench<G>) {
 /// Row 1 through an `AsyncResource`: its `deallocate` (handle dropped) vs
 /// dropping a buffer it allocated.
 fn drop_vs_deallocate_async<G: Gpu>(bench: &support::Bench<G>) {
-    let res = streamalloc::futures::AsyncResource::new(bench.resource.clone()).unwrap();
+    let res = streamalloc::AsyncResource::new(bench.resource.clone()).unwrap();
     let s = bench.stream(0);
     let r = ratio(
         || {

@@ -22,7 +22,7 @@ use streamalloc_measure::support;
 
 use std::sync::Arc;
 
-use streamalloc::futures::AsyncResource;
+use streamalloc::AsyncResource;
 use streamalloc::gpu::sim::SimGpu;
 use streamalloc::{Device, StreamOrderedResource};
 

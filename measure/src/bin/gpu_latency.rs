@@ -36,12 +36,12 @@ use std::time::{Duration, Instant};
 
 use std::sync::Arc;
 
-use streamalloc::futures::{AsyncResource, Behind, WaitPolicy, WaitStats};
 use streamalloc::gpu::Gpu;
 use streamalloc::gpu::sim::SimGpu;
 use streamalloc::{
     AllocTag, Device, DeviceBlock, DeviceMemoryResource, RawStream, ResourceError, ResourceResult,
 };
+use streamalloc::{AsyncResource, Behind, WaitPolicy, WaitStats};
 
 const SAMPLES: usize = 20_000;
 const STREAMS: usize = 8;
@@ -543,7 +543,7 @@ async fn measure<R: DeviceMemoryResource + 'static>(
             let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
             let consumer = tokio::spawn(async move {
                 while let Some(point) = rx.recv().await {
-                    let point: streamalloc::futures::EventFuture = point;
+                    let point: streamalloc::EventFuture = point;
                     point.await?;
                 }
                 ResourceResult::Ok(())

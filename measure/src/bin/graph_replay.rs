@@ -33,10 +33,10 @@ use std::time::{Duration, Instant};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaFunction, CudaGraph, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
-use streamalloc::futures::AsyncResource;
+use streamalloc::AsyncResource;
+use streamalloc::CapturedGraph;
 use streamalloc::gpu::CaptureMode;
 use streamalloc::gpu::cuda::CudaGpu;
-use streamalloc::graph::CapturedGraph;
 use streamalloc::{AllocTag, AsyncCudaResource, Device, ResourceError, StreamId};
 
 const PTX: &str = include_str!("../../../examples/kernels/saxpy.ptx");

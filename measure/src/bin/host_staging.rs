@@ -22,10 +22,10 @@
 
 use std::time::Instant;
 
-use streamalloc::futures::AsyncResource;
+use streamalloc::AsyncResource;
 use streamalloc::gpu::Gpu;
-use streamalloc::host::{HostPool, HostPoolConfig};
 use streamalloc::{AllocTag, Buffer, Device, DeviceMemoryResource, StreamId};
+use streamalloc::{HostPool, HostPoolConfig};
 
 const ROUNDS: usize = 9;
 const TAG: AllocTag = AllocTag("staging");
@@ -131,7 +131,7 @@ async fn main() {
     let sim = std::env::args().any(|a| a == "--sim");
     if sim {
         // SAFETY: set before any thread reads the environment.
-        unsafe { std::env::set_var(streamalloc::device::DEVICE_ENV, "sim") };
+        unsafe { std::env::set_var(streamalloc::DEVICE_ENV, "sim") };
     }
     let device = Device::open(0, 1);
     if device.simulator().is_some() && !sim {

@@ -11,7 +11,7 @@
 
 use std::path::PathBuf;
 
-use streamalloc::observe::record_memory_history;
+use streamalloc::record_memory_history;
 use streamalloc::{AllocTag, AsyncResource, Budget, CacheConfig, Device, ResourceBuilder};
 use streamalloc_measure::memory_plot;
 

@@ -36,6 +36,11 @@
 //! by one behind a tokio `Semaphore` that mirrors the budget
 //! (`streamalloc+semaphore`): both stacks are the caching tier over the
 //! budget (`AsyncResource::build`).
+//! `--staged` runs, instead, the service with real input and output
+//! copies: each request's input written on the host into pinned memory,
+//! copied in, its result copied out and checked; streamalloc through a
+//! `HostPool`, cudarc and cuda-async with pinned buffers per client
+//! (`staged.md`, `staged.csv`; see the `staged` module).
 //! `--policy NAME`
 //! sets the streamalloc way's (and the fills rows') wait policy (`default`, `park`, `spin20`,
 //! `yield1ms`, `coalesced`), to tell completion costs from the rest.
@@ -55,11 +60,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use streamalloc::error::DriverCall;
-use streamalloc::futures::{AnyResource, AsyncResource, WaitPolicy};
+use streamalloc::DriverCall;
 use streamalloc::gpu::Gpu;
 use streamalloc::gpu::cuda::cuda_present;
 use streamalloc::gpu::sim::SimGpu;
+use streamalloc::{AnyResource, AsyncResource, WaitPolicy};
 use streamalloc::{
     Budget, CacheConfig, CachingResource, Device, ResourceBuilder, SimResource,
     StreamOrderedResource,
@@ -71,6 +76,9 @@ use streamalloc_measure::service::streamalloc_way::{Edge, Level, Memory};
 use streamalloc_measure::service::{
     Dims, LevelResult, SimKernels, csv_header, cudarc_way, fills, plot, streamalloc_way,
 };
+
+#[path = "service_bench/staged.rs"]
+mod staged;
 
 const STREAMS: usize = 8;
 
@@ -89,6 +97,7 @@ struct Args {
     diag: bool,
     policy: Option<WaitPolicy>,
     budget_quarter: bool,
+    staged: bool,
 }
 
 fn parse_args() -> BoxResult<Args> {
@@ -105,6 +114,7 @@ fn parse_args() -> BoxResult<Args> {
         diag: false,
         policy: None,
         budget_quarter: false,
+        staged: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -133,6 +143,7 @@ fn parse_args() -> BoxResult<Args> {
             "--sim-latency-us" => args.sim_latency_us = value("--sim-latency-us")?.parse()?,
             "--diag" => args.diag = true,
             "--budget-quarter" => args.budget_quarter = true,
+            "--staged" => args.staged = true,
             "--policy" => args.policy = Some(parse_policy(&value("--policy")?)?),
             other => return Err(format!("unknown argument {other} (see the file's docs)").into()),
         }
@@ -163,7 +174,7 @@ fn parse_policy(name: &str) -> BoxResult<WaitPolicy> {
         // stream's end (how every parked future was notified before
         // notifications targeted the oldest parked point).
         "coalesced" => WaitPolicy {
-            behind: streamalloc::futures::Behind::Park,
+            behind: streamalloc::Behind::Park,
             ..WaitPolicy::DEFAULT
         },
         other => {
@@ -188,11 +199,15 @@ fn main() -> BoxResult<()> {
         STREAMS,
         args.seed
     );
-    if !args.sim && cuda_present() {
-        rt.block_on(on_cuda(&args))
-    } else {
+    let cuda = !args.sim && cuda_present();
+    if !cuda {
         println!("device: SIMULATED (only the streamalloc way; cudarc and cuda-async need CUDA)");
-        rt.block_on(on_sim(&args))
+    }
+    match (args.staged, cuda) {
+        (true, true) => rt.block_on(staged::on_cuda(&args)),
+        (true, false) => rt.block_on(staged::on_sim(&args)),
+        (false, true) => rt.block_on(on_cuda(&args)),
+        (false, false) => rt.block_on(on_sim(&args)),
     }
 }
 
@@ -675,11 +690,7 @@ fn busy_after(
 }
 
 /// A level's wait statistics, per request.
-fn wait_delta(
-    a: &streamalloc::futures::WaitStats,
-    b: &streamalloc::futures::WaitStats,
-    requests: usize,
-) -> String {
+fn wait_delta(a: &streamalloc::WaitStats, b: &streamalloc::WaitStats, requests: usize) -> String {
     let per = |x: u64, y: u64| (y - x) as f64 / requests.max(1) as f64;
     format!(
         "per request: points {:.2}, queries {:.2}, frontier queries {:.2}, spins {:.2}, yields {:.2}, parks {:.2}, notifications {:.2}",

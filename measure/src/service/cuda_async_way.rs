@@ -23,7 +23,7 @@ use cuda_async::device_operation::{DeviceOp, ExecutionContext, value, with_conte
 use cuda_async::scheduling_policies::SingleStream;
 use cudarc::driver::CudaContext;
 use cudarc::driver::sys::CUstream;
-use streamalloc::error::DriverCall;
+use streamalloc::DriverCall;
 use streamalloc::gpu::{GpuError, GpuResult};
 
 use super::cuda_model::CudaModel;
@@ -84,10 +84,24 @@ impl CudaAsyncWay {
         })
     }
 
-    fn synchronize(&self) -> GpuResult<()> {
+    /// Waits for every stream of its context.
+    ///
+    /// # Errors
+    /// A driver error.
+    pub fn synchronize(&self) -> GpuResult<()> {
         self.ctx
             .synchronize()
             .map_err(|e| peer_error(DriverCall::StreamSynchronize, e))
+    }
+
+    /// Its context (device 0's primary context, through cuda-core).
+    pub fn context(&self) -> &Arc<cuda_core::Context> {
+        &self.ctx
+    }
+
+    /// The scheduling policy of client `client`'s stream.
+    pub fn policy(&self, client: usize) -> &SingleStream {
+        &self.policies[client % self.policies.len()]
     }
 
     /// One level, as the other ways' (client `c` on stream `c mod streams`).

@@ -31,12 +31,12 @@ use std::sync::{Arc, Mutex};
 use cudarc::cublas::sys as blas;
 use cudarc::driver::sys::{self as cu, CUdeviceptr, CUfunction, CUmodule, CUstream};
 use cudarc::driver::{CudaContext, DriverError};
+use streamalloc::DriverCall;
 use streamalloc::RawStream;
-use streamalloc::error::DriverCall;
 use streamalloc::gpu::{GpuError, GpuResult};
 
 use super::timeline::Timeline;
-use super::{Dims, RequestIo, RequestKernels};
+use super::{Dims, ModelKernels, RequestIo, RequestKernels};
 
 /// `y = max(y, 0)` over `n` floats, one thread per element (what nvcc
 /// emits for the obvious CUDA C, PTX ISA 7.0: any driver since CUDA 11 JITs it).
@@ -220,12 +220,7 @@ impl CudaModel {
 
     /// The value of every output element.
     pub fn expected_output(&self) -> f32 {
-        let w = f32::from_bits(u32::from_ne_bytes([WEIGHT_BYTE; 4]));
-        let (h, i) = (self.dims.hidden as f32, self.dims.inner as f32);
-        let h1 = (INPUT_VALUE * w * h).max(0.0);
-        let x2 = h1 * w * i;
-        let h2 = (x2 * w * h).max(0.0);
-        h2 * w * i
+        expected_output(self.dims, INPUT_VALUE)
     }
 
     /// Whether client `client`'s output holds the expected value in its
@@ -316,20 +311,11 @@ impl CudaModel {
                 format!("no output buffer for client {client}"),
             )
         })?;
-        if rows > self.dims.max_rows() {
-            return Err(GpuError::driver(
-                DriverCall::Launch,
-                0,
-                format!("{rows} rows > the model's {}", self.dims.max_rows()),
-            ));
-        }
+        self.check_rows(rows)?;
         let d = self.dims;
         self.ctx
             .bind_to_thread()
             .map_err(|e| driver(DriverCall::Launch, e))?;
-        let blas = self.handle(stream)?;
-        let blas = blas.lock().unwrap_or_else(|p| p.into_inner());
-        let [w1, w2, w3, w4] = self.weights;
         // SAFETY: `stream` is live (this function's contract).
         let mark = unsafe { self.timeline.start(stream) };
         // SAFETY: `input` holds max_rows × hidden floats ≥ rows × hidden;
@@ -338,6 +324,72 @@ impl CudaModel {
         unsafe { cu::cuMemcpyHtoDAsync_v2(x, self.input.ptr, rows * d.hidden * 4, stream) }
             .result()
             .map_err(|e| driver(DriverCall::CopyAsync, e))?;
+        // SAFETY: this function's contract is the model's.
+        unsafe { self.queue_model(stream, [x, h, y], rows)? };
+        // SAFETY: `out` holds max_rows × out floats ≥ rows × out, pinned;
+        // the client sends one request at a time, so nothing else writes or
+        // reads it until this request completes.
+        let copied = unsafe { cu::cuMemcpyDtoHAsync_v2(out.ptr, y, rows * d.out * 4, stream) }
+            .result()
+            .map_err(|e| driver(DriverCall::CopyAsync, e));
+        // SAFETY: the stream `mark` was recorded on.
+        unsafe { self.timeline.end(mark, stream) };
+        copied
+    }
+
+    /// Queues the model alone on `stream`, reading the input the caller
+    /// copied into `x` and leaving the result in `y` (the staged service,
+    /// whose ways copy in and out themselves).
+    ///
+    /// # Errors
+    /// Too many rows, a driver or cuBLAS error.
+    ///
+    /// # Safety
+    /// `stream` is a live stream of this model's context; `x`, `h`, `y` are
+    /// live device allocations of at least rows × hidden, rows × inner and
+    /// rows × out floats, ordered on `stream` (their allocation, the copy
+    /// into `x` and every other use come before it in stream order), and
+    /// kept until the work completes.
+    pub unsafe fn enqueue_model_raw(
+        &self,
+        stream: CUstream,
+        buffers: [CUdeviceptr; 3],
+        rows: usize,
+    ) -> GpuResult<()> {
+        self.check_rows(rows)?;
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| driver(DriverCall::Launch, e))?;
+        // SAFETY: this function's contract is the model's.
+        unsafe { self.queue_model(stream, buffers, rows) }
+    }
+
+    fn check_rows(&self, rows: usize) -> GpuResult<()> {
+        if rows > self.dims.max_rows() {
+            return Err(GpuError::driver(
+                DriverCall::Launch,
+                0,
+                format!("{rows} rows > the model's {}", self.dims.max_rows()),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The four GEMMs and two ReLUs of a request on `stream` (the context
+    /// bound, the rows checked).
+    ///
+    /// # Safety
+    /// As [`enqueue_model_raw`](Self::enqueue_model_raw).
+    unsafe fn queue_model(
+        &self,
+        stream: CUstream,
+        [x, h, y]: [CUdeviceptr; 3],
+        rows: usize,
+    ) -> GpuResult<()> {
+        let d = self.dims;
+        let blas = self.handle(stream)?;
+        let blas = blas.lock().unwrap_or_else(|p| p.into_inner());
+        let [w1, w2, w3, w4] = self.weights;
         let gemm = |a: CUdeviceptr, b: CUdeviceptr, c: CUdeviceptr, n_out: usize, k: usize| {
             // Row-major C[rows × n_out] = B[rows × k] · A[k × n_out] is, in
             // cuBLAS's column-major terms, Cᵀ = Aᵀ · Bᵀ with no transposes.
@@ -399,16 +451,7 @@ impl CudaModel {
         gemm(w2, h, x, d.hidden, d.inner)?;
         gemm(w3, x, h, d.inner, d.hidden)?;
         relu(h, rows * d.inner)?;
-        gemm(w4, h, y, d.out, d.inner)?;
-        // SAFETY: `out` holds max_rows × out floats ≥ rows × out, pinned;
-        // the client sends one request at a time, so nothing else writes or
-        // reads it until this request completes.
-        let copied = unsafe { cu::cuMemcpyDtoHAsync_v2(out.ptr, y, rows * d.out * 4, stream) }
-            .result()
-            .map_err(|e| driver(DriverCall::CopyAsync, e));
-        // SAFETY: the stream `mark` was recorded on.
-        unsafe { self.timeline.end(mark, stream) };
-        copied
+        gemm(w4, h, y, d.out, d.inner)
     }
 }
 
@@ -429,6 +472,30 @@ impl RequestKernels for CudaModel {
             )
         }
     }
+}
+
+impl ModelKernels for CudaModel {
+    fn enqueue_model(&self, stream: RawStream, io: RequestIo<'_>) -> GpuResult<()> {
+        let raw = stream.get() as CUstream;
+        // SAFETY: the staged streamalloc way calls this from a `launch` on
+        // a stream of its CUDA pool (this context's), declaring x, h, y as
+        // written, after queuing the copy into x on the same stream: the
+        // launch ordered them there, and their buffers outlive the copy out
+        // of y, which the request awaits before dropping them.
+        unsafe { self.enqueue_model_raw(raw, [io.x.ptr(), io.h.ptr(), io.y.ptr()], io.rows) }
+    }
+}
+
+/// The value of every output element of a request whose input elements
+/// are all `input` (positive: both ReLUs then pass everything, so the
+/// output is `input` times the product of the layers' sums).
+pub fn expected_output(dims: Dims, input: f32) -> f32 {
+    let w = f32::from_bits(u32::from_ne_bytes([WEIGHT_BYTE; 4]));
+    let (h, i) = (dims.hidden as f32, dims.inner as f32);
+    let h1 = (input * w * h).max(0.0);
+    let x2 = h1 * w * i;
+    let h2 = (x2 * w * h).max(0.0);
+    h2 * w * i
 }
 
 fn pinned(bytes: usize) -> GpuResult<Pinned> {

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use cudarc::driver::sys::{self as cu, CUmemoryPool};
 use cudarc::driver::{CudaContext, CudaStream, DevicePtrMut, DriverError};
-use streamalloc::error::DriverCall;
+use streamalloc::DriverCall;
 use streamalloc::gpu::{GpuError, GpuResult};
 
 use super::cuda_model::CudaModel;

@@ -11,10 +11,10 @@
 
 use std::time::{Duration, Instant};
 
-use streamalloc::futures::{AsyncResource, EventFuture};
 use streamalloc::{
     AllocTag, DeviceBlock, DeviceMemoryResource, RawStream, ResourceResult, StreamId,
 };
+use streamalloc::{AsyncResource, EventFuture};
 
 /// How a fill's completion future is made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,6 +1,8 @@
 //! The work of one request, queued on one stream: what the streamalloc way
 //! runs on CUDA ([`CudaModel`](super::cuda_model::CudaModel)) and on the
-//! simulated device ([`SimKernels`]).
+//! simulated device ([`SimKernels`]): the whole request
+//! ([`RequestKernels`]), or the model alone between copies the way makes
+//! itself ([`ModelKernels`], the staged service).
 
 use std::sync::Arc;
 
@@ -34,6 +36,17 @@ pub trait RequestKernels: Send + Sync + 'static {
     fn enqueue(&self, stream: RawStream, io: RequestIo<'_>) -> GpuResult<()>;
 }
 
+/// Queues the model alone on a stream: the input already copied into `x`,
+/// the result left in `y` (the staged service copies in and out itself).
+pub trait ModelKernels: Send + Sync + 'static {
+    /// Queues the model's work on `stream`; `io.client` is not used.
+    ///
+    /// # Errors
+    /// A driver (or simulated driver) error; work queued before it stays
+    /// queued.
+    fn enqueue_model(&self, stream: RawStream, io: RequestIo<'_>) -> GpuResult<()>;
+}
+
 /// The request's work on the simulated device: every copy, GEMM and
 /// activation is a simulated kernel declaring the buffers it reads and
 /// writes, so that the race detector checks each against the allocations,
@@ -55,12 +68,20 @@ impl RequestKernels for SimKernels {
         let (r, w) = (MemAccess::read, MemAccess::write);
         let launch = |accesses: &[MemAccess]| self.gpu.launch_kernel(stream, accesses);
         launch(&[w(io.x)])?; // input, host to device
+        self.enqueue_model(stream, io)?;
+        launch(&[r(io.y)]) // output, device to host
+    }
+}
+
+impl ModelKernels for SimKernels {
+    fn enqueue_model(&self, stream: RawStream, io: RequestIo<'_>) -> GpuResult<()> {
+        let (r, w) = (MemAccess::read, MemAccess::write);
+        let launch = |accesses: &[MemAccess]| self.gpu.launch_kernel(stream, accesses);
         launch(&[r(io.x), w(io.h)])?; // GEMM 1
         launch(&[w(io.h)])?; // ReLU
         launch(&[r(io.h), w(io.x)])?; // GEMM 2
         launch(&[r(io.x), w(io.h)])?; // GEMM 3
         launch(&[w(io.h)])?; // ReLU
-        launch(&[r(io.h), w(io.y)])?; // GEMM 4
-        launch(&[r(io.y)]) // output, device to host
+        launch(&[r(io.h), w(io.y)]) // GEMM 4
     }
 }

@@ -22,6 +22,11 @@
 //! peak memory its backend held against the peak of live requested bytes,
 //! and how many threads sat blocked in a wait ([`Recorder`]).
 //!
+//! [`staged`] is the same service with real input and output copies: the
+//! host writes each request's input into pinned memory and checks its
+//! result, and each way stages the bytes its own way (streamalloc through
+//! a `HostPool`, the peers through pinned buffers per client).
+//!
 //! On the simulated device the streamalloc way runs with simulated kernels
 //! ([`SimKernels`]): the CI test checks that every request is answered, that
 //! the race detector finds nothing and that no byte is left outstanding.
@@ -35,11 +40,12 @@ mod kernels;
 pub mod plot;
 mod recorder;
 mod shape;
+pub mod staged;
 pub mod streamalloc_way;
 mod threads;
 pub mod timeline;
 
-pub use kernels::{RequestIo, RequestKernels, SimKernels};
+pub use kernels::{ModelKernels, RequestIo, RequestKernels, SimKernels};
 pub use recorder::{LevelResult, Recorder, csv_header};
 pub use shape::{Dims, RequestShape, Shapes};
 pub use threads::ThreadSampler;

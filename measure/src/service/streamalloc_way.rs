@@ -1,6 +1,6 @@
 //! The service on streamalloc: owned buffers from an
 //! [`AsyncResource`] over the caching tier, one launch and one
-//! [`EventFuture`](streamalloc::futures::EventFuture) per request, frees on
+//! [`EventFuture`](streamalloc::EventFuture) per request, frees on
 //! drop, returned by a [`Reaper`].
 //!
 //! A request takes three buffers (input, activations, output). By default
@@ -13,8 +13,8 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use streamalloc::futures::{AsyncResource, Reaper};
 use streamalloc::{AllocTag, Buffer, DeviceMemoryResource, ResourceError, ResourceResult};
+use streamalloc::{AsyncResource, Reaper};
 use tokio::sync::Semaphore;
 
 use super::{Dims, LevelResult, Recorder, RequestIo, RequestKernels, Shapes, ThreadSampler};

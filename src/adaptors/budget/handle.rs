@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::sync::{AtomicUsize, Ordering};
+use crate::util::sync::{AtomicUsize, Ordering};
 
 use crate::error::{ResourceError, ResourceResult};
 use crate::resource::BudgetRelief;
@@ -46,7 +46,7 @@ struct Shared {
 ///
 /// # Examples
 /// ```
-/// use streamalloc::adaptors::Budget;
+/// use streamalloc::Budget;
 ///
 /// let budget = Budget::new(1 << 20);
 /// let same = budget.clone();
@@ -115,7 +115,7 @@ impl Budget {
     }
 
     /// Counts `bytes` against the budget if they fit, and returns the
-    /// reservation: [`commit`](Reservation::commit) it once the memory is
+    /// reservation: [`commit`](BudgetReservation::commit) it once the memory is
     /// really allocated, or drop it to give the bytes back.
     ///
     /// # Errors
@@ -126,7 +126,7 @@ impl Budget {
     /// # Cancel safety
     /// Dropping the reservation (an early return, a panic, a dropped future
     /// holding it) releases the bytes.
-    pub fn try_reserve(&self, bytes: usize) -> ResourceResult<Reservation<'_>> {
+    pub fn try_reserve(&self, bytes: usize) -> ResourceResult<BudgetReservation<'_>> {
         let shared = &*self.shared;
         let mut current = shared.in_use.load(Ordering::Acquire);
         loop {
@@ -149,7 +149,7 @@ impl Budget {
                 Ordering::Acquire,
             ) {
                 Ok(_) => {
-                    return Ok(Reservation {
+                    return Ok(BudgetReservation {
                         budget: self,
                         bytes,
                         level: next,
@@ -176,7 +176,7 @@ impl Budget {
     }
 
     /// Gives `bytes` back, and wakes the allocations waiting for memory
-    /// (through an [`AsyncResource`](crate::futures::AsyncResource)) on
+    /// (through an [`AsyncResource`](crate::AsyncResource)) on
     /// every resource and device, since any of them may charge this budget.
     /// Releasing more than is in use is a bookkeeping bug of the caller; the
     /// count stops at zero rather than wrapping.
@@ -220,14 +220,14 @@ impl fmt::Debug for Budget {
 /// keeps them counted (until [`Budget::release`]).
 #[must_use = "an uncommitted reservation is released when dropped"]
 #[derive(Debug)]
-pub struct Reservation<'a> {
+pub struct BudgetReservation<'a> {
     budget: &'a Budget,
     bytes: usize,
     /// `in_use` right after this reservation was taken.
     level: usize,
 }
 
-impl Reservation<'_> {
+impl BudgetReservation<'_> {
     /// The bytes reserved.
     pub fn bytes(&self) -> usize {
         self.bytes
@@ -246,7 +246,7 @@ impl Reservation<'_> {
     }
 }
 
-impl Drop for Reservation<'_> {
+impl Drop for BudgetReservation<'_> {
     fn drop(&mut self) {
         self.budget.release(self.bytes);
     }

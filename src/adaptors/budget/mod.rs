@@ -29,7 +29,7 @@
 //! a cache hit — with a compare-and-swap loop *before* asking the inner
 //! resource, so that racing threads can never push `in_use` past the limit,
 //! and gives the reservation back if the inner allocation fails (a
-//! [`Reservation`] is released when dropped uncommitted). Afterwards it
+//! [`BudgetReservation`] is released when dropped uncommitted). Afterwards it
 //! counts what the inner resource really holds: if a racing thread took the
 //! cached block this one expected, the difference is charged even past the
 //! limit, and released with the block.
@@ -70,6 +70,6 @@ mod layer;
 mod relief;
 mod resource;
 
-pub use handle::{Budget, Reservation};
+pub use handle::{Budget, BudgetReservation};
 pub use layer::BudgetLayer;
 pub use resource::BudgetResource;

@@ -4,18 +4,18 @@
 //! # State
 //!
 //! - The budget's shared handle keeps a list of *holders* (its
-//!   [`BudgetRelief`](crate::resource::BudgetRelief), a type of the
+//!   [`BudgetRelief`](crate::BudgetRelief), a type of the
 //!   resource layer, which reports it): one per live
 //!   [`BudgetResource`](super::BudgetResource), a weak reference to the
 //!   part of it that reaches the stack below it (a cache's idle blocks and
 //!   arena pages, a debug guard's quarantine), and one per stack built by
-//!   [`AsyncResource::build`](crate::futures::AsyncResource::build) whose
+//!   [`AsyncResource::build`](crate::AsyncResource::build) whose
 //!   layers charge the budget, the whole stack (so that a cache *above*
 //!   the budget is reached too), each with an id to unregister. A stack
 //!   reports the budgets it charges through
 //!   [`budget_reliefs`](crate::DeviceMemoryResource::budget_reliefs), so a
 //!   stack built by hand and wrapped by
-//!   [`AsyncResource::from_arc`](crate::futures::AsyncResource::from_arc)
+//!   [`AsyncResource::from_arc`](crate::AsyncResource::from_arc)
 //!   registers too.
 //! - A thread-local flag marks a thread inside a relief.
 //!
@@ -81,9 +81,9 @@ impl Budget {
     ///
     /// # Examples
     /// ```
-    /// use streamalloc::adaptors::{Budget, BudgetResource};
-    /// use streamalloc::cache::CachingResource;
-    /// use streamalloc::{AllocTag, Device, DeviceMemoryResource, SimGpu, SimResource};
+    /// use streamalloc::{Budget, BudgetResource};
+    /// use streamalloc::CachingResource;
+    /// use streamalloc::{AllocTag, Device, DeviceMemoryResource, gpu::sim::SimGpu, SimResource};
     ///
     /// let gpu = SimGpu::new();
     /// let device = Device::simulated(&gpu, 1);

@@ -10,17 +10,17 @@ use crate::gpu::CaptureId;
 use crate::resource::BudgetRelief;
 use crate::resource::DeviceMemoryResource;
 use crate::resource::relief::{HolderRegistration, IdleHolder};
-use crate::sync::{AtomicUsize, Mutex, Ordering};
 use crate::types::{AllocTag, CompletedUses, DeviceBlock, StreamId};
+use crate::util::sync::{AtomicUsize, Mutex, Ordering};
 
 /// Charges a shared [`Budget`] for every byte of the inner resource, from
 /// the allocation until its free has executed.
 ///
-/// See the [module documentation](super) for how bytes are given back.
+/// The essay of `src/adaptors/budget/` says how bytes are given back.
 ///
 /// # Examples
 /// ```
-/// use streamalloc::adaptors::{Budget, BudgetResource};
+/// use streamalloc::{Budget, BudgetResource};
 /// use streamalloc::gpu::sim::SimGpu;
 /// use streamalloc::{Device, AllocTag, DeviceMemoryResource, ResourceError, SimResource};
 ///
@@ -123,9 +123,9 @@ impl<R: DeviceMemoryResource> IdleHolder for Counted<R> {
         // Blocks given back are queued frees: off a poll, reap them, as a
         // cache does for its own blocks when memory is full. Nothing is
         // reaped when nothing was idle, so a queued free of a caller still
-        // holds its bytes until someone reaps (`RetryOnOom`, a reaper).
+        // holds its bytes until someone reaps (`RetryOnOomResource`, a reaper).
         if given > 0 {
-            if !crate::poll_scope::in_poll() {
+            if !crate::util::poll_scope::in_poll() {
                 if let Err(e) = self.inner.reap_pending() {
                     tracing::warn!(error = %e, "reaping idle memory given back failed");
                 }

@@ -3,11 +3,11 @@
 use std::fmt;
 use std::sync::Arc;
 
-use super::{DebugGuard, Poison};
+use super::{DebugGuardResource, Poison};
 use crate::adaptors::Layer;
 use crate::resource::DeviceMemoryResource;
 
-/// How much a [`DebugGuard`] holds, and what it fills blocks with.
+/// How much a [`DebugGuardResource`] holds, and what it fills blocks with.
 #[derive(Clone)]
 pub struct GuardConfig {
     pub(super) max_blocks: usize,
@@ -71,7 +71,7 @@ impl fmt::Debug for GuardConfig {
     }
 }
 
-/// Wraps every resource it is given in a [`DebugGuard`] configured by a
+/// Wraps every resource it is given in a [`DebugGuardResource`] configured by a
 /// [`GuardConfig`].
 #[derive(Debug, Clone, Default)]
 pub struct DebugGuardLayer {
@@ -91,9 +91,9 @@ impl DebugGuardLayer {
 }
 
 impl<R: DeviceMemoryResource> Layer<R> for DebugGuardLayer {
-    type Resource = DebugGuard<R>;
+    type Resource = DebugGuardResource<R>;
 
-    fn layer(&self, inner: R) -> DebugGuard<R> {
-        DebugGuard::new(inner, self.config.clone())
+    fn layer(&self, inner: R) -> DebugGuardResource<R> {
+        DebugGuardResource::new(inner, self.config.clone())
     }
 }

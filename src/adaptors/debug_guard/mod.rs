@@ -1,4 +1,4 @@
-//! DebugGuard: hold deallocated blocks in quarantine before the real free,
+//! DebugGuardResource: hold deallocated blocks in quarantine before the real free,
 //! so that use-after-free and double free show up in debugging.
 //!
 //! # State
@@ -13,7 +13,7 @@
 //!   and a budget above keep counting them.
 //!
 //! A second, **order** mutex holds no data: it serialises `deallocate` and
-//! [`DebugGuard::flush`] among themselves, so that the quarantine's order and
+//! [`DebugGuardResource::flush`] among themselves, so that the quarantine's order and
 //! its caps are decided by one thread at a time.
 //!
 //! # Locks
@@ -46,7 +46,7 @@
 //! takes the mark off); from then on
 //! [`block_state`](crate::DeviceMemoryResource::block_state) reports
 //! [`Quarantined`](crate::BlockState::Quarantined) and every block-use hook
-//! on it is refused. [`DebugGuard::flush`] (and dropping the guard) frees
+//! on it is refused. [`DebugGuardResource::flush`] (and dropping the guard) frees
 //! the whole quarantine, oldest first, under the order lock.
 //!
 //! While its `deallocate` is in flight (waiting for the order lock, evicting,
@@ -84,4 +84,4 @@ mod resource;
 
 pub use layer::{DebugGuardLayer, GuardConfig};
 pub use poison::{GpuPoison, Poison};
-pub use resource::DebugGuard;
+pub use resource::DebugGuardResource;

@@ -36,7 +36,7 @@ pub trait Poison: Send + Sync + 'static {
 ///
 /// # Examples
 /// ```
-/// use streamalloc::adaptors::{DebugGuard, GpuPoison, GuardConfig};
+/// use streamalloc::{DebugGuardResource, GpuPoison, GuardConfig};
 /// use streamalloc::{Device, StreamOrderedResource};
 ///
 /// let device = Device::open(0, 1);
@@ -44,7 +44,7 @@ pub trait Poison: Send + Sync + 'static {
 /// // SAFETY: the guard below is the poison's only user, and it fills only
 /// // blocks live in `resource`, a resource of `device`.
 /// let poison = unsafe { GpuPoison::new(&device, 0xA5) };
-/// let guard = DebugGuard::new(resource, GuardConfig::new().poison(poison));
+/// let guard = DebugGuardResource::new(resource, GuardConfig::new().poison(poison));
 /// # drop(guard);
 /// ```
 pub struct GpuPoison<G: Gpu> {
@@ -58,7 +58,7 @@ impl<G: Gpu> GpuPoison<G> {
     /// # Safety
     /// [`fill`](Poison::fill) queues a `memset_async` over the block it is
     /// given, which no backend can check, so every block it is ever given
-    /// (by the [`DebugGuard`](super::DebugGuard) it is configured into,
+    /// (by the [`DebugGuardResource`](super::DebugGuardResource) it is configured into,
     /// which passes only blocks live in its inner resource, or by any other
     /// caller) must be:
     /// 1. an allocation of `device`'s backend whose free is not queued yet;
@@ -75,7 +75,7 @@ impl<G: Gpu> GpuPoison<G> {
     /// # Safety
     /// Every block [`fill`](Poison::fill) is ever given is live in
     /// `resource` (or in another resource of the same device): configure it
-    /// into a [`DebugGuard`](super::DebugGuard) whose inner resource
+    /// into a [`DebugGuardResource`](super::DebugGuardResource) whose inner resource
     /// allocates from `resource`, and do not call `fill` with other blocks.
     pub unsafe fn for_resource(resource: &StreamOrderedResource<G>, value: u8) -> Self {
         // SAFETY: the device is `resource`'s; the caller's contract gives

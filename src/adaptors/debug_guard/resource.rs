@@ -1,4 +1,4 @@
-//! [`DebugGuard`]: the quarantining decorator.
+//! [`DebugGuardResource`]: the quarantining decorator.
 
 use crate::forward_to_inner;
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -7,8 +7,8 @@ use std::fmt;
 use super::GuardConfig;
 use crate::error::{ResourceError, ResourceResult};
 use crate::resource::DeviceMemoryResource;
-use crate::sync::{Mutex, MutexGuard};
 use crate::types::{Access, AllocTag, BlockId, BlockState, DeviceBlock, ResourceId, StreamId};
+use crate::util::sync::{Mutex, MutexGuard};
 
 #[derive(Debug, Default)]
 struct State {
@@ -73,7 +73,7 @@ impl State {
 /// return leaves the block live and unchanged; [`complete`](Self::complete)
 /// takes it off in the same state section that records the free.
 struct FreeMark<'a, R: DeviceMemoryResource> {
-    guard: &'a DebugGuard<R>,
+    guard: &'a DebugGuardResource<R>,
     id: BlockId,
     armed: bool,
 }
@@ -98,19 +98,19 @@ impl<R: DeviceMemoryResource> Drop for FreeMark<'_, R> {
 /// Proof that the caller holds the order lock.
 type Order<'a> = MutexGuard<'a, ()>;
 
-/// Quarantines deallocated blocks before the real free. See the
-/// [module documentation](super).
+/// Quarantines deallocated blocks before the real free. The essay of
+/// `src/adaptors/debug_guard/` says how.
 ///
 /// # Examples
 /// ```
-/// use streamalloc::adaptors::{DebugGuard, GuardConfig};
+/// use streamalloc::{DebugGuardResource, GuardConfig};
 /// use streamalloc::gpu::sim::SimGpu;
 /// use streamalloc::{Device, AllocTag, BlockState, DeviceMemoryResource, ResourceError, SimResource};
 ///
 /// let gpu = SimGpu::new();
 /// let device = Device::simulated(&gpu, 1);
 /// let s = device.stream(0)?;
-/// let guard = DebugGuard::new(SimResource::new(&device), GuardConfig::new());
+/// let guard = DebugGuardResource::new(SimResource::new(&device), GuardConfig::new());
 ///
 /// let block = guard.allocate(512, s, AllocTag::UNTAGGED)?;
 /// guard.deallocate(block.clone())?;
@@ -125,7 +125,7 @@ type Order<'a> = MutexGuard<'a, ()>;
 /// A quarantined block stays allocated in the inner resource: its memory is
 /// not reused until the guard frees it for real, so a late reader reads
 /// stale (or poisoned) data instead of another allocation's.
-pub struct DebugGuard<R: DeviceMemoryResource> {
+pub struct DebugGuardResource<R: DeviceMemoryResource> {
     inner: R,
     config: GuardConfig,
     /// Serialises `deallocate` and `flush` (quarantine order, caps); held
@@ -137,10 +137,10 @@ pub struct DebugGuard<R: DeviceMemoryResource> {
     state: Mutex<State>,
 }
 
-impl<R: DeviceMemoryResource> fmt::Debug for DebugGuard<R> {
+impl<R: DeviceMemoryResource> fmt::Debug for DebugGuardResource<R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = self.lock();
-        f.debug_struct("DebugGuard")
+        f.debug_struct("DebugGuardResource")
             .field("config", &self.config)
             .field("quarantined", &state.quarantine.len())
             .field("quarantined_bytes", &state.held_bytes)
@@ -148,10 +148,10 @@ impl<R: DeviceMemoryResource> fmt::Debug for DebugGuard<R> {
     }
 }
 
-impl<R: DeviceMemoryResource> DebugGuard<R> {
+impl<R: DeviceMemoryResource> DebugGuardResource<R> {
     /// Wraps `inner`.
     pub fn new(inner: R, config: GuardConfig) -> Self {
-        DebugGuard {
+        DebugGuardResource {
             inner,
             config,
             order: Mutex::new(()),
@@ -285,7 +285,7 @@ impl<R: DeviceMemoryResource> DebugGuard<R> {
 // resource; the guard judges a returned block by its own records and
 // touches memory only through the inner resource's device.
 #[allow(unsafe_code)]
-unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for DebugGuard<R> {
+unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for DebugGuardResource<R> {
     // `bytes_outstanding` is the inner resource's count, which includes
     // quarantined blocks: they are still on the device.
     forward_to_inner!(inner; device_ordinal, bytes_outstanding, reap_pending, pending_free_seq, reap_through, supports_block_use_tracking, allocation_cost, allocation_cost_is_exact, allocation_limit, budget_reliefs, capture_status, release_capture, visit_layers, begin_sleep, settle_sleep, wake);
@@ -447,7 +447,7 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for DebugGuard<R> {
     }
 }
 
-impl<R: DeviceMemoryResource> Drop for DebugGuard<R> {
+impl<R: DeviceMemoryResource> Drop for DebugGuardResource<R> {
     fn drop(&mut self) {
         // Quarantined blocks are live in the inner resource: free them, or
         // they would leak with the guard.
@@ -473,13 +473,13 @@ mod loom_tests {
     use crate::resource::SimResource;
     use crate::resource::race_two_frees;
 
-    type Guard = DebugGuard<Arc<SimResource>>;
+    type Guard = DebugGuardResource<Arc<SimResource>>;
 
     fn fixture(config: GuardConfig) -> (Arc<SimGpu>, Arc<SimResource>, Arc<Guard>, StreamId) {
         let gpu = SimGpu::builder().manual().build();
         let device = Device::simulated(&gpu, 2);
         let r = Arc::new(SimResource::new(&device));
-        let g = Arc::new(DebugGuard::new(r.clone(), config));
+        let g = Arc::new(DebugGuardResource::new(r.clone(), config));
         (gpu, r, g, device.stream(0).unwrap())
     }
 

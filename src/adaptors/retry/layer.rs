@@ -1,9 +1,9 @@
-//! [`RetryOnOomLayer`]: wraps resources in [`RetryOnOom`].
+//! [`RetryOnOomLayer`]: wraps resources in [`RetryOnOomResource`].
 
-use super::RetryOnOom;
+use super::RetryOnOomResource;
 use crate::adaptors::Layer;
 
-/// Wraps every resource it is given in a [`RetryOnOom`].
+/// Wraps every resource it is given in a [`RetryOnOomResource`].
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RetryOnOomLayer;
 
@@ -15,9 +15,9 @@ impl RetryOnOomLayer {
 }
 
 impl<R> Layer<R> for RetryOnOomLayer {
-    type Resource = RetryOnOom<R>;
+    type Resource = RetryOnOomResource<R>;
 
-    fn layer(&self, inner: R) -> RetryOnOom<R> {
-        RetryOnOom::new(inner)
+    fn layer(&self, inner: R) -> RetryOnOomResource<R> {
+        RetryOnOomResource::new(inner)
     }
 }

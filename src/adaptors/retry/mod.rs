@@ -1,4 +1,4 @@
-//! RetryOnOom: when memory is short, reap what the GPU has finished freeing
+//! RetryOnOomResource: when memory is short, reap what the GPU has finished freeing
 //! and try once more.
 //!
 //! # State
@@ -18,7 +18,7 @@
 //!
 //! Whether a budget refusal is retried depends on the order of the stack:
 //! only a budget *below* this layer is reaped before the retry (see the
-//! [builder's `# Order`](crate::builder::ResourceBuilder#order)).
+//! [builder's `# Order`](crate::ResourceBuilder#order)).
 
 // The one `unsafe` is the resource's `unsafe impl DeviceMemoryResource`,
 // which vouches for blocks and streams that are the inner resource's.
@@ -28,4 +28,4 @@ mod layer;
 mod resource;
 
 pub use layer::RetryOnOomLayer;
-pub use resource::RetryOnOom;
+pub use resource::RetryOnOomResource;

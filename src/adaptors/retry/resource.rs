@@ -1,4 +1,4 @@
-//! [`RetryOnOom`]: the decorator that reaps and retries once.
+//! [`RetryOnOomResource`]: the decorator that reaps and retries once.
 
 use crate::forward_to_inner;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -9,11 +9,11 @@ use crate::types::{AllocTag, DeviceBlock, StreamId};
 
 /// Retries an allocation once, after reaping, when memory is short.
 ///
-/// See the [module documentation](super).
+/// The essay of `src/adaptors/retry/` says when it retries.
 ///
 /// # Examples
 /// ```
-/// use streamalloc::adaptors::RetryOnOom;
+/// use streamalloc::RetryOnOomResource;
 /// use streamalloc::gpu::sim::SimGpu;
 /// use streamalloc::{Device, AllocTag, DeviceMemoryResource, SimResource};
 ///
@@ -21,7 +21,7 @@ use crate::types::{AllocTag, DeviceBlock, StreamId};
 /// let gpu = SimGpu::builder().manual().capacity(1 << 20).build();
 /// let device = Device::simulated(&gpu, 2);
 /// let (a, b) = (device.stream(0)?, device.stream(1)?);
-/// let r = RetryOnOom::new(SimResource::new(&device));
+/// let r = RetryOnOomResource::new(SimResource::new(&device));
 ///
 /// let block = r.allocate(768 << 10, a, AllocTag::UNTAGGED)?;
 /// r.deallocate(block)?; // queued on `a`, not yet executed
@@ -39,21 +39,21 @@ use crate::types::{AllocTag, DeviceBlock, StreamId};
 ///
 /// # Under an `AsyncResource`
 /// An allocation awaited through
-/// [`AsyncResource`](crate::futures::AsyncResource) runs inside a poll,
+/// [`AsyncResource`](crate::AsyncResource) runs inside a poll,
 /// where the stream-ordered resource's reap does not synchronize: the retry
 /// then only sees what was already applied, and when it fails too the
 /// allocation waits in the queue until the completion notifications apply
 /// the frees. So this adaptor never parks an executor thread.
 #[derive(Debug)]
-pub struct RetryOnOom<R> {
+pub struct RetryOnOomResource<R> {
     inner: R,
     retries: AtomicU64,
 }
 
-impl<R> RetryOnOom<R> {
+impl<R> RetryOnOomResource<R> {
     /// Wraps `inner`.
     pub fn new(inner: R) -> Self {
-        RetryOnOom {
+        RetryOnOomResource {
             inner,
             retries: AtomicU64::new(0),
         }
@@ -80,7 +80,7 @@ fn memory_short(e: &ResourceError) -> bool {
 // SAFETY: blocks and streams are the inner resource's, unchanged; every
 // call reaches it (an allocation, perhaps more than once).
 #[allow(unsafe_code)]
-unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for RetryOnOom<R> {
+unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for RetryOnOomResource<R> {
     forward_to_inner!(inner; deallocate, deallocate_completed, device_ordinal, bytes_outstanding, reap_pending, pending_free_seq, reap_through, supports_block_use_tracking, record_block_use, prepare_block_use, finish_block_use, block_state, allocation_cost, allocation_cost_is_exact, frees_across_streams, release_idle, allocation_limit, budget_reliefs, capture_status, release_capture, snapshot_into, visit_layers, begin_sleep, settle_sleep, wake);
     /// Allocates from the inner resource; when memory is short, reaps and
     /// tries once more.

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::sync::{Mutex, MutexGuard};
+use crate::util::sync::{Mutex, MutexGuard};
 
 use super::table::Tally;
 use super::{StatsSnapshot, WaitOutcome};
@@ -16,7 +16,7 @@ use crate::types::AllocTag;
 ///
 /// # Examples
 /// ```
-/// use streamalloc::adaptors::{Stats, StatsResource};
+/// use streamalloc::{Stats, StatsResource};
 /// use streamalloc::gpu::sim::SimGpu;
 /// use streamalloc::{Device, AllocTag, DeviceMemoryResource, SimResource};
 ///

@@ -15,7 +15,7 @@
 //! the user holds through this layer. Where the bytes go afterwards (a
 //! quarantine, a pending free) is the business of the layers below; place
 //! the stats layer below a debug guard to count quarantined blocks as held
-//! (see the [builder's `# Order`](crate::builder::ResourceBuilder#order)).
+//! (see the [builder's `# Order`](crate::ResourceBuilder#order)).
 //! Failed calls count nothing but a failure, except a refusal for lack of
 //! memory of a request that then *waits* in the futures layer's queue:
 //! that is back-pressure, counted as a refused try, and the futures layer

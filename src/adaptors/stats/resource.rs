@@ -3,9 +3,9 @@
 use super::Stats;
 use crate::error::ResourceResult;
 use crate::forward_to_inner;
-use crate::poll_scope::in_waiting_try;
 use crate::resource::DeviceMemoryResource;
 use crate::types::{AllocTag, CompletedUses, DeviceBlock, StreamId};
+use crate::util::poll_scope::in_waiting_try;
 
 /// Counts allocations and deallocations of the inner resource into a
 /// [`Stats`]; forwards everything else unchanged.

@@ -13,8 +13,8 @@
 use std::collections::HashMap;
 
 use super::{Counts, WaitOutcome};
-use crate::fast_hash::FastMap;
 use crate::types::AllocTag;
+use crate::util::fast_hash::FastMap;
 
 /// A tag's string as two words: its address and its length.
 type Address = (usize, usize);

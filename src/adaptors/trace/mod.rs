@@ -3,7 +3,7 @@
 //!
 //! # What is emitted
 //!
-//! Events have the target [`TARGET`] (`streamalloc::alloc`):
+//! Events have the target [`ALLOC_TARGET`] (`streamalloc::alloc`):
 //!
 //! | call | level | fields |
 //! | --- | --- | --- |
@@ -15,7 +15,7 @@
 //! | `allocate` refused for lack of memory while its request waits | DEBUG | the call's fields and `refusal` |
 //!
 //! A request that waits is not failing: the futures layer gives it a span
-//! (target [`WAIT_TARGET`](crate::futures::WAIT_TARGET)) with its queue
+//! (target [`WAIT_TARGET`](crate::WAIT_TARGET)) with its queue
 //! position and wait time, and the refusals of its tries are DEBUG events
 //! inside that span, not warnings.
 //!
@@ -37,4 +37,4 @@ mod layer;
 mod resource;
 
 pub use layer::TracingLayer;
-pub use resource::{TARGET, TracingResource};
+pub use resource::{ALLOC_TARGET, TracingResource};

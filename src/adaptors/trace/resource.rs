@@ -1,8 +1,8 @@
 //! [`TracingResource`]: the decorator that emits events.
 
 use crate::forward_to_inner;
-use crate::poll_scope::in_waiting_try;
 use crate::resource::unwind::ReturnOnUnwind;
+use crate::util::poll_scope::in_waiting_try;
 use std::time::Instant;
 
 use tracing::{Level, debug, enabled, info_span, trace, warn};
@@ -13,15 +13,15 @@ use crate::resource::DeviceMemoryResource;
 use crate::types::{Access, AllocTag, BlockId, CompletedUses, DeviceBlock, StreamId};
 
 /// The target of every event and span of [`TracingResource`].
-pub const TARGET: &str = "streamalloc::alloc";
+pub const ALLOC_TARGET: &str = "streamalloc::alloc";
 
 /// Emits a [`tracing`] event for every call of the inner resource; forwards
-/// every call unchanged. See the [module documentation](super) for the
-/// fields.
+/// every call unchanged, on the target [`ALLOC_TARGET`]. The essay of
+/// `src/adaptors/trace/` lists the fields.
 ///
 /// # Examples
 /// ```
-/// use streamalloc::adaptors::TracingResource;
+/// use streamalloc::TracingResource;
 /// use streamalloc::gpu::sim::SimGpu;
 /// use streamalloc::{Device, AllocTag, DeviceMemoryResource, SimResource};
 ///
@@ -53,7 +53,7 @@ impl<R> TracingResource<R> {
 /// A start time, taken only when an event at `level` would be recorded.
 macro_rules! start {
     ($level:expr) => {
-        if enabled!(target: TARGET, $level) {
+        if enabled!(target: ALLOC_TARGET, $level) {
             Some(Instant::now())
         } else {
             None
@@ -82,7 +82,7 @@ impl<R: DeviceMemoryResource> TracingResource<R> {
             // The futures layer's span, around this event, says how long
             // the request waits.
             debug!(
-                target: TARGET,
+                target: ALLOC_TARGET,
                 device,
                 stream = %stream,
                 bytes,
@@ -92,7 +92,7 @@ impl<R: DeviceMemoryResource> TracingResource<R> {
             );
         } else {
             warn!(
-                target: TARGET,
+                target: ALLOC_TARGET,
                 device,
                 stream = %stream,
                 bytes,
@@ -116,7 +116,7 @@ impl<R: DeviceMemoryResource> TracingResource<R> {
         let device = self.inner.device_ordinal();
         match &result {
             Ok(()) => trace!(
-                target: TARGET,
+                target: ALLOC_TARGET,
                 device,
                 stream = %stream,
                 block = %block,
@@ -125,7 +125,7 @@ impl<R: DeviceMemoryResource> TracingResource<R> {
                 "{name}"
             ),
             Err(e) => warn!(
-                target: TARGET,
+                target: ALLOC_TARGET,
                 device,
                 stream = %stream,
                 block = %block,
@@ -144,7 +144,7 @@ impl<R: DeviceMemoryResource> TracingResource<R> {
         block: DeviceBlock,
         free: impl FnOnce(&R, DeviceBlock) -> ResourceResult<()>,
     ) -> ResourceResult<()> {
-        if !enabled!(target: TARGET, Level::DEBUG) {
+        if !enabled!(target: ALLOC_TARGET, Level::DEBUG) {
             // Only a failure is logged: keep what it names.
             let (id, ptr, bytes, stream, tag) = (
                 block.id(),
@@ -171,7 +171,7 @@ impl<R: DeviceMemoryResource> TracingResource<R> {
         let device = self.inner.device_ordinal();
         match &result {
             Ok(()) => debug!(
-                target: TARGET,
+                target: ALLOC_TARGET,
                 device,
                 stream = %stream,
                 bytes,
@@ -198,7 +198,7 @@ impl<R: DeviceMemoryResource> TracingResource<R> {
         e: &ResourceError,
     ) {
         warn!(
-            target: TARGET,
+            target: ALLOC_TARGET,
             device = self.inner.device_ordinal(),
             stream = %stream,
             bytes,
@@ -224,7 +224,7 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for TracingResource<R>
     ) -> ResourceResult<DeviceBlock> {
         // Without a subscriber that wants the event: the call, one check,
         // and the failure's warning (no clock, no unwind guard).
-        if !enabled!(target: TARGET, Level::DEBUG) {
+        if !enabled!(target: ALLOC_TARGET, Level::DEBUG) {
             let result = self.inner.allocate(bytes, stream, tag);
             if let Err(e) = &result {
                 self.allocate_failed(bytes, stream, tag, e);
@@ -240,7 +240,7 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for TracingResource<R>
         let result = result.map(|block| ReturnOnUnwind::new(&self.inner, block));
         match &result {
             Ok(guard) => debug!(
-                target: TARGET,
+                target: ALLOC_TARGET,
                 device,
                 stream = %stream,
                 bytes,
@@ -274,7 +274,7 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for TracingResource<R>
 
     fn reap_pending(&self) -> ResourceResult<()> {
         let device = self.inner.device_ordinal();
-        let span = info_span!(target: TARGET, "reap_pending", device);
+        let span = info_span!(target: ALLOC_TARGET, "reap_pending", device);
         let _entered = span.enter();
         let start = start!(Level::INFO);
         let before = self.inner.bytes_outstanding();
@@ -282,13 +282,15 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for TracingResource<R>
         let drained = before.saturating_sub(self.inner.bytes_outstanding());
         match &result {
             Ok(()) => tracing::info!(
-                target: TARGET,
+                target: ALLOC_TARGET,
                 device,
                 bytes = drained,
                 elapsed_ns = elapsed_ns(start),
                 "reaped"
             ),
-            Err(e) => warn!(target: TARGET, device, bytes = drained, error = %e, "reap failed"),
+            Err(e) => {
+                warn!(target: ALLOC_TARGET, device, bytes = drained, error = %e, "reap failed")
+            }
         }
         result
     }
@@ -298,10 +300,10 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for TracingResource<R>
         let device = self.inner.device_ordinal();
         match &result {
             Ok(()) => {
-                debug!(target: TARGET, device, capture = %capture, after = %after, "release_capture")
+                debug!(target: ALLOC_TARGET, device, capture = %capture, after = %after, "release_capture")
             }
             Err(e) => warn!(
-                target: TARGET,
+                target: ALLOC_TARGET,
                 device,
                 capture = %capture,
                 after = %after,
@@ -316,7 +318,7 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for TracingResource<R>
         let start = start!(Level::DEBUG);
         let drained = self.inner.reap_through(stream, seq);
         debug!(
-            target: TARGET,
+            target: ALLOC_TARGET,
             device = self.inner.device_ordinal(),
             stream = %stream,
             seq,

@@ -55,7 +55,7 @@
 //! the arena cannot place elsewhere until given back, so every path that
 //! would map new memory, trim, or count idle memory gives them back first.
 
-use crate::sync::{AtomicU32, Ordering};
+use crate::util::sync::{AtomicU32, Ordering};
 
 use super::placement::Placed;
 

@@ -5,14 +5,17 @@
 //! # State
 //!
 //! - **The slumber** (one at a time, in the tier's sleep lock): the
-//!   sleeping blocks (slot, address, size, [`SleepMode`], the pinned host
-//!   memory an offload copies them into), the handles taken out from
+//!   sleeping blocks (slot, address, size, tag, [`SleepMode`], the pinned
+//!   host memory an offload copies them into, and where that memory goes
+//!   back: the plan's [`OffloadHost`], a host pool, or unpinned when the
+//!   sleep pinned it), the handles taken out from
 //!   under them and not unmapped yet (with the frees on them the GPU
 //!   must be done with), the runs of pages unmapped (to map again at the
 //!   wake), and the fences past the work queued before the sleep.
 //! - **Draining host memory**: pinned memory whose copies (out at a
 //!   sleep, back at a wake) may still run, with the fences past them;
-//!   freed once the host saw those complete.
+//!   given back to its lender (idle in the pool at once: the host saw
+//!   its copies done) or unpinned once the host saw those complete.
 //! - On each sleeping lease, `asleep` ([`Mapped`]): its hooks are refused
 //!   ([`BlockAsleep`](crate::ResourceError::BlockAsleep)) and its free
 //!   gives the range straight to the arena.
@@ -21,8 +24,10 @@
 //!
 //! 1. [`Sleeper::sleep`] finds the blocks (a block of a named tag
 //!    outside the arena, or one a captured graph holds: refused, nothing
-//!    changed), pins the host memory of the offloads with the shards
-//!    unlocked (a failure unpins it: nothing changed), then, with every
+//!    changed; a lender of another backend: refused), borrows the host
+//!    memory of the offloads from the plan's lender, or pins it, with the
+//!    shards unlocked (a failure gives it back: nothing changed), then,
+//!    with every
 //!    shard locked (so no hook, free or allocation of a stream runs
 //!    meanwhile), finds the same blocks again (else refused, unpinned),
 //!    refuses a capturing stream, and queues on each block's stream the
@@ -66,6 +71,8 @@
 // Unsafe here: the sleep queues copies, fills and waits on raw streams, and pins and unpins host memory.
 #![allow(unsafe_code)]
 
+use std::sync::Arc;
+
 use super::freed::Freed;
 use super::pages::Handle;
 use super::vmm::VirtualArena;
@@ -73,9 +80,9 @@ use crate::cache::shard::{Backing, Mapped, SlotGuard};
 use crate::cache::shards::Shards;
 use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::{Gpu, HostMemory};
-use crate::sync::{Mutex, MutexGuard};
-use crate::types::{Access, StreamId};
-use crate::types::{SleepMode, SleepPlan};
+use crate::resource::{OffloadHost, SleepMode, SleepPlan};
+use crate::types::{Access, AllocTag, StreamId};
+use crate::util::sync::{Mutex, MutexGuard};
 
 /// One sleeping block.
 #[derive(Debug)]
@@ -83,9 +90,58 @@ struct SleptBlock {
     slot: usize,
     ptr: u64,
     size: usize,
+    tag: AllocTag,
     mode: SleepMode,
-    /// Where an offload copies the block (pinned by the sleep).
-    host: Option<HostMemory>,
+    /// Where an offload copies the block.
+    host: Option<Offloaded>,
+}
+
+/// The pinned host memory of one offload, and where it goes back: to the
+/// plan's lender, or unpinned when the sleep pinned it.
+#[derive(Debug)]
+struct Offloaded {
+    mem: HostMemory,
+    lender: Option<Arc<dyn OffloadHost>>,
+    tag: AllocTag,
+}
+
+impl Offloaded {
+    /// Borrows from `lender`, or pins, `bytes` of host memory for a block
+    /// of `tag`.
+    fn take(
+        gpu: &dyn Gpu,
+        lender: Option<&Arc<dyn OffloadHost>>,
+        bytes: usize,
+        tag: AllocTag,
+    ) -> ResourceResult<Self> {
+        let mem = match lender {
+            Some(l) => l.lend(bytes, tag)?,
+            None => gpu.host_alloc(bytes, None)?,
+        };
+        Ok(Offloaded {
+            mem,
+            lender: lender.cloned(),
+            tag,
+        })
+    }
+
+    /// Gives the memory up: back to its lender, or unpinned.
+    ///
+    /// # Safety
+    /// 1. No copy touches it any more: the host saw each one queued on it
+    ///    complete, or none was queued.
+    unsafe fn give_up(self, gpu: &dyn Gpu) {
+        match self.lender {
+            // SAFETY: (1) lent for this block, given back once (consumed);
+            // (2) the caller's claim.
+            Some(l) => unsafe { l.take_back(self.mem, self.tag) },
+            None => {
+                // SAFETY: (1) pinned by the sleep, freed once (consumed);
+                // (2) the caller's claim.
+                let _ = unsafe { gpu.host_free(self.mem) };
+            }
+        }
+    }
 }
 
 /// One sleep, from [`Sleeper::sleep`] to [`Sleeper::wake`].
@@ -107,7 +163,7 @@ struct SleepState {
     slumber: Option<Slumber>,
     /// Host memory copies may still read or write, with the fences past
     /// them.
-    draining: Vec<(Vec<Freed>, HostMemory)>,
+    draining: Vec<(Vec<Freed>, Offloaded)>,
 }
 
 /// A refusal of the sleep, changing nothing.
@@ -154,6 +210,10 @@ impl Sleeper {
         if plan.is_empty() {
             return Err(refused("the plan names no tag"));
         }
+        let lender = plan.offload_host();
+        if lender.is_some_and(|l| !l.pins_for(gpu)) {
+            return Err(ResourceError::ForeignHostBuffer);
+        }
         let mut state = self.sleep_lock();
         if state.slumber.is_some() {
             return Err(refused("already asleep: wake first"));
@@ -169,11 +229,11 @@ impl Sleeper {
             if blocks[i].mode != SleepMode::Offload {
                 continue;
             }
-            match gpu.host_alloc(blocks[i].size.max(1), None) {
+            match Offloaded::take(gpu, lender, blocks[i].size.max(1), blocks[i].tag) {
                 Ok(h) => blocks[i].host = Some(h),
                 Err(e) => {
                     Self::unpin(gpu, &mut blocks);
-                    return Err(e.into());
+                    return Err(e);
                 }
             }
         }
@@ -278,9 +338,8 @@ impl Sleeper {
                         state.draining.push((fences.clone(), h));
                     }
                 } else {
-                    // SAFETY: (1) pinned by this sleep, freed once; (2) its
-                    // copy was never queued.
-                    let _ = unsafe { gpu.host_free(h) };
+                    // SAFETY: (1) its copy was never queued.
+                    unsafe { h.give_up(gpu) };
                 }
             }
             return Err(e);
@@ -343,6 +402,7 @@ impl Sleeper {
                     slot,
                     ptr: m.ptr,
                     size: lease.size,
+                    tag: m.tag,
                     mode,
                     host: None,
                 });
@@ -351,12 +411,11 @@ impl Sleeper {
         Ok(blocks)
     }
 
-    /// Unpins the host memory pinned for `blocks`, none of it copied to.
+    /// Gives up the host memory taken for `blocks`, none of it copied to.
     fn unpin(gpu: &dyn Gpu, blocks: &mut [SleptBlock]) {
         for h in blocks.iter_mut().filter_map(|b| b.host.take()) {
-            // SAFETY: (1) pinned by this sleep and freed once (taken out);
-            // (2) no copy was queued on it.
-            let _ = unsafe { gpu.host_free(h) };
+            // SAFETY: (1) no copy was queued on it.
+            unsafe { h.give_up(gpu) };
         }
     }
 
@@ -387,7 +446,7 @@ impl Sleeper {
                 }
             }
         }
-        if let Some(h) = b.host {
+        if let Some(h) = b.host.as_ref().map(|o| o.mem) {
             // SAFETY: (1) `raw` is a live stream of the tier's pool; (2)
             // `b.ptr..+size` is the live lease's range (mapped: it is not
             // asleep yet) and `h` was pinned for it with that size; (3)
@@ -399,19 +458,19 @@ impl Sleeper {
         Ok(())
     }
 
-    /// Frees the draining host memory whose copies the host saw complete.
+    /// Gives up the draining host memory whose copies the host saw
+    /// complete (back to its lender, or unpinned).
     fn drain(&self, vm: &VirtualArena, state: &mut SleepState) {
         let gpu = &*vm.access.gpu;
-        state.draining.retain(|(fences, h)| {
-            if !vm.done_with(fences) {
-                return true;
-            }
-            // SAFETY: (1) pinned by a sleep, freed once (it leaves the
-            // list); (2) every copy of it was queued before these fences,
-            // seen complete.
-            let _ = unsafe { gpu.host_free(*h) };
-            false
-        });
+        let (done, draining): (Vec<_>, Vec<_>) = std::mem::take(&mut state.draining)
+            .into_iter()
+            .partition(|(fences, _)| vm.done_with(fences));
+        state.draining = draining;
+        for (_, h) in done {
+            // SAFETY: (1) every copy of it was queued before these fences,
+            // which the host saw complete.
+            unsafe { h.give_up(gpu) };
+        }
     }
 
     /// Gives the sleeping blocks' memory back to the device once the host
@@ -440,7 +499,7 @@ impl Sleeper {
     }
 
     /// Waits, parking the thread, for the fences of the sleep in effect
-    /// (the blocking [`CachingResource::sleep`](crate::cache::CachingResource::sleep)).
+    /// (the blocking [`CachingResource::sleep`](crate::CachingResource::sleep)).
     pub(crate) fn wait(&self, vm: &VirtualArena) -> ResourceResult<()> {
         let fences = match &self.sleep_lock().slumber {
             Some(s) => s.fences.clone(),
@@ -553,7 +612,7 @@ impl Sleeper {
         {
             gpu.note_suballocation(b.ptr, b.size.max(1), raw);
         }
-        let queued = match (b.mode, b.host) {
+        let queued = match (b.mode, b.host.as_ref().map(|o| o.mem)) {
             (SleepMode::Offload, Some(h)) => {
                 // SAFETY: (1) `raw` is a live stream of the tier's pool;
                 // (2) the lease's range, mapped again by this wake, and `h`
@@ -597,14 +656,14 @@ impl Sleeper {
                 vm.forget_run(first, pages);
             }
             for h in s.blocks.into_iter().filter_map(|b| b.host) {
-                // SAFETY: (1) pinned by the sleep, freed once; (2) its copy
-                // completed: the fences were waited for above.
-                let _ = unsafe { gpu.host_free(h) };
+                // SAFETY: (1) its copy completed: the fences were waited
+                // for above.
+                unsafe { h.give_up(gpu) };
             }
         }
         for (_, h) in state.draining.drain(..) {
             // SAFETY: as above.
-            let _ = unsafe { gpu.host_free(h) };
+            unsafe { h.give_up(gpu) };
         }
     }
 }

@@ -21,9 +21,9 @@ use crate::cache::shards::Shards;
 use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::{CaptureId, Gpu, GpuError};
 use crate::resource::DeviceAccess;
+use crate::resource::SleepPlan;
 use crate::resource::block_uses::BlockUses;
 use crate::resource::event_pool::EventPool;
-use crate::types::SleepPlan;
 use crate::types::{Access, AllocTag, BlockId, DeviceBlock, StreamId};
 
 /// The arena tier of a cache: the [`VirtualArena`] every stream places its
@@ -214,7 +214,7 @@ impl ArenaTier {
 
     /// Records the lease of the arena range `placed` at `ptr` and returns
     /// the user's block; the caller checked
-    /// [`Shard::room`](crate::cache::shard::Shard::room) under the same lock.
+    /// [`Shard::room`](crate::shard::Shard::room) under the same lock.
     #[inline]
     fn lease(
         &self,
@@ -255,7 +255,7 @@ impl ArenaTier {
     /// stream is in). A lease used on its own stream only skips this step:
     /// the caller ends it at once, with no second lookup.
     ///
-    /// [`Shard::end_arena_lease`]: crate::cache::shard::Shard::end_arena_lease
+    /// [`Shard::end_arena_lease`]: crate::shard::Shard::end_arena_lease
     pub(crate) fn free(
         &self,
         shards: &Shards,

@@ -148,7 +148,7 @@
 
 use crate::observe::SegmentInfo;
 use crate::observe::history::{self, MemoryAction, MemoryEvent};
-use crate::sync::{Mutex, MutexGuard};
+use crate::util::sync::{Mutex, MutexGuard};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use super::fences::Fences;
@@ -1067,7 +1067,7 @@ impl VirtualArena {
         let mut last = GpuError::OutOfMemory { available: 0 };
         // Waiting parks the thread: never inside a poll of the crate's
         // futures (their allocation waits are woken by frees instead).
-        let waits: &[bool] = if crate::poll_scope::in_poll() {
+        let waits: &[bool] = if crate::util::poll_scope::in_poll() {
             &[false]
         } else {
             &[false, true]

@@ -36,7 +36,7 @@
 //!
 //! Pool memory is neither idle nor leased: its pages stay touched (the
 //! arena never unmaps them, a trim never sees them), and it counts in the
-//! cache's [`graph_bytes`](crate::cache::CachingResource::graph_bytes).
+//! cache's [`graph_bytes`](crate::CachingResource::graph_bytes).
 //!
 //! # Who changes it
 //!

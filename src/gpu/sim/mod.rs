@@ -610,7 +610,7 @@ impl SimGpu {
 
     /// Blocks until `done` holds, making progress in manual mode.
     fn block_until(&self, call: DriverCall, mut done: impl FnMut(&State) -> bool) -> GpuResult<()> {
-        if crate::poll_scope::in_poll() {
+        if crate::util::poll_scope::in_poll() {
             self.shared
                 .blocking_in_polls
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);

@@ -7,7 +7,7 @@
 //! resource's `allocate`, a decorator's `reap_through`), and some of that
 //! code blocks when called from plain threads by design:
 //! [`reap_pending`](crate::DeviceMemoryResource::reap_pending) synchronizes
-//! the streams with queued frees, and `RetryOnOom` and the cache call it on
+//! the streams with queued frees, and `RetryOnOomResource` and the cache call it on
 //! their out-of-memory paths.
 //!
 //! So every poll (and the dispatcher, which may run inside the reaper's

@@ -1,4 +1,4 @@
-//! [`CacheLayer`]: the caching tier as a builder layer.
+//! [`CachingLayer`]: the caching tier as a builder layer.
 
 use super::layer::Layer;
 use crate::cache::{CacheConfig, CachingResource};
@@ -6,20 +6,20 @@ use crate::resource::DeviceMemoryResource;
 
 /// Wraps a resource in a [`CachingResource`] with its
 /// [`CacheConfig`]; made by
-/// [`ResourceBuilder::cache`](crate::builder::ResourceBuilder::cache).
+/// [`ResourceBuilder::cache`](crate::ResourceBuilder::cache).
 #[derive(Debug, Clone, Copy, Default)]
-pub struct CacheLayer {
+pub struct CachingLayer {
     config: CacheConfig,
 }
 
-impl CacheLayer {
+impl CachingLayer {
     /// A cache with `config`.
     pub fn new(config: CacheConfig) -> Self {
-        CacheLayer { config }
+        CachingLayer { config }
     }
 }
 
-impl<R: DeviceMemoryResource> Layer<R> for CacheLayer {
+impl<R: DeviceMemoryResource> Layer<R> for CachingLayer {
     type Resource = CachingResource<R>;
 
     fn layer(&self, inner: R) -> CachingResource<R> {

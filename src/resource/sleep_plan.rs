@@ -6,12 +6,19 @@
 //! in pinned host memory and copied back at the wake
 //! ([`SleepMode::Offload`], vLLM's weights at sleep level 1), zeroed at the
 //! wake ([`SleepMode::Zero`]), or left undefined ([`SleepMode::Discard`],
-//! a KV cache). See [`CachingResource::sleep`](crate::cache::CachingResource::sleep)
-//! and [`AsyncResource::sleep`](crate::futures::AsyncResource::sleep).
+//! a KV cache). See [`CachingResource::sleep`](crate::CachingResource::sleep)
+//! and [`AsyncResource::sleep`](crate::AsyncResource::sleep).
+//!
+//! The offloads' pinned host memory comes from the plan's
+//! [`OffloadHost`] when it names one ([`SleepPlan::offload_to`], a
+//! [`HostPool`](crate::HostPool)), and is pinned per block otherwise.
 
 #![forbid(unsafe_code)]
 
-use super::block::AllocTag;
+use std::sync::Arc;
+
+use super::offload_host::OffloadHost;
+use crate::types::AllocTag;
 
 /// What becomes of a sleeping block's contents.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -29,7 +36,7 @@ pub enum SleepMode {
 ///
 /// ```
 /// use streamalloc::AllocTag;
-/// use streamalloc::cache::{SleepMode, SleepPlan};
+/// use streamalloc::{SleepMode, SleepPlan};
 ///
 /// let plan = SleepPlan::new()
 ///     .tag(AllocTag("weights"), SleepMode::Offload)
@@ -38,12 +45,30 @@ pub enum SleepMode {
 /// assert_eq!(plan.mode_of(AllocTag("request")), None);
 /// assert_eq!(SleepPlan::all(SleepMode::Zero).mode_of(AllocTag("any")), Some(SleepMode::Zero));
 /// ```
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default)]
 pub struct SleepPlan {
     tags: Vec<(AllocTag, SleepMode)>,
     /// The mode of every tag not named, when the plan takes them all.
     rest: Option<SleepMode>,
+    /// Where the offloads' host memory comes from (pinned per block when
+    /// `None`).
+    host: Option<Arc<dyn OffloadHost>>,
 }
+
+/// Two plans are equal when they take the same tags in the same modes and
+/// offload to the same lender (the same object) or both to none.
+impl PartialEq for SleepPlan {
+    fn eq(&self, other: &Self) -> bool {
+        let same_host = match (&self.host, &other.host) {
+            (None, None) => true,
+            (Some(a), Some(b)) => std::ptr::addr_eq(Arc::as_ptr(a), Arc::as_ptr(b)),
+            _ => false,
+        };
+        self.tags == other.tags && self.rest == other.rest && same_host
+    }
+}
+
+impl Eq for SleepPlan {}
 
 impl SleepPlan {
     /// A plan that takes no tag yet.
@@ -57,6 +82,7 @@ impl SleepPlan {
         SleepPlan {
             tags: Vec::new(),
             rest: Some(mode),
+            host: None,
         }
     }
 
@@ -76,6 +102,22 @@ impl SleepPlan {
             .find(|(t, _)| *t == tag)
             .map(|&(_, m)| m)
             .or(self.rest)
+    }
+
+    /// Takes the offloads' pinned host memory from `host` (a
+    /// [`HostPool`](crate::host::HostPool) of the cache's backend) and
+    /// gives it back there after the wake, instead of pinning per block
+    /// at each sleep: repeated sleeps and wakes reuse the same memory, and
+    /// the pool's cap and statistics per tag count it.
+    #[must_use]
+    pub fn offload_to(mut self, host: impl OffloadHost + 'static) -> Self {
+        self.host = Some(Arc::new(host));
+        self
+    }
+
+    /// The lender of the offloads' host memory, when the plan names one.
+    pub fn offload_host(&self) -> Option<&Arc<dyn OffloadHost>> {
+        self.host.as_ref()
     }
 
     /// Whether the plan takes no tag at all.

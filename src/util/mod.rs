@@ -1,0 +1,16 @@
+//! Plumbing: crate-internal helpers that are not a concept of the allocator.
+//!
+//! - [`sync`]: the loom switch, the one place the bookkeeping's locks and
+//!   atomics come from (`std` normally, loom's models under `--cfg loom`);
+//! - [`fast_hash`]: the hasher of the maps keyed by crate-made integers;
+//! - [`padded`]: a value alone on its cache line, for per-shard counters;
+//! - [`poll_scope`]: marks the host thread as inside a future's `poll`, so
+//!   that a layer below can tell it must not block there.
+//!
+//! This folder is the floor of the crate: it imports nothing of the crate
+//! above it, and everything may import it.
+
+pub(crate) mod fast_hash;
+pub(crate) mod padded;
+pub(crate) mod poll_scope;
+pub(crate) mod sync;
