@@ -94,7 +94,7 @@ fn layered_passes_at_a_varying_batch() {
     check("layered", &synthetic::layered(13, 24, 40));
 }
 
-/// A known gap: 1.153×, the target missed. The eight streams here peak at
+/// A known gap: 1.168×, the target missed. The eight streams here peak at
 /// different times (their peaks add up to 1.83× the trace's peak), and
 /// churn blocks of random sizes. With an arena per stream it held 1.58×
 /// (whole idle pages moved between streams), then 1.27× (free ranges lent
@@ -102,10 +102,14 @@ fn layered_passes_at_a_varying_batch() {
 /// whoever freed them, brought it to 1.145×, and preferring memory a
 /// stream may use without a GPU-side wait on another stream to 1.18–1.20×
 /// (where a fence seen complete counted as "usable as it is", so the
-/// figure moved with the GPU's timing). Placement that ignores fences
-/// (`arena/vmm.rs`, "Decisions the GPU's timing does not change") holds
-/// 1.153×, the same whether the simulated GPU runs its work after every
-/// operation or every four. What is left is the churn's own
+/// figure moved with the GPU's timing: 1.13–1.20× as the simulated GPU
+/// ran its work every 1 to 1,024 operations). Placement that ignores
+/// fences (`arena/vmm.rs`, "Decisions the GPU's timing does not change")
+/// holds 1.168×, the same whether the simulated GPU runs its work after
+/// every operation or every four (1.153× when the first look for memory
+/// this stream may use as it is also tried windows without memory in
+/// other streams' ranges, at twice the time per operation on the null
+/// backend). What is left is the churn's own
 /// fragmentation: one stream of such churn holds 1.20×, and no placement
 /// that leaves blocks where they are holds under about 1.15× on it
 /// (`notes/fragmentation-floors.md`). The bound keeps it from getting
@@ -115,7 +119,7 @@ fn many_streams_churning() {
     check_within(
         "many_streams",
         &synthetic::many_streams(14, 8, 48, 40_000),
-        1.16,
+        1.17,
     );
 }
 

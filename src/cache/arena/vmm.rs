@@ -620,7 +620,9 @@ impl VirtualArena {
     /// (the frees of `own`, or frees the GPU is known done with), if there
     /// is one.
     fn backed_now(st: &mut SharedArena, own: Option<usize>, len: u64) -> Option<Placed> {
-        let placed = Self::fit(st, own, len, false)?;
+        // Only ranges usable as they are: a window with no memory in
+        // another's would not be backed (and looking for one walks pages).
+        let placed = Self::fit(st, own, len, false, false)?;
         if st.pages.all_backed(placed.off, placed.len) {
             return Some(placed);
         }
@@ -637,7 +639,7 @@ impl VirtualArena {
         len: u64,
         any: bool,
     ) -> Option<Placed> {
-        let placed = Self::fit(st, own, len, any)?;
+        let placed = Self::fit(st, own, len, any, true)?;
         if st.pages.all_backed(placed.off, placed.len) {
             return Some(placed);
         }
@@ -660,7 +662,7 @@ impl VirtualArena {
             return Some(placed);
         }
         st.arena.free(placed, None, |_| false);
-        let placed = Self::fit(st, own, len, any)?;
+        let placed = Self::fit(st, own, len, any, true)?;
         if st.pages.all_backed(placed.off, placed.len) {
             return Some(placed);
         }
@@ -741,11 +743,18 @@ impl VirtualArena {
         })
     }
 
-    /// A good fit a stream may use now: where its tag allows (the frees of
-    /// `own`, nobody's, or done), at the end with memory behind it if only
-    /// one end has; elsewhere only on pages with no memory. Never on a
-    /// page a growth is mapping (pending).
-    fn fit(st: &mut SharedArena, own: Option<usize>, len: u64, any: bool) -> Option<Placed> {
+    /// A good fit a stream may use now: where its tag allows (see
+    /// [`usable_now`](Self::usable_now); every range with `any`), at the
+    /// end with memory behind it if only one end has; elsewhere, with
+    /// `unbacked_elsewhere`, on pages with no memory. Never on a page a
+    /// growth is mapping (pending).
+    fn fit(
+        st: &mut SharedArena,
+        own: Option<usize>,
+        len: u64,
+        any: bool,
+        unbacked_elsewhere: bool,
+    ) -> Option<Placed> {
         let SharedArena {
             arena,
             pages,
@@ -762,9 +771,11 @@ impl VirtualArena {
                     true => Some(at),
                     false => pages.settled_window(start, end, len),
                 }
-            } else {
+            } else if unbacked_elsewhere {
                 // Pending pages are not free of memory: skipped too.
                 pages.unbacked_window(start, end, len)
+            } else {
+                None
             }
         })
     }
