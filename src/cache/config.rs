@@ -87,9 +87,10 @@ impl CacheConfig {
     }
 
     /// The most bytes one physical allocation covers (default 1 GiB): a
-    /// block that needs more new pages than that gets several. On the H200
-    /// creating, mapping and granting access to one allocation costs about
-    /// 60 µs whatever its size (`notes/vmm-costs.md`), so larger means
+    /// block that needs more new pages than that gets several. Creating,
+    /// mapping and granting access to one allocation costs about the same
+    /// whatever its size (tens of µs: BENCHMARKS.md, "What the driver's
+    /// virtual-memory calls cost"), so larger means
     /// fewer, cheaper growths; smaller means idle memory is given back in
     /// finer pieces (an allocation goes back only when no live block
     /// touches any of its pages).
@@ -102,7 +103,7 @@ impl CacheConfig {
     /// may hold memory (default 7): when it grows it maps ahead up to
     /// there, and before it would go past it, it gives idle memory back to
     /// make room for new memory. A growing workload grows in geometric
-    /// steps of up to this fraction, each costing about 60 µs on the H200
+    /// steps of up to this fraction, each costing one growth's driver calls
     /// whatever its size. More slack means fewer driver calls, less means
     /// less memory held.
     pub fn slack_percent(mut self, percent: usize) -> Self {

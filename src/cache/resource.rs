@@ -14,7 +14,7 @@ use super::graph::release::Graphs;
 use super::shard::{Backing, SHARD_MASK, Slot};
 use super::shards::Shards;
 use super::size_class::SizeClass;
-use super::size_class::tier::SizeClassTier;
+use super::size_class::tier::{Part, SizeClassTier};
 use super::stats::CacheStats;
 use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::{CaptureId, CaptureStatus};
@@ -220,13 +220,20 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
     /// allocated it on is freed behind an event recorded on the cached
     /// stream, so the free waits for the block's last user.
     pub fn trim(&self) -> ResourceResult<usize> {
+        let classes = self.trim_classes(None);
+        let mapped = self.reclaim_mapped(false);
+        classes.map(|released| released + mapped)
+    }
+
+    /// Gives the size classes' cached blocks back to the inner resource:
+    /// all of them, or with `part` about as many bytes as it asks.
+    fn trim_classes(&self, part: Option<Part>) -> ResourceResult<usize> {
         let graphs = self.graphs();
-        let (mut released, first_err) =
+        let (released, first_err) =
             self.classes
-                .trim(&self.shards, &self.inner, |index, shard| {
+                .trim(&self.shards, &self.inner, part, |index, shard| {
                     graphs.finish_deferred(index, shard)
                 });
-        released += self.reclaim_mapped(false);
         match first_err {
             Some(e) => Err(e),
             None => Ok(released),
@@ -373,8 +380,14 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
 
     /// Allocates from the inner resource; when memory is full (the device's
     /// out-of-memory, or a budget's refusal below the cache: the idle cached
-    /// bytes count against both), gives the cached blocks back and tries
-    /// again: once at once (the driver reuses memory
+    /// bytes count against both), gives cached blocks back and tries
+    /// again. A budget says how much it lacks: the largest cached blocks
+    /// that cover that go back, the refused stream's own last, and the
+    /// rest stay cached (a budget that stays full, as under a service's
+    /// reservations, would otherwise empty every stream's free lists at
+    /// each refusal, and each stream's next requests would miss and be
+    /// refused in turn). The device's out-of-memory gives every cached
+    /// block back. It tries once at once (the driver reuses memory
     /// freed on the same stream immediately), and once more after letting
     /// the inner resource reap its queued frees (which synchronizes the
     /// streams they were queued on, as PyTorch's allocator does before it
@@ -385,9 +398,23 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         stream: StreamId,
         tag: AllocTag,
     ) -> ResourceResult<DeviceBlock> {
-        let first = self.inner.allocate(bytes, stream, tag);
-        if !first.as_ref().is_err_and(memory_full) || self.cached_bytes() == 0 {
-            return first;
+        match self.inner.allocate(bytes, stream, tag) {
+            Err(e) if memory_full(&e) => self.relieved_allocate(bytes, stream, tag, e),
+            first => first,
+        }
+    }
+
+    /// [`inner_allocate`](Self::inner_allocate) after the inner resource
+    /// refused the first try with `first`, memory full.
+    fn relieved_allocate(
+        &self,
+        bytes: usize,
+        stream: StreamId,
+        tag: AllocTag,
+        first: ResourceError,
+    ) -> ResourceResult<DeviceBlock> {
+        if self.cached_bytes() == 0 {
+            return Err(first);
         }
         if self.arena.is_some() {
             let waits: &[bool] = if crate::util::poll_scope::in_poll() {
@@ -404,7 +431,20 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
                 }
             }
         }
-        let released = self.trim();
+        let released = match first {
+            ResourceError::BudgetExceeded {
+                requested,
+                limit,
+                in_use,
+            } => self.trim_classes(Some(Part {
+                bytes: in_use
+                    .saturating_add(requested)
+                    .saturating_sub(limit)
+                    .max(1),
+                first: self.shards.slot_index(stream.index()) + 1,
+            })),
+            _ => self.trim(),
+        };
         tracing::debug!(?released, bytes, %stream, "memory full: trimmed the cache");
         let second = self.inner.allocate(bytes, stream, tag);
         if !second.as_ref().is_err_and(memory_full) {
@@ -559,7 +599,8 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R>
             index,
             class,
             capture,
-            |size| self.inner_allocate(size, stream, tag),
+            |size| self.inner.allocate(size, stream, tag),
+            |size, refused| self.relieved_allocate(size, stream, tag, refused),
         )
     }
 

@@ -242,6 +242,23 @@ impl Shard {
         self.free[class.index()].push(block);
     }
 
+    /// Takes free blocks, the largest class first, until they add up to
+    /// `bytes` (or none is left).
+    pub(crate) fn take_largest(&mut self, bytes: usize) -> Vec<(SizeClass, DeviceBlock)> {
+        let mut taken = Vec::new();
+        let mut sum = 0;
+        for (i, list) in self.free.iter_mut().enumerate().rev() {
+            while sum < bytes
+                && let Some(block) = list.pop()
+            {
+                sum += block.size();
+                taken.push((SizeClass::from_index(i), block));
+            }
+        }
+        self.cached -= sum;
+        taken
+    }
+
     /// Empties every free list.
     pub(crate) fn take_all(&mut self) -> Vec<(SizeClass, DeviceBlock)> {
         let mut all = Vec::new();

@@ -37,11 +37,12 @@
 //!    settles every point marked before the query, with no event at all;
 //!    the price is that the late event also covers whatever was queued on
 //!    S between the point and the record.
-//! 2. **Query first.** Polling an `EventFuture` queries its event (0.13 µs on
-//!    an H200, `examples/driver_costs.rs`) and keeps querying for a bounded
-//!    few microseconds ([`WaitPolicy`]: spinning on the first poll, then
-//!    yielding to the executor): a host-function wake-up costs about 22 µs,
-//!    so short work is caught here. Only then does it park. A point behind
+//! 2. **Query first.** Polling an `EventFuture` queries its event (a
+//!    fraction of a microsecond) and keeps querying for a bounded few
+//!    microseconds ([`WaitPolicy`]: spinning on the first poll, then
+//!    yielding to the executor): a host-function wake-up costs tens of
+//!    microseconds (`docs/DESIGN.md`, "What the hardware costs"), so short
+//!    work is caught here. Only then does it park. A point behind
 //!    an earlier pending point of its stream does not query (it cannot be
 //!    reached first): by default it yields until that point settles, or
 //!    parks at once ([`Behind`]). A done query

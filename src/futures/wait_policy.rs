@@ -8,8 +8,9 @@ use crate::util::sync::{AtomicBool, AtomicU64, Ordering};
 /// How an [`EventFuture`](super::EventFuture) waits before relying on a
 /// host-function notification.
 ///
-/// A completed event answers a query in about 0.13–0.25 µs, while a wake-up by
-/// host function costs about 22 µs (p50, H200). So a short operation is
+/// A completed event answers a query in a fraction of a microsecond, while a
+/// wake-up by host function costs tens of microseconds (`docs/DESIGN.md`,
+/// "What the hardware costs"). So a short operation is
 /// best caught by querying: first by busy-querying for `spin` on the first
 /// poll, then by yielding to the executor and querying on each poll until
 /// `yield_for` after the first poll (other tasks run meanwhile). Only then
@@ -72,11 +73,11 @@ impl WaitPolicy {
     /// idle stream, and a stream of operations awaited one task each,
     /// without host functions.
     ///
-    /// Yielding behind rather than parking: with a spawned task awaiting
-    /// each 8 MiB memset on an H200, the loop ran at 1.41–1.80× plain with
-    /// [`Behind::Yield`] and 1.78–2.13× with [`Behind::Park`] (the same
-    /// processes, on two days), whose parked futures queue host functions
-    /// (BENCHMARKS.md).
+    /// Yielding behind rather than parking: parked futures queue host
+    /// functions, which a future behind a pending point does not need (the
+    /// point ahead settles it), so with a spawned task awaiting each
+    /// operation [`Behind::Park`] runs slower than [`Behind::Yield`]
+    /// (BENCHMARKS.md, "Figures the code's comments cite").
     pub const DEFAULT: WaitPolicy = WaitPolicy {
         spin: Duration::from_micros(4),
         yield_for: Duration::from_micros(20),

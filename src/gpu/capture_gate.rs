@@ -2,12 +2,12 @@
 //! anything but "not capturing".
 //!
 //! Every capture-aware layer asks [`Gpu::capture_status`](super::Gpu::capture_status)
-//! on its hot paths (a cached allocation, a free, a completion). On the
-//! H200 one `cuStreamGetCaptureInfo` costs 0.044 µs on one thread
-//! (`measure/src/bin/driver_costs.rs`), but it takes a lock inside the
-//! driver: two of them per cached allocation pair cost 100 ns of a 160 ns
-//! pair on one thread, and at 16 threads the cache fell from 67 to 5 M
-//! pairs/s (`bench_table`). So, like PyTorch's
+//! on its hot paths (a cached allocation, a free, a completion). One
+//! `cuStreamGetCaptureInfo` is cheap on one thread, but it takes a lock
+//! inside the driver: two of them per cached allocation pair made the pair
+//! more than half again as dear on one thread, and cut the cache's pairs
+//! per second at 16 threads more than tenfold (BENCHMARKS.md, "Figures the
+//! code's comments cite"). So, like PyTorch's
 //! `captures_underway`, the CUDA backend counts the captures begun through
 //! the crate ([`Gpu::begin_capture`](super::Gpu::begin_capture), which
 //! [`GraphCapture`](crate::GraphCapture) and

@@ -365,7 +365,8 @@ impl<G: Gpu> StreamOrderedResource<G> {
         if first_elsewhere || record.uses.waits_for(use_stream, access).next().is_some() {
             // A capturing stream may not wait on an event recorded outside
             // its capture: the driver refuses with STREAM_CAPTURE_ISOLATION
-            // and invalidates the user's capture (H200, `tests/graph_cuda.rs`).
+            // and invalidates the user's capture (`tests/graph_cuda.rs`
+            // checks that it does).
             self.refuse_capturing(use_stream, raw_use)?;
         }
         let mut allocation_point = None;

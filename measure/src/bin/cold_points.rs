@@ -30,8 +30,9 @@ use streamalloc::{Device, StreamOrderedResource};
 const POINTS: usize = 400;
 
 fn main() {
-    let pool = SimGpu::builder().manual().build().stream_pool(8);
-    let gpu = Arc::new(support::NullGpu::with_events());
+    let handles = SimGpu::builder().manual().build();
+    let pool = handles.stream_pool(8);
+    let gpu = Arc::new(support::NullGpu::with_events_on(&handles));
     let device = Device::new(gpu, pool.clone()).expect("both device 0");
     let inner = Arc::new(StreamOrderedResource::new(&device));
     let res = AsyncResource::new(inner).expect("resource");

@@ -126,9 +126,11 @@ impl Default for ReplayConfig {
 /// event it records (the cache's fences) completes within microseconds,
 /// before the next few operations; the simulated device runs it before the
 /// next one. The cache's placement does not depend on when fences
-/// complete (only its waits, and giving idle memory back, do), so what
-/// the replay holds on the simulated device is what it holds on a GPU
-/// where the host is no more than an operation ahead of the fences.
+/// complete (only its waits do), and a growth gives back only memory
+/// fenced at the previous growth, so what the replay holds on the
+/// simulated device is what it holds on any GPU that completes, between
+/// two growths, what was queued before the first (a growth's own driver
+/// calls take tens of µs); `trace_replay --sim-drain N` varies it.
 pub const SIM_DRAIN_EVERY: usize = 1;
 
 /// Replays `trace` through a fresh `kind` stack on `backend`;
@@ -159,17 +161,10 @@ pub fn replay_stack(
             on_backend(kind, gpu, pool, Some(&drain), trace, peak_requested, config)
         }
         DeviceKind::Null => {
-            let mut gpu = crate::support::NullGpu::with_events();
-            let pool = gpu.stream_pool(streams);
-            on_backend(
-                kind,
-                Arc::new(gpu),
-                pool,
-                None,
-                trace,
-                peak_requested,
-                config,
-            )
+            let handles = SimGpu::builder().manual().build();
+            let gpu = Arc::new(crate::support::NullGpu::with_events_on(&handles));
+            let pool = handles.stream_pool(streams);
+            on_backend(kind, gpu, pool, None, trace, peak_requested, config)
         }
     }
 }

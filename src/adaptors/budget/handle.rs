@@ -126,9 +126,26 @@ impl Budget {
     /// # Cancel safety
     /// Dropping the reservation (an early return, a panic, a dropped future
     /// holding it) releases the bytes.
+    #[inline]
     pub fn try_reserve(&self, bytes: usize) -> ResourceResult<BudgetReservation<'_>> {
         let shared = &*self.shared;
         let mut current = shared.in_use.load(Ordering::Acquire);
+        if bytes == 0 {
+            // Nothing to count (a cache hit below): the same answer as a
+            // CAS that adds nothing, from the load alone.
+            return match current <= shared.limit {
+                true => Ok(BudgetReservation {
+                    budget: self,
+                    bytes,
+                    level: current,
+                }),
+                false => Err(ResourceError::BudgetExceeded {
+                    requested: bytes,
+                    limit: shared.limit,
+                    in_use: current,
+                }),
+            };
+        }
         loop {
             let next = match current.checked_add(bytes) {
                 Some(next) if next <= shared.limit => next,
@@ -235,6 +252,7 @@ impl BudgetReservation<'_> {
 
     /// Keeps the bytes counted: the allocation they were reserved for
     /// succeeded.
+    #[inline]
     pub fn commit(self) {
         let peak = &self.budget.shared.peak;
         // Once the budget has been as full as this, the peak only needs a

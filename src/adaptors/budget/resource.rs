@@ -4,7 +4,7 @@ use crate::forward_to_inner;
 
 use std::sync::{Arc, Weak};
 
-use super::Budget;
+use super::{Budget, BudgetReservation};
 use crate::error::ResourceResult;
 use crate::gpu::CaptureId;
 use crate::resource::BudgetRelief;
@@ -176,18 +176,56 @@ impl<R: DeviceMemoryResource> Counted<R> {
 }
 
 impl<R: DeviceMemoryResource> Counted<R> {
-    /// After an allocation or a free: settles only when the inner resource
-    /// now holds less than was charged (a free done at once, as a
-    /// synchronous resource does it; an allocation that took less than its
-    /// cost). Otherwise, a stream-ordered inner that only queued the free
-    /// and an allocation that took what it cost, no lock is taken (the
-    /// pair's hot path). Skipping is safe: whatever drains bytes meanwhile
+    /// After a free, or an allocation whose cost was a guess: settles only
+    /// when the inner resource now holds less than was charged (a free done
+    /// at once, as a synchronous resource does it; an allocation that took
+    /// less than its cost). Otherwise, a stream-ordered inner that only
+    /// queued the free, no lock is taken (the pair's hot path: an
+    /// allocation whose cost is exact does not even look). Skipping is safe: whatever drains bytes meanwhile
     /// (a reap, a release) settles them itself, and a refused allocation
     /// asks for idle memory, which settles, before it refuses.
+    #[inline]
     fn settle_if_over(&self) {
         if self.inner.bytes_outstanding() < self.charged.load(Ordering::Acquire) {
             self.settle();
         }
+    }
+
+    /// After an allocation whose cost was a guess: tops `charged` up when
+    /// the inner resource holds more (it took more than its cost), settles
+    /// when it holds less (it took less, or the layers below drained
+    /// bytes). One read of each when they agree (a cache hit, the pair's
+    /// path over a cache), and no lock: `top_up` and `settle` read again
+    /// under theirs, so this read only spares them when there is nothing
+    /// to do; a change after it is another call's to settle (as in
+    /// `settle_if_over`).
+    #[inline]
+    fn reconcile(&self) {
+        let outstanding = self.inner.bytes_outstanding();
+        let charged = self.charged.load(Ordering::Acquire);
+        if outstanding > charged {
+            self.top_up();
+        } else if outstanding < charged {
+            self.settle();
+        }
+    }
+
+    /// After a reservation was refused: idle memory anywhere under the
+    /// budget (a cache below this resource or below another one of the
+    /// budget, on any device) may serve the request. Asks for it, then
+    /// reserves once more at what the allocation costs now (a trim below
+    /// may have turned a hit into a miss); returns the reservation and
+    /// that cost. Out of line: the pair's path only checks for it.
+    #[cold]
+    #[inline(never)]
+    fn reserve_after_relief(
+        &self,
+        bytes: usize,
+        stream: StreamId,
+    ) -> ResourceResult<(BudgetReservation<'_>, usize)> {
+        self.budget.release_idle_for(Some(stream.pool()));
+        let cost = self.inner.allocation_cost(bytes, stream);
+        Ok((self.budget.try_reserve(cost)?, cost))
     }
 
     /// Raises `charged` to what the inner resource holds when an allocation
@@ -252,6 +290,7 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> 
     /// that needs a new page of a cache's arena), not `bytes`. Any error of
     /// the inner allocation, after the reservation is given back. Nothing
     /// changes either way.
+    #[inline]
     fn allocate(
         &self,
         bytes: usize,
@@ -266,14 +305,9 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> 
         let reservation = match c.budget.try_reserve(cost) {
             Ok(reservation) => reservation,
             Err(_) => {
-                // Idle memory anywhere under the budget (a cache below this
-                // resource or below another one of the budget, on any
-                // device) may serve the request: ask for it, then try once
-                // more at what the allocation costs now (a trim below may
-                // have turned a hit into a miss).
-                c.budget.release_idle_for(Some(stream.pool()));
-                cost = c.inner.allocation_cost(bytes, stream);
-                c.budget.try_reserve(cost)?
+                let (reservation, now) = c.reserve_after_relief(bytes, stream)?;
+                cost = now;
+                reservation
             }
         };
         let block = match self.counted.inner.allocate(bytes, stream, tag) {
@@ -288,7 +322,10 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> 
             }
         };
         reservation.commit();
-        self.counted.charged.fetch_add(cost, Ordering::AcqRel);
+        // A cache hit costs nothing: no read-modify-write for it.
+        if cost != 0 {
+            self.counted.charged.fetch_add(cost, Ordering::AcqRel);
+        }
         // A layer below that does its own accounting (a cache) estimated
         // the cost before allocating: another thread may have taken the
         // cached block this one expected (it took more) or left one (it
@@ -299,13 +336,17 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> 
         // `bytes_outstanding` sums per-shard counts one load at a time, so
         // under concurrent allocations and reaps on other streams it may
         // read high, and topping up from such a read charged bytes nobody
-        // held (16 threads on an H200 took the budget's peak past its
-        // limit).
+        // held (with 16 threads allocating, enough to take the budget's
+        // peak past its limit).
+        //
+        // Below layers whose cost is exact, the allocation took what was
+        // charged, and nothing is settled here: bytes the layers below
+        // drained meanwhile are released by the next free through this
+        // resource, by any reap or release through it, and by a refused
+        // reservation's relief before it refuses (see `settle_if_over`).
         if cost != bytes || !self.counted.inner.allocation_cost_is_exact() {
-            self.counted.top_up();
+            self.counted.reconcile();
         }
-        // It took less than its cost, or the layers below drained bytes.
-        self.counted.settle_if_over();
         Ok(block)
     }
 
@@ -330,6 +371,7 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> 
         }
     }
 
+    #[inline]
     fn deallocate(&self, block: DeviceBlock) -> ResourceResult<()> {
         self.counted.inner.deallocate(block)?;
         // A stream-ordered inner still counts the bytes (the free is only
@@ -338,6 +380,7 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> 
         Ok(())
     }
 
+    #[inline]
     fn deallocate_completed(
         &self,
         block: DeviceBlock,

@@ -42,6 +42,7 @@ impl<R> StatsResource<R> {
 #[allow(unsafe_code)]
 unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for StatsResource<R> {
     forward_to_inner!(inner; device_ordinal, bytes_outstanding, reap_pending, pending_free_seq, reap_through, supports_block_use_tracking, record_block_use, prepare_block_use, finish_block_use, block_state, allocation_cost, allocation_cost_is_exact, frees_across_streams, release_idle, allocation_limit, budget_reliefs, capture_status, release_capture, snapshot_into, begin_sleep, settle_sleep, wake);
+    #[inline]
     fn allocate(
         &self,
         bytes: usize,
@@ -70,6 +71,7 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for StatsResource<R> {
         self.inner.visit_layers(visit)
     }
 
+    #[inline]
     fn deallocate(&self, block: DeviceBlock) -> ResourceResult<()> {
         let (bytes, tag) = (block.size(), block.tag());
         self.inner.deallocate(block)?;
@@ -77,6 +79,7 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for StatsResource<R> {
         Ok(())
     }
 
+    #[inline]
     fn deallocate_completed(
         &self,
         block: DeviceBlock,

@@ -25,6 +25,7 @@ fn address(tag: AllocTag) -> Address {
 
 impl Counts {
     /// Counts an allocation of `bytes`.
+    #[inline]
     fn count_allocation(&mut self, bytes: usize) {
         self.current_bytes += bytes;
         self.peak_bytes = self.peak_bytes.max(self.current_bytes);
@@ -50,6 +51,7 @@ impl Counts {
     /// Stops counting a block of `bytes`. Saturating: a block allocated
     /// before the stats layer wrapped the resource must not wrap the
     /// counters around.
+    #[inline]
     fn count_deallocation(&mut self, bytes: usize) {
         self.current_bytes = self.current_bytes.saturating_sub(bytes);
         self.current_blocks = self.current_blocks.saturating_sub(1);
@@ -73,12 +75,14 @@ pub(super) struct Tally {
 
 impl Tally {
     /// Counts an allocation of `bytes` tagged `tag`.
+    #[inline]
     pub(super) fn allocation(&mut self, bytes: usize, tag: AllocTag) {
         self.overall.count_allocation(bytes);
         self.tag(tag).count_allocation(bytes);
     }
 
     /// Counts the deallocation of a block of `bytes` tagged `tag`.
+    #[inline]
     pub(super) fn deallocation(&mut self, bytes: usize, tag: AllocTag) {
         self.overall.count_deallocation(bytes);
         self.tag(tag).count_deallocation(bytes);
@@ -115,6 +119,7 @@ impl Tally {
     }
 
     /// The counts of `tag`, made (all zero) on first use.
+    #[inline]
     fn tag(&mut self, tag: AllocTag) -> &mut Counts {
         let key = address(tag);
         let slot = match self.last {

@@ -137,28 +137,41 @@ impl<R: DeviceMemoryResource> TracingResource<R> {
         result
     }
 
-    /// A free through `free` (a plain or a completed one), timed and
-    /// logged as `deallocate`.
+    /// A free through `free` (a plain or a completed one), logged as
+    /// `deallocate` when a subscriber wants it. Inlined into the caller
+    /// (one check, and what a failure's warning names kept); the logged
+    /// path is out of line.
+    #[inline]
     fn logged_free(
         &self,
         block: DeviceBlock,
         free: impl FnOnce(&R, DeviceBlock) -> ResourceResult<()>,
     ) -> ResourceResult<()> {
-        if !enabled!(target: ALLOC_TARGET, Level::DEBUG) {
-            // Only a failure is logged: keep what it names.
-            let (id, ptr, bytes, stream, tag) = (
-                block.id(),
-                block.ptr(),
-                block.size(),
-                block.stream(),
-                block.tag(),
-            );
-            let result = free(&self.inner, block);
-            if let Err(e) = &result {
-                self.free_failed(id, ptr, bytes, stream, tag, e);
-            }
-            return result;
+        if enabled!(target: ALLOC_TARGET, Level::DEBUG) {
+            return self.free_with_event(block, free);
         }
+        // Only a failure is logged: keep what it names.
+        let (id, ptr, bytes, stream, tag) = (
+            block.id(),
+            block.ptr(),
+            block.size(),
+            block.stream(),
+            block.tag(),
+        );
+        let result = free(&self.inner, block);
+        if let Err(e) = &result {
+            self.free_failed(id, ptr, bytes, stream, tag, e);
+        }
+        result
+    }
+
+    /// A free timed and logged as `deallocate` (a subscriber wants it).
+    #[inline(never)]
+    fn free_with_event(
+        &self,
+        block: DeviceBlock,
+        free: impl FnOnce(&R, DeviceBlock) -> ResourceResult<()>,
+    ) -> ResourceResult<()> {
         let start = Some(Instant::now());
         let (id, ptr, bytes, stream, tag) = (
             block.id(),
@@ -184,6 +197,42 @@ impl<R: DeviceMemoryResource> TracingResource<R> {
             Err(e) => self.free_failed(id, ptr, bytes, stream, tag, e),
         }
         result
+    }
+
+    /// An allocation timed and logged as `allocate` (a subscriber wants
+    /// it).
+    #[inline(never)]
+    fn allocate_with_event(
+        &self,
+        bytes: usize,
+        stream: StreamId,
+        tag: AllocTag,
+    ) -> ResourceResult<DeviceBlock> {
+        let start = Some(Instant::now());
+        let result = self.inner.allocate(bytes, stream, tag);
+        let device = self.inner.device_ordinal();
+        // A subscriber that panics on the event below must not leave the
+        // block live with no descriptor: the guard frees it as the panic
+        // unwinds.
+        let result = result.map(|block| ReturnOnUnwind::new(&self.inner, block));
+        match &result {
+            Ok(guard) => debug!(
+                target: ALLOC_TARGET,
+                device,
+                stream = %stream,
+                bytes,
+                tag = %tag,
+                address = guard.block().ptr(),
+                block = %guard.block().id(),
+                elapsed_ns = elapsed_ns(start),
+                "allocate"
+            ),
+            // Back-pressure: the request waits in the futures layer's
+            // queue (whose span, around this event, says so and for how
+            // long); it is not a failure.
+            Err(e) => self.allocate_failed(bytes, stream, tag, e),
+        }
+        result.map(ReturnOnUnwind::hand_out)
     }
 
     /// Logs a refused free.
@@ -216,6 +265,7 @@ impl<R: DeviceMemoryResource> TracingResource<R> {
 #[allow(unsafe_code)]
 unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for TracingResource<R> {
     forward_to_inner!(inner; device_ordinal, bytes_outstanding, pending_free_seq, supports_block_use_tracking, block_state, allocation_cost, allocation_cost_is_exact, frees_across_streams, release_idle, allocation_limit, budget_reliefs, capture_status, snapshot_into, visit_layers, begin_sleep, settle_sleep, wake);
+    #[inline]
     fn allocate(
         &self,
         bytes: usize,
@@ -224,44 +274,22 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for TracingResource<R>
     ) -> ResourceResult<DeviceBlock> {
         // Without a subscriber that wants the event: the call, one check,
         // and the failure's warning (no clock, no unwind guard).
-        if !enabled!(target: ALLOC_TARGET, Level::DEBUG) {
-            let result = self.inner.allocate(bytes, stream, tag);
-            if let Err(e) = &result {
-                self.allocate_failed(bytes, stream, tag, e);
-            }
-            return result;
+        if enabled!(target: ALLOC_TARGET, Level::DEBUG) {
+            return self.allocate_with_event(bytes, stream, tag);
         }
-        let start = Some(Instant::now());
         let result = self.inner.allocate(bytes, stream, tag);
-        let device = self.inner.device_ordinal();
-        // A subscriber that panics on the event below must not leave the
-        // block live with no descriptor: the guard frees it as the panic
-        // unwinds.
-        let result = result.map(|block| ReturnOnUnwind::new(&self.inner, block));
-        match &result {
-            Ok(guard) => debug!(
-                target: ALLOC_TARGET,
-                device,
-                stream = %stream,
-                bytes,
-                tag = %tag,
-                address = guard.block().ptr(),
-                block = %guard.block().id(),
-                elapsed_ns = elapsed_ns(start),
-                "allocate"
-            ),
-            // Back-pressure: the request waits in the futures layer's
-            // queue (whose span, around this event, says so and for how
-            // long); it is not a failure.
-            Err(e) => self.allocate_failed(bytes, stream, tag, e),
+        if let Err(e) = &result {
+            self.allocate_failed(bytes, stream, tag, e);
         }
-        result.map(ReturnOnUnwind::hand_out)
+        result
     }
 
+    #[inline]
     fn deallocate(&self, block: DeviceBlock) -> ResourceResult<()> {
         self.logged_free(block, |inner, block| inner.deallocate(block))
     }
 
+    #[inline]
     fn deallocate_completed(
         &self,
         block: DeviceBlock,

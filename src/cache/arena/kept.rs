@@ -88,8 +88,8 @@ const KEEP_REPEATS: u32 = HISTORY * 7 / 16;
 /// The shared half: per kept block, its arena node plus one (0: none).
 /// Alone on its cache lines: each stream's thread swaps its own entries
 /// at every allocation and free, and entries of eight streams sharing a
-/// line made sixteen threads' loops contend (12 M pairs/s instead of 57 M
-/// on the H200, `bench_table`).
+/// line made sixteen threads' loops contend (a fifth of the pairs per
+/// second: BENCHMARKS.md, "Figures the code's comments cite").
 #[derive(Debug)]
 #[repr(align(128))]
 pub(crate) struct KeptNodes([AtomicU32; KEPT]);

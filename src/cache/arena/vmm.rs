@@ -581,9 +581,9 @@ impl VirtualArena {
         // work queued there before it ahead of this stream's next work:
         // independent requests on two streams run one after the other.
         // Taking such memory first (the best fit over every free range)
-        // held up to 5% less in an A/B of the service on the H200 but
-        // served about 15% fewer requests at 1,024 clients
-        // (`notes/gpu-runs.md`).
+        // serializes independent requests to save a few percent of memory,
+        // a bad trade under load (`docs/DESIGN.md`, "Caching tier", has
+        // the service's figures).
         // The stream's kept blocks go back to the arena before it waits on
         // another stream: one of them, merged with its free neighbours,
         // may serve as it is.
@@ -950,9 +950,10 @@ impl VirtualArena {
         });
         // Map ahead, up to the target: the free pages right after the block,
         // where the next block placed at the end of the arena lands. A
-        // growth costs about 60 µs on the H200 whatever its size
-        // (`notes/vmm-costs.md`), so a workload that keeps growing grows in
-        // geometric steps of up to `slack` of what is live: about
+        // growth costs the same driver calls whatever its size
+        // (BENCHMARKS.md, "What the driver's virtual-memory calls cost"),
+        // so a workload that keeps growing grows in geometric steps of up
+        // to `slack` of what is live: about
         // ln(peak / start) / ln(1 + slack) growths in all, instead of one
         // per block. The target bounds what this adds to the peak held:
         // `slack` over the live high-water mark, which the memory held at

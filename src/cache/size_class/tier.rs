@@ -25,6 +25,22 @@ use crate::gpu::{CaptureId, CaptureStatus};
 use crate::resource::DeviceMemoryResource;
 use crate::types::{Access, AllocTag, BlockId, DeviceBlock, StreamId};
 
+/// How many classes above its own a request takes a cached block from
+/// when memory is full: four steps per doubling, so at most twice its
+/// class size.
+const LARGER_CLASSES: usize = 4;
+
+/// A trim of part of the cache (a budget's shortfall), not all of it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Part {
+    /// Stop once the blocks taken add up to this many bytes.
+    pub(crate) bytes: usize,
+    /// The shard looked at first (the one after the refused request's, so
+    /// that its own free lists, which serve its next requests at once, are
+    /// taken from last).
+    pub(crate) first: usize,
+}
+
 /// The size-class tier of a cache: the cap's accounting; the free lists
 /// and leases live in the cache's [`Shards`], which each call is given,
 /// with the inner resource.
@@ -73,9 +89,17 @@ impl SizeClassTier {
     /// Allocates `bytes` of `class` on `stream` (slot `index`): the
     /// stream's own free list (a **hit**), else a block of the class cached
     /// on another stream (a **steal**, behind an event wait), else
-    /// `inner_allocate` at the class size (a **miss**). Inside `capture`,
+    /// `try_inner` at the class size (a **miss**). Inside `capture`,
     /// no cached block: a miss at the requested size, leased with no
     /// class.
+    ///
+    /// When the miss finds memory full (the device's, or a budget's below
+    /// the cache, which counts every cached block), a cached block of a
+    /// class up to twice this one serves instead, this stream's first,
+    /// else another's behind an event wait: the memory is already the
+    /// cache's, and giving blocks back to make room (`relieve`, given the
+    /// refusal) would leave the request waiting for their frees to run,
+    /// and the streams they served missing at their next requests.
     #[allow(clippy::too_many_arguments, reason = "one request, split")]
     pub(crate) fn allocate<R: DeviceMemoryResource>(
         &self,
@@ -85,7 +109,8 @@ impl SizeClassTier {
         index: usize,
         class: SizeClass,
         capture: Option<CaptureId>,
-        inner_allocate: impl FnOnce(usize) -> ResourceResult<DeviceBlock>,
+        try_inner: impl FnOnce(usize) -> ResourceResult<DeviceBlock>,
+        relieve: impl FnOnce(usize, ResourceError) -> ResourceResult<DeviceBlock>,
     ) -> ResourceResult<DeviceBlock> {
         let seen = {
             let mut shard = shards.slots[index].lock();
@@ -138,7 +163,10 @@ impl SizeClassTier {
             // A miss inside a capture: the inner resource's block is a graph
             // allocation of its own (CUDA's graph memory node), freed in the
             // graph or after it by the inner resource, never cached here.
-            let block = inner_allocate(bytes)?;
+            let block = match try_inner(bytes) {
+                Err(e) if e.is_lack_of_memory() => relieve(bytes, e)?,
+                tried => tried?,
+            };
             return self.lease(shards, inner, index, block, request, None, |s| {
                 s.misses += 1
             });
@@ -148,9 +176,60 @@ impl SizeClassTier {
                 s.steals += 1
             });
         }
-        let block = inner_allocate(class.size())?;
+        let block = match try_inner(class.size()) {
+            Err(e) if e.is_lack_of_memory() => {
+                if let Some((larger, block, own)) =
+                    self.take_larger(shards, inner, class, index, stream, seen)
+                {
+                    return self.lease(shards, inner, index, block, request, Some(larger), |s| {
+                        match own {
+                            true => s.hits += 1,
+                            false => s.steals += 1,
+                        }
+                    });
+                }
+                relieve(class.size(), e)?
+            }
+            tried => tried?,
+        };
         self.lease(shards, inner, index, block, request, Some(class), |s| {
             s.misses += 1
+        })
+    }
+
+    /// Memory is full: a cached block of the smallest class above `class`
+    /// that has one, up to [`LARGER_CLASSES`] above (twice the size), from
+    /// slot `own`'s lists when they serve `stream` (stream order makes it
+    /// a hit), else from another stream's (a steal, when `seen`), and
+    /// whether it was `own`'s. Its lease keeps its class, so that its free
+    /// puts it back on its own list.
+    fn take_larger<R: DeviceMemoryResource>(
+        &self,
+        shards: &Shards,
+        inner: &R,
+        class: SizeClass,
+        own: usize,
+        stream: StreamId,
+        seen: bool,
+    ) -> Option<(SizeClass, DeviceBlock, bool)> {
+        let larger =
+            || (class.index() + 1..=class.index() + LARGER_CLASSES).map(SizeClass::from_index);
+        {
+            let mut shard = shards.slots[own].lock();
+            if shard.serves(stream) {
+                for c in larger() {
+                    if let Some(block) = shard.pop(c) {
+                        return Some((c, block, true));
+                    }
+                }
+            }
+        }
+        if !seen {
+            return None;
+        }
+        larger().find_map(|c| {
+            self.steal(shards, inner, c, own, stream)
+                .map(|block| (c, block, false))
         })
     }
 
@@ -376,15 +455,27 @@ impl SizeClassTier {
     /// A block cached on a stream other than the one the inner resource
     /// allocated it on is freed behind an event recorded on the cached
     /// stream, so the free waits for the block's last user.
+    ///
+    /// With `part`, `(bytes, first)`: stops once the blocks taken add up
+    /// to `bytes`, taking the largest first, shard `first` first and the
+    /// shard before it last (see [`Part`]).
     pub(crate) fn trim<R: DeviceMemoryResource>(
         &self,
         shards: &Shards,
         inner: &R,
+        part: Option<Part>,
         mut settle: impl FnMut(usize, &mut SlotGuard<'_>) -> ResourceResult<()>,
     ) -> (usize, Option<ResourceError>) {
         let mut released = 0;
         let mut first_err = None;
-        for (index, slot) in shards.slots.iter().enumerate() {
+        let mut taken = 0;
+        let n = shards.slots.len();
+        let first = part.map_or(0, |p| p.first % n.max(1));
+        for index in (0..n).map(|k| (first + k) % n) {
+            let slot = &shards.slots[index];
+            if part.is_some_and(|p| taken >= p.bytes) {
+                break;
+            }
             let (stream, blocks) = {
                 let mut shard = slot.lock();
                 if shard.cached == 0 && !slot.deferred.load(Ordering::Relaxed) {
@@ -405,10 +496,18 @@ impl SizeClassTier {
                 if let Err(e) = settle(index, &mut shard) {
                     first_err.get_or_insert(e);
                 }
-                let blocks = shard.take_all();
-                self.reserved_total
-                    .fetch_sub(shard.reserved, Ordering::AcqRel);
-                shard.reserved = 0;
+                let blocks = match part {
+                    // The shard keeps its part of the cap: it is still
+                    // caching.
+                    Some(p) => shard.take_largest(p.bytes - taken),
+                    None => {
+                        self.reserved_total
+                            .fetch_sub(shard.reserved, Ordering::AcqRel);
+                        shard.reserved = 0;
+                        shard.take_all()
+                    }
+                };
+                taken += blocks.iter().map(|(_, b)| b.size()).sum::<usize>();
                 shard.stats.trimmed += blocks.len() as u64;
                 (shard.stream, blocks)
             };
@@ -433,8 +532,10 @@ impl SizeClassTier {
                         let mut shard = slot.lock();
                         shard.stats.trimmed -= 1;
                         shard.push(class, block);
-                        shard.reserved += size;
-                        self.reserved_total.fetch_add(size, Ordering::AcqRel);
+                        if part.is_none() {
+                            shard.reserved += size;
+                            self.reserved_total.fetch_add(size, Ordering::AcqRel);
+                        }
                         if let Some(e) = e {
                             first_err.get_or_insert(e);
                         }

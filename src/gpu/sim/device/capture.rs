@@ -622,10 +622,9 @@ impl State {
         let call = DriverCall::StreamWaitEvent;
         let Some(rec) = self.events.get(e).and_then(|ev| ev.captured) else {
             // An event recorded outside any capture: an ordinary wait on a
-            // stream that is not capturing. On a capturing one the H200
-            // (driver 580, 2026-12-03, `tests/graph_cuda.rs`) answers
-            // CUDA_ERROR_STREAM_CAPTURE_ISOLATION and invalidates the
-            // capture.
+            // stream that is not capturing. On a capturing one the driver
+            // answers CUDA_ERROR_STREAM_CAPTURE_ISOLATION and invalidates
+            // the capture (`tests/graph_cuda.rs` checks that it does).
             return match self.capturing(s) {
                 None => Ok(false),
                 Some(id) => {

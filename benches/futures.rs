@@ -1,13 +1,18 @@
-//! EventFuture wake latency (p50/p99 printed) and the throughput of 10,000
-//! concurrent futures over 8 streams; and the allocation wait queue with 10
-//! and with 10,000 waiters (`wait_queue/*`: a poll of a waiter, and a
-//! cancel and a new waiter; the two sizes should cost about the same). Runs on a CUDA device when one is
-//! present, on the simulated device otherwise (the simulated numbers measure
-//! the futures machinery only, not a GPU).
+//! The futures layer: EventFuture wake latency (p50/p99 printed) and the
+//! throughput of 10,000 concurrent futures over 8 streams, on the simulated
+//! device (the futures machinery, not a GPU); the bookkeeping of one
+//! completion point, on the null backend with events that are always
+//! complete; and the allocation wait queue with 10 and with 10,000 waiters
+//! (`wait_queue/*`: a poll of a waiter, and a cancel and a new waiter; the
+//! two sizes should cost about the same).
 //!
 //! ```text
-//! cargo bench -p streamalloc-measure --bench futures
+//! cargo bench --bench futures
 //! ```
+//!
+//! Wake latency on a GPU is the measurement crate's `gpu_latency`.
+
+mod support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,7 +23,6 @@ use streamalloc::AsyncResource;
 use streamalloc::gpu::sim::SimGpu;
 use streamalloc::{AllocTag, DeviceBlock, DeviceMemoryResource};
 use streamalloc::{Device, StreamOrderedResource};
-use streamalloc_measure::support;
 
 const STREAMS: usize = 8;
 
@@ -118,8 +122,9 @@ fn bench_on<R: DeviceMemoryResource + 'static>(
 /// The bookkeeping of one completion point, on the null backend with
 /// events that are always complete.
 fn bench_bookkeeping(c: &mut Criterion) {
-    let pool = SimGpu::builder().manual().build().stream_pool(STREAMS);
-    let gpu = Arc::new(support::NullGpu::with_events());
+    let handles = SimGpu::builder().manual().build();
+    let pool = handles.stream_pool(STREAMS);
+    let gpu = Arc::new(support::NullGpu::with_events_on(&handles));
     let device = Device::new(gpu, pool.clone()).expect("both device 0");
     let inner = Arc::new(StreamOrderedResource::new(&device));
     let res = AsyncResource::new(inner).unwrap();
@@ -220,11 +225,6 @@ fn bench_wait_queue(c: &mut Criterion) {
 fn benches(c: &mut Criterion) {
     bench_wait_queue(c);
     bench_bookkeeping(c);
-    // The typed CUDA path, as a user who names the backend would have it.
-    if let Ok(device) = Device::open_cuda(0, STREAMS) {
-        bench_on(c, "cuda", AsyncResource::on(&device).unwrap());
-        return;
-    }
     let device = Device::simulated(&SimGpu::new(), STREAMS);
     bench_on(c, "sim", AsyncResource::on(&device).unwrap());
 }

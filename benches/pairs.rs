@@ -1,10 +1,18 @@
-//! Allocation cost: one allocate + free pair, per peer and size; the
-//! cross-stream pattern; and throughput from 1 to 16 threads, each on its own
-//! stream. On the simulated device everywhere, and on CUDA device 0 when it
-//! opens. `cargo bench -p streamalloc-measure --bench alloc`; `examples/bench_table.rs` prints the
-//! same comparison as one table.
+//! Allocation cost: one allocate + free pair, per peer (the raw seam, the
+//! stream-ordered resource, the caching tier) and size; the cross-stream
+//! pattern; and throughput from 1 to 16 threads, each on its own stream.
+//! On the simulated device and on the null backend (driver calls that do
+//! nothing: what is left is the bookkeeping). Read ratios between peers of
+//! one run, not absolute times.
+//!
+//! ```text
+//! cargo bench --bench pairs
+//! ```
+//!
+//! The same comparison on a GPU, with cudarc's own pair beside it, is the
+//! measurement crate's `bench_table`.
 
-use streamalloc_measure::support;
+mod support;
 
 use std::hint::black_box;
 use std::time::Duration;
@@ -14,19 +22,13 @@ use streamalloc::gpu::Gpu;
 
 use support::{Bench, SCALING_SIZE, SIZES, THREADS};
 
-fn pairs<G: Gpu>(c: &mut Criterion, b: &Bench<G>, cudarc: bool) {
+fn pairs<G: Gpu>(c: &mut Criterion, b: &Bench<G>) {
     let mut group = c.benchmark_group(format!("pair/{}", b.name));
     let (s, raw) = (b.stream(0), b.raw(0));
     for (bytes, label) in SIZES {
         group.bench_with_input(BenchmarkId::new("raw", label), &bytes, |bn, &n| {
             bn.iter(|| b.raw_pair(raw, black_box(n)))
         });
-        if cudarc {
-            let stream = b.pool.cuda_stream(s).unwrap().clone();
-            group.bench_with_input(BenchmarkId::new("cudarc", label), &bytes, |bn, &n| {
-                bn.iter(|| support::cudarc_pair(&stream, black_box(n)))
-            });
-        }
         group.bench_with_input(BenchmarkId::new("resource", label), &bytes, |bn, &n| {
             bn.iter(|| Bench::<G>::pair(&*b.resource, s, black_box(n)))
         });
@@ -89,18 +91,15 @@ fn threads<G: Gpu>(c: &mut Criterion, b: &Bench<G>) {
 
 fn all(c: &mut Criterion) {
     let sim = support::sim();
-    pairs(c, &sim, false);
+    pairs(c, &sim);
     cross(c, &sim);
     threads(c, &sim);
     drop(sim);
-    match support::cuda() {
-        Some(gpu) => {
-            pairs(c, &gpu, true);
-            cross(c, &gpu);
-            threads(c, &gpu);
-        }
-        None => eprintln!("no CUDA device: only the simulated device was measured"),
-    }
+    // No events on the null backend: the pairs and the threads, not the
+    // cross-stream rows.
+    let null = support::null();
+    pairs(c, &null);
+    threads(c, &null);
 }
 
 criterion_group! {
