@@ -94,22 +94,32 @@ fn layered_passes_at_a_varying_batch() {
     check("layered", &synthetic::layered(13, 24, 40));
 }
 
-/// A known gap: 1.18×, the target missed. The eight streams here peak at
+/// A known gap: 1.168×, the target missed. The eight streams here peak at
 /// different times (their peaks add up to 1.83× the trace's peak), and
 /// churn blocks of random sizes. With an arena per stream it held 1.58×
 /// (whole idle pages moved between streams), then 1.27× (free ranges lent
 /// in place); one arena shared by all streams, free neighbours merged
 /// whoever freed them, brought it to 1.145×, and preferring memory a
-/// stream may use without a GPU-side wait on another stream (which
-/// serializes the two streams' work) to 1.18×. What is left is the
-/// churn's own fragmentation (one stream of such churn holds 1.21×). The
-/// bound keeps it from getting worse.
+/// stream may use without a GPU-side wait on another stream to 1.18–1.20×
+/// (where a fence seen complete counted as "usable as it is", so the
+/// figure moved with the GPU's timing: 1.13–1.20× as the simulated GPU
+/// ran its work every 1 to 1,024 operations). Placement that ignores
+/// fences (`arena/vmm.rs`, "Decisions the GPU's timing does not change")
+/// holds 1.168×, the same whether the simulated GPU runs its work after
+/// every operation or every four (1.153× when the first look for memory
+/// this stream may use as it is also tried windows without memory in
+/// other streams' ranges, at twice the time per operation on the null
+/// backend). What is left is the churn's own
+/// fragmentation: one stream of such churn holds 1.20×, and no placement
+/// that leaves blocks where they are holds under about 1.15× on it
+/// (`notes/fragmentation-floors.md`). The bound keeps it from getting
+/// worse.
 #[test]
 fn many_streams_churning() {
     check_within(
         "many_streams",
         &synthetic::many_streams(14, 8, 48, 40_000),
-        1.20,
+        1.17,
     );
 }
 
@@ -133,4 +143,31 @@ fn a_spike_after_a_plateau() {
 #[test]
 fn a_long_churn_of_small_blocks() {
     check_within("churn", &synthetic::plateau_then_spike(16, 20_000, 0), 1.25);
+}
+
+/// The simulated replay's figure does not hang on when the simulated GPU
+/// runs its work: eight streams churning hold the same peak whether the
+/// device runs after every operation or every third (a GPU a little
+/// behind the host). Fails where a fence seen complete changes where a
+/// block goes (`arena/vmm.rs`, "Decisions the GPU's timing does not
+/// change").
+#[test]
+fn many_streams_hold_the_same_whatever_the_gpus_lag() {
+    let trace = synthetic::many_streams(17, 8, 32, 12_000);
+    let peak = Requested::of(&trace).peak;
+    let held = |every: usize| {
+        let config = ReplayConfig {
+            sim_drain_every: every,
+            ..ReplayConfig::default()
+        };
+        let replay = replay_stack(StackKind::Cache, &SIM, &trace, peak, &config).unwrap();
+        replay.held.high
+    };
+    let (keeping_up, lagging) = (held(1), held(3));
+    println!(
+        "many_streams(17): {:.4} drained every operation, {:.4} every third",
+        keeping_up as f64 / peak as f64,
+        lagging as f64 / peak as f64
+    );
+    assert_eq!(keeping_up, lagging);
 }

@@ -27,12 +27,19 @@
 //!   memory is mapped or given back), the high-water mark of live bytes.
 //! - `allocate` places the block; pages it touches that are mapped are
 //!   used as they are (a **hit**: no driver call); when some are not, a
-//!   free range with memory behind it serves instead. A range freed on
-//!   another stream serves at once if a fence shows the GPU done with the
-//!   free, and otherwise, when no such range fits, behind a wait of this
-//!   stream for that fence *on the GPU* (a **borrow**: `cuStreamWaitEvent`,
-//!   no host wait, but this stream's next work then runs after all the
-//!   other stream had queued). Else the
+//!   free range with memory behind it serves instead: first one this
+//!   stream freed (or a clean one), then, when none fits, one another
+//!   stream freed (a **borrow**), ordered after that free with no wait
+//!   where the host saw the work before it done (a fence, or the stream
+//!   idle), else behind a wait of this stream *on the GPU* for a fence
+//!   past the free (`cuStreamWaitEvent`, no host wait). Once other
+//!   streams wait on a stream's frees, each of its frees gets a fence
+//!   right after it, so that this stream's next work runs after the work
+//!   the other stream queued before the free, and none of what it queued
+//!   after (the first such borrow records its fence when it comes). Which range
+//!   serves never depends on how far the GPU is behind (see "Decisions
+//!   the GPU's timing does not change" in `arena/vmm.rs`): the simulated
+//!   replay of a trace holds what a GPU holds. Else the
 //!   pages not mapped get new memory, one `cuMemCreate` + `cuMemMap` +
 //!   `cuMemSetAccess` per run of pages (a **miss**; made with the tier's
 //!   lock released, the pages marked pending meanwhile so that no other
@@ -41,7 +48,7 @@
 //!   the live high-water mark, so that a growing workload grows in a few
 //!   geometric steps. A new mapping that would take the cache past that is
 //!   preceded by giving back idle mappings the GPU is done with (unmap and
-//!   release). Physical memory is fungible: freed to the device, created
+//!   release), those idle since before the previous growth. Physical memory is fungible: freed to the device, created
 //!   again where it is needed.
 //! - `deallocate` puts the range back in the arena; pages no live block
 //!   touches stay mapped, idle, until reused in place or given back.
@@ -86,10 +93,13 @@
 //!   block). When the lease ends, `S` waits for them, so the freed memory
 //!   is again ordered on `S` alone.
 //! - **Moving memory to another stream** `T`: an arena range freed on
-//!   `S` serves `T` where it is once a fence recorded on `S` after the
-//!   free has completed (queried), or before, behind `T`'s wait for that
-//!   fence on the GPU; `T`'s later free tags the range with `T`, whose
-//!   stream order includes the wait. A mapping is unmapped only once the
+//!   `S` serves `T` where it is, with no wait once the host saw the work
+//!   `S` queued before the free done (a fence recorded on `S` after the
+//!   free completed, or `S` with nothing left to run), else behind `T`'s
+//!   wait on the GPU for a fence recorded on `S` past the free (right
+//!   after it once streams borrow from `S`, so not behind `S`'s later
+//!   work); never because nothing said it was busy. `T`'s later free tags the range with `T`, whose stream order
+//!   includes the wait. A mapping is unmapped only once the
 //!   fences past every free on it have completed (never waited for on
 //!   the allocation path except before out of memory), so no queued work
 //!   can touch it. A size-class block moves behind an event recorded on

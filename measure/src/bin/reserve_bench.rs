@@ -12,7 +12,7 @@
 //! requests waited in the futures layer's queue.
 //!
 //! ```text
-//! cargo run --release -p streamalloc-measure --bin reserve_bench -- [--clients 64,1024] [--requests 2048] [--rounds 3] [--sim-latency-us 5]
+//! cargo run --release -p streamalloc-measure --bin reserve_bench -- [--clients 64,1024] [--requests 2048] [--rounds 3] [--sim-latency-us 5] [--budget-over-cache]
 //! ```
 //!
 //! The simulated kernels make this a measure of the futures layer, the
@@ -40,6 +40,11 @@ struct Args {
     rounds: usize,
     sim_latency_us: u64,
     workers: usize,
+    /// The budget above the cache (`--budget-over-cache`), whose
+    /// virtual-memory arena then serves (it needs the device, which a
+    /// budget below it does not lend); else below it, as in
+    /// `service_bench`.
+    budget_over_cache: bool,
 }
 
 fn parse_args() -> BoxResult<Args> {
@@ -49,6 +54,7 @@ fn parse_args() -> BoxResult<Args> {
         rounds: 3,
         sim_latency_us: 5,
         workers: 4,
+        budget_over_cache: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -64,6 +70,7 @@ fn parse_args() -> BoxResult<Args> {
             "--rounds" => args.rounds = value("--rounds")?.parse::<usize>()?.max(1),
             "--sim-latency-us" => args.sim_latency_us = value("--sim-latency-us")?.parse()?,
             "--workers" => args.workers = value("--workers")?.parse::<usize>()?.max(1),
+            "--budget-over-cache" => args.budget_over_cache = true,
             other => return Err(format!("unknown argument {other} (see the file's docs)").into()),
         }
     }
@@ -71,16 +78,24 @@ fn parse_args() -> BoxResult<Args> {
 }
 
 /// The stack of `service_bench --budget-quarter`: the caching tier over a
-/// budget of a quarter of the peak demand of `clients`, with a statistics
-/// layer on top that counts the budget's refusals.
-fn budgeted_stack(device: &Device<SimGpu>, clients: usize) -> BoxResult<(AnyResource, Stats)> {
+/// budget of a quarter of the peak demand of `clients` (or under it, with
+/// `over`), with a statistics layer on top that counts the budget's
+/// refusals.
+fn budgeted_stack(
+    device: &Device<SimGpu>,
+    clients: usize,
+    over: bool,
+) -> BoxResult<(AnyResource, Stats)> {
     let budget = Budget::new(streamalloc_way::quarter_budget(&Dims::BENCH, clients));
     let stats = Stats::new();
-    let layers = ResourceBuilder::new()
-        .stats_with(&stats)
-        .cache(CacheConfig::default())
-        .budget(&budget);
-    Ok((AsyncResource::build(device, &layers)?.into_any(), stats))
+    let top = ResourceBuilder::new().stats_with(&stats);
+    let res = match over {
+        true => AsyncResource::build(device, &top.budget(&budget).cache(CacheConfig::default()))?
+            .into_any(),
+        false => AsyncResource::build(device, &top.cache(CacheConfig::default()).budget(&budget))?
+            .into_any(),
+    };
+    Ok((res, stats))
 }
 
 /// One way's figures over one level.
@@ -92,7 +107,9 @@ struct Run {
     waited_per_request: f64,
 }
 
+#[allow(clippy::too_many_arguments, reason = "one level of one way")]
 async fn run_way(
+    over: bool,
     gpu: &Arc<SimGpu>,
     device: &Device<SimGpu>,
     kernels: &Arc<SimKernels>,
@@ -100,7 +117,7 @@ async fn run_way(
     clients: usize,
     per: usize,
 ) -> BoxResult<Run> {
-    let (res, stats) = budgeted_stack(device, clients)?;
+    let (res, stats) = budgeted_stack(device, clients, over)?;
     let level = Level {
         dims: Dims::BENCH,
         clients,
@@ -156,8 +173,14 @@ fn main() -> BoxResult<()> {
     let device = Device::simulated(&gpu, STREAMS);
     let kernels = Arc::new(SimKernels::new(gpu.clone()));
     println!(
-        "simulated device, {STREAMS} streams, {} µs per op; tokio {} workers; {} rounds",
-        args.sim_latency_us, args.workers, args.rounds
+        "simulated device, {STREAMS} streams, {} µs per op; tokio {} workers; {} rounds; budget {} the cache",
+        args.sim_latency_us,
+        args.workers,
+        args.rounds,
+        match args.budget_over_cache {
+            true => "over",
+            false => "under",
+        }
     );
     rt.block_on(async {
         for &clients in &args.clients {
@@ -174,7 +197,15 @@ fn main() -> BoxResult<()> {
                 // Alternate which way goes first.
                 for k in 0..2 {
                     let w = (k + round) % 2;
-                    let run = run_way(&gpu, &device, &kernels, ways[w], clients, per).await?;
+                    let run = run_way(
+                        args.budget_over_cache,
+                        &gpu,
+                        &device,
+                        &kernels,
+                        ways[w],
+                        clients,
+                        per,
+                    ).await?;
                     runs[w].push(run);
                 }
             }

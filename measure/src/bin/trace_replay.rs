@@ -32,6 +32,10 @@
 //! - `--slack PERCENT`: the cache's [`CacheConfig::slack_percent`](streamalloc::CacheConfig::slack_percent) (how far
 //!   over the live high-water mark its arena maps ahead and holds memory;
 //!   default 7), to weigh growths against memory held on one trace.
+//! - `--sim-drain N`: on `--sim`, run the device's queued work after
+//!   every N operations (default 1, as a GPU keeps up with a replay that
+//!   launches no kernels); a larger N shows what depends on when the GPU
+//!   completes work (the cache's held bytes should not).
 //! - `--budget-ratio R`: the `cache-budget` stack's limit, R × the peak
 //!   requested (default 1.10).
 //! - `--cut N OUT`: writes the first N operations, the blocks they leave live
@@ -73,11 +77,12 @@ struct Args {
     budget_ratio: f64,
     calls: bool,
     slack: Option<usize>,
+    sim_drain: Option<usize>,
     cut: Option<(usize, PathBuf)>,
 }
 
 const USAGE: &str = "usage: trace_replay TRACE [--stack resource|cache|cache-budget|all]... \
-[--sim | --null] [--sim-capacity BYTES] [--repeat N] [--png OUT.png] [--budget-ratio R] [--calls] [--slack PERCENT] | TRACE --cut N OUT.csv.gz";
+[--sim | --null] [--sim-capacity BYTES] [--repeat N] [--png OUT.png] [--budget-ratio R] [--calls] [--slack PERCENT] [--sim-drain N] | TRACE --cut N OUT.csv.gz";
 
 fn parse_args() -> Result<Args, String> {
     let mut args = std::env::args().skip(1);
@@ -92,6 +97,7 @@ fn parse_args() -> Result<Args, String> {
         budget_ratio: ReplayConfig::default().budget_ratio,
         calls: false,
         slack: None,
+        sim_drain: None,
         cut: None,
     };
     let mut trace = None;
@@ -118,6 +124,7 @@ fn parse_args() -> Result<Args, String> {
             "--null" => out.null = true,
             "--calls" => out.calls = true,
             "--slack" => out.slack = Some(value("--slack", args.next())?),
+            "--sim-drain" => out.sim_drain = Some(value("--sim-drain", args.next())?),
             "--sim-capacity" => out.sim_capacity = value("--sim-capacity", args.next())?,
             "--repeat" => out.repeat = value("--repeat", args.next())?,
             "--png" => out.png = Some(value("--png", args.next())?),
@@ -200,6 +207,9 @@ fn main() -> ExitCode {
     };
     if let Some(slack) = args.slack {
         config.cache = config.cache.slack_percent(slack);
+    }
+    if let Some(every) = args.sim_drain {
+        config.sim_drain_every = every;
     }
     let mut failed = false;
     for rep in 0..args.repeat {

@@ -101,6 +101,10 @@ pub struct ReplayConfig {
     /// backend is wrapped in a [`CountingGpu`], which times every call it
     /// forwards, so timed figures are taken without.
     pub count_calls: bool,
+    /// On the simulated device, run its queued work after every this many
+    /// operations (default [`SIM_DRAIN_EVERY`]: 1; `usize::MAX`: only at
+    /// the end), to see what depends on when the GPU completes work.
+    pub sim_drain_every: usize,
 }
 
 impl Default for ReplayConfig {
@@ -112,12 +116,22 @@ impl Default for ReplayConfig {
             sample_every: None,
             cache: CacheConfig::default(),
             count_calls: false,
+            sim_drain_every: SIM_DRAIN_EVERY,
         }
     }
 }
 
-/// How often the simulated device runs its queued work during a replay.
-const SIM_DRAIN_EVERY: usize = 1024;
+/// How often the simulated device runs its queued work during a replay:
+/// after every operation. A replay launches no kernels, so on a GPU every
+/// event it records (the cache's fences) completes within microseconds,
+/// before the next few operations; the simulated device runs it before the
+/// next one. The cache's placement does not depend on when fences
+/// complete (only its waits do), and a growth gives back only memory
+/// fenced at the previous growth, so what the replay holds on the
+/// simulated device is what it holds on any GPU that completes, between
+/// two growths, what was queued before the first (a growth's own driver
+/// calls take tens of µs); `trace_replay --sim-drain N` varies it.
+pub const SIM_DRAIN_EVERY: usize = 1;
 
 /// Replays `trace` through a fresh `kind` stack on `backend`;
 /// `peak_requested` sizes the budget of [`StackKind::CacheBudget`].
@@ -200,7 +214,7 @@ fn replay_on<G: Gpu>(
         let target = Target {
             resource,
             device: &device,
-            housekeeping: drain.map(|d| (SIM_DRAIN_EVERY, d)),
+            housekeeping: drain.map(|d| (config.sim_drain_every.max(1), d)),
         };
         // The calls of the replay only: not the stack's set-up, nor what
         // dropping it gives back.

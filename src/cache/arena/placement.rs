@@ -23,8 +23,10 @@
 //!
 //! Every range keeps its [`Freed`] tags: per stream that freed (part of)
 //! it, the newest such free. Free neighbours always merge, the merged
-//! range keeping the tags of both (one per stream: the newer); tags a fence
-//! shows done are dropped as ranges merge. A range freed by one stream
+//! range keeping the tags of both (one per stream: the newer); tags the
+//! caller's `done` names are dropped as ranges merge (the arena tier names
+//! none: its placements may not depend on when fences complete, see
+//! `vmm.rs`). A range freed by one stream
 //! (the common case) keeps its one tag in its node; only ranges freed by
 //! several hold a list. Where a range may go is the caller's decision
 //! (`fit`): the arena only reports each candidate's tags.

@@ -23,49 +23,89 @@
 //!
 //! An allocation on stream `S` of the size of a block `S` keeps takes that
 //! block back, with no lock but its shard's. Any other places the block in the
-//! arena, where a range may serve `S` as it is when `S` freed it, nobody
-//! did, or a fence shows the GPU done with its last free; a range another
-//! stream freed that the GPU may still use serves only where no memory is
-//! behind it (new memory mapped there cannot be in use). Pages it touches
-//! that are mapped are used as they are, with no driver call. When some
-//! are not, a free range such an allocation may use with memory behind
-//! every page serves instead. Else memory another stream freed serves
-//! where it is, behind a wait of `S` *on the GPU* for a fence of that
-//! stream past the free (no host wait): only there, since such a wait
-//! makes `S`'s next work run after everything queued on that stream.
-//! Otherwise the pages that are not mapped get new physical memory, one
-//! handle per run of pages (so a 40 MiB block costs one `cuMemCreate`,
-//! one `cuMemMap` and one `cuMemSetAccess`, not twenty of each). Before creating memory that
+//! arena, where a range may serve `S` as it is when `S` freed it or nobody
+//! did (or the host saw the GPU done with it when it was freed: a clean
+//! free); a range another stream freed serves there only where no memory
+//! is behind it (new memory mapped there cannot be in use). Pages it
+//! touches that are mapped are used as they are, with no driver call. When
+//! some are not, a free range such an allocation may use with memory
+//! behind every page serves instead. Else memory another stream freed
+//! serves where it is (a good fit over every free range with memory
+//! behind it), ordered after the free: with no wait where the host saw
+//! the work before the free done (a fence past it, or the stream with
+//! nothing left to run), else behind a wait of `S` *on the GPU* for a
+//! fence of that stream past the free (no host wait). Otherwise the pages
+//! that are not mapped get new physical memory, one handle per run of
+//! pages (so a 40 MiB block costs one `cuMemCreate`, one `cuMemMap` and
+//! one `cuMemSetAccess`, not twenty of each). Before creating memory that
 //! would take the cache past `slack` over the live high-water mark, idle
-//! mappings the GPU is done with (a fence past every free on them has
-//! completed, learnt by a query) are unmapped and released. A free puts
-//! the block's range back in the arena, tagged with the stream and its
-//! free, and leaves pages no live block touches idle but mapped.
+//! mappings freed before the previous growth that the GPU is done with (a
+//! fence past every free on them has completed, learnt by a query) are
+//! unmapped and released. A free puts the block's range back in the
+//! arena, tagged with the stream and its free, and leaves pages no live
+//! block touches idle but mapped.
 //!
 //! Free neighbours always merge, whoever freed them: the merged range
-//! keeps, per stream, the newest free on it (dropping those a fence shows
-//! the GPU done with), so a range is as large as the free space around it
-//! and still says whom a reuse must wait for.
+//! keeps, per stream, the newest free on it, so a range is as large as the
+//! free space around it and still says whom a reuse must wait for.
+//!
+//! # Decisions the GPU's timing does not change
+//!
+//! Where a block goes, and which memory a growth gives back, are decided
+//! by what the host did (the order of allocations and frees, on which
+//! streams), never by how far the GPU is behind: the same program places
+//! every block at the same address on every device, and the simulated
+//! replay of a trace predicts the memory a GPU holds (CI bounds it there).
+//! So a fence seen complete never makes a range usable "as it is" in
+//! placement, and a range's tags are not dropped when fences complete;
+//! fences decide only *how* a chosen range is ordered after its free (no
+//! wait when the host saw the work done, a GPU-side wait otherwise), and
+//! a growth gives back only mappings idle since before the previous
+//! growth, whose fences (recorded then) have had the time between two
+//! growths to complete (see [`VirtualArena::reclaim_at_growth`]): on a GPU
+//! that kept up that far, which one replaying a trace always does (a
+//! growth's own driver calls take tens of µs), the same ones as on the
+//! simulated device. A GPU further behind gives back less: never memory
+//! a fence the host saw complete does not cover. The policy before this
+//! one took a range another stream freed "as it is" once a query showed
+//! its fence complete, and gave back at a growth whatever fences showed
+//! done: on two multi-stream traces the simulator said 1.22× and 1.27×
+//! where an H100 held 1.47× and 1.09× (issue 33).
 //!
 //! # Stream ordering
 //!
 //! - A range freed on `S` is reused at once on `S`: stream order puts the
 //!   new user after the old one.
-//! - On another stream `T`, a range freed on `S` is used once a fence
-//!   recorded on `S` after the free has completed (learnt by a query), or
-//!   before, behind `T`'s wait for that fence's event on the GPU
-//!   (`cuStreamWaitEvent`): either way no work queued on `S` before the
-//!   free can overlap `T`'s. `T`'s own later free of it tags it with `T`,
-//!   whose stream order now includes that wait. A capturing stream never
-//!   waits (a wait on an outside event would invalidate the capture): it
-//!   uses only ranges the GPU is known done with and pages with no memory
-//!   behind them (and its graph's own temporaries, see `graph/pool.rs`).
-//!   Not its own recent frees: its replays may run on another stream,
-//!   which stream order does not put after them.
+//! - On another stream `T`, a range freed on `S` is used at once, ordered
+//!   after the free by one of two facts. Either the host saw the work `S`
+//!   queued before the free done: a fence recorded on `S` after the free
+//!   has completed (an event query), or `S` had nothing left to run
+//!   (`cuStreamQuery`, asked only of a stream not capturing); then `T`
+//!   needs no wait. Or `T` waits on the GPU (`cuStreamWaitEvent`) for a
+//!   fence recorded on `S` after the free. Never on the absence of news:
+//!   a range is not taken because nothing said it was busy. Either way no
+//!   work queued on `S` before the free can overlap `T`'s. `T`'s own later
+//!   free of it tags it with `T`, whose stream order now includes that
+//!   wait.
+//! - The fence `T` waits for is recorded right after the free (not when
+//!   `T` asks), once another stream had to wait for memory `S` freed:
+//!   from then on, `S`'s next frees ([`LENDING_FREES`]) each get one. So
+//!   `T` waits for the work `S` queued before the free and for none of
+//!   the work `S` queued after it (a fence recorded when `T` asks would
+//!   strand the range behind all of it). A stream nobody waits on records
+//!   none, and a borrow records its fence when it comes (a block the
+//!   stream kept out of the arena, given back later, is fenced then too).
+//! - A capturing stream never waits (a wait on an outside event would
+//!   invalidate the capture): it uses only ranges the GPU is known done
+//!   with and pages with no memory behind them (and its graph's own
+//!   temporaries, see `graph/pool.rs`). Not its own recent frees: its
+//!   replays may run on another stream, which stream order does not put
+//!   after them.
 //! - A mapping is unmapped only once fences past the last free of every
 //!   stream on its pages have completed (queried, never waited for, except
 //!   as the last resort before out of memory), so no queued work can touch
-//!   it.
+//!   it. That one decision rests on the GPU's progress by necessity; a
+//!   growth makes it a growth behind (see above).
 //! - Uses of a block on other streams are recorded with events (the same
 //!   per-stream read events and last write as the resource keeps); the
 //!   free makes the block's stream wait for them before the range goes
@@ -152,7 +192,23 @@ impl StreamSlot {
 struct StreamFences {
     raw: RawStream,
     fences: Fences,
+    /// The stream's newest free at the previous growth: a growth gives
+    /// back only memory idle since a free at or before it (see
+    /// [`VirtualArena::reclaim_at_growth`]).
+    horizon: u64,
+    /// How many of its next frees get a fence of their own, right after
+    /// them: [`LENDING_FREES`] once another stream took memory it freed.
+    lending: u32,
 }
+
+/// Frees of a stream that get a fence each after another stream took
+/// memory it freed. A fence recorded right after the free is what lets
+/// the next borrower wait for the work queued before the free and for
+/// nothing after it; a stream whose frees nobody takes (a side stream of
+/// a training step, most streams of most programs) records none, and a
+/// borrow then records one when it comes (later than the free, so the
+/// borrower may wait for more of that stream's work than it needed).
+const LENDING_FREES: u32 = 1024;
 
 /// The arena every stream places in; guarded by the tier's lock.
 #[derive(Debug)]
@@ -163,10 +219,6 @@ pub(crate) struct SharedArena {
     pages: PageTable,
     /// Per slot, once its stream opened the arena.
     streams: Vec<Option<StreamFences>>,
-    /// The sum of the streams' done stamps when a growth last looked
-    /// again: it looks again only when a fence completed since (or other
-    /// streams' last frees came back).
-    settled_at: u64,
     /// Bytes growths in their driver calls mean to create (not in `held`
     /// yet): a growth planning its size counts them as held, so that two
     /// at once do not both fill the room under the target.
@@ -185,11 +237,19 @@ fn is_done(streams: &[Option<StreamFences>], freed: Freed) -> bool {
     }
 }
 
-impl SharedArena {
-    fn done_sum(&self) -> u64 {
-        self.streams.iter().flatten().map(|s| s.fences.done()).sum()
+/// Whether `freed` was made at or before its stream's horizon (the
+/// previous growth) and the GPU is known done with it.
+fn settled_before(streams: &[Option<StreamFences>], freed: Freed) -> bool {
+    match freed.slot() {
+        None => true,
+        Some(s) => streams
+            .get(s)
+            .and_then(Option::as_ref)
+            .is_some_and(|f| freed.stamp() <= f.horizon && f.fences.done() >= freed.stamp()),
     }
+}
 
+impl SharedArena {
     /// Queries every stream's fences.
     fn poll_all(&mut self, gpu: &dyn Gpu) {
         for s in self.streams.iter_mut().flatten() {
@@ -215,25 +275,36 @@ impl SharedArena {
     /// The range goes back to the arena tagged `freed`; pages it leaves
     /// untouched go idle with that tag ([`Freed::CLEAN`]: no queued work
     /// touches it, free to unmap at once).
+    ///
+    /// The range's tags are kept whatever the fences say (see "Decisions
+    /// the GPU's timing does not change" in the module's essay): only the
+    /// stream's pages learn from fences, for giving memory back.
     fn release_tagged(&mut self, placed: Placed, freed: Freed) {
-        let SharedArena {
-            arena,
-            pages,
-            streams,
-            ..
-        } = self;
-        pages.untouch(placed.off, placed.len, freed);
-        arena.free(placed, Some(freed), |f| is_done(streams, f));
+        self.pages.untouch(placed.off, placed.len, freed);
+        self.arena.free(placed, Some(freed), |_| false);
     }
 
     /// The range goes back to the arena tagged with a new free of `slot`;
-    /// pages it leaves untouched go idle.
-    fn release(&mut self, slot: usize, placed: Placed) {
+    /// pages it leaves untouched go idle. With `fence` (the tier's backend;
+    /// given where the free is made now, on the caller's stream), while
+    /// other streams take what this one frees ([`LENDING_FREES`]), a fence
+    /// is recorded on the stream right after the free, so that another
+    /// stream that takes the range waits for the work queued before the
+    /// free and for nothing queued after it. Without (a block the stream
+    /// kept, given back by a growth on another thread), a borrow records
+    /// one later.
+    fn release(&mut self, fence: Option<&dyn Gpu>, slot: usize, placed: Placed) {
         let Some(Some(s)) = self.streams.get_mut(slot) else {
             unreachable!("a stream places in the arena only once it opened it");
         };
-        let freed = Freed::by(slot, s.fences.next_stamp());
-        self.release_tagged(placed, freed);
+        let stamp = s.fences.next_stamp();
+        if let (Some(gpu), true) = (fence, s.lending > 0) {
+            s.lending -= 1;
+            // A failed record leaves the free uncovered: a later borrow
+            // covers it then (`order_after`), later than it could have.
+            let _ = s.fences.cover(gpu, s.raw, stamp);
+        }
+        self.release_tagged(placed, Freed::by(slot, stamp));
     }
 }
 
@@ -310,7 +381,6 @@ impl VirtualArena {
                 arena: Arena::new(arena_len),
                 pages: PageTable::new(arena_len, page),
                 streams: Vec::new(),
-                settled_at: 0,
                 growing: 0,
             }),
             base: AtomicU64::new(0),
@@ -370,6 +440,8 @@ impl VirtualArena {
         st.streams[slot].get_or_insert(StreamFences {
             raw,
             fences: Fences::default(),
+            horizon: 0,
+            lending: 0,
         });
         Ok(StreamSlot {
             raw,
@@ -466,7 +538,7 @@ impl VirtualArena {
                         // Clears what is still pending of the block (the
                         // runs not mapped yet) with the counts.
                         pages.untouch_failed(placed.off, placed.len, freed);
-                        arena.free(placed, Some(freed), |f| is_done(streams, f));
+                        arena.free(placed, Some(freed), |_| false);
                         return Err(e);
                     }
                     at += n;
@@ -548,7 +620,9 @@ impl VirtualArena {
     /// (the frees of `own`, or frees the GPU is known done with), if there
     /// is one.
     fn backed_now(st: &mut SharedArena, own: Option<usize>, len: u64) -> Option<Placed> {
-        let placed = Self::fit(st, own, len, false)?;
+        // Only ranges usable as they are: a window with no memory in
+        // another's would not be backed (and looking for one walks pages).
+        let placed = Self::fit(st, own, len, false, false)?;
         if st.pages.all_backed(placed.off, placed.len) {
             return Some(placed);
         }
@@ -565,7 +639,7 @@ impl VirtualArena {
         len: u64,
         any: bool,
     ) -> Option<Placed> {
-        let placed = Self::fit(st, own, len, any)?;
+        let placed = Self::fit(st, own, len, any, true)?;
         if st.pages.all_backed(placed.off, placed.len) {
             return Some(placed);
         }
@@ -580,20 +654,15 @@ impl VirtualArena {
         for (i, kept) in self.kept.iter().enumerate() {
             for node in kept.take_all() {
                 let placed = st.arena.placed(node);
-                st.release(i, placed);
+                st.release(None, i, placed);
                 flushed = true;
             }
         }
-        let done = {
-            st.poll_all(self.gpu());
-            st.done_sum()
-        };
-        if done == st.settled_at && !flushed {
+        if !flushed {
             return Some(placed);
         }
-        st.settled_at = done;
         st.arena.free(placed, None, |_| false);
-        let placed = Self::fit(st, own, len, any)?;
+        let placed = Self::fit(st, own, len, any, true)?;
         if st.pages.all_backed(placed.off, placed.len) {
             return Some(placed);
         }
@@ -619,7 +688,7 @@ impl VirtualArena {
     ) -> bool {
         let gpu = self.gpu();
         freed.iter().all(|&f| {
-            if f.slot().is_none_or(|s| s == ss.slot) || is_done(streams, f) {
+            if f.slot().is_none_or(|s| s == ss.slot) {
                 return true;
             }
             let home = f
@@ -627,6 +696,24 @@ impl VirtualArena {
                 .and_then(|i| streams.get_mut(i))
                 .and_then(Option::as_mut);
             home.is_some_and(|h| {
+                if h.fences.done() >= f.stamp() {
+                    return true;
+                }
+                // A stream with nothing left to run has run its frees:
+                // the host sees it, no wait is needed. Not asked of a
+                // capturing stream (the query would invalidate its
+                // capture).
+                // SAFETY: `h.raw` is a stream of the tier's device pool,
+                // which the tier holds.
+                let idle = unsafe { gpu.capture_status(h.raw) }.is_ok_and(|c| !c.is_capturing())
+                    && unsafe { gpu.stream_query(h.raw) }.unwrap_or(false);
+                if idle {
+                    h.fences.settle();
+                    return true;
+                }
+                // Another stream waits for what this one frees: its next
+                // frees get a fence each (see `SharedArena::release`).
+                h.lending = LENDING_FREES;
                 // A fence over the free, queried at once: a stream with
                 // nothing queued has run past it already.
                 let _ = h.fences.cover(gpu, h.raw, f.stamp());
@@ -642,20 +729,32 @@ impl VirtualArena {
         })
     }
 
-    /// Whether a stream may use a range with tags `freed` as it is: the
-    /// frees of `own` (its slot; none in a capture), or frees the GPU is
-    /// known done with.
+    /// Whether a stream may use a range with tags `freed` as it is: clean
+    /// (no tag), or only the frees of `own` (its slot), which stream order
+    /// puts before its next work. A fence seen complete does not make a
+    /// range usable here (see "Decisions the GPU's timing does not
+    /// change"): it only spares the wait once the range is chosen. In a
+    /// capture (`own` is `None`), which may not wait, frees the GPU is
+    /// known done with are usable, and nothing else.
     fn usable_now(streams: &[Option<StreamFences>], own: Option<usize>, freed: &[Freed]) -> bool {
-        freed
-            .iter()
-            .all(|&f| (own.is_some() && f.slot() == own) || is_done(streams, f))
+        freed.iter().all(|&f| match own {
+            Some(own) => f.slot() == Some(own),
+            None => is_done(streams, f),
+        })
     }
 
-    /// A good fit a stream may use now: where its tag allows (the frees of
-    /// `own`, nobody's, or done), at the end with memory behind it if only
-    /// one end has; elsewhere only on pages with no memory. Never on a
-    /// page a growth is mapping (pending).
-    fn fit(st: &mut SharedArena, own: Option<usize>, len: u64, any: bool) -> Option<Placed> {
+    /// A good fit a stream may use now: where its tag allows (see
+    /// [`usable_now`](Self::usable_now); every range with `any`), at the
+    /// end with memory behind it if only one end has; elsewhere, with
+    /// `unbacked_elsewhere`, on pages with no memory. Never on a page a
+    /// growth is mapping (pending).
+    fn fit(
+        st: &mut SharedArena,
+        own: Option<usize>,
+        len: u64,
+        any: bool,
+        unbacked_elsewhere: bool,
+    ) -> Option<Placed> {
         let SharedArena {
             arena,
             pages,
@@ -672,9 +771,11 @@ impl VirtualArena {
                     true => Some(at),
                     false => pages.settled_window(start, end, len),
                 }
-            } else {
+            } else if unbacked_elsewhere {
                 // Pending pages are not free of memory: skipped too.
                 pages.unbacked_window(start, end, len)
+            } else {
+                None
             }
         })
     }
@@ -733,7 +834,7 @@ impl VirtualArena {
     /// range a graph's pool kept, once the graph is gone (its free was
     /// noted already).
     pub(crate) fn release_range(&self, ss: &StreamSlot, placed: Placed) {
-        self.lock().release(ss.slot, placed);
+        self.lock().release(Some(self.gpu()), ss.slot, placed);
     }
 
     /// Tells a checking backend that the range at `placed`, taken out of a
@@ -756,7 +857,7 @@ impl VirtualArena {
     fn release_kept_locked(&self, st: &mut SharedArena, ss: &mut StreamSlot) -> usize {
         let mut given = 0;
         for placed in ss.kept.drain(&self.kept[ss.slot]) {
-            st.release(ss.slot, placed);
+            st.release(Some(self.gpu()), ss.slot, placed);
             given += 1;
         }
         given
@@ -843,12 +944,10 @@ impl VirtualArena {
         let need = n as usize * page;
         // What other growths are creating counts as held already.
         let growing = st.growing;
-        if self.held() + growing + need > self.target(live) {
-            // Under the lock: rarer than a growth (see "Lock order").
-            self.reclaim(&mut st, |tier| {
-                tier.held() + growing + need <= tier.target(live)
-            });
-        }
+        // Under the lock: rarer than a growth (see "Lock order").
+        self.reclaim_at_growth(&mut st, |tier| {
+            tier.held() + growing + need <= tier.target(live)
+        });
         // Map ahead, up to the target: the free pages right after the block,
         // where the next block placed at the end of the arena lands. A
         // growth costs the same driver calls whatever its size
@@ -1023,6 +1122,43 @@ impl VirtualArena {
             st.cover_idle(gpu);
         }
         enough(self)
+    }
+
+    /// What a growth gives back first, to stay under the slack target
+    /// (until `enough` holds): idle mappings whose every free was made at
+    /// or before the *previous* growth (each stream's `horizon`) and is
+    /// covered by a fence the host has seen complete. Then it records
+    /// fences over what is idle now and moves the horizons to now, for the
+    /// next growth.
+    ///
+    /// Why a growth behind: whether a fence recorded a moment ago has
+    /// completed depends on how far the GPU is behind the host, which the
+    /// same program meets differently on every device and every run. A
+    /// fence recorded at the previous growth has had the time between two
+    /// growths (thousands of operations on a model trace) to complete: a
+    /// GPU that keeps up that far gives back exactly the same mappings, so
+    /// the memory held, and the placements that follow, do not depend on
+    /// its timing (the simulated replay predicts the GPU's figure). A GPU
+    /// further behind gives back less (never anything its fences do not
+    /// cover).
+    fn reclaim_at_growth(&self, st: &mut SharedArena, enough: impl Fn(&Self) -> bool) {
+        let gpu = self.gpu();
+        if !enough(self) && st.pages.idle_bytes() > 0 {
+            st.poll_all(gpu);
+            while !enough(self) {
+                let SharedArena { pages, streams, .. } = &mut *st;
+                let Some(h) = pages.take_idle(|f| settled_before(streams, f)) else {
+                    break;
+                };
+                self.give_back(st, h);
+            }
+        }
+        if st.pages.idle_bytes() > 0 {
+            st.cover_idle(gpu);
+        }
+        for s in st.streams.iter_mut().flatten() {
+            s.horizon = s.fences.stamp();
+        }
     }
 
     /// Unmaps and releases one idle handle the GPU is done with.

@@ -158,6 +158,6 @@ impl VirtualArena {
         if st.pages.all_backed(placed.off, placed.len) {
             self.gpu().note_subfree(self.ptr(placed), ss.raw);
         }
-        st.release(ss.slot, placed);
+        st.release(Some(self.gpu()), ss.slot, placed);
     }
 }
