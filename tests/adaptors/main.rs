@@ -9,6 +9,7 @@ mod support;
 mod budget;
 mod builder;
 mod compose;
+mod contract;
 mod debug_guard;
 mod forward_to_inner;
 mod retry;

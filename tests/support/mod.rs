@@ -14,6 +14,7 @@ pub mod bounded;
 pub mod checks;
 pub mod fixture;
 pub mod regressions;
+pub mod suite;
 
 pub use checks::*;
 pub use fixture::*;
