@@ -400,8 +400,8 @@ def child(args):
             res["last_error"] = last_error(lib)
     elif rmm_stats:
         below, above = rmm_stats
-        res["peak_reserved"] = below.allocation_counts["peak_bytes"]
-        res["peak_allocated"] = above.allocation_counts["peak_bytes"]
+        res["peak_reserved"] = below.allocation_counts.peak_bytes
+        res["peak_allocated"] = above.allocation_counts.peak_bytes
     else:
         res["peak_reserved"] = torch.cuda.max_memory_reserved() if dev.cuda else 1
         res["peak_allocated"] = torch.cuda.max_memory_allocated() if dev.cuda else 1
