@@ -27,7 +27,7 @@
 #   scripts/gpu-call.sh N             # there: a session's whole call (suites, memcheck, traces,
 #                                     # service, pairs) packed into $OUT/rN.tgz stage by stage
 #
-# With CUDA_TOOLKIT_PATH set (the CUDA headers, see ../shared/peers/cuda-headers.sh),
+# With CUDA_TOOLKIT_PATH set (the CUDA headers, see scripts/cuda-headers.sh),
 # `build` builds the measurement binaries with the cuda-async peer
 # (feature peer-cuda-async of streamalloc-measure).
 set -euo pipefail

@@ -2,7 +2,7 @@
 
     python3 measure/scripts/placement_floor.py TRACE.csv.gz [TRACE...]
 
-For each trace (the format of ../shared/traces/README.md; synthetic shapes
+For each trace (the format of measure/traces/README.md; synthetic shapes
 from `synth_trace`), replays it through a few placement policies over one
 address range in 512-byte units and prints, against the trace's peak of
 live requested bytes:

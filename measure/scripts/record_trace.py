@@ -1,5 +1,5 @@
 """Records an allocation trace of a PyTorch model (random weights, nothing
-downloaded) in the format of `../shared/traces/README.md` (gzip CSV
+downloaded) in the format of `measure/traces/README.md` (gzip CSV
 `op,id,size,stream`), so the cache can be measured on models it was not
 tuned on. Run on the GPU machine, where python3 has torch:
 

@@ -1,5 +1,5 @@
 """A synthetic allocation trace of the inference service's request pattern
-(`service_bench`), in the format of ../shared/traces/README.md, so that
+(`service_bench`), in the format of measure/traces/README.md, so that
 `trace_replay --sim` and `placement_floor.py` can look at it offline and
 deterministically:
 

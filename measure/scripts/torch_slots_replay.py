@@ -1,6 +1,6 @@
 """PyTorch's caching allocator on a trace, with the bookkeeping of
 `trace_replay` instead of a hash map: the same as
-../shared/traces/torch_cpp_replay.py (C++ through raw_alloc_with_stream /
+measure/traces/torch_cpp_replay.py (C++ through raw_alloc_with_stream /
 raw_delete, a fresh cache each repeat, a control loop subtracted), except
 that each operation's slot in a table of live blocks is worked out before
 the clock starts and the table is written before it, as `trace_replay`

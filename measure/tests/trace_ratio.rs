@@ -3,7 +3,7 @@
 //! run, so these are bounds on a deterministic figure, not timing tests).
 //!
 //! The cuts in `tests/data/` are the first 50,000 operations of each trace of
-//! `../shared/traces/` (gpt2_train has 18,085: all of it), the blocks left
+//! `measure/traces/` (gpt2_train has 18,085: all of it), the blocks left
 //! live freed at the end, made with
 //! `trace_replay TRACE --cut 50000 OUT.csv.gz`.
 

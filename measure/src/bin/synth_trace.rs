@@ -1,5 +1,5 @@
 //! Writes one of the synthetic traces of `tests/trace_unseen.rs` as a trace
-//! file (gzip CSV, the format of `../shared/traces/README.md`), so that it
+//! file (gzip CSV, the format of `measure/traces/README.md`), so that it
 //! can be replayed on CUDA with `trace_replay` and read by other tools
 //! (`measure/scripts/placement_floor.py`).
 //!

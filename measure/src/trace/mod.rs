@@ -1,6 +1,6 @@
 //! Allocation traces of real programs, replayed through any resource stack.
 //!
-//! A trace (`../shared/traces/README.md` in the project's shared folder
+//! A trace (`measure/traces/README.md`
 //! describes the two recorded from PyTorch running GPT-2) is a gzip CSV of
 //! `op,id,size,stream` lines: every allocation and free a program asked
 //! for, in order. Replaying one through a

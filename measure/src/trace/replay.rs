@@ -3,7 +3,7 @@
 //!
 //! # Timing, as `torch_cpp_replay.py` does it
 //! So that the figures compare with PyTorch's allocator measured by
-//! `../shared/traces/torch_cpp_replay.py`, the method is the same: one timed
+//! `measure/traces/torch_cpp_replay.py`, the method is the same: one timed
 //! loop runs the trace, frees the blocks left live, and synchronizes every
 //! stream; a control loop then does the same bookkeeping without allocating.
 //! Both are divided by the trace's operation count, and the figure is their
