@@ -10,7 +10,9 @@
 #![forbid(unsafe_code)]
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
+
+use crate::util::sync::{RwLock, RwLockReadGuard};
 
 use crate::error::{ResourceError, ResourceResult};
 use crate::resource::DeviceMemoryResource;
@@ -58,7 +60,7 @@ impl<R: DeviceMemoryResource + ?Sized> DeviceRegistry<R> {
         Self::default()
     }
 
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<u32, Arc<R>>> {
+    fn read(&self) -> RwLockReadGuard<'_, BTreeMap<u32, Arc<R>>> {
         self.resources.read().unwrap_or_else(|p| p.into_inner())
     }
 
