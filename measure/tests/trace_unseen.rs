@@ -89,6 +89,22 @@ fn a_sawtooth_of_large_blocks() {
     check_within("sawtooth", &synthetic::sawtooth(12, 12, 4 << 30), 1.22);
 }
 
+/// The same known gap on other seeds: the test's seed is a lucky one (the
+/// sawtooth holds up to 1.43× on these), and a change that helps it by
+/// luck may hurt the shape. Each bound is the seed's figure today
+/// (`notes/fragmentation-floors.md`, "The sawtooth: what moving memory
+/// between holes costs", has what lowers them and at what price).
+#[test]
+fn a_sawtooth_of_large_blocks_on_other_seeds() {
+    for (seed, bound) in [(100, 1.43), (101, 1.31), (102, 1.29), (103, 1.25)] {
+        check_within(
+            &format!("sawtooth({seed})"),
+            &synthetic::sawtooth(seed, 12, 4 << 30),
+            bound,
+        );
+    }
+}
+
 #[test]
 fn layered_passes_at_a_varying_batch() {
     check("layered", &synthetic::layered(13, 24, 40));
