@@ -42,7 +42,9 @@ pub(crate) struct Core {
     pub(crate) pool: Arc<StreamPool>,
     notifiers: Vec<Notifier>,
     pub(crate) allocs: Arc<AllocQueue>,
-    /// The queue is one of the process's waiters while the core lives.
+    /// The queue is one of the process's waiters while the core lives,
+    /// woken by memory coming back to its device or to a budget its stack
+    /// charges.
     _registered: waiters::Registration,
     pub(crate) kick: Arc<Kick>,
     /// How new completion points wait before parking.
@@ -122,12 +124,16 @@ impl Core {
                 stats.push(s.clone());
             }
         });
+        let scopes = Self::scopes(&*inner, &*gpu);
         let core = Arc::new_cyclic(|me| Core {
             inner,
             gpu,
             pool,
             notifiers,
-            _registered: waiters::register(me.clone() as std::sync::Weak<dyn waiters::Waiters>),
+            _registered: waiters::register(
+                me.clone() as std::sync::Weak<dyn waiters::Waiters>,
+                scopes,
+            ),
             allocs,
             kick: kick.clone(),
             policy: SharedPolicy::default(),
@@ -147,6 +153,25 @@ impl Core {
             message: format!("cannot start the watchdog thread: {e}"),
         })?;
         Ok(core)
+    }
+
+    /// What memory coming back can serve this layer's waiters: the device
+    /// (in the backend's context) and each budget the stack charges, as it
+    /// reports them.
+    fn scopes(inner: &dyn DeviceMemoryResource, gpu: &dyn Gpu) -> Vec<waiters::Scope> {
+        let mut budgets = Vec::new();
+        inner.budget_reliefs(&mut budgets);
+        let device = waiters::Scope::Device {
+            ordinal: gpu.ordinal(),
+            context: gpu.context_id(),
+        };
+        let mut scopes = vec![device];
+        for scope in budgets.iter().map(BudgetRelief::scope) {
+            if !scopes.contains(&scope) {
+                scopes.push(scope);
+            }
+        }
+        scopes
     }
 
     /// The notifier of `stream`, after checking the stream belongs to the

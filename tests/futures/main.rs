@@ -17,3 +17,4 @@ mod reserve;
 mod shutdown;
 mod stress;
 mod traits;
+mod wake_scope;
