@@ -81,7 +81,10 @@ impl<R: DeviceMemoryResource + ?Sized + 'static> AsyncResource<R> {
     ///
     /// # Cancel safety
     /// Dropping the future after its first poll loses nothing: the blocks
-    /// are awake and stream-ordered after their restores.
+    /// are awake and stream-ordered after their restores. The offloads'
+    /// host memory then goes back at a later
+    /// [`settle_sleep`](DeviceMemoryResource::settle_sleep) or sleep, once
+    /// the host saw the copies back done.
     pub async fn wake(&self) -> ResourceResult<()> {
         let streams = self.inner().wake()?;
         self.reach(&streams).await?;

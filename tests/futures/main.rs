@@ -6,6 +6,7 @@ mod support;
 
 mod alloc;
 mod backpressure;
+mod cancel_everywhere;
 mod capture;
 mod drop;
 mod event;
