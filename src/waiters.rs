@@ -159,3 +159,108 @@ pub(crate) fn frees_queued(scope: Scope) {
         q.frees_queued();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Weak};
+
+    use super::{
+        Scope, Waiters, frees_queued, memory_returned, none_waiting, now_waiting, register,
+    };
+
+    /// A queue that counts what it was told.
+    #[derive(Default)]
+    struct Counted {
+        returned: AtomicUsize,
+        queued: AtomicUsize,
+    }
+
+    impl Waiters for Counted {
+        fn memory_returned(&self) {
+            self.returned.fetch_add(1, Ordering::SeqCst);
+        }
+
+        fn frees_queued(&self) {
+            self.queued.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Counts this test as a queue with waiters while it lives.
+    struct Waiting;
+
+    impl Drop for Waiting {
+        fn drop(&mut self) {
+            none_waiting();
+        }
+    }
+
+    fn counts(q: &Counted) -> (usize, usize) {
+        (
+            q.returned.load(Ordering::SeqCst),
+            q.queued.load(Ordering::SeqCst),
+        )
+    }
+
+    /// Scopes no other test of the process uses (budget ids come from a
+    /// counter that starts at 1; no device has this context).
+    const DEVICE: Scope = Scope::Device {
+        ordinal: 7,
+        context: u64::MAX - 1,
+    };
+    const OTHER_DEVICE: Scope = Scope::Device {
+        ordinal: 7,
+        context: u64::MAX - 2,
+    };
+    const BUDGET: Scope = Scope::Budget(u64::MAX - 1);
+    const OTHER_BUDGET: Scope = Scope::Budget(u64::MAX - 2);
+    /// The scope of the second test alone (the tests run in parallel).
+    const DROPPED: Scope = Scope::Budget(u64::MAX - 3);
+
+    #[test]
+    fn a_return_reaches_the_queues_of_its_scope_only() {
+        let on_device = Arc::new(Counted::default());
+        let under_budget = Arc::new(Counted::default());
+        let _a = register(
+            Arc::downgrade(&on_device) as Weak<dyn Waiters>,
+            vec![DEVICE],
+        );
+        let _b = register(
+            Arc::downgrade(&under_budget) as Weak<dyn Waiters>,
+            vec![OTHER_DEVICE, BUDGET],
+        );
+        now_waiting();
+        let _waiting = Waiting;
+
+        memory_returned(DEVICE);
+        assert_eq!(
+            (counts(&on_device), counts(&under_budget)),
+            ((1, 0), (0, 0))
+        );
+        memory_returned(BUDGET);
+        memory_returned(OTHER_DEVICE);
+        assert_eq!(
+            (counts(&on_device), counts(&under_budget)),
+            ((1, 0), (2, 0))
+        );
+        memory_returned(OTHER_BUDGET);
+        frees_queued(BUDGET);
+        frees_queued(OTHER_BUDGET);
+        assert_eq!(
+            (counts(&on_device), counts(&under_budget)),
+            ((1, 0), (2, 1))
+        );
+    }
+
+    #[test]
+    fn a_dropped_registration_is_told_nothing() {
+        let q = Arc::new(Counted::default());
+        let registration = register(Arc::downgrade(&q) as Weak<dyn Waiters>, vec![DROPPED]);
+        now_waiting();
+        let _waiting = Waiting;
+        drop(registration);
+        memory_returned(DROPPED);
+        frees_queued(DROPPED);
+        assert_eq!(counts(&q), (0, 0));
+    }
+}
