@@ -16,23 +16,24 @@
 //! # Who wakes whom
 //!
 //! Whoever gives memory back calls [`memory_returned`] with the scope the
-//! memory came back to: a drain of executed frees names its device, a
-//! budget's release names the budget. That wakes the head of each queue
-//! registered with that scope, and only those: a queue on another device,
-//! or under other budgets, could not use the memory, and waking it would
-//! only cost it a refused try (and, where tests or services count their
-//! tries, a wake-up they cannot explain). A budget's relief that had a
-//! cache give idle blocks back from inside a poll, where nothing may reap,
-//! calls [`frees_queued`] with the budget's scope: every layer over a stack
-//! charging it gives the frees queued below it completion points, so that
-//! their notifications reap them.
+//! memory came back to: a drain of executed frees names its device, as does
+//! a futures layer whose stack unmapped pages (an awaited sleep, a
+//! shutdown), and a budget's release names the budget. That wakes the head
+//! of each queue registered with that scope, and only those: a queue on
+//! another device, or under other budgets, could not use the memory, and
+//! waking it would only cost it a refused try (and, where tests or services
+//! count their tries, a wake-up they cannot explain). A budget's relief
+//! that had a cache give idle blocks back from inside a poll, where nothing
+//! may reap, calls [`frees_queued`] with the budget's scope: every layer
+//! over a stack charging it gives the frees queued below it completion
+//! points, so that their notifications reap them.
 //!
 //! A head that cannot be served tries, fails and waits again: one failed
 //! try per queue of the scope, only while someone waits there. Memory that
 //! comes back where no scope reports it (another process, another context
-//! on the same device, a decorator that does not report the budget it
-//! charges) is tried for by each queue's watchdog once a
-//! [`FALLBACK_PERIOD`](crate::FALLBACK_PERIOD).
+//! on the same device, pages a cache unmaps on its own, a decorator that
+//! does not report the budget it charges) is tried for by each queue's
+//! watchdog once a [`FALLBACK_PERIOD`](crate::FALLBACK_PERIOD).
 //!
 //! # Cancellation
 //!

@@ -46,6 +46,10 @@ pub(crate) struct Core {
     /// woken by memory coming back to its device or to a budget its stack
     /// charges.
     _registered: waiters::Registration,
+    /// The device's memory as this layer's backend sees it: what a sleep
+    /// or a shutdown that gave pages back names (see
+    /// [`device_memory_returned`](Self::device_memory_returned)).
+    device_scope: waiters::Scope,
     pub(crate) kick: Arc<Kick>,
     /// How new completion points wait before parking.
     pub(crate) policy: SharedPolicy,
@@ -125,6 +129,7 @@ impl Core {
             }
         });
         let scopes = Self::scopes(&*inner, &*gpu);
+        let device_scope = scopes[0];
         let core = Arc::new_cyclic(|me| Core {
             inner,
             gpu,
@@ -134,6 +139,7 @@ impl Core {
                 me.clone() as std::sync::Weak<dyn waiters::Waiters>,
                 scopes,
             ),
+            device_scope,
             allocs,
             kick: kick.clone(),
             policy: SharedPolicy::default(),
@@ -165,6 +171,7 @@ impl Core {
             ordinal: gpu.ordinal(),
             context: gpu.context_id(),
         };
+        // The device first: `Core::new` keeps it as `device_scope`.
         let mut scopes = vec![device];
         for scope in budgets.iter().map(BudgetRelief::scope) {
             if !scopes.contains(&scope) {
@@ -172,6 +179,13 @@ impl Core {
             }
         }
         scopes
+    }
+
+    /// The stack gave device memory back other than by a drain of frees
+    /// (a sleep's or a shutdown's unmapped pages): wakes the waiters of
+    /// every queue on the device, which may fit now.
+    pub(crate) fn device_memory_returned(&self) {
+        waiters::memory_returned(self.device_scope);
     }
 
     /// The notifier of `stream`, after checking the stream belongs to the

@@ -149,6 +149,11 @@ impl<R: DeviceMemoryResource + ?Sized + 'static> AsyncResource<R> {
                 break;
             }
         }
+        if released_idle > 0 {
+            // A cache's pages go back to the device by no drain of frees:
+            // allocations waiting there, in other stacks, may fit now.
+            self.core().device_memory_returned();
+        }
         Ok(ShutdownReport {
             bytes_outstanding: self.bytes_outstanding(),
             released_idle,

@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use streamalloc::gpu::sim::SimGpu;
 use streamalloc::{AllocTag, AsyncResource, Budget, Device, FALLBACK_PERIOD, ResourceBuilder};
+use streamalloc::{CacheConfig, SleepMode, SleepPlan};
 use support::{CountingWaker, drive, poll_once};
 
 const MIB: usize = 1 << 20;
@@ -105,5 +106,45 @@ fn a_release_of_another_budget_leaves_a_waiter_under_this_one_asleep() {
     let mut freed = res.deallocate(block).unwrap();
     drive(&gpu, &mut freed).unwrap();
     assert_eq!(budget.in_use(), 0);
+    assert!(gpu.races().is_empty(), "{:?}", gpu.races());
+}
+
+/// A sleep gives its pages back to the device: an allocation waiting there
+/// in another stack's queue may fit now, and is woken (a sleep's unmaps
+/// are no drain of frees, and used to wake nobody: the waiter tried again
+/// only at its watchdog's next period).
+#[test]
+fn a_sleep_wakes_the_waiters_of_other_stacks_on_its_device() {
+    const WEIGHTS: AllocTag = AllocTag("weights");
+    let gpu = SimGpu::builder().manual().capacity(16 * MIB).build();
+    let device = Device::sim(&gpu, 1);
+    let layers = ResourceBuilder::new().cache(CacheConfig::default());
+    let sleeper = AsyncResource::build(&device, &layers).unwrap();
+    let other = AsyncResource::build(&device, &ResourceBuilder::new()).unwrap();
+    let s = device.stream(0).unwrap();
+    let weights = sleeper.try_allocate(8 * MIB, s, WEIGHTS).unwrap();
+    let mut waiting = other.allocate(12 * MIB, s, TAG);
+    let (woken, waker) = CountingWaker::new();
+    assert!(poll_once(&mut waiting, &waker).is_pending());
+
+    let plan = SleepPlan::new().tag(WEIGHTS, SleepMode::Discard);
+    let before = woken.count();
+    drive(&gpu, &mut Box::pin(sleeper.sleep(&plan))).unwrap();
+    assert!(
+        woken.count() > before,
+        "the sleep's pages went back, and nobody was woken"
+    );
+    let block = match poll_once(&mut waiting, &waker) {
+        std::task::Poll::Ready(r) => r.unwrap(),
+        std::task::Poll::Pending => panic!("woken but not served"),
+    };
+    let mut freed = other.deallocate(block).unwrap();
+    drive(&gpu, &mut freed).unwrap();
+    drive(&gpu, &mut Box::pin(sleeper.wake())).unwrap();
+    drop(sleeper.deallocate(weights).unwrap());
+    for res in [sleeper.into_any(), other.into_any()] {
+        let report = drive(&gpu, &mut Box::pin(res.shutdown())).unwrap();
+        assert_eq!(report.bytes_outstanding, 0, "{report:?}");
+    }
     assert!(gpu.races().is_empty(), "{:?}", gpu.races());
 }
