@@ -47,9 +47,9 @@
 //! [`Budget`](crate::Budget) its stack charges, shared with another
 //! resource or device; frees drained by another resource on its device)
 //! wakes its head, and memory given back anywhere else does not. The first
-//! waiter to take a ticket tries once
-//! more after counting itself as waiting, so that memory given back between
-//! its failed try and its ticket is not missed.
+//! waiter to take a ticket tries once more after counting itself as
+//! waiting, so that memory given back between its failed try and its ticket
+//! is not missed.
 
 use std::collections::BTreeMap;
 use std::task::Waker;
