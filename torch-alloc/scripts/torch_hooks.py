@@ -1,11 +1,16 @@
 """Installs streamalloc's other hooks on PyTorch's current pluggable
 allocator: `torch.cuda.empty_cache()`, `set_per_process_memory_fraction`
-and `Tensor.record_stream` then reach streamalloc.
+and `Tensor.record_stream` then reach streamalloc, and so do the begin and
+end of each CUDA graph capture (`torch.cuda.graph`), after which
+streamalloc asks the driver whether a stream is capturing only while a
+capture is underway (`streamalloc_torch_announce_captures`), as PyTorch's
+own allocator does, instead of at every allocation and free.
 
 PyTorch offers these hooks only as C++ setters of `CUDAPluggableAllocator`
 (`set_reset_fn`, `set_memory_fraction_fn`, `set_record_stream_fn`,
-`set_init_fn`); this module compiles a ten-line extension that calls them
-with the functions `libtorch_alloc.so` exports. It needs a C++ compiler,
+`set_init_fn`, `set_begin_allocate_to_pool`, `set_end_allocate_to_pool_fn`);
+this module compiles a short extension that calls them with the functions
+`libtorch_alloc.so` exports. Install before the first capture. It needs a C++ compiler,
 ninja, and the CUDA runtime headers (the CUDA toolkit's, or the
 `nvidia-cuda-runtime` wheel's that PyTorch depends on).
 
@@ -37,13 +42,26 @@ std::string install(const std::string& lib) {
   auto reset = reinterpret_cast<void (*)()>(dlsym(h, "streamalloc_torch_empty_cache"));
   auto fraction = reinterpret_cast<void (*)(double, int)>(dlsym(h, "streamalloc_torch_set_memory_fraction"));
   auto record = reinterpret_cast<void (*)(void*, cudaStream_t)>(dlsym(h, "streamalloc_torch_record_stream"));
-  if (!init || !reset || !fraction || !record) {
+  auto begin = reinterpret_cast<void (*)(int)>(dlsym(h, "streamalloc_torch_capture_begin"));
+  auto end = reinterpret_cast<void (*)(int)>(dlsym(h, "streamalloc_torch_capture_end"));
+  auto announce = reinterpret_cast<void (*)()>(dlsym(h, "streamalloc_torch_announce_captures"));
+  if (!init || !reset || !fraction || !record || !begin || !end || !announce) {
     return "a streamalloc_torch_* symbol is missing";
   }
   current->set_init_fn(init);
   current->set_reset_fn(reset);
   current->set_memory_fraction_fn(fraction);
   current->set_record_stream_fn(record);
+  // CUDAGraph::capture_begin calls beginAllocateToPool before
+  // cudaStreamBeginCapture, capture_end endAllocateToPool after
+  // cudaStreamEndCapture: streamalloc asks the driver in between.
+  current->set_begin_allocate_to_pool(
+      [begin](int device, c10::cuda::MempoolId_t, std::function<bool(cudaStream_t)>) { begin(device); });
+  current->set_end_allocate_to_pool_fn(
+      [end](int device, c10::cuda::MempoolId_t) { end(device); });
+  // Every capture of PyTorch's streams now goes through the two hooks
+  // (streamalloc_torch_announce_captures's contract).
+  announce();
   return "";
 }
 """
