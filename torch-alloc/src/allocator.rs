@@ -37,7 +37,7 @@
 //!
 //! # Bounded
 //!
-//! By [`STREAMS`] streams per device: PyTorch makes at most 32 per
+//! By `STREAMS` (192) streams per device: PyTorch makes at most 32 per
 //! priority (four priorities in 2.x) besides the default stream.
 
 use std::sync::Arc;
@@ -53,12 +53,9 @@ use streamalloc::{
 use streamalloc::{CacheConfig, CachingResource};
 
 use crate::blocks::BlockTable;
+use crate::config::STREAMS;
 use crate::context::KeepCurrentContext;
 use crate::streams::TorchStream;
-
-/// Streams one device can register: PyTorch's 32 per priority, four
-/// priorities, the default stream, and room for external ones.
-pub(crate) const STREAMS: usize = 192;
 
 /// Every block PyTorch asks for carries this tag.
 const TAG: AllocTag = AllocTag("torch");
@@ -227,12 +224,12 @@ impl std::fmt::Debug for DeviceAllocator {
 }
 
 impl DeviceAllocator {
-    /// The allocator of `gpu`'s device, with no stream yet.
-    pub(crate) fn new(gpu: Arc<Backend>) -> Result<Self, ResourceError> {
+    /// The allocator of `gpu`'s device, with no stream yet, its cache
+    /// configured by `config`.
+    pub(crate) fn new(gpu: Arc<Backend>, config: CacheConfig) -> Result<Self, ResourceError> {
         let pool = StreamPool::open_ended(gpu.ordinal(), STREAMS);
         let total = gpu.mem_info().map_or(0, |(_, total)| total);
         let device = Device::new(gpu.clone(), pool.clone())?;
-        let config = CacheConfig::default().streams(STREAMS);
         let cache = CachingResource::with_config(StreamOrderedResource::new(&device), config);
         Ok(DeviceAllocator {
             pool,

@@ -74,8 +74,9 @@ fn devices() -> &'static Devices {
 }
 
 fn open(host: &Host, ordinal: usize) -> Result<DeviceAllocator, String> {
+    let config = crate::config::cache_config_from_env()?;
     backend(host, ordinal)
-        .and_then(|gpu| DeviceAllocator::new(Arc::new(gpu)))
+        .and_then(|gpu| DeviceAllocator::new(Arc::new(gpu), config))
         .map_err(|e| e.to_string())
 }
 

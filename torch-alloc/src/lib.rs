@@ -105,8 +105,9 @@
 //!
 //! `STREAMALLOC_DEVICE=sim` runs the allocator on the simulated device
 //! (its addresses are not device memory: for tests of the C interface
-//! only; [`simulate`] does the same from Rust). `STREAMALLOC_TORCH_CAPTURE`
-//! is in [`captures`].
+//! only; [`simulate`] does the same from Rust). The cache's configuration,
+//! and the variables that change it, are in [`config`];
+//! `STREAMALLOC_TORCH_CAPTURE` in [`captures`].
 
 #![deny(missing_docs)]
 #![deny(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
@@ -114,6 +115,7 @@
 mod allocator;
 mod blocks;
 pub mod captures;
+pub mod config;
 mod context;
 mod device_table;
 mod ffi;
