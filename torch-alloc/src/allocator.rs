@@ -189,8 +189,9 @@ pub struct TorchAllocStats {
     pub frees: u64,
     /// Nanoseconds spent in `alloc` calls, on the calling threads:
     /// estimated from one call in 8 (chosen throughout the run), each timed
-    /// call counted 8 times, as two clock reads per call cost about as
-    /// much as the rest of a cached pair.
+    /// call counted 8 times: two clock reads in every call took about 300
+    /// of the 1,133 instructions this library added to a cached pair
+    /// (BENCHMARKS.md, "What a call of the C functions costs").
     pub alloc_nanos: u64,
     /// Nanoseconds spent in `free` calls, estimated as `alloc_nanos`.
     pub free_nanos: u64,
