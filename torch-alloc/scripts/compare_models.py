@@ -127,7 +127,8 @@ def install_streamalloc(lib_path):
 class Stats(ctypes.Structure):
     _fields_ = [(n, ctypes.c_uint64) for n in (
         "allocated_bytes", "peak_allocated_bytes", "reserved_bytes", "peak_reserved_bytes",
-        "allocs", "frees", "alloc_nanos", "free_nanos", "failures")]
+        "allocs", "frees", "alloc_nanos", "free_nanos", "failures",
+        "cache_hits", "cache_borrows", "cache_misses")]
 
 
 def install_rmm():
@@ -398,6 +399,11 @@ def child(args):
         # Of the whole run (model set-up and warm-ups included).
         res["allocator_share"] = nanos / 1e9 / res["wall_s"]
         res["failures"] = after["failures"]
+        # Allocations served from the stream's own memory, by memory another
+        # stream freed (ordered behind it, maybe by a wait on the GPU), and
+        # by new memory.
+        for k in ("cache_hits", "cache_borrows", "cache_misses"):
+            res[k] = after[k]
         res["hooks"] = hooks
         if after["failures"]:
             res["last_error"] = last_error(lib)

@@ -197,6 +197,17 @@ pub struct TorchAllocStats {
     pub free_nanos: u64,
     /// Calls refused (null returned, or a free refused).
     pub failures: u64,
+    /// Allocations the cache served from memory it held for the stream,
+    /// with no driver call (its [`hits`](streamalloc::CacheStats::hits)).
+    pub cache_hits: u64,
+    /// Allocations served by memory another stream freed, ordered after
+    /// that free by an event or a fence: a wait on the GPU unless a query
+    /// showed the free done, which may hold one of PyTorch's streams
+    /// behind another (the cache's `borrows` and `steals`).
+    pub cache_borrows: u64,
+    /// Allocations that took new memory: mapped in the arena, or from the
+    /// resource below the cache (the cache's `misses` and `bypasses`).
+    pub cache_misses: u64,
 }
 
 /// One device's allocator.
@@ -416,10 +427,11 @@ impl DeviceAllocator {
         self.limit.store(limit, Ordering::Relaxed);
     }
 
-    /// The counters now.
+    /// The counters now (the cache's take one lock per stream slot).
     pub(crate) fn stats(&self) -> TorchAllocStats {
         let c = &self.counters;
         let load = |a: &AtomicUsize| a.load(Ordering::Relaxed) as u64;
+        let cache = self.stack.inner().stats();
         TorchAllocStats {
             allocated_bytes: load(&c.allocated),
             peak_allocated_bytes: load(&c.peak_allocated),
@@ -430,6 +442,9 @@ impl DeviceAllocator {
             alloc_nanos: c.alloc_nanos.load(Ordering::Relaxed),
             free_nanos: c.free_nanos.load(Ordering::Relaxed),
             failures: c.failures.load(Ordering::Relaxed),
+            cache_hits: cache.hits,
+            cache_borrows: cache.borrows + cache.steals,
+            cache_misses: cache.misses + cache.bypasses,
         }
     }
 

@@ -4,8 +4,9 @@
 //! in eight.
 //!
 //! A process of its own (the backend is chosen once per process): device
-//! 0 has virtual memory management (the cache's arena), device 1 has none
-//! (size classes over the driver's pool).
+//! 1 has no virtual memory management (size classes over the driver's
+//! pool), the others have it (the cache's arena); each test takes devices
+//! of its own, as the tests run at once.
 
 use std::ffi::c_void;
 use std::sync::{Arc, OnceLock};
@@ -18,18 +19,15 @@ const MIB: isize = 1 << 20;
 fn host() -> &'static [Arc<SimGpu>] {
     static HOST: OnceLock<Vec<Arc<SimGpu>>> = OnceLock::new();
     HOST.get_or_init(|| {
-        let arena = SimGpu::builder()
-            .ordinal(0)
-            .capacity(4 << 30)
-            .manual()
-            .build();
-        let classes = SimGpu::builder()
-            .ordinal(1)
-            .capacity(4 << 30)
-            .vm_granularity(0)
-            .manual()
-            .build();
-        let host = vec![arena, classes];
+        let host: Vec<_> = (0..4)
+            .map(|n| {
+                let builder = SimGpu::builder().ordinal(n).capacity(4 << 30).manual();
+                match n {
+                    1 => builder.vm_granularity(0).build(),
+                    _ => builder.build(),
+                }
+            })
+            .collect();
         simulate(host.clone()).expect("the first call of this process");
         host
     })
@@ -110,14 +108,14 @@ fn the_peak_reserved_is_the_most_held_after_any_allocation() {
 /// both times grow, by multiples of eight.
 #[test]
 fn the_allocator_time_is_estimated_from_one_call_in_eight() {
-    let s = stream(0);
-    let before = stats(0);
+    let s = stream(2);
+    let before = stats(2);
     for _ in 0..1_000 {
-        let ptr = streamalloc_torch_alloc(MIB, 0, s);
+        let ptr = streamalloc_torch_alloc(MIB, 2, s);
         assert!(!ptr.is_null());
-        streamalloc_torch_free(ptr, MIB, 0, s);
+        streamalloc_torch_free(ptr, MIB, 2, s);
     }
-    let after = stats(0);
+    let after = stats(2);
     let (alloc, free) = (
         after.alloc_nanos - before.alloc_nanos,
         after.free_nanos - before.free_nanos,
@@ -127,5 +125,46 @@ fn the_allocator_time_is_estimated_from_one_call_in_eight() {
         (after.alloc_nanos % 8, after.free_nanos % 8),
         (0, 0),
         "{after:?}"
+    );
+}
+
+/// Each allocation the cache serves counts once: from the stream's own
+/// memory, by memory another stream freed, or by new memory.
+#[test]
+fn each_allocation_is_a_hit_a_borrow_or_a_miss() {
+    let (sim, dev) = (&host()[3], 3);
+    let pool = sim.stream_pool(2);
+    let s: Vec<*mut c_void> = pool
+        .ids()
+        .map(|id| pool.raw(id).unwrap().get() as usize as *mut c_void)
+        .collect();
+    let sum = |st: &TorchAllocStats| st.cache_hits + st.cache_borrows + st.cache_misses;
+    let before = stats(dev);
+    // New memory, then the same size again on the same stream: a hit.
+    for _ in 0..2 {
+        let ptr = streamalloc_torch_alloc(5 * MIB, dev, s[0]);
+        assert!(!ptr.is_null());
+        streamalloc_torch_free(ptr, 5 * MIB, dev, s[0]);
+    }
+    let mid = stats(dev);
+    assert!(mid.cache_hits > before.cache_hits, "{mid:?}");
+    // Freed on one stream, taken on the other with the GPU not run: the
+    // other stream is ordered behind the free, or gets new memory.
+    let first = streamalloc_torch_alloc(9 * MIB, dev, s[0]);
+    streamalloc_torch_free(first, 9 * MIB, dev, s[0]);
+    let second = streamalloc_torch_alloc(9 * MIB, dev, s[1]);
+    assert!(!first.is_null() && !second.is_null());
+    streamalloc_torch_free(second, 9 * MIB, dev, s[1]);
+    let after = stats(dev);
+    // The same range (a borrow), or new memory: either way one count.
+    if second == first {
+        assert_eq!(after.cache_borrows, mid.cache_borrows + 1, "{after:?}");
+    } else {
+        assert_eq!(after.cache_misses, mid.cache_misses + 1, "{after:?}");
+    }
+    assert_eq!(
+        sum(&after) - sum(&before),
+        after.allocs - before.allocs,
+        "one count per allocation: {after:?}"
     );
 }
