@@ -1136,6 +1136,12 @@ unsafe impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
         false
     }
 
+    /// `true`: a free moves its block from live to pending within its
+    /// shard's count; only a reap takes the bytes out.
+    fn frees_only_queue(&self) -> bool {
+        true
+    }
+
     fn allocation_limit(&self) -> Option<usize> {
         None
     }
