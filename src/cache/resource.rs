@@ -732,6 +732,16 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R>
         true
     }
 
+    /// `true` when uncapped over an inner resource whose frees only queue:
+    /// a free keeps its block (in a size class, a kept arena block, the
+    /// arena's free ranges: the pages stay mapped and counted) or frees it
+    /// through the inner resource. With a cap
+    /// ([`max_cached_bytes`](crate::CacheConfig::max_cached_bytes)) a free
+    /// may unmap idle pages at once, and the answer is `false`.
+    fn frees_only_queue(&self) -> bool {
+        self.shards.config.max_cached_bytes == usize::MAX && self.inner.frees_only_queue()
+    }
+
     fn record_block_use(&self, block: &DeviceBlock, use_stream: StreamId) -> ResourceResult<()> {
         self.shards.with_lease(block.id(), |lease| {
             if lease.backing.ptr() != block.ptr() || lease.size != block.size() {

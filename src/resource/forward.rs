@@ -62,7 +62,7 @@ macro_rules! forward_to_inner {
     };
     (@one $f:tt frees) => {
         $crate::forward_to_inner!($f; deallocate_completed, reap_pending, pending_free_seq,
-            reap_through, release_idle, frees_across_streams);
+            reap_through, release_idle, frees_across_streams, frees_only_queue);
     };
     (@one $f:tt use_tracking) => {
         $crate::forward_to_inner!($f; supports_block_use_tracking, record_block_use,
@@ -206,6 +206,11 @@ macro_rules! forward_to_inner {
     (@one $f:tt frees_across_streams) => {
         fn frees_across_streams(&self) -> bool {
             self.$f.frees_across_streams()
+        }
+    };
+    (@one $f:tt frees_only_queue) => {
+        fn frees_only_queue(&self) -> bool {
+            self.$f.frees_only_queue()
         }
     };
     (@one $f:tt capture_status) => {

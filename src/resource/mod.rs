@@ -117,7 +117,9 @@ impl std::fmt::Debug for DeviceAccess {
 /// [`reap_through`](Self::reap_through), [`release_idle`](Self::release_idle),
 /// [`frees_across_streams`](Self::frees_across_streams): when a queued free
 /// has run and its bytes are back, and memory held back given up. Required:
-/// a layer that dropped one would lose frees. Macro group `frees`.
+/// a layer that dropped one would lose frees. And
+/// [`frees_only_queue`](Self::frees_only_queue) (provided, `false`): whether
+/// a free can lower the count at once. Macro group `frees`.
 ///
 /// ## Use tracking
 /// [`supports_block_use_tracking`](Self::supports_block_use_tracking),
@@ -366,6 +368,32 @@ pub unsafe trait DeviceMemoryResource: Send + Sync {
     /// those frees are reaped by notifications too. Decorators answer for
     /// themselves or their inner resource.
     fn frees_across_streams(&self) -> bool;
+
+    /// Whether a free through this resource only queues: a successful
+    /// [`deallocate`](Self::deallocate) or
+    /// [`deallocate_completed`](Self::deallocate_completed) never lowers
+    /// [`bytes_outstanding`](Self::bytes_outstanding) by itself (its bytes
+    /// leave the count only when a reap drains them, or when
+    /// [`release_idle`](Self::release_idle) gives idle memory back).
+    ///
+    /// The stream-ordered resource answers `true`: a free moves its block
+    /// from live to pending, within the count. A cache answers `true` when
+    /// nothing its frees do leaves the device at once (no cap makes them
+    /// unmap) and its inner resource answers `true`; a decorator answers
+    /// for itself and its inner resource. A
+    /// [`BudgetResource`](crate::BudgetResource) above a resource that
+    /// answers `true` reads nothing after a free (the pair's hot path);
+    /// otherwise it reads what the resource holds after each free and
+    /// releases what left.
+    ///
+    /// Provided, `false`, which is always correct: the budget then reads
+    /// after every free. A layer that answers `true` and frees at once
+    /// keeps those bytes counted against a budget above it until the next
+    /// reap, release or refused reservation through the budget settles
+    /// them (late, never early). Macro group `frees`.
+    fn frees_only_queue(&self) -> bool {
+        false
+    }
 
     // ---- Use tracking ----
 
@@ -666,6 +694,9 @@ unsafe impl<R: DeviceMemoryResource + ?Sized> DeviceMemoryResource for std::sync
     }
     fn frees_across_streams(&self) -> bool {
         (**self).frees_across_streams()
+    }
+    fn frees_only_queue(&self) -> bool {
+        (**self).frees_only_queue()
     }
     fn release_idle(&self) -> ResourceResult<usize> {
         (**self).release_idle()

@@ -330,9 +330,12 @@ impl<G: Gpu> StreamOrderedResource<G> {
         slot.sub_outstanding(&guard, drained);
         drop(guard);
         if drained > 0 {
-            // The device has these bytes back: an allocation waiting in any
-            // queue of the process may fit now.
-            crate::waiters::memory_returned();
+            // The device has these bytes back: an allocation waiting on
+            // this device, in any queue of the process, may fit now.
+            crate::waiters::memory_returned(crate::waiters::Scope::Device {
+                ordinal: self.gpu.ordinal(),
+                context: self.gpu.context_id(),
+            });
         }
         drained
     }
@@ -1131,6 +1134,12 @@ unsafe impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
     // A block's free is queued on its own stream only.
     fn frees_across_streams(&self) -> bool {
         false
+    }
+
+    /// `true`: a free moves its block from live to pending within its
+    /// shard's count; only a reap takes the bytes out.
+    fn frees_only_queue(&self) -> bool {
+        true
     }
 
     fn allocation_limit(&self) -> Option<usize> {

@@ -544,3 +544,158 @@ fn a_refusal_below_that_gave_memory_back_leaves_the_outer_budget_too() {
     r.reap_pending().unwrap();
     assert_eq!((inner.in_use(), outer.in_use()), (0, 0));
 }
+
+/// Below a budget: counts the reads of `bytes_outstanding`, and, with
+/// `drains`, reaps right after each free (the GPU run first), as a resource
+/// that frees at once would, saying so through `frees_only_queue`.
+struct CountsReads<R> {
+    inner: R,
+    gpu: Arc<SimGpu>,
+    drains: bool,
+    reads: AtomicUsize,
+}
+
+// SAFETY: blocks and streams are the inner resource's, unchanged; every
+// call reaches it (a free is followed by a reap with `drains`).
+unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for CountsReads<R> {
+    streamalloc::forward_to_inner!(inner; device_ordinal, deallocate_completed, reap_pending,
+        pending_free_seq, reap_through, release_idle, frees_across_streams, use_tracking,
+        capture, costs, sleep, observing);
+    fn allocate(
+        &self,
+        bytes: usize,
+        s: streamalloc::StreamId,
+        tag: AllocTag,
+    ) -> streamalloc::ResourceResult<streamalloc::DeviceBlock> {
+        self.inner.allocate(bytes, s, tag)
+    }
+    fn deallocate(&self, block: streamalloc::DeviceBlock) -> streamalloc::ResourceResult<()> {
+        self.inner.deallocate(block)?;
+        if self.drains {
+            self.gpu.run_until_idle();
+            self.inner.reap_pending()?;
+        }
+        Ok(())
+    }
+    fn bytes_outstanding(&self) -> usize {
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        self.inner.bytes_outstanding()
+    }
+    fn frees_only_queue(&self) -> bool {
+        !self.drains && self.inner.frees_only_queue()
+    }
+}
+
+fn counting_reads(
+    drains: bool,
+) -> (
+    support::Fixture<SimGpu>,
+    Budget,
+    BudgetResource<CountsReads<Arc<streamalloc::SimResource>>>,
+) {
+    let f = support::sim(1);
+    let inner = CountsReads {
+        inner: f.resource.clone(),
+        gpu: f.sim.clone().unwrap(),
+        drains,
+        reads: AtomicUsize::new(0),
+    };
+    let budget = Budget::new(1 << 20);
+    let r = BudgetResource::new(inner, &budget);
+    (f, budget, r)
+}
+
+/// The pair's hot path over the stream-ordered resource: its cost is exact
+/// and its frees only queue, so the budget reads nothing below, and the
+/// bytes leave the budget when the reap drains them, not before.
+#[test]
+fn a_budget_reads_nothing_below_a_pair_whose_free_only_queues() {
+    let (f, budget, r) = counting_reads(false);
+    let s = f.stream(0);
+    assert!(
+        r.frees_only_queue(),
+        "the stream-ordered resource's frees queue"
+    );
+    for _ in 0..3 {
+        let block = r.allocate(700, s, T).unwrap();
+        r.deallocate(block).unwrap();
+    }
+    assert_eq!(r.inner().reads.load(Ordering::Relaxed), 0);
+    assert_eq!(budget.in_use(), 2100, "three queued frees still count");
+    f.sim.as_ref().unwrap().run_until_idle();
+    r.reap_pending().unwrap();
+    assert_eq!(budget.in_use(), 0);
+    assert_eq!(r.charged(), 0);
+}
+
+/// A layer below that frees at once says so (`frees_only_queue` is
+/// false): the budget reads after each free and releases the bytes then.
+#[test]
+fn a_free_below_that_drains_at_once_leaves_the_budget_at_the_free() {
+    let (f, budget, r) = counting_reads(true);
+    let s = f.stream(0);
+    assert!(!r.frees_only_queue());
+    let block = r.allocate(700, s, T).unwrap();
+    assert_eq!(budget.in_use(), 700);
+    r.deallocate(block).unwrap();
+    assert!(
+        r.inner().reads.load(Ordering::Relaxed) > 0,
+        "read after the free"
+    );
+    assert_eq!(budget.in_use(), 0, "released at the free");
+    assert_eq!(r.charged(), 0);
+}
+
+/// An uncapped cache says its frees only queue, and they do: over a churn
+/// of sizes and streams (kept blocks, arena ranges, size classes, blocks
+/// too large for the arena), no free lowers what it holds; a capped one
+/// says they may not, since a free over the cap unmaps at once.
+#[test]
+fn a_cache_says_its_frees_only_queue_when_uncapped_and_they_do() {
+    use streamalloc::{CacheConfig, CachingResource};
+    let f = support::sim(2);
+    let (s0, s1) = (f.stream(0), f.stream(1));
+    for config in [
+        CacheConfig::default(),
+        CacheConfig::default().virtual_memory(false),
+    ] {
+        let cache = CachingResource::with_config(f.resource.clone(), config);
+        assert!(cache.frees_only_queue());
+        let mut live = Vec::new();
+        let mut seed = 7u64;
+        for i in 0..400 {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let size = match seed >> 62 {
+                0 => 256 << (seed >> 40 & 7),
+                1 => (seed >> 20 & 0xff_ffff) as usize + 1,
+                2 => 2 << 20,
+                _ => 96 << 20,
+            };
+            let s = if i % 3 == 0 { s1 } else { s0 };
+            live.push(cache.allocate(size, s, T).unwrap());
+            if seed >> 61 & 1 == 1 || live.len() > 12 {
+                let block = live.swap_remove((seed >> 8) as usize % live.len());
+                let before = cache.bytes_outstanding();
+                cache.deallocate(block).unwrap();
+                assert!(
+                    cache.bytes_outstanding() >= before,
+                    "a free drained at once"
+                );
+            }
+            if i % 50 == 0 {
+                f.sim.as_ref().unwrap().run_until_idle();
+                cache.reap_pending().unwrap();
+            }
+        }
+        for block in live {
+            cache.deallocate(block).unwrap();
+        }
+    }
+    let capped = CachingResource::with_config(
+        f.resource.clone(),
+        CacheConfig::default().max_cached_bytes(4 << 20),
+    );
+    assert!(!capped.frees_only_queue());
+}

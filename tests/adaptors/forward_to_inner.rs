@@ -134,6 +134,10 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for Recorder<R> {
         self.saw("frees_across_streams");
         self.inner.frees_across_streams()
     }
+    fn frees_only_queue(&self) -> bool {
+        self.saw("frees_only_queue");
+        self.inner.frees_only_queue()
+    }
     fn supports_block_use_tracking(&self) -> bool {
         self.saw("supports_block_use_tracking");
         self.inner.supports_block_use_tracking()
@@ -261,6 +265,10 @@ fn every_call_reaches<D: DeviceMemoryResource, R: DeviceMemoryResource>(
     outer.reap_pending().unwrap();
     outer.release_idle().unwrap();
     outer.frees_across_streams();
+    assert!(
+        outer.frees_only_queue(),
+        "the budget over the stream-ordered resource"
+    );
     let _ = outer.begin_sleep(&SleepPlan::new());
     outer.settle_sleep().unwrap();
     let _ = outer.wake();
@@ -282,6 +290,7 @@ fn every_call_reaches<D: DeviceMemoryResource, R: DeviceMemoryResource>(
         "device_ordinal",
         "finish_block_use",
         "frees_across_streams",
+        "frees_only_queue",
         "pending_free_seq",
         "prepare_block_use",
         "reap_pending",

@@ -51,11 +51,30 @@
 //! oversubscribe the device. So `deallocate` gives nothing back by itself;
 //! [`reap_pending`](crate::DeviceMemoryResource::reap_pending) and
 //! [`reap_through`](crate::DeviceMemoryResource::reap_through) (and
-//! `deallocate`, for inner resources that free at once) *settle*: they lower
-//! `charged` to the inner resource's
+//! `deallocate`, for inner resources that may free at once) *settle*: they
+//! lower `charged` to the inner resource's
 //! [`bytes_outstanding`](crate::DeviceMemoryResource::bytes_outstanding) and
 //! release the difference, which is exactly what the inner drained, whoever
 //! drained it (a quarantine flush below, a reaper above).
+//!
+//! # What the pair costs
+//!
+//! An allocation and its free through a budget over the stream-ordered
+//! resource make two read-modify-writes: the reservation's compare-and-swap
+//! on `in_use` and the addition to `charged`. Nothing more is read where
+//! nothing can have changed: below a layer whose
+//! [`allocation_cost`](crate::DeviceMemoryResource::allocation_cost) is
+//! exact the allocation took what was reserved, and below one whose frees
+//! only queue
+//! ([`frees_only_queue`](crate::DeviceMemoryResource::frees_only_queue))
+//! a free leaves `bytes_outstanding` as it was, so neither reads it. The
+//! counts stay exact: `charged` moves only by what an allocation was
+//! charged and by what a settle saw drained, and every path that drains
+//! (a reap, a release of idle or captured memory, a relief before a
+//! refusal) settles. Over a cache, whose cost is a guess made before the
+//! block is placed, one read after each allocation (of what the cache and
+//! the layers below hold, and of `charged`) tops up or settles the
+//! difference.
 //!
 //! The inner resource should be reached only through its `BudgetResource`:
 //! bytes allocated around it are outstanding but not charged, and hold back

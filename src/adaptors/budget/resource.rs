@@ -133,7 +133,7 @@ impl<R: DeviceMemoryResource> IdleHolder for Counted<R> {
                 // Inside a poll nothing reaps: the futures layers over the
                 // stacks give the queued frees completion points instead,
                 // whose notifications reap them and release the budget.
-                crate::waiters::frees_queued();
+                crate::waiters::frees_queued(self.budget.relief().scope());
             }
         }
         self.settle()
@@ -176,17 +176,23 @@ impl<R: DeviceMemoryResource> Counted<R> {
 }
 
 impl<R: DeviceMemoryResource> Counted<R> {
-    /// After a free, or an allocation whose cost was a guess: settles only
-    /// when the inner resource now holds less than was charged (a free done
-    /// at once, as a synchronous resource does it; an allocation that took
-    /// less than its cost). Otherwise, a stream-ordered inner that only
-    /// queued the free, no lock is taken (the pair's hot path: an
-    /// allocation whose cost is exact does not even look). Skipping is safe: whatever drains bytes meanwhile
-    /// (a reap, a release) settles them itself, and a refused allocation
-    /// asks for idle memory, which settles, before it refuses.
+    /// After a free through an inner resource whose frees may lower what it
+    /// holds at once (a synchronous resource, a capped cache): settles only
+    /// when the inner resource now holds less than was charged, with no
+    /// lock otherwise. An inner resource whose frees only queue
+    /// ([`frees_only_queue`](DeviceMemoryResource::frees_only_queue): the
+    /// stream-ordered resource, an uncapped cache over it) cannot hold less
+    /// because of the free, so the free does not even look: the bytes
+    /// leave the count when a reap drains them, and that reap, through
+    /// this resource or any of its settles, releases them. Skipping is
+    /// safe either way: whatever drains bytes meanwhile (a reap, a
+    /// release) settles them itself, and a refused allocation asks for
+    /// idle memory, which settles, before it refuses.
     #[inline]
-    fn settle_if_over(&self) {
-        if self.inner.bytes_outstanding() < self.charged.load(Ordering::Acquire) {
+    fn settle_after_free(&self) {
+        if !self.inner.frees_only_queue()
+            && self.inner.bytes_outstanding() < self.charged.load(Ordering::Acquire)
+        {
             self.settle();
         }
     }
@@ -198,7 +204,7 @@ impl<R: DeviceMemoryResource> Counted<R> {
     /// path over a cache), and no lock: `top_up` and `settle` read again
     /// under theirs, so this read only spares them when there is nothing
     /// to do; a change after it is another call's to settle (as in
-    /// `settle_if_over`).
+    /// `settle_after_free`).
     #[inline]
     fn reconcile(&self) {
         let outstanding = self.inner.bytes_outstanding();
@@ -261,7 +267,7 @@ impl<R: DeviceMemoryResource> Counted<R> {
 // call reaches it, counted.
 #[allow(unsafe_code)]
 unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> {
-    forward_to_inner!(counted; device_ordinal, bytes_outstanding, pending_free_seq, supports_block_use_tracking, record_block_use, prepare_block_use, finish_block_use, block_state, allocation_cost, allocation_cost_is_exact, frees_across_streams, capture_status, begin_sleep, settle_sleep, wake);
+    forward_to_inner!(counted; device_ordinal, bytes_outstanding, pending_free_seq, supports_block_use_tracking, record_block_use, prepare_block_use, finish_block_use, block_state, allocation_cost, allocation_cost_is_exact, frees_across_streams, frees_only_queue, capture_status, begin_sleep, settle_sleep, wake);
 
     /// Adds the budget (its limit, and what every resource sharing it
     /// counts), then the layers below.
@@ -310,17 +316,17 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> 
                 reservation
             }
         };
-        let block = match self.counted.inner.allocate(bytes, stream, tag) {
-            Ok(block) => block,
-            Err(e) => {
-                drop(reservation);
-                // The layers below may have given memory back while refusing
-                // (a budget below asked its caches for idle memory): it
-                // leaves this budget now, not at a later call.
-                self.counted.settle();
-                return Err(e);
-            }
-        };
+        // Looked at, not taken apart: passed on as it came, the block is
+        // not copied out and back in.
+        let result = self.counted.inner.allocate(bytes, stream, tag);
+        if result.is_err() {
+            drop(reservation);
+            // The layers below may have given memory back while refusing
+            // (a budget below asked its caches for idle memory): it
+            // leaves this budget now, not at a later call.
+            self.counted.settle();
+            return result;
+        }
         reservation.commit();
         // A cache hit costs nothing: no read-modify-write for it.
         if cost != 0 {
@@ -341,13 +347,14 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> 
         //
         // Below layers whose cost is exact, the allocation took what was
         // charged, and nothing is settled here: bytes the layers below
-        // drained meanwhile are released by the next free through this
-        // resource, by any reap or release through it, and by a refused
-        // reservation's relief before it refuses (see `settle_if_over`).
+        // drained meanwhile are released by any reap or release through
+        // this resource, by a refused reservation's relief before it
+        // refuses, and by the next free through it where frees may drain
+        // (see `settle_after_free`).
         if cost != bytes || !self.counted.inner.allocation_cost_is_exact() {
             self.counted.reconcile();
         }
-        Ok(block)
+        result
     }
 
     /// This budget's limit, or a tighter one below it: no single
@@ -376,7 +383,7 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> 
         self.counted.inner.deallocate(block)?;
         // A stream-ordered inner still counts the bytes (the free is only
         // queued) and nothing is released; a synchronous one freed them.
-        self.counted.settle_if_over();
+        self.counted.settle_after_free();
         Ok(())
     }
 
@@ -387,7 +394,7 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> 
         completed: CompletedUses,
     ) -> ResourceResult<()> {
         self.counted.inner.deallocate_completed(block, completed)?;
-        self.counted.settle_if_over();
+        self.counted.settle_after_free();
         Ok(())
     }
 

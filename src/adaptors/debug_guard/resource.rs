@@ -288,7 +288,7 @@ impl<R: DeviceMemoryResource> DebugGuardResource<R> {
 unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for DebugGuardResource<R> {
     // `bytes_outstanding` is the inner resource's count, which includes
     // quarantined blocks: they are still on the device.
-    forward_to_inner!(inner; device_ordinal, bytes_outstanding, reap_pending, pending_free_seq, reap_through, supports_block_use_tracking, allocation_cost, allocation_cost_is_exact, allocation_limit, budget_reliefs, capture_status, release_capture, visit_layers, begin_sleep, settle_sleep, wake);
+    forward_to_inner!(inner; device_ordinal, bytes_outstanding, reap_pending, pending_free_seq, reap_through, supports_block_use_tracking, allocation_cost, allocation_cost_is_exact, frees_only_queue, allocation_limit, budget_reliefs, capture_status, release_capture, visit_layers, begin_sleep, settle_sleep, wake);
 
     /// The layers below first; then the blocks they hold that sit in the
     /// quarantine (freed by the caller, not yet below) are marked so.

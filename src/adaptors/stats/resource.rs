@@ -1,7 +1,7 @@
 //! [`StatsResource`]: the decorator that counts.
 
 use super::Stats;
-use crate::error::ResourceResult;
+use crate::error::{ResourceError, ResourceResult};
 use crate::forward_to_inner;
 use crate::resource::DeviceMemoryResource;
 use crate::types::{AllocTag, CompletedUses, DeviceBlock, StreamId};
@@ -18,6 +18,18 @@ pub struct StatsResource<R> {
 }
 
 impl<R> StatsResource<R> {
+    /// Counts an allocation the inner resource refused: a refusal its
+    /// request waits out is back-pressure, anything else a failure.
+    #[cold]
+    #[inline(never)]
+    fn count_refused(&self, tag: AllocTag, e: &ResourceError) {
+        if e.is_lack_of_memory() && in_waiting_try() {
+            self.stats.record_refusal(tag);
+        } else {
+            self.stats.record_failure(tag);
+        }
+    }
+
     /// Wraps `inner`, counting into `stats`.
     pub fn new(inner: R, stats: &Stats) -> Self {
         StatsResource {
@@ -41,7 +53,7 @@ impl<R> StatsResource<R> {
 // call reaches it.
 #[allow(unsafe_code)]
 unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for StatsResource<R> {
-    forward_to_inner!(inner; device_ordinal, bytes_outstanding, reap_pending, pending_free_seq, reap_through, supports_block_use_tracking, record_block_use, prepare_block_use, finish_block_use, block_state, allocation_cost, allocation_cost_is_exact, frees_across_streams, release_idle, allocation_limit, budget_reliefs, capture_status, release_capture, snapshot_into, begin_sleep, settle_sleep, wake);
+    forward_to_inner!(inner; device_ordinal, bytes_outstanding, reap_pending, pending_free_seq, reap_through, supports_block_use_tracking, record_block_use, prepare_block_use, finish_block_use, block_state, allocation_cost, allocation_cost_is_exact, frees_across_streams, frees_only_queue, release_idle, allocation_limit, budget_reliefs, capture_status, release_capture, snapshot_into, begin_sleep, settle_sleep, wake);
     #[inline]
     fn allocate(
         &self,
@@ -49,21 +61,14 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for StatsResource<R> {
         stream: StreamId,
         tag: AllocTag,
     ) -> ResourceResult<DeviceBlock> {
-        match self.inner.allocate(bytes, stream, tag) {
-            Ok(block) => {
-                self.stats.record_allocate(bytes, tag);
-                Ok(block)
-            }
-            // A refusal its request waits out is back-pressure.
-            Err(e) if e.is_lack_of_memory() && in_waiting_try() => {
-                self.stats.record_refusal(tag);
-                Err(e)
-            }
-            Err(e) => {
-                self.stats.record_failure(tag);
-                Err(e)
-            }
+        // Looked at where it lies: handing back another value on the
+        // refusal's path would cost a copy of the block on the hot path.
+        let result = self.inner.allocate(bytes, stream, tag);
+        match &result {
+            Ok(_) => self.stats.record_allocate(bytes, tag),
+            Err(e) => self.count_refused(tag, e),
         }
+        result
     }
 
     fn visit_layers(&self, visit: &mut dyn FnMut(&dyn std::any::Any)) {

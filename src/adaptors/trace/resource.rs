@@ -138,19 +138,17 @@ impl<R: DeviceMemoryResource> TracingResource<R> {
     }
 
     /// A free through `free` (a plain or a completed one), logged as
-    /// `deallocate` when a subscriber wants it. Inlined into the caller
-    /// (one check, and what a failure's warning names kept); the logged
-    /// path is out of line.
+    /// `deallocate` when a subscriber wants it, or as a failure. Inlined
+    /// into the caller (one check, one call of the inner resource, and
+    /// what the event or a failure's warning names kept); the logging is
+    /// out of line.
     #[inline]
     fn logged_free(
         &self,
         block: DeviceBlock,
         free: impl FnOnce(&R, DeviceBlock) -> ResourceResult<()>,
     ) -> ResourceResult<()> {
-        if enabled!(target: ALLOC_TARGET, Level::DEBUG) {
-            return self.free_with_event(block, free);
-        }
-        // Only a failure is logged: keep what it names.
+        let start = start!(Level::DEBUG);
         let (id, ptr, bytes, stream, tag) = (
             block.id(),
             block.ptr(),
@@ -159,33 +157,26 @@ impl<R: DeviceMemoryResource> TracingResource<R> {
             block.tag(),
         );
         let result = free(&self.inner, block);
-        if let Err(e) = &result {
-            self.free_failed(id, ptr, bytes, stream, tag, e);
+        if start.is_some() || result.is_err() {
+            self.log_free(start, (id, ptr, bytes, stream, tag), &result);
         }
         result
     }
 
-    /// A free timed and logged as `deallocate` (a subscriber wants it).
+    /// Logs a free: `deallocate` with its time since `start` when a
+    /// subscriber wants the event (`start` is set), or its failure.
+    #[cold]
     #[inline(never)]
-    fn free_with_event(
+    fn log_free(
         &self,
-        block: DeviceBlock,
-        free: impl FnOnce(&R, DeviceBlock) -> ResourceResult<()>,
-    ) -> ResourceResult<()> {
-        let start = Some(Instant::now());
-        let (id, ptr, bytes, stream, tag) = (
-            block.id(),
-            block.ptr(),
-            block.size(),
-            block.stream(),
-            block.tag(),
-        );
-        let result = free(&self.inner, block);
-        let device = self.inner.device_ordinal();
-        match &result {
+        start: Option<Instant>,
+        (id, ptr, bytes, stream, tag): (BlockId, u64, usize, StreamId, AllocTag),
+        result: &ResourceResult<()>,
+    ) {
+        match result {
             Ok(()) => debug!(
                 target: ALLOC_TARGET,
-                device,
+                device = self.inner.device_ordinal(),
                 stream = %stream,
                 bytes,
                 tag = %tag,
@@ -196,43 +187,50 @@ impl<R: DeviceMemoryResource> TracingResource<R> {
             ),
             Err(e) => self.free_failed(id, ptr, bytes, stream, tag, e),
         }
-        result
     }
 
-    /// An allocation timed and logged as `allocate` (a subscriber wants
-    /// it).
+    /// Logs the allocation `result` holds: `allocate` with its time since
+    /// `start` when a subscriber wants the event (`start` is set), the
+    /// refusal otherwise. Out of line: the hot path only checks for it.
+    #[cold]
     #[inline(never)]
-    fn allocate_with_event(
+    fn log_allocate(
         &self,
         bytes: usize,
         stream: StreamId,
         tag: AllocTag,
-    ) -> ResourceResult<DeviceBlock> {
-        let start = Some(Instant::now());
-        let result = self.inner.allocate(bytes, stream, tag);
+        start: Option<Instant>,
+        result: &mut ResourceResult<DeviceBlock>,
+    ) {
+        match result {
+            Ok(_) if start.is_none() => return,
+            Ok(_) => {}
+            // Back-pressure (the request waits in the futures layer's
+            // queue, whose span, around this event, says so and for how
+            // long) or a failure.
+            Err(e) => return self.allocate_failed(bytes, stream, tag, e),
+        }
+        // Taken out for the guard (and put back below): `result` is `Ok`.
+        let Ok(block) = std::mem::replace(result, Err(ResourceError::Shutdown)) else {
+            return;
+        };
         let device = self.inner.device_ordinal();
         // A subscriber that panics on the event below must not leave the
         // block live with no descriptor: the guard frees it as the panic
         // unwinds.
-        let result = result.map(|block| ReturnOnUnwind::new(&self.inner, block));
-        match &result {
-            Ok(guard) => debug!(
-                target: ALLOC_TARGET,
-                device,
-                stream = %stream,
-                bytes,
-                tag = %tag,
-                address = guard.block().ptr(),
-                block = %guard.block().id(),
-                elapsed_ns = elapsed_ns(start),
-                "allocate"
-            ),
-            // Back-pressure: the request waits in the futures layer's
-            // queue (whose span, around this event, says so and for how
-            // long); it is not a failure.
-            Err(e) => self.allocate_failed(bytes, stream, tag, e),
-        }
-        result.map(ReturnOnUnwind::hand_out)
+        let guard = ReturnOnUnwind::new(&self.inner, block);
+        debug!(
+            target: ALLOC_TARGET,
+            device,
+            stream = %stream,
+            bytes,
+            tag = %tag,
+            address = guard.block().ptr(),
+            block = %guard.block().id(),
+            elapsed_ns = elapsed_ns(start),
+            "allocate"
+        );
+        *result = Ok(guard.hand_out());
     }
 
     /// Logs a refused free.
@@ -264,7 +262,7 @@ impl<R: DeviceMemoryResource> TracingResource<R> {
 // call reaches it.
 #[allow(unsafe_code)]
 unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for TracingResource<R> {
-    forward_to_inner!(inner; device_ordinal, bytes_outstanding, pending_free_seq, supports_block_use_tracking, block_state, allocation_cost, allocation_cost_is_exact, frees_across_streams, release_idle, allocation_limit, budget_reliefs, capture_status, snapshot_into, visit_layers, begin_sleep, settle_sleep, wake);
+    forward_to_inner!(inner; device_ordinal, bytes_outstanding, pending_free_seq, supports_block_use_tracking, block_state, allocation_cost, allocation_cost_is_exact, frees_across_streams, frees_only_queue, release_idle, allocation_limit, budget_reliefs, capture_status, snapshot_into, visit_layers, begin_sleep, settle_sleep, wake);
     #[inline]
     fn allocate(
         &self,
@@ -272,14 +270,15 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for TracingResource<R>
         stream: StreamId,
         tag: AllocTag,
     ) -> ResourceResult<DeviceBlock> {
-        // Without a subscriber that wants the event: the call, one check,
-        // and the failure's warning (no clock, no unwind guard).
-        if enabled!(target: ALLOC_TARGET, Level::DEBUG) {
-            return self.allocate_with_event(bytes, stream, tag);
-        }
-        let result = self.inner.allocate(bytes, stream, tag);
-        if let Err(e) = &result {
-            self.allocate_failed(bytes, stream, tag, e);
+        // Without a subscriber that wants the event: the call and two
+        // checks (no clock, no unwind guard). One call of the inner
+        // resource for both ways, its result logged where it lies: two
+        // calls, or a logged result handed back from another function,
+        // cost a copy of the block into one place on the hot path.
+        let start = start!(Level::DEBUG);
+        let mut result = self.inner.allocate(bytes, stream, tag);
+        if start.is_some() || result.is_err() {
+            self.log_allocate(bytes, stream, tag, start, &mut result);
         }
         result
     }
