@@ -8,7 +8,7 @@
 //! ```
 //!
 //! `SHAPE` is one of `ramp`, `sawtooth`, `layered`, `many_streams`,
-//! `plateau_then_spike`, `churn`, built with the sizes of the test of that
+//! `plateau_then_spike`, `churn`, `kv_serving`, built with the sizes of the test of that
 //! name; `--seed` picks another seed than the test's (the same shape, other
 //! sizes and orders). Exits 2 on bad arguments, 1 when the file cannot be
 //! written.
@@ -21,7 +21,7 @@ use streamalloc_measure::trace::{Trace, synthetic};
 type Generator = fn(u64) -> Trace;
 
 /// The shapes: name, the test's seed, and the generator.
-const SHAPES: [(&str, u64, Generator); 6] = [
+const SHAPES: [(&str, u64, Generator); 7] = [
     ("ramp", 11, |s| synthetic::ramp(s, 6 << 30)),
     ("sawtooth", 12, |s| synthetic::sawtooth(s, 12, 4 << 30)),
     ("layered", 13, |s| synthetic::layered(s, 24, 40)),
@@ -32,10 +32,11 @@ const SHAPES: [(&str, u64, Generator); 6] = [
         synthetic::plateau_then_spike(s, 20_000, 3 << 30)
     }),
     ("churn", 16, |s| synthetic::plateau_then_spike(s, 20_000, 0)),
+    ("kv_serving", 18, |s| synthetic::kv_serving(s, 4, 12, 16)),
 ];
 
 const USAGE: &str = "usage: synth_trace SHAPE [--seed N] OUT.csv.gz \
-    (SHAPE: ramp, sawtooth, layered, many_streams, plateau_then_spike, churn)";
+    (SHAPE: ramp, sawtooth, layered, many_streams, plateau_then_spike, churn, kv_serving)";
 
 /// The shape's generator, the seed and the output path, from the arguments.
 fn parse(args: &[String]) -> Result<(Generator, u64, &str), String> {

@@ -21,7 +21,11 @@
 //!   churning blocks of mixed sizes, some freed from another stream;
 //! - [`plateau_then_spike`]: a long steady state of small churn, then a
 //!   jump to a new peak with large blocks (the top of the trace comes after
-//!   memory has been laid out for something else).
+//!   memory has been laid out for something else);
+//! - [`kv_serving`]: requests served concurrently, one per stream, each
+//!   growing a key/value cache per layer by a token a step (`torch.cat`:
+//!   the grown copy allocated, then the old one freed), and freeing it all
+//!   when done while the other streams keep growing theirs.
 
 use std::collections::HashMap;
 
@@ -274,6 +278,74 @@ pub fn plateau_then_spike(seed: u64, steady: usize, spike: usize) -> Trace {
     b.finish()
 }
 
+/// `streams` requests served at once, one per stream, `requests` in all,
+/// decode steps taken round robin over the streams. A request has a batch
+/// of 1 to 8, a prompt of 16 to 768 tokens and 16 to 256 new ones; per
+/// layer (`layers`) it holds a key and a value cache of 2 KiB a token and
+/// batch row (a hidden size of 1,024 in 16-bit floats). Each step grows
+/// every cache by a token as `torch.cat` does (the grown copy allocated,
+/// then the old one freed) around a few activations freed within the
+/// step; a request done frees its caches, and its stream takes the next.
+pub fn kv_serving(seed: u64, streams: u32, layers: usize, requests: usize) -> Trace {
+    /// Bytes of one layer's key (or value) cache per token and batch row.
+    const ROW: usize = 2 << 10;
+    struct Request {
+        batch: usize,
+        tokens: usize,
+        left: usize,
+        caches: Vec<u64>,
+    }
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut b = Builder::default();
+    let mut started = 0;
+    let mut start = |b: &mut Builder, rng: &mut fastrand::Rng, stream: u32| {
+        if started == requests {
+            return None;
+        }
+        started += 1;
+        let (batch, tokens) = (rng.usize(1..=8), rng.usize(16..=768));
+        // The prefill: the caches at the prompt's length, and its
+        // activations, freed once the caches are written.
+        let work = b.alloc(batch * tokens * 4 * ROW, stream);
+        let caches = (0..2 * layers)
+            .map(|_| b.alloc(batch * tokens * ROW, stream))
+            .collect();
+        b.free(work);
+        Some(Request {
+            batch,
+            tokens,
+            left: rng.usize(16..=256),
+            caches,
+        })
+    };
+    let mut serving: Vec<Option<Request>> =
+        (0..streams).map(|s| start(&mut b, &mut rng, s)).collect();
+    while serving.iter().any(Option::is_some) {
+        for (s, slot) in serving.iter_mut().enumerate() {
+            let stream = s as u32;
+            let Some(req) = slot else { continue };
+            req.tokens += 1;
+            for cache in &mut req.caches {
+                let scores = b.alloc(req.batch * req.tokens * 64, stream);
+                let grown = b.alloc(req.batch * req.tokens * ROW, stream);
+                b.free(*cache);
+                b.free(scores);
+                *cache = grown;
+            }
+            let logits = b.alloc(req.batch * 50_304 * 2, stream);
+            b.free(logits);
+            req.left -= 1;
+            if req.left == 0 {
+                for &cache in &req.caches {
+                    b.free(cache);
+                }
+                *slot = start(&mut b, &mut rng, stream);
+            }
+        }
+    }
+    b.finish()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -301,6 +373,7 @@ mod tests {
             layered(3, 6, 8),
             many_streams(4, 4, 8, 2000),
             plateau_then_spike(5, 2000, 512 * MIB),
+            kv_serving(6, 3, 2, 5),
         ];
         for trace in &all {
             checked(trace);
