@@ -36,6 +36,23 @@
 //! and then by chance, do not. When it stops, its kept blocks go back to the
 //! arena at its next placement, and its frees go straight there.
 //!
+//! # Only sizes asked for lately
+//!
+//! Even while a stream keeps, a block is kept only if one of its last
+//! [`ASKED`] allocations asked for its length: a temporary freed soon
+//! after its size was asked for is likely asked for again, a block whose
+//! size nobody asked for lately is not. The old copy of a cache grown by a
+//! copy (`torch.cat`: the grown copy allocated, then the old one freed, a
+//! token longer each step) is such a block, freed among temporaries whose
+//! sizes repeat: kept, up to 8 old copies per stream stood between free
+//! ranges of the arena, and the serving shape `kv_serving` of
+//! `measure/tests/trace_unseen.rs` held 1.125× (1.106–1.152× on four
+//! seeds); with this rule 1.083× (1.083–1.110×), every other shape and
+//! model trace of the tests unchanged (`notes/fragmentation-floors.md`).
+//! Looking at the last 8 allocations only held 1.098× there, and cost
+//! the Llama cut of `trace_models.rs` 1.049× → 1.055× (16: 1.058×); with
+//! 32 it holds 1.049×.
+//!
 //! # Who owns a kept block
 //!
 //! Two halves: [`KeptBlocks`], the stream's own view (in its shard, under
@@ -84,6 +101,10 @@ const HISTORY: u32 = u32::BITS;
 /// operation with 14 as with 8, 9% more with 16 (its repeats drop under
 /// half now and then, and it stops keeping).
 const KEEP_REPEATS: u32 = HISTORY * 7 / 16;
+
+/// Allocations whose lengths a free looks at to decide whether its block
+/// is kept (see "Only sizes asked for lately").
+const ASKED: usize = 32;
 
 /// The shared half: per kept block, its arena node plus one (0: none).
 /// Alone on its cache lines: each stream's thread swaps its own entries
@@ -156,6 +177,11 @@ pub(crate) struct KeptBlocks {
     /// ring, `recent_at` the next to overwrite).
     recent: [u64; KEPT],
     recent_at: usize,
+    /// The lengths the stream's last [`ASKED`] allocations asked for (a
+    /// ring, `asked_at` the next to overwrite): a block is kept only if
+    /// its length is among them (see [`keep`](Self::keep)).
+    asked: [u64; ASKED],
+    asked_at: usize,
     /// Per allocation of the last [`HISTORY`], newest in bit 0: whether it
     /// asked for a size in `recent`.
     history: u32,
@@ -179,6 +205,8 @@ impl Default for KeptBlocks {
             newest: 0,
             recent: [0; KEPT],
             recent_at: 0,
+            asked: [0; ASKED],
+            asked_at: 0,
             history: 0,
             repeats: 0,
         }
@@ -192,6 +220,8 @@ impl KeptBlocks {
         KeptBlocks {
             history: u32::MAX,
             repeats: HISTORY,
+            // The loom model's blocks are of 512 bytes.
+            asked: [512; ASKED],
             ..KeptBlocks::default()
         }
     }
@@ -210,6 +240,17 @@ impl KeptBlocks {
     #[inline]
     pub(crate) fn keeps(&self) -> bool {
         self.repeats >= KEEP_REPEATS
+    }
+
+    /// Whether one of the stream's last [`ASKED`] allocations asked for
+    /// `len` bytes: a block freed soon after its size was asked for (a
+    /// temporary of a step that repeats) is likely asked for again; one
+    /// whose size nobody asked for lately (the old copy of a cache grown
+    /// by a copy, freed a step after it was made) is not, and kept it
+    /// would only stand between free ranges of the arena.
+    #[inline]
+    fn asked_lately(&self, len: u64) -> bool {
+        self.asked.iter().fold(false, |any, &a| any | (a == len))
     }
 
     /// Counts an allocation in the history: `repeat`, whether it asked for
@@ -243,6 +284,8 @@ impl KeptBlocks {
         let last = self.recent[(self.recent_at + KEPT - 1) % KEPT];
         let repeat = last == len || self.recent.iter().fold(false, |any, &r| any | (r == len));
         self.note(repeat);
+        self.asked[self.asked_at] = len;
+        self.asked_at = (self.asked_at + 1) % ASKED;
         // The entry filled last is the newest of all: when it has the
         // length, it is the one the scan below would choose.
         let j = self.newest;
@@ -296,15 +339,16 @@ impl KeptBlocks {
 
     /// Keeps `placed`; returns the block it pushes out (the oldest, when
     /// every entry is full), or `placed` itself when larger than
-    /// [`KEPT_MAX_LEN`] or when the stream keeps nothing, which the caller
-    /// gives to the arena.
+    /// [`KEPT_MAX_LEN`], of a length none of the last allocations asked
+    /// for, or when the stream keeps nothing, which the caller gives to
+    /// the arena.
     // Always: the free's hot path (the push-out is out of line).
     #[inline(always)]
     pub(crate) fn keep(&mut self, placed: Placed, nodes: &KeptNodes) -> Option<Placed> {
         debug_assert!(placed.len > 0);
         self.recent[self.recent_at] = placed.len;
         self.recent_at = (self.recent_at + 1) % KEPT;
-        if placed.len > KEPT_MAX_LEN || !self.keeps() {
+        if placed.len > KEPT_MAX_LEN || !self.keeps() || !self.asked_lately(placed.len) {
             return Some(placed);
         }
         self.clock = self.clock.wrapping_add(1);
@@ -421,6 +465,7 @@ mod tests {
     #[test]
     fn the_newest_block_of_the_length_comes_back() {
         let (nodes, mut kept) = keeping();
+        ask(&mut kept, &nodes, 1024);
         assert_eq!(kept.keep(block(1, 512), &nodes), None);
         assert_eq!(kept.keep(block(2, 1024), &nodes), None);
         assert_eq!(kept.keep(block(3, 512), &nodes), None);
@@ -434,17 +479,45 @@ mod tests {
     #[test]
     fn a_full_set_pushes_out_its_oldest() {
         let (nodes, mut kept) = keeping();
+        for n in 0..KEPT as u64 {
+            ask(&mut kept, &nodes, 512 * (n + 1));
+        }
         for n in 0..KEPT as u32 {
             assert_eq!(kept.keep(block(n, 512 * u64::from(n + 1)), &nodes), None);
         }
         // Taking one back leaves room: no push.
         assert_eq!(kept.take(512 * 3, &nodes), Some(block(2, 512 * 3)));
-        assert_eq!(kept.keep(block(100, 512), &nodes), None);
+        assert_eq!(kept.keep(block(100, 512 * 3), &nodes), None);
         // Full again: the oldest (node 0) goes, then node 1.
-        assert_eq!(kept.keep(block(101, 512), &nodes), Some(block(0, 512)));
-        assert_eq!(kept.keep(block(102, 512), &nodes), Some(block(1, 1024)));
+        assert_eq!(kept.keep(block(101, 512 * 3), &nodes), Some(block(0, 512)));
+        assert_eq!(kept.keep(block(102, 512 * 3), &nodes), Some(block(1, 1024)));
         assert_eq!(kept.drain(&nodes).count(), KEPT);
         assert_eq!(nodes.take_all().count(), 0, "drained means emptied");
+    }
+
+    /// An allocation of `len` bytes that finds no kept block.
+    fn ask(kept: &mut KeptBlocks, nodes: &KeptNodes, len: u64) {
+        assert_eq!(kept.take(len, nodes), None);
+    }
+
+    /// A block whose size none of the stream's last allocations asked for
+    /// goes back to the arena, even while the stream keeps: the old copy
+    /// of a cache grown by a copy (`torch.cat`), which nobody asks for
+    /// again, among temporaries whose sizes repeat (the shape
+    /// `kv_serving` of `measure/tests/trace_unseen.rs`).
+    #[test]
+    fn a_block_of_a_size_not_asked_for_lately_is_not_kept() {
+        let (nodes, mut kept) = keeping();
+        // The grown copies: a new size each, the old copy freed after.
+        for n in 0..KEPT as u64 {
+            ask(&mut kept, &nodes, 4096 * (n + 2));
+        }
+        assert!(kept.keeps(), "the temporaries' sizes still repeat");
+        let old = block(1, 4096);
+        assert_eq!(kept.keep(old, &nodes), Some(old), "to the arena");
+        // A size asked for lately is kept, as before.
+        assert_eq!(kept.keep(block(2, 4096 * 3), &nodes), None);
+        assert_eq!(kept.take(4096 * 3, &nodes), Some(block(2, 4096 * 3)));
     }
 
     /// A stream keeping: its last allocations all asked for sizes it had
