@@ -42,8 +42,14 @@ pub(crate) struct Core {
     pub(crate) pool: Arc<StreamPool>,
     notifiers: Vec<Notifier>,
     pub(crate) allocs: Arc<AllocQueue>,
-    /// The queue is one of the process's waiters while the core lives.
+    /// The queue is one of the process's waiters while the core lives,
+    /// woken by memory coming back to its device or to a budget its stack
+    /// charges.
     _registered: waiters::Registration,
+    /// The device's memory as this layer's backend sees it: what a sleep
+    /// or a shutdown that gave pages back names (see
+    /// [`device_memory_returned`](Self::device_memory_returned)).
+    device_scope: waiters::Scope,
     pub(crate) kick: Arc<Kick>,
     /// How new completion points wait before parking.
     pub(crate) policy: SharedPolicy,
@@ -122,12 +128,18 @@ impl Core {
                 stats.push(s.clone());
             }
         });
+        let scopes = Self::scopes(&*inner, &*gpu);
+        let device_scope = scopes[0];
         let core = Arc::new_cyclic(|me| Core {
             inner,
             gpu,
             pool,
             notifiers,
-            _registered: waiters::register(me.clone() as std::sync::Weak<dyn waiters::Waiters>),
+            _registered: waiters::register(
+                me.clone() as std::sync::Weak<dyn waiters::Waiters>,
+                scopes,
+            ),
+            device_scope,
             allocs,
             kick: kick.clone(),
             policy: SharedPolicy::default(),
@@ -147,6 +159,33 @@ impl Core {
             message: format!("cannot start the watchdog thread: {e}"),
         })?;
         Ok(core)
+    }
+
+    /// What memory coming back can serve this layer's waiters: the device
+    /// (in the backend's context) and each budget the stack charges, as it
+    /// reports them.
+    fn scopes(inner: &dyn DeviceMemoryResource, gpu: &dyn Gpu) -> Vec<waiters::Scope> {
+        let mut budgets = Vec::new();
+        inner.budget_reliefs(&mut budgets);
+        let device = waiters::Scope::Device {
+            ordinal: gpu.ordinal(),
+            context: gpu.context_id(),
+        };
+        // The device first: `Core::new` keeps it as `device_scope`.
+        let mut scopes = vec![device];
+        for scope in budgets.iter().map(BudgetRelief::scope) {
+            if !scopes.contains(&scope) {
+                scopes.push(scope);
+            }
+        }
+        scopes
+    }
+
+    /// The stack gave device memory back other than by a drain of frees
+    /// (a sleep's or a shutdown's unmapped pages): wakes the waiters of
+    /// every queue on the device, which may fit now.
+    pub(crate) fn device_memory_returned(&self) {
+        waiters::memory_returned(self.device_scope);
     }
 
     /// The notifier of `stream`, after checking the stream belongs to the

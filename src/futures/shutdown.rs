@@ -20,8 +20,13 @@
 //!
 //! 1. closes;
 //! 2. awaits every pending free (`reap_pending`);
-//! 3. asks the stack for its idle memory (a cache's blocks and pages) and
-//!    awaits the frees that queued, until nothing more comes back;
+//! 3. in rounds, awaits the end of each stream of the pool, asks the stack
+//!    for its idle memory (a cache's blocks and pages) and awaits the
+//!    frees that queued, until two rounds in a row give nothing back. A
+//!    cache's idle pages rest on the work last queued on them, and inside
+//!    a poll a cache unmaps only what the host saw the GPU finish: the
+//!    streams' ends make that fact (a stream being captured into a graph
+//!    is not awaited: what rests on it stays);
 //! 4. returns the final figures ([`ShutdownReport`]): what is still
 //!    outstanding (0 B once every buffer was dropped), the statistics, the
 //!    cache's and the budget's, the queue's.
@@ -34,7 +39,7 @@ use super::async_resource::AsyncResource;
 use super::queue_stats::QueueStats;
 use crate::adaptors::{Budget, Stats, StatsSnapshot};
 use crate::cache::CacheStats;
-use crate::error::ResourceResult;
+use crate::error::{ResourceError, ResourceResult};
 use crate::resource::DeviceMemoryResource;
 use crate::util::poll_scope::PollScope;
 
@@ -102,10 +107,11 @@ impl<R: DeviceMemoryResource + ?Sized + 'static> AsyncResource<R> {
         self.core().close();
     }
 
-    /// Closes, drains every pending free, gives the stack's idle memory
-    /// back (a cache's blocks and pages) and returns the final figures,
-    /// without blocking a thread. Once every buffer was dropped, the
-    /// report's `bytes_outstanding` is 0.
+    /// Closes, drains every pending free, awaits the work queued on every
+    /// stream of the pool, gives the stack's idle memory back (a cache's
+    /// blocks and pages) and returns the final figures, without blocking a
+    /// thread. Once every buffer was dropped, the report's
+    /// `bytes_outstanding` is 0, however far behind the host the GPU was.
     ///
     /// A running [`Reaper`](super::Reaper) may stay; shut it down after.
     ///
@@ -120,10 +126,16 @@ impl<R: DeviceMemoryResource + ?Sized + 'static> AsyncResource<R> {
         self.close();
         self.reap_pending().await?;
         let mut released_idle = 0;
-        // Bounded: each round gives back what became idle in the last one
-        // (a cache's pages once their blocks' frees ran); it stops when a
-        // round gives nothing.
+        let mut rounds_without = 0;
+        // Bounded: each round awaits every stream's end, then gives back
+        // what became idle (a cache's pages once their blocks' frees ran,
+        // and once the host saw the GPU done with them). Inside a poll a
+        // cache unmaps only pages under a fence the host saw complete, and
+        // records fences over the others: a round may give nothing yet let
+        // the next one, after those fences, give the pages back. Two rounds
+        // in a row that give nothing end it.
         for _ in 0..8 {
+            self.reach_every_stream().await?;
             let given = {
                 let _scope = PollScope::enter();
                 let given = self.inner().release_idle()?;
@@ -132,9 +144,15 @@ impl<R: DeviceMemoryResource + ?Sized + 'static> AsyncResource<R> {
             };
             self.reap_pending().await?;
             released_idle += given;
-            if given == 0 {
+            rounds_without = if given == 0 { rounds_without + 1 } else { 0 };
+            if rounds_without == 2 {
                 break;
             }
+        }
+        if released_idle > 0 {
+            // A cache's pages go back to the device by no drain of frees:
+            // allocations waiting there, in other stacks, may fit now.
+            self.core().device_memory_returned();
         }
         Ok(ShutdownReport {
             bytes_outstanding: self.bytes_outstanding(),
@@ -144,5 +162,22 @@ impl<R: DeviceMemoryResource + ?Sized + 'static> AsyncResource<R> {
             budget_in_use: self.layer::<Budget>().map(|b| b.in_use()),
             queue: self.queue_stats(),
         })
+    }
+
+    /// Awaits the current end of every stream of the pool, but those being
+    /// captured (a point there could never be awaited outside the graph).
+    async fn reach_every_stream(&self) -> ResourceResult<()> {
+        let mut points = Vec::new();
+        for stream in self.stream_pool().ids() {
+            match self.completion(stream) {
+                Ok(point) => points.push(point),
+                Err(ResourceError::StreamCapturing { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        for point in points {
+            point.await?;
+        }
+        Ok(())
     }
 }

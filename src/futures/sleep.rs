@@ -22,7 +22,9 @@ impl<R: DeviceMemoryResource + ?Sized + 'static> AsyncResource<R> {
     /// Puts the blocks of the tags `plan` names to sleep and gives their
     /// physical memory back, as [`CachingResource::sleep`] does, awaiting
     /// the work queued before it instead of blocking a thread. The stack's
-    /// outermost cache sleeps, whatever layers sit above it.
+    /// outermost cache sleeps, whatever layers sit above it. Once the pages
+    /// went back, the allocations waiting for memory on the device, in any
+    /// stack, are woken.
     ///
     /// ```
     /// use streamalloc::{CacheConfig, SleepMode, SleepPlan};
@@ -63,7 +65,13 @@ impl<R: DeviceMemoryResource + ?Sized + 'static> AsyncResource<R> {
         self.reach(&streams).await?;
         // The host saw every stream past the sleep's fences: the query
         // inside says so, and the mappings go.
-        self.inner().settle_sleep().map(drop)
+        let settled = self.inner().settle_sleep()?;
+        if settled {
+            // The pages went back to the device, by no drain of frees:
+            // allocations waiting there, in any stack, may fit now.
+            self.core().device_memory_returned();
+        }
+        Ok(())
     }
 
     /// Wakes the sleep in effect, as [`CachingResource::wake`] does, and
@@ -81,7 +89,10 @@ impl<R: DeviceMemoryResource + ?Sized + 'static> AsyncResource<R> {
     ///
     /// # Cancel safety
     /// Dropping the future after its first poll loses nothing: the blocks
-    /// are awake and stream-ordered after their restores.
+    /// are awake and stream-ordered after their restores. The offloads'
+    /// host memory then goes back at a later
+    /// [`settle_sleep`](DeviceMemoryResource::settle_sleep) or sleep, once
+    /// the host saw the copies back done.
     pub async fn wake(&self) -> ResourceResult<()> {
         let streams = self.inner().wake()?;
         self.reach(&streams).await?;

@@ -43,11 +43,13 @@
 //! # Memory coming back elsewhere
 //!
 //! The queue is also one of the process's [waiters](crate::waiters): while
-//! it has waiters, memory given back anywhere (a [`Budget`](crate::Budget)
-//! shared with another resource or device, frees drained by another
-//! resource) wakes its head. The first waiter to take a ticket tries once
-//! more after counting itself as waiting, so that memory given back between
-//! its failed try and its ticket is not missed.
+//! it has waiters, memory given back where it can use it (a
+//! [`Budget`](crate::Budget) its stack charges, shared with another
+//! resource or device; frees drained by another resource on its device)
+//! wakes its head, and memory given back anywhere else does not. The first
+//! waiter to take a ticket tries once more after counting itself as
+//! waiting, so that memory given back between its failed try and its ticket
+//! is not missed.
 
 use std::collections::BTreeMap;
 use std::task::Waker;

@@ -38,6 +38,7 @@ use std::cell::Cell;
 use std::sync::{Arc, Weak};
 
 use crate::util::sync::{AtomicU64, Mutex, MutexGuard, Ordering};
+use crate::waiters::Scope;
 
 /// A resource under a shared limit that may hold memory no caller uses.
 pub(crate) trait IdleHolder: Send + Sync {
@@ -61,13 +62,21 @@ struct Holders {
     /// Registered holders, by registration id.
     list: Mutex<HolderList>,
     next_id: AtomicU64,
+    /// The list's identity in the process, never reused: the
+    /// [scope](crate::waiters::Scope) that the budget's releases wake.
+    id: u64,
 }
+
+/// Ids of relief lists (an address could be reused by a later list while a
+/// queue still names the old one).
+static NEXT_LIST: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 impl Default for Holders {
     fn default() -> Self {
         Holders {
             list: Mutex::new(Vec::new()),
             next_id: AtomicU64::new(0),
+            id: NEXT_LIST.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         }
     }
 }
@@ -119,6 +128,12 @@ impl Drop for HolderRegistration {
 impl BudgetRelief {
     fn lock(&self) -> MutexGuard<'_, HolderList> {
         self.holders.list.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The scope of the limit's bytes: a release wakes the waiters of the
+    /// stacks that charge it ([`crate::waiters`]).
+    pub(crate) fn scope(&self) -> Scope {
+        Scope::Budget(self.holders.id)
     }
 
     /// Registers `holder` to be asked for idle memory, until the

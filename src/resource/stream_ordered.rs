@@ -330,9 +330,12 @@ impl<G: Gpu> StreamOrderedResource<G> {
         slot.sub_outstanding(&guard, drained);
         drop(guard);
         if drained > 0 {
-            // The device has these bytes back: an allocation waiting in any
-            // queue of the process may fit now.
-            crate::waiters::memory_returned();
+            // The device has these bytes back: an allocation waiting on
+            // this device, in any queue of the process, may fit now.
+            crate::waiters::memory_returned(crate::waiters::Scope::Device {
+                ordinal: self.gpu.ordinal(),
+                context: self.gpu.context_id(),
+            });
         }
         drained
     }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use streamalloc::AsyncResource;
 use streamalloc::ResourceBuilder;
 use streamalloc::{AllocTag, Device, DeviceMemoryResource, ResourceError, Tag, gpu::sim::SimGpu};
-use streamalloc::{Budget, Stats};
+use streamalloc::{Budget, FALLBACK_PERIOD, Stats};
 
 const MIB: usize = 1 << 20;
 const HANG: Duration = Duration::from_secs(20);
@@ -177,13 +177,19 @@ async fn a_reservation_refused_part_way_waits_instead_of_spinning() {
     });
     // A current-thread runtime: each yield lets the reservation's task run
     // if anything woke it.
+    let since = std::time::Instant::now();
     for _ in 0..1_000 {
         tokio::task::yield_now().await;
     }
     assert_eq!(res.waiting_allocations(), 1);
     let tries = stats.snapshot().tag(AllocTag("r")).unwrap().refused_tries;
+    // Its queue's watchdog retries the head once a period (memory freed
+    // where nothing reports it): on a loaded machine the yields may span
+    // some. Memory returned to other devices and budgets (other tests of
+    // this binary) no longer wakes it (`wake_scope.rs`).
+    let watchdog = (since.elapsed().as_millis() / FALLBACK_PERIOD.as_millis()) as u64;
     assert!(
-        tries <= 2,
+        tries <= 2 + watchdog,
         "{tries} refused tries with no memory coming back: the reservation spins"
     );
     drop(held);

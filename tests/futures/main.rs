@@ -6,6 +6,7 @@ mod support;
 
 mod alloc;
 mod backpressure;
+mod cancel_everywhere;
 mod capture;
 mod drop;
 mod event;
@@ -17,3 +18,4 @@ mod reserve;
 mod shutdown;
 mod stress;
 mod traits;
+mod wake_scope;

@@ -172,3 +172,29 @@ async fn shutdown_drains_everything_to_zero_in_one_call() {
     assert_eq!(budget.in_use(), 0);
     assert!(device.simulator().unwrap().races().is_empty());
 }
+
+/// A shutdown called right after the last free, while the GPU still runs
+/// the last kernels on cached blocks: the cache's idle memory rests on that
+/// work, so the shutdown awaits each stream's end before asking for it. It
+/// used to return at once with the blocks' pages held (`bytes_outstanding`
+/// 8 MiB, `released_idle` 0) although every block was freed.
+#[test]
+fn a_shutdown_right_after_the_last_free_awaits_the_gpu_and_drains_to_zero() {
+    use streamalloc::gpu::sim::MemAccess;
+    let gpu = SimGpu::builder().manual().build();
+    let device = Device::sim(&gpu, 2);
+    let layers = ResourceBuilder::new().cache(CacheConfig::default());
+    let res = AsyncResource::build(&device, &layers).unwrap().into_any();
+    for i in 0..2 {
+        let s = device.stream(i).unwrap();
+        let block = res.try_allocate(8 * MIB, s, AllocTag("last")).unwrap();
+        let raw = device.streams().raw(s).unwrap();
+        gpu.launch_kernel(raw, &[MemAccess::write(&block)]).unwrap();
+        drop(res.deallocate(block).unwrap());
+    }
+    let report = crate::support::drive(&gpu, &mut Box::pin(res.shutdown())).unwrap();
+    assert_eq!(report.bytes_outstanding, 0, "{report:?}");
+    assert!(report.released_idle >= 8 * MIB, "{report:?}");
+    assert_eq!(gpu.physical_bytes(), 0, "the arena's pages went back");
+    assert!(gpu.races().is_empty(), "{:#?}", gpu.races());
+}

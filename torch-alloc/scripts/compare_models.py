@@ -39,16 +39,19 @@ differ (kernels may pick other algorithms for other addresses).
 
 Peak reserved: `torch.cuda.max_memory_reserved()` for PyTorch's allocator;
 for streamalloc, `streamalloc_torch_max_reserved_bytes` (the most the cache
-held from the device, read after every allocation). Peak allocated:
+held from the device, read after every allocation that may have grown it). Peak allocated:
 `torch.cuda.max_memory_allocated()` and `streamalloc_torch_max_allocated_bytes`.
 Allocator time: streamalloc's nanoseconds inside its alloc and free calls,
-per call and as a share of the whole run (set-up and warm-ups included);
+per call and as a share of the whole run (set-up and warm-ups included),
+estimated from one call in eight, timed inside the C functions;
 PyTorch's allocator does not expose its own.
 
-`--hooks` also installs streamalloc's record_stream, empty_cache and
-memory-fraction hooks (`torch_hooks.py`: needs a C++ compiler, ninja and
-the CUDA runtime headers on the machine); each run's JSON says whether
-they were installed, or why not.
+`--hooks` also installs streamalloc's record_stream, empty_cache,
+memory-fraction and capture begin/end hooks (`torch_hooks.py`: needs a C++
+compiler, ninja and the CUDA runtime headers on the machine); with them
+streamalloc asks the driver about captures only while `torch.cuda.graph`
+says one is underway, as PyTorch's allocator does, instead of at every
+call. Each run's JSON says whether they were installed, or why not.
 
 `--sanitize` runs one short run of each model on streamalloc under
 `compute-sanitizer --tool memcheck --track-stream-ordered-races all` and
@@ -124,7 +127,8 @@ def install_streamalloc(lib_path):
 class Stats(ctypes.Structure):
     _fields_ = [(n, ctypes.c_uint64) for n in (
         "allocated_bytes", "peak_allocated_bytes", "reserved_bytes", "peak_reserved_bytes",
-        "allocs", "frees", "alloc_nanos", "free_nanos", "failures")]
+        "allocs", "frees", "alloc_nanos", "free_nanos", "failures",
+        "cache_hits", "cache_borrows", "cache_misses")]
 
 
 def install_rmm():
@@ -395,6 +399,11 @@ def child(args):
         # Of the whole run (model set-up and warm-ups included).
         res["allocator_share"] = nanos / 1e9 / res["wall_s"]
         res["failures"] = after["failures"]
+        # Allocations served from the stream's own memory, by memory another
+        # stream freed (ordered behind it, maybe by a wait on the GPU), and
+        # by new memory.
+        for k in ("cache_hits", "cache_borrows", "cache_misses"):
+            res[k] = after[k]
         res["hooks"] = hooks
         if after["failures"]:
             res["last_error"] = last_error(lib)

@@ -12,7 +12,16 @@
 //! - the [`BlockTable`] of live blocks by address;
 //! - counters: bytes PyTorch holds and their peak, the peak of bytes held
 //!   from the device, the limit a memory fraction sets, time spent in
-//!   `alloc` and `free`, failures.
+//!   `alloc` and `free` (estimated from one call in eight), failures.
+//!
+//! # What a call costs
+//!
+//! PyTorch makes hundreds of thousands of calls a second on a decoder, so
+//! every call's own work counts: a cached pair of the cache is about 100
+//! ns. Around it a call looks up the stream (a scan of the streams PyTorch
+//! used), keeps the block in the table (one shard's lock), and counts; it
+//! reads the clock only on the calls it times, and the bytes held from
+//! the device only when they may have grown (see `note_reserved`).
 //!
 //! # Who changes it
 //!
@@ -28,7 +37,7 @@
 //!
 //! # Bounded
 //!
-//! By [`STREAMS`] streams per device: PyTorch makes at most 32 per
+//! By `STREAMS` (192) streams per device: PyTorch makes at most 32 per
 //! priority (four priorities in 2.x) besides the default stream.
 
 use std::sync::Arc;
@@ -37,19 +46,16 @@ use std::time::Instant;
 
 use streamalloc::RetryOnOomResource;
 use streamalloc::gpu::Gpu;
-use streamalloc::{AllocTag, StreamId};
+use streamalloc::{AllocTag, DeviceBlock, StreamId};
 use streamalloc::{
     Backend, Device, DeviceMemoryResource, ResourceError, StreamOrderedResource, StreamPool,
 };
 use streamalloc::{CacheConfig, CachingResource};
 
 use crate::blocks::BlockTable;
+use crate::config::STREAMS;
 use crate::context::KeepCurrentContext;
 use crate::streams::TorchStream;
-
-/// Streams one device can register: PyTorch's 32 per priority, four
-/// priorities, the default stream, and room for external ones.
-pub(crate) const STREAMS: usize = 192;
 
 /// Every block PyTorch asks for carries this tag.
 const TAG: AllocTag = AllocTag("torch");
@@ -109,17 +115,58 @@ impl From<ResourceError> for Refusal {
     }
 }
 
+/// One call in `TIMED_ONE_IN` is timed, its time counted that many times.
+const TIMED_ONE_IN: u64 = 8;
+
 /// Counters of one device, all relaxed atomics (each is read alone).
 #[derive(Debug, Default)]
 struct Counters {
     allocated: AtomicUsize,
     peak_allocated: AtomicUsize,
     peak_reserved: AtomicUsize,
+    /// The arena's physical bytes when `peak_reserved` last read the
+    /// stack's held bytes: while they are the same and no block came from
+    /// below the arena, the held bytes cannot have grown.
+    physical_seen: AtomicUsize,
     alloc_nanos: AtomicU64,
     free_nanos: AtomicU64,
     allocs: AtomicU64,
     frees: AtomicU64,
     failures: AtomicU64,
+    /// Calls so far, for choosing the timed ones (a plain load and store:
+    /// an increment two threads lose only moves the choice).
+    calls: AtomicU64,
+}
+
+impl Counters {
+    /// Whether this call is one of the timed ones: one in `TIMED_ONE_IN`,
+    /// chosen by the top bits of the call's number times the golden ratio
+    /// (a Weyl sequence), so that no period of the program's calls (a
+    /// step's allocations) lines up with the choice, as every `n`th call
+    /// could.
+    fn timed(&self) -> bool {
+        let n = self.calls.load(Ordering::Relaxed);
+        self.calls.store(n.wrapping_add(1), Ordering::Relaxed);
+        const SHIFT: u32 = 64 - TIMED_ONE_IN.trailing_zeros();
+        (n.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> SHIFT) == 0
+    }
+
+    /// Adds a timed call's `started.elapsed()` to `total`, for every call
+    /// it stands for.
+    fn add_time(total: &AtomicU64, started: Option<Instant>) {
+        if let Some(started) = started {
+            let nanos = started.elapsed().as_nanos() as u64;
+            total.fetch_add(nanos * TIMED_ONE_IN, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Raises `peak` to `now` (a load first: the read-modify-write only when
+/// it rises, which is rare).
+fn raise(peak: &AtomicUsize, now: usize) {
+    if now > peak.load(Ordering::Relaxed) {
+        peak.fetch_max(now, Ordering::Relaxed);
+    }
 }
 
 /// A snapshot of one device's counters.
@@ -134,18 +181,33 @@ pub struct TorchAllocStats {
     /// allocated from the driver's pool, live or idle.
     pub reserved_bytes: u64,
     /// The most held from the device since the last peak reset, read after
-    /// every allocation.
+    /// every allocation that may have taken memory from the device.
     pub peak_reserved_bytes: u64,
     /// Allocations served.
     pub allocs: u64,
     /// Frees taken.
     pub frees: u64,
-    /// Nanoseconds spent in `alloc` calls, on the calling threads.
+    /// Nanoseconds spent in `alloc` calls, on the calling threads:
+    /// estimated from one call in 8 (chosen throughout the run), each timed
+    /// call counted 8 times: two clock reads in every call took about 300
+    /// of the 1,133 instructions this library added to a cached pair
+    /// (BENCHMARKS.md, "What a call of the C functions costs").
     pub alloc_nanos: u64,
-    /// Nanoseconds spent in `free` calls.
+    /// Nanoseconds spent in `free` calls, estimated as `alloc_nanos`.
     pub free_nanos: u64,
     /// Calls refused (null returned, or a free refused).
     pub failures: u64,
+    /// Allocations the cache served from memory it held for the stream,
+    /// with no driver call (its [`hits`](streamalloc::CacheStats::hits)).
+    pub cache_hits: u64,
+    /// Allocations served by memory another stream freed, ordered after
+    /// that free by an event or a fence: a wait on the GPU unless a query
+    /// showed the free done, which may hold one of PyTorch's streams
+    /// behind another (the cache's `borrows` and `steals`).
+    pub cache_borrows: u64,
+    /// Allocations that took new memory: mapped in the arena, or from the
+    /// resource below the cache (the cache's `misses` and `bypasses`).
+    pub cache_misses: u64,
 }
 
 /// One device's allocator.
@@ -159,9 +221,9 @@ pub(crate) struct DeviceAllocator {
     limit: AtomicUsize,
     /// The device's memory, for a fraction (0 when the driver could not say).
     total: usize,
-    /// Whether the backend is CUDA (whose calls change the thread's
+    /// The backend, for its CUDA context (whose calls change the thread's
     /// current context).
-    cuda: bool,
+    gpu: Arc<Backend>,
 }
 
 impl std::fmt::Debug for DeviceAllocator {
@@ -174,13 +236,12 @@ impl std::fmt::Debug for DeviceAllocator {
 }
 
 impl DeviceAllocator {
-    /// The allocator of `gpu`'s device, with no stream yet.
-    pub(crate) fn new(gpu: Arc<Backend>) -> Result<Self, ResourceError> {
-        let cuda = gpu.cuda().is_some();
+    /// The allocator of `gpu`'s device, with no stream yet, its cache
+    /// configured by `config`.
+    pub(crate) fn new(gpu: Arc<Backend>, config: CacheConfig) -> Result<Self, ResourceError> {
         let pool = StreamPool::open_ended(gpu.ordinal(), STREAMS);
         let total = gpu.mem_info().map_or(0, |(_, total)| total);
-        let device = Device::new(gpu, pool.clone())?;
-        let config = CacheConfig::default().streams(STREAMS);
+        let device = Device::new(gpu.clone(), pool.clone())?;
         let cache = CachingResource::with_config(StreamOrderedResource::new(&device), config);
         Ok(DeviceAllocator {
             pool,
@@ -189,14 +250,15 @@ impl DeviceAllocator {
             counters: Counters::default(),
             limit: AtomicUsize::new(usize::MAX),
             total,
-            cuda,
+            gpu,
         })
     }
 
     /// A guard that puts the thread's current CUDA context back when a
     /// call of this allocator is done (`None` on the simulator).
     pub(crate) fn keep_context(&self) -> Option<KeepCurrentContext> {
-        self.cuda.then(KeepCurrentContext::new)
+        let own = self.gpu.cuda()?.context().cu_ctx();
+        Some(KeepCurrentContext::new(own))
     }
 
     /// The id of PyTorch's stream `stream`, registering it the first time.
@@ -217,11 +279,9 @@ impl DeviceAllocator {
 
     /// A block of `size` bytes for work on `stream`; its address.
     pub(crate) fn alloc(&self, size: isize, stream: usize) -> Result<u64, Refusal> {
-        let started = Instant::now();
+        let started = self.counters.timed().then(Instant::now);
         let result = self.alloc_inner(size, stream);
-        self.counters
-            .alloc_nanos
-            .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        Counters::add_time(&self.counters.alloc_nanos, started);
         if result.is_err() {
             self.counters.failures.fetch_add(1, Ordering::Relaxed);
         }
@@ -242,14 +302,33 @@ impl DeviceAllocator {
             Err(e) => return Err(e.into()),
         };
         let ptr = block.ptr();
+        self.note_reserved(&block);
         self.blocks.insert(block);
         let c = &self.counters;
         c.allocs.fetch_add(1, Ordering::Relaxed);
         let now = c.allocated.fetch_add(size, Ordering::Relaxed) + size;
-        c.peak_allocated.fetch_max(now, Ordering::Relaxed);
-        c.peak_reserved
-            .fetch_max(self.stack.bytes_outstanding(), Ordering::Relaxed);
+        raise(&c.peak_allocated, now);
         Ok(ptr)
+    }
+
+    /// Raises the peak of bytes held from the device after `block` was
+    /// allocated. Held bytes are the arena's physical bytes plus what the
+    /// resource below the cache holds; they grow only when the arena maps
+    /// memory (its physical bytes change) or a block comes from below the
+    /// arena (size classes, or the arena could not place it). Otherwise
+    /// the sum, a load per shard of the resource below (64 cache lines
+    /// for PyTorch's streams), is not read.
+    fn note_reserved(&self, block: &DeviceBlock) {
+        let cache = self.stack.inner();
+        let c = &self.counters;
+        let physical = cache.physical_bytes();
+        if physical == c.physical_seen.load(Ordering::Relaxed)
+            && cache.inner_block_id(block.id()).is_none()
+        {
+            return;
+        }
+        c.physical_seen.store(physical, Ordering::Relaxed);
+        raise(&c.peak_reserved, self.stack.bytes_outstanding());
     }
 
     /// Refuses `size` more bytes past the memory fraction's limit, after
@@ -277,11 +356,9 @@ impl DeviceAllocator {
 
     /// Frees the block at `ptr`, after the uses `record_stream` named.
     pub(crate) fn free(&self, ptr: u64) -> Result<(), Refusal> {
-        let started = Instant::now();
+        let started = self.counters.timed().then(Instant::now);
         let result = self.free_inner(ptr);
-        self.counters
-            .free_nanos
-            .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        Counters::add_time(&self.counters.free_nanos, started);
         if result.is_err() {
             self.counters.failures.fetch_add(1, Ordering::Relaxed);
         }
@@ -350,10 +427,11 @@ impl DeviceAllocator {
         self.limit.store(limit, Ordering::Relaxed);
     }
 
-    /// The counters now.
+    /// The counters now (the cache's take one lock per stream slot).
     pub(crate) fn stats(&self) -> TorchAllocStats {
         let c = &self.counters;
         let load = |a: &AtomicUsize| a.load(Ordering::Relaxed) as u64;
+        let cache = self.stack.inner().stats();
         TorchAllocStats {
             allocated_bytes: load(&c.allocated),
             peak_allocated_bytes: load(&c.peak_allocated),
@@ -364,6 +442,9 @@ impl DeviceAllocator {
             alloc_nanos: c.alloc_nanos.load(Ordering::Relaxed),
             free_nanos: c.free_nanos.load(Ordering::Relaxed),
             failures: c.failures.load(Ordering::Relaxed),
+            cache_hits: cache.hits,
+            cache_borrows: cache.borrows + cache.steals,
+            cache_misses: cache.misses + cache.bypasses,
         }
     }
 
@@ -372,6 +453,8 @@ impl DeviceAllocator {
         let c = &self.counters;
         c.peak_allocated
             .store(c.allocated.load(Ordering::Relaxed), Ordering::Relaxed);
+        c.physical_seen
+            .store(self.stack.inner().physical_bytes(), Ordering::Relaxed);
         c.peak_reserved
             .store(self.stack.bytes_outstanding(), Ordering::Relaxed);
         c.alloc_nanos.store(0, Ordering::Relaxed);

@@ -24,6 +24,7 @@ use streamalloc::gpu::sim::SimGpu;
 use streamalloc::{Backend, ResourceError};
 
 use crate::allocator::DeviceAllocator;
+use crate::context::KeepCurrentContext;
 
 /// Device ordinals served (a node has at most 16 GPUs today).
 pub(crate) const MAX_DEVICES: usize = 64;
@@ -72,14 +73,16 @@ fn devices() -> &'static Devices {
     })
 }
 
-/// Whether CUDA graph captures are asked about at every call (see the
-/// crate's documentation, "Not supported").
-fn watch_captures() -> bool {
-    std::env::var("STREAMALLOC_TORCH_CAPTURE").map_or(true, |v| v != "off")
+fn open(host: &Host, ordinal: usize) -> Result<DeviceAllocator, String> {
+    let config = crate::config::cache_config_from_env()?;
+    backend(host, ordinal)
+        .and_then(|gpu| DeviceAllocator::new(Arc::new(gpu), config))
+        .map_err(|e| e.to_string())
 }
 
-fn open(host: &Host, ordinal: usize) -> Result<DeviceAllocator, ResourceError> {
-    let gpu = match host {
+/// Device `ordinal` of `host`.
+fn backend(host: &Host, ordinal: usize) -> Result<Backend, ResourceError> {
+    Ok(match host {
         Host::Sim(gpus) => Backend::Sim(
             gpus.get(ordinal)
                 .ok_or(ResourceError::DeviceUnavailable {
@@ -91,12 +94,14 @@ fn open(host: &Host, ordinal: usize) -> Result<DeviceAllocator, ResourceError> {
         Host::Cuda => {
             // PyTorch captures its streams itself: the crate must ask the
             // driver at each call, not only while a capture of its own runs.
-            streamalloc::gpu::detect_foreign_captures(watch_captures());
+            crate::captures::apply();
+            // Opening retains the primary context and makes it current:
+            // the thread gets its own back.
+            let _keep = streamalloc::gpu::cuda::cuda_present().then(KeepCurrentContext::any);
             let ctx = streamalloc::gpu::cuda::CudaGpu::open(ordinal as u32)?;
             Backend::Cuda(streamalloc::gpu::cuda::CudaGpu::try_new(ctx)?)
         }
-    };
-    DeviceAllocator::new(Arc::new(gpu))
+    })
 }
 
 /// The allocator of device `device`, opened at the first call.
@@ -110,7 +115,7 @@ pub(crate) fn device(device: i32) -> Result<&'static DeviceAllocator, String> {
         .ok()
         .and_then(|d| devices.slots.get(d))
         .ok_or_else(|| format!("device {device} is out of range (0..{MAX_DEVICES})"))?;
-    slot.get_or_init(|| open(&devices.host, device as usize).map_err(|e| e.to_string()))
+    slot.get_or_init(|| open(&devices.host, device as usize))
         .as_ref()
         .map_err(Clone::clone)
 }

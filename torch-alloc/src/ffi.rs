@@ -132,6 +132,52 @@ pub extern "C" fn streamalloc_torch_record_stream(ptr: *mut c_void, stream: *mut
     }
 }
 
+/// PyTorch's `begin_allocate_to_pool` hook (`set_begin_allocate_to_pool`,
+/// C++ only; `scripts/torch_hooks.py` passes a lambda that drops the pool
+/// and the filter): a capture on device `device` is about to begin. Until
+/// its [end](streamalloc_torch_capture_end), every allocation and free asks
+/// the driver whether its stream is capturing, so that memory a capture
+/// takes stays its graph's (see [`captures`](crate::captures)). Any device
+/// counts: the question is asked on all.
+#[unsafe(no_mangle)]
+pub extern "C" fn streamalloc_torch_capture_begin(device: c_int) {
+    let _ = device;
+    crate::captures::begin();
+}
+
+/// PyTorch's `end_allocate_to_pool` hook (`set_end_allocate_to_pool_fn`):
+/// a capture [begun](streamalloc_torch_capture_begin) on `device` ended.
+#[unsafe(no_mangle)]
+pub extern "C" fn streamalloc_torch_capture_end(device: c_int) {
+    let _ = device;
+    crate::captures::end();
+}
+
+/// From this call on, the driver is asked whether a stream is capturing
+/// only while an announced capture is underway (between
+/// [`streamalloc_torch_capture_begin`] and
+/// [`streamalloc_torch_capture_end`]), as PyTorch's own allocator asks only
+/// while `beginAllocateToPool` says one is; before it, at every allocation
+/// and free. `STREAMALLOC_TORCH_CAPTURE=always` keeps asking at every call.
+///
+/// # Safety
+/// The caller vouches that:
+/// 1. every CUDA graph capture of a stream this allocator serves, on any
+///    device, begins after a call of [`streamalloc_torch_capture_begin`]
+///    has returned and ends before its matching
+///    [`streamalloc_torch_capture_end`] is made (PyTorch 2.11's
+///    `torch.cuda.graph` does, once the hooks are set: `beginAllocateToPool`
+///    comes before `cudaStreamBeginCapture`, `endAllocateToPool` after
+///    `cudaStreamEndCapture`); a capture begun otherwise (a raw
+///    `cudaStreamBeginCapture` on PyTorch's stream) would go unseen, and
+///    memory freed in it could be handed out while its graph's replays
+///    still use it;
+/// 2. no capture of such a stream is underway at this call.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn streamalloc_torch_announce_captures() {
+    crate::captures::announce();
+}
+
 /// PyTorch's `init_fn` (`set_init_fn`): nothing to do, devices open at
 /// their first allocation.
 #[unsafe(no_mangle)]

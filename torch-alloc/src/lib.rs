@@ -33,7 +33,9 @@
 //! library exports each hook with the signature PyTorch's setter takes
 //! ([`streamalloc_torch_init`], [`streamalloc_torch_empty_cache`],
 //! [`streamalloc_torch_set_memory_fraction`],
-//! [`streamalloc_torch_record_stream`]), for a C++ extension that installs
+//! [`streamalloc_torch_record_stream`]), or one a lambda adapts
+//! ([`streamalloc_torch_capture_begin`], [`streamalloc_torch_capture_end`]:
+//! the begin and end of each capture), for a C++ extension that installs
 //! them (`scripts/torch_hooks.py` compiles one with PyTorch's
 //! `load_inline`), and for `ctypes`; and its own statistics
 //! ([`streamalloc_torch_reserved_bytes`], ...).
@@ -88,10 +90,12 @@
 //! CUDA graphs (`torch.cuda.graph`, `torch.compile(mode="reduce-overhead")`):
 //! PyTorch tells a pluggable allocator nothing about a capture from
 //! Python. The cache asks the driver whether a stream is capturing at
-//! every allocation and free (set `STREAMALLOC_TORCH_CAPTURE=off` to skip
-//! the question in a program that never captures), so memory a capture
-//! takes stays its graph's for the rest of the process: never reused under
-//! a replay, never given back. But a growth of the arena during a capture
+//! every allocation and free, or, once `scripts/torch_hooks.py` installed
+//! PyTorch's capture hooks ([`streamalloc_torch_announce_captures`]), only
+//! while `torch.cuda.graph` says a capture is underway (see [`captures`];
+//! `STREAMALLOC_TORCH_CAPTURE=off` skips the question in a program that
+//! never captures), so memory a capture takes stays its graph's for the
+//! rest of the process: never reused under a replay, never given back. But a growth of the arena during a capture
 //! in PyTorch's default (global) mode makes driver calls the capture may
 //! refuse, which PyTorch's own allocator allows by relaxing the mode
 //! around them: captures are untested and unsupported. IPC handles, `torch.cuda.memory_snapshot()` and PyTorch's own
@@ -101,13 +105,17 @@
 //!
 //! `STREAMALLOC_DEVICE=sim` runs the allocator on the simulated device
 //! (its addresses are not device memory: for tests of the C interface
-//! only; [`simulate`] does the same from Rust).
+//! only; [`simulate`] does the same from Rust). The cache's configuration,
+//! and the variables that change it, are in [`config`];
+//! `STREAMALLOC_TORCH_CAPTURE` in [`captures`].
 
 #![deny(missing_docs)]
 #![deny(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 
 mod allocator;
 mod blocks;
+pub mod captures;
+pub mod config;
 mod context;
 mod device_table;
 mod ffi;

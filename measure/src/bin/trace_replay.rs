@@ -6,7 +6,7 @@
 //! ```text
 //! trace_replay TRACE [--stack NAME[,NAME...]]... [--sim | --null] [--sim-capacity BYTES]
 //!              [--repeat N] [--png OUT.png] [--budget-ratio R] [--calls]
-//!              [--slack PERCENT]
+//!              [--slack PERCENT] [--max-mapping BYTES]
 //! trace_replay TRACE --cut N OUT.csv.gz
 //! ```
 //!
@@ -32,6 +32,10 @@
 //! - `--slack PERCENT`: the cache's [`CacheConfig::slack_percent`](streamalloc::CacheConfig::slack_percent) (how far
 //!   over the live high-water mark its arena maps ahead and holds memory;
 //!   default 7), to weigh growths against memory held on one trace.
+//! - `--max-mapping BYTES`: the cache's
+//!   [`CacheConfig::max_mapping_bytes`](streamalloc::CacheConfig::max_mapping_bytes)
+//!   (the most one physical allocation of the arena covers; default 1
+//!   GiB), to weigh the granularity of giving memory back.
 //! - `--sim-drain N`: on `--sim`, run the device's queued work after
 //!   every N operations (default 1, as a GPU keeps up with a replay that
 //!   launches no kernels); a larger N shows what depends on when the GPU
@@ -77,12 +81,13 @@ struct Args {
     budget_ratio: f64,
     calls: bool,
     slack: Option<usize>,
+    max_mapping: Option<usize>,
     sim_drain: Option<usize>,
     cut: Option<(usize, PathBuf)>,
 }
 
 const USAGE: &str = "usage: trace_replay TRACE [--stack resource|cache|cache-budget|all]... \
-[--sim | --null] [--sim-capacity BYTES] [--repeat N] [--png OUT.png] [--budget-ratio R] [--calls] [--slack PERCENT] [--sim-drain N] | TRACE --cut N OUT.csv.gz";
+[--sim | --null] [--sim-capacity BYTES] [--repeat N] [--png OUT.png] [--budget-ratio R] [--calls] [--slack PERCENT] [--max-mapping BYTES] [--sim-drain N] | TRACE --cut N OUT.csv.gz";
 
 fn parse_args() -> Result<Args, String> {
     let mut args = std::env::args().skip(1);
@@ -97,6 +102,7 @@ fn parse_args() -> Result<Args, String> {
         budget_ratio: ReplayConfig::default().budget_ratio,
         calls: false,
         slack: None,
+        max_mapping: None,
         sim_drain: None,
         cut: None,
     };
@@ -124,6 +130,7 @@ fn parse_args() -> Result<Args, String> {
             "--null" => out.null = true,
             "--calls" => out.calls = true,
             "--slack" => out.slack = Some(value("--slack", args.next())?),
+            "--max-mapping" => out.max_mapping = Some(value("--max-mapping", args.next())?),
             "--sim-drain" => out.sim_drain = Some(value("--sim-drain", args.next())?),
             "--sim-capacity" => out.sim_capacity = value("--sim-capacity", args.next())?,
             "--repeat" => out.repeat = value("--repeat", args.next())?,
@@ -205,6 +212,9 @@ fn main() -> ExitCode {
         budget_ratio: args.budget_ratio,
         ..ReplayConfig::default()
     };
+    if let Some(bytes) = args.max_mapping {
+        config.cache = config.cache.max_mapping_bytes(bytes);
+    }
     if let Some(slack) = args.slack {
         config.cache = config.cache.slack_percent(slack);
     }

@@ -193,8 +193,8 @@ impl Budget {
     }
 
     /// Gives `bytes` back, and wakes the allocations waiting for memory
-    /// (through an [`AsyncResource`](crate::AsyncResource)) on
-    /// every resource and device, since any of them may charge this budget.
+    /// (through an [`AsyncResource`](crate::AsyncResource)) on every
+    /// resource and device that charges this budget, and no others.
     /// Releasing more than is in use is a bookkeeping bug of the caller; the
     /// count stops at zero rather than wrapping.
     pub fn release(&self, bytes: usize) {
@@ -216,8 +216,8 @@ impl Budget {
             );
         }
         // Any resource charging this budget, on any device, may have an
-        // allocation waiting for these bytes.
-        crate::waiters::memory_returned();
+        // allocation waiting for these bytes; others could not use them.
+        crate::waiters::memory_returned(self.shared.holders.scope());
     }
 }
 

@@ -29,7 +29,8 @@
 //! gives back what no caller holds
 //! ([`release_idle`](crate::DeviceMemoryResource::release_idle)), and the
 //! holder settles, releasing what left the device. A release wakes every
-//! allocation waiting for memory ([`Budget::release`]), on every device.
+//! allocation waiting under the budget ([`Budget::release`]), on every
+//! device.
 //!
 //! So one budget shared by two devices, each with a cache below its
 //! budget resource or above it, serves a request refused on one device
@@ -77,7 +78,7 @@ impl Budget {
     /// A [`BudgetResource`](super::BudgetResource) whose reservation is
     /// refused calls this before it tries once more, so that idle memory
     /// anywhere under the budget serves the request, and a release wakes the
-    /// allocations waiting for memory on every device.
+    /// allocations waiting under the budget on every device.
     ///
     /// # Examples
     /// ```

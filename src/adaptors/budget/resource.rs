@@ -133,7 +133,7 @@ impl<R: DeviceMemoryResource> IdleHolder for Counted<R> {
                 // Inside a poll nothing reaps: the futures layers over the
                 // stacks give the queued frees completion points instead,
                 // whose notifications reap them and release the budget.
-                crate::waiters::frees_queued();
+                crate::waiters::frees_queued(self.budget.relief().scope());
             }
         }
         self.settle()
