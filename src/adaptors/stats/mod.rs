@@ -40,12 +40,12 @@
 //! count exact only with running totals for the peaks: the overall peak of
 //! bytes and of blocks needs one shared running count each, a read-modify-
 //! write apiece beside the tag's own lock or atomics. That is four atomic
-//! read-modify-writes per call where the global lock makes two (on the
-//! build machine an uncontended one costs about 5 ns, a lock taken and
-//! released about 11 ns): on the pair's path (one thread, one tag) it
-//! would be slower, and the shared running counts contend as the lock
-//! does when threads allocate at once. So the lock stays, with nothing
-//! but the counting under it.
+//! read-modify-writes per call where the global lock makes two (in a
+//! tight loop on the build machine an uncontended one costs about 5 ns, a
+//! lock taken and released about 11 ns): on the pair's path (one thread,
+//! one tag) it would be slower, and the shared running counts contend as
+//! the lock does when threads allocate at once. So the lock stays, with
+//! nothing but the counting under it.
 
 // The one `unsafe` is the resource's `unsafe impl DeviceMemoryResource`,
 // which vouches for blocks and streams that are the inner resource's.
