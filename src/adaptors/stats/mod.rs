@@ -34,7 +34,11 @@
 //! allocation's rise can be missed by its peak. The pair's cost is the
 //! lock itself, taken once for the allocation and once for the free (two
 //! atomic read-modify-writes each: the lock's compare-and-swap and the
-//! unlock's swap), and a dozen additions inlined into the decorator.
+//! unlock's swap), and a dozen additions inlined into the decorator: the
+//! tag's counts, and of the overall ones only the current counts and
+//! their peaks (the overall totals, failures and waits are the sums of
+//! the tags', made when a snapshot is read, exact since every call adds to
+//! one tag's).
 //!
 //! Counting per tag without the global lock, summed on read, keeps every
 //! count exact only with running totals for the peaks: the overall peak of
