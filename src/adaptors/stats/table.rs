@@ -27,12 +27,32 @@ impl Counts {
     /// Counts an allocation of `bytes`.
     #[inline(always)]
     fn count_allocation(&mut self, bytes: usize) {
+        self.count_live(bytes);
+        self.total_bytes += bytes as u64;
+        self.total_blocks += 1;
+    }
+
+    /// Counts a block of `bytes` as held, with the peaks: all the overall
+    /// counts move by at an allocation (the totals are the tags' sums).
+    #[inline(always)]
+    fn count_live(&mut self, bytes: usize) {
         self.current_bytes += bytes;
         self.peak_bytes = self.peak_bytes.max(self.current_bytes);
-        self.total_bytes += bytes as u64;
         self.current_blocks += 1;
         self.peak_blocks = self.peak_blocks.max(self.current_blocks);
-        self.total_blocks += 1;
+    }
+
+    /// Adds the totals of `tag` (everything but the current counts and
+    /// their peaks) to these.
+    fn add_totals(&mut self, tag: &Counts) {
+        self.total_bytes += tag.total_bytes;
+        self.total_blocks += tag.total_blocks;
+        self.failed_allocations += tag.failed_allocations;
+        self.refused_tries += tag.refused_tries;
+        self.waited += tag.waited;
+        self.wait_total_ns += tag.wait_total_ns;
+        self.wait_max_ns = self.wait_max_ns.max(tag.wait_max_ns);
+        self.cancelled_waits += tag.cancelled_waits;
     }
 
     /// Counts a request that left the wait queue after `wait_ns`.
@@ -61,6 +81,10 @@ impl Counts {
 /// Every count of a [`Stats`](super::Stats): overall and per tag.
 #[derive(Debug, Default)]
 pub(super) struct Tally {
+    /// The overall current counts and their peaks, which no sum of the
+    /// tags' gives (a peak of the whole is not the sum of the tags' peaks).
+    /// The other overall counts are the sums of the tags', made on read:
+    /// each call adds to one tag's only.
     overall: Counts,
     /// Per-tag counts, in the order the tags were first seen.
     per_tag: Vec<(AllocTag, Counts)>,
@@ -69,8 +93,9 @@ pub(super) struct Tally {
     /// Slot in `per_tag` of each tag text, for a new address.
     by_text: HashMap<AllocTag, usize>,
     /// The address and slot of the last tag counted: a service allocating
-    /// with one tag at a time skips even the map.
-    last: Option<(Address, usize)>,
+    /// with one tag at a time skips even the map. `(0, 0)` before the
+    /// first: no string starts at address 0.
+    last: (Address, usize),
 }
 
 impl Tally {
@@ -79,7 +104,7 @@ impl Tally {
     // call frame per allocation through a stats layer.
     #[inline(always)]
     pub(super) fn allocation(&mut self, bytes: usize, tag: AllocTag) {
-        self.overall.count_allocation(bytes);
+        self.overall.count_live(bytes);
         self.tag(tag).count_allocation(bytes);
     }
 
@@ -92,25 +117,26 @@ impl Tally {
 
     /// Counts a failed allocation tagged `tag`.
     pub(super) fn failure(&mut self, tag: AllocTag) {
-        self.overall.failed_allocations += 1;
         self.tag(tag).failed_allocations += 1;
     }
 
     /// Counts a try refused while its request waits.
     pub(super) fn refusal(&mut self, tag: AllocTag) {
-        self.overall.refused_tries += 1;
         self.tag(tag).refused_tries += 1;
     }
 
     /// Counts a request that left the wait queue after `wait_ns`.
     pub(super) fn wait(&mut self, tag: AllocTag, wait_ns: u64, outcome: WaitOutcome) {
-        self.overall.count_wait(wait_ns, outcome);
         self.tag(tag).count_wait(wait_ns, outcome);
     }
 
     /// The overall counts.
     pub(super) fn overall(&self) -> Counts {
-        self.overall
+        let mut overall = self.overall;
+        for (_, counts) in &self.per_tag {
+            overall.add_totals(counts);
+        }
+        overall
     }
 
     /// The per-tag counts, sorted by tag.
@@ -125,10 +151,10 @@ impl Tally {
     fn tag(&mut self, tag: AllocTag) -> &mut Counts {
         let key = address(tag);
         let slot = match self.last {
-            Some((last, slot)) if last == key => slot,
+            (last, slot) if last == key => slot,
             _ => {
                 let slot = self.slot(tag, key);
-                self.last = Some((key, slot));
+                self.last = (key, slot);
                 slot
             }
         };
@@ -176,5 +202,31 @@ mod tests {
         assert_eq!(w.failed_allocations, 1);
         assert_eq!(t.overall().current_bytes, 25);
         assert_eq!(t.overall().peak_bytes, 35);
+    }
+
+    #[test]
+    fn the_overall_totals_are_the_tags_sums_and_the_peaks_the_whole_ones() {
+        let mut t = Tally::default();
+        t.allocation(10, AllocTag("a"));
+        t.deallocation(10, AllocTag("a"));
+        t.allocation(20, AllocTag("b"));
+        t.failure(AllocTag("a"));
+        t.refusal(AllocTag("b"));
+        t.refusal(AllocTag("b"));
+        t.wait(AllocTag("a"), 30, WaitOutcome::Served);
+        t.wait(AllocTag("b"), 50, WaitOutcome::Served);
+        t.wait(AllocTag("b"), 7, WaitOutcome::Cancelled);
+        t.wait(AllocTag("b"), 9, WaitOutcome::Failed);
+        let all = t.overall();
+        assert_eq!((all.total_bytes, all.total_blocks), (30, 2));
+        assert_eq!((all.current_bytes, all.current_blocks), (20, 1));
+        // Never both held at once: the whole's peak is not the tags' sum.
+        assert_eq!((all.peak_bytes, all.peak_blocks), (20, 1));
+        assert_eq!((all.failed_allocations, all.refused_tries), (2, 2));
+        assert_eq!(
+            (all.waited, all.wait_total_ns, all.wait_max_ns),
+            (2, 80, 50)
+        );
+        assert_eq!(all.cancelled_waits, 1);
     }
 }

@@ -698,7 +698,6 @@ impl ArenaTier {
         // Checked: near `usize::MAX` the page rounding wraps (to a cost of
         // 0 in release, which a budget above would have admitted).
         let len = round(bytes)?;
-        let pages = bytes.checked_next_multiple_of(tier.page())?;
         let mut shard = shards.slots[index].lock();
         if let Some(arena) = shard.arena.as_mut() {
             // The allocation takes the block of its length the stream kept,
@@ -712,6 +711,10 @@ impl ArenaTier {
             tier.release_kept(arena);
         }
         drop(shard);
+        // Past the kept blocks only: the page size is not a constant, and
+        // the rounding's division cost a kept block's hit more than the
+        // look did.
+        let pages = bytes.checked_next_multiple_of(tier.page())?;
         Some(if tier.idle_bytes() >= pages { 0 } else { pages })
     }
 
