@@ -22,7 +22,8 @@
 //! cargo run --release -p streamalloc-measure --features peer-cuda-async --bin service_bench -- --out DIR
 //! cargo run --release -p streamalloc-measure --bin service_bench -- --sim             # simulated
 //! ```
-//! `--diag` adds, per level: for the streamalloc way, the library's driver
+//! `--diag` adds, per level: for the streamalloc way (and, with
+//! `--budget-quarter`, the two gated ways), the library's driver
 //! calls per request by kind and the µs spent in each (through a
 //! [`CountingGpu`]), and its futures' wait statistics; for every way, the
 //! GPU's busy fraction and a request's mean time in progress on the GPU
@@ -402,10 +403,6 @@ async fn on_cuda(args: &Args) -> BoxResult<()> {
                         permits: streamalloc_way::semaphore_permits(budget),
                     },
                 };
-                let res = budgeted_stack(&device, clients, Some(&model))?;
-                if let Some(p) = args.policy {
-                    res.set_wait_policy(p);
-                }
                 let shape = Level {
                     dims: Dims::BENCH,
                     clients,
@@ -413,10 +410,38 @@ async fn on_cuda(args: &Args) -> BoxResult<()> {
                     seed: args.seed,
                     memory,
                 };
-                let row =
-                    streamalloc_way::run_level_observed(&res, &model, shape, &mut |_| {}).await?;
-                finish_level(&res, clients).await?;
-                row
+                if args.diag {
+                    // The same stack over a backend that counts its calls:
+                    // what a request costs in driver calls under the budget.
+                    let counting = Arc::new(CountingGpu::new(device.gpu().clone()));
+                    let counted = Device::new(counting.clone(), device.streams().clone())?;
+                    let res = budgeted_stack(&counted, clients, Some(&model))?;
+                    if let Some(p) = args.policy {
+                        res.set_wait_policy(p);
+                    }
+                    let mut edges = Vec::new();
+                    let mut observe = |_: Edge| edges.push(counting.counts());
+                    let row =
+                        streamalloc_way::run_level_observed(&res, &model, shape, &mut observe)
+                            .await?;
+                    if let [c0, c1] = &edges[..] {
+                        println!(
+                            "  diag {way:?} {clients} clients, library driver calls per request:{}",
+                            c1.since(c0).per_request_line(row.requests)
+                        );
+                    }
+                    finish_level(&res, clients).await?;
+                    row
+                } else {
+                    let res = budgeted_stack(&device, clients, Some(&model))?;
+                    if let Some(p) = args.policy {
+                        res.set_wait_policy(p);
+                    }
+                    let row = streamalloc_way::run_level_observed(&res, &model, shape, &mut |_| {})
+                        .await?;
+                    finish_level(&res, clients).await?;
+                    row
+                }
             }
             Way::Cudarc => {
                 cudarc_way::run_level(&ctx, &streams, &model, clients, per, args.seed).await?
