@@ -15,6 +15,13 @@
 //! - `resnet_train`: ResNet-50 trained with SGD under AMP, batch 48, cuDNN's
 //!   workspaces included (1.053×).
 //!
+//! - `gpt2_train_side`: GPT-2 small trained with AdamW under bf16 autocast,
+//!   inputs copied on a data stream and each gradient copied into a flat
+//!   bucket on a gradient stream, as DDP's all-reduce buckets are (three
+//!   streams, 17,883 operations: all of it; recorded 2026-12-06 on an
+//!   H100, where PyTorch's allocator reserved 1.327× its peak of live
+//!   requested bytes).
+//!
 //! `tests/data/*.first50k.csv.gz` holds the first 50,000 operations of each
 //! (all of `bert_train` and `resnet_train`), blocks left live freed at the
 //! end (`trace_replay TRACE --cut 50000 OUT.csv.gz`).
@@ -68,4 +75,14 @@ fn bert_training_at_a_changing_sequence_length_on_two_streams() {
 #[test]
 fn resnet_training_with_cudnn_workspaces() {
     check("resnet_train");
+}
+
+#[test]
+fn gpt2_training_with_a_data_stream_and_a_gradient_bucket_stream() {
+    let trace = cut("gpt2_train_side");
+    assert_eq!(
+        trace.streams, 3,
+        "a data stream and a gradient stream beside the main one"
+    );
+    check("gpt2_train_side");
 }
