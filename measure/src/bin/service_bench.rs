@@ -36,7 +36,11 @@
 //! (`streamalloc+reserve`, `allocate_buffers`) and, beside it, awaited one
 //! by one behind a tokio `Semaphore` that mirrors the budget
 //! (`streamalloc+semaphore`): both stacks are the caching tier over the
-//! budget (`AsyncResource::build`).
+//! budget (`AsyncResource::build`). `--budget-over-cache` puts the budget
+//! above the cache instead: a budget below a cache lends it no device, so
+//! the cache keeps size classes of blocks from the layer below and, under a
+//! full budget, a miss gives an idle block back to the driver and takes
+//! another from it; above it, the cache's virtual-memory arena serves.
 //! `--staged` runs, instead, the service with real input and output
 //! copies: each request's input written on the host into pinned memory,
 //! copied in, its result copied out and checked; streamalloc through a
@@ -98,6 +102,7 @@ struct Args {
     diag: bool,
     policy: Option<WaitPolicy>,
     budget_quarter: bool,
+    budget_over_cache: bool,
     staged: bool,
 }
 
@@ -115,6 +120,7 @@ fn parse_args() -> BoxResult<Args> {
         diag: false,
         policy: None,
         budget_quarter: false,
+        budget_over_cache: false,
         staged: false,
     };
     let mut it = std::env::args().skip(1);
@@ -144,6 +150,7 @@ fn parse_args() -> BoxResult<Args> {
             "--sim-latency-us" => args.sim_latency_us = value("--sim-latency-us")?.parse()?,
             "--diag" => args.diag = true,
             "--budget-quarter" => args.budget_quarter = true,
+            "--budget-over-cache" => args.budget_over_cache = true,
             "--staged" => args.staged = true,
             "--policy" => args.policy = Some(parse_policy(&value("--policy")?)?),
             other => return Err(format!("unknown argument {other} (see the file's docs)").into()),
@@ -234,7 +241,7 @@ async fn on_sim(args: &Args) -> BoxResult<()> {
         println!("{}", row.markdown_row());
         if args.budget_quarter {
             for memory in gated(clients) {
-                let res = budgeted_stack(&device, clients, None)?;
+                let res = budgeted_stack(&device, clients, None, args.budget_over_cache)?;
                 let level = Level {
                     dims: Dims::BENCH,
                     clients,
@@ -415,7 +422,8 @@ async fn on_cuda(args: &Args) -> BoxResult<()> {
                     // what a request costs in driver calls under the budget.
                     let counting = Arc::new(CountingGpu::new(device.gpu().clone()));
                     let counted = Device::new(counting.clone(), device.streams().clone())?;
-                    let res = budgeted_stack(&counted, clients, Some(&model))?;
+                    let res =
+                        budgeted_stack(&counted, clients, Some(&model), args.budget_over_cache)?;
                     if let Some(p) = args.policy {
                         res.set_wait_policy(p);
                     }
@@ -433,7 +441,8 @@ async fn on_cuda(args: &Args) -> BoxResult<()> {
                     finish_level(&res, clients).await?;
                     row
                 } else {
-                    let res = budgeted_stack(&device, clients, Some(&model))?;
+                    let res =
+                        budgeted_stack(&device, clients, Some(&model), args.budget_over_cache)?;
                     if let Some(p) = args.policy {
                         res.set_wait_policy(p);
                     }
@@ -664,13 +673,14 @@ fn gated(clients: usize) -> [Memory; 2] {
 }
 
 /// The stack of `--budget-quarter` on `device`: the caching tier over a
-/// budget of a quarter of the peak demand of `clients`, futures on top
-/// (type-erased); the model's cuBLAS handles for its streams made
-/// beforehand on CUDA.
+/// budget of a quarter of the peak demand of `clients` (under it with
+/// `over`, `--budget-over-cache`), futures on top (type-erased); the
+/// model's cuBLAS handles for its streams made beforehand on CUDA.
 fn budgeted_stack<G: Gpu>(
     device: &Device<G>,
     clients: usize,
     model: Option<&CudaModel>,
+    over: bool,
 ) -> BoxResult<AnyResource> {
     if let Some(model) = model {
         for id in device.streams().ids() {
@@ -680,10 +690,13 @@ fn budgeted_stack<G: Gpu>(
         }
     }
     let budget = Budget::new(streamalloc_way::quarter_budget(&Dims::BENCH, clients));
-    let layers = ResourceBuilder::new()
-        .cache(CacheConfig::default())
-        .budget(&budget);
-    Ok(AsyncResource::build(device, &layers)?.into_any())
+    let top = ResourceBuilder::new();
+    Ok(match over {
+        true => AsyncResource::build(device, &top.budget(&budget).cache(CacheConfig::default()))?
+            .into_any(),
+        false => AsyncResource::build(device, &top.cache(CacheConfig::default()).budget(&budget))?
+            .into_any(),
+    })
 }
 
 /// After a streamalloc level: every byte given back, or an error.
