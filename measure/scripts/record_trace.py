@@ -416,7 +416,7 @@ def main():
     args = ap.parse_args()
     rng = random.Random(args.seed)
     torch.manual_seed(args.seed)
-    limit = 4_000_000
+    limit = 16_000_000  # llama_serve4 passes 4,000,000 events
     torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python", max_entries=limit)
     MODELS[args.model](rng)
     snap = torch.cuda.memory._snapshot()
