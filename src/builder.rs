@@ -88,10 +88,11 @@ use crate::adaptors::{
 /// and the arena may map a page more than it estimated (a block across a
 /// page boundary) or a few pages ahead within its slack, so the budget can
 /// pass its limit by about that much until those pages are freed. Put the
-/// budget below the cache (`.cache(c).budget(&b)`), or turn the arena off
-/// ([`CacheConfig::virtual_memory`](crate::CacheConfig::virtual_memory)),
-/// for a hard limit: the cache then keeps size classes, whose every byte
-/// the budget admits first.
+/// budget below the cache (`.cache(c).budget(&b)`) for a hard limit: the
+/// budget lends the cache its device, and the arena asks it before
+/// mapping any page (a refused page fails the allocation), so the budget
+/// admits every byte first there too (see
+/// [`device_access`](crate::DeviceMemoryResource::device_access)).
 #[derive(Debug, Clone)]
 pub struct ResourceBuilder<L> {
     layer: L,

@@ -118,8 +118,8 @@ pub use registry::DeviceRegistry;
 #[cfg(feature = "cuda")]
 pub use resource::AsyncCudaResource;
 pub use resource::{
-    BudgetRelief, DeviceAccess, DeviceMemoryResource, OffloadHost, SimResource, SleepMode,
-    SleepPlan, StreamOrderedResource,
+    BudgetRelief, DeviceAccess, DeviceMemoryResource, MappingCharge, OffloadHost, SimResource,
+    SleepMode, SleepPlan, StreamOrderedResource,
 };
 pub use types::{
     Access, AllocTag, BlockId, BlockState, CaptureId, CompletedUses, DeviceBlock, RawStream,

@@ -9,6 +9,7 @@
 #![deny(unsafe_code)]
 
 pub(crate) mod block_uses;
+mod charge;
 pub(crate) mod event_pool;
 pub(crate) mod forward;
 mod live_table;
@@ -22,6 +23,7 @@ pub(crate) mod unwind;
 #[cfg(all(test, loom))]
 pub(crate) use stream_ordered::loom_tests::race_two_frees;
 
+pub use charge::MappingCharge;
 pub use offload_host::OffloadHost;
 pub use relief::BudgetRelief;
 pub use sleep_plan::{SleepMode, SleepPlan};
@@ -41,12 +43,64 @@ use crate::types::{Access, AllocTag, BlockId, BlockState, CompletedUses, DeviceB
 /// orders work on. A tier above that manages device memory itself (the
 /// cache's virtual-memory arena) gets it from
 /// [`DeviceMemoryResource::device_access`].
+///
+/// A layer that lends the device while it counts what the device holds
+/// (a [`BudgetResource`](crate::BudgetResource)) adds its
+/// [`MappingCharge`] to `charges`: the tier charges every byte of physical
+/// memory before creating it and releases it after giving it back.
 #[derive(Clone)]
 pub struct DeviceAccess {
     /// The backend.
     pub gpu: Arc<dyn Gpu>,
     /// The streams, resolved as the resource resolves them.
     pub streams: Arc<StreamPool>,
+    /// What the layers lending the device charge for the memory a tier
+    /// above creates on it, lowest layer first; empty for the
+    /// stream-ordered resource itself.
+    pub charges: Vec<Arc<dyn MappingCharge>>,
+}
+
+impl DeviceAccess {
+    /// The same access with `charge` added: a layer lending the device
+    /// counts the memory a tier above creates on it.
+    pub fn with_charge(mut self, charge: Arc<dyn MappingCharge>) -> Self {
+        self.charges.push(charge);
+        self
+    }
+
+    /// Charges `bytes` to every layer lending the device, in order; when
+    /// one refuses, gives them back to those that had accepted and
+    /// returns its refusal.
+    ///
+    /// # Errors
+    /// The first refusal (a budget's
+    /// [`BudgetExceeded`](crate::ResourceError::BudgetExceeded)); nothing
+    /// stays charged then.
+    pub fn try_charge(&self, bytes: usize) -> ResourceResult<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        for (at, charge) in self.charges.iter().enumerate() {
+            if let Err(refused) = charge.try_charge(bytes) {
+                for accepted in self.charges[..at].iter().rev() {
+                    accepted.release(bytes);
+                }
+                return Err(refused);
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives `bytes` charged by [`try_charge`](Self::try_charge) back to
+    /// every layer, once the device has the memory back.
+    pub fn release_charge(&self, bytes: usize) {
+        if bytes == 0 {
+            return;
+        }
+        for charge in self.charges.iter().rev() {
+            charge.release(bytes);
+        }
+    }
 }
 
 impl std::fmt::Debug for DeviceAccess {
@@ -54,6 +108,7 @@ impl std::fmt::Debug for DeviceAccess {
         f.debug_struct("DeviceAccess")
             .field("device", &self.gpu.ordinal())
             .field("streams", &self.streams.len())
+            .field("charges", &self.charges)
             .finish()
     }
 }
@@ -274,9 +329,21 @@ pub unsafe trait DeviceMemoryResource: Send + Sync {
     /// maps physical memory with it instead of allocating through this
     /// resource).
     ///
-    /// The default is `None`, and decorators keep it: a budget, a debug
-    /// guard or a statistics layer must see every byte, so a tier above
-    /// them allocates through them.
+    /// The default is `None`, and decorators keep it unless they can see
+    /// what they must of a tier that maps memory itself: a debug guard, a
+    /// statistics layer or a tracing layer counts blocks (their frees,
+    /// their uses, their tags), which a mapped tier's blocks never pass
+    /// through, so a tier above them allocates through them. A
+    /// [`BudgetResource`](crate::BudgetResource) lends: it counts device
+    /// bytes, not blocks, and returns its inner resource's access with a
+    /// [`MappingCharge`] added ([`DeviceAccess::charges`]), which the tier
+    /// asks before creating physical memory and gives the bytes back to
+    /// after releasing it. So the budget stays exact: it counts every byte
+    /// the device holds for the layers above it, blocks below it and
+    /// mappings beside it, from before the memory exists to after it is
+    /// gone. A [`RetryOnOomResource`](crate::RetryOnOomResource) lends
+    /// its inner resource's access unchanged: it counts nothing, and the
+    /// tier's growth makes its own retry (idle mappings given back first).
     fn device_access(&self) -> Option<DeviceAccess> {
         None
     }

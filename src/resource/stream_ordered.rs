@@ -1057,6 +1057,7 @@ unsafe impl<G: Gpu> DeviceMemoryResource for StreamOrderedResource<G> {
         Some(super::DeviceAccess {
             gpu: self.gpu.clone(),
             streams: self.stream_pool.clone(),
+            charges: Vec::new(),
         })
     }
 

@@ -67,14 +67,16 @@ fn a_budget_above_a_cache_counts_the_rounded_size() {
     assert_eq!(f.resource.bytes_outstanding(), 0);
 }
 
-/// `Cache(Budget(R))`: idle cached memory counted by the budget is given back
-/// when the budget is full, as it is when the device is.
+/// `Cache(Budget(R))` in size classes: idle cached memory counted by the
+/// budget is given back when the budget is full, as it is when the device
+/// is. (With its arena, the budget lends the cache the device: see
+/// `tests/cache/budget_lends.rs`.)
 #[test]
 fn a_cache_above_a_full_budget_gives_idle_memory_back() {
     let f = support::sim(1);
     let s = f.stream(0);
     let budget = Budget::new(8192);
-    let cache = CachingResource::new(BudgetResource::new(f.resource.clone(), &budget));
+    let cache = classes(BudgetResource::new(f.resource.clone(), &budget));
 
     let small = cache.allocate(4096, s, T).unwrap();
     cache.deallocate(small).unwrap();
@@ -97,7 +99,7 @@ fn a_cache_above_a_budget_reports_the_budget_refusal() {
     let f = support::sim(1);
     let s = f.stream(0);
     let budget = Budget::new(8192);
-    let cache = CachingResource::new(BudgetResource::new(f.resource.clone(), &budget));
+    let cache = classes(BudgetResource::new(f.resource.clone(), &budget));
     let held = cache.allocate(4096, s, T).unwrap();
     let err = cache.allocate(8192, s, T).unwrap_err();
     assert!(

@@ -7,6 +7,7 @@ mod support;
 
 mod arena;
 mod budget_full;
+mod budget_lends;
 mod graph_pools;
 mod size_class;
 mod sleep;

@@ -71,9 +71,15 @@ fn a_current_thread_timeout_returns_at_once_with_cache_retry_and_budget() {
             .retry_on_oom()
             .budget(&budget)
             .build(SimResource::new(&f.device));
+        // Size classes: the budget would lend the cache its device, and
+        // the arena would serve s1 at once behind a wait on the GPU
+        // (`tests/cache/arena.rs` covers that path's polls).
+        let cache = CachingResource::with_config(
+            stack,
+            streamalloc::CacheConfig::default().virtual_memory(false),
+        );
         // SAFETY: the stack's bottom resource was made on this device.
-        let res =
-            unsafe { AsyncResource::with_device(CachingResource::new(stack), &f.device) }.unwrap();
+        let res = unsafe { AsyncResource::with_device(cache, &f.device) }.unwrap();
         let a = res.try_allocate(BLOCK, s0, TAG).unwrap();
         let b = res.try_allocate(BLOCK, s0, TAG).unwrap();
         busy(&gpu, &f, s0, &a, 3);

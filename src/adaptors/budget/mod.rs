@@ -76,6 +76,23 @@
 //! the layers below hold, and of `charged`) tops up or settles the
 //! difference.
 //!
+//! # Lending the device
+//!
+//! A cache above a budget builds its virtual-memory arena only on a device
+//! lent to it ([`device_access`](crate::DeviceMemoryResource::device_access)).
+//! A `BudgetResource` lends its inner resource's device with a charge
+//! added ([`MappingCharge`](crate::MappingCharge), here `LentMappings`):
+//! the arena charges the budget before it creates physical memory and
+//! releases the bytes after it gives the memory back. So a budget below
+//! the cache still sees every byte (its blocks through `charged`, the
+//! arena's mappings straight in `in_use`), a growth it refuses fails with
+//! [`BudgetExceeded`](crate::ResourceError::BudgetExceeded) as an
+//! allocation would (after the arena gave back its own idle mappings),
+//! and a mapping given back wakes the allocations waiting under the
+//! budget, as a reaped block does. Under a full budget a miss is then a
+//! placement in mapped memory, not a free and an allocation of the
+//! driver's pool.
+//!
 //! The inner resource should be reached only through its `BudgetResource`:
 //! bytes allocated around it are outstanding but not charged, and hold back
 //! the release of as many charged bytes.
@@ -86,6 +103,7 @@
 
 mod handle;
 mod layer;
+mod lend;
 mod relief;
 mod resource;
 

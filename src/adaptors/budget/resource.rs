@@ -267,6 +267,20 @@ impl<R: DeviceMemoryResource> Counted<R> {
 // call reaches it, counted.
 #[allow(unsafe_code)]
 unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> {
+    /// The inner resource's device, lent with this budget's charge: a
+    /// tier above that maps memory itself (the cache's arena) charges the
+    /// budget for every byte it creates, and releases it once the memory is
+    /// given back (see "Lending the device" in the module's essay).
+    fn device_access(&self) -> Option<crate::resource::DeviceAccess> {
+        let access = self.counted.inner.device_access()?;
+        let pool = access.streams.id(0).map(StreamId::pool);
+        let charge = super::lend::LentMappings {
+            budget: self.counted.budget.clone(),
+            pool,
+        };
+        Some(access.with_charge(std::sync::Arc::new(charge)))
+    }
+
     forward_to_inner!(counted; device_ordinal, bytes_outstanding, pending_free_seq, supports_block_use_tracking, record_block_use, prepare_block_use, finish_block_use, block_state, allocation_cost, allocation_cost_is_exact, frees_across_streams, frees_only_queue, capture_status, begin_sleep, settle_sleep, wake);
 
     /// Adds the budget (its limit, and what every resource sharing it

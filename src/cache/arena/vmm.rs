@@ -976,15 +976,30 @@ impl VirtualArena {
         // so no other thread places a block on them, maps them, or takes
         // them for another growth's map-ahead.
         let gpu = self.gpu();
-        let created = match gpu.mem_create(planned) {
-            Ok(h) => Ok(Some((h, n + ahead))),
-            // Short of memory: what the block needs, nothing ahead.
-            Err(GpuError::OutOfMemory { .. }) => match gpu.mem_create(need) {
-                Ok(h) => Ok(Some((h, n))),
-                Err(GpuError::OutOfMemory { .. }) => Ok(None),
-                Err(e) => Err(e.for_request(need, stream)),
-            },
-            Err(e) => Err(e.for_request(need, stream)),
+        // The layers lending the device (a budget below the cache) count
+        // the memory before it exists: `charge` is what they count now,
+        // given back below if nothing is mapped in the end.
+        let mut charge = 0;
+        let created = match self.charge_growth(planned, need, first + n, &mut ahead) {
+            Err(refused) => Err(refused),
+            Ok(charged) => {
+                charge = charged;
+                match gpu.mem_create(charged) {
+                    Ok(h) => Ok(Some((h, n + ahead))),
+                    // Short of memory: what the block needs, nothing ahead.
+                    Err(GpuError::OutOfMemory { .. }) if charged > need => {
+                        self.access.release_charge(charged - need);
+                        charge = need;
+                        match gpu.mem_create(need) {
+                            Ok(h) => Ok(Some((h, n))),
+                            Err(GpuError::OutOfMemory { .. }) => Ok(None),
+                            Err(e) => Err(e.for_request(need, stream)),
+                        }
+                    }
+                    Err(GpuError::OutOfMemory { .. }) => Ok(None),
+                    Err(e) => Err(e.for_request(need, stream)),
+                }
+            }
         };
         let created = match created {
             Ok(Some(made)) => Ok(made),
@@ -1047,6 +1062,11 @@ impl VirtualArena {
             }
         });
 
+        if mapped.is_err() {
+            // Nothing was mapped: the memory charged for it never was, or
+            // was released above.
+            self.access.release_charge(charge);
+        }
         let mut st = self.lock();
         st.growing -= planned;
         let result = mapped.map(|(handle, pages)| {
@@ -1063,6 +1083,57 @@ impl VirtualArena {
         // the block's own stay pending on an error, for the caller.
         st.pages.unpend(first + n, ahead);
         (st, result)
+    }
+
+    /// Charges the layers lending the device (a budget below the cache)
+    /// for a growth of `planned` bytes, and returns the bytes charged.
+    /// When they refuse that, the pages ahead (`*ahead` of them from
+    /// `ahead_at`) stop being pending and only `need` is asked for; when
+    /// they refuse that too, idle mappings are given back (the budget gets
+    /// their bytes) and it is asked again, once more after waiting for the
+    /// GPU's fences outside a poll, as for the device's own out of memory.
+    /// Called with the tier's lock released: a budget's refusal first asks
+    /// the other resources under it for idle memory.
+    ///
+    /// # Errors
+    /// The last refusal (a budget's
+    /// [`BudgetExceeded`](crate::ResourceError::BudgetExceeded)); nothing
+    /// is charged then.
+    fn charge_growth(
+        &self,
+        planned: usize,
+        need: usize,
+        ahead_at: u32,
+        ahead: &mut u32,
+    ) -> ResourceResult<usize> {
+        if self.access.try_charge(planned).is_ok() {
+            return Ok(planned);
+        }
+        if *ahead > 0 {
+            self.lock().pages.unpend(ahead_at, *ahead);
+            *ahead = 0;
+        }
+        let mut refused = match self.access.try_charge(need) {
+            Ok(()) => return Ok(need),
+            Err(e) => e,
+        };
+        // Waiting parks the thread: never inside a poll of the crate's
+        // futures (their allocation waits are woken by the release).
+        let waits: &[bool] = if crate::util::poll_scope::in_poll() {
+            &[false]
+        } else {
+            &[false, true]
+        };
+        for &wait in waits {
+            if self.reclaim_all(wait) == 0 {
+                continue;
+            }
+            match self.access.try_charge(need) {
+                Ok(()) => return Ok(need),
+                Err(e) => refused = e,
+            }
+        }
+        Err(refused)
     }
 
     /// `mem_create` failed for lack of memory: gives back every idle
@@ -1187,6 +1258,9 @@ impl VirtualArena {
             tracing::warn!(error = %e, "releasing physical memory failed; leaked");
         }
         self.held.fetch_sub(bytes, Ordering::AcqRel);
+        // After the release: a lending budget never counts as free memory
+        // the device still holds.
+        self.access.release_charge(bytes);
         history::record(|| {
             MemoryEvent::new(MemoryAction::SegmentUnmap, gpu.ordinal()).at(addr, bytes)
         });

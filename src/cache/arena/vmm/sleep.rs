@@ -104,6 +104,7 @@ impl VirtualArena {
             tracing::warn!(error = %e, "releasing slept memory failed; leaked");
         }
         self.held.fetch_sub(bytes, Ordering::AcqRel);
+        self.access.release_charge(bytes);
         Ok(())
     }
 
@@ -111,10 +112,19 @@ impl VirtualArena {
     /// released (pending since): the wake. A failure maps nothing.
     pub(crate) fn wake_run(&self, first: u32, pages: u32) -> ResourceResult<()> {
         let gpu = self.gpu();
+        let bytes = pages as usize * self.page as usize;
+        // Charged before the lock: a lending budget's refusal asks the
+        // resources under it for idle memory.
+        self.access.try_charge(bytes)?;
         let mut st = self.lock();
         let addr = st.base + u64::from(first) * self.page;
-        let bytes = pages as usize * self.page as usize;
-        let handle = gpu.mem_create(bytes)?;
+        let handle = match gpu.mem_create(bytes) {
+            Ok(handle) => handle,
+            Err(e) => {
+                self.access.release_charge(bytes);
+                return Err(e.into());
+            }
+        };
         // SAFETY: (1) the range is a run of whole pages of the live
         // reservation, granularity-aligned; (2) nothing is mapped there:
         // `release_asleep` unmapped it and its pages stayed pending, which
@@ -134,6 +144,7 @@ impl VirtualArena {
             // SAFETY: (1) created above, not released; (2) never mapped
             // again.
             let _ = unsafe { gpu.mem_release(handle) };
+            self.access.release_charge(bytes);
             return Err(e.into());
         }
         st.pages.map(first, pages, handle);
