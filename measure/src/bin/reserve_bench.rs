@@ -40,10 +40,10 @@ struct Args {
     rounds: usize,
     sim_latency_us: u64,
     workers: usize,
-    /// The budget above the cache (`--budget-over-cache`), whose
-    /// virtual-memory arena then serves (it needs the device, which a
-    /// budget below it does not lend); else below it, as in
-    /// `service_bench`.
+    /// The budget above the cache (`--budget-over-cache`); else below
+    /// it, as in `service_bench`. The cache's virtual-memory arena serves
+    /// either way: a budget below it lends it the device and is charged
+    /// for every page it maps.
     budget_over_cache: bool,
 }
 

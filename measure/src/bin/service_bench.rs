@@ -37,10 +37,11 @@
 //! by one behind a tokio `Semaphore` that mirrors the budget
 //! (`streamalloc+semaphore`): both stacks are the caching tier over the
 //! budget (`AsyncResource::build`). `--budget-over-cache` puts the budget
-//! above the cache instead: a budget below a cache lends it no device, so
-//! the cache keeps size classes of blocks from the layer below and, under a
-//! full budget, a miss gives an idle block back to the driver and takes
-//! another from it; above it, the cache's virtual-memory arena serves.
+//! above the cache instead. The cache's virtual-memory arena serves either
+//! way: a budget below the cache lends it the device and is charged for
+//! every page the arena maps (a full budget refuses a growth, not a
+//! placement in memory mapped already); above it, it counts what the
+//! cache holds after each allocation.
 //! `--staged` runs, instead, the service with real input and output
 //! copies: each request's input written on the host into pinned memory,
 //! copied in, its result copied out and checked; streamalloc through a
