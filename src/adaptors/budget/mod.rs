@@ -6,7 +6,9 @@
 //! Device bytes: what the layers below each [`BudgetResource`] hold on the
 //! device (its inner resource's
 //! [`bytes_outstanding`](crate::DeviceMemoryResource::bytes_outstanding)),
-//! never the callers' requests. A request is admitted by what it will take
+//! never the callers' requests, and the physical memory a tier above maps
+//! on the device the budget lends it (see "Lending the device" below).
+//! A request is admitted by what it will take
 //! from the device, and refused with that number
 //! ([`BudgetExceeded`](crate::ResourceError::BudgetExceeded)`{ requested,
 //! limit, in_use }`, the operands of the comparison that failed).

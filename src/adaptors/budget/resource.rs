@@ -14,7 +14,10 @@ use crate::types::{AllocTag, CompletedUses, DeviceBlock, StreamId};
 use crate::util::sync::{AtomicUsize, Mutex, Ordering};
 
 /// Charges a shared [`Budget`] for every byte of the inner resource, from
-/// the allocation until its free has executed.
+/// the allocation until its free has executed, and for every byte a tier
+/// above (the cache's arena) maps on the device it lends
+/// ([`device_access`](DeviceMemoryResource::device_access)), from before
+/// the memory is created until after it is released.
 ///
 /// The essay of `src/adaptors/budget/` says how bytes are given back.
 ///
