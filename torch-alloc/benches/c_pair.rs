@@ -55,39 +55,6 @@ const SIZES: [isize; 8] = [
 /// Pairs per burst on one stream.
 const BURST: usize = 32;
 
-/// Every kind the simulator counts.
-const CALLS: [DriverCall; 29] = [
-    DriverCall::AllocAsync,
-    DriverCall::FreeAsync,
-    DriverCall::EventCreate,
-    DriverCall::EventRecord,
-    DriverCall::EventQuery,
-    DriverCall::EventSynchronize,
-    DriverCall::EventDestroy,
-    DriverCall::StreamWaitEvent,
-    DriverCall::StreamSynchronize,
-    DriverCall::StreamQuery,
-    DriverCall::LaunchHostFunc,
-    DriverCall::MemsetAsync,
-    DriverCall::CopyAsync,
-    DriverCall::Launch,
-    DriverCall::MemGetInfo,
-    DriverCall::AddressReserve,
-    DriverCall::AddressFree,
-    DriverCall::MemCreate,
-    DriverCall::MemRelease,
-    DriverCall::MemMap,
-    DriverCall::MemSetAccess,
-    DriverCall::MemUnmap,
-    DriverCall::StreamGetCaptureInfo,
-    DriverCall::StreamBeginCapture,
-    DriverCall::StreamEndCapture,
-    DriverCall::GraphInstantiate,
-    DriverCall::GraphLaunch,
-    DriverCall::GraphDestroy,
-    DriverCall::MemHostAlloc,
-];
-
 /// [`BURST`] pairs of `size` bytes on `stream`.
 #[inline(never)]
 fn burst(stream: *mut c_void, size: isize) {
@@ -134,7 +101,7 @@ fn pairs(target: &Target, streams: &[*mut c_void], count: usize) -> usize {
 /// The simulator's driver calls so far, by kind (none counted on CUDA).
 fn counts(target: &Target) -> Vec<u64> {
     match target {
-        Target::Sim(sim) => CALLS.iter().map(|&c| sim.call_count(c)).collect(),
+        Target::Sim(sim) => DriverCall::ALL.iter().map(|&c| sim.call_count(c)).collect(),
         Target::Cuda { .. } => Vec::new(),
     }
 }
@@ -210,7 +177,7 @@ fn main() {
         return;
     }
     let mut any = false;
-    for ((call, b), a) in CALLS.iter().zip(&before).zip(&after) {
+    for ((call, b), a) in DriverCall::ALL.iter().zip(&before).zip(&after) {
         if a > b {
             any = true;
             println!(
