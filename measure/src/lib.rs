@@ -6,6 +6,7 @@
 #![allow(missing_docs)]
 
 pub mod calls;
+pub mod decorator_cost;
 pub mod memory_plot;
 pub mod service;
 pub mod support;

@@ -14,18 +14,24 @@
 //! device, what observing costs: the futures layer's pair with the memory history
 //! off, on and on with backtraces, and a snapshot of a stack holding
 //! 1,000 and 10,000 live blocks, alone and beside 4 threads that allocate.
+//! `--decorators [ROUNDS [PAIRS]]` measures what Budget + Stats + Tracing
+//! add to a pair of the resource and of the cache on the null backend, the
+//! loops interleaved round after round, by best and by median (the module
+//! `decorator_cost` of the measurement crate says why; BENCHMARKS.md, "What
+//! the decorators add", cites it).
 //!
 //! ```text
 //! cargo run --release -p streamalloc-measure --bin bench_table -- [OUT_DIR]
 //! cargo run --release -p streamalloc-measure --bin bench_table -- --null-only [OUT_DIR]
 //! cargo run --release -p streamalloc-measure --bin bench_table -- --observe-only [OUT_DIR]
+//! cargo run --release -p streamalloc-measure --bin bench_table -- --decorators [ROUNDS [PAIRS]]
 //! cargo run --release -p streamalloc-measure --bin bench_table -- --profile-pair N
 //! cargo run --release -p streamalloc-measure --bin bench_table -- --profile-stack N
 //! cargo run --release -p streamalloc-measure --bin bench_table -- --profile-cache N SIZE [classes]
 //! python3 scripts/plot_bench.py OUT_DIR/bench_table.csv OUT_DIR/throughput.png
 //! ```
 
-use streamalloc_measure::support;
+use streamalloc_measure::{decorator_cost, support};
 
 use std::fmt::Write as _;
 use std::hint::black_box;
@@ -494,6 +500,14 @@ fn main() -> std::io::Result<()> {
     }
     if first.as_deref() == Some("--profile-stack") {
         profile_stack(count(args.next()));
+        return Ok(());
+    }
+    if first.as_deref() == Some("--decorators") {
+        let rest: Vec<String> = args.collect();
+        let plan = decorator_cost::Plan::parse(rest.iter().map(String::as_str))
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+        let results = decorator_cost::measure(plan);
+        print!("{}", decorator_cost::report(plan, &results));
         return Ok(());
     }
     if first.as_deref() == Some("--observe-only") {
