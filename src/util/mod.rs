@@ -2,6 +2,9 @@
 //!
 //! - [`sync`]: the loom switch, the one place the bookkeeping's locks and
 //!   atomics come from (`std` normally, loom's models under `--cfg loom`);
+//! - [`count_lock`]: the lock of counters that every call moves (the
+//!   statistics'), one atomic read-modify-write a call where `std`'s
+//!   mutex takes two;
 //! - [`fast_hash`]: the hasher of the maps keyed by crate-made integers;
 //! - [`padded`]: a value alone on its cache line, for per-shard counters;
 //! - [`poll_scope`]: marks the host thread as inside a future's `poll`, so
@@ -10,6 +13,7 @@
 //! This folder is the floor of the crate: it imports nothing of the crate
 //! above it, and everything may import it.
 
+pub(crate) mod count_lock;
 pub(crate) mod fast_hash;
 pub(crate) mod padded;
 pub(crate) mod poll_scope;

@@ -266,6 +266,71 @@ impl<R: DeviceMemoryResource> Counted<R> {
     }
 }
 
+/// Settles an allocation's reservation when dropped, which is after the
+/// allocation's result has moved to the caller's return place: commits it
+/// and charges its cost when the inner resource made the block, gives it
+/// back (and settles) when it refused.
+///
+/// Done while the result still lay in a local, the charging's atomic
+/// updates came between the inner resource's write of the block and its
+/// move out, and the compiler, unable to tell that they miss the caller's
+/// return place, had the block written into a local and copied it (80
+/// bytes) after them on every allocation. From here, nothing comes
+/// between, and the block is written where the caller wants it.
+struct SettleOnReturn<'a, R: DeviceMemoryResource> {
+    counted: &'a Counted<R>,
+    /// Committed or given back in place by the drop (a reservation taken
+    /// out of an `Option` went through memory, two stores read back as
+    /// one load).
+    reservation: BudgetReservation<'a>,
+    cost: usize,
+    bytes: usize,
+    /// Whether the inner resource made the block.
+    made: bool,
+}
+
+impl<R: DeviceMemoryResource> Drop for SettleOnReturn<'_, R> {
+    #[inline(always)]
+    fn drop(&mut self) {
+        let (c, cost) = (self.counted, self.cost);
+        if !self.made {
+            self.reservation.release_in_place();
+            // The layers below may have given memory back while refusing
+            // (a budget below asked its caches for idle memory): it
+            // leaves this budget now, not at a later call.
+            c.settle();
+            return;
+        }
+        self.reservation.commit_in_place();
+        // A cache hit costs nothing: no read-modify-write for it.
+        if cost != 0 {
+            c.charged.fetch_add(cost, Ordering::AcqRel);
+        }
+        // A layer below that does its own accounting (a cache) estimated
+        // the cost before allocating: another thread may have taken the
+        // cached block this one expected (it took more) or left one (it
+        // took less), and the arena may place the block across one page
+        // more than it guessed, even when the guess equals `bytes`. Count
+        // what the inner resource holds now. Below layers whose cost is
+        // exact the charge is exact, and there is no top-up:
+        // `bytes_outstanding` sums per-shard counts one load at a time, so
+        // under concurrent allocations and reaps on other streams it may
+        // read high, and topping up from such a read charged bytes nobody
+        // held (with 16 threads allocating, enough to take the budget's
+        // peak past its limit).
+        //
+        // Below layers whose cost is exact, the allocation took what was
+        // charged, and nothing is settled here: bytes the layers below
+        // drained meanwhile are released by any reap or release through
+        // this resource, by a refused reservation's relief before it
+        // refuses, and by the next free through it where frees may drain
+        // (see `settle_after_free`).
+        if cost != self.bytes || !c.inner.allocation_cost_is_exact() {
+            c.reconcile();
+        }
+    }
+}
+
 // SAFETY: blocks and streams are the inner resource's, unchanged; every
 // call reaches it, counted.
 #[allow(unsafe_code)]
@@ -325,52 +390,24 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> 
         // Dropped on the error path (or a panic below): the bytes go back.
         // A refusal reports the numbers compared: `cost` (device bytes, a
         // cache's page where the caller asked for less), never `bytes`.
-        let reservation = match c.budget.try_reserve(cost) {
-            Ok(reservation) => reservation,
-            Err(_) => {
+        let reservation = match c.budget.reserve(cost) {
+            Some(reservation) => reservation,
+            None => {
                 let (reservation, now) = c.reserve_after_relief(bytes, stream)?;
                 cost = now;
                 reservation
             }
         };
-        // Looked at, not taken apart: passed on as it came, the block is
-        // not copied out and back in.
         let result = self.counted.inner.allocate(bytes, stream, tag);
-        if result.is_err() {
-            drop(reservation);
-            // The layers below may have given memory back while refusing
-            // (a budget below asked its caches for idle memory): it
-            // leaves this budget now, not at a later call.
-            self.counted.settle();
-            return result;
-        }
-        reservation.commit();
-        // A cache hit costs nothing: no read-modify-write for it.
-        if cost != 0 {
-            self.counted.charged.fetch_add(cost, Ordering::AcqRel);
-        }
-        // A layer below that does its own accounting (a cache) estimated
-        // the cost before allocating: another thread may have taken the
-        // cached block this one expected (it took more) or left one (it
-        // took less), and the arena may place the block across one page
-        // more than it guessed, even when the guess equals `bytes`. Count
-        // what the inner resource holds now. Below layers whose cost is
-        // exact the charge is exact, and there is no top-up:
-        // `bytes_outstanding` sums per-shard counts one load at a time, so
-        // under concurrent allocations and reaps on other streams it may
-        // read high, and topping up from such a read charged bytes nobody
-        // held (with 16 threads allocating, enough to take the budget's
-        // peak past its limit).
-        //
-        // Below layers whose cost is exact, the allocation took what was
-        // charged, and nothing is settled here: bytes the layers below
-        // drained meanwhile are released by any reap or release through
-        // this resource, by a refused reservation's relief before it
-        // refuses, and by the next free through it where frees may drain
-        // (see `settle_after_free`).
-        if cost != bytes || !self.counted.inner.allocation_cost_is_exact() {
-            self.counted.reconcile();
-        }
+        // Committed or given back by a guard, after the result has moved
+        // to the caller (see `SettleOnReturn`).
+        let _settle = SettleOnReturn {
+            counted: c,
+            reservation,
+            cost,
+            bytes,
+            made: result.is_ok(),
+        };
         result
     }
 

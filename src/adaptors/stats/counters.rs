@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::util::sync::{Mutex, MutexGuard};
+use crate::util::count_lock::{CountGuard, CountLock};
 
 use super::table::Tally;
 use super::{StatsSnapshot, WaitOutcome};
@@ -40,9 +40,9 @@ use crate::types::AllocTag;
 #[derive(Debug, Clone, Default)]
 pub struct Stats {
     /// Overall and per-tag counts under one lock: one lock and unlock per
-    /// call costs less than the half-dozen atomic read-modify-writes that
-    /// separate overall counters would, and a snapshot sees both agree.
-    inner: Arc<Mutex<Tally>>,
+    /// call (one atomic read-modify-write) costs less than the half-dozen
+    /// that separate overall counters would, and a snapshot sees both agree.
+    inner: Arc<CountLock<Tally>>,
 }
 
 impl Stats {
@@ -94,7 +94,7 @@ impl Stats {
     }
 
     #[inline]
-    fn lock(&self) -> MutexGuard<'_, Tally> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> CountGuard<'_, Tally> {
+        self.inner.lock()
     }
 }

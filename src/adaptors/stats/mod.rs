@@ -32,24 +32,41 @@
 //! counts and the per-tag ones at one moment, and each peak is the highest
 //! value its current count took in the order the lock gave the calls: no
 //! allocation's rise can be missed by its peak. The pair's cost is the
-//! lock itself, taken once for the allocation and once for the free (two
-//! atomic read-modify-writes each: the lock's compare-and-swap and the
-//! unlock's swap), and a dozen additions inlined into the decorator: the
-//! tag's counts, and of the overall ones only the current counts and
-//! their peaks (the overall totals, failures and waits are the sums of
-//! the tags', made when a snapshot is read, exact since every call adds to
-//! one tag's).
+//! lock itself, taken once for the allocation and once for the free, and
+//! a dozen additions inlined into the decorator: the tag's counts, and of
+//! the overall ones only the current counts and their peaks (the overall
+//! totals, failures and waits are the sums of the tags', made when a
+//! snapshot is read, exact since every call adds to one tag's).
+//!
+//! The lock is a [`CountLock`](crate::util::count_lock): one atomic
+//! read-modify-write to take it and a plain store to release it, where
+//! `std`'s mutex makes two (its release must learn whether a thread
+//! sleeps on it) and checks for poisoning twice. Nothing is ever done
+//! under it but the additions, so a thread that finds it taken yields
+//! until it is free instead of sleeping.
 //!
 //! Counting per tag without the global lock, summed on read, keeps every
 //! count exact only with running totals for the peaks: the overall peak of
 //! bytes and of blocks needs one shared running count each, a read-modify-
 //! write apiece beside the tag's own lock or atomics. That is four atomic
-//! read-modify-writes per call where the global lock makes two (in a
-//! tight loop on the build machine an uncontended one costs about 5 ns, a
-//! lock taken and released about 11 ns): on the pair's path (one thread,
-//! one tag) it would be slower, and the shared running counts contend as
-//! the lock does when threads allocate at once. So the lock stays, with
-//! nothing but the counting under it.
+//! read-modify-writes per call where the lock makes one: on the pair's
+//! path (one thread, one tag) it would be slower, and the shared running
+//! counts contend as the lock does when threads allocate at once. So the
+//! lock stays, with nothing but the counting under it.
+//!
+//! # Counting after the block has moved
+//!
+//! An allocation is counted from a guard dropped after the inner
+//! resource's result has moved to the caller (`CountOnReturn` in
+//! `resource.rs`), not between the inner call and the return: there, the
+//! counters' stores stood between the inner resource's write of the block
+//! (80 bytes with its `Result`) and its move to the caller, and the
+//! compiler, unable to tell that they miss the caller's memory, copied the
+//! block once more on every allocation, with loads that the processor
+//! could not forward from its store buffer. Counted from the guard, the
+//! inner resource writes the block where the caller wants it. The counts
+//! are the same: the guard runs before `allocate` returns, and counts
+//! exactly what the `match` on the result counted.
 
 // The one `unsafe` is the resource's `unsafe impl DeviceMemoryResource`,
 // which vouches for blocks and streams that are the inner resource's.

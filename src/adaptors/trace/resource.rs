@@ -61,6 +61,17 @@ macro_rules! start {
     };
 }
 
+/// Whether a subscriber may want this layer's warnings (a failure), and so
+/// perhaps its other events: without one, allocations and frees pass
+/// through untouched. One load and a compare of `tracing`'s global
+/// maximum level, which stays OFF until a subscriber that wants WARN (or
+/// more) is set, and is lowered when it goes.
+#[inline(always)]
+fn warnings_wanted() -> bool {
+    use tracing::level_filters::{LevelFilter, STATIC_MAX_LEVEL};
+    Level::WARN <= STATIC_MAX_LEVEL && Level::WARN <= LevelFilter::current()
+}
+
 fn elapsed_ns(start: Option<Instant>) -> u64 {
     start.map_or(0, |t| t.elapsed().as_nanos() as u64)
 }
@@ -148,6 +159,11 @@ impl<R: DeviceMemoryResource> TracingResource<R> {
         block: DeviceBlock,
         free: impl FnOnce(&R, DeviceBlock) -> ResourceResult<()>,
     ) -> ResourceResult<()> {
+        // Nothing to log, not even a failure: the block is handed on as
+        // it came, none of its fields kept.
+        if !warnings_wanted() {
+            return free(&self.inner, block);
+        }
         let start = start!(Level::DEBUG);
         let (id, ptr, bytes, stream, tag) = (
             block.id(),
@@ -270,6 +286,11 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for TracingResource<R>
         stream: StreamId,
         tag: AllocTag,
     ) -> ResourceResult<DeviceBlock> {
+        // No subscriber wants even a failure's warning: nothing to look
+        // at, the inner resource's result is handed on where it lies.
+        if !warnings_wanted() {
+            return self.inner.allocate(bytes, stream, tag);
+        }
         // Without a subscriber that wants the event: the call and two
         // checks (no clock, no unwind guard). One call of the inner
         // resource for both ways, its result logged where it lies: two
