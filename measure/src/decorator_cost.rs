@@ -216,34 +216,44 @@ pub fn report(plan: Plan, results: &[SizeResult]) -> String {
     );
     let _ = writeln!(
         out,
-        "{:<7} {:<34} {:>10} {:>10}",
+        "{:<7} {:<35} {:>10} {:>10}",
         "size", "ns per pair", "best", "median"
     );
-    let _ = writeln!(out, "{}", "-".repeat(64));
+    let _ = writeln!(out, "{}", "-".repeat(65));
     for r in results {
         let mut row = |name: &str, s: Summary, unit: &str, digits: usize| {
             let _ = writeln!(
                 out,
-                "{:<7} {:<34} {:>9.digits$}{unit} {:>9.digits$}{unit}",
+                "{:<7} {:<35} {:>9.digits$}{unit} {:>9.digits$}{unit}",
                 r.label, name, s.best, s.median
             );
         };
         row("StreamOrderedResource", r.resource, " ", 1);
         row("Budget+Stats+Tracing over it", r.stack, " ", 1);
-        row("  the stack adds", r.stack.over(r.resource), " ", 1);
+        row(
+            "  added to the resource's pair",
+            r.stack.over(r.resource),
+            " ",
+            1,
+        );
         row("CachingResource", r.cache, " ", 1);
         row("Budget+Stats+Tracing over the cache", r.stack_cache, " ", 1);
-        row("  the stack adds", r.stack_cache.over(r.cache), " ", 1);
         row(
-            "  the stack over the cache",
+            "  added to the cache's pair",
+            r.stack_cache.over(r.cache),
+            " ",
+            1,
+        );
+        row(
+            "  the stack / the cache",
             r.stack_cache.ratio(r.cache),
             "x",
             2,
         );
     }
     out.push_str(
-        "\nadds: best minus best, median minus median (ns per pair); \
-         x: the stack over the cache / the cache alone.\n",
+        "\nadded: best minus best, median minus median (ns per pair); \
+         x: the stack over the cache's pair / the cache's alone.\n",
     );
     out
 }
