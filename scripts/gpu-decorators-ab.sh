@@ -23,7 +23,7 @@ for i in 1 2 3; do
         dir=$old; [ $b = new ] && dir=$new
         timeout 120 "$dir/bin-bench_table" --decorators > "$out/decorators-$b-$i.txt" 2>&1
         echo "=== decorators, $b, run $i (best, median)"
-        grep -E "added to|the stack / the cache" "$out/decorators-$b-$i.txt" ||
+        grep -E "^[0-9].*(adds|added to|over the cache +[0-9.]+x|/ the cache)" "$out/decorators-$b-$i.txt" ||
             echo "no figures: see $out/decorators-$b-$i.txt"
     done
 done
