@@ -33,6 +33,12 @@
 //! path adds one `tracing::enabled!` check (a cached callsite interest, a
 //! load and a branch) per call and a look at the result, and takes no
 //! timestamp.
+//!
+//! So a program that has no `tracing` subscriber and relies on `tracing`'s
+//! `log` feature to hand events to the `log` crate gets no events from
+//! this layer (it never did for allocations and frees, whose events were
+//! asked for with `enabled!`; now not for failures either): `log` does not
+//! raise `tracing`'s maximum level. Install a subscriber to see them.
 
 // The one `unsafe` is the resource's `unsafe impl DeviceMemoryResource`,
 // which vouches for blocks and streams that are the inner resource's.
