@@ -16,6 +16,7 @@ use streamalloc::{ALLOC_TARGET, TracingResource};
 use streamalloc::{Access, AllocTag, DeviceMemoryResource};
 use support::NoTracking;
 use tracing::field::{Field, Visit};
+use tracing::level_filters::LevelFilter;
 use tracing::subscriber::Interest;
 use tracing::{Event, Level, Metadata, Subscriber};
 use tracing_subscriber::layer::{Context, SubscriberExt};
@@ -57,6 +58,13 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> tracing_subscriber::Layer<S> for Ca
     }
     fn enabled(&self, metadata: &Metadata<'_>, _: Context<'_, S>) -> bool {
         metadata.target() == ALLOC_TARGET && *metadata.level() <= self.max
+    }
+    // As a subscriber filtered by level does: tracing's global maximum
+    // level becomes `max`, which the layer reads to pass allocations and
+    // frees through untouched when no subscriber wants even warnings (so
+    // at `max` = WARN, failures must still be logged).
+    fn max_level_hint(&self) -> Option<LevelFilter> {
+        Some(LevelFilter::from_level(self.max))
     }
     fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
         let mut fields = FieldText::default();
@@ -201,4 +209,37 @@ fn failures_are_warnings_and_successes_are_silent_at_warn() {
     assert!(events.iter().all(|e| e.level == Level::WARN));
     assert!(events[0].fields["error"].contains("already deallocated"));
     assert_eq!(events[1].fields["bytes"], "64");
+}
+
+#[test]
+fn without_a_subscriber_that_wants_warnings_calls_pass_through_unchanged() {
+    let _serial = serial();
+    let f = support::sim(1);
+    let gpu = f.sim.clone().unwrap();
+    let r = TracingResource::new(f.resource.clone());
+    let s = f.stream(0);
+    // Only errors wanted: the layer only forwards, failures included.
+    let ((), events) = capture(Level::ERROR, || {
+        assert!(!tracing::enabled!(target: ALLOC_TARGET, Level::WARN));
+        let block = r.allocate(64, s, AllocTag("e")).unwrap();
+        assert_eq!(block.size(), 64);
+        r.deallocate(block.clone()).unwrap();
+        assert!(matches!(
+            r.deallocate(block),
+            Err(streamalloc::ResourceError::DoubleFree { .. })
+        ));
+        gpu.fail_nth(DriverCall::AllocAsync, 1);
+        assert!(r.allocate(64, s, AllocTag("e")).is_err());
+    });
+    assert!(events.is_empty(), "{events:#?}");
+    // The same calls with warnings wanted log both failures.
+    let ((), events) = capture(Level::WARN, || {
+        let block = r.allocate(64, s, AllocTag("w")).unwrap();
+        r.deallocate(block.clone()).unwrap();
+        assert!(r.deallocate(block).is_err());
+        gpu.fail_nth(DriverCall::AllocAsync, 1);
+        assert!(r.allocate(64, s, AllocTag("w")).is_err());
+    });
+    let messages: Vec<&str> = events.iter().map(|e| e.message.as_str()).collect();
+    assert_eq!(messages, ["deallocate failed", "allocate failed"]);
 }

@@ -304,3 +304,48 @@ impl Drop for BudgetReservation<'_> {
         }
     }
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reservation_committed_in_place_stays_counted_when_dropped() {
+        let budget = Budget::new(100);
+        let mut reservation = budget.reserve(60).expect("60 of 100 fit");
+        reservation.commit_in_place();
+        drop(reservation);
+        assert_eq!((budget.in_use(), budget.peak()), (60, 60));
+    }
+
+    #[test]
+    fn a_reservation_released_in_place_leaves_no_trace() {
+        let budget = Budget::new(100);
+        let mut reservation = budget.reserve(60).expect("60 of 100 fit");
+        reservation.release_in_place();
+        assert_eq!(budget.in_use(), 0, "given back before the drop");
+        drop(reservation);
+        assert_eq!((budget.in_use(), budget.peak()), (0, 0));
+    }
+
+    #[test]
+    fn reserve_refuses_what_does_not_fit_and_changes_nothing() {
+        let budget = Budget::new(100);
+        budget.try_reserve(70).unwrap().commit();
+        assert!(budget.reserve(31).is_none());
+        assert!(
+            budget.reserve(usize::MAX).is_none(),
+            "an overflow is refused"
+        );
+        assert_eq!((budget.in_use(), budget.peak()), (70, 70));
+        // The same refusal through `try_reserve` reports what it compared.
+        assert!(matches!(
+            budget.try_reserve(31),
+            Err(ResourceError::BudgetExceeded {
+                requested: 31,
+                limit: 100,
+                in_use: 70
+            })
+        ));
+    }
+}

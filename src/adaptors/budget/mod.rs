@@ -64,8 +64,8 @@
 //! An allocation and its free through a budget over the stream-ordered
 //! resource make two read-modify-writes: the reservation's compare-and-swap
 //! on `in_use` and the addition to `charged` (and a third, to the budget's
-//! peak, only while `in_use` climbs to a level it never reached). Nothing more is read where
-//! nothing can have changed: below a layer whose
+//! peak, only while `in_use` climbs to a level it never reached). Nothing
+//! more is read where nothing can have changed: below a layer whose
 //! [`allocation_cost`](crate::DeviceMemoryResource::allocation_cost) is
 //! exact the allocation took what was reserved, and below one whose frees
 //! only queue
@@ -83,9 +83,10 @@
 //! reservation alone, no error beside it (`Budget::reserve`, in
 //! registers), and the commit, the charge and the reconciling run from a
 //! guard dropped after the inner resource's result has moved to the
-//! caller (`SettleOnReturn` in `resource.rs`). Either way round they cost
-//! a copy through memory on every allocation, of the reservation or of
-//! the block, whose loads the processor could not forward from its store
+//! caller (`SettleOnReturn` in `resource.rs`). A reservation taken with
+//! its error beside it, and a commit done before the move, each cost a
+//! copy through memory on every allocation (of the reservation, of the
+//! block) whose loads the processor could not forward from its store
 //! buffer: the larger part of what the decorators added to a pair. The
 //! order of the counting is unchanged (commit, charge, reconcile, all
 //! before `allocate` returns), and a refusal gives its reservation back
