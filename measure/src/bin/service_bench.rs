@@ -183,7 +183,7 @@ fn parse_policy(name: &str) -> BoxResult<WaitPolicy> {
         // stream's end (how every parked future was notified before
         // notifications targeted the oldest parked point).
         "coalesced" => WaitPolicy {
-            behind: streamalloc::Behind::Park,
+            behind: streamalloc::WhenBehind::Park,
             ..WaitPolicy::DEFAULT
         },
         other => {
