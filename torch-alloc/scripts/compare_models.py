@@ -24,6 +24,13 @@ classes are reused; random weights from seeds):
   `llama_serve4` trace (batch 1-16, prompts 16-768, 8-64 new tokens): the
   keys, values and activations of four concurrent requests are most of
   the memory, where an allocator's per-stream pools show.
+- `llama_serve4_rr`: the server of the recorded `llama_serve4` trace
+  itself (bf16, 16 requests of batch 1-16, prompts 16-768, 8-64 new
+  tokens on four streams, decode steps round robin from one thread, so
+  its outputs are deterministic): each request's keys and values grow by
+  `torch.cat` on its own stream while the other three grow theirs, the
+  pattern where PyTorch's per-stream pools hold the most (4.25x the live
+  peak on the trace).
 - `bert_train`: the BERT-base training step of record_trace (AdamW, bf16
   autocast, varying sequence length) with its inputs copied on a side
   stream. A pluggable allocator never sees `record_stream` (PyTorch drops
@@ -72,7 +79,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-MODELS = ("gpt2_infer", "llama_serve4", "llama_serve4_wide", "bert_train")
+MODELS = ("gpt2_infer", "llama_serve4", "llama_serve4_wide", "llama_serve4_rr", "bert_train")
 SEED = 7
 
 
@@ -318,6 +325,57 @@ def run_llama_serve4(torch, dev, rng, short, wide=False):
     return outputs, [wall / sum(tokens)], "per token (4 streams)", "record_trace.Llama"
 
 
+def run_llama_serve4_rr(torch, dev, rng, short):
+    """The server of record_trace's `llama_serve4` trace: one thread, four
+    streams, each holding one request at a time (batch 1-16, prompts
+    16-768, 8-64 new tokens), decode steps round robin over the streams,
+    a finished request's stream taking the next one. Each request's keys
+    and values grow by `torch.cat` on its own stream while the others
+    grow theirs: where PyTorch's per-stream pools hold the most."""
+    sys.path.insert(0, str(ROOT / "measure" / "scripts"))
+    from record_trace import Llama
+
+    model = Llama().to(dev.name, torch.bfloat16 if dev.cuda else torch.float32).eval()
+    count, cap = (4, (128, 8)) if short else (16, (768, 64))
+    plans = [(rng.randint(1, 16), rng.randint(16, cap[0]), rng.randint(8, cap[1])) for _ in range(count)]
+    inputs = [torch.randint(0, 32000, (b, p), device=dev.name) for b, p, _ in plans]
+    streams = [dev.stream() for _ in range(4)]
+    with torch.inference_mode():
+        model(inputs[0][:, :16], 0, None)  # warm-up (kernels, cuBLAS), not timed
+    dev.sync()
+    for s in streams:
+        dev.wait(s, dev.current())
+    outputs = [None] * count
+    queue, active, tokens = list(range(count)), [None] * 4, 0
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        while queue or any(a is not None for a in active):
+            for i, s in enumerate(streams):
+                with dev.on(s):
+                    if active[i] is None and queue:
+                        j = queue.pop(0)
+                        logits, caches = model(inputs[j], 0, None)
+                        active[i] = [j, 0, logits, caches, []]
+                    a = active[i]
+                    if a is None:
+                        continue
+                    j, done, logits, caches, toks = a
+                    b, p, n = plans[j]
+                    if done >= n:
+                        outputs[j] = {"tokens": torch.cat(toks, 1).cpu(),
+                                      "logits": logits[:, -1, :].float().cpu()}
+                        tokens += b * n
+                        active[i] = None
+                        continue
+                    nxt = logits[:, -1, :].argmax(-1, keepdim=True)
+                    toks.append(nxt)
+                    a[2], a[3] = model(nxt, p + done, caches)
+                    a[1] += 1
+    dev.sync()
+    wall = time.perf_counter() - t0
+    return outputs, [wall / tokens], "per token (4 streams, round robin)", "record_trace.Llama"
+
+
 def run_bert_train(torch, dev, rng, short):
     import torch.nn.functional as F
 
@@ -361,7 +419,7 @@ def run_bert_train(torch, dev, rng, short):
     return losses, times, "per step", "record_trace.Bert"
 
 
-RUNNERS = {"gpt2_infer": run_gpt2, "llama_serve4": run_llama_serve4, "llama_serve4_wide": run_llama_serve4_wide, "bert_train": run_bert_train}
+RUNNERS = {"gpt2_infer": run_gpt2, "llama_serve4": run_llama_serve4, "llama_serve4_wide": run_llama_serve4_wide, "llama_serve4_rr": run_llama_serve4_rr, "bert_train": run_bert_train}
 
 
 def child(args):
