@@ -14,6 +14,7 @@ use cudarc::driver::{CudaContext, CudaStream, DevicePtrMut, DriverError};
 use streamalloc::DriverCall;
 use streamalloc::gpu::{GpuError, GpuResult};
 
+use super::clients::join_clients;
 use super::cuda_model::CudaModel;
 use super::{Dims, LevelResult, Recorder, Shapes, ThreadSampler};
 
@@ -126,21 +127,10 @@ pub async fn run_level(
             })
         })
         .collect();
-    let mut first_error = None;
-    for task in tasks {
-        match task.await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                first_error.get_or_insert(e);
-            }
-            Err(join) => std::panic::resume_unwind(join.into_panic()),
-        }
-    }
+    let served = join_clients(tasks).await;
     let elapsed = start.elapsed();
     let threads = threads.stop();
-    if let Some(e) = first_error {
-        return Err(e);
-    }
+    served?;
     ctx.synchronize()
         .map_err(|e| driver(DriverCall::StreamSynchronize, e))?;
     let held = pool.reserved_high()?;
