@@ -714,11 +714,7 @@ fn streamalloc_stack<G: Gpu>(
     model: &CudaModel,
     policy: Option<WaitPolicy>,
 ) -> BoxResult<AsyncResource<CachingResource<Arc<StreamOrderedResource<G>>>>> {
-    for id in device.streams().ids() {
-        let raw = device.raw(id)?.get() as cudarc::driver::sys::CUstream;
-        // SAFETY: a live stream of device 0's primary context, the model's.
-        unsafe { model.prepare_stream(raw)? };
-    }
+    prepare_streams(device, model)?;
     let inner = Arc::new(StreamOrderedResource::new(device));
     // SAFETY: the stack's bottom resource was made on this device.
     let res = unsafe { AsyncResource::with_device(CachingResource::new(inner), device) }?;
@@ -726,6 +722,18 @@ fn streamalloc_stack<G: Gpu>(
         res.set_wait_policy(p);
     }
     Ok(res)
+}
+
+/// The model's cuBLAS handles for every stream of `device` (CUDA device
+/// 0, or a [`CountingGpu`] over it), made before a level so that none is
+/// made while requests are timed.
+fn prepare_streams<G: Gpu>(device: &Device<G>, model: &CudaModel) -> BoxResult<()> {
+    for id in device.streams().ids() {
+        let raw = device.raw(id)?.get() as cudarc::driver::sys::CUstream;
+        // SAFETY: a live stream of device 0's primary context, the model's.
+        unsafe { model.prepare_stream(raw)? };
+    }
+    Ok(())
 }
 
 /// The two gated ways of `--budget-quarter` at `clients`: reservations,
@@ -745,11 +753,7 @@ fn budgeted_stack<G: Gpu>(
     over: bool,
 ) -> BoxResult<AnyResource> {
     if let Some(model) = model {
-        for id in device.streams().ids() {
-            let raw = device.raw(id)?.get() as cudarc::driver::sys::CUstream;
-            // SAFETY: a live stream of device 0's primary context, the model's.
-            unsafe { model.prepare_stream(raw)? };
-        }
+        prepare_streams(device, model)?;
     }
     let budget = Budget::new(streamalloc_way::quarter_budget(&Dims::BENCH, clients));
     let top = ResourceBuilder::new();
