@@ -14,7 +14,7 @@ use std::sync::Arc;
 use streamalloc::{
     AllocTag, Buffer, Device, DeviceMemoryResource, ResourceBuilder, StreamOrderedResource,
 };
-use streamalloc::{Budget, GpuPoison, GuardConfig, Stats};
+use streamalloc::{Budget, GuardConfig, MemsetPoisonFill, Stats};
 
 type BoxError = Box<dyn Error + Send + Sync>;
 const MIB: usize = 1 << 20;
@@ -39,7 +39,7 @@ fn main() -> Result<(), BoxError> {
             GuardConfig::new()
                 .max_blocks(8)
                 // SAFETY: the guard is the poison's only user and fills only blocks live in a resource of this device.
-                .poison(unsafe { GpuPoison::new(&device, 0xA5) }),
+                .poison(unsafe { MemsetPoisonFill::new(&device, 0xA5) }),
         )
         .build(resource.clone());
 

@@ -82,14 +82,14 @@ mod util;
 mod waiters;
 
 pub use adaptors::{
-    ALLOC_TARGET, Budget, BudgetLayer, BudgetReservation, BudgetResource, CachingLayer, Counts,
-    DebugGuardLayer, DebugGuardResource, GpuPoison, GuardConfig, Identity, Layer, Poison,
-    RetryOnOomLayer, RetryOnOomResource, Stack, Stats, StatsLayer, StatsResource, StatsSnapshot,
-    TracingLayer, TracingResource, WaitOutcome,
+    ALLOC_TARGET, Budget, BudgetLayer, BudgetReservation, BudgetResource, CachingLayer,
+    DebugGuardLayer, DebugGuardResource, GuardConfig, Identity, Layer, MemsetPoisonFill,
+    PoisonFill, QueueOutcome, RetryOnOomLayer, RetryOnOomResource, Stack, Stats, StatsCounts,
+    StatsLayer, StatsResource, StatsSnapshot, TracingLayer, TracingResource,
 };
 pub use buffer::{
-    Buffer, BufferFuture, BufferLaunch, BufferView, BufferViewMut, Element, Refused, UseGuard,
-    UseGuardMut, drop_error_count, take_drop_error,
+    Buffer, BufferFuture, BufferLaunch, BufferView, BufferViewMut, DeviceElement,
+    RefusedConversion, UseGuard, UseGuardMut, drop_error_count, take_drop_error,
 };
 #[cfg(feature = "cuda")]
 pub use buffer::{CudaBuffer, CudaView, CudaViewMut};
@@ -102,13 +102,13 @@ pub use faithful::FaithfulLayer;
 #[cfg(feature = "tokio")]
 pub use futures::Reaper;
 pub use futures::{
-    AllocFuture, AnyResource, AsyncResource, Behind, DeallocHandle, EventFuture, FALLBACK_PERIOD,
+    AllocFuture, AnyResource, AsyncResource, DeallocHandle, EventFuture, FALLBACK_PERIOD,
     MemoryReservation, QueueStats, ReapFuture, ReserveFuture, ShutdownReport, WAIT_TARGET,
-    WaitPolicy, WaitStats,
+    WaitPolicy, WaitStats, WhenBehind,
 };
 pub use graph::{CapturedGraph, GraphCapture};
 pub use host::{HostBuffer, HostElement, HostPool, HostPoolConfig, HostPoolStats, HostTagStats};
-pub use launch::{BlockUse, LaunchRecorder};
+pub use launch::{LaunchBlockUse, LaunchRecorder};
 pub use observe::{
     BlockInfo, BlockInfoState, BudgetInfo, MemoryAction, MemoryEvent, MemorySnapshot, OomReport,
     PendingFrees, SegmentInfo, WaitersInfo, clear_memory_history, memory_history,

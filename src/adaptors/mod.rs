@@ -34,7 +34,7 @@
 //!
 //! A failed call of any adaptor changes nothing, in the adaptor or below.
 
-// `GpuPoison` is the one unsafe item (see `debug_guard::poison`).
+// `MemsetPoisonFill` is the one unsafe item (see `debug_guard::poison`).
 #![deny(unsafe_code)]
 
 mod budget;
@@ -47,10 +47,12 @@ mod trace;
 
 pub use budget::{Budget, BudgetLayer, BudgetReservation, BudgetResource};
 pub use caching_layer::CachingLayer;
-pub use debug_guard::{DebugGuardLayer, DebugGuardResource, GpuPoison, GuardConfig, Poison};
+pub use debug_guard::{
+    DebugGuardLayer, DebugGuardResource, GuardConfig, MemsetPoisonFill, PoisonFill,
+};
 pub use layer::{Identity, Layer, Stack};
 pub use retry::{RetryOnOomLayer, RetryOnOomResource};
-pub use stats::{Counts, Stats, StatsLayer, StatsResource, StatsSnapshot, WaitOutcome};
+pub use stats::{QueueOutcome, Stats, StatsCounts, StatsLayer, StatsResource, StatsSnapshot};
 pub use trace::{ALLOC_TARGET, TracingLayer, TracingResource};
 
 #[cfg(doc)]

@@ -7,7 +7,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use super::element::Element;
+use super::element::DeviceElement;
 
 use super::home::BufferHome;
 use super::owned::{Buffer, byte_len};
@@ -33,7 +33,7 @@ pub struct BufferFuture<T> {
     _elem: PhantomData<fn() -> T>,
 }
 
-impl<T: Element> Future for BufferFuture<T> {
+impl<T: DeviceElement> Future for BufferFuture<T> {
     type Output = ResourceResult<Buffer<T>>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
@@ -61,7 +61,7 @@ impl<R: DeviceMemoryResource + ?Sized + 'static> AsyncResource<R> {
     ///
     /// # Cancel safety
     /// Cancel safe (see [`BufferFuture`]).
-    pub fn allocate_buffer<T: Element>(
+    pub fn allocate_buffer<T: DeviceElement>(
         &self,
         len: usize,
         stream: StreamId,
@@ -84,7 +84,7 @@ impl<R: DeviceMemoryResource + ?Sized + 'static> AsyncResource<R> {
     /// # Errors
     /// [`SizeOverflow`](ResourceError::SizeOverflow); otherwise as
     /// [`try_allocate`](Self::try_allocate). Nothing changes.
-    pub fn try_allocate_buffer<T: Element>(
+    pub fn try_allocate_buffer<T: DeviceElement>(
         &self,
         len: usize,
         stream: StreamId,
@@ -103,7 +103,7 @@ impl<G: Gpu> StreamOrderedResource<G> {
     /// # Errors
     /// [`SizeOverflow`](ResourceError::SizeOverflow); otherwise as
     /// [`DeviceMemoryResource::allocate`]. Nothing changes.
-    pub fn allocate_buffer<T: Element>(
+    pub fn allocate_buffer<T: DeviceElement>(
         self: &Arc<Self>,
         len: usize,
         stream: StreamId,

@@ -43,7 +43,7 @@ use cudarc::driver::{
 use super::drop_errors;
 use super::ledger::{BufferCore, End};
 use super::owned::Buffer;
-use super::refused::Refused;
+use super::refused::RefusedConversion;
 use super::view::element_range;
 use crate::error::{ResourceError, ResourceResult};
 use crate::types::{Access, StreamId};
@@ -131,14 +131,14 @@ impl<T> CudaBuffer<T> {
     /// # Errors
     /// [`UnknownStream`](ResourceError::UnknownStream) when its pool holds no
     /// cudarc stream (a simulated device); the buffer comes back unchanged.
-    pub fn new(buf: Buffer<T>) -> Result<Self, Refused<Buffer<T>>> {
+    pub fn new(buf: Buffer<T>) -> Result<Self, RefusedConversion<Buffer<T>>> {
         match buf.core.home.pool().cuda_stream(buf.stream()) {
             Ok(cuda) => Ok(CudaBuffer {
                 cuda: cuda.clone(),
                 ptr: buf.block().ptr(),
                 buf,
             }),
-            Err(e) => Err(Refused::new(e, buf)),
+            Err(e) => Err(RefusedConversion::new(e, buf)),
         }
     }
 

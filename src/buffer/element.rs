@@ -1,4 +1,4 @@
-//! [`Element`]: what a buffer may hold.
+//! [`DeviceElement`]: what a buffer may hold.
 
 /// Plain data a [`Buffer`](super::Buffer) may hold.
 ///
@@ -9,15 +9,15 @@
 /// type: the crate never reads an element on the host, so nothing more is
 /// needed. Code that must build both ways should hold `DeviceRepr` types.
 #[cfg(feature = "cuda")]
-pub trait Element: cudarc::driver::DeviceRepr {}
+pub trait DeviceElement: cudarc::driver::DeviceRepr {}
 
 #[cfg(feature = "cuda")]
-impl<T: cudarc::driver::DeviceRepr> Element for T {}
+impl<T: cudarc::driver::DeviceRepr> DeviceElement for T {}
 
 /// Plain data a [`Buffer`](super::Buffer) may hold: without the `cuda`
 /// feature, any `Copy` type (the crate never reads an element on the host).
 #[cfg(not(feature = "cuda"))]
-pub trait Element: Copy + 'static {}
+pub trait DeviceElement: Copy + 'static {}
 
 #[cfg(not(feature = "cuda"))]
-impl<T: Copy + 'static> Element for T {}
+impl<T: Copy + 'static> DeviceElement for T {}

@@ -66,9 +66,9 @@ pub use alloc::BufferFuture;
 #[cfg(feature = "cuda")]
 pub use cuda::{CudaBuffer, CudaView, CudaViewMut};
 pub use drop_errors::{drop_error_count, take_drop_error};
-pub use element::Element;
+pub use element::DeviceElement;
 pub use guard::{UseGuard, UseGuardMut};
 pub use launch::BufferLaunch;
 pub use owned::Buffer;
-pub use refused::Refused;
+pub use refused::RefusedConversion;
 pub use view::{BufferView, BufferViewMut};

@@ -6,13 +6,13 @@ use std::marker::PhantomData;
 use std::ops::RangeBounds;
 use std::sync::Arc;
 
-use super::element::Element;
+use super::element::DeviceElement;
 
 use super::drop_errors;
 use super::guard::{UseGuard, UseGuardMut};
 use super::home::BufferHome;
 use super::ledger::BufferCore;
-use super::refused::Refused;
+use super::refused::RefusedConversion;
 use super::view::{BufferView, BufferViewMut, element_range};
 use crate::device::deferred_frees::FreeLater;
 use crate::error::{ResourceError, ResourceResult};
@@ -95,7 +95,7 @@ pub(crate) fn byte_len<T>(len: usize) -> ResourceResult<usize> {
         .ok_or(ResourceError::SizeOverflow { len, elem_size })
 }
 
-impl<T: Element> Buffer<T> {
+impl<T: DeviceElement> Buffer<T> {
     /// Adopts `block` (live, of `home`) as a buffer of `len` elements.
     pub(crate) fn adopt(block: DeviceBlock, len: usize, home: Arc<dyn BufferHome>) -> Self {
         Buffer {
@@ -195,9 +195,9 @@ impl<T> Buffer<T> {
     /// # Errors
     /// An error recording a use made through cudarc; the buffer is handed
     /// back unchanged, still owning its block.
-    pub fn into_block(mut self) -> Result<DeviceBlock, Refused<Self>> {
+    pub fn into_block(mut self) -> Result<DeviceBlock, RefusedConversion<Self>> {
         if let Err(e) = self.core.finish_all() {
-            return Err(Refused::new(e, self));
+            return Err(RefusedConversion::new(e, self));
         }
         self.released = true;
         Ok(self.core.block.clone())

@@ -1,4 +1,4 @@
-//! [`Refused`]: a conversion of a buffer that could not be made, with the
+//! [`RefusedConversion`]: a conversion of a buffer that could not be made, with the
 //! buffer handed back unchanged.
 
 use crate::error::ResourceError;
@@ -9,35 +9,35 @@ use crate::error::ResourceError;
 /// Converts into its [`ResourceError`] for `?` (the buffer is then dropped,
 /// and frees its block as usual).
 #[derive(Debug)]
-pub struct Refused<B> {
+pub struct RefusedConversion<B> {
     /// What went wrong.
     pub error: ResourceError,
     /// The buffer, as it was.
     pub buffer: Box<B>,
 }
 
-impl<B> Refused<B> {
+impl<B> RefusedConversion<B> {
     pub(crate) fn new(error: ResourceError, buffer: B) -> Self {
-        Refused {
+        RefusedConversion {
             error,
             buffer: Box::new(buffer),
         }
     }
 }
 
-impl<B> From<Refused<B>> for ResourceError {
-    fn from(r: Refused<B>) -> Self {
+impl<B> From<RefusedConversion<B>> for ResourceError {
+    fn from(r: RefusedConversion<B>) -> Self {
         r.error
     }
 }
 
-impl<B: std::fmt::Debug> std::fmt::Display for Refused<B> {
+impl<B: std::fmt::Debug> std::fmt::Display for RefusedConversion<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "refused: {}", self.error)
     }
 }
 
-impl<B: std::fmt::Debug> std::error::Error for Refused<B> {
+impl<B: std::fmt::Debug> std::error::Error for RefusedConversion<B> {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         Some(&self.error)
     }

@@ -1,7 +1,7 @@
 //! Buffers taken from a [`MemoryReservation`]: no wait, no failure for lack
 //! of memory, since the reservation's blocks exist already.
 
-use super::element::Element;
+use super::element::DeviceElement;
 use super::owned::{Buffer, byte_len};
 use crate::error::ResourceResult;
 use crate::futures::{AsyncResource, MemoryReservation};
@@ -20,7 +20,7 @@ impl MemoryReservation {
     /// elements overflow `usize` bytes;
     /// [`NotReserved`](crate::ResourceError::NotReserved) when no block left
     /// holds them, or they are zero bytes. The reservation is as it was.
-    pub fn allocate_buffer<T: Element>(&mut self, len: usize) -> ResourceResult<Buffer<T>> {
+    pub fn allocate_buffer<T: DeviceElement>(&mut self, len: usize) -> ResourceResult<Buffer<T>> {
         let block = self.take(byte_len::<T>(len)?)?;
         Ok(Buffer::adopt(block, len, self.core().clone()))
     }
@@ -41,7 +41,7 @@ impl<R: DeviceMemoryResource + ?Sized + 'static> AsyncResource<R> {
     /// # Cancel safety
     /// Cancel safe, as [`reserve`](Self::reserve): dropped while waiting it
     /// holds nothing.
-    pub async fn allocate_buffers<T: Element>(
+    pub async fn allocate_buffers<T: DeviceElement>(
         &self,
         lens: &[usize],
         stream: StreamId,

@@ -10,7 +10,7 @@
 //!  Device<G>        Arc<G: Gpu>  +  Arc<StreamPool>      (cheap to clone)
 //!   ├ StreamOrderedResource::new(&device)
 //!   ├ AsyncResource::on(&device) / AsyncResource::with_device(stack, &device)
-//!   ├ GpuPoison::new(&device, byte)
+//!   ├ MemsetPoisonFill::new(&device, byte)
 //!   └ LaunchRecorder::launch(&device, enqueue)
 //! ```
 //!

@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use super::core::Core;
 use super::notifier::Notifier;
-use super::wait_policy::{Behind, WaitPolicy};
+use super::wait_policy::{WaitPolicy, WhenBehind};
 use super::wait_stats::FutureTally;
 use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::RawEvent;
@@ -87,7 +87,7 @@ enum Phase {
     /// Never polled.
     New,
     /// Yielding without queries behind an earlier pending point since
-    /// `since` ([`Behind::Yield`]).
+    /// `since` ([`WhenBehind::Yield`]).
     Behind { since: Instant },
     /// Querying (spinning, then yielding) since `since`; last queried at
     /// `last`.
@@ -352,9 +352,11 @@ impl EventFuture {
         };
         // A notification may have landed since the last check: `register`
         // says so under the same lock the notification takes.
-        // Behind::Yield futures are notified at their own point (see
-        // `Behind`): the notifier targets points registered with an event.
-        let own = self.event.filter(|_| self.policy.behind == Behind::Yield);
+        // WhenBehind::Yield futures are notified at their own point (see
+        // `WhenBehind`): the notifier targets points registered with an event.
+        let own = self
+            .event
+            .filter(|_| self.policy.behind == WhenBehind::Yield);
         if let Some(r) = n.register(self.seq, cx.waker(), own) {
             return self.settle(r);
         }
@@ -433,8 +435,8 @@ impl Future for EventFuture {
             // Behind an earlier pending point of the same stream, this one
             // cannot be reached either: no query.
             Phase::New if behind => match self.policy.behind {
-                Behind::Park => return self.park(cx),
-                Behind::Yield => {
+                WhenBehind::Park => return self.park(cx),
+                WhenBehind::Yield => {
                     let since = Instant::now();
                     self.phase = Phase::Behind { since };
                     since

@@ -45,7 +45,7 @@
 //!    work is caught here. Only then does it park. A point behind
 //!    an earlier pending point of its stream does not query (it cannot be
 //!    reached first): by default it yields until that point settles, or
-//!    parks at once ([`Behind`]). A done query
+//!    parks at once ([`WhenBehind`]). A done query
 //!    settles every earlier point of the stream too (stream order), and one
 //!    more query of the stream's newest point with an event may settle all
 //!    of them: awaiting many finished points costs two queries, not one
@@ -59,7 +59,7 @@
 //!    after every 8 MiB memset costs 7× on the user's stream); each S has its
 //!    own L, so a slow stream does not hold back a fast one's notifications.
 //!    While one is in flight, new points wait for the next one. A future
-//!    that yields behind earlier points ([`Behind::Yield`], the default) is
+//!    that yields behind earlier points ([`WhenBehind::Yield`], the default) is
 //!    notified at its own point instead: L waits on its event and n is its
 //!    sequence number, so the oldest parked future wakes when S reaches it,
 //!    not when S has run everything queued after it (tasks sharing a
@@ -151,7 +151,7 @@ pub use queue_stats::QueueStats;
 #[cfg(feature = "tokio")]
 pub use reaper::Reaper;
 pub use reserve::{MemoryReservation, ReserveFuture};
-pub use wait_policy::{Behind, WaitPolicy};
+pub use wait_policy::{WaitPolicy, WhenBehind};
 pub use wait_stats::WaitStats;
 pub use waiter::WAIT_TARGET;
 pub use watchdog::FALLBACK_PERIOD;

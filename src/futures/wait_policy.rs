@@ -34,7 +34,7 @@ pub struct WaitPolicy {
     /// yielding.
     pub query_every: Duration,
     /// What a future does while an earlier point of its stream is pending.
-    pub behind: Behind,
+    pub behind: WhenBehind,
 }
 
 /// What an [`EventFuture`](super::EventFuture) does while an earlier point of
@@ -42,7 +42,7 @@ pub struct WaitPolicy {
 /// own event would be wasted).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum Behind {
+pub enum WhenBehind {
     /// Park at once and ask for a host-function notification: least CPU,
     /// but every such future can cost a notification, and queuing host
     /// functions slows threads that submit to the same context. A parked
@@ -76,13 +76,13 @@ impl WaitPolicy {
     /// Yielding behind rather than parking: parked futures queue host
     /// functions, which a future behind a pending point does not need (the
     /// point ahead settles it), so with a spawned task awaiting each
-    /// operation [`Behind::Park`] runs slower than [`Behind::Yield`]
+    /// operation [`WhenBehind::Park`] runs slower than [`WhenBehind::Yield`]
     /// (BENCHMARKS.md, "Figures the code's comments cite").
     pub const DEFAULT: WaitPolicy = WaitPolicy {
         spin: Duration::from_micros(4),
         yield_for: Duration::from_micros(20),
         query_every: Duration::from_nanos(500),
-        behind: Behind::Yield,
+        behind: WhenBehind::Yield,
     };
 
     /// Park on a notification right after one query: least CPU, most
@@ -91,7 +91,7 @@ impl WaitPolicy {
         spin: Duration::ZERO,
         yield_for: Duration::ZERO,
         query_every: Duration::ZERO,
-        behind: Behind::Park,
+        behind: WhenBehind::Park,
     };
 }
 
@@ -131,7 +131,7 @@ impl SharedPolicy {
         self.every_ns
             .store(ns(policy.query_every), Ordering::Relaxed);
         self.behind_yields
-            .store(policy.behind == Behind::Yield, Ordering::Relaxed);
+            .store(policy.behind == WhenBehind::Yield, Ordering::Relaxed);
     }
 
     pub(crate) fn get(&self) -> WaitPolicy {
@@ -140,9 +140,9 @@ impl SharedPolicy {
             yield_for: Duration::from_nanos(self.yield_ns.load(Ordering::Relaxed)),
             query_every: Duration::from_nanos(self.every_ns.load(Ordering::Relaxed)),
             behind: if self.behind_yields.load(Ordering::Relaxed) {
-                Behind::Yield
+                WhenBehind::Yield
             } else {
-                Behind::Park
+                WhenBehind::Park
             },
         }
     }

@@ -57,7 +57,7 @@ use std::time::{Duration, Instant};
 
 use super::hold_wait::Owner;
 use super::queue_stats::QueueStats;
-use crate::adaptors::WaitOutcome;
+use crate::adaptors::QueueOutcome;
 use crate::error::ResourceError;
 use crate::util::sync::{AtomicU64, Mutex, MutexGuard, Ordering, fence};
 use crate::waiters;
@@ -250,7 +250,7 @@ impl AllocQueue {
     /// Removes the ticket, counting how it left; if it was the head, wakes
     /// the next head. Returns how long it waited (`None` for a ticket that
     /// left already).
-    pub(crate) fn leave(&self, ticket: u64, outcome: WaitOutcome) -> Option<Duration> {
+    pub(crate) fn leave(&self, ticket: u64, outcome: QueueOutcome) -> Option<Duration> {
         let (next, emptied, waited) = {
             let mut st = self.lock();
             let was_head = st
@@ -261,13 +261,13 @@ impl AllocQueue {
             let waited = entry.since.elapsed();
             let left = &mut st.left;
             match outcome {
-                WaitOutcome::Served => {
+                QueueOutcome::Served => {
                     left.served += 1;
                     left.wait_total += waited;
                     left.wait_max = left.wait_max.max(waited);
                 }
-                WaitOutcome::Failed => left.failed += 1,
-                WaitOutcome::Cancelled => left.cancelled += 1,
+                QueueOutcome::Failed => left.failed += 1,
+                QueueOutcome::Cancelled => left.cancelled += 1,
             }
             self.waiting_len
                 .store(st.waiting.len() as u64, Ordering::SeqCst);
@@ -326,7 +326,7 @@ mod loom_tests {
                 let q = q.clone();
                 loom::thread::spawn(move || q.memory_returned())
             };
-            q.leave(first, crate::adaptors::WaitOutcome::Cancelled);
+            q.leave(first, crate::adaptors::QueueOutcome::Cancelled);
             release.join().unwrap();
             assert!(
                 next.0.load(Ordering::Acquire) >= 1,

@@ -25,7 +25,7 @@ use tracing::{Level, Span};
 
 use super::core::Core;
 use super::hold_wait::current_owner;
-use crate::adaptors::WaitOutcome;
+use crate::adaptors::QueueOutcome;
 use crate::error::{ResourceError, ResourceResult};
 use crate::types::Tag;
 use crate::util::poll_scope::WaitingTry;
@@ -95,7 +95,7 @@ impl Waiter {
     }
 
     /// Takes the request out of the queue, counting how it left.
-    fn leave(&mut self, outcome: WaitOutcome) {
+    fn leave(&mut self, outcome: QueueOutcome) {
         let waited = self
             .ticket
             .take()
@@ -107,9 +107,9 @@ impl Waiter {
         }
         if let Some(span) = self.span.take() {
             let name = match outcome {
-                WaitOutcome::Served => "served",
-                WaitOutcome::Failed => "failed",
-                WaitOutcome::Cancelled => "cancelled",
+                QueueOutcome::Served => "served",
+                QueueOutcome::Failed => "failed",
+                QueueOutcome::Cancelled => "cancelled",
             };
             let wait_ns = waited.map_or(0, |w| w.as_nanos() as u64);
             span.record("wait_ns", wait_ns);
@@ -120,8 +120,8 @@ impl Waiter {
 
     fn finish<T>(&mut self, r: ResourceResult<T>) -> Poll<ResourceResult<T>> {
         let outcome = match r {
-            Ok(_) => WaitOutcome::Served,
-            Err(_) => WaitOutcome::Failed,
+            Ok(_) => QueueOutcome::Served,
+            Err(_) => QueueOutcome::Failed,
         };
         self.leave(outcome);
         self.done = true;
@@ -241,7 +241,7 @@ impl Waiter {
 impl Drop for Waiter {
     fn drop(&mut self) {
         if self.ticket.is_some() {
-            self.leave(WaitOutcome::Cancelled);
+            self.leave(QueueOutcome::Cancelled);
         }
     }
 }

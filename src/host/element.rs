@@ -3,10 +3,10 @@
 // `unsafe impl`s only, each argued where it is.
 #![allow(unsafe_code)]
 
-use crate::buffer::Element;
+use crate::buffer::DeviceElement;
 
 /// Plain data a [`HostBuffer`](super::HostBuffer) may hold: an
-/// [`Element`] of which every bit pattern, zero included, is a value.
+/// [`DeviceElement`] of which every bit pattern, zero included, is a value.
 ///
 /// The host reads what the device wrote into a host buffer, and a fresh
 /// block holds zeros or what its previous owner left: a type with invalid
@@ -23,7 +23,7 @@ use crate::buffer::Element;
 ///    [`Copy`](core::marker::Copy));
 /// 3. `align_of::<T>()` is at most 256 (the alignment a pinned block is
 ///    guaranteed).
-pub unsafe trait HostElement: Element + Copy {}
+pub unsafe trait HostElement: DeviceElement + Copy {}
 
 macro_rules! host_elements {
     ($($t:ty),*) => {
@@ -39,4 +39,4 @@ host_elements!(u8, u16, u32, u64, usize, i8, i16, i32, i64, isize, f32, f64);
 
 // SAFETY: an array of host elements has no padding between them and every
 // bit pattern of each element is a value.
-unsafe impl<T: HostElement, const N: usize> HostElement for [T; N] where [T; N]: Element {}
+unsafe impl<T: HostElement, const N: usize> HostElement for [T; N] where [T; N]: DeviceElement {}

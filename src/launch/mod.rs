@@ -23,4 +23,4 @@
 
 mod recorder;
 
-pub use recorder::{BlockUse, LaunchRecorder};
+pub use recorder::{LaunchBlockUse, LaunchRecorder};

@@ -9,7 +9,7 @@ use std::cell::Cell;
 
 /// One declared use of a launch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BlockUse {
+pub struct LaunchBlockUse {
     /// The block.
     pub block: BlockId,
     /// Its allocation stream.
@@ -64,7 +64,7 @@ pub struct BlockUse {
 pub struct LaunchRecorder<'r, R: DeviceMemoryResource + ?Sized> {
     resource: &'r R,
     stream: StreamId,
-    uses: Vec<BlockUse>,
+    uses: Vec<LaunchBlockUse>,
 }
 
 impl<'r, R: DeviceMemoryResource + ?Sized> LaunchRecorder<'r, R> {
@@ -96,7 +96,7 @@ impl<'r, R: DeviceMemoryResource + ?Sized> LaunchRecorder<'r, R> {
                     u.access = Access::Write;
                 }
             }
-            None => self.uses.push(BlockUse {
+            None => self.uses.push(LaunchBlockUse {
                 block: block.id(),
                 alloc_stream: block.stream(),
                 device: block.device(),
@@ -117,7 +117,7 @@ impl<'r, R: DeviceMemoryResource + ?Sized> LaunchRecorder<'r, R> {
     }
 
     /// The declared uses, in declaration order.
-    pub fn uses(&self) -> &[BlockUse] {
+    pub fn uses(&self) -> &[LaunchBlockUse] {
         &self.uses
     }
 

@@ -13,7 +13,7 @@ use streamalloc::{
     Access, AllocTag, BlockId, BlockState, DeviceBlock, DeviceMemoryResource, ResourceError,
     ResourceId, ResourceResult, SimResource, StreamId,
 };
-use streamalloc::{DebugGuardResource, GpuPoison, GuardConfig, Poison};
+use streamalloc::{DebugGuardResource, GuardConfig, MemsetPoisonFill, PoisonFill};
 use support::NoTracking;
 
 const T: AllocTag = AllocTag("test");
@@ -177,7 +177,7 @@ fn poison_is_filled_after_every_use_without_a_race() {
     let gpu = f.sim.clone().unwrap();
     let (a, b) = (f.stream(0), f.stream(1));
     // SAFETY: the guard is the poison's only user and fills only blocks live in that resource.
-    let poison = unsafe { GpuPoison::for_resource(&f.resource, 0xA5) };
+    let poison = unsafe { MemsetPoisonFill::for_resource(&f.resource, 0xA5) };
     assert_eq!(poison.value(), 0xA5);
     let g = DebugGuardResource::new(f.resource.clone(), GuardConfig::new().poison(poison));
     let block = g.allocate(4096, a, T).unwrap();
@@ -200,7 +200,7 @@ fn a_failed_poison_leaves_the_block_live() {
     let f = support::sim(1);
     let gpu = f.sim.clone().unwrap();
     // SAFETY: the guard is the poison's only user and fills only blocks live in that resource.
-    let poison = unsafe { GpuPoison::for_resource(&f.resource, 0) };
+    let poison = unsafe { MemsetPoisonFill::for_resource(&f.resource, 0) };
     let g = DebugGuardResource::new(f.resource.clone(), GuardConfig::new().poison(poison));
     let block = g.allocate(64, f.stream(0), T).unwrap();
     gpu.fail_nth(DriverCall::MemsetAsync, 1);
@@ -264,7 +264,7 @@ fn within<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static)
 /// guard.
 struct FnPoison<F>(F);
 
-impl<F: Fn(&DeviceBlock) -> ResourceResult<()> + Send + Sync + 'static> Poison for FnPoison<F> {
+impl<F: Fn(&DeviceBlock) -> ResourceResult<()> + Send + Sync + 'static> PoisonFill for FnPoison<F> {
     fn fill(&self, block: &DeviceBlock) -> ResourceResult<()> {
         (self.0)(block)
     }
@@ -409,7 +409,7 @@ fn a_failed_poison_fill_changes_nothing() {
     let gpu = f.sim.clone().unwrap();
     let (a, b) = (f.stream(0), f.stream(1));
     // SAFETY: the guard is the poison's only user and fills only blocks live in that resource.
-    let poison = unsafe { GpuPoison::for_resource(&f.resource, 0x5A) };
+    let poison = unsafe { MemsetPoisonFill::for_resource(&f.resource, 0x5A) };
     let g = DebugGuardResource::new(f.resource.clone(), GuardConfig::new().poison(poison));
     let held = g.allocate(100, a, T).unwrap();
     let block = g.allocate(300, a, T).unwrap();
@@ -593,7 +593,7 @@ fn a_descriptor_with_the_wrong_stream_is_refused_before_the_poison() {
     let f = support::sim(2);
     let gpu = f.sim.clone().unwrap();
     // SAFETY: the guard is the poison's only user and fills only blocks live in that resource.
-    let poison = unsafe { GpuPoison::for_resource(&f.resource, 0xA5) };
+    let poison = unsafe { MemsetPoisonFill::for_resource(&f.resource, 0xA5) };
     let g = DebugGuardResource::new(f.resource.clone(), GuardConfig::new().poison(poison));
     let block = g.allocate(256, f.stream(0), T).unwrap();
     let forged = DeviceBlock::new(block.id(), block.ptr(), block.size(), f.stream(1), T);

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use streamalloc::DriverCall;
 use streamalloc::gpu::sim::SimGpu;
 use streamalloc::{AllocTag, DeviceMemoryResource, ResourceError};
-use streamalloc::{Counts, Stats, StatsResource};
+use streamalloc::{Stats, StatsCounts, StatsResource};
 use support::NoTracking;
 
 const W: AllocTag = AllocTag("weights");
@@ -55,7 +55,7 @@ fn counts_current_peak_and_total_per_tag() {
     let snap = r.stats().snapshot();
     assert_eq!(
         snap.overall,
-        Counts {
+        StatsCounts {
             current_bytes: 1300,
             peak_bytes: 1500,
             total_bytes: 1600,
@@ -63,12 +63,12 @@ fn counts_current_peak_and_total_per_tag() {
             peak_blocks: 3,
             total_blocks: 4,
             failed_allocations: 0,
-            ..Counts::default()
+            ..StatsCounts::default()
         }
     );
     assert_eq!(
         *snap.tag(A).unwrap(),
-        Counts {
+        StatsCounts {
             current_bytes: 300,
             peak_bytes: 500,
             total_bytes: 600,
@@ -76,7 +76,7 @@ fn counts_current_peak_and_total_per_tag() {
             peak_blocks: 2,
             total_blocks: 3,
             failed_allocations: 0,
-            ..Counts::default()
+            ..StatsCounts::default()
         }
     );
     assert_eq!(snap.tag(W).unwrap().current_bytes, 1000);

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use streamalloc::LaunchRecorder;
 use streamalloc::gpu::sim::SimGpu;
 use streamalloc::{
-    Budget, BudgetLayer, BudgetResource, DebugGuardLayer, DebugGuardResource, GpuPoison,
-    GuardConfig, Identity, RetryOnOomLayer, RetryOnOomResource, Stack, Stats, StatsLayer,
+    Budget, BudgetLayer, BudgetResource, DebugGuardLayer, DebugGuardResource, GuardConfig,
+    Identity, MemsetPoisonFill, RetryOnOomLayer, RetryOnOomResource, Stack, Stats, StatsLayer,
     StatsResource, StatsSnapshot, TracingLayer, TracingResource,
 };
 use streamalloc::{DeviceMemoryResource, ResourceBuilder, SimResource};
@@ -22,7 +22,7 @@ fn handles_layers_and_adaptors_are_send_sync_unpin() {
     all::<Stats>();
     all::<StatsSnapshot>();
     all::<GuardConfig>();
-    all::<GpuPoison<SimGpu>>();
+    all::<MemsetPoisonFill<SimGpu>>();
     all::<BudgetLayer>();
     all::<StatsLayer>();
     all::<TracingLayer>();

@@ -15,7 +15,9 @@ use streamalloc::LaunchRecorder;
 use streamalloc::gpu::Gpu;
 use streamalloc::gpu::sim::SimGpu;
 use streamalloc::{AllocTag, BlockState, DeviceMemoryResource, ResourceBuilder, ResourceError};
-use streamalloc::{Budget, BudgetResource, GpuPoison, GuardConfig, RetryOnOomResource, Stats};
+use streamalloc::{
+    Budget, BudgetResource, GuardConfig, MemsetPoisonFill, RetryOnOomResource, Stats,
+};
 
 const T: AllocTag = AllocTag("gpu");
 const MIB: usize = 1 << 20;
@@ -28,7 +30,7 @@ fn a_full_stack_fills_copies_and_frees_across_streams<G: Gpu>(f: support::Fixtur
     let budget = Budget::new(64 * MIB);
     let stats = Stats::new();
     // SAFETY: the guard is the poison's only user and fills only blocks live in a resource of this device.
-    let poison = unsafe { GpuPoison::for_resource(&f.resource, 0xA5) };
+    let poison = unsafe { MemsetPoisonFill::for_resource(&f.resource, 0xA5) };
     let r = ResourceBuilder::new()
         .tracing()
         .retry_on_oom()

@@ -7,7 +7,7 @@ use std::task::Poll;
 use streamalloc::gpu::Gpu;
 use streamalloc::gpu::sim::{MemAccess, SimGpu};
 use streamalloc::{Access, AllocTag, DriverCall, ResourceError, StreamId};
-use streamalloc::{Behind, WaitPolicy, WaitStats};
+use streamalloc::{WaitPolicy, WaitStats, WhenBehind};
 use support::{CountingWaker, poll_once, step_until_ready};
 
 #[test]
@@ -211,7 +211,7 @@ fn a_yielding_future_queues_no_notification_until_it_parks() {
         spin: std::time::Duration::ZERO,
         yield_for: std::time::Duration::from_secs(3600),
         query_every: std::time::Duration::ZERO,
-        behind: Behind::Park,
+        behind: WhenBehind::Park,
     });
     let s = f.stream(0);
     gpu.launch_kernel(f.pool.raw(s).unwrap(), &[]).unwrap();
@@ -380,7 +380,7 @@ fn a_notification_reuses_the_newest_points_event() {
     assert_eq!(res.bytes_outstanding(), 0);
 }
 
-/// With [`Behind::Yield`], a point behind a pending one neither queries nor
+/// With [`WhenBehind::Yield`], a point behind a pending one neither queries nor
 /// parks: it yields until the earlier point settles (here by its own
 /// future's query), then queries. No host function is queued at all.
 #[test]
@@ -392,7 +392,7 @@ fn a_point_behind_a_pending_one_yields_without_querying() {
         spin: std::time::Duration::ZERO,
         yield_for: std::time::Duration::from_secs(3600),
         query_every: std::time::Duration::ZERO,
-        behind: Behind::Yield,
+        behind: WhenBehind::Yield,
     });
     let s = f.stream(0);
     let raw = f.pool.raw(s).unwrap();
@@ -456,7 +456,7 @@ fn a_yielding_point_behind_parks_when_its_budget_ends() {
         spin: std::time::Duration::ZERO,
         yield_for,
         query_every: std::time::Duration::ZERO,
-        behind: Behind::Yield,
+        behind: WhenBehind::Yield,
     });
     let s = f.stream(0);
     gpu.launch_kernel(f.pool.raw(s).unwrap(), &[]).unwrap();

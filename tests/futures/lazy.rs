@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use streamalloc::gpu::sim::SimGpu;
 use streamalloc::gpu::{CaptureMode, CaptureStatus, Gpu};
-use streamalloc::{AsyncResource, Behind, WaitPolicy};
+use streamalloc::{AsyncResource, WaitPolicy, WhenBehind};
 use streamalloc::{DriverCall, ResourceError, SimResource};
 use support::{CountingWaker, drive, poll_once, step_until_ready};
 
@@ -59,7 +59,7 @@ fn scene() -> (
         spin: Duration::ZERO,
         yield_for: Duration::from_secs(3600),
         query_every: Duration::ZERO,
-        behind: Behind::Yield,
+        behind: WhenBehind::Yield,
     });
     let s = f.stream(0);
     let raw = f.pool.raw(s).unwrap();

@@ -7,7 +7,7 @@ use streamalloc::{
     AllocTag, AsyncResource, Backend, Device, DeviceMemoryResource, ResourceError,
     StreamOrderedResource,
 };
-use streamalloc::{DebugGuardResource, GpuPoison, GuardConfig, Poison};
+use streamalloc::{DebugGuardResource, GuardConfig, MemsetPoisonFill, PoisonFill};
 
 const T: AllocTag = AllocTag("device");
 
@@ -110,7 +110,7 @@ fn poison_fills_on_the_device() {
     let sim = SimGpu::builder().manual().build();
     let device = Device::sim(&sim, 1);
     // SAFETY: the guard is the poison's only user and fills only blocks live in a resource of this device.
-    let poison = unsafe { GpuPoison::new(&device, 0xA5) };
+    let poison = unsafe { MemsetPoisonFill::new(&device, 0xA5) };
     let resource = StreamOrderedResource::new(&device);
     let block = resource
         .allocate(4096, device.stream(0).unwrap(), T)

@@ -18,7 +18,7 @@ use streamalloc::{
     Access, AllocTag, BlockId, BlockState, DeviceBlock, DeviceMemoryResource, ResourceResult,
     SimResource, StreamId,
 };
-use streamalloc::{DebugGuardResource, GuardConfig, Poison, TracingResource};
+use streamalloc::{DebugGuardResource, GuardConfig, PoisonFill, TracingResource};
 
 const T: AllocTag = AllocTag("panics");
 /// How long a test waits for something that must happen before calling it
@@ -83,7 +83,7 @@ fn a_panicking_host_function_does_not_wedge_a_manual_stream() {
 fn a_panicking_poison_fill_leaves_the_block_live() {
     #[derive(Debug)]
     struct Panicky(AtomicUsize);
-    impl Poison for Panicky {
+    impl PoisonFill for Panicky {
         fn fill(&self, _block: &DeviceBlock) -> ResourceResult<()> {
             if self.0.fetch_add(1, Ordering::AcqRel) == 0 {
                 panic!("user poison fill");

@@ -17,7 +17,7 @@ use streamalloc::gpu::sim::{MemAccess, SimGpu};
 use streamalloc::{
     Access, AllocTag, CachingResource, Device, DeviceMemoryResource, SimResource, StreamId,
 };
-use streamalloc::{AsyncResource, Behind, EventFuture, WaitPolicy};
+use streamalloc::{AsyncResource, EventFuture, WaitPolicy, WhenBehind};
 
 const TAG: AllocTag = AllocTag("request");
 
@@ -210,10 +210,10 @@ fn the_oldest_parked_point_is_woken_when_the_stream_reaches_it() {
         let gpu = SimGpu::builder().manual().seed(seed).build();
         let device = Device::simulated(&gpu, 1);
         let res = AsyncResource::on(&device).unwrap();
-        // Parks at once, notified at its own point (as `Behind::Yield`
+        // Parks at once, notified at its own point (as `WhenBehind::Yield`
         // futures are).
         res.set_wait_policy(WaitPolicy {
-            behind: Behind::Yield,
+            behind: WhenBehind::Yield,
             ..WaitPolicy::PARK_AT_ONCE
         });
         let s = device.stream(0).unwrap();

@@ -41,7 +41,7 @@ use streamalloc::gpu::sim::SimGpu;
 use streamalloc::{
     AllocTag, Device, DeviceBlock, DeviceMemoryResource, RawStream, ResourceError, ResourceResult,
 };
-use streamalloc::{AsyncResource, Behind, WaitPolicy, WaitStats};
+use streamalloc::{AsyncResource, WaitPolicy, WaitStats, WhenBehind};
 
 const SAMPLES: usize = 20_000;
 const STREAMS: usize = 8;
@@ -190,7 +190,7 @@ fn policies() -> Vec<(&'static str, WaitPolicy)> {
         (
             "park behind",
             WaitPolicy {
-                behind: Behind::Park,
+                behind: WhenBehind::Park,
                 ..d
             },
         ),

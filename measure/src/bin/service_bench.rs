@@ -70,7 +70,7 @@ use streamalloc::DriverCall;
 use streamalloc::gpu::Gpu;
 use streamalloc::gpu::cuda::cuda_present;
 use streamalloc::gpu::sim::SimGpu;
-use streamalloc::{AnyResource, AsyncResource, WaitPolicy};
+use streamalloc::{AnyResource, AsyncResource, WaitPolicy, WaitStats};
 use streamalloc::{
     Budget, CacheConfig, CachingResource, Device, ResourceBuilder, SimResource,
     StreamOrderedResource,
@@ -80,7 +80,8 @@ use streamalloc_measure::service::cuda_model::CudaModel;
 use streamalloc_measure::service::fills::Point;
 use streamalloc_measure::service::streamalloc_way::{Edge, Level, Memory};
 use streamalloc_measure::service::{
-    Dims, LevelResult, SimKernels, csv_header, cudarc_way, fills, plot, streamalloc_way,
+    Dims, LevelResult, RequestKernels, SimKernels, csv_header, cudarc_way, fills, plot,
+    streamalloc_way,
 };
 
 #[path = "service_bench/staged.rs"]
@@ -183,7 +184,7 @@ fn parse_policy(name: &str) -> BoxResult<WaitPolicy> {
         // stream's end (how every parked future was notified before
         // notifications targeted the oldest parked point).
         "coalesced" => WaitPolicy {
-            behind: streamalloc::Behind::Park,
+            behind: streamalloc::WhenBehind::Park,
             ..WaitPolicy::DEFAULT
         },
         other => {
@@ -224,7 +225,17 @@ fn requests_per_client(args: &Args, clients: usize) -> usize {
     args.requests.div_ceil(clients).max(2)
 }
 
-async fn on_sim(args: &Args) -> BoxResult<()> {
+/// The simulated device of `--sim` (each operation `--sim-latency-us`
+/// long, [`STREAMS`] streams) and the streamalloc way's stack on it: the
+/// caching tier over the stream-ordered resource, futures on top.
+#[allow(clippy::type_complexity)]
+fn sim_stack(
+    args: &Args,
+) -> BoxResult<(
+    Arc<SimGpu>,
+    Device<SimGpu>,
+    AsyncResource<CachingResource<Arc<SimResource>>>,
+)> {
     let gpu = SimGpu::builder()
         .op_latency(Duration::from_micros(args.sim_latency_us))
         .build();
@@ -232,6 +243,11 @@ async fn on_sim(args: &Args) -> BoxResult<()> {
     let inner = Arc::new(SimResource::new(&device));
     // SAFETY: the stack's bottom resource was made on this device.
     let res = unsafe { AsyncResource::with_device(CachingResource::new(inner), &device) }?;
+    Ok((gpu, device, res))
+}
+
+async fn on_sim(args: &Args) -> BoxResult<()> {
+    let (gpu, device, res) = sim_stack(args)?;
     let kernels = Arc::new(SimKernels::new(gpu.clone()));
     let mut rows = Vec::new();
     for &clients in &args.clients {
@@ -243,17 +259,9 @@ async fn on_sim(args: &Args) -> BoxResult<()> {
         if args.budget_quarter {
             for memory in gated(clients) {
                 let res = budgeted_stack(&device, clients, None, args.budget_over_cache)?;
-                let level = Level {
-                    dims: Dims::BENCH,
-                    clients,
-                    requests_per_client: per,
-                    seed: args.seed,
-                    memory,
-                };
-                let gated_row =
-                    streamalloc_way::run_level_observed(&res, &kernels, level, &mut |_| {}).await?;
+                let level = level_of(args, clients, per, memory);
+                let gated_row = observed_level(&res, &kernels, level, &mut |_, _| {}).await?;
                 println!("{}", gated_row.markdown_row());
-                finish_level(&res, clients).await?;
                 rows.push((0, gated_row));
             }
         }
@@ -298,6 +306,24 @@ enum Way {
     CudaAsync,
 }
 
+impl Way {
+    /// How a streamalloc way's requests obtain their buffers at `clients`
+    /// (each one by one for the plain way, and for the others too, which
+    /// run no streamalloc level).
+    fn memory(self, clients: usize) -> Memory {
+        match self {
+            Way::Reserved => Memory::Reserved,
+            Way::Semaphore => Memory::Semaphore {
+                permits: streamalloc_way::semaphore_permits(streamalloc_way::quarter_budget(
+                    &Dims::BENCH,
+                    clients,
+                )),
+            },
+            _ => Memory::EachBuffer,
+        }
+    }
+}
+
 const WAYS: &[Way] = &[
     Way::Streamalloc,
     Way::Reserved,
@@ -310,15 +336,7 @@ const WAYS: &[Way] = &[
 async fn on_cuda(args: &Args) -> BoxResult<()> {
     // The first device gives the cudarc context (the primary context, which
     // every way shares); the streamalloc way opens a fresh one per level.
-    let ctx = {
-        let device = Device::cuda(0, 1)?;
-        println!("device: {device}");
-        let gpu = device
-            .gpu()
-            .cuda()
-            .ok_or("Device::cuda gave no CUDA backend")?;
-        gpu.context().clone()
-    };
+    let ctx = cuda_context()?;
     let max_clients = args.clients.iter().copied().max().unwrap_or(1);
     let model = Arc::new(CudaModel::new(&ctx, Dims::BENCH, max_clients)?);
     println!("every output element must be {}", model.expected_output());
@@ -360,98 +378,12 @@ async fn on_cuda(args: &Args) -> BoxResult<()> {
             model.timeline().begin();
         }
         let row = match way {
-            Way::Streamalloc => {
+            Way::Streamalloc | Way::Reserved | Way::Semaphore => {
                 // A fresh device (its own memory pool) per level: the pool
                 // keeps what it reserved (release threshold: all), so a level
                 // run on the last one's would report that level's memory.
                 let device = Device::cuda(0, STREAMS)?;
-                let shape = Level {
-                    dims: Dims::BENCH,
-                    clients,
-                    requests_per_client: per,
-                    seed: args.seed,
-                    memory: Memory::EachBuffer,
-                };
-                if args.diag {
-                    // The same stack over a backend that counts its calls.
-                    let counting = Arc::new(CountingGpu::new(device.gpu().clone()));
-                    let counted = Device::new(counting.clone(), device.streams().clone())?;
-                    let res = streamalloc_stack(&counted, &model, args.policy)?;
-                    let mut edges = Vec::new();
-                    let mut observe = |_: Edge| edges.push((counting.counts(), res.wait_stats()));
-                    let row =
-                        streamalloc_way::run_level_observed(&res, &model, shape, &mut observe)
-                            .await?;
-                    if let [(c0, w0), (c1, w1)] = &edges[..] {
-                        println!(
-                            "  diag streamalloc {clients} clients, library driver calls per request:{}",
-                            c1.since(c0).per_request_line(row.requests)
-                        );
-                        println!(
-                            "  diag streamalloc wait stats over the level: {}",
-                            wait_delta(w0, w1, row.requests)
-                        );
-                    }
-                    finish_level(&res, clients).await?;
-                    row
-                } else {
-                    let res = streamalloc_stack(&device, &model, args.policy)?;
-                    let row = streamalloc_way::run_level_observed(&res, &model, shape, &mut |_| {})
-                        .await?;
-                    finish_level(&res, clients).await?;
-                    row
-                }
-            }
-            Way::Reserved | Way::Semaphore => {
-                let device = Device::cuda(0, STREAMS)?;
-                let budget = streamalloc_way::quarter_budget(&Dims::BENCH, clients);
-                let memory = match way {
-                    Way::Reserved => Memory::Reserved,
-                    _ => Memory::Semaphore {
-                        permits: streamalloc_way::semaphore_permits(budget),
-                    },
-                };
-                let shape = Level {
-                    dims: Dims::BENCH,
-                    clients,
-                    requests_per_client: per,
-                    seed: args.seed,
-                    memory,
-                };
-                if args.diag {
-                    // The same stack over a backend that counts its calls:
-                    // what a request costs in driver calls under the budget.
-                    let counting = Arc::new(CountingGpu::new(device.gpu().clone()));
-                    let counted = Device::new(counting.clone(), device.streams().clone())?;
-                    let res =
-                        budgeted_stack(&counted, clients, Some(&model), args.budget_over_cache)?;
-                    if let Some(p) = args.policy {
-                        res.set_wait_policy(p);
-                    }
-                    let mut edges = Vec::new();
-                    let mut observe = |_: Edge| edges.push(counting.counts());
-                    let row =
-                        streamalloc_way::run_level_observed(&res, &model, shape, &mut observe)
-                            .await?;
-                    if let [c0, c1] = &edges[..] {
-                        println!(
-                            "  diag {way:?} {clients} clients, library driver calls per request:{}",
-                            c1.since(c0).per_request_line(row.requests)
-                        );
-                    }
-                    finish_level(&res, clients).await?;
-                    row
-                } else {
-                    let res =
-                        budgeted_stack(&device, clients, Some(&model), args.budget_over_cache)?;
-                    if let Some(p) = args.policy {
-                        res.set_wait_policy(p);
-                    }
-                    let row = streamalloc_way::run_level_observed(&res, &model, shape, &mut |_| {})
-                        .await?;
-                    finish_level(&res, clients).await?;
-                    row
-                }
+                streamalloc_level(args, &device, &model, way, clients, per).await?
             }
             Way::Cudarc => {
                 cudarc_way::run_level(&ctx, &streams, &model, clients, per, args.seed).await?
@@ -471,23 +403,14 @@ async fn on_cuda(args: &Args) -> BoxResult<()> {
         }
         Ok(row)
     };
-    // Warm-up: cuBLAS handles, the PTX module, the pools.
-    for &way in &ways {
-        level(way, 64.min(max_clients), 2).await?;
-    }
-    println!("\n{}", table_header());
-    let mut rows = Vec::new();
-    for round in 0..args.rounds {
-        for &clients in &args.clients {
-            let per = requests_per_client(args, clients);
-            for k in 0..ways.len() {
-                let way = ways[(k + round) % ways.len()];
-                let row = level(way, clients, per).await?;
-                println!("{}   (round {round})", row.markdown_row());
-                rows.push((round, row));
-            }
-        }
-    }
+    let rows = run_rounds(
+        args,
+        &ways,
+        &table_header(),
+        level,
+        LevelResult::markdown_row,
+    )
+    .await?;
 
     // 10,000 fills with a spawned task awaiting each.
     let fill_device = Device::cuda(0, STREAMS)?;
@@ -594,8 +517,7 @@ async fn fill_calls<G: Gpu>(
     model: &CudaModel,
     policy: Option<WaitPolicy>,
 ) -> BoxResult<()> {
-    let counting = Arc::new(CountingGpu::new(device.gpu().clone()));
-    let counted = Device::new(counting.clone(), device.streams().clone())?;
+    let (counting, counted) = counting_device(device)?;
     let res = streamalloc_stack(&counted, model, policy)?;
     let targets = fills::fill_targets(&res)?;
     let (r2, t2, c2) = (res.clone(), targets.clone(), counting.clone());
@@ -637,6 +559,151 @@ async fn fill_calls<G: Gpu>(
     Ok(())
 }
 
+/// The context of CUDA device 0 (its primary context, which every way
+/// shares), the device printed.
+fn cuda_context() -> BoxResult<Arc<cudarc::driver::CudaContext>> {
+    let device = Device::cuda(0, 1)?;
+    println!("device: {device}");
+    let gpu = device
+        .gpu()
+        .cuda()
+        .ok_or("Device::cuda gave no CUDA backend")?;
+    Ok(gpu.context().clone())
+}
+
+/// The measured levels on CUDA, after a warm-up level of each way (cuBLAS
+/// handles, the PTX module, the pools): for each round and number of
+/// clients, every way once, in an order rotated by the round; each row
+/// printed under `header` as `line` writes it, and returned with its round.
+async fn run_rounds<W: Copy, T>(
+    args: &Args,
+    ways: &[W],
+    header: &str,
+    mut level: impl AsyncFnMut(W, usize, usize) -> BoxResult<T>,
+    line: impl Fn(&T) -> String,
+) -> BoxResult<Vec<(usize, T)>> {
+    let max_clients = args.clients.iter().copied().max().unwrap_or(1);
+    for &way in ways {
+        level(way, 64.min(max_clients), 2).await?;
+    }
+    println!("\n{header}");
+    let mut rows = Vec::new();
+    for round in 0..args.rounds {
+        for &clients in &args.clients {
+            let per = requests_per_client(args, clients);
+            for k in 0..ways.len() {
+                let way = ways[(k + round) % ways.len()];
+                let row = level(way, clients, per).await?;
+                println!("{}   (round {round})", line(&row));
+                rows.push((round, row));
+            }
+        }
+    }
+    Ok(rows)
+}
+
+/// One level of a streamalloc way (plain, or gated under
+/// `--budget-quarter`) on `device`. With `--diag`, the same stack runs
+/// over a backend that counts its calls, and the library's driver calls
+/// per request are printed (for the plain way, its futures' wait
+/// statistics too).
+async fn streamalloc_level<G: Gpu>(
+    args: &Args,
+    device: &Device<G>,
+    model: &Arc<CudaModel>,
+    way: Way,
+    clients: usize,
+    per: usize,
+) -> BoxResult<LevelResult> {
+    let memory = way.memory(clients);
+    let level = level_of(args, clients, per, memory);
+    if !args.diag {
+        return level_on_stack(args, device, model, level, &mut |_, _| {}).await;
+    }
+    let (counting, counted) = counting_device(device)?;
+    let mut edges = Vec::new();
+    let mut observe = |_: Edge, waits: WaitStats| edges.push((counting.counts(), waits));
+    let row = level_on_stack(args, &counted, model, level, &mut observe).await?;
+    if let [(c0, w0), (c1, w1)] = &edges[..] {
+        let calls = c1.since(c0).per_request_line(row.requests);
+        if memory == Memory::EachBuffer {
+            println!(
+                "  diag streamalloc {clients} clients, library driver calls per request:{calls}"
+            );
+            println!(
+                "  diag streamalloc wait stats over the level: {}",
+                wait_delta(w0, w1, row.requests)
+            );
+        } else {
+            println!("  diag {way:?} {clients} clients, library driver calls per request:{calls}");
+        }
+    }
+    Ok(row)
+}
+
+/// `level` on its way's stack over `device`: the plain stack
+/// ([`streamalloc_stack`]), or the budgeted one for a gated level
+/// ([`budgeted_stack`]), waiting as `--policy` says.
+async fn level_on_stack<G: Gpu>(
+    args: &Args,
+    device: &Device<G>,
+    model: &Arc<CudaModel>,
+    level: Level,
+    observe: &mut (dyn FnMut(Edge, WaitStats) + Send),
+) -> BoxResult<LevelResult> {
+    if level.memory == Memory::EachBuffer {
+        let res = streamalloc_stack(device, model, args.policy)?;
+        return observed_level(&res, model, level, observe).await;
+    }
+    let res = budgeted_stack(device, level.clients, Some(model), args.budget_over_cache)?;
+    if let Some(p) = args.policy {
+        res.set_wait_policy(p);
+    }
+    observed_level(&res, model, level, observe).await
+}
+
+/// One streamalloc level on `res`, calling `observe` with the futures'
+/// wait statistics right before the clients start and right after the
+/// last one ended; then every byte given back, or an error.
+async fn observed_level<R, K>(
+    res: &AsyncResource<R>,
+    kernels: &Arc<K>,
+    level: Level,
+    observe: &mut (dyn FnMut(Edge, WaitStats) + Send),
+) -> BoxResult<LevelResult>
+where
+    R: streamalloc::DeviceMemoryResource + ?Sized + 'static,
+    K: RequestKernels,
+{
+    let mut observe_edge = |edge| observe(edge, res.wait_stats());
+    let row = streamalloc_way::run_level_observed(res, kernels, level, &mut observe_edge).await?;
+    finish_level(res, level.clients).await?;
+    Ok(row)
+}
+
+/// A streamalloc level of `clients` clients sending `per` requests each,
+/// seeded by `--seed`, the buffers obtained as `memory` says.
+fn level_of(args: &Args, clients: usize, per: usize, memory: Memory) -> Level {
+    Level {
+        dims: Dims::BENCH,
+        clients,
+        requests_per_client: per,
+        seed: args.seed,
+        memory,
+    }
+}
+
+/// `--diag`: `device`'s streams over a backend that counts the library's
+/// driver calls into `device`'s, and that backend.
+#[allow(clippy::type_complexity)]
+fn counting_device<G: Gpu>(
+    device: &Device<G>,
+) -> BoxResult<(Arc<CountingGpu<G>>, Device<CountingGpu<G>>)> {
+    let counting = Arc::new(CountingGpu::new(device.gpu().clone()));
+    let counted = Device::new(counting.clone(), device.streams().clone())?;
+    Ok((counting, counted))
+}
+
 /// The streamalloc way's stack on `device` (a fresh CUDA device 0, or
 /// one over a [`CountingGpu`] of it): the caching tier over the
 /// stream-ordered resource, futures on top, waiting as `policy` says (the
@@ -647,11 +714,7 @@ fn streamalloc_stack<G: Gpu>(
     model: &CudaModel,
     policy: Option<WaitPolicy>,
 ) -> BoxResult<AsyncResource<CachingResource<Arc<StreamOrderedResource<G>>>>> {
-    for id in device.streams().ids() {
-        let raw = device.raw(id)?.get() as cudarc::driver::sys::CUstream;
-        // SAFETY: a live stream of device 0's primary context, the model's.
-        unsafe { model.prepare_stream(raw)? };
-    }
+    prepare_streams(device, model)?;
     let inner = Arc::new(StreamOrderedResource::new(device));
     // SAFETY: the stack's bottom resource was made on this device.
     let res = unsafe { AsyncResource::with_device(CachingResource::new(inner), device) }?;
@@ -661,16 +724,22 @@ fn streamalloc_stack<G: Gpu>(
     Ok(res)
 }
 
+/// The model's cuBLAS handles for every stream of `device` (CUDA device
+/// 0, or a [`CountingGpu`] over it), made before a level so that none is
+/// made while requests are timed.
+fn prepare_streams<G: Gpu>(device: &Device<G>, model: &CudaModel) -> BoxResult<()> {
+    for id in device.streams().ids() {
+        let raw = device.raw(id)?.get() as cudarc::driver::sys::CUstream;
+        // SAFETY: a live stream of device 0's primary context, the model's.
+        unsafe { model.prepare_stream(raw)? };
+    }
+    Ok(())
+}
+
 /// The two gated ways of `--budget-quarter` at `clients`: reservations,
 /// and a semaphore that mirrors the budget.
 fn gated(clients: usize) -> [Memory; 2] {
-    let budget = streamalloc_way::quarter_budget(&Dims::BENCH, clients);
-    [
-        Memory::Reserved,
-        Memory::Semaphore {
-            permits: streamalloc_way::semaphore_permits(budget),
-        },
-    ]
+    [Way::Reserved, Way::Semaphore].map(|way| way.memory(clients))
 }
 
 /// The stack of `--budget-quarter` on `device`: the caching tier over a
@@ -684,11 +753,7 @@ fn budgeted_stack<G: Gpu>(
     over: bool,
 ) -> BoxResult<AnyResource> {
     if let Some(model) = model {
-        for id in device.streams().ids() {
-            let raw = device.raw(id)?.get() as cudarc::driver::sys::CUstream;
-            // SAFETY: a live stream of device 0's primary context, the model's.
-            unsafe { model.prepare_stream(raw)? };
-        }
+        prepare_streams(device, model)?;
     }
     let budget = Budget::new(streamalloc_way::quarter_budget(&Dims::BENCH, clients));
     let top = ResourceBuilder::new();
@@ -729,7 +794,7 @@ fn busy_after(
 }
 
 /// A level's wait statistics, per request.
-fn wait_delta(a: &streamalloc::WaitStats, b: &streamalloc::WaitStats, requests: usize) -> String {
+fn wait_delta(a: &WaitStats, b: &WaitStats, requests: usize) -> String {
     let per = |x: u64, y: u64| (y - x) as f64 / requests.max(1) as f64;
     format!(
         "per request: points {:.2}, queries {:.2}, frontier queries {:.2}, spins {:.2}, yields {:.2}, parks {:.2}, notifications {:.2}",
@@ -753,23 +818,24 @@ fn table_header() -> String {
     "| way | clients | requests | requests/s | p50 | p99 | peak held | peak live requested | held / requested | threads blocked (peak) | process threads (peak) |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |".to_string()
 }
 
-/// For each (way, clients), the round with the median requests/s.
-fn medians(rows: &[(usize, LevelResult)]) -> Vec<LevelResult> {
+/// For each (way, clients), the round with the median requests/s, of rows
+/// whose plain figures `row` gives.
+fn medians<T: Clone>(rows: &[(usize, T)], row: impl Fn(&T) -> &LevelResult) -> Vec<T> {
     let mut keys: Vec<(String, usize)> = Vec::new();
     for (_, r) in rows {
-        let k = (r.way.clone(), r.clients);
+        let k = (row(r).way.clone(), row(r).clients);
         if !keys.contains(&k) {
             keys.push(k);
         }
     }
     keys.into_iter()
         .map(|(way, clients)| {
-            let mut of: Vec<&LevelResult> = rows
+            let mut of: Vec<&T> = rows
                 .iter()
                 .map(|(_, r)| r)
-                .filter(|r| r.way == way && r.clients == clients)
+                .filter(|r| row(r).way == way && row(r).clients == clients)
                 .collect();
-            of.sort_by(|a, b| a.requests_per_s().total_cmp(&b.requests_per_s()));
+            of.sort_by(|a, b| row(a).requests_per_s().total_cmp(&row(b).requests_per_s()));
             of[of.len() / 2].clone()
         })
         .collect()
@@ -786,7 +852,7 @@ fn write_outputs(
     for (round, r) in rows {
         writeln!(csv, "{round},{}", r.csv_row())?;
     }
-    let med = medians(rows);
+    let med = medians(rows, |r| r);
     let mut md = std::fs::File::create(args.out.join("service.md"))?;
     writeln!(
         md,

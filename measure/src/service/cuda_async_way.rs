@@ -26,6 +26,7 @@ use cudarc::driver::sys::CUstream;
 use streamalloc::DriverCall;
 use streamalloc::gpu::{GpuError, GpuResult};
 
+use super::clients::join_clients;
 use super::cuda_model::CudaModel;
 use super::cudarc_way::DefaultPool;
 use super::fills::FILLS;
@@ -131,21 +132,10 @@ impl CudaAsyncWay {
                 })
             })
             .collect();
-        let mut first_error = None;
-        for task in tasks {
-            match task.await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
-                    first_error.get_or_insert(e);
-                }
-                Err(join) => std::panic::resume_unwind(join.into_panic()),
-            }
-        }
+        let served = join_clients(tasks).await;
         let elapsed = start.elapsed();
         let threads = threads.stop();
-        if let Some(e) = first_error {
-            return Err(e);
-        }
+        served?;
         self.synchronize()?;
         let held = self.pool.reserved_high()?;
         Ok(rec.finish(NAME, clients, elapsed, held, threads))

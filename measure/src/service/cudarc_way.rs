@@ -10,18 +10,68 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use cudarc::driver::sys::{self as cu, CUmemoryPool};
-use cudarc::driver::{CudaContext, CudaStream, DevicePtrMut, DriverError};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtrMut, DriverError};
 use streamalloc::DriverCall;
 use streamalloc::gpu::{GpuError, GpuResult};
 
+use super::clients::join_clients;
 use super::cuda_model::CudaModel;
 use super::{Dims, LevelResult, Recorder, Shapes, ThreadSampler};
 
 /// The way's name in the tables.
 pub const NAME: &str = "cudarc";
 
-fn driver(call: DriverCall, e: DriverError) -> GpuError {
+/// A cudarc driver error as the error of `call`.
+pub(super) fn driver(call: DriverCall, e: DriverError) -> GpuError {
     GpuError::driver(call, e.0 as i32, format!("{e:?}"))
+}
+
+/// A request's three device slices of `elems` floats (input,
+/// activations, output), allocated on `stream` from the device's default
+/// pool.
+///
+/// # Errors
+/// The driver's allocation error.
+///
+/// # Safety
+/// The slices are uninitialised: the request's work on `stream` writes
+/// each before anything reads it.
+pub(super) unsafe fn alloc_request(
+    stream: &Arc<CudaStream>,
+    [nx, nh, ny]: [usize; 3],
+) -> GpuResult<[CudaSlice<f32>; 3]> {
+    let alloc = |e| driver(DriverCall::AllocAsync, e);
+    // SAFETY: the caller writes each slice before reading it.
+    unsafe {
+        Ok([
+            stream.alloc::<f32>(nx).map_err(alloc)?,
+            stream.alloc::<f32>(nh).map_err(alloc)?,
+            stream.alloc::<f32>(ny).map_err(alloc)?,
+        ])
+    }
+}
+
+/// Awaits everything queued on `stream` as a cudarc user does: its
+/// `synchronize` in `spawn_blocking`, the thread counted as blocked in
+/// `rec` while it waits.
+///
+/// # Errors
+/// The synchronize's error, or the blocking task's failure.
+pub(super) async fn synchronize_blocking(
+    stream: &Arc<CudaStream>,
+    rec: &Arc<Recorder>,
+) -> GpuResult<()> {
+    let (s, r) = (stream.clone(), rec.clone());
+    tokio::task::spawn_blocking(move || r.blocked_in(|| s.synchronize()))
+        .await
+        .map_err(|e| {
+            GpuError::driver(
+                DriverCall::StreamSynchronize,
+                0,
+                format!("blocking task: {e}"),
+            )
+        })?
+        .map_err(|e| driver(DriverCall::StreamSynchronize, e))
 }
 
 /// The default memory pool of a device (what `cuMemAllocAsync` draws
@@ -126,21 +176,10 @@ pub async fn run_level(
             })
         })
         .collect();
-    let mut first_error = None;
-    for task in tasks {
-        match task.await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                first_error.get_or_insert(e);
-            }
-            Err(join) => std::panic::resume_unwind(join.into_panic()),
-        }
-    }
+    let served = join_clients(tasks).await;
     let elapsed = start.elapsed();
     let threads = threads.stop();
-    if let Some(e) = first_error {
-        return Err(e);
-    }
+    served?;
     ctx.synchronize()
         .map_err(|e| driver(DriverCall::StreamSynchronize, e))?;
     let held = pool.reserved_high()?;
@@ -157,16 +196,9 @@ async fn serve_one(
     let dims: Dims = model.dims();
     let shape = shapes.next_shape();
     let [nx, nh, ny] = shape.elems(&dims);
-    let alloc = |e| driver(DriverCall::AllocAsync, e);
     let t = Instant::now();
     // SAFETY: the model writes x (the copy in), h and y before reading them.
-    let (mut x, mut h, mut y) = unsafe {
-        (
-            stream.alloc::<f32>(nx).map_err(alloc)?,
-            stream.alloc::<f32>(nh).map_err(alloc)?,
-            stream.alloc::<f32>(ny).map_err(alloc)?,
-        )
-    };
+    let [mut x, mut h, mut y] = unsafe { alloc_request(stream, [nx, nh, ny])? };
     let bytes = shape.bytes(&dims);
     rec.requested(bytes);
     {
@@ -181,17 +213,7 @@ async fn serve_one(
         // request.
         unsafe { model.enqueue_raw(stream.cu_stream(), [xp, hp, yp], shape.rows(), client)? };
     }
-    let (s, r) = (stream.clone(), rec.clone());
-    tokio::task::spawn_blocking(move || r.blocked_in(|| s.synchronize()))
-        .await
-        .map_err(|e| {
-            GpuError::driver(
-                DriverCall::StreamSynchronize,
-                0,
-                format!("blocking task: {e}"),
-            )
-        })?
-        .map_err(|e| driver(DriverCall::StreamSynchronize, e))?;
+    synchronize_blocking(stream, rec).await?;
     rec.answered(t.elapsed());
     drop((x, h, y));
     rec.released(bytes);

@@ -31,6 +31,7 @@
 //! ([`SimKernels`]): the CI test checks that every request is answered, that
 //! the race detector finds nothing and that no byte is left outstanding.
 
+mod clients;
 #[cfg(feature = "peer-cuda-async")]
 pub mod cuda_async_way;
 pub mod cuda_model;

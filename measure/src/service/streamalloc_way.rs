@@ -13,10 +13,12 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use streamalloc::gpu::GpuResult;
 use streamalloc::{AllocTag, Buffer, DeviceMemoryResource, ResourceError, ResourceResult};
-use streamalloc::{AsyncResource, Reaper};
+use streamalloc::{AsyncResource, EventFuture, RawStream, Reaper, StreamId};
 use tokio::sync::Semaphore;
 
+use super::clients::join_clients;
 use super::{Dims, LevelResult, Recorder, RequestIo, RequestKernels, Shapes, ThreadSampler};
 
 const TAG: AllocTag = AllocTag("service");
@@ -186,23 +188,12 @@ where
             })
         })
         .collect();
-    let mut first_error = None;
-    for task in tasks {
-        match task.await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                first_error.get_or_insert(e);
-            }
-            Err(join) => std::panic::resume_unwind(join.into_panic()),
-        }
-    }
+    let served = join_clients(tasks).await;
     let elapsed = start.elapsed();
     observe(Edge::End);
     let threads = threads.stop();
     reaper.shutdown().await?;
-    if let Some(e) = first_error {
-        return Err(e);
-    }
+    served?;
     let held = res.gpu().memory_held()?.high;
     release_all(res).await?;
     Ok(rec.finish(memory.way_name(), clients, elapsed, held, threads))
@@ -248,12 +239,8 @@ where
     K: RequestKernels,
 {
     let shape = shapes.next_shape();
-    let [nx, nh, ny] = shape.elems(&dims);
-    let pool = res.stream_pool();
-    // An empty pool (no stream to serve on) answers as a shut-down resource.
-    let stream = pool
-        .id(client % pool.len().max(1))
-        .ok_or(ResourceError::Shutdown)?;
+    let elems = shape.elems(&dims);
+    let stream = client_stream(res, client)?;
     let t = Instant::now();
     let bytes = shape.bytes(&dims);
     // Held until the buffers are dropped, at the end.
@@ -266,43 +253,98 @@ where
         ),
         _ => None,
     };
-    let [mut x, mut h, mut y]: [Buffer<f32>; 3] = match gate {
+    let mut buffers: [Buffer<f32>; 3] = match gate {
         Gate::Reserved => res
-            .allocate_buffers::<f32>(&[nx, nh, ny], stream, TAG)
+            .allocate_buffers::<f32>(&elems, stream, TAG)
             .await?
             .try_into()
             .map_err(|_| ResourceError::Closed)?,
-        Gate::Each | Gate::Semaphore(_) => [
-            res.allocate_buffer::<f32>(nx, stream, TAG).await?,
-            res.allocate_buffer::<f32>(nh, stream, TAG).await?,
-            res.allocate_buffer::<f32>(ny, stream, TAG).await?,
-        ],
+        Gate::Each | Gate::Semaphore(_) => each_buffer(res, elems, stream, TAG).await?,
     };
     rec.requested(bytes);
-    let (bx, bh, by) = (x.block().clone(), h.block().clone(), y.block().clone());
-    let launched = res
-        .launch(stream)
-        .write(&mut x)
-        .write(&mut h)
-        .write(&mut y)
-        .enqueue(|raw| {
-            let io = RequestIo {
-                x: &bx,
-                h: &bh,
-                y: &by,
-                rows: shape.rows(),
-                client,
-            };
-            kernels.enqueue(raw, io).map_err(ResourceError::from)
-        });
+    let launched = launch_request(
+        res,
+        stream,
+        &mut buffers,
+        shape.rows(),
+        client,
+        |raw, io| kernels.enqueue(raw, io),
+    );
     let result = match launched {
-        Ok(((), done)) => done.await,
+        Ok(done) => done.await,
         Err(e) => Err(e),
     };
     if result.is_ok() {
         rec.answered(t.elapsed());
     }
-    drop((x, h, y));
+    drop(buffers);
     rec.released(bytes);
     result
+}
+
+/// The stream client `client` sends its requests on: `client mod streams`
+/// of the resource's pool.
+///
+/// # Errors
+/// [`ResourceError::Shutdown`] for an empty pool (no stream to serve on).
+pub(super) fn client_stream<R: DeviceMemoryResource + ?Sized + 'static>(
+    res: &AsyncResource<R>,
+    client: usize,
+) -> ResourceResult<StreamId> {
+    let pool = res.stream_pool();
+    pool.id(client % pool.len().max(1))
+        .ok_or(ResourceError::Shutdown)
+}
+
+/// A request's three buffers of `elems` floats (input, activations,
+/// output) on `stream`, awaited one by one.
+///
+/// # Errors
+/// The first allocation's error (the buffers allocated before it are
+/// dropped).
+pub(super) async fn each_buffer<R: DeviceMemoryResource + ?Sized + 'static>(
+    res: &AsyncResource<R>,
+    [nx, nh, ny]: [usize; 3],
+    stream: StreamId,
+    tag: AllocTag,
+) -> ResourceResult<[Buffer<f32>; 3]> {
+    Ok([
+        res.allocate_buffer::<f32>(nx, stream, tag).await?,
+        res.allocate_buffer::<f32>(nh, stream, tag).await?,
+        res.allocate_buffer::<f32>(ny, stream, tag).await?,
+    ])
+}
+
+/// Queues one launch on `stream` that writes a request's three buffers
+/// (`[x, h, y]`, ordered against their other uses): `enqueue` queues the
+/// work, given their blocks, the request's `rows` and its `client`.
+/// Returns the launch's completion.
+///
+/// # Errors
+/// The ordering's or `enqueue`'s error; nothing is queued after it.
+pub(super) fn launch_request<R: DeviceMemoryResource + ?Sized + 'static>(
+    res: &AsyncResource<R>,
+    stream: StreamId,
+    [x, h, y]: &mut [Buffer<f32>; 3],
+    rows: usize,
+    client: usize,
+    enqueue: impl FnOnce(RawStream, RequestIo<'_>) -> GpuResult<()>,
+) -> ResourceResult<EventFuture> {
+    let (bx, bh, by) = (x.block().clone(), h.block().clone(), y.block().clone());
+    let ((), done) = res
+        .launch(stream)
+        .write(x)
+        .write(h)
+        .write(y)
+        .enqueue(|raw| {
+            let io = RequestIo {
+                x: &bx,
+                h: &bh,
+                y: &by,
+                rows,
+                client,
+            };
+            enqueue(raw, io).map_err(ResourceError::from)
+        })?;
+    Ok(done)
 }

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use super::{DebugGuardResource, Poison};
+use super::{DebugGuardResource, PoisonFill};
 use crate::adaptors::Layer;
 use crate::resource::DeviceMemoryResource;
 
@@ -12,7 +12,7 @@ use crate::resource::DeviceMemoryResource;
 pub struct GuardConfig {
     pub(super) max_blocks: usize,
     pub(super) max_bytes: usize,
-    pub(super) poison: Option<Arc<dyn Poison>>,
+    pub(super) poison: Option<Arc<dyn PoisonFill>>,
 }
 
 impl GuardConfig {
@@ -39,7 +39,7 @@ impl GuardConfig {
     }
 
     /// Fills every quarantined block with `poison`.
-    pub fn poison(mut self, poison: impl Poison) -> Self {
+    pub fn poison(mut self, poison: impl PoisonFill) -> Self {
         self.poison = Some(Arc::new(poison));
         self
     }

@@ -19,7 +19,7 @@
 //! # Locks
 //!
 //! The state lock is held only for short bookkeeping sections: never across
-//! a call into the inner resource, nor across [`Poison::fill`] (user code).
+//! a call into the inner resource, nor across [`PoisonFill::fill`] (user code).
 //! The order lock is held across the driver calls of a `deallocate` or a
 //! flush (evictions, the poison fill and the hooks around it).
 //!
@@ -29,7 +29,7 @@
 //!   [`block_state`](crate::DeviceMemoryResource::block_state), which take
 //!   only the state lock, never wait behind a driver call or a fill running
 //!   in another thread's `deallocate`;
-//! - a [`Poison`] may call the guard's hooks and `block_state` (on any
+//! - a [`PoisonFill`] may call the guard's hooks and `block_state` (on any
 //!   block) from inside `fill` without deadlocking. It must not deallocate
 //!   through, or flush, the same guard: that needs the order lock, which
 //!   its caller holds.
@@ -74,7 +74,7 @@
 //! Deallocations and flushes are serialised behind the order lock; the
 //! guard is a debugging tool, not a fast path.
 
-// `GpuPoison` (see `debug_guard::poison`) and the guard's `unsafe impl
+// `MemsetPoisonFill` (see `debug_guard::poison`) and the guard's `unsafe impl
 // DeviceMemoryResource` are the unsafe items.
 #![deny(unsafe_code)]
 
@@ -83,5 +83,5 @@ mod poison;
 mod resource;
 
 pub use layer::{DebugGuardLayer, GuardConfig};
-pub use poison::{GpuPoison, Poison};
+pub use poison::{MemsetPoisonFill, PoisonFill};
 pub use resource::DebugGuardResource;

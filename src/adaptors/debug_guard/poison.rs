@@ -1,4 +1,5 @@
-//! Poison fills: what the guard writes into a block it quarantines.
+//! [`PoisonFill`]: what the guard writes into a block it quarantines;
+//! [`MemsetPoisonFill`], one byte value over the block through the gpu seam.
 
 #![allow(unsafe_code)]
 
@@ -23,7 +24,7 @@ use crate::types::DeviceBlock;
 /// that orders deallocations: a fill may call the guard's block-use hooks
 /// and [`block_state`](crate::DeviceMemoryResource::block_state), but must
 /// not deallocate through, or flush, the same guard (that would deadlock).
-pub trait Poison: Send + Sync + 'static {
+pub trait PoisonFill: Send + Sync + 'static {
     /// Queues the fill of `block` on its allocation stream.
     ///
     /// # Errors
@@ -36,27 +37,27 @@ pub trait Poison: Send + Sync + 'static {
 ///
 /// # Examples
 /// ```
-/// use streamalloc::{DebugGuardResource, GpuPoison, GuardConfig};
+/// use streamalloc::{DebugGuardResource, MemsetPoisonFill, GuardConfig};
 /// use streamalloc::{Device, StreamOrderedResource};
 ///
 /// let device = Device::open(0, 1);
 /// let resource = StreamOrderedResource::new(&device);
 /// // SAFETY: the guard below is the poison's only user, and it fills only
 /// // blocks live in `resource`, a resource of `device`.
-/// let poison = unsafe { GpuPoison::new(&device, 0xA5) };
+/// let poison = unsafe { MemsetPoisonFill::new(&device, 0xA5) };
 /// let guard = DebugGuardResource::new(resource, GuardConfig::new().poison(poison));
 /// # drop(guard);
 /// ```
-pub struct GpuPoison<G: Gpu> {
+pub struct MemsetPoisonFill<G: Gpu> {
     device: Device<G>,
     value: u8,
 }
 
-impl<G: Gpu> GpuPoison<G> {
+impl<G: Gpu> MemsetPoisonFill<G> {
     /// Fills with `value` on `device`.
     ///
     /// # Safety
-    /// [`fill`](Poison::fill) queues a `memset_async` over the block it is
+    /// [`fill`](PoisonFill::fill) queues a `memset_async` over the block it is
     /// given, which no backend can check, so every block it is ever given
     /// (by the [`DebugGuardResource`](super::DebugGuardResource) it is configured into,
     /// which passes only blocks live in its inner resource, or by any other
@@ -64,7 +65,7 @@ impl<G: Gpu> GpuPoison<G> {
     /// 1. an allocation of `device`'s backend whose free is not queued yet;
     /// 2. on a stream of `device`'s pool.
     pub unsafe fn new(device: &Device<G>, value: u8) -> Self {
-        GpuPoison {
+        MemsetPoisonFill {
             device: device.clone(),
             value,
         }
@@ -73,7 +74,7 @@ impl<G: Gpu> GpuPoison<G> {
     /// Fills with `value` on the device of `resource`.
     ///
     /// # Safety
-    /// Every block [`fill`](Poison::fill) is ever given is live in
+    /// Every block [`fill`](PoisonFill::fill) is ever given is live in
     /// `resource` (or in another resource of the same device): configure it
     /// into a [`DebugGuardResource`](super::DebugGuardResource) whose inner resource
     /// allocates from `resource`, and do not call `fill` with other blocks.
@@ -89,16 +90,16 @@ impl<G: Gpu> GpuPoison<G> {
     }
 }
 
-impl<G: Gpu> fmt::Debug for GpuPoison<G> {
+impl<G: Gpu> fmt::Debug for MemsetPoisonFill<G> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("GpuPoison")
+        f.debug_struct("MemsetPoisonFill")
             .field("device", &self.device.ordinal())
             .field("value", &self.value)
             .finish()
     }
 }
 
-impl<G: Gpu> Poison for GpuPoison<G> {
+impl<G: Gpu> PoisonFill for MemsetPoisonFill<G> {
     fn fill(&self, block: &DeviceBlock) -> ResourceResult<()> {
         let raw = self.device.raw(block.stream())?;
         // SAFETY: the constructor's contract: `block` is a live allocation of

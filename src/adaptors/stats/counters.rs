@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::util::count_lock::{CountGuard, CountLock};
 
 use super::table::Tally;
-use super::{StatsSnapshot, WaitOutcome};
+use super::{QueueOutcome, StatsSnapshot};
 use crate::types::AllocTag;
 
 /// The counters of one or more [`StatsResource`](super::StatsResource)s.
@@ -78,7 +78,7 @@ impl Stats {
 
     /// Counts a request tagged `tag` that left the futures layer's wait
     /// queue after `wait`, served, failed or cancelled.
-    pub fn record_wait(&self, tag: AllocTag, wait: Duration, outcome: WaitOutcome) {
+    pub fn record_wait(&self, tag: AllocTag, wait: Duration, outcome: QueueOutcome) {
         let ns = u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX);
         self.lock().wait(tag, ns, outcome);
     }

@@ -81,4 +81,4 @@ mod table;
 pub use counters::Stats;
 pub use layer::StatsLayer;
 pub use resource::StatsResource;
-pub use snapshot::{Counts, StatsSnapshot, WaitOutcome};
+pub use snapshot::{QueueOutcome, StatsCounts, StatsSnapshot};

@@ -6,7 +6,7 @@ use crate::types::AllocTag;
 
 /// Counts of one tag, or of all of them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Counts {
+pub struct StatsCounts {
     /// Bytes allocated and not yet deallocated.
     pub current_bytes: usize,
     /// The highest `current_bytes` seen.
@@ -39,7 +39,7 @@ pub struct Counts {
     pub cancelled_waits: u64,
 }
 
-impl Counts {
+impl StatsCounts {
     /// The mean wait of the requests served after waiting, in nanoseconds
     /// (0 when none waited).
     pub fn wait_mean_ns(&self) -> u64 {
@@ -49,7 +49,7 @@ impl Counts {
 
 /// How a request that waited in the futures layer's queue left it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WaitOutcome {
+pub enum QueueOutcome {
     /// Served.
     Served,
     /// Failed with an error.
@@ -71,19 +71,19 @@ pub enum WaitOutcome {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StatsSnapshot {
     /// Counts over every tag.
-    pub overall: Counts,
+    pub overall: StatsCounts,
     /// Counts per tag, sorted by tag.
-    pub per_tag: Vec<(AllocTag, Counts)>,
+    pub per_tag: Vec<(AllocTag, StatsCounts)>,
 }
 
 impl StatsSnapshot {
     /// The counts of `tag`, if any allocation carried it.
-    pub fn tag(&self, tag: AllocTag) -> Option<&Counts> {
+    pub fn tag(&self, tag: AllocTag) -> Option<&StatsCounts> {
         self.per_tag.iter().find(|(t, _)| *t == tag).map(|(_, c)| c)
     }
 }
 
-fn row(f: &mut fmt::Formatter<'_>, name: &dyn fmt::Display, c: &Counts) -> fmt::Result {
+fn row(f: &mut fmt::Formatter<'_>, name: &dyn fmt::Display, c: &StatsCounts) -> fmt::Result {
     writeln!(
         f,
         "{:<12} {:>12} {:>10} {:>10} {:>8} {:>9} {:>8} {:>7} {:>7} {:>12} {:>12} {:>10}",

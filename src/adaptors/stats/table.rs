@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 
-use super::{Counts, WaitOutcome};
+use super::{QueueOutcome, StatsCounts};
 use crate::types::AllocTag;
 use crate::util::fast_hash::FastMap;
 
@@ -23,7 +23,7 @@ fn address(tag: AllocTag) -> Address {
     (tag.0.as_ptr() as usize, tag.0.len())
 }
 
-impl Counts {
+impl StatsCounts {
     /// Counts an allocation of `bytes`.
     #[inline(always)]
     fn count_allocation(&mut self, bytes: usize) {
@@ -44,7 +44,7 @@ impl Counts {
 
     /// Adds the totals of `tag` (everything but the current counts and
     /// their peaks) to these.
-    fn add_totals(&mut self, tag: &Counts) {
+    fn add_totals(&mut self, tag: &StatsCounts) {
         self.total_bytes += tag.total_bytes;
         self.total_blocks += tag.total_blocks;
         self.failed_allocations += tag.failed_allocations;
@@ -56,15 +56,15 @@ impl Counts {
     }
 
     /// Counts a request that left the wait queue after `wait_ns`.
-    fn count_wait(&mut self, wait_ns: u64, outcome: WaitOutcome) {
+    fn count_wait(&mut self, wait_ns: u64, outcome: QueueOutcome) {
         match outcome {
-            WaitOutcome::Served => {
+            QueueOutcome::Served => {
                 self.waited += 1;
                 self.wait_total_ns += wait_ns;
                 self.wait_max_ns = self.wait_max_ns.max(wait_ns);
             }
-            WaitOutcome::Failed => self.failed_allocations += 1,
-            WaitOutcome::Cancelled => self.cancelled_waits += 1,
+            QueueOutcome::Failed => self.failed_allocations += 1,
+            QueueOutcome::Cancelled => self.cancelled_waits += 1,
         }
     }
 
@@ -85,9 +85,9 @@ pub(super) struct Tally {
     /// tags' gives (a peak of the whole is not the sum of the tags' peaks).
     /// The other overall counts are the sums of the tags', made on read:
     /// each call adds to one tag's only.
-    overall: Counts,
+    overall: StatsCounts,
     /// Per-tag counts, in the order the tags were first seen.
-    per_tag: Vec<(AllocTag, Counts)>,
+    per_tag: Vec<(AllocTag, StatsCounts)>,
     /// Slot in `per_tag` of each tag address met so far.
     by_address: FastMap<Address, usize>,
     /// Slot in `per_tag` of each tag text, for a new address.
@@ -126,12 +126,12 @@ impl Tally {
     }
 
     /// Counts a request that left the wait queue after `wait_ns`.
-    pub(super) fn wait(&mut self, tag: AllocTag, wait_ns: u64, outcome: WaitOutcome) {
+    pub(super) fn wait(&mut self, tag: AllocTag, wait_ns: u64, outcome: QueueOutcome) {
         self.tag(tag).count_wait(wait_ns, outcome);
     }
 
     /// The overall counts.
-    pub(super) fn overall(&self) -> Counts {
+    pub(super) fn overall(&self) -> StatsCounts {
         let mut overall = self.overall;
         for (_, counts) in &self.per_tag {
             overall.add_totals(counts);
@@ -140,7 +140,7 @@ impl Tally {
     }
 
     /// The per-tag counts, sorted by tag.
-    pub(super) fn per_tag(&self) -> Vec<(AllocTag, Counts)> {
+    pub(super) fn per_tag(&self) -> Vec<(AllocTag, StatsCounts)> {
         let mut per_tag = self.per_tag.clone();
         per_tag.sort_by_key(|a| a.0);
         per_tag
@@ -148,7 +148,7 @@ impl Tally {
 
     /// The counts of `tag`, made (all zero) on first use.
     #[inline(always)]
-    fn tag(&mut self, tag: AllocTag) -> &mut Counts {
+    fn tag(&mut self, tag: AllocTag) -> &mut StatsCounts {
         let key = address(tag);
         let slot = match self.last {
             (last, slot) if last == key => slot,
@@ -170,7 +170,7 @@ impl Tally {
             return slot;
         }
         let slot = *self.by_text.entry(tag).or_insert_with(|| {
-            self.per_tag.push((tag, Counts::default()));
+            self.per_tag.push((tag, StatsCounts::default()));
             self.per_tag.len() - 1
         });
         self.by_address.insert(key, slot);
@@ -213,10 +213,10 @@ mod tests {
         t.failure(AllocTag("a"));
         t.refusal(AllocTag("b"));
         t.refusal(AllocTag("b"));
-        t.wait(AllocTag("a"), 30, WaitOutcome::Served);
-        t.wait(AllocTag("b"), 50, WaitOutcome::Served);
-        t.wait(AllocTag("b"), 7, WaitOutcome::Cancelled);
-        t.wait(AllocTag("b"), 9, WaitOutcome::Failed);
+        t.wait(AllocTag("a"), 30, QueueOutcome::Served);
+        t.wait(AllocTag("b"), 50, QueueOutcome::Served);
+        t.wait(AllocTag("b"), 7, QueueOutcome::Cancelled);
+        t.wait(AllocTag("b"), 9, QueueOutcome::Failed);
         let all = t.overall();
         assert_eq!((all.total_bytes, all.total_blocks), (30, 2));
         assert_eq!((all.current_bytes, all.current_blocks), (20, 1));

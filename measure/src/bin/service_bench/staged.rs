@@ -13,26 +13,21 @@
 
 use std::io::Write;
 use std::sync::Arc;
-use std::time::Duration;
 
-use streamalloc::gpu::sim::SimGpu;
-use streamalloc::{AsyncResource, CachingResource, Device, HostPool, HostPoolConfig, SimResource};
+use streamalloc::{Device, HostPool, HostPoolConfig};
 use streamalloc_measure::service::cuda_model::CudaModel;
 use streamalloc_measure::service::staged::streamalloc_way::{self as pooled, StagedLevel};
 use streamalloc_measure::service::staged::{self, StagedRow, cudarc_way};
 use streamalloc_measure::service::{Dims, SimKernels};
 
-use super::{Args, BoxResult, STREAMS, finish_level, requests_per_client, streamalloc_stack};
+use super::{
+    Args, BoxResult, STREAMS, cuda_context, finish_level, medians, requests_per_client, run_rounds,
+    sim_stack, streamalloc_stack,
+};
 
 /// The staged mode on the simulated device: the streamalloc way only.
 pub(super) async fn on_sim(args: &Args) -> BoxResult<()> {
-    let gpu = SimGpu::builder()
-        .op_latency(Duration::from_micros(args.sim_latency_us))
-        .build();
-    let device = Device::simulated(&gpu, STREAMS);
-    let inner = Arc::new(SimResource::new(&device));
-    // SAFETY: the stack's bottom resource was made on this device.
-    let res = unsafe { AsyncResource::with_device(CachingResource::new(inner), &device) }?;
+    let (gpu, device, res) = sim_stack(args)?;
     let pool = HostPool::new(&device, HostPoolConfig::new());
     let kernels = Arc::new(SimKernels::new(gpu.clone()));
     println!("staged: results unchecked on the simulated device (its copies move no data)");
@@ -78,15 +73,7 @@ enum Way {
 
 /// The staged mode on CUDA: the three ways, every result checked.
 pub(super) async fn on_cuda(args: &Args) -> BoxResult<()> {
-    let ctx = {
-        let device = Device::cuda(0, 1)?;
-        println!("device: {device}");
-        let gpu = device
-            .gpu()
-            .cuda()
-            .ok_or("Device::cuda gave no CUDA backend")?;
-        gpu.context().clone()
-    };
+    let ctx = cuda_context()?;
     let max_clients = args.clients.iter().copied().max().unwrap_or(1);
     let model = Arc::new(CudaModel::new(&ctx, Dims::BENCH, max_clients)?);
     let streams = (0..STREAMS)
@@ -131,7 +118,7 @@ pub(super) async fn on_cuda(args: &Args) -> BoxResult<()> {
         (pins.bytes() / max_clients.max(1)) >> 20
     );
 
-    let mut level = async |way: Way, clients: usize, per: usize| -> BoxResult<StagedRow> {
+    let level = async |way: Way, clients: usize, per: usize| -> BoxResult<StagedRow> {
         let row = match way {
             Way::Streamalloc => {
                 // A fresh device per level, as the plain way's (its memory
@@ -162,47 +149,10 @@ pub(super) async fn on_cuda(args: &Args) -> BoxResult<()> {
         };
         row.map_err(|e| format!("{way:?} at {clients} clients: {e}").into())
     };
-    // Warm-up: cuBLAS handles, the PTX module, the pools.
-    for way in ways.clone() {
-        level(way, 64.min(max_clients), 2).await?;
-    }
-    println!("\n{}", staged::table_header());
-    let mut rows = Vec::new();
-    for round in 0..args.rounds {
-        for &clients in &args.clients {
-            let per = requests_per_client(args, clients);
-            for k in 0..ways.len() {
-                let way = ways[(k + round) % ways.len()];
-                let row = level(way, clients, per).await?;
-                println!("{}   (round {round})", row.markdown_row());
-                rows.push((round, row));
-            }
-        }
-    }
+    let header = staged::table_header();
+    let rows = run_rounds(args, &ways, header, level, StagedRow::markdown_row).await?;
     let card = ctx.name().unwrap_or_else(|_| "CUDA device 0".into());
     write_outputs(args, &rows, &card)
-}
-
-/// For each (way, clients), the round with the median requests/s.
-fn medians(rows: &[(usize, StagedRow)]) -> Vec<StagedRow> {
-    let mut keys: Vec<(String, usize)> = Vec::new();
-    for (_, r) in rows {
-        let k = (r.row.way.clone(), r.row.clients);
-        if !keys.contains(&k) {
-            keys.push(k);
-        }
-    }
-    keys.into_iter()
-        .map(|(way, clients)| {
-            let mut of: Vec<&StagedRow> = rows
-                .iter()
-                .map(|(_, r)| r)
-                .filter(|r| r.row.way == way && r.row.clients == clients)
-                .collect();
-            of.sort_by(|a, b| a.row.requests_per_s().total_cmp(&b.row.requests_per_s()));
-            of[of.len() / 2].clone()
-        })
-        .collect()
 }
 
 fn write_outputs(args: &Args, rows: &[(usize, StagedRow)], device: &str) -> BoxResult<()> {
@@ -211,7 +161,7 @@ fn write_outputs(args: &Args, rows: &[(usize, StagedRow)], device: &str) -> BoxR
     for (round, r) in rows {
         writeln!(csv, "{round},{}", r.csv_row())?;
     }
-    let med = medians(rows);
+    let med = medians(rows, |r| &r.row);
     let mut md = std::fs::File::create(args.out.join("staged.md"))?;
     writeln!(
         md,

@@ -11,21 +11,17 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use cudarc::driver::{CudaContext, CudaStream, DevicePtrMut, DriverError, PinnedHostSlice};
+use cudarc::driver::{CudaContext, CudaStream, DevicePtrMut, PinnedHostSlice};
 use streamalloc::DriverCall;
-use streamalloc::gpu::{GpuError, GpuResult};
+use streamalloc::gpu::GpuResult;
 
 use super::super::cuda_model::CudaModel;
-use super::super::cudarc_way::DefaultPool;
+use super::super::cudarc_way::{DefaultPool, alloc_request, driver, synchronize_blocking};
 use super::super::{Dims, Recorder, Shapes, ThreadSampler};
 use super::{StagedError, StagedRow, check_output, input_value};
 
 /// The way's name in the tables.
 pub const NAME: &str = "cudarc+pinned";
-
-fn driver(call: DriverCall, e: DriverError) -> GpuError {
-    GpuError::driver(call, e.0 as i32, format!("{e:?}"))
-}
 
 /// One client's pinned input and output, for its largest request.
 #[derive(Debug)]
@@ -166,7 +162,6 @@ async fn serve_one(
     let dims: Dims = model.dims();
     let shape = shapes.next_shape();
     let [nx, nh, ny] = shape.elems(&dims);
-    let alloc = |e| driver(DriverCall::AllocAsync, e);
     let copy = |e| driver(DriverCall::MemcpyHostAsync, e);
     let t = Instant::now();
     // The client's last request was synchronized: the event `as_mut_slice`
@@ -174,13 +169,7 @@ async fn serve_one(
     let staged_in = mine.input.as_mut_slice().map_err(copy)?;
     staged_in[..nx].fill(input);
     // SAFETY: the copy in writes x, the model writes h and y, before any read.
-    let (mut x, mut h, mut y) = unsafe {
-        (
-            stream.alloc::<f32>(nx).map_err(alloc)?,
-            stream.alloc::<f32>(nh).map_err(alloc)?,
-            stream.alloc::<f32>(ny).map_err(alloc)?,
-        )
-    };
+    let [mut x, mut h, mut y] = unsafe { alloc_request(stream, [nx, nh, ny])? };
     let bytes = shape.bytes(&dims);
     rec.requested(bytes);
     // The request's part of the pinned input, as a plain slice (cudarc
@@ -203,11 +192,7 @@ async fn serve_one(
     stream
         .memcpy_dtoh(&y, &mut mine.output.as_mut_slice().map_err(copy)?[..ny])
         .map_err(copy)?;
-    let (s, r) = (stream.clone(), rec.clone());
-    tokio::task::spawn_blocking(move || r.blocked_in(|| s.synchronize()))
-        .await
-        .map_err(|e| format!("blocking task: {e}"))?
-        .map_err(|e| driver(DriverCall::StreamSynchronize, e))?;
+    synchronize_blocking(stream, rec).await?;
     let result = &mine.output.as_slice().map_err(copy)?[..ny];
     check_output(dims, input, result).map_err(|e| format!("{NAME}, client {client}: {e}"))?;
     rec.answered(t.elapsed());

@@ -13,12 +13,11 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use streamalloc::{
-    AllocTag, AsyncResource, Buffer, DeviceMemoryResource, HostPool, Reaper, ResourceError,
-};
+use streamalloc::{AllocTag, AsyncResource, DeviceMemoryResource, HostPool, Reaper};
 
-use super::super::streamalloc_way::release_all;
-use super::super::{Dims, ModelKernels, Recorder, RequestIo, Shapes, ThreadSampler};
+use super::super::clients::join_clients;
+use super::super::streamalloc_way::{client_stream, each_buffer, launch_request, release_all};
+use super::super::{Dims, ModelKernels, Recorder, Shapes, ThreadSampler};
 use super::{StagedError, StagedRow, check_output, input_value};
 
 const TAG: AllocTag = AllocTag("staged");
@@ -123,17 +122,7 @@ where
             })
         })
         .collect();
-    let mut first_error = None;
-    for task in tasks {
-        match task.await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                first_error.get_or_insert(e);
-            }
-            Err(join) => std::panic::resume_unwind(join.into_panic()),
-        }
-    }
-    first_error.map_or(Ok(()), Err)
+    join_clients(tasks).await
 }
 
 /// One request: its input written into a pooled host buffer, three device
@@ -156,43 +145,30 @@ where
 {
     let dims = level.dims;
     let shape = shapes.next_shape();
-    let [nx, nh, ny] = shape.elems(&dims);
-    let streams = res.stream_pool();
-    let stream = streams
-        .id(client % streams.len().max(1))
-        .ok_or(ResourceError::Shutdown)?;
+    let elems = shape.elems(&dims);
+    let [nx, _, ny] = elems;
+    let stream = client_stream(res, client)?;
     let t = Instant::now();
     let bytes = shape.bytes(&dims);
     let mut staged_in = pool.allocate::<f32>(nx, TAG)?;
     staged_in.as_mut_slice()?.fill(input);
-    let [mut x, mut h, mut y]: [Buffer<f32>; 3] = [
-        res.allocate_buffer::<f32>(nx, stream, TAG).await?,
-        res.allocate_buffer::<f32>(nh, stream, TAG).await?,
-        res.allocate_buffer::<f32>(ny, stream, TAG).await?,
-    ];
+    // [x, h, y]: the input, the activations, the output.
+    let mut buffers = each_buffer(res, elems, stream, TAG).await?;
     rec.requested(bytes);
-    // Not awaited: the copy out below comes after it on the stream, and
-    // seeing that one complete shows this one done.
-    drop(res.copy_to_device(&staged_in, &mut x, stream)?);
-    let (bx, bh, by) = (x.block().clone(), h.block().clone(), y.block().clone());
-    let ((), model_done) = res
-        .launch(stream)
-        .write(&mut x)
-        .write(&mut h)
-        .write(&mut y)
-        .enqueue(|raw| {
-            let io = RequestIo {
-                x: &bx,
-                h: &bh,
-                y: &by,
-                rows: shape.rows(),
-                client,
-            };
-            kernels.enqueue_model(raw, io).map_err(ResourceError::from)
-        })?;
-    drop(model_done);
+    // Neither awaited: the copy out below comes after them on the stream,
+    // and seeing that one complete shows them done.
+    drop(res.copy_to_device(&staged_in, &mut buffers[0], stream)?);
+    drop(launch_request(
+        res,
+        stream,
+        &mut buffers,
+        shape.rows(),
+        client,
+        |raw, io| kernels.enqueue_model(raw, io),
+    )?);
     let mut staged_out = pool.allocate::<f32>(ny, TAG)?;
-    res.copy_to_host(&y, &mut staged_out, stream)?.await?;
+    res.copy_to_host(&buffers[2], &mut staged_out, stream)?
+        .await?;
     // Read on every backend (the race detector sees the host's read on
     // the simulator); checked where the copies move data.
     let result = staged_out.as_slice()?;
@@ -200,7 +176,7 @@ where
         check_output(dims, input, result).map_err(|e| format!("{NAME}, client {client}: {e}"))?;
     }
     rec.answered(t.elapsed());
-    drop((x, h, y, staged_in, staged_out));
+    drop((buffers, staged_in, staged_out));
     rec.released(bytes);
     Ok(())
 }
