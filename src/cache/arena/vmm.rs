@@ -525,20 +525,20 @@ impl VirtualArena {
                     let grown;
                     (st, grown) = self.back(st, at, n, live, stream);
                     if let Err(e) = grown {
-                        let SharedArena {
-                            arena,
-                            pages,
-                            streams,
-                            ..
-                        } = &mut *st;
-                        let Some(Some(s)) = streams.get_mut(ss.slot) else {
-                            unreachable!("opened");
-                        };
-                        let freed = Freed::by(ss.slot, s.fences.next_stamp());
-                        // Clears what is still pending of the block (the
-                        // runs not mapped yet) with the counts.
-                        pages.untouch_failed(placed.off, placed.len, freed);
-                        arena.free(placed, Some(freed), |_| false);
+                        let SharedArena { arena, pages, .. } = &mut *st;
+                        // The placement is undone: nothing used the range
+                        // (no block was handed out), so it keeps the tags
+                        // it had, and its mapped pages theirs. Tagging it
+                        // as a free of this stream would make the next
+                        // stream to take it wait on the GPU for all the
+                        // work queued here, though none of it touched the
+                        // range: under a full budget every refused growth
+                        // did, and chained the streams (BENCHMARKS.md,
+                        // "Under a budget"). Clears what is still pending
+                        // of the block (the runs not mapped yet) with the
+                        // counts.
+                        pages.untouch_failed(placed.off, placed.len, Freed::CLEAN);
+                        arena.free(placed, None, |_| false);
                         return Err(e);
                     }
                     at += n;
