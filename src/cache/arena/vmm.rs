@@ -137,11 +137,15 @@
 //!
 //! # Failure
 //!
-//! A failed driver call while backing a block gives the range back to the
-//! arena and reports the error; its pages and those it meant to map ahead
-//! stop being pending, so the next allocation may use them; memory mapped
-//! for it before the failure stays as idle mappings (given back by the
-//! next trim, or when memory is short).
+//! A failed driver call while backing a block (or a budget lending the
+//! device that refuses the growth) gives the range back to the arena and
+//! reports the error; its pages and those it meant to map ahead stop
+//! being pending, so the next allocation may use them; memory mapped for
+//! it before the failure stays as idle mappings (given back by the next
+//! trim, or when memory is short). The placement is undone, not freed: no
+//! block was handed out, so the range keeps the tags it had (a free of the
+//! growing stream would make the next stream to take it wait for all the
+//! work queued there, which never touched it).
 
 // Unsafe here: the arena maps, unmaps and releases physical memory at raw addresses, and waits on fences.
 #![allow(unsafe_code)]
