@@ -12,8 +12,14 @@ pub const SIM: DeviceKind = DeviceKind::Sim {
 /// 50,000 operations, the blocks left live freed at the end
 /// (`trace_replay TRACE --cut 50000 OUT.csv.gz`).
 pub fn cut(name: &str) -> Trace {
+    cut_of(name, "first50k")
+}
+
+/// `name`'s cut `which` (`first200k`: its first 200,000 operations), from
+/// `tests/data/{name}.{which}.csv.gz`.
+pub fn cut_of(name: &str, which: &str) -> Trace {
     let path = format!(
-        "{}/tests/data/{name}.first50k.csv.gz",
+        "{}/tests/data/{name}.{which}.csv.gz",
         env!("CARGO_MANIFEST_DIR")
     );
     Trace::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
