@@ -23,10 +23,16 @@
 //! # Who changes it
 //!
 //! - [`ReserveFuture`] (the head of the queue, when it may try) allocates
-//!   the blocks in the order asked. If one is refused, it frees the ones it
-//!   took in this try (stream-ordered, on the reservation's stream) and
-//!   waits again holding nothing: a reservation never holds part of a
-//!   request while it waits.
+//!   the blocks largest first (the size most likely refused, so that a try
+//!   refused takes nothing, most often), and keeps them in the order
+//!   asked. If one is refused, it frees the ones it took in this try
+//!   (stream-ordered, on the reservation's stream) and waits again holding
+//!   nothing: a reservation never holds part of a request while it waits.
+//!   Such a free is a free of the reservation's stream at its end: a cache
+//!   below lends the range to another stream only behind a wait for all
+//!   the work queued there before it, though none of it touched the block
+//!   (under a service's full budget, the streams then ran one after
+//!   another on the GPU).
 //! - [`MemoryReservation::allocate_buffer`] takes the smallest block left
 //!   that holds the buffer (the first such in the order asked, on a tie);
 //!   the buffer owns it from then on, and frees it when dropped.
@@ -90,6 +96,9 @@ use crate::util::poll_scope::PollScope;
 pub struct ReserveFuture {
     waiter: Waiter,
     sizes: Vec<usize>,
+    /// The indices of `sizes`, largest first: the order a try allocates
+    /// them in.
+    order: Vec<usize>,
     stream: StreamId,
 }
 
@@ -98,6 +107,7 @@ impl ReserveFuture {
         ReserveFuture {
             waiter: Waiter::new(core, tag),
             sizes: sizes.to_vec(),
+            order: largest_first(sizes),
             stream,
         }
     }
@@ -122,6 +132,14 @@ fn total(sizes: &[usize]) -> ResourceResult<usize> {
         .ok_or(ResourceError::ReservationOverflow { sizes: sizes.len() })
 }
 
+/// The indices of `sizes`, largest first (the first asked first among
+/// equal sizes).
+fn largest_first(sizes: &[usize]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..sizes.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(sizes[i]));
+    order
+}
+
 /// Frees blocks a failed try took (or a reservation left unused).
 fn give_back(core: &Core, blocks: impl IntoIterator<Item = DeviceBlock>) {
     for block in blocks {
@@ -140,7 +158,7 @@ impl Future for ReserveFuture {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let _scope = PollScope::enter();
         let this = &mut *self;
-        let (sizes, stream) = (&this.sizes, this.stream);
+        let (sizes, order, stream) = (&this.sizes, &this.order, this.stream);
         let tag = this.waiter.tag.kind();
         // Overflow is reported by `check`, before anything queues.
         let bytes = sizes.iter().fold(0usize, |sum, &s| sum.saturating_add(s));
@@ -150,13 +168,13 @@ impl Future for ReserveFuture {
             |core| core.check_request(total(sizes)?, stream),
             |core| {
                 let mut blocks = Vec::with_capacity(sizes.len());
-                for &size in sizes {
-                    match core.inner.allocate(size, stream, tag) {
-                        Ok(block) => blocks.push(block),
+                for &i in order {
+                    match core.inner.allocate(sizes[i], stream, tag) {
+                        Ok(block) => blocks.push((i, block)),
                         Err(e) => {
                             // All or nothing: a waiting reservation holds
                             // nothing. Quietly: the head is this request.
-                            for block in blocks {
+                            for (_, block) in blocks {
                                 let id = block.id();
                                 if let Err(e) = give_back_failed_try(core, block) {
                                     tracing::error!(block = %id, error = %e, "freeing a reserved block failed");
@@ -169,6 +187,9 @@ impl Future for ReserveFuture {
                         }
                     }
                 }
+                // Back in the order asked.
+                blocks.sort_unstable_by_key(|&(i, _)| i);
+                let blocks: Vec<DeviceBlock> = blocks.into_iter().map(|(_, b)| b).collect();
                 if core.tracks_holdings() {
                     let owner = current_owner();
                     for b in &blocks {

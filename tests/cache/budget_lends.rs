@@ -222,3 +222,48 @@ fn a_retry_between_the_cache_and_the_budget_keeps_the_arena() {
     drop(cache);
     assert_eq!(budget.in_use(), 0);
 }
+
+/// A growth the budget refuses leaves the range it had placed as it was:
+/// a stream's own free stays its own. Stream 1 asks for more than the
+/// budget lets the arena map; the placement it tried spans the range
+/// stream 0 freed, which stream 0 then takes back as it is, with no wait
+/// on the GPU for stream 1's work (which never touched it). Tagged as a
+/// free of stream 1, as it was, the range made stream 0 wait for
+/// everything queued on stream 1: under a service's reservations, which
+/// keep the budget full, every refused try did so, and the streams ran
+/// one after another on the GPU.
+#[test]
+fn a_refused_growth_leaves_the_range_to_the_stream_that_freed_it() {
+    use streamalloc::gpu::sim::MemAccess;
+    let f = support::sim(2);
+    let gpu = gpu(&f);
+    let (s0, s1) = (f.stream(0), f.stream(1));
+    let (budget, cache) = lent(&f, 2 * P);
+    let raw = |s| f.device.raw(s).unwrap();
+    // Stream 0 fills the budget, writes its block, frees it: the kernel has
+    // not run (manual progress), so the range waits for stream 0.
+    let a = cache.allocate(2 * P, s0, T).unwrap();
+    let at = a.ptr();
+    gpu.launch_kernel(raw(s0), &[MemAccess::write(&a)]).unwrap();
+    cache.deallocate(a).unwrap();
+    // Stream 1 has work queued too, on memory of its own.
+    let other = gpu.launch_kernel(raw(s1), &[]);
+    assert!(other.is_ok(), "{other:?}");
+    // Stream 1 asks for more than the budget lets the arena map.
+    assert!(matches!(
+        cache.allocate(3 * P, s1, T),
+        Err(ResourceError::BudgetExceeded { .. })
+    ));
+    assert_eq!(budget.in_use(), 2 * P);
+    // Stream 0 takes its own free back, as it is.
+    let waits = gpu.call_count(DriverCall::StreamWaitEvent);
+    let again = cache.allocate(2 * P, s0, T).unwrap();
+    assert_eq!(again.ptr(), at, "the range stream 0 freed serves it");
+    assert_eq!(
+        gpu.call_count(DriverCall::StreamWaitEvent),
+        waits,
+        "stream 0 waited on the GPU for stream 1, whose refused growth never used the range"
+    );
+    cache.deallocate(again).unwrap();
+    gpu.run_until_idle();
+}

@@ -265,6 +265,56 @@ async fn a_waiting_reservation_holds_nothing_and_its_drop_strands_nobody() {
     assert_eq!(res.waiting_allocations(), 0);
 }
 
+/// A try allocates the largest size first: a reservation whose largest
+/// block does not fit takes nothing and gives nothing back while it waits
+/// (a block taken and given back is a free at its stream's end, which a
+/// cache below lends to other streams only behind a wait for all of that
+/// stream's work), and, served, holds its blocks in the order asked.
+#[tokio::test]
+async fn a_reservation_whose_largest_size_is_refused_takes_nothing() {
+    use streamalloc::DriverCall;
+    let gpu = SimGpu::new();
+    let device = Device::sim(&gpu, 1);
+    let budget = Budget::new(4 * MIB);
+    let res = AsyncResource::build(&device, &ResourceBuilder::new().budget(&budget)).unwrap();
+    let s = device.stream(0).unwrap();
+    let held = res
+        .allocate_buffer::<u8>(5 * MIB / 2, s, TAG)
+        .await
+        .unwrap();
+    let calls = || {
+        (
+            gpu.call_count(DriverCall::AllocAsync),
+            gpu.call_count(DriverCall::FreeAsync),
+        )
+    };
+    let before = calls();
+    // 1 MiB fits beside the 2.5 MiB held, 2 MiB does not.
+    let mut waiting = Box::pin(res.reserve(&[MIB, 2 * MIB, 4096], s, TAG));
+    let cx_waker = futures_noop();
+    let mut cx = std::task::Context::from_waker(&cx_waker);
+    assert!(waiting.as_mut().poll(&mut cx).is_pending());
+    assert!(waiting.is_waiting());
+    assert_eq!(
+        calls(),
+        before,
+        "a try refused took and gave back blocks (allocations, frees)"
+    );
+    drop(held);
+    let reserved = tokio::time::timeout(HANG, waiting)
+        .await
+        .expect("served once the held block is freed")
+        .unwrap();
+    assert_eq!(
+        reserved.sizes().collect::<Vec<_>>(),
+        [MIB, 2 * MIB, 4096],
+        "the blocks in the order asked"
+    );
+    drop(reserved);
+    res.reap_pending().await.unwrap();
+    assert_eq!(res.bytes_outstanding(), 0);
+}
+
 /// `allocate_buffers`: all or nothing, in the order asked.
 #[tokio::test]
 async fn allocate_buffers_is_all_or_nothing() {

@@ -137,11 +137,15 @@
 //!
 //! # Failure
 //!
-//! A failed driver call while backing a block gives the range back to the
-//! arena and reports the error; its pages and those it meant to map ahead
-//! stop being pending, so the next allocation may use them; memory mapped
-//! for it before the failure stays as idle mappings (given back by the
-//! next trim, or when memory is short).
+//! A failed driver call while backing a block (or a budget lending the
+//! device that refuses the growth) gives the range back to the arena and
+//! reports the error; its pages and those it meant to map ahead stop
+//! being pending, so the next allocation may use them; memory mapped for
+//! it before the failure stays as idle mappings (given back by the next
+//! trim, or when memory is short). The placement is undone, not freed: no
+//! block was handed out, so the range keeps the tags it had (a free of the
+//! growing stream would make the next stream to take it wait for all the
+//! work queued there, which never touched it).
 
 // Unsafe here: the arena maps, unmaps and releases physical memory at raw addresses, and waits on fences.
 #![allow(unsafe_code)]
@@ -525,20 +529,20 @@ impl VirtualArena {
                     let grown;
                     (st, grown) = self.back(st, at, n, live, stream);
                     if let Err(e) = grown {
-                        let SharedArena {
-                            arena,
-                            pages,
-                            streams,
-                            ..
-                        } = &mut *st;
-                        let Some(Some(s)) = streams.get_mut(ss.slot) else {
-                            unreachable!("opened");
-                        };
-                        let freed = Freed::by(ss.slot, s.fences.next_stamp());
-                        // Clears what is still pending of the block (the
-                        // runs not mapped yet) with the counts.
-                        pages.untouch_failed(placed.off, placed.len, freed);
-                        arena.free(placed, Some(freed), |_| false);
+                        let SharedArena { arena, pages, .. } = &mut *st;
+                        // The placement is undone: nothing used the range
+                        // (no block was handed out), so it keeps the tags
+                        // it had, and its mapped pages theirs. Tagging it
+                        // as a free of this stream would make the next
+                        // stream to take it wait on the GPU for all the
+                        // work queued here, though none of it touched the
+                        // range: under a full budget every refused growth
+                        // did, and chained the streams (BENCHMARKS.md,
+                        // "Under a budget"). Clears what is still pending
+                        // of the block (the runs not mapped yet) with the
+                        // counts.
+                        pages.untouch_failed(placed.off, placed.len, Freed::CLEAN);
+                        arena.free(placed, None, |_| false);
                         return Err(e);
                     }
                     at += n;
