@@ -577,8 +577,9 @@ pub unsafe trait DeviceMemoryResource: Send + Sync {
     /// takes from the device.
     ///
     /// `bytes` for a resource that allocates every request as asked; a cache
-    /// answers 0 when it holds a block that serves the
-    /// request, and the rounded size when it does not. A
+    /// answers 0 when memory it holds already serves the request (a cached
+    /// block, or free pages its arena has mapped), and the rounded size
+    /// when it does not. A
     /// [`BudgetResource`](crate::BudgetResource) reserves this much,
     /// so that it counts what the layers below really take. Decorators
     /// forward to the inner resource. Between threads it is an estimate: the

@@ -159,6 +159,54 @@ async fn reserved_requests_over_a_cache_are_all_served() {
     assert!(budget.in_use() <= budget.limit());
 }
 
+/// A budget above a cache whose first growth would map ahead past the
+/// budget's limit (7% of 100 MiB is 3 pages of 2 MiB, one more than the
+/// budget has room for): the growth maps ahead only inside the room, the
+/// reservation's second block lands on the pages mapped ahead of its
+/// first, and the first try serves it. Once the growth mapped past the
+/// limit and the cost counted only idle mappings (those pages share the
+/// live first block's handle), so the budget, past its limit, refused the
+/// second block; the try gave the first back and waited, and every later
+/// try found the same: a reservation never served though no block was
+/// live.
+#[tokio::test]
+async fn a_reservation_over_a_cache_that_mapped_ahead_past_the_budget_is_served() {
+    use streamalloc::DriverCall;
+    let gpu = SimGpu::new();
+    let device = Device::sim(&gpu, 1);
+    let budget = Budget::new(104 * MIB);
+    let layers = ResourceBuilder::new()
+        .budget(&budget)
+        .cache(CacheConfig::default());
+    let res = AsyncResource::build(&device, &layers).unwrap();
+    let s = device.stream(0).unwrap();
+    let mut reserving = Box::pin(res.reserve(&[100 * MIB, 4 * MIB], s, TAG));
+    let waker = futures_noop();
+    let mut cx = std::task::Context::from_waker(&waker);
+    let reserved = match reserving.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(reserved) => reserved.unwrap(),
+        std::task::Poll::Pending => panic!(
+            "the first try was refused with no other block live: the budget \
+             counts {} of a limit of {}, the cache holds {} (all of it the \
+             reservation's to use)",
+            budget.in_use(),
+            budget.limit(),
+            res.bytes_outstanding(),
+        ),
+    };
+    assert!(
+        budget.in_use() <= budget.limit(),
+        "the growth mapped ahead past the budget above"
+    );
+    assert_eq!(gpu.call_count(DriverCall::MemCreate), 1, "one growth");
+    assert_eq!(reserved.sizes().collect::<Vec<_>>(), [100 * MIB, 4 * MIB]);
+    drop(reserved);
+    drop(reserving);
+    res.reap_pending().await.unwrap();
+    budget.release_idle();
+    assert_eq!(budget.in_use(), 0, "everything comes back");
+}
+
 /// What an error must match.
 type Expected = fn(&ResourceError) -> bool;
 

@@ -118,10 +118,15 @@ impl Budget {
     /// reservation: [`commit`](BudgetReservation::commit) it once the memory is
     /// really allocated, or drop it to give the bytes back.
     ///
+    /// Nothing (`bytes == 0`) always fits, even while `in_use` is past the
+    /// limit (a charge of bytes already allocated may take it there): it
+    /// takes no byte from the device.
+    ///
     /// # Errors
-    /// [`ResourceError::BudgetExceeded`] when `in_use + bytes` would pass the
-    /// limit (or overflow), carrying `bytes` and the `in_use` it was
-    /// compared with; nothing is counted then.
+    /// [`ResourceError::BudgetExceeded`] when `bytes > 0` and
+    /// `in_use + bytes` would pass the limit (or overflow), carrying
+    /// `bytes` and the `in_use` it was compared with; nothing is counted
+    /// then.
     ///
     /// # Cancel safety
     /// Dropping the reservation (an early return, a panic, a dropped future
@@ -153,16 +158,17 @@ impl Budget {
         let shared = &*self.shared;
         let mut current = shared.in_use.load(Ordering::Acquire);
         if bytes == 0 {
-            // Nothing to count (a cache hit below): the same answer as a
-            // CAS that adds nothing, from the load alone.
-            return match current <= shared.limit {
-                true => Ok(BudgetReservation {
-                    budget: self,
-                    bytes,
-                    level: current,
-                }),
-                false => Err(current),
-            };
+            // Nothing to count (a cache hit below, or pages it mapped
+            // already): it fits even past the limit, where a charge of
+            // bytes already allocated may have taken the count (a cache's
+            // growth that mapped ahead of its block). Refused there, a
+            // request the memory held serves would wait for that memory to
+            // be given back, which a live block on it prevents for good.
+            return Ok(BudgetReservation {
+                budget: self,
+                bytes,
+                level: current,
+            });
         }
         loop {
             let next = match current.checked_add(bytes) {
@@ -262,6 +268,13 @@ impl BudgetReservation<'_> {
         self.bytes
     }
 
+    /// What the budget may still count past this reservation before it
+    /// passes its limit (as of when it was taken).
+    #[inline]
+    pub(crate) fn room(&self) -> usize {
+        self.budget.shared.limit.saturating_sub(self.level)
+    }
+
     /// Keeps the bytes counted: the allocation they were reserved for
     /// succeeded.
     #[inline]
@@ -329,6 +342,16 @@ mod tests {
         assert_eq!(budget.in_use(), 0, "given back before the drop");
         drop(reservation);
         assert_eq!((budget.in_use(), budget.peak()), (0, 0));
+    }
+
+    #[test]
+    fn nothing_fits_even_past_the_limit() {
+        let budget = Budget::new(100);
+        budget.charge(120);
+        assert!(budget.reserve(1).is_none());
+        let nothing = budget.try_reserve(0).expect("takes no byte");
+        nothing.commit();
+        assert_eq!(budget.in_use(), 120, "counted nothing");
     }
 
     #[test]

@@ -34,7 +34,22 @@
 //! [`BudgetReservation`] is released when dropped uncommitted). Afterwards it
 //! counts what the inner resource really holds: if a racing thread took the
 //! cached block this one expected, the difference is charged even past the
-//! limit, and released with the block.
+//! limit, and released with the block (as is a block placed across one
+//! page more than its cost guessed). An allocation that costs nothing (a
+//! cache hit, or a block on pages the cache has mapped already) is
+//! admitted even while `in_use` is past the limit: it takes no byte from
+//! the device, and refused, it would wait for the memory to be given
+//! back, which a live block on the same physical handle prevents: a
+//! reservation, giving its own first block back at each refusal, waited
+//! for good.
+//!
+//! A cache below maps ahead of a block it grows for (its slack), on the
+//! block's handle: this budget counts those pages, and none of them can
+//! be given back while the block lives. So an allocation through the
+//! budget lets the cache's growth map ahead only inside the room the
+//! budget has left (its limit less what it counts with the allocation's
+//! reservation; `util/growth_room.rs`), and the cache's cost counts free
+//! pages it has mapped, idle or not, as costing nothing.
 //!
 //! A refused reservation first asks every [`BudgetResource`] of the budget,
 //! on every device, to give the idle memory below it back

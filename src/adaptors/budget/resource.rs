@@ -11,6 +11,7 @@ use crate::resource::BudgetRelief;
 use crate::resource::DeviceMemoryResource;
 use crate::resource::relief::{HolderRegistration, IdleHolder};
 use crate::types::{AllocTag, CompletedUses, DeviceBlock, StreamId};
+use crate::util::growth_room::GrowthRoom;
 use crate::util::sync::{AtomicUsize, Mutex, Ordering};
 
 /// Charges a shared [`Budget`] for every byte of the inner resource, from
@@ -287,6 +288,9 @@ struct SettleOnReturn<'a, R: DeviceMemoryResource> {
     bytes: usize,
     /// Whether the inner resource made the block.
     made: bool,
+    /// The growth room entered for the inner allocation, left after the
+    /// counting (a field: dropped after `drop`'s body).
+    _room: Option<GrowthRoom>,
 }
 
 impl<R: DeviceMemoryResource> Drop for SettleOnReturn<'_, R> {
@@ -398,6 +402,12 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> 
                 reservation
             }
         };
+        // A cache below maps ahead of a block it grows for, and this
+        // budget counts those pages too, past its limit if they take it
+        // there: its growth maps ahead only inside the room left (see
+        // `util::growth_room`). Left when the guard below drops.
+        let room =
+            (!c.inner.allocation_cost_is_exact()).then(|| GrowthRoom::enter(reservation.room()));
         let result = self.counted.inner.allocate(bytes, stream, tag);
         // Committed or given back by a guard, after the result has moved
         // to the caller (see `SettleOnReturn`).
@@ -407,6 +417,7 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> 
             cost,
             bytes,
             made: result.is_ok(),
+            _room: room,
         };
         result
     }

@@ -335,6 +335,28 @@ impl Arena {
         len: u64,
         usable: impl Fn(u64, u64, &[Freed]) -> Option<u64>,
     ) -> Option<Placed> {
+        let (node, off) = self.lendable(len, usable)?;
+        Some(self.carve(node, off, len))
+    }
+
+    /// Whether [`lend`](Self::lend) would find a range for `len` bytes
+    /// where `usable` says, looking at the same ranges in the same order;
+    /// nothing is taken. For an estimate of what an allocation maps.
+    pub(crate) fn could_lend(
+        &self,
+        len: u64,
+        usable: impl Fn(u64, u64, &[Freed]) -> Option<u64>,
+    ) -> bool {
+        self.lendable(len, usable).is_some()
+    }
+
+    /// The free range [`lend`](Self::lend) takes `len` bytes of, and the
+    /// offset there.
+    fn lendable(
+        &self,
+        len: u64,
+        usable: impl Fn(u64, u64, &[Freed]) -> Option<u64>,
+    ) -> Option<(u32, u64)> {
         debug_assert!(len > 0 && len.is_multiple_of(UNIT));
         let mut looked = 0;
         let mut b = self.next_bucket(bucket(len))?;
@@ -346,7 +368,7 @@ impl Arena {
                     if let Some(off) = usable(n.off, n.off + n.len, self.tags(at)) {
                         debug_assert!(off >= n.off && off + len <= n.off + n.len);
                         debug_assert!(off.is_multiple_of(UNIT));
-                        return Some(self.carve(at, off, len));
+                        return Some((at, off));
                     }
                     looked += 1;
                     if looked == LEND_SCAN {

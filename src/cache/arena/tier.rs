@@ -689,8 +689,9 @@ impl ArenaTier {
     }
 
     /// An estimate of the new memory an arena allocation of `bytes` on slot
-    /// `index` maps: nothing when the idle mappings could hold it, else the
-    /// pages it spans. `None` for a size no arena range can hold (its
+    /// `index` maps: nothing when memory mapped already could hold it (idle
+    /// mappings, or free pages mapped with a live block, as ahead of one),
+    /// else the pages it spans. `None` for a size no arena range can hold (its
     /// rounding overflows): [`allocate`](Self::allocate) passes such a
     /// request to the inner resource, whose cost it is.
     pub(crate) fn cost(&self, shards: &Shards, bytes: usize, index: usize) -> Option<usize> {
@@ -715,7 +716,11 @@ impl ArenaTier {
         // the rounding's division cost a kept block's hit more than the
         // look did.
         let pages = bytes.checked_next_multiple_of(tier.page())?;
-        Some(if tier.idle_bytes() >= pages { 0 } else { pages })
+        Some(if tier.maps_nothing_for(len, pages) {
+            0
+        } else {
+            pages
+        })
     }
 
     /// Releases each stream's kept blocks to the arena; returns the leases

@@ -37,7 +37,11 @@
 //! fence of that stream past the free (no host wait). Otherwise the pages
 //! that are not mapped get new physical memory, one handle per run of
 //! pages (so a 40 MiB block costs one `cuMemCreate`, one `cuMemMap` and
-//! one `cuMemSetAccess`, not twenty of each). Before creating memory that
+//! one `cuMemSetAccess`, not twenty of each); the growth maps the free
+//! pages after the block too, ahead of the next blocks, up to `slack`
+//! over the live high-water mark and never past the room a budget above
+//! the cache leaves (see [`growth_room`](crate::util::growth_room)).
+//! Before creating memory that
 //! would take the cache past `slack` over the live high-water mark, idle
 //! mappings freed before the previous growth that the GPU is done with (a
 //! fence past every free on them has completed, learnt by a query) are
@@ -164,6 +168,7 @@ use crate::error::ResourceResult;
 use crate::gpu::{Gpu, GpuError, RawStream};
 use crate::resource::DeviceAccess;
 use crate::types::StreamId;
+use crate::util::growth_room;
 
 // What a sleep needs of the arena (`vmm/sleep.rs`): a child module, as
 // it works on the shared state's private parts.
@@ -921,6 +926,26 @@ impl VirtualArena {
         self.lock().pages.idle_bytes()
     }
 
+    /// Whether a block of `len` bytes (rounded; `pages` bytes in whole
+    /// pages) finds memory mapped already: idle mappings of at least
+    /// `pages` bytes, or a free range with memory behind a window of
+    /// `len`, as [`place`](Self::place) looks for one outside a capture
+    /// (on any stream's free range, the same ranges its lend looks at).
+    ///
+    /// Not only idle mappings: the pages a growth maps ahead of its block
+    /// share the block's handle, so they are not idle while it lives, yet
+    /// a block placed there maps nothing. A cost that charged them as new
+    /// had a budget above the cache, which the map-ahead had taken past
+    /// its limit, refuse every block that memory would serve.
+    pub(crate) fn maps_nothing_for(&self, len: u64, pages: usize) -> bool {
+        let st = self.lock();
+        if st.pages.idle_bytes() >= pages {
+            return true;
+        }
+        let SharedArena { arena, pages, .. } = &*st;
+        arena.could_lend(len, |start, end, _| pages.backed_window(start, end, len))
+    }
+
     /// The most the tier means to hold: `slack` over the live high-water
     /// mark (counting `live`, the live bytes with the block being backed),
     /// and never less than one page.
@@ -961,10 +986,14 @@ impl VirtualArena {
         // ln(peak / start) / ln(1 + slack) growths in all, instead of one
         // per block. The target bounds what this adds to the peak held:
         // `slack` over the live high-water mark, which the memory held at
-        // any time already may reach.
+        // any time already may reach. A budget above the cache bounds it
+        // too: it counts the pages ahead, which share the block's handle
+        // and cannot be given back while the block lives, so past its
+        // limit they would stay counted there (`util::growth_room`).
         let room = self
             .target(live)
             .saturating_sub(self.held() + growing + need)
+            .min(growth_room::room())
             / page;
         let ahead_max =
             (room.min(u32::MAX as usize) as u32).min(self.max_run_pages.saturating_sub(n));
