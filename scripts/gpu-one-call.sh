@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
 # A session's GPU work in one device call, for when starts are scarce:
 # `BIN=DIR END=SECONDS scripts/gpu-one-call.sh` there; DIR built here with
-# `scripts/gpu-run.sh suites DIR`, plus bin-service_bench, bin-bench_table
-# (and the previous build's as bin-bench_table-old) and libtorch_alloc.so.
-# In turn, each packed into $OUT/c.tgz as it ends: the GPU tests, the
-# budget-quarter service, the null-backend pairs of the two builds in turn
-# and the whole pairs table, PyTorch on streamalloc (the four-stream
-# models), memcheck over the wide one, then the multi-stream recordings
-# with the time left before END (default 570 s). TORCH_S, SAN_S, RECORD_S
-# cap the three last steps (170, 90, 120 s), TORCH_MODELS picks the models,
-# SERVICE_ARGS adds to the service (e.g. --budget-over-cache).
+# `scripts/gpu-run.sh suites DIR`, plus bin-service_bench and bin-bench_table
+# (with the cuda-async peer), a previous build's service_bench as
+# bin-service_bench-old (optional) and libtorch_alloc.so.
+# In turn, each packed into $OUT/c.tgz as it ends:
+# - the GPU tests;
+# - the budget-quarter service (issue 31 item 7), the old and the new
+#   build in turn, twice (SERVICE_ARGS adds to it, e.g. --budget-over-cache);
+# - the decorators' null-backend pairs (`bench_table --decorators`, item 6)
+#   and the whole pairs table (the CUDA rows);
+# - PyTorch on streamalloc: the four-stream servers (TORCH_MODELS, default
+#   the round robin of the recorded trace and the wide one), PyTorch's
+#   second run skipped (their outputs are not deterministic on PyTorch's
+#   own allocator), capped at TORCH_S (240 s);
+# - memcheck over the wide server, capped at SAN_S (200 s);
+# until END (default 570 s).
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-B=${BIN:-gpu-bin}; O=$OUT/c; mkdir -p $O/traces-ms; SECONDS=0; END=${END:-570}
+B=${BIN:-gpu-bin}; O=$OUT/c; mkdir -p $O; SECONDS=0; END=${END:-570}
 pack() { echo "$1 at $SECONDS s" >> $O/gpu.txt; tar czf $OUT/c.tgz -C $OUT c; }
 left() { local l=$(( END - SECONDS )); [ $l -gt $1 ] && echo $1 || echo $(( l > 5 ? l : 5 )); }
 date -u > $O/gpu.txt; cat $B/BUILD >> $O/gpu.txt; nproc >> $O/gpu.txt
@@ -20,16 +26,18 @@ for t in cuda:--include-ignored:100 futures:--ignored:30 cache:--ignored:30 reso
   IFS=: read -r t which secs <<< "$t"
   echo "=== $t"; timeout $secs $B/test-$t $which --test-threads=1 2>&1 | grep -E "test result|FAILED|panicked"
 done > $O/tests.txt 2>&1; pack tests
-timeout 100 $B/bin-service_bench --budget-quarter --clients 64,1024 --rounds 1 --fill-rounds 1 ${SERVICE_ARGS:-} --out $O/service > $O/service.log 2>&1; echo "service exit $?" >> $O/gpu.txt; pack service
-for i in 1 2 3; do for b in old new; do f=$B/bin-bench_table; [ $b = old ] && f=$B/bin-bench_table-old; timeout 40 $f --null-only $O/null-$b-$i > /dev/null 2>&1; done; done
+builds=new; [ -x $B/bin-service_bench-old ] && builds="old new"
+for i in 1 2; do for b in $builds; do f=$B/bin-service_bench; [ $b = old ] && f=$B/bin-service_bench-old
+  timeout 60 $f --budget-quarter --clients 64,1024 --rounds 3 --fill-rounds 1 --diag ${SERVICE_ARGS:-} --out $O/service-$b-$i > $O/service-$b-$i.log 2>&1
+  echo "service $b $i exit $?" >> $O/gpu.txt
+done; done; pack service
+timeout 60 $B/bin-bench_table --decorators > $O/decorators.txt 2>&1; echo "decorators exit $?" >> $O/gpu.txt
 timeout 100 $B/bin-bench_table $O/bench > $O/bench.log 2>&1; echo "bench exit $?" >> $O/gpu.txt; pack bench
-timeout $(left ${TORCH_S:-170}) python3 torch-alloc/scripts/compare_models.py --lib $B/libtorch_alloc.so --out $O/torch --hooks --models ${TORCH_MODELS:-llama_serve4,llama_serve4_wide} > $O/torch.txt 2>&1; echo "torch exit $? at $SECONDS" >> $O/gpu.txt
+timeout $(left ${TORCH_S:-240}) python3 torch-alloc/scripts/compare_models.py --lib $B/libtorch_alloc.so --out $O/torch --hooks --no-spread --models ${TORCH_MODELS:-llama_serve4_rr,llama_serve4_wide} > $O/torch.txt 2>&1; echo "torch exit $? at $SECONDS" >> $O/gpu.txt
 rm -f $O/torch/*.pt; pack torch
-timeout $(left ${SAN_S:-90}) python3 torch-alloc/scripts/compare_models.py --lib $B/libtorch_alloc.so --out $O/memcheck-wide --only-sanitize --hooks --models llama_serve4_wide > $O/memcheck.txt 2>&1; echo "memcheck exit $? at $SECONDS" >> $O/memcheck.txt; rm -f $O/memcheck-wide/*.pt; pack memcheck
-r=$(left ${RECORD_S:-120}); for m in gpt2_serve8 llama_serve4 gpt2_train_side; do
-  (PYTHONUNBUFFERED=1 timeout $r python3 measure/scripts/record_trace.py $m $O/traces-ms/$m.ops.csv.gz > $O/record-$m.txt 2>&1; echo "exit $?" >> $O/record-$m.txt) &
-done; wait; pack record
-cat $O/gpu.txt $O/tests.txt $O/record-*.txt; tail -4 $O/memcheck.txt
-grep -E "^\| streamalloc" $O/service/service.md
-grep -E "^(null|cuda) +pair +(StreamOrderedResource|CachingResource|Budget)" $O/bench/bench_table.txt
+timeout $(left ${SAN_S:-200}) python3 torch-alloc/scripts/compare_models.py --lib $B/libtorch_alloc.so --out $O/memcheck-wide --only-sanitize --hooks --models llama_serve4_wide > $O/memcheck.txt 2>&1; echo "memcheck exit $? at $SECONDS" >> $O/memcheck.txt; rm -f $O/memcheck-wide/*.pt; pack memcheck
+cat $O/gpu.txt $O/tests.txt; tail -4 $O/memcheck.txt
+for f in $O/service-*/service.md; do echo "== $f"; grep -E "^\| streamalloc\+" $f; done
+tail -18 $O/decorators.txt
+grep -E "^(cuda) +pair +(StreamOrderedResource|CachingResource|Budget)" $O/bench/bench_table.txt
 tail -4 $O/torch.txt; cat $O/torch/compare.md 2>/dev/null

@@ -25,7 +25,7 @@ classes are reused; random weights from seeds):
   keys, values and activations of four concurrent requests are most of
   the memory, where an allocator's per-stream pools show.
 - `llama_serve4_rr`: the server of the recorded `llama_serve4` trace
-  itself (bf16, 16 requests of batch 1-16, prompts 16-768, 8-64 new
+  itself (bf16, 32 requests of batch 1-16, prompts 16-768, 8-64 new
   tokens on four streams, decode steps round robin from one thread, so
   its outputs are deterministic): each request's keys and values grow by
   `torch.cat` on its own stream while the other three grow theirs, the
@@ -336,7 +336,7 @@ def run_llama_serve4_rr(torch, dev, rng, short):
     from record_trace import Llama
 
     model = Llama().to(dev.name, torch.bfloat16 if dev.cuda else torch.float32).eval()
-    count, cap = (4, (128, 8)) if short else (16, (768, 64))
+    count, cap = (4, (128, 8)) if short else (32, (768, 64))
     plans = [(rng.randint(1, 16), rng.randint(16, cap[0]), rng.randint(8, cap[1])) for _ in range(count)]
     inputs = [torch.randint(0, 32000, (b, p), device=dev.name) for b, p, _ in plans]
     streams = [dev.stream() for _ in range(4)]
@@ -545,7 +545,7 @@ def parent(args):
             load = lambda tag: torch.load(out / f"{model}.{tag}.json.pt", weights_only=True)
             toks, rel, bitwise = compare(torch, load("torch"), load("streamalloc"))
             spread = 0.0
-            if not bitwise:
+            if not bitwise and not args.no_spread:
                 again = run_child(args, model, "torch", "torch2")
                 if "error" not in again:
                     _, spread, _ = compare(torch, load("torch"), load("torch2"))
@@ -623,6 +623,8 @@ def main():
     ap.add_argument("--out", help="directory for compare.json, compare.md, logs")
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--short", action="store_true", help="a few steps per model")
+    ap.add_argument("--no-spread", action="store_true",
+                    help="no second run of PyTorch's allocator when the outputs differ (its run-to-run spread)")
     ap.add_argument("--sanitize", action="store_true", help="also a short memcheck run of each model on streamalloc")
     ap.add_argument("--only-sanitize", action="store_true", help="only the memcheck runs")
     ap.add_argument("--hooks", action="store_true",
