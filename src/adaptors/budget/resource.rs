@@ -405,9 +405,14 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> 
         // A cache below maps ahead of a block it grows for, and this
         // budget counts those pages too, past its limit if they take it
         // there: its growth maps ahead only inside the room left (see
-        // `util::growth_room`). Left when the guard below drops.
-        let room =
-            (!c.inner.allocation_cost_is_exact()).then(|| GrowthRoom::enter(reservation.room()));
+        // `util::growth_room`), left when the guard below drops. Not for
+        // what costs nothing (a hit, the pair's path, where two
+        // thread-local accesses cost about 3 ns), which the cache expects
+        // to serve from memory it holds; where it grows all the same (idle
+        // memory in pieces too small), what it maps ahead is counted as
+        // any top-up, and given back with the idle memory.
+        let room = (cost != 0 && !c.inner.allocation_cost_is_exact())
+            .then(|| GrowthRoom::enter(reservation.room()));
         let result = self.counted.inner.allocate(bytes, stream, tag);
         // Committed or given back by a guard, after the result has moved
         // to the caller (see `SettleOnReturn`).
