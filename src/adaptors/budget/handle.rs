@@ -160,10 +160,11 @@ impl Budget {
         if bytes == 0 {
             // Nothing to count (a cache hit below, or pages it mapped
             // already): it fits even past the limit, where a charge of
-            // bytes already allocated may have taken the count (a cache's
-            // growth that mapped ahead of its block). Refused there, a
-            // request the memory held serves would wait for that memory to
-            // be given back, which a live block on it prevents for good.
+            // bytes already allocated may have taken the count (a block
+            // placed across one page more than its cost guessed, a race
+            // over a cached block). Refused there, a request the memory
+            // held serves would wait for that memory to be given back,
+            // which a live block on the same handle may prevent for good.
             return Ok(BudgetReservation {
                 budget: self,
                 bytes,

@@ -406,8 +406,8 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> 
         // budget counts those pages too, past its limit if they take it
         // there: its growth maps ahead only inside the room left (see
         // `util::growth_room`), left when the guard below drops. Not for
-        // what costs nothing (a hit, the pair's path, where two
-        // thread-local accesses cost about 3 ns), which the cache expects
+        // what costs nothing (a hit: the pair's path, which two
+        // thread-local accesses would lengthen), which the cache expects
         // to serve from memory it holds; where it grows all the same (idle
         // memory in pieces too small), what it maps ahead is counted as
         // any top-up, and given back with the idle memory.

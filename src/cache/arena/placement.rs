@@ -636,6 +636,24 @@ mod tests {
     }
 
     #[test]
+    fn could_lend_answers_as_lend_and_takes_nothing() {
+        let mut a = Arena::new(1 << 20);
+        let x = a.alloc(4096, first).unwrap();
+        let at = |off: u64| {
+            move |s: u64, e: u64, _: &[Freed]| (s <= off && off + 8192 <= e).then_some(off)
+        };
+        assert!(a.could_lend(8192, at(65536)));
+        assert!(!a.could_lend(8192, at(0)), "x is there");
+        assert_eq!(a.free_bytes(), (1 << 20) - 4096, "took nothing");
+        let y = a.lend(8192, at(65536)).unwrap();
+        assert!(!a.could_lend(8192, at(65536)), "handed out");
+        for p in [x, y] {
+            a.free(p, by(0, 1), never);
+        }
+        assert!(a.could_lend(8192, at(0)), "freed");
+    }
+
+    #[test]
     fn frees_of_two_streams_merge_keeping_both_tags() {
         let mut a = Arena::new(1 << 20);
         let x = a.alloc(8192, first).unwrap();
