@@ -582,6 +582,11 @@ mod tests {
         Some(Freed::by(slot, stamp))
     }
 
+    /// At `off`, where a free range holds 8 KiB from there.
+    fn at(off: u64) -> impl Fn(u64, u64, &[Freed]) -> Option<u64> {
+        move |s, e, _| (s <= off && off + 8192 <= e).then_some(off)
+    }
+
     #[test]
     fn buckets_grow_with_the_size() {
         let mut last = 0;
@@ -618,9 +623,6 @@ mod tests {
     fn lend_carves_the_window_it_is_given_and_merges_back() {
         let mut a = Arena::new(1 << 20);
         let x = a.alloc(4096, first).unwrap();
-        let at = |off: u64| {
-            move |s: u64, e: u64, _: &[Freed]| (s <= off && off + 8192 <= e).then_some(off)
-        };
         let y = a.lend(8192, at(65536)).unwrap();
         assert_eq!((y.off, y.len), (65536, 8192));
         assert!(a.lend(4096, at(65536 + 4096)).is_none(), "handed out");
@@ -639,9 +641,6 @@ mod tests {
     fn could_lend_answers_as_lend_and_takes_nothing() {
         let mut a = Arena::new(1 << 20);
         let x = a.alloc(4096, first).unwrap();
-        let at = |off: u64| {
-            move |s: u64, e: u64, _: &[Freed]| (s <= off && off + 8192 <= e).then_some(off)
-        };
         assert!(a.could_lend(8192, at(65536)));
         assert!(!a.could_lend(8192, at(0)), "x is there");
         assert_eq!(a.free_bytes(), (1 << 20) - 4096, "took nothing");
