@@ -13,6 +13,11 @@
 //! non-empty bucket above (where everything fits): close to best fit, in a
 //! bounded number of steps.
 //!
+//! The free ranges of each bucket are also counted by the streams that
+//! freed them ([`ByTag`]), so that a search offered only the ranges one
+//! stream may use as they are ([`Offered::CleanOr`]) skips the buckets
+//! holding none, with the same result as a walk refusing them one by one.
+//!
 //! # Who changes it
 //!
 //! The tier's shared state, under its lock: [`Arena::alloc`] splits,
@@ -36,6 +41,7 @@
 //! Nodes: at most one per handed-out range plus one per free range between
 //! them; a free node's slot is reused by the next split.
 
+use super::by_tag::{ByTag, Offered, class_of};
 use super::freed::Freed;
 
 /// Sizes are multiples of this, and addresses are aligned to it (as the
@@ -84,13 +90,16 @@ pub(crate) struct Placed {
 }
 
 /// Placement over `[0, len)` (offsets; the caller adds its base address).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Arena {
     nodes: Vec<Node>,
     spare_nodes: Vec<u32>,
     heads: Vec<u32>,
     bitmap: [u64; BUCKETS / 64],
     free_bytes: u64,
+    /// The free ranges per bucket and class of tags: which buckets hold
+    /// ranges a stream may use as they are ([`Offered::CleanOr`]).
+    by_tag: ByTag,
     /// Tag lists of ranges several streams freed (see `Node::set`).
     sets: Vec<Vec<Freed>>,
     spare_sets: Vec<u32>,
@@ -123,6 +132,7 @@ impl Arena {
             heads: vec![NIL; BUCKETS],
             bitmap: [0; BUCKETS / 64],
             free_bytes: 0,
+            by_tag: ByTag::new(BUCKETS),
             sets: Vec::new(),
             spare_sets: Vec::new(),
         };
@@ -147,6 +157,43 @@ impl Arena {
     #[cfg(test)]
     pub(crate) fn free_bytes(&self) -> u64 {
         self.free_bytes
+    }
+
+    /// Checks the index of tags against a walk of every free list: each
+    /// bucket's count, and which buckets offer each of `slots` a range.
+    #[cfg(test)]
+    fn check_by_tag(&self, slots: usize) {
+        // Per slot, the first bucket at or above the one looked at that
+        // offers it a range (walking down).
+        let mut next: Vec<Option<usize>> = vec![None; slots];
+        for b in (0..BUCKETS).rev() {
+            let mut ranges = 0;
+            let mut at = self.heads[b];
+            while at != NIL {
+                ranges += 1;
+                for (s, n) in next.iter_mut().enumerate() {
+                    if Offered::CleanOr(s).admits(self.tags(at)) {
+                        *n = Some(b);
+                    }
+                }
+                at = self.nodes[at as usize].next_free;
+            }
+            assert_eq!(self.by_tag.ranges_in(b), ranges, "bucket {b}");
+            // The next bucket asked from every bucket holding ranges, the
+            // one after it, and the ends of the bitmap's words.
+            let asked =
+                ranges > 0 || (b > 0 && self.heads[b - 1] != NIL) || matches!(b % 64, 0 | 63);
+            for (s, &n) in next.iter().enumerate() {
+                assert_eq!(
+                    self.by_tag.offers(b, s),
+                    n == Some(b),
+                    "bucket {b}, slot {s}"
+                );
+                if asked {
+                    assert_eq!(self.by_tag.next_offering(b, s), n, "from {b}, slot {s}");
+                }
+            }
+        }
     }
 
     /// The free ranges, `(offset, length)`, in address order (for
@@ -230,6 +277,7 @@ impl Arena {
         self.heads[b] = i;
         self.bitmap[b / 64] |= 1 << (b % 64);
         self.free_bytes += self.nodes[i as usize].len;
+        self.by_tag.add(b, class_of(self.tags(i)));
     }
 
     fn unlink_free(&mut self, i: u32) {
@@ -251,6 +299,9 @@ impl Arena {
         if next_free != NIL {
             self.nodes[next_free as usize].prev_free = prev_free;
         }
+        // The tags are those the range was added with: they change only
+        // off the lists.
+        self.by_tag.remove(b, class_of(self.tags(i)));
         let n = &mut self.nodes[i as usize];
         n.free = false;
         self.free_bytes -= len;
@@ -269,12 +320,33 @@ impl Arena {
         }
     }
 
+    /// The first bucket at or above `from` holding a range `offered`
+    /// admits (for [`Offered::Any`], any non-empty bucket).
+    #[inline]
+    fn next_offering(&self, from: usize, offered: Offered) -> Option<usize> {
+        match offered {
+            Offered::Any => self.next_bucket(from),
+            Offered::CleanOr(slot) => self.by_tag.next_offering(from, slot),
+        }
+    }
+
+    /// Whether bucket `b` holds a free range `offered` admits.
+    #[inline]
+    fn offers(&self, b: usize, offered: Offered) -> bool {
+        match offered {
+            Offered::Any => self.heads[b] != NIL,
+            Offered::CleanOr(slot) => self.by_tag.offers(b, slot),
+        }
+    }
+
     /// The smallest of the first [`SCAN`] ranges of bucket `b` where `fit`
-    /// places `len` bytes, with the offset it chose.
+    /// places `len` bytes, with the offset it chose; ranges `offered` does
+    /// not admit are passed over (as if `fit` refused them).
     fn best_in(
         &self,
         b: usize,
         len: u64,
+        offered: Offered,
         fit: &impl Fn(u64, u64, &[Freed]) -> Option<u64>,
     ) -> Option<(u32, u64)> {
         let mut at = self.heads[b];
@@ -286,6 +358,7 @@ impl Arena {
             let n = &self.nodes[at as usize];
             if n.len >= len
                 && best.is_none_or(|(l, _, _)| n.len < l)
+                && offered.admits(self.tags(at))
                 && let Some(off) = fit(n.off, n.off + n.len, self.tags(at))
             {
                 debug_assert!(off >= n.off && off + len <= n.off + n.len);
@@ -301,41 +374,49 @@ impl Arena {
     }
 
     /// Places `len` bytes (a multiple of [`UNIT`]): a good fit among the
-    /// free ranges where `fit(start, end, freed)` finds room, at the offset
-    /// it returns (inside `[start, end)`, a multiple of [`UNIT`]). Looks at
-    /// the request's own bucket, then at the buckets above, a few ranges
-    /// each.
+    /// free ranges `offered` admits where `fit(start, end, freed)` finds
+    /// room, at the offset it returns (inside `[start, end)`, a multiple of
+    /// [`UNIT`]). Looks at the request's own bucket, then at the buckets
+    /// above, a few ranges each. The same placement as with
+    /// [`Offered::Any`] and a `fit` refusing what `offered` does not admit,
+    /// without walking the buckets that hold none it admits.
     pub(crate) fn alloc(
         &mut self,
         len: u64,
+        offered: Offered,
         fit: impl Fn(u64, u64, &[Freed]) -> Option<u64>,
     ) -> Option<Placed> {
         debug_assert!(len > 0 && len.is_multiple_of(UNIT));
         let b = bucket(len);
-        let mut found = self.best_in(b, len, &fit);
+        let mut found = match self.offers(b, offered) {
+            true => self.best_in(b, len, offered, &fit),
+            false => None,
+        };
         let mut above = b + 1;
         while found.is_none() {
-            let next = self.next_bucket(above)?;
-            found = self.best_in(next, len, &fit);
+            let next = self.next_offering(above, offered)?;
+            found = self.best_in(next, len, offered, &fit);
             above = next + 1;
         }
         let (node, off) = found?;
         Some(self.carve(node, off, len))
     }
 
-    /// A range to use as it is: `len` bytes of a free range, at the offset
-    /// `usable(start, end, freed)` finds inside the free range `[start,
-    /// end)` (where memory is behind every page, say). Looks at up to
-    /// [`LEND_SCAN`] free ranges large enough, smallest buckets first;
-    /// `None` when none serves, and nothing changes. The range keeps its
-    /// tag ([`freed`](Self::freed)), for a user on another stream to order
+    /// A range to use as it is: `len` bytes of a free range `offered`
+    /// admits, at the offset `usable(start, end, freed)` finds inside the
+    /// free range `[start, end)` (where memory is behind every page, say).
+    /// Looks at up to [`LEND_SCAN`] free ranges large enough, smallest
+    /// buckets first, counting those `offered` does not admit; `None` when
+    /// none serves, and nothing changes. The range keeps its tag
+    /// ([`freed`](Self::freed)), for a user on another stream to order
     /// itself after.
     pub(crate) fn lend(
         &mut self,
         len: u64,
+        offered: Offered,
         usable: impl Fn(u64, u64, &[Freed]) -> Option<u64>,
     ) -> Option<Placed> {
-        let (node, off) = self.lendable(len, usable)?;
+        let (node, off) = self.lendable(len, offered, usable)?;
         Some(self.carve(node, off, len))
     }
 
@@ -345,9 +426,10 @@ impl Arena {
     pub(crate) fn could_lend(
         &self,
         len: u64,
+        offered: Offered,
         usable: impl Fn(u64, u64, &[Freed]) -> Option<u64>,
     ) -> bool {
-        self.lendable(len, usable).is_some()
+        self.lendable(len, offered, usable).is_some()
     }
 
     /// The free range [`lend`](Self::lend) takes `len` bytes of, and the
@@ -355,23 +437,37 @@ impl Arena {
     fn lendable(
         &self,
         len: u64,
+        offered: Offered,
         usable: impl Fn(u64, u64, &[Freed]) -> Option<u64>,
     ) -> Option<(u32, u64)> {
         debug_assert!(len > 0 && len.is_multiple_of(UNIT));
         let mut looked = 0;
-        let mut b = self.next_bucket(bucket(len))?;
+        let first = bucket(len);
+        let mut b = self.next_bucket(first)?;
         loop {
+            if b != first && !self.offers(b, offered) {
+                // Every range above the request's bucket is large enough:
+                // each counts as looked at, none serves.
+                looked += self.by_tag.ranges_in(b) as usize;
+                if looked >= LEND_SCAN {
+                    return None;
+                }
+                b = self.next_bucket(b + 1)?;
+                continue;
+            }
             let mut at = self.heads[b];
             while at != NIL {
                 let n = self.nodes[at as usize];
                 if n.len >= len {
-                    if let Some(off) = usable(n.off, n.off + n.len, self.tags(at)) {
+                    if offered.admits(self.tags(at))
+                        && let Some(off) = usable(n.off, n.off + n.len, self.tags(at))
+                    {
                         debug_assert!(off >= n.off && off + len <= n.off + n.len);
                         debug_assert!(off.is_multiple_of(UNIT));
                         return Some((at, off));
                     }
                     looked += 1;
-                    if looked == LEND_SCAN {
+                    if looked >= LEND_SCAN {
                         return None;
                     }
                 }
@@ -568,6 +664,7 @@ impl Arena {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use Offered::Any;
 
     /// At the start of the first range that fits.
     fn first(start: u64, _: u64, _: &[Freed]) -> Option<u64> {
@@ -601,68 +698,68 @@ mod tests {
     #[test]
     fn split_merge_and_reuse() {
         let mut a = Arena::new(1 << 20);
-        let x = a.alloc(4096, first).unwrap();
-        let y = a.alloc(8192, first).unwrap();
-        let z = a.alloc(4096, first).unwrap();
+        let x = a.alloc(4096, Any, first).unwrap();
+        let y = a.alloc(8192, Any, first).unwrap();
+        let z = a.alloc(4096, Any, first).unwrap();
         assert_eq!((x.off, y.off, z.off), (0, 4096, 12288));
         a.free(y, by(0, 1), never);
         // Best fit takes the hole, not the tail.
-        let w = a.alloc(8192, first).unwrap();
+        let w = a.alloc(8192, Any, first).unwrap();
         assert_eq!(w.off, 4096);
         a.free(w, by(0, 2), never);
         a.free(x, by(0, 3), never);
         a.free(z, by(0, 4), never);
         assert_eq!(a.free_bytes(), 1 << 20);
-        let all = a.alloc(1 << 20, first).unwrap();
+        let all = a.alloc(1 << 20, Any, first).unwrap();
         assert_eq!(all.off, 0, "everything merged back into one range");
         assert_eq!(a.freed(all), [Freed::by(0, 4)], "the newest free");
-        assert!(a.alloc(UNIT, first).is_none());
+        assert!(a.alloc(UNIT, Any, first).is_none());
     }
 
     #[test]
     fn lend_carves_the_window_it_is_given_and_merges_back() {
         let mut a = Arena::new(1 << 20);
-        let x = a.alloc(4096, first).unwrap();
-        let y = a.lend(8192, at(65536)).unwrap();
+        let x = a.alloc(4096, Any, first).unwrap();
+        let y = a.lend(8192, Any, at(65536)).unwrap();
         assert_eq!((y.off, y.len), (65536, 8192));
-        assert!(a.lend(4096, at(65536 + 4096)).is_none(), "handed out");
-        assert!(a.lend(512, at(0)).is_none(), "x is there");
+        assert!(a.lend(4096, Any, at(65536 + 4096)).is_none(), "handed out");
+        assert!(a.lend(512, Any, at(0)).is_none(), "x is there");
         assert_eq!(a.free_bytes(), (1 << 20) - 4096 - 8192);
         // The hole before y is still placeable.
-        let z = a.alloc(65536 - 4096, first).unwrap();
+        let z = a.alloc(65536 - 4096, Any, first).unwrap();
         assert_eq!(z.off, 4096);
         for p in [x, y, z] {
             a.free(p, by(0, 1), never);
         }
-        assert_eq!(a.alloc(1 << 20, first).unwrap().off, 0, "merged back");
+        assert_eq!(a.alloc(1 << 20, Any, first).unwrap().off, 0, "merged back");
     }
 
     #[test]
     fn could_lend_answers_as_lend_and_takes_nothing() {
         let mut a = Arena::new(1 << 20);
-        let x = a.alloc(4096, first).unwrap();
-        assert!(a.could_lend(8192, at(65536)));
-        assert!(!a.could_lend(8192, at(0)), "x is there");
+        let x = a.alloc(4096, Any, first).unwrap();
+        assert!(a.could_lend(8192, Any, at(65536)));
+        assert!(!a.could_lend(8192, Any, at(0)), "x is there");
         assert_eq!(a.free_bytes(), (1 << 20) - 4096, "took nothing");
-        let y = a.lend(8192, at(65536)).unwrap();
-        assert!(!a.could_lend(8192, at(65536)), "handed out");
+        let y = a.lend(8192, Any, at(65536)).unwrap();
+        assert!(!a.could_lend(8192, Any, at(65536)), "handed out");
         for p in [x, y] {
             a.free(p, by(0, 1), never);
         }
-        assert!(a.could_lend(8192, at(0)), "freed");
+        assert!(a.could_lend(8192, Any, at(0)), "freed");
     }
 
     #[test]
     fn frees_of_two_streams_merge_keeping_both_tags() {
         let mut a = Arena::new(1 << 20);
-        let x = a.alloc(8192, first).unwrap();
-        let y = a.alloc(8192, first).unwrap();
-        let z = a.alloc(8192, first).unwrap();
-        let rest = a.alloc((1 << 20) - 3 * 8192, first).unwrap();
+        let x = a.alloc(8192, Any, first).unwrap();
+        let y = a.alloc(8192, Any, first).unwrap();
+        let z = a.alloc(8192, Any, first).unwrap();
+        let rest = a.alloc((1 << 20) - 3 * 8192, Any, first).unwrap();
         a.free(x, by(0, 5), never);
         a.free(y, by(1, 7), never);
         a.free(z, by(0, 6), never);
-        let all = a.alloc(3 * 8192, first).unwrap();
+        let all = a.alloc(3 * 8192, Any, first).unwrap();
         assert_eq!(all.off, 0, "one range");
         let mut tags = a.freed(all).to_vec();
         tags.sort_by_key(|f| f.slot());
@@ -673,37 +770,160 @@ mod tests {
         );
         // Undoing a placement keeps the tags; a part split off keeps them.
         a.free(all, None, never);
-        let part = a.alloc(8192, first).unwrap();
+        let part = a.alloc(8192, Any, first).unwrap();
         assert_eq!(a.freed(part).len(), 2);
         a.free(part, None, never);
         // A free ordered after both (its user waited) leaves one tag.
-        let all = a.alloc(3 * 8192, first).unwrap();
+        let all = a.alloc(3 * 8192, Any, first).unwrap();
         a.free(all, by(2, 1), never);
-        let again = a.alloc(8192, first).unwrap();
+        let again = a.alloc(8192, Any, first).unwrap();
         assert_eq!(a.freed(again), [Freed::by(2, 1)]);
         a.free(again, None, never);
         a.free(rest, by(0, 9), |f| f.slot() == Some(2));
-        let whole = a.alloc(1 << 20, first).unwrap();
+        let whole = a.alloc(1 << 20, Any, first).unwrap();
         assert_eq!(a.freed(whole), [Freed::by(0, 9)], "done tags dropped");
     }
 
     #[test]
     fn a_free_beside_a_done_range_drops_its_tag() {
         let mut a = Arena::new(1 << 20);
-        let x = a.alloc(8192, first).unwrap();
-        let y = a.alloc(8192, first).unwrap();
-        let _rest = a.alloc((1 << 20) - 16384, first).unwrap();
+        let x = a.alloc(8192, Any, first).unwrap();
+        let y = a.alloc(8192, Any, first).unwrap();
+        let _rest = a.alloc((1 << 20) - 16384, Any, first).unwrap();
         a.free(x, by(0, 5), never);
         a.free(y, by(1, 7), |f| f.slot() == Some(0));
-        let both = a.alloc(16384, first).unwrap();
+        let both = a.alloc(16384, Any, first).unwrap();
         assert_eq!(a.freed(both), [Freed::by(1, 7)]);
+    }
+
+    /// One step of [`an_offered_search_places_as_a_fit_that_refuses`].
+    #[derive(Debug, Clone)]
+    enum Step {
+        /// Places `units` for `slot`'s stream (`own`: offered only the
+        /// ranges it may use as they are), at the start or the end of the
+        /// range.
+        Alloc {
+            units: u64,
+            slot: usize,
+            own: bool,
+            at_end: bool,
+        },
+        /// Lends `units` to `slot`'s stream.
+        Lend { units: u64, slot: usize, own: bool },
+        /// Frees the `i`th live range (modulo), freed by `slot` (`None`:
+        /// the placement undone).
+        Free { i: usize, slot: Option<usize> },
+    }
+
+    const SLOTS: usize = 4;
+
+    fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+        use proptest::prelude::*;
+        // Mostly small blocks, now and then a large one: many buckets.
+        let units = prop_oneof![4 => 1u64..64, 1 => 64u64..2048];
+        prop_oneof![
+            3 => (units.clone(), 0..SLOTS, any::<bool>(), any::<bool>()).prop_map(
+                |(units, slot, own, at_end)| Step::Alloc { units, slot, own, at_end }
+            ),
+            1 => (units, 0..SLOTS, any::<bool>())
+                .prop_map(|(units, slot, own)| Step::Lend { units, slot, own }),
+            3 => (any::<usize>(), proptest::option::weighted(0.9, 0..SLOTS))
+                .prop_map(|(i, slot)| Step::Free { i, slot }),
+        ]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+        /// Random placements, lends and frees by four streams: a search
+        /// offered only a stream's own and clean ranges places exactly as a
+        /// search over every range whose `fit` refuses the others (the
+        /// walk before the index), and the index agrees with a walk of
+        /// the free lists after every step.
+        #[test]
+        fn an_offered_search_places_as_a_fit_that_refuses(
+            steps in proptest::collection::vec(step(), 1..300)
+        ) {
+            let mut indexed = Arena::new(8 << 20);
+            let mut walked = indexed.clone();
+            let mut live: Vec<Placed> = Vec::new();
+            let mut stamp = 0;
+            // Some frees are seen done, so merges drop tags.
+            let done = |f: Freed| f.stamp().is_multiple_of(7);
+            for step in steps {
+                match step {
+                    Step::Alloc { units, slot, own, at_end } => {
+                        let len = units * UNIT;
+                        let fit = move |s: u64, e: u64, _: &[Freed]| {
+                            Some(if at_end { e - len } else { s })
+                        };
+                        let offered = if own { Offered::CleanOr(slot) } else { Any };
+                        let got = indexed.alloc(len, offered, fit);
+                        let want = walked.alloc(len, Any, |s, e, tags| {
+                            offered.admits(tags).then(|| fit(s, e, tags)).flatten()
+                        });
+                        proptest::prop_assert_eq!(got, want);
+                        live.extend(got);
+                    }
+                    Step::Lend { units, slot, own } => {
+                        let len = units * UNIT;
+                        // Only ranges starting on an even unit serve.
+                        let usable = |s: u64, _: u64, _: &[Freed]| (s / UNIT).is_multiple_of(2).then_some(s);
+                        let offered = if own { Offered::CleanOr(slot) } else { Any };
+                        let could = indexed.could_lend(len, offered, usable);
+                        let got = indexed.lend(len, offered, usable);
+                        let want = walked.lend(len, Any, |s, e, tags| {
+                            offered.admits(tags).then(|| usable(s, e, tags)).flatten()
+                        });
+                        proptest::prop_assert_eq!(got, want);
+                        proptest::prop_assert_eq!(could, got.is_some());
+                        live.extend(got);
+                    }
+                    Step::Free { i, slot } => {
+                        if live.is_empty() {
+                            continue;
+                        }
+                        let placed = live.swap_remove(i % live.len());
+                        stamp += 1;
+                        let freed = slot.map(|s| Freed::by(s, stamp));
+                        indexed.free(placed, freed, done);
+                        walked.free(placed, freed, done);
+                    }
+                }
+                indexed.check_by_tag(SLOTS);
+            }
+        }
+    }
+
+    /// A lend offered only a stream's own and clean ranges still counts
+    /// the others' it passes over, and gives up after [`LEND_SCAN`] as a
+    /// walk of them all does.
+    #[test]
+    fn a_lend_counts_the_ranges_it_passes_over() {
+        for others in [LEND_SCAN - 1, LEND_SCAN] {
+            let mut a = Arena::new(1 << 20);
+            // `others` ranges of 2 units freed by stream 1, kept apart by
+            // live blocks; the clean rest of the arena after them.
+            let pairs: Vec<_> = (0..others)
+                .map(|_| (a.alloc(2 * UNIT, Any, first), a.alloc(UNIT, Any, first)))
+                .collect();
+            for (i, (x, _)) in pairs.iter().enumerate() {
+                a.free(x.unwrap(), by(1, i as u64 + 1), never);
+            }
+            let walked = a.clone().lend(UNIT, Any, |s, _, tags| {
+                Offered::CleanOr(0).admits(tags).then_some(s)
+            });
+            let indexed = a.lend(UNIT, Offered::CleanOr(0), first);
+            assert_eq!(indexed, walked, "{others} ranges of stream 1");
+            assert_eq!(indexed.is_some(), others < LEND_SCAN, "{others}");
+        }
     }
 
     #[test]
     fn fit_sees_each_ranges_tag_and_chooses_the_offset() {
         let mut a = Arena::new(1 << 20);
-        let x = a.alloc(65536, first).unwrap();
-        let _rest = a.alloc((1 << 20) - 65536, first).unwrap();
+        let x = a.alloc(65536, Any, first).unwrap();
+        let _rest = a.alloc((1 << 20) - 65536, Any, first).unwrap();
         a.free(x, by(3, 1), never);
         // Only the upper half of x's range may be used.
         let upper = |start: u64, end: u64, f: &[Freed]| {
@@ -711,9 +931,9 @@ mod tests {
             let at = start.max(32768);
             (at + 8192 <= end).then_some(at)
         };
-        let p = a.alloc(8192, upper).unwrap();
+        let p = a.alloc(8192, Any, upper).unwrap();
         assert_eq!(p.off, 32768, "the offset fit chose");
         assert_eq!(a.free_bytes(), 65536 - 8192);
-        assert!(a.alloc(8192, |_, _, _| None).is_none(), "nowhere fits");
+        assert!(a.alloc(8192, Any, |_, _, _| None).is_none(), "nowhere fits");
     }
 }

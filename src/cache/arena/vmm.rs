@@ -159,6 +159,7 @@ use crate::observe::history::{self, MemoryAction, MemoryEvent};
 use crate::util::sync::{Mutex, MutexGuard};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
+use super::by_tag::Offered;
 use super::fences::Fences;
 use super::freed::Freed;
 use super::kept::{KeptBlocks, KeptNodes};
@@ -746,10 +747,22 @@ impl VirtualArena {
     /// capture (`own` is `None`), which may not wait, frees the GPU is
     /// known done with are usable, and nothing else.
     fn usable_now(streams: &[Option<StreamFences>], own: Option<usize>, freed: &[Freed]) -> bool {
-        freed.iter().all(|&f| match own {
-            Some(own) => f.slot() == Some(own),
-            None => is_done(streams, f),
-        })
+        match own {
+            Some(own) => Offered::CleanOr(own).admits(freed),
+            None => freed.iter().all(|&f| is_done(streams, f)),
+        }
+    }
+
+    /// The free ranges a search may skip without asking about them: where
+    /// only ranges a stream may use as they are serve (not `any`, and
+    /// none other serves elsewhere), outside a capture, those its own
+    /// slot's index names ([`Offered::CleanOr`], the test of
+    /// [`usable_now`](Self::usable_now)).
+    fn offered(own: Option<usize>, any: bool, elsewhere: bool) -> Offered {
+        match own {
+            Some(own) if !any && !elsewhere => Offered::CleanOr(own),
+            _ => Offered::Any,
+        }
     }
 
     /// A good fit a stream may use now: where its tag allows (see
@@ -770,7 +783,8 @@ impl VirtualArena {
             streams,
             ..
         } = st;
-        arena.alloc(len, |start, end, freed| {
+        let offered = Self::offered(own, any, unbacked_elsewhere);
+        arena.alloc(len, offered, |start, end, freed| {
             if any || Self::usable_now(streams, own, freed) {
                 let at_end = end - start > len && !pages.backed(start) && pages.backed(end - 1);
                 let at = if at_end { end - len } else { start };
@@ -799,7 +813,7 @@ impl VirtualArena {
             streams,
             ..
         } = st;
-        arena.lend(len, |start, end, freed| {
+        arena.lend(len, Self::offered(own, any, false), |start, end, freed| {
             (any || Self::usable_now(streams, own, freed))
                 .then(|| pages.backed_window(start, end, len))
                 .flatten()
@@ -943,7 +957,9 @@ impl VirtualArena {
             return true;
         }
         let SharedArena { arena, pages, .. } = &*st;
-        arena.could_lend(len, |start, end, _| pages.backed_window(start, end, len))
+        arena.could_lend(len, Offered::Any, |start, end, _| {
+            pages.backed_window(start, end, len)
+        })
     }
 
     /// The most the tier means to hold: `slack` over the live high-water
