@@ -67,25 +67,49 @@ impl Offered {
     }
 }
 
-/// The class a range with tags `tags` is counted in: 0 when clean, `s +
-/// 1` when freed by slot `s` only, `None` when freed by several streams.
+/// A range's class: [`CLEAN`] when no stream freed it, `s + 1` when only
+/// the stream of slot `s` did, [`SEVERAL`] when several streams did.
+pub(crate) type Class = u16;
+
+/// The class of ranges no stream freed.
+pub(crate) const CLEAN: Class = 0;
+
+/// The class of ranges several streams freed: in no index, no stream may
+/// use them as they are.
+pub(crate) const SEVERAL: Class = Class::MAX;
+
+/// The class a range with tags `tags` is counted in. Slots are below
+/// 2^16 - 2 (`CacheConfig::streams`), so `s + 1` stays under [`SEVERAL`].
 #[inline]
-pub(crate) fn class_of(tags: &[Freed]) -> Option<usize> {
+pub(crate) fn class_of(tags: &[Freed]) -> Class {
     let Some((first, rest)) = tags.split_first() else {
-        return Some(0);
+        return CLEAN;
     };
-    let slot = first.slot()?;
-    rest.iter()
-        .all(|f| f.slot() == Some(slot))
-        .then_some(slot + 1)
+    match first.slot() {
+        Some(slot) if rest.iter().all(|f| f.slot() == Some(slot)) => {
+            debug_assert!(slot + 1 < SEVERAL as usize, "slot {slot}");
+            (slot + 1) as Class
+        }
+        _ => SEVERAL,
+    }
 }
 
-/// One class's free ranges per bucket.
+/// One class's free ranges per bucket, and which buckets (and words of
+/// the bitmap) hold some.
 #[derive(Debug, Clone)]
-struct Class {
-    counts: Box<[u32]>,
-    bitmap: Box<[u64]>,
+struct Buckets {
+    counts: Vec<u32>,
+    bitmap: Vec<u64>,
+    /// Bit `w`: word `w` of `bitmap` is not zero.
+    words: u64,
 }
+
+/// The buckets of a class never used: none.
+static NONE: Buckets = Buckets {
+    counts: Vec::new(),
+    bitmap: Vec::new(),
+    words: 0,
+};
 
 /// Free ranges per bucket, and per bucket and class of tags (see the
 /// module's essay).
@@ -94,47 +118,70 @@ pub(crate) struct ByTag {
     /// Per bucket, its free ranges (every class).
     ranges: Box<[u32]>,
     /// Per class, once a range of it was freed.
-    classes: Vec<Option<Class>>,
+    classes: Vec<Option<Buckets>>,
 }
 
 impl ByTag {
-    /// An index of `buckets` buckets (a multiple of 64), all empty.
+    /// An index of `buckets` buckets (a multiple of 64, at most 4,096),
+    /// all empty.
     pub(crate) fn new(buckets: usize) -> Self {
-        debug_assert!(buckets.is_multiple_of(64));
+        debug_assert!(buckets.is_multiple_of(64) && buckets / 64 <= 64);
         ByTag {
             ranges: vec![0; buckets].into_boxed_slice(),
             classes: Vec::new(),
         }
     }
 
-    /// A free range of class `class` went on bucket `b`'s list.
-    #[inline]
-    pub(crate) fn add(&mut self, b: usize, class: Option<usize>) {
-        self.ranges[b] += 1;
-        let Some(c) = class else { return };
+    /// The buckets of class `c`, made empty on its first use.
+    #[cold]
+    fn make(&mut self, c: usize) {
         if self.classes.len() <= c {
             self.classes.resize_with(c + 1, || None);
         }
         let buckets = self.ranges.len();
-        let class = self.classes[c].get_or_insert_with(|| Class {
-            counts: vec![0; buckets].into_boxed_slice(),
-            bitmap: vec![0; buckets / 64].into_boxed_slice(),
+        self.classes[c] = Some(Buckets {
+            counts: vec![0; buckets],
+            bitmap: vec![0; buckets / 64],
+            words: 0,
         });
+    }
+
+    /// A free range of class `class` went on bucket `b`'s list.
+    #[inline]
+    pub(crate) fn add(&mut self, b: usize, class: Class) {
+        self.ranges[b] += 1;
+        if class == SEVERAL {
+            return;
+        }
+        let c = class as usize;
+        if !matches!(self.classes.get(c), Some(Some(_))) {
+            self.make(c);
+        }
+        let Some(Some(class)) = self.classes.get_mut(c) else {
+            unreachable!("made above");
+        };
         class.counts[b] += 1;
         class.bitmap[b / 64] |= 1 << (b % 64);
+        class.words |= 1 << (b / 64);
     }
 
     /// A free range of class `class` came off bucket `b`'s list.
     #[inline]
-    pub(crate) fn remove(&mut self, b: usize, class: Option<usize>) {
+    pub(crate) fn remove(&mut self, b: usize, class: Class) {
         self.ranges[b] -= 1;
-        let Some(c) = class else { return };
-        let Some(Some(class)) = self.classes.get_mut(c) else {
-            unreachable!("class {c} was never added");
+        if class == SEVERAL {
+            return;
+        }
+        let Some(Some(class)) = self.classes.get_mut(class as usize) else {
+            unreachable!("class {class} was never added");
         };
         class.counts[b] -= 1;
         if class.counts[b] == 0 {
-            class.bitmap[b / 64] &= !(1 << (b % 64));
+            let w = &mut class.bitmap[b / 64];
+            *w &= !(1 << (b % 64));
+            if *w == 0 {
+                class.words &= !(1 << (b / 64));
+            }
         }
     }
 
@@ -144,41 +191,50 @@ impl ByTag {
         self.ranges[b]
     }
 
-    /// Word `w` of class `c`'s bitmap (0 for a class never used).
+    /// The buckets of class `c` (none for a class never used).
     #[inline]
-    fn word(&self, c: usize, w: usize) -> u64 {
+    fn class(&self, c: usize) -> &Buckets {
         match self.classes.get(c) {
-            Some(Some(class)) => class.bitmap[w],
-            _ => 0,
+            Some(Some(class)) => class,
+            _ => &NONE,
         }
+    }
+
+    /// Word `w` of the bitmap of the buckets holding ranges `slot`'s
+    /// stream may use as they are: clean ones, or its own.
+    #[inline]
+    fn offering(clean: &Buckets, own: &Buckets, w: usize) -> u64 {
+        clean.bitmap.get(w).copied().unwrap_or(0) | own.bitmap.get(w).copied().unwrap_or(0)
     }
 
     /// Whether bucket `b` holds a range `slot`'s stream may use as it is.
     #[inline]
     pub(crate) fn offers(&self, b: usize, slot: usize) -> bool {
-        let bit = 1 << (b % 64);
-        (self.word(0, b / 64) | self.word(slot + 1, b / 64)) & bit != 0
+        let (clean, own) = (self.class(CLEAN as usize), self.class(slot + 1));
+        Self::offering(clean, own, b / 64) & (1 << (b % 64)) != 0
     }
 
     /// The first bucket at or above `from` holding a range `slot`'s stream
     /// may use as it is.
+    #[inline]
     pub(crate) fn next_offering(&self, from: usize, slot: usize) -> Option<usize> {
-        let words = self.ranges.len() / 64;
-        let mut w = from / 64;
-        if w >= words {
+        let (clean, own) = (self.class(CLEAN as usize), self.class(slot + 1));
+        let w = from / 64;
+        let bits = Self::offering(clean, own, w) & (!0u64 << (from % 64));
+        if bits != 0 {
+            return Some(w * 64 + bits.trailing_zeros() as usize);
+        }
+        // The next word holding any: from the words' summary.
+        let above = (clean.words | own.words)
+            .checked_shr(w as u32 + 1)
+            .unwrap_or(0);
+        if above == 0 {
             return None;
         }
-        let mut bits = (self.word(0, w) | self.word(slot + 1, w)) & (!0u64 << (from % 64));
-        loop {
-            if bits != 0 {
-                return Some(w * 64 + bits.trailing_zeros() as usize);
-            }
-            w += 1;
-            if w == words {
-                return None;
-            }
-            bits = self.word(0, w) | self.word(slot + 1, w);
-        }
+        let w = w + 1 + above.trailing_zeros() as usize;
+        let bits = Self::offering(clean, own, w);
+        debug_assert_ne!(bits, 0, "word {w} is summarised as holding ranges");
+        Some(w * 64 + bits.trailing_zeros() as usize)
     }
 }
 
@@ -189,10 +245,10 @@ mod tests {
     #[test]
     fn classes_follow_the_tags() {
         let (a, b) = (Freed::by(2, 5), Freed::by(3, 1));
-        assert_eq!(class_of(&[]), Some(0));
-        assert_eq!(class_of(&[a]), Some(3));
-        assert_eq!(class_of(&[a, Freed::by(2, 9)]), Some(3));
-        assert_eq!(class_of(&[a, b]), None);
+        assert_eq!(class_of(&[]), CLEAN);
+        assert_eq!(class_of(&[a]), 3);
+        assert_eq!(class_of(&[a, Freed::by(2, 9)]), 3);
+        assert_eq!(class_of(&[a, b]), SEVERAL);
         assert!(Offered::CleanOr(2).admits(&[]));
         assert!(Offered::CleanOr(2).admits(&[a]));
         assert!(!Offered::CleanOr(2).admits(&[b]));
@@ -203,9 +259,9 @@ mod tests {
     #[test]
     fn a_bucket_offers_a_stream_its_own_and_clean_ranges_only() {
         let mut ix = ByTag::new(256);
-        ix.add(70, Some(3)); // freed by slot 2
-        ix.add(130, Some(0)); // clean
-        ix.add(200, None); // several streams
+        ix.add(70, 3); // freed by slot 2
+        ix.add(130, CLEAN);
+        ix.add(200, SEVERAL);
         assert!(ix.offers(70, 2) && !ix.offers(70, 1));
         assert!(ix.offers(130, 1) && ix.offers(130, 2));
         assert!(!ix.offers(200, 2));
@@ -214,10 +270,10 @@ mod tests {
         assert_eq!(ix.next_offering(131, 2), None);
         assert_eq!(ix.next_offering(256, 2), None);
         assert_eq!(ix.next_offering(0, 40), Some(130), "a slot never seen");
-        ix.add(70, Some(3));
-        ix.remove(70, Some(3));
+        ix.add(70, 3);
+        ix.remove(70, 3);
         assert!(ix.offers(70, 2), "one left");
-        ix.remove(70, Some(3));
+        ix.remove(70, 3);
         assert!(!ix.offers(70, 2));
         assert_eq!(ix.next_offering(0, 2), Some(130));
         assert_eq!((ix.ranges_in(70), ix.ranges_in(200)), (0, 1));

@@ -89,6 +89,9 @@ pub(crate) struct Handle {
 #[derive(Debug)]
 pub(crate) struct PageTable {
     page: u64,
+    /// `page`'s log2 when it is a power of two (always on CUDA: the
+    /// granularity is), so that finding a page shifts instead of divides.
+    shift: Option<u32>,
     /// The pages up to the highest one a block touched so far: the arena
     /// places blocks from its start, so this follows what the stream
     /// used, not the reservation (twice the device: 1.1 MiB of entries
@@ -116,6 +119,7 @@ impl PageTable {
     pub(crate) fn new(len: u64, page: u64) -> Self {
         PageTable {
             page,
+            shift: page.is_power_of_two().then(|| page.trailing_zeros()),
             pages: Vec::new(),
             capacity: len.div_ceil(page) as usize,
             handles: Vec::new(),
@@ -128,8 +132,24 @@ impl PageTable {
         }
     }
 
+    /// The page holding byte `off`.
+    #[inline]
+    fn page_of(&self, off: u64) -> usize {
+        match self.shift {
+            Some(shift) => (off >> shift) as usize,
+            None => (off / self.page) as usize,
+        }
+    }
+
+    /// The pages `[off, off + len)` touches.
+    #[inline]
     fn span(&self, off: u64, len: u64) -> std::ops::Range<usize> {
-        (off / self.page) as usize..(off + len).div_ceil(self.page) as usize
+        let end = off + len;
+        let end = match self.shift {
+            Some(shift) => (end >> shift) as usize + usize::from(end & (self.page - 1) != 0),
+            None => end.div_ceil(self.page) as usize,
+        };
+        self.page_of(off)..end
     }
 
     /// Extends the table over the pages before `end`.
@@ -143,7 +163,7 @@ impl PageTable {
     /// Whether the page at `off` has memory behind it.
     pub(crate) fn backed(&self, off: u64) -> bool {
         self.pages
-            .get((off / self.page) as usize)
+            .get(self.page_of(off))
             .is_some_and(|p| p.mapped())
     }
 

@@ -41,7 +41,7 @@
 //! Nodes: at most one per handed-out range plus one per free range between
 //! them; a free node's slot is reused by the next split.
 
-use super::by_tag::{ByTag, Offered, class_of};
+use super::by_tag::{ByTag, Class, Offered, SEVERAL, class_of};
 use super::freed::Freed;
 
 /// Sizes are multiples of this, and addresses are aligned to it (as the
@@ -67,6 +67,9 @@ struct Node {
     prev_addr: u32,
     next_addr: u32,
     free: bool,
+    /// While free, the class of its tags in the index ([`ByTag`]), as it
+    /// was counted there.
+    class: Class,
     prev_free: u32,
     next_free: u32,
     /// Who last freed (part of) the range, when one stream did: once a
@@ -103,6 +106,8 @@ pub(crate) struct Arena {
     /// Tag lists of ranges several streams freed (see `Node::set`).
     sets: Vec<Vec<Freed>>,
     spare_sets: Vec<u32>,
+    /// Room for the tags of a merge of ranges several streams freed.
+    merged: Vec<Freed>,
 }
 
 /// `bytes` rounded up to [`UNIT`] (at least one unit), or `None` on
@@ -135,6 +140,7 @@ impl Arena {
             by_tag: ByTag::new(BUCKETS),
             sets: Vec::new(),
             spare_sets: Vec::new(),
+            merged: Vec::new(),
         };
         if len > 0 {
             let n = arena.node(Node {
@@ -143,6 +149,7 @@ impl Arena {
                 prev_addr: NIL,
                 next_addr: NIL,
                 free: false,
+                class: SEVERAL,
                 prev_free: NIL,
                 next_free: NIL,
                 freed: Freed::CLEAN,
@@ -225,8 +232,10 @@ impl Arena {
         let set = match n.set {
             NIL => NIL,
             s => {
-                let tags = self.sets[s as usize].clone();
-                self.new_set(tags)
+                let tags = std::mem::take(&mut self.sets[s as usize]);
+                let copy = self.new_set(&tags);
+                self.sets[s as usize] = tags;
+                copy
             }
         };
         let rest = self.node(Node {
@@ -235,6 +244,7 @@ impl Arena {
             prev_addr: node,
             next_addr: n.next_addr,
             free: false,
+            class: SEVERAL,
             prev_free: NIL,
             next_free: NIL,
             freed: n.freed,
@@ -265,9 +275,11 @@ impl Arena {
     fn push_free(&mut self, i: u32) {
         let b = bucket(self.nodes[i as usize].len);
         let head = self.heads[b];
+        let class = class_of(self.tags(i));
         {
             let n = &mut self.nodes[i as usize];
             n.free = true;
+            n.class = class;
             n.prev_free = NIL;
             n.next_free = head;
         }
@@ -277,7 +289,7 @@ impl Arena {
         self.heads[b] = i;
         self.bitmap[b / 64] |= 1 << (b % 64);
         self.free_bytes += self.nodes[i as usize].len;
-        self.by_tag.add(b, class_of(self.tags(i)));
+        self.by_tag.add(b, class);
     }
 
     fn unlink_free(&mut self, i: u32) {
@@ -285,6 +297,7 @@ impl Arena {
             len,
             prev_free,
             next_free,
+            class,
             ..
         } = self.nodes[i as usize];
         let b = bucket(len);
@@ -301,7 +314,8 @@ impl Arena {
         }
         // The tags are those the range was added with: they change only
         // off the lists.
-        self.by_tag.remove(b, class_of(self.tags(i)));
+        debug_assert_eq!(class, class_of(self.tags(i)));
+        self.by_tag.remove(b, class);
         let n = &mut self.nodes[i as usize];
         n.free = false;
         self.free_bytes -= len;
@@ -503,14 +517,16 @@ impl Arena {
         }
     }
 
-    fn new_set(&mut self, tags: Vec<Freed>) -> u32 {
+    /// A tag list holding `tags`: a spare one (emptied, its room kept)
+    /// when there is one.
+    fn new_set(&mut self, tags: &[Freed]) -> u32 {
         match self.spare_sets.pop() {
             Some(s) => {
-                self.sets[s as usize] = tags;
+                self.sets[s as usize].extend_from_slice(tags);
                 s
             }
             None => {
-                self.sets.push(tags);
+                self.sets.push(tags.to_vec());
                 (self.sets.len() - 1) as u32
             }
         }
@@ -527,15 +543,17 @@ impl Arena {
     }
 
     /// Sets node `i`'s tags to `tags` (done ones already dropped).
-    fn set_tags(&mut self, i: u32, mut tags: Vec<Freed>) {
+    fn set_tags(&mut self, i: u32, tags: &[Freed]) {
         let old = self.nodes[i as usize].set;
-        if tags.len() <= 1 {
-            self.set_one(i, tags.pop().unwrap_or(Freed::CLEAN));
+        let [first, _, ..] = *tags else {
+            self.set_one(i, tags.first().copied().unwrap_or(Freed::CLEAN));
             return;
-        }
-        self.nodes[i as usize].freed = tags[0];
+        };
+        self.nodes[i as usize].freed = first;
         if old != NIL {
-            self.sets[old as usize] = tags;
+            let set = &mut self.sets[old as usize];
+            set.clear();
+            set.extend_from_slice(tags);
         } else {
             let s = self.new_set(tags);
             self.nodes[i as usize].set = s;
@@ -606,9 +624,12 @@ impl Arena {
             // the new free covers them all.
             self.set_one(i, if done(f) { Freed::CLEAN } else { f });
         }
-        self.push_free(i);
+        // Merged off the lists, then listed once: what listing `i` and
+        // merging each free neighbour into it in turn leaves, in fewer
+        // steps.
         let prev = self.nodes[i as usize].prev_addr;
         let i = if prev != NIL && self.nodes[prev as usize].free {
+            self.unlink_free(prev);
             self.merge_next(prev, &done);
             prev
         } else {
@@ -616,15 +637,20 @@ impl Arena {
         };
         let next = self.nodes[i as usize].next_addr;
         if next != NIL && self.nodes[next as usize].free {
+            self.unlink_free(next);
             self.merge_next(i, &done);
         }
+        self.push_free(i);
     }
 
-    /// Merges the free node `i` with the next one (free too): the merged
+    /// Merges node `i` with the next one, both on no free list: the merged
     /// range keeps both's tags, one per stream, the ones `done` says
     /// finished dropped.
     fn merge_next(&mut self, i: u32, done: &impl Fn(Freed) -> bool) {
         let next = self.nodes[i as usize].next_addr;
+        // The list the newest tag of each of several streams is gathered
+        // in (kept between merges, for its room).
+        let mut all = std::mem::take(&mut self.merged);
         let a = self.tags(i);
         let b = self.tags(next);
         let simple = match (a, b) {
@@ -633,10 +659,10 @@ impl Arena {
             ([x], [y]) => x.join(*y),
             _ => None,
         };
-        // `Ok`: one stream's tag (or none), no list to build; `Err`: the
-        // newest tag of each of several streams.
-        let merged = simple.ok_or_else(|| {
-            let mut all: Vec<Freed> = Vec::with_capacity(a.len() + b.len());
+        // `Some`: one stream's tag (or none), no list to build; `None`:
+        // the newest tag of each of several streams, in `all`.
+        if simple.is_none() {
+            all.clear();
             for &t in a.iter().chain(b) {
                 if done(t) {
                     continue;
@@ -646,18 +672,15 @@ impl Arena {
                     None => all.push(t),
                 }
             }
-            all
-        });
-        self.unlink_free(i);
-        self.unlink_free(next);
+        }
         let len = self.nodes[next as usize].len;
         self.nodes[i as usize].len += len;
         self.drop_node(next);
-        match merged {
-            Ok(f) => self.set_one(i, if done(f) { Freed::CLEAN } else { f }),
-            Err(all) => self.set_tags(i, all),
+        match simple {
+            Some(f) => self.set_one(i, if done(f) { Freed::CLEAN } else { f }),
+            None => self.set_tags(i, &all),
         }
-        self.push_free(i);
+        self.merged = all;
     }
 }
 
