@@ -24,6 +24,16 @@
 //! it is. Each class keeps a bitmap of its non-empty buckets, as the arena
 //! keeps one of all of them.
 //!
+//! # Built once two streams free
+//!
+//! While the ranges freed into the arena are all one stream's (a program
+//! on one stream, or before a second one frees), every range is clean or
+//! that stream's: a search would skip nothing for it, and the others have
+//! nothing of their own to look for. Nothing is counted then, and the
+//! arena searches as with no index; the first free of a second stream
+//! counts every free range, once, and from then on each as it comes and
+//! goes. A program on one stream pays one comparison per free range.
+//!
 //! # Who changes it
 //!
 //! The arena, as a range goes on a bucket's free list ([`ByTag::add`]) and
@@ -115,6 +125,12 @@ static NONE: Buckets = Buckets {
 /// module's essay).
 #[derive(Debug, Clone)]
 pub(crate) struct ByTag {
+    /// Whether the counts are kept: from the first time a second stream's
+    /// range is freed (see "Built once two streams free").
+    built: bool,
+    /// Until then, the class of the one stream whose ranges were freed
+    /// ([`CLEAN`]: none yet).
+    sole: Class,
     /// Per bucket, its free ranges (every class).
     ranges: Box<[u32]>,
     /// Per class, once a range of it was freed.
@@ -127,9 +143,35 @@ impl ByTag {
     pub(crate) fn new(buckets: usize) -> Self {
         debug_assert!(buckets.is_multiple_of(64) && buckets / 64 <= 64);
         ByTag {
+            built: false,
+            sole: CLEAN,
             ranges: vec![0; buckets].into_boxed_slice(),
             classes: Vec::new(),
         }
+    }
+
+    /// Whether the counts are kept (else the arena walks as if it had
+    /// none: every range is clean or one stream's).
+    #[inline]
+    pub(crate) fn built(&self) -> bool {
+        self.built
+    }
+
+    /// Before the counts are kept: a range of class `class` is freed;
+    /// true when it is a second stream's, and the arena must count every
+    /// free range now ([`add`](Self::add) each) and from then on.
+    #[inline]
+    pub(crate) fn needs_building(&mut self, class: Class) -> bool {
+        debug_assert!(!self.built);
+        if class == CLEAN || class == self.sole {
+            return false;
+        }
+        if self.sole == CLEAN && class != SEVERAL {
+            self.sole = class;
+            return false;
+        }
+        self.built = true;
+        true
     }
 
     /// The buckets of class `c`, made empty on its first use.
@@ -146,9 +188,11 @@ impl ByTag {
         });
     }
 
-    /// A free range of class `class` went on bucket `b`'s list.
+    /// A free range of class `class` went on bucket `b`'s list (once the
+    /// counts are kept).
     #[inline]
     pub(crate) fn add(&mut self, b: usize, class: Class) {
+        debug_assert!(self.built);
         self.ranges[b] += 1;
         if class == SEVERAL {
             return;
@@ -165,9 +209,11 @@ impl ByTag {
         class.words |= 1 << (b / 64);
     }
 
-    /// A free range of class `class` came off bucket `b`'s list.
+    /// A free range of class `class` came off bucket `b`'s list (once the
+    /// counts are kept).
     #[inline]
     pub(crate) fn remove(&mut self, b: usize, class: Class) {
+        debug_assert!(self.built);
         self.ranges[b] -= 1;
         if class == SEVERAL {
             return;
@@ -259,6 +305,11 @@ mod tests {
     #[test]
     fn a_bucket_offers_a_stream_its_own_and_clean_ranges_only() {
         let mut ix = ByTag::new(256);
+        assert!(!ix.needs_building(CLEAN));
+        assert!(!ix.needs_building(3), "the first stream's");
+        assert!(!ix.needs_building(3));
+        assert!(ix.needs_building(2), "a second stream's");
+        assert!(ix.built());
         ix.add(70, 3); // freed by slot 2
         ix.add(130, CLEAN);
         ix.add(200, SEVERAL);

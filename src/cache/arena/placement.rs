@@ -41,7 +41,7 @@
 //! Nodes: at most one per handed-out range plus one per free range between
 //! them; a free node's slot is reused by the next split.
 
-use super::by_tag::{ByTag, Class, Offered, SEVERAL, class_of};
+use super::by_tag::{ByTag, CLEAN, Class, Offered, SEVERAL, class_of};
 use super::freed::Freed;
 
 /// Sizes are multiples of this, and addresses are aligned to it (as the
@@ -170,6 +170,23 @@ impl Arena {
     /// bucket's count, and which buckets offer each of `slots` a range.
     #[cfg(test)]
     fn check_by_tag(&self, slots: usize) {
+        if !self.by_tag.built() {
+            // Every free range clean or one stream's.
+            let mut streams: Vec<usize> = Vec::new();
+            for b in 0..BUCKETS {
+                let mut at = self.heads[b];
+                while at != NIL {
+                    let tags = self.tags(at);
+                    assert!(tags.len() <= 1, "several streams' tags, no index");
+                    streams.extend(tags.iter().filter_map(|f| f.slot()));
+                    at = self.nodes[at as usize].next_free;
+                }
+            }
+            streams.sort_unstable();
+            streams.dedup();
+            assert!(streams.len() <= 1, "{streams:?}' ranges, no index");
+            return;
+        }
         // Per slot, the first bucket at or above the one looked at that
         // offers it a range (walking down).
         let mut next: Vec<Option<usize>> = vec![None; slots];
@@ -272,10 +289,22 @@ impl Arena {
         }
     }
 
+    /// The class of node `i`'s tags (as [`class_of`] says).
+    #[inline]
+    fn class(&self, i: u32) -> Class {
+        let n = &self.nodes[i as usize];
+        match (n.set, n.freed.slot()) {
+            (NIL, None) => CLEAN,
+            (NIL, Some(slot)) => (slot + 1) as Class,
+            (s, _) => class_of(&self.sets[s as usize]),
+        }
+    }
+
     fn push_free(&mut self, i: u32) {
         let b = bucket(self.nodes[i as usize].len);
         let head = self.heads[b];
-        let class = class_of(self.tags(i));
+        let class = self.class(i);
+        debug_assert_eq!(class, class_of(self.tags(i)));
         {
             let n = &mut self.nodes[i as usize];
             n.free = true;
@@ -289,7 +318,25 @@ impl Arena {
         self.heads[b] = i;
         self.bitmap[b / 64] |= 1 << (b % 64);
         self.free_bytes += self.nodes[i as usize].len;
-        self.by_tag.add(b, class);
+        if self.by_tag.built() {
+            self.by_tag.add(b, class);
+        } else if self.by_tag.needs_building(class) {
+            self.build_by_tag();
+        }
+    }
+
+    /// Counts every free range in the index (a second stream's range was
+    /// just freed, this one included).
+    #[cold]
+    fn build_by_tag(&mut self) {
+        for b in 0..BUCKETS {
+            let mut at = self.heads[b];
+            while at != NIL {
+                let n = &self.nodes[at as usize];
+                self.by_tag.add(b, n.class);
+                at = n.next_free;
+            }
+        }
     }
 
     fn unlink_free(&mut self, i: u32) {
@@ -315,7 +362,9 @@ impl Arena {
         // The tags are those the range was added with: they change only
         // off the lists.
         debug_assert_eq!(class, class_of(self.tags(i)));
-        self.by_tag.remove(b, class);
+        if self.by_tag.built() {
+            self.by_tag.remove(b, class);
+        }
         let n = &mut self.nodes[i as usize];
         n.free = false;
         self.free_bytes -= len;
@@ -339,8 +388,9 @@ impl Arena {
     #[inline]
     fn next_offering(&self, from: usize, offered: Offered) -> Option<usize> {
         match offered {
-            Offered::Any => self.next_bucket(from),
-            Offered::CleanOr(slot) => self.by_tag.next_offering(from, slot),
+            Offered::CleanOr(slot) if self.by_tag.built() => self.by_tag.next_offering(from, slot),
+            // Without counts, every non-empty bucket may offer one.
+            _ => self.next_bucket(from),
         }
     }
 
@@ -348,8 +398,8 @@ impl Arena {
     #[inline]
     fn offers(&self, b: usize, offered: Offered) -> bool {
         match offered {
-            Offered::Any => self.heads[b] != NIL,
-            Offered::CleanOr(slot) => self.by_tag.offers(b, slot),
+            Offered::CleanOr(slot) if self.by_tag.built() => self.by_tag.offers(b, slot),
+            _ => self.heads[b] != NIL,
         }
     }
 
@@ -916,6 +966,31 @@ mod tests {
                 indexed.check_by_tag(SLOTS);
             }
         }
+    }
+
+    /// The index is built at the first free of a second stream; before,
+    /// a search offered one stream's ranges walks them all, and finds
+    /// what it would with the index.
+    #[test]
+    fn the_index_is_built_once_a_second_stream_frees() {
+        let mut a = Arena::new(1 << 20);
+        let x = a.alloc(8192, Any, first).unwrap();
+        let _apart = a.alloc(8192, Any, first).unwrap();
+        let y = a.alloc(8192, Any, first).unwrap();
+        let _rest = a.alloc((1 << 20) - 3 * 8192, Any, first).unwrap();
+        a.free(x, by(0, 1), never);
+        assert!(!a.by_tag.built(), "one stream's frees");
+        a.check_by_tag(2);
+        assert_eq!(a.clone().alloc(4096, Offered::CleanOr(1), first), None);
+        let x = a.alloc(4096, Offered::CleanOr(0), first).unwrap();
+        assert_eq!(x.off, 0, "its own");
+        a.free(x, by(0, 2), never);
+        a.free(y, by(1, 1), never);
+        assert!(a.by_tag.built(), "a second stream's");
+        a.check_by_tag(2);
+        let z = a.alloc(4096, Offered::CleanOr(1), first).unwrap();
+        assert_eq!(z.off, 16384, "stream 1's own");
+        a.check_by_tag(2);
     }
 
     /// A lend offered only a stream's own and clean ranges still counts
