@@ -41,7 +41,7 @@
 //! Nodes: at most one per handed-out range plus one per free range between
 //! them; a free node's slot is reused by the next split.
 
-use super::by_tag::{ByTag, CLEAN, Class, Offered, SEVERAL, class_of};
+use super::by_tag::{BUILD_AFTER, ByTag, CLEAN, Class, Offered, SEVERAL, class_of};
 use super::freed::Freed;
 
 /// Sizes are multiples of this, and addresses are aligned to it (as the
@@ -137,7 +137,7 @@ impl Arena {
             heads: vec![NIL; BUCKETS],
             bitmap: [0; BUCKETS / 64],
             free_bytes: 0,
-            by_tag: ByTag::new(BUCKETS),
+            by_tag: ByTag::new(BUCKETS, BUILD_AFTER),
             sets: Vec::new(),
             spare_sets: Vec::new(),
             merged: Vec::new(),
@@ -160,6 +160,24 @@ impl Arena {
         arena
     }
 
+    /// An arena as [`new`](Self::new), its index built at the first
+    /// search once two streams' ranges are free.
+    #[cfg(test)]
+    fn indexed_early(len: u64) -> Self {
+        let mut arena = Arena::new(len);
+        arena.by_tag = ByTag::new(BUCKETS, 0);
+        arena
+    }
+
+    /// Builds the index now, if it is not.
+    #[cfg(test)]
+    fn build_index(&mut self) {
+        if !self.by_tag.built() {
+            self.by_tag.build_now();
+            self.build_by_tag();
+        }
+    }
+
     /// Bytes not handed out.
     #[cfg(test)]
     pub(crate) fn free_bytes(&self) -> u64 {
@@ -171,20 +189,7 @@ impl Arena {
     #[cfg(test)]
     fn check_by_tag(&self, slots: usize) {
         if !self.by_tag.built() {
-            // Every free range clean or one stream's.
-            let mut streams: Vec<usize> = Vec::new();
-            for b in 0..BUCKETS {
-                let mut at = self.heads[b];
-                while at != NIL {
-                    let tags = self.tags(at);
-                    assert!(tags.len() <= 1, "several streams' tags, no index");
-                    streams.extend(tags.iter().filter_map(|f| f.slot()));
-                    at = self.nodes[at as usize].next_free;
-                }
-            }
-            streams.sort_unstable();
-            streams.dedup();
-            assert!(streams.len() <= 1, "{streams:?}' ranges, no index");
+            // Nothing counted yet: searches walk every bucket.
             return;
         }
         // Per slot, the first bucket at or above the one looked at that
@@ -320,13 +325,13 @@ impl Arena {
         self.free_bytes += self.nodes[i as usize].len;
         if self.by_tag.built() {
             self.by_tag.add(b, class);
-        } else if self.by_tag.needs_building(class) {
-            self.build_by_tag();
+        } else {
+            self.by_tag.freed(class);
         }
     }
 
-    /// Counts every free range in the index (a second stream's range was
-    /// just freed, this one included).
+    /// Counts every free range in the index (searches walked enough with
+    /// two streams' ranges free).
     #[cold]
     fn build_by_tag(&mut self) {
         for b in 0..BUCKETS {
@@ -457,10 +462,20 @@ impl Arena {
             false => None,
         };
         let mut above = b + 1;
+        let mut walked = 0;
         while found.is_none() {
-            let next = self.next_offering(above, offered)?;
+            let Some(next) = self.next_offering(above, offered) else {
+                break;
+            };
             found = self.best_in(next, len, offered, &fit);
             above = next + 1;
+            walked += 1;
+        }
+        if matches!(offered, Offered::CleanOr(_))
+            && !self.by_tag.built()
+            && self.by_tag.walked(walked)
+        {
+            self.build_by_tag();
         }
         let (node, off) = found?;
         Some(self.carve(node, off, len))
@@ -917,7 +932,7 @@ mod tests {
         fn an_offered_search_places_as_a_fit_that_refuses(
             steps in proptest::collection::vec(step(), 1..300)
         ) {
-            let mut indexed = Arena::new(8 << 20);
+            let mut indexed = Arena::indexed_early(8 << 20);
             let mut walked = indexed.clone();
             let mut live: Vec<Placed> = Vec::new();
             let mut stamp = 0;
@@ -968,12 +983,12 @@ mod tests {
         }
     }
 
-    /// The index is built at the first free of a second stream; before,
-    /// a search offered one stream's ranges walks them all, and finds
-    /// what it would with the index.
+    /// The index is built once two streams' ranges are free and a search
+    /// walked; before, a search offered one stream's ranges walks them
+    /// all, and finds what it would with the index.
     #[test]
     fn the_index_is_built_once_a_second_stream_frees() {
-        let mut a = Arena::new(1 << 20);
+        let mut a = Arena::indexed_early(1 << 20);
         let x = a.alloc(8192, Any, first).unwrap();
         let _apart = a.alloc(8192, Any, first).unwrap();
         let y = a.alloc(8192, Any, first).unwrap();
@@ -986,9 +1001,10 @@ mod tests {
         assert_eq!(x.off, 0, "its own");
         a.free(x, by(0, 2), never);
         a.free(y, by(1, 1), never);
-        assert!(a.by_tag.built(), "a second stream's");
+        assert!(!a.by_tag.built(), "no search since");
         a.check_by_tag(2);
         let z = a.alloc(4096, Offered::CleanOr(1), first).unwrap();
+        assert!(a.by_tag.built(), "a search with two streams' ranges free");
         assert_eq!(z.off, 16384, "stream 1's own");
         a.check_by_tag(2);
     }
@@ -1008,6 +1024,8 @@ mod tests {
             for (i, (x, _)) in pairs.iter().enumerate() {
                 a.free(x.unwrap(), by(1, i as u64 + 1), never);
             }
+            a.build_index();
+            a.check_by_tag(2);
             let walked = a.clone().lend(UNIT, Any, |s, _, tags| {
                 Offered::CleanOr(0).admits(tags).then_some(s)
             });
