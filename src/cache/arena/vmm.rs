@@ -41,7 +41,14 @@
 //! pages after the block too, ahead of the next blocks, up to `slack`
 //! over the live high-water mark and never past the room a budget above
 //! the cache leaves (see [`growth_room`](crate::util::growth_room)).
-//! Before creating memory that
+//! Once the cache holds `slack` over the live high-water mark, a block
+//! that needs [`ALIAS_MIN_PAGES`] pages or more of new memory takes
+//! whole pages of the stream's own free ranges (or clean ones) with memory
+//! behind them serve instead, their memory **mapped again** where the
+//! block lies (`cuMemMap` at an offset into their handle, one call a part,
+//! one `cuMemSetAccess` a run: [`VirtualArena::alias_unbacked`]); their
+//! old addresses leave the arena until every mapping of that memory is
+//! idle and given back together. Else, before creating memory that
 //! would take the cache past `slack` over the live high-water mark, idle
 //! mappings freed before the previous growth that the GPU is done with (a
 //! fence past every free on them has completed, learnt by a query) are
@@ -105,6 +112,14 @@
 //!   temporaries, see `graph/pool.rs`). Not its own recent frees: its
 //!   replays may run on another stream, which stream order does not put
 //!   after them.
+//! - Memory mapped again at a new address (an alias) is a reuse of the
+//!   range it came from, under the same rule, narrowed: only the stream's
+//!   own frees (stream order) and clean ranges serve, never another
+//!   stream's behind a wait (taking those cost the eight-stream churn
+//!   1.168× → 1.256×, and deciding by fences seen complete would make the
+//!   placement depend on the GPU's timing). The old addresses are out of
+//!   the arena from then on: nothing is placed there until that memory is
+//!   unmapped everywhere.
 //! - A mapping is unmapped only once fences past the last free of every
 //!   stream on its pages have completed (queried, never waited for, except
 //!   as the last resort before out of memory), so no queued work can touch
@@ -132,6 +147,10 @@
 //! the arena; the growing stream's shard lock stays held, so only its own
 //! stream's allocations wait for it.
 //!
+//! Under the tier's lock, though as frequent as the growths they replace:
+//! the driver calls of an alias (a few `cuMemMap` and one
+//! `cuMemSetAccess`), so that no reclaim gives back the memory being
+//! mapped again meanwhile (a finer scheme would mark the handle instead).
 //! Still under the tier's lock, because they are rarer than growths: the
 //! reclaim a growth makes first to stay under the slack target (queries,
 //! and unmapping idle memory the GPU is done with), and, when
@@ -162,7 +181,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use super::fences::Fences;
 use super::freed::Freed;
 use super::kept::{KeptBlocks, KeptNodes};
-use super::pages::{Handle, PageTable};
+use super::pages::{PageTable, Released};
 use super::placement::{Arena, Placed};
 use crate::error::ResourceResult;
 use crate::gpu::{Gpu, GpuError, RawStream};
@@ -218,6 +237,26 @@ struct StreamFences {
 /// borrow then records one when it comes (later than the free, so the
 /// borrower may wait for more of that stream's work than it needed).
 const LENDING_FREES: u32 = 1024;
+
+/// Pages a block must need, at least, before it takes memory mapped
+/// elsewhere instead of new memory (an alias, see
+/// [`VirtualArena::alias_unbacked`]): 32 MiB on 2 MiB pages. Holes of a
+/// few pages are where the next blocks of a steady state land as they
+/// are (placement prefers memory mapped already); a block that takes
+/// them by aliasing makes those blocks grow instead (on the four-stream
+/// Llama trace, aliasing from 8 pages on, whenever new memory would pass
+/// the target, held 1.14× where it holds 1.09× without:
+/// `notes/fragmentation-floors.md`).
+const ALIAS_MIN_PAGES: u32 = 16;
+
+/// Pages one part of an alias maps on average, at least: an alias of `n`
+/// pages makes at most `n / ALIAS_PART_PAGES` `cuMemMap` calls. Each part
+/// costs a map and one more handle in its run's `cuMemSetAccess` (about
+/// 4 + 25 µs on the H200, `notes/vmm-costs.md`), where a growth costs
+/// about 55 µs whatever its size (and its memory a give-back later): so
+/// moving memory costs at most ~2 µs per MiB, and memory in crumbs stays
+/// where it is.
+const ALIAS_PART_PAGES: u32 = 8;
 
 /// The arena every stream places in; guarded by the tier's lock.
 #[derive(Debug)]
@@ -527,6 +566,13 @@ impl VirtualArena {
             for &(first, count) in &unbacked {
                 st.pages.pend(first, count);
             }
+            // Memory no block uses elsewhere serves first, mapped again
+            // here, where new memory would pass the target (not in a
+            // capture: its replays may run where no wait orders them).
+            let unbacked = match capturing {
+                true => unbacked,
+                false => self.alias_unbacked(&mut st, ss, unbacked, live),
+            };
             for &(first, count) in &unbacked {
                 let mut at = first;
                 while at < first + count {
@@ -562,6 +608,198 @@ impl VirtualArena {
             ptr,
             borrowed,
         }))
+    }
+
+    /// Backs the runs of a block's pages with no memory (`runs`, pending:
+    /// the block's) by memory mapped elsewhere that no block uses, mapped
+    /// again here, once the tier holds its target (counting `live`)
+    /// already; returns the runs, or the parts of them, still without
+    /// memory (for a growth).
+    ///
+    /// Held at the target while the memory no block touches would cover
+    /// the block is memory in the wrong places, not too little memory:
+    /// moving it keeps the tier at its target where a growth would pass
+    /// it. Below the target a growth serves: a workload still growing
+    /// needs the memory anyway, and its holes are where its next blocks
+    /// land as they are (on a ResNet training cut, aliasing whenever new
+    /// memory would pass the target held 1.070× where growing held
+    /// 1.053×; `notes/fragmentation-floors.md`).
+    ///
+    /// The memory is whole pages of free ranges (so no live or kept block
+    /// touches them) that the stream may use as they are: its own frees
+    /// (stream order puts the block's work after every use before them)
+    /// and clean ranges (no queued work touches them), the longest pieces
+    /// first, each part one contiguous piece of one physical handle. The
+    /// memory is the same, only its address changes, so this is the same
+    /// ordering as any reuse of those ranges. Not another stream's frees,
+    /// even behind a wait: a block placed there would order this stream
+    /// after that one's work, and such holes are what that stream's next
+    /// blocks land in (on the eight-stream churn, taking them held 1.26×
+    /// where 1.17× is held without). Nothing is done when
+    /// the block needs fewer than [`ALIAS_MIN_PAGES`] pages, or the memory
+    /// would come in parts of fewer than [`ALIAS_PART_PAGES`] pages on
+    /// average, or a range that
+    /// needs an ordering cannot get it.
+    ///
+    /// The old pages go dead ([`PageTable::kill`]): their range leaves the
+    /// arena (held as a placement) and their mapping stays until all of
+    /// its handle's mappings are idle and given back together
+    /// (`cuMemUnmap` cannot unmap part of a mapping, and the driver
+    /// releases memory only once its last mapping is unmapped). Held
+    /// memory does not change: the handle counts once.
+    ///
+    /// Costs one `cuMemMap` a part and one `cuMemSetAccess` a run, made
+    /// with the tier's lock held (as reclaim does): they replace a growth
+    /// (`cuMemCreate`, `cuMemMap`, `cuMemSetAccess`), or a give-back and a
+    /// growth where a growth behind had idle memory to give.
+    fn alias_unbacked(
+        &self,
+        st: &mut SharedArena,
+        ss: &StreamSlot,
+        runs: Vec<(u32, u32)>,
+        live: usize,
+    ) -> Vec<(u32, u32)> {
+        let need: u32 = runs.iter().map(|r| r.1).sum();
+        let page = self.page as usize;
+        // Only once the tier holds its target already: below it, memory is
+        // short in sum (a workload still growing), and the holes are where
+        // its next blocks land as they are.
+        if need < ALIAS_MIN_PAGES
+            || st.pages.free_mapped_pages() < need as usize
+            || self.held() + st.growing < self.target(live)
+        {
+            return runs;
+        }
+        // Pieces of memory to move: (node, first page, pages), the longest
+        // first.
+        let mut pieces: Vec<(u32, u32, u32)> = Vec::new();
+        {
+            let SharedArena {
+                arena,
+                pages,
+                streams,
+                ..
+            } = &*st;
+            for (node, off, len) in arena.free_nodes(pages.extent()) {
+                if len >= self.page
+                    && Self::usable_now(streams, Some(ss.slot), arena.free_tags(node))
+                {
+                    pieces.extend(
+                        pages
+                            .alias_runs(off, off + len)
+                            .into_iter()
+                            .map(|(first, count)| (node, first, count)),
+                    );
+                }
+            }
+        }
+        pieces.sort_unstable_by_key(|&(_, first, count)| (std::cmp::Reverse(count), first));
+        let max_parts = (need / ALIAS_PART_PAGES) as usize;
+        // The plan: per run, its parts (at, piece, first source page,
+        // pages).
+        let mut plan: Vec<(u32, usize, u32, u32)> = Vec::new();
+        let (mut piece, mut used) = (0, 0);
+        for &(first, n) in &runs {
+            let mut at = first;
+            while at < first + n {
+                let Some(&(_, src, count)) = pieces.get(piece) else {
+                    return runs;
+                };
+                let take = (count - used).min(first + n - at);
+                plan.push((at, piece, src + used, take));
+                if plan.len() > max_parts {
+                    return runs;
+                }
+                at += take;
+                used += take;
+                if used == count {
+                    (piece, used) = (piece + 1, 0);
+                }
+            }
+        }
+        // The old addresses leave the arena, from the highest down so that
+        // each free range's node keeps naming the part before.
+        let mut order: Vec<usize> = (0..plan.len()).collect();
+        order.sort_unstable_by_key(|&i| std::cmp::Reverse(plan[i].2));
+        let mut sources = vec![None; plan.len()];
+        for i in order {
+            let (_, p, src, take) = plan[i];
+            let node = pieces[p].0;
+            let taken = st.arena.take(
+                node,
+                u64::from(src) * self.page,
+                u64::from(take) * self.page,
+            );
+            sources[i] = Some(st.pages.kill(src, take, taken.node));
+        }
+        let gpu = self.gpu();
+        let mut left = Vec::new();
+        let mut next = 0;
+        for &(first, n) in &runs {
+            let parts: Vec<usize> = (next..plan.len())
+                .take_while(|&i| plan[i].0 < first + n)
+                .collect();
+            next += parts.len();
+            let mut mapped = 0;
+            for &i in &parts {
+                let (at, _, _, take) = plan[i];
+                let source = sources[i].expect("killed above");
+                // SAFETY: (1) pages `at..at + take` lie in the live
+                // reservation (the arena is inside it), aligned to the
+                // granularity (a page is a multiple of it), and so is the
+                // offset; (2) they are pending, this block's: nothing is
+                // mapped there (pages with memory are never pending); (3)
+                // the handle is live (the page table holds it: its memory
+                // is given back only once every mapping is idle, and the
+                // source pages are mapped) and the part lies inside it
+                // (pages of one mapping of it); (4) the block's stream is
+                // ordered after every free on the source pages (its own or
+                // clean, or `order_after` above), and the source addresses
+                // left the arena (dead), so no block uses them again.
+                let ok = unsafe {
+                    gpu.mem_map_part(
+                        st.base + u64::from(at) * self.page,
+                        take as usize * page,
+                        source.raw,
+                        source.offset as usize * page,
+                    )
+                }
+                .is_ok();
+                if !ok {
+                    break;
+                }
+                mapped += 1;
+            }
+            let addr = st.base + u64::from(first) * self.page;
+            let span: u32 = parts[..mapped].iter().map(|&i| plan[i].3).sum();
+            // SAFETY: (1) the parts mapped just above tile pages
+            // `first..first + span` of the live reservation.
+            let access =
+                mapped > 0 && unsafe { gpu.mem_set_access(addr, span as usize * page) }.is_ok();
+            for (k, &i) in parts.iter().enumerate() {
+                let (at, _, src, take) = plan[i];
+                let source = sources[i].expect("killed above");
+                if access && k < mapped {
+                    st.pages.alias(at, take, source);
+                    continue;
+                }
+                if k < mapped {
+                    // SAFETY: (1) exactly the mapping made above, in the
+                    // live reservation; (2) idle: its pages are pending, no
+                    // block was handed out over them; (3) nothing records
+                    // it.
+                    let _ = unsafe {
+                        gpu.mem_unmap(st.base + u64::from(at) * self.page, take as usize * page)
+                    };
+                }
+                let node = st.pages.revive(source, src);
+                let placed = st.arena.placed(node);
+                // Back with the tags it had: nothing used it meanwhile.
+                st.arena.free(placed, None, |_| false);
+                left.push((at, take));
+            }
+        }
+        left
     }
 
     /// Where the block goes: a good fit, preferring memory already mapped
@@ -1265,35 +1503,56 @@ impl VirtualArena {
         }
     }
 
-    /// Unmaps and releases one idle handle the GPU is done with.
-    fn give_back(&self, st: &mut SharedArena, h: Handle) {
+    /// Unmaps every mapping of idle physical memory the GPU is done with,
+    /// and releases it.
+    fn give_back(&self, st: &mut SharedArena, r: Released) {
         let gpu = self.gpu();
-        let addr = st.base + u64::from(h.first) * self.page;
-        let bytes = h.pages as usize * self.page as usize;
-        // SAFETY: (1) the page table's handle `h` is the one mapping of
-        // pages `h.first..h.first + h.pages` of the reservation, which is
-        // live until `close`; (2) idle: `take_idle` returned it only because
-        // no live block touches its pages and its idle stamp is covered by a
-        // fence on this arena's stream that has completed (every free on
-        // the pages was queued on that stream before the fence); (3)
-        // `take_idle` took it out of the table, so no block is placed on
-        // these pages until they are mapped again.
-        if let Err(e) = unsafe { gpu.mem_unmap(addr, bytes) } {
-            tracing::warn!(error = %e, "unmapping an idle mapping failed; kept");
-            st.pages.restore(h);
+        let mut mapped = vec![true; r.maps.len()];
+        for (h, still) in r.maps.iter().zip(mapped.iter_mut()) {
+            let addr = st.base + u64::from(h.first) * self.page;
+            let bytes = h.pages as usize * self.page as usize;
+            // SAFETY: (1) the page table's handle `h` is one whole mapping
+            // of pages `h.first..h.first + h.pages` of the reservation,
+            // which is live until `close`; (2) idle: `take_idle` returned
+            // its memory only because no live block touches a page of any
+            // mapping of it and every tag of each (the frees on its pages,
+            // the dead ones' too: they were freed there before their memory
+            // moved) is covered by a fence that has completed; (3)
+            // `take_idle` took it out of the table, so no block is placed
+            // on these pages until they are mapped again (dead pages are
+            // the arena's again only after this).
+            match unsafe { gpu.mem_unmap(addr, bytes) } {
+                Ok(()) => *still = false,
+                Err(e) => tracing::warn!(error = %e, "unmapping an idle mapping failed; kept"),
+            }
+        }
+        if mapped.iter().any(|&m| m) {
+            // The memory stays held, behind the mappings left.
+            for d in st.pages.restore(r, &mapped) {
+                let placed = st.arena.placed(d.node);
+                st.arena.free(placed, Some(Freed::CLEAN), |_| false);
+            }
             return;
         }
-        // SAFETY: (1) `h.raw` came from `mem_create` and the page table held
+        // SAFETY: (1) `r.raw` came from `mem_create` and the page table held
         // it until `take_idle` gave it up here, so it is live and released
-        // exactly once; (2) it is not restored (only a failed unmap
-        // restores), so it is never mapped again.
-        if let Err(e) = unsafe { gpu.mem_release(h.raw) } {
+        // exactly once; (2) every mapping of it was unmapped just above and
+        // it is not restored, so it is never mapped again.
+        if let Err(e) = unsafe { gpu.mem_release(r.raw) } {
             tracing::warn!(error = %e, "releasing physical memory failed; leaked");
         }
+        let bytes = r.pages as usize * self.page as usize;
         self.held.fetch_sub(bytes, Ordering::AcqRel);
         // After the release: a lending budget never counts as free memory
         // the device still holds.
         self.access.release_charge(bytes);
+        // The dead pages' addresses have no memory behind them now: any
+        // stream may place there (new memory, no queued work on it).
+        for d in &r.dead {
+            let placed = st.arena.placed(d.node);
+            st.arena.free(placed, Some(Freed::CLEAN), |_| false);
+        }
+        let addr = st.base + u64::from(r.maps[0].first) * self.page;
         history::record(|| {
             MemoryEvent::new(MemoryAction::SegmentUnmap, gpu.ordinal()).at(addr, bytes)
         });
