@@ -124,6 +124,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
                     config.page_multiple,
                     config.max_mapping_bytes,
                     config.slack_percent,
+                    config.cross_stream,
                 )
             });
         CachingResource {
