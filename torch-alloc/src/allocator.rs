@@ -50,7 +50,7 @@ use streamalloc::{AllocTag, DeviceBlock, StreamId};
 use streamalloc::{
     Backend, Device, DeviceMemoryResource, ResourceError, StreamOrderedResource, StreamPool,
 };
-use streamalloc::{CacheConfig, CachingResource};
+use streamalloc::{CacheConfig, CachingResource, CrossStreamReuse};
 
 use crate::blocks::BlockTable;
 use crate::config::STREAMS;
@@ -208,6 +208,15 @@ pub struct TorchAllocStats {
     /// Allocations that took new memory: mapped in the arena, or from the
     /// resource below the cache (the cache's `misses` and `bypasses`).
     pub cache_misses: u64,
+    /// When another stream's free may serve a stream
+    /// ([`config`](crate::config)): 1 for `done` (only once the host saw
+    /// the GPU done with it), 0 for `wait` (behind a wait on the GPU).
+    pub cross_stream_done: u64,
+    /// Waits on the GPU queued for memory another stream freed: each holds
+    /// one of PyTorch's streams behind another's work (the cache's
+    /// [`cross_stream_waits`](streamalloc::CacheStats::cross_stream_waits);
+    /// 0 under `done` but as the last resort before out of memory).
+    pub cache_cross_stream_waits: u64,
 }
 
 /// One device's allocator.
@@ -224,6 +233,8 @@ pub(crate) struct DeviceAllocator {
     /// The backend, for its CUDA context (whose calls change the thread's
     /// current context).
     gpu: Arc<Backend>,
+    /// The cache's policy for memory another stream freed, for the stats.
+    cross_stream: CrossStreamReuse,
 }
 
 impl std::fmt::Debug for DeviceAllocator {
@@ -251,6 +262,7 @@ impl DeviceAllocator {
             limit: AtomicUsize::new(usize::MAX),
             total,
             gpu,
+            cross_stream: config.cross_stream_reuse(),
         })
     }
 
@@ -445,6 +457,8 @@ impl DeviceAllocator {
             cache_hits: cache.hits,
             cache_borrows: cache.borrows + cache.steals,
             cache_misses: cache.misses + cache.bypasses,
+            cross_stream_done: u64::from(self.cross_stream == CrossStreamReuse::Done),
+            cache_cross_stream_waits: cache.cross_stream_waits,
         }
     }
 
