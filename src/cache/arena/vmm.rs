@@ -1006,6 +1006,14 @@ impl VirtualArena {
         self.arena_len
     }
 
+    /// Whether `ptr` lies in the arena's reservation (no lock: its start is
+    /// an atomic, set once).
+    #[inline]
+    pub(crate) fn contains(&self, ptr: u64) -> bool {
+        let base = self.base.load(Ordering::Acquire);
+        base != 0 && ptr >= base && ptr - base < self.arena_len
+    }
+
     /// Gives back the block at `placed`, which the GPU is done with (every
     /// use of it completed, as the host saw): kept as any free while the
     /// stream's sizes repeat, else back to the arena clean, where every
