@@ -744,11 +744,16 @@ def table(report):
             fmt = lambda s: f"{s * 1e3:.2f} ms"
             mc = row.get("memcheck", {}).get("summary", "not run")
             fails = f", {ours['failures']} failures" if ours.get("failures") else ""
+            again = row.get("torch2", {})
+            # PyTorch's own run-to-run time, where it ran twice: the noise
+            # a time ratio is read against.
+            twice = (f"; PyTorch again {fmt(again['time_median'])} ({again['time_median'] / ref['time_median']:.3f}x)"
+                     if "time_median" in again else "")
             lines.append(
                 f"| {name} | {agree} | {mib(ref['peak_reserved'])} / {mib(ours['peak_reserved'])} "
                 f"({cmp['reserved_ratio']:.2f}x) | {row['torch_reserved_over_allocated']:.3f}x / "
                 f"{cmp['reserved_over_allocated']:.3f}x | "
-                f"{fmt(ref['time_median'])} / {fmt(ours['time_median'])} {unit} ({cmp['time_ratio']:.3f}x) | "
+                f"{fmt(ref['time_median'])} / {fmt(ours['time_median'])} {unit} ({cmp['time_ratio']:.3f}x){twice} | "
                 f"{ours['allocator_ns_per_call']:.0f} ns/call, {100 * ours['allocator_share']:.2f}% of the run{fails} | "
                 f"{ours.get('cross_stream', '?')}: {ours.get('cache_borrows', 0)} borrowed, "
                 f"{ours.get('cache_cross_stream_waits', '?')} GPU waits | {mc} |")
