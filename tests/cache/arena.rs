@@ -1226,3 +1226,28 @@ fn holes_of_another_stream_are_not_moved_without_an_ordering() {
     }
     c.assert_race_free();
 }
+
+/// `in_arena` tells a block of the arena from one of the inner resource
+/// without a lock: an arena placement is in the reservation, a block of
+/// the size classes (no virtual memory) or a stream past the cache's
+/// shards is not. Fails if either answer is wrong.
+#[test]
+fn in_arena_tells_arena_blocks_from_the_inner_resources() {
+    let c = Cache::new(3, CacheConfig::default().streams(2));
+    let placed = c.cache.allocate(3 * P, c.s(0), T).unwrap();
+    assert!(c.cache.in_arena(&placed));
+    assert_eq!(c.cache.inner_block_id(placed.id()), None);
+    // Stream 2 has no shard: its block bypasses the cache.
+    let bypass = c.cache.allocate(P, c.s(2), T).unwrap();
+    assert!(!c.cache.in_arena(&bypass));
+    assert!(c.cache.inner_block_id(bypass.id()).is_some());
+    c.cache.deallocate(placed).unwrap();
+    c.cache.deallocate(bypass).unwrap();
+
+    let classes = Cache::new(1, CacheConfig::default().virtual_memory(false));
+    let block = classes.cache.allocate(P, classes.s(0), T).unwrap();
+    assert!(!classes.cache.in_arena(&block));
+    classes.cache.deallocate(block).unwrap();
+    c.assert_race_free();
+    classes.assert_race_free();
+}
