@@ -637,8 +637,8 @@ impl VirtualArena {
                 st.pages.pend(first, count);
             }
             // Memory no block uses elsewhere serves first, mapped again
-            // here, where new memory would pass the target (not in a
-            // capture: its replays may run where no wait orders them).
+            // here, once the tier holds its target (not in a capture: its
+            // replays may run on streams stream order does not cover).
             let unbacked = match capturing {
                 true => unbacked,
                 false => self.alias_unbacked(&mut st, ss, unbacked, live),
