@@ -1251,3 +1251,53 @@ fn in_arena_tells_arena_blocks_from_the_inner_resources() {
     c.assert_race_free();
     classes.assert_race_free();
 }
+
+/// On a real GPU: a large block takes the memory of its stream's holes,
+/// mapped again at its own address (`cuMemMap` at an offset into the
+/// holes' handles), written there by the device with no new memory; and
+/// every handle goes back on trim and drop, each once its last mapping is
+/// unmapped. Run by hand with the lead's GPU calls.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn on_cuda_a_large_block_takes_the_memory_of_the_streams_holes() {
+    use streamalloc::gpu::Gpu;
+    let f = support::cuda(1);
+    let gpu = f.resource.gpu().clone();
+    let page = gpu.vm_granularity().unwrap();
+    let cache =
+        CachingResource::with_config(f.resource.clone(), CacheConfig::default().slack_percent(0));
+    let a = f.stream(0);
+    let raw = f.pool.raw(a).unwrap();
+    let held_before = gpu.memory_held().unwrap().current;
+    let mut blocks: Vec<_> = (0..8)
+        .map(|i| {
+            let b = cache.allocate(16 * page, a, T).unwrap();
+            // SAFETY: a stream of the fixture's pool, which it holds; the
+            // block lives in the cache.
+            unsafe { gpu.memset_async(b.ptr(), i, b.size(), raw) }.unwrap();
+            b
+        })
+        .collect();
+    for i in [6, 4, 2, 0] {
+        cache.deallocate(blocks.remove(i)).unwrap();
+    }
+    let outstanding = cache.bytes_outstanding();
+    let large = cache.allocate(48 * page, a, T).unwrap();
+    assert_eq!(cache.bytes_outstanding(), outstanding, "no new memory");
+    // SAFETY: as above.
+    unsafe { gpu.memset_async(large.ptr(), 9, large.size(), raw) }.unwrap();
+    // SAFETY: a stream of the fixture's pool, which it holds.
+    unsafe { gpu.stream_synchronize(raw) }.unwrap();
+    for b in blocks.into_iter().chain([large]) {
+        cache.deallocate(b).unwrap();
+    }
+    // SAFETY: as above.
+    unsafe { gpu.stream_synchronize(raw) }.unwrap();
+    cache.trim().unwrap(); // records fences
+    // SAFETY: as above.
+    unsafe { gpu.stream_synchronize(raw) }.unwrap();
+    cache.trim().unwrap();
+    assert_eq!(cache.bytes_outstanding(), f.resource.bytes_outstanding());
+    drop(cache);
+    assert_eq!(gpu.memory_held().unwrap().current, held_before);
+}
