@@ -81,27 +81,27 @@ fn a_pure_growth_ramp() {
 /// none goes back whole. What brings it under the target is moving the
 /// holes' memory where the new blocks go, mapping it there again
 /// (`arena/vmm.rs`, `alias_unbacked`; the driver's pool held 1.12× on the
-/// H100): 1.0865× (1.2091× before). `notes/fragmentation-floors.md`,
+/// H100): 1.0755× (1.2091× before). `notes/fragmentation-floors.md`,
 /// "Moving memory by mapping it again", has the figures.
 #[test]
 fn a_sawtooth_of_large_blocks() {
-    check_within("sawtooth", &synthetic::sawtooth(12, 12, 4 << 30), 1.09);
+    check_within("sawtooth", &synthetic::sawtooth(12, 12, 4 << 30), 1.08);
 }
 
 /// The same shape on other seeds, where it held up to 1.46× before memory
 /// moved (the H100's pool: 1.237×, 1.113× and 1.125× on seeds 1, 2 and
 /// 100): a change that helps the test's seed by luck may hurt the shape.
 /// Each bound is the seed's figure today, rounded up (seeds 1 and 100 were
-/// the worst, 1.458× and 1.429×; seed 2, 1.119×, is the one above its
-/// pool figure).
+/// the worst, 1.458× and 1.429×; seed 103, 1.1053×, still misses the
+/// target).
 #[test]
 fn a_sawtooth_of_large_blocks_on_other_seeds() {
     for (seed, bound) in [
-        (1, 1.08),
-        (2, 1.12),
-        (100, 1.12),
-        (101, 1.10),
-        (102, 1.11),
+        (1, 1.07),
+        (2, 1.09),
+        (100, 1.07),
+        (101, 1.09),
+        (102, 1.08),
         (103, 1.11),
     ] {
         check_within(

@@ -41,10 +41,11 @@
 //! pages after the block too, ahead of the next blocks, up to `slack`
 //! over the live high-water mark and never past the room a budget above
 //! the cache leaves (see [`growth_room`](crate::util::growth_room)).
-//! Once the cache holds `slack` over the live high-water mark, a block
-//! that needs [`ALIAS_MIN_PAGES`] pages or more of new memory takes
-//! whole pages of the stream's own free ranges (or clean ones) with memory
-//! behind them serve instead, their memory **mapped again** where the
+//! Where new memory would take the cache past `slack` over the live
+//! high-water mark by [`ALIAS_MIN_PAGES`] pages or more, the block's
+//! pages past that target are backed by whole pages of the stream's own
+//! free ranges (or clean ones) with memory behind them that no block
+//! touches instead, their memory **mapped again** where the
 //! block lies (`cuMemMap` at an offset into their handle, one call a part,
 //! one `cuMemSetAccess` a run: [`VirtualArena::alias_unbacked`]); their
 //! old addresses leave the arena until every mapping of that memory is
@@ -261,16 +262,17 @@ struct StreamFences {
 /// borrower may wait for more of that stream's work than it needed).
 const LENDING_FREES: u32 = 1024;
 
-/// Pages a block must need, at least, before it takes memory mapped
-/// elsewhere instead of new memory (an alias, see
-/// [`VirtualArena::alias_unbacked`]): 32 MiB on 2 MiB pages. Holes of a
-/// few pages are where the next blocks of a steady state land as they
-/// are (placement prefers memory mapped already); a block that takes
-/// them by aliasing makes those blocks grow instead (on the four-stream
-/// Llama trace, aliasing from 8 pages on, whenever new memory would pass
-/// the target, held 1.14× where it holds 1.09× without:
-/// `notes/fragmentation-floors.md`).
-const ALIAS_MIN_PAGES: u32 = 16;
+/// Pages of new memory past the target a block must need, at least,
+/// before it takes memory mapped elsewhere instead (an alias, see
+/// [`VirtualArena::alias_unbacked`]): 64 MiB on 2 MiB pages. Holes are
+/// where the next blocks of a steady state land as they are (placement
+/// prefers memory mapped already); a block that takes them by aliasing
+/// makes those blocks grow instead. Measured (`notes/fragmentation-floors.md`):
+/// from 8 pages the four-stream Llama trace held 1.14× (1.09× without),
+/// from 16 the eight-stream churn of `trace_unseen.rs`'s seed 17 1.205×
+/// (1.171×, though seed 14 went 1.168× → 1.149× and a ResNet cut 1.053×
+/// → 1.015×); from 32 no trace but the sawtooth moves.
+const ALIAS_MIN_PAGES: u32 = 32;
 
 /// Pages one part of an alias maps on average, at least: an alias of `n`
 /// pages makes at most `n / ALIAS_PART_PAGES` `cuMemMap` calls. Each part
@@ -404,6 +406,29 @@ impl SharedArena {
         }
         self.release_tagged(placed, Freed::by(slot, stamp));
     }
+}
+
+/// Runs of pages, `(first, count)`, in order.
+type Runs = Vec<(u32, u32)>;
+
+/// Splits runs of pages into those before the last `pages` pages and
+/// those last pages, each in order.
+fn split_last(runs: Runs, pages: u32) -> (Runs, Runs) {
+    let (mut front, mut back) = (Vec::new(), Vec::new());
+    let mut left = pages;
+    for (first, n) in runs.into_iter().rev() {
+        let take = n.min(left);
+        if take > 0 {
+            back.push((first + n - take, take));
+        }
+        if take < n {
+            front.push((first, n - take));
+        }
+        left -= take;
+    }
+    front.reverse();
+    back.reverse();
+    (front, back)
 }
 
 /// What the tier shares between streams.
@@ -636,9 +661,9 @@ impl VirtualArena {
             for &(first, count) in &unbacked {
                 st.pages.pend(first, count);
             }
-            // Memory no block uses elsewhere serves first, mapped again
-            // here, once the tier holds its target (not in a capture: its
-            // replays may run on streams stream order does not cover).
+            // Past the target, memory no block uses elsewhere serves,
+            // mapped again here (not in a capture: its replays may run on
+            // streams stream order does not cover).
             let unbacked = match capturing {
                 true => unbacked,
                 false => self.alias_unbacked(&mut st, ss, unbacked, live),
@@ -688,20 +713,21 @@ impl VirtualArena {
         }))
     }
 
-    /// Backs the runs of a block's pages with no memory (`runs`, pending:
-    /// the block's) by memory mapped elsewhere that no block uses, mapped
-    /// again here, once the tier holds its target (counting `live`)
-    /// already; returns the runs, or the parts of them, still without
-    /// memory (for a growth).
+    /// Backs the last pages of a block's runs with no memory (`runs`,
+    /// pending: the block's), those new memory would take the tier past
+    /// its target (counting `live`), by memory mapped elsewhere that no
+    /// block uses, mapped again here; returns the runs, or the parts of
+    /// them, still without memory (for a growth: up to the target, and
+    /// what could not be moved).
     ///
-    /// Held at the target while the memory no block touches would cover
-    /// the block is memory in the wrong places, not too little memory:
+    /// Memory held at the target while memory no block touches would
+    /// cover the block is memory in the wrong places, not too little:
     /// moving it keeps the tier at its target where a growth would pass
-    /// it. Below the target a growth serves: a workload still growing
+    /// it. Up to the target a growth serves: a workload still growing
     /// needs the memory anyway, and its holes are where its next blocks
-    /// land as they are (on a ResNet training cut, aliasing whenever new
-    /// memory would pass the target held 1.070× where growing held
-    /// 1.053×; `notes/fragmentation-floors.md`).
+    /// land as they are (on a ResNet training cut, moving the whole block
+    /// of 16 pages or more whenever new memory would pass the target held
+    /// 1.070× where growing held 1.053×; `notes/fragmentation-floors.md`).
     ///
     /// The memory is whole pages of free ranges (so no live or kept block
     /// touches them) that the stream may use as they are: its own frees
@@ -717,10 +743,9 @@ impl VirtualArena {
     /// after that one's work, and such holes are what that stream's next
     /// blocks land in (on the eight-stream churn, taking them held 1.26×
     /// where 1.17× is held without). Nothing is done when
-    /// the block needs fewer than [`ALIAS_MIN_PAGES`] pages, or the memory
-    /// would come in parts of fewer than [`ALIAS_PART_PAGES`] pages on
-    /// average, or a range that
-    /// needs an ordering cannot get it.
+    /// fewer than [`ALIAS_MIN_PAGES`] pages are past the target, or the
+    /// memory would come in parts of fewer than [`ALIAS_PART_PAGES`] pages
+    /// on average.
     ///
     /// The old pages go dead ([`PageTable::kill`]): their range leaves the
     /// arena (held as a placement) and their mapping stays until all of
@@ -740,17 +765,21 @@ impl VirtualArena {
         runs: Vec<(u32, u32)>,
         live: usize,
     ) -> Vec<(u32, u32)> {
-        let need: u32 = runs.iter().map(|r| r.1).sum();
         let page = self.page as usize;
-        // Only once the tier holds its target already: below it, memory is
+        let wanted: usize = runs.iter().map(|r| r.1 as usize).sum();
+        // New memory serves up to the target; only the pages past it are
+        // moved memory (the block's last ones): below the target memory is
         // short in sum (a workload still growing), and the holes are where
         // its next blocks land as they are.
-        if need < ALIAS_MIN_PAGES
-            || st.pages.free_mapped_pages() < need as usize
-            || self.held() + st.growing < self.target(live)
-        {
+        let over = (self.held() + st.growing + wanted * page)
+            .saturating_sub(self.target(live))
+            .div_ceil(page)
+            .min(wanted) as u32;
+        if over < ALIAS_MIN_PAGES || st.pages.free_mapped_pages() < over as usize {
             return runs;
         }
+        let (mut grown, runs) = split_last(runs, over);
+        let need = over;
         // The ranges this stream's placement may use as they are: its own
         // frees and clean ones; under `CrossStreamReuse::Done`, frees the
         // host saw the GPU done with too.
@@ -789,12 +818,14 @@ impl VirtualArena {
             let mut at = first;
             while at < first + n {
                 let Some(&(_, src, count)) = pieces.get(piece) else {
-                    return runs;
+                    grown.extend(runs);
+                    return grown;
                 };
                 let take = (count - used).min(first + n - at);
                 plan.push((at, piece, src + used, take));
                 if plan.len() > max_parts {
-                    return runs;
+                    grown.extend(runs);
+                    return grown;
                 }
                 at += take;
                 used += take;
@@ -885,7 +916,8 @@ impl VirtualArena {
                 left.push((at, take));
             }
         }
-        left
+        grown.extend(left);
+        grown
     }
 
     /// Under [`CrossStreamReuse::Done`], after a growth failed for lack of
