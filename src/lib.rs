@@ -94,7 +94,9 @@ pub use buffer::{
 #[cfg(feature = "cuda")]
 pub use buffer::{CudaBuffer, CudaView, CudaViewMut};
 pub use builder::ResourceBuilder;
-pub use cache::{CacheConfig, CacheStats, CachingResource, MIN_CLASS_SIZE, SizeClass};
+pub use cache::{
+    CacheConfig, CacheStats, CachingResource, CrossStreamReuse, MIN_CLASS_SIZE, SizeClass,
+};
 pub use conf::{AllocConf, CONF_ENV, WaitChoice};
 pub use device::{Backend, DEVICE_ENV, Device, StreamPool};
 pub use error::{DriverCall, ResourceError, ResourceResult};

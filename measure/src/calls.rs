@@ -458,6 +458,24 @@ unsafe impl<G: Gpu> Gpu for CountingGpu<G> {
         out
     }
 
+    unsafe fn mem_map_part(
+        &self,
+        addr: u64,
+        bytes: usize,
+        handle: RawPhysical,
+        offset: usize,
+    ) -> GpuResult<()> {
+        // SAFETY: forwarded with the caller's guarantees (as above).
+        let out = self.count(DriverCall::MemMap, || unsafe {
+            self.inner.mem_map_part(addr, bytes, handle, offset)
+        });
+        if out.is_ok() {
+            let mut mapped = self.mapped.lock().unwrap_or_else(|p| p.into_inner());
+            mapped.insert(addr, bytes);
+        }
+        out
+    }
+
     unsafe fn mem_set_access(&self, addr: u64, bytes: usize) -> GpuResult<()> {
         let handles = self.handles_under(addr, bytes).max(1);
         self.set_access_handles

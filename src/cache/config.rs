@@ -22,6 +22,57 @@ pub struct CacheConfig {
     pub(crate) max_mapping_bytes: usize,
     pub(crate) slack_percent: usize,
     pub(crate) capture_aware: bool,
+    pub(crate) cross_stream: CrossStreamReuse,
+}
+
+/// When an arena range another stream freed may serve a stream
+/// ([`CacheConfig::cross_stream`]).
+///
+/// A range freed on stream `S` serves `S` again at once (stream order puts
+/// the new user after the old one). Another stream `T` may take it only
+/// once ordered after the free; the two policies differ in how far they go
+/// for it.
+///
+/// # Examples
+/// ```
+/// use streamalloc::{CacheConfig, CrossStreamReuse};
+///
+/// // A server whose streams run concurrently: never chain them for memory.
+/// let config = CacheConfig::default().cross_stream(CrossStreamReuse::Done);
+/// assert_eq!(config.cross_stream_reuse(), CrossStreamReuse::Done);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CrossStreamReuse {
+    /// The default: memory with memory behind it that the stream may use as
+    /// it is comes first; when none fits, any free range serves before new
+    /// memory, `T` ordered after `S`'s free with no wait where the host saw
+    /// it done, else behind a wait *on the GPU* (`cuStreamWaitEvent`) for a
+    /// fence recorded on `S` past the free. The least memory, and where a
+    /// block goes never depends on how far the GPU is behind the host: the
+    /// simulated replay of a trace holds what a GPU holds, to the page.
+    /// But the wait orders everything `S` queued before the free ahead of
+    /// `T`'s next work: two streams that would have run side by side run
+    /// one after the other for a while.
+    #[default]
+    Wait,
+    /// A range another stream freed serves only where no wait is needed:
+    /// the host saw the GPU done with the free (a fence recorded on `S`
+    /// past it was queried complete), else `T` uses its own ranges, clean
+    /// ones and pages with no memory behind them, or grows the arena, as
+    /// PyTorch's allocator grows a stream's pool instead of lending across
+    /// streams. No stream ever waits on another for memory, except as the
+    /// last resort before out of memory (a growth the device refused: a
+    /// range behind a wait then serves rather than an error).
+    ///
+    /// Not the default, because placement then depends on the GPU's
+    /// timing: whether `S`'s fence has completed when `T` asks is a race
+    /// between the host and the GPU, so the same program places its blocks
+    /// differently on every run and every device, and the simulator's
+    /// replay of a trace no longer predicts what a GPU holds. It holds more
+    /// where streams take turns with memory (up to a stream's share of the
+    /// peak more, per stream), and never chains streams that run
+    /// concurrently.
+    Done,
 }
 
 impl Default for CacheConfig {
@@ -40,6 +91,7 @@ impl Default for CacheConfig {
             max_mapping_bytes: 1 << 30,
             slack_percent: 7,
             capture_aware: true,
+            cross_stream: CrossStreamReuse::Wait,
         }
     }
 }
@@ -130,6 +182,23 @@ impl CacheConfig {
     pub fn capture_aware(mut self, on: bool) -> Self {
         self.capture_aware = on;
         self
+    }
+
+    /// When an arena range another stream freed may serve a stream
+    /// (default [`CrossStreamReuse::Wait`]: behind a wait on the GPU when
+    /// nothing else fits; [`CrossStreamReuse::Done`]: only once the host
+    /// saw the GPU done with it). Size classes follow it too: under
+    /// `Done` a stream takes no block cached on another stream (a steal
+    /// always waits on the GPU) except when the inner resource is out of
+    /// memory.
+    pub fn cross_stream(mut self, reuse: CrossStreamReuse) -> Self {
+        self.cross_stream = reuse;
+        self
+    }
+
+    /// When an arena range another stream freed may serve a stream.
+    pub fn cross_stream_reuse(&self) -> CrossStreamReuse {
+        self.cross_stream
     }
 
     /// The cap on cached bytes.

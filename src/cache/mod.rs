@@ -39,7 +39,12 @@
 //!   after (the first such borrow records its fence when it comes). Which range
 //!   serves never depends on how far the GPU is behind (see "Decisions
 //!   the GPU's timing does not change" in `arena/vmm.rs`): the simulated
-//!   replay of a trace holds what a GPU holds. Else the
+//!   replay of a trace holds what a GPU holds. Under
+//!   [`CrossStreamReuse::Done`] no stream waits on another for memory:
+//!   another stream's free serves only once a fence past it was queried
+//!   complete, else the stream grows, as PyTorch's allocator does (for
+//!   servers whose streams run concurrently; placement then depends on
+//!   the GPU's timing, so it is not the default). Else the
 //!   pages not mapped get new memory, one `cuMemCreate` + `cuMemMap` +
 //!   `cuMemSetAccess` per run of pages (a **miss**; made with the tier's
 //!   lock released, the pages marked pending meanwhile so that no other
@@ -222,7 +227,7 @@ mod slab;
 mod snapshot;
 mod stats;
 
-pub use config::CacheConfig;
+pub use config::{CacheConfig, CrossStreamReuse};
 pub use resource::CachingResource;
 pub use size_class::{MIN_CLASS_SIZE, SizeClass};
 pub use stats::CacheStats;

@@ -124,6 +124,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
                     config.page_multiple,
                     config.max_mapping_bytes,
                     config.slack_percent,
+                    config.cross_stream,
                 )
             });
         CachingResource {
@@ -197,6 +198,18 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
             total.add(&slot.lock().stats);
         }
         total
+    }
+
+    /// Whether `block` is memory of the virtual-memory arena (its address
+    /// lies in the arena's reservation), not a block of the inner
+    /// resource. Takes no lock: for a hot path that must tell, after an
+    /// allocation, whether the inner resource's held bytes may have grown
+    /// ([`inner_block_id`](Self::inner_block_id) says which block, under
+    /// the shard's lock).
+    pub fn in_arena(&self, block: &DeviceBlock) -> bool {
+        self.arena
+            .as_ref()
+            .is_some_and(|a| a.vm.contains(block.ptr()))
     }
 
     /// The inner resource's block behind `block`, while it is leased.

@@ -16,6 +16,14 @@ pub struct CacheStats {
     /// (behind a wait on the GPU for that stream's fence, unless a query
     /// showed it done).
     pub borrows: u64,
+    /// Waits *on the GPU* queued for memory another stream freed: a stream
+    /// made to wait (`cuStreamWaitEvent`) for a fence of the stream that
+    /// freed an arena range it borrows, or for the last use of a block it
+    /// steals (every steal waits). Each orders all the work queued on the
+    /// other stream before it ahead of the borrower's next work. None under
+    /// [`CrossStreamReuse::Done`](crate::CrossStreamReuse::Done) but the
+    /// last resort before out of memory.
+    pub cross_stream_waits: u64,
     /// Allocations that went to the inner resource at a class size, or
     /// that mapped new memory in the arena.
     pub misses: u64,
@@ -34,6 +42,7 @@ impl CacheStats {
         self.hits += other.hits;
         self.steals += other.steals;
         self.borrows += other.borrows;
+        self.cross_stream_waits += other.cross_stream_waits;
         self.misses += other.misses;
         self.bypasses += other.bypasses;
         self.evictions += other.evictions;

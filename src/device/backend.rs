@@ -223,6 +223,17 @@ unsafe impl Gpu for Backend {
         unsafe { forward!(self.mem_map(addr, bytes, handle)) }
     }
 
+    unsafe fn mem_map_part(
+        &self,
+        addr: u64,
+        bytes: usize,
+        handle: RawPhysical,
+        offset: usize,
+    ) -> GpuResult<()> {
+        // SAFETY: as in `address_free`, for `Gpu::mem_map_part`.
+        unsafe { forward!(self.mem_map_part(addr, bytes, handle, offset)) }
+    }
+
     unsafe fn mem_set_access(&self, addr: u64, bytes: usize) -> GpuResult<()> {
         // SAFETY: as in `address_free`, for `Gpu::mem_set_access`.
         unsafe { forward!(self.mem_set_access(addr, bytes)) }

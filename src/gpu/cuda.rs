@@ -670,6 +670,24 @@ unsafe impl Gpu for CudaGpu {
         })
     }
 
+    unsafe fn mem_map_part(
+        &self,
+        addr: u64,
+        bytes: usize,
+        handle: RawPhysical,
+        offset: usize,
+    ) -> GpuResult<()> {
+        let call = DriverCall::MemMap;
+        self.bind(call)?;
+        // SAFETY: the range is aligned, inside a live reservation and not
+        // mapped, the handle is live and `offset + bytes` lies inside it
+        // (items 1 to 3 of the contract); the caller orders the uses of the
+        // two addresses (item 4).
+        Self::check(call, unsafe {
+            sys::cuMemMap(addr, bytes, offset, handle.get(), 0)
+        })
+    }
+
     unsafe fn mem_set_access(&self, addr: u64, bytes: usize) -> GpuResult<()> {
         let call = DriverCall::MemSetAccess;
         self.bind(call)?;

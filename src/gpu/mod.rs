@@ -504,6 +504,34 @@ pub unsafe trait Gpu: Send + Sync + 'static {
         Err(vm_unsupported(DriverCall::MemMap))
     }
 
+    /// Maps `bytes` of `handle`, from `offset` bytes into it, at `addr`
+    /// (`cuMemMap` with an offset): a part of physical memory that may be
+    /// mapped elsewhere too, so that one handle backs two addresses (the
+    /// driver releases the memory only once every mapping of it is
+    /// unmapped and the handle released). Not accessible until
+    /// [`mem_set_access`](Gpu::mem_set_access) covers it. The default
+    /// reports `CUDA_ERROR_NOT_SUPPORTED`.
+    ///
+    /// # Safety
+    /// 1. `[addr, addr + bytes)` lies inside one live reservation, `addr`,
+    ///    `bytes` and `offset` are multiples of the granularity;
+    /// 2. no mapping overlaps the range;
+    /// 3. `handle` is a live physical handle of at least `offset + bytes`
+    ///    bytes;
+    /// 4. every use of the new range is ordered after every use of the same
+    ///    memory through the handle's other mappings (it is the same memory
+    ///    at two addresses), and nothing uses those addresses of it again.
+    unsafe fn mem_map_part(
+        &self,
+        addr: u64,
+        bytes: usize,
+        handle: RawPhysical,
+        offset: usize,
+    ) -> GpuResult<()> {
+        let _ = (addr, bytes, handle, offset);
+        Err(vm_unsupported(DriverCall::MemMap))
+    }
+
     /// Makes `[addr, addr + bytes)`, mapped by [`mem_map`](Gpu::mem_map)
     /// calls, readable and writable by this device (`cuMemSetAccess`); one
     /// call may cover several adjacent mappings.

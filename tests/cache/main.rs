@@ -9,6 +9,7 @@ mod arena;
 mod budget_above;
 mod budget_full;
 mod budget_lends;
+mod cross_stream;
 mod graph_pools;
 mod size_class;
 mod sleep;

@@ -196,3 +196,95 @@ fn a_free_claimed_complete_is_checked_against_what_the_host_saw() {
     gpu.run_until_idle();
     assert!(gpu.races().is_empty(), "{:#?}", gpu.races());
 }
+
+/// Two pages of one handle mapped at two addresses (`mem_map_part`): the
+/// memory goes back only after the last mapping of it is unmapped.
+fn mapped_twice(gpu: &SimGpu) -> (u64, u64, streamalloc::RawStream, streamalloc::RawStream) {
+    let va = gpu.address_reserve(8 * G).unwrap();
+    let h = gpu.mem_create(3 * G).unwrap();
+    gpu.mem_map(va, 3 * G, h).unwrap();
+    gpu.mem_set_access(va, 3 * G).unwrap();
+    // Pages 1 and 2 of the handle again, four pages further on.
+    let alias = va + 4 * G as u64;
+    gpu.mem_map_part(alias, 2 * G, h, G).unwrap();
+    gpu.mem_set_access(alias, 2 * G).unwrap();
+    gpu.mem_release(h).unwrap();
+    (va, alias, gpu.create_stream(), gpu.create_stream())
+}
+
+#[test]
+fn a_handle_mapped_at_two_addresses_is_released_after_its_last_unmap() {
+    let gpu = SimGpu::builder().manual().build();
+    let (va, alias, _, _) = mapped_twice(&gpu);
+    assert!(
+        gpu.mem_map_part(
+            va + 7 * G as u64,
+            2 * G,
+            streamalloc::gpu::RawPhysical::new(1),
+            2 * G
+        )
+        .is_err(),
+        "a part past the handle's end"
+    );
+    assert_eq!(gpu.held_bytes(), 3 * G);
+    gpu.mem_unmap(va, 3 * G).unwrap();
+    assert_eq!(gpu.held_bytes(), 3 * G, "still mapped at the alias");
+    assert_eq!(gpu.physical_handles(), 1);
+    gpu.mem_unmap(alias, 2 * G).unwrap();
+    assert_eq!((gpu.held_bytes(), gpu.physical_handles()), (0, 0));
+}
+
+/// The same memory at two addresses is one memory to the race detector: a
+/// block placed on the second address must be ordered after the free of
+/// the one that used the first, as a reuse of the same range would; a
+/// wait orders it; a block still live at the first address races with it.
+#[test]
+fn a_reuse_through_another_mapping_is_checked_against_the_old_uses() {
+    let gpu = SimGpu::builder().manual().build();
+    let (va, alias, s, t) = mapped_twice(&gpu);
+    let old = va + G as u64 + 4096;
+    gpu.note_suballocation(old, G, s);
+    gpu.launch_kernel(s, &[at(old, Access::Write)]).unwrap();
+    gpu.note_subfree(old, s);
+    // On another stream with no ordering: the kernel of `s` may still run
+    // on the same memory.
+    gpu.note_suballocation(alias, 2 * G, t);
+    let races = gpu.take_races();
+    assert_eq!(races.len(), 1, "{races:#?}");
+    assert_eq!(races[0].kind, RaceKind::Unordered);
+    assert_eq!(races[0].addr, alias, "reported where the new block is");
+
+    // Ordered by a wait on an event recorded after the free: no race (the
+    // way back too: the first address's new block waits for the free of
+    // the second's).
+    gpu.note_subfree(alias, t);
+    let back = gpu.event_create().unwrap();
+    gpu.event_record(back, t).unwrap();
+    gpu.stream_wait_event(s, back).unwrap();
+    gpu.note_suballocation(old, G, s);
+    gpu.launch_kernel(s, &[at(old, Access::Write)]).unwrap();
+    gpu.note_subfree(old, s);
+    let e = gpu.event_create().unwrap();
+    gpu.event_record(e, s).unwrap();
+    gpu.stream_wait_event(t, e).unwrap();
+    gpu.note_suballocation(alias, 2 * G, t);
+    gpu.launch_kernel(t, &[at(alias, Access::Write)]).unwrap();
+    assert!(gpu.races().is_empty(), "{:#?}", gpu.races());
+    // The old address names freed memory now: a stale use is reported.
+    gpu.launch_kernel(s, &[at(old, Access::Read)]).unwrap();
+    assert_eq!(gpu.take_races().len(), 1);
+
+    // A block live at the first address when the second is handed out
+    // (on the same stream, after the free of the second's last block).
+    gpu.note_subfree(alias, t);
+    gpu.event_record(back, t).unwrap();
+    gpu.stream_wait_event(s, back).unwrap();
+    gpu.note_suballocation(va + 2 * G as u64, 4096, s);
+    gpu.note_suballocation(alias, 2 * G, s);
+    let races = gpu.take_races();
+    assert_eq!(races.len(), 1, "{races:#?}");
+    assert_eq!(races[0].kind, RaceKind::Unordered);
+    // Page 0 of the handle is mapped once: nothing to check there.
+    gpu.note_suballocation(va, 4096, t);
+    assert!(gpu.races().is_empty(), "{:#?}", gpu.races());
+}

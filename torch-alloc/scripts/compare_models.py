@@ -7,7 +7,8 @@ own time. Run on the GPU machine (PyTorch with CUDA; nothing downloaded):
 
     cargo build --release -p torch-alloc
     python3 torch-alloc/scripts/compare_models.py \\
-        --lib target/release/libtorch_alloc.so --out OUT_DIR [--short] [--sanitize]
+        --lib target/release/libtorch_alloc.so --out OUT_DIR [--short] [--sanitize] \\
+        [--hooks] [--models A,B] [--cross-stream done,wait] [--no-spread] [--free-running]
 
 writes OUT_DIR/compare.json and OUT_DIR/compare.md, and prints the table.
 
@@ -38,11 +39,32 @@ classes are reused; random weights from seeds):
   the side stream allocates again (`side.wait_stream(main)`): what a
   program must do for any allocator `record_stream` cannot reach.
 
-Outputs agree when the generated tokens are identical and the logits or
-losses are within the run-to-run spread of PyTorch's own allocator (a
-second run of it, when the first two are not bitwise identical), or 1e-3
-relative when that spread is 0 and the two allocators' outputs still
-differ (kernels may pick other algorithms for other addresses).
+Outputs. Every run takes every setting PyTorch offers for the same floats
+from the same inputs (`deterministic()`: deterministic algorithms, warning
+where an op has none, which the JSON lists; cuBLAS's fixed workspaces; no
+TF32; no reduced-precision reductions in fp16/bf16 products; cuDNN
+deterministic). The decoders are teacher-forced: PyTorch's first run
+chooses its tokens, and every later run (streamalloc's, PyTorch's second)
+is fed those tokens instead of its own choices, while it still computes
+and records its own (`Forced`). With random bf16/fp16 weights the logits
+are full of near ties: free-running, one float difference flips one token
+and every token after it differs (the H100 call of 2026-12-06 saw 49 and
+133 tokens differ, PyTorch against itself too); forced, both runs compute
+on the same inputs, a flip stays one token, and the final logits of each
+request compare. Runs agree when bitwise equal, or when the logits are
+within twice PyTorch's own run-to-run spread (a second run of PyTorch's
+allocator, fed the same tokens, made when the first two differ; 1e-3
+relative at least) and no more tokens flipped than PyTorch flipped
+against itself. `--free-running` compares free-running runs instead.
+
+`--cross-stream done|wait|done,wait`: streamalloc's policy for memory
+another stream freed (`STREAMALLOC_TORCH_CROSS_STREAM`): `done` (the
+allocator's default) takes it only once the GPU is done with it, so no
+PyTorch stream waits on another; `wait` lends it behind a wait on the GPU
+(the library's default); `done,wait` runs streamalloc once with each
+against the same PyTorch runs. Each run records the policy, the
+allocations borrowed from another stream and the GPU waits queued for
+them.
 
 Peak reserved: `torch.cuda.max_memory_reserved()` for PyTorch's allocator;
 for streamalloc, `streamalloc_torch_max_reserved_bytes` (the most the cache
@@ -81,6 +103,9 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 MODELS = ("gpt2_infer", "llama_serve4", "llama_serve4_wide", "llama_serve4_rr", "bert_train")
 SEED = 7
+# The allocator's policy for memory another stream freed (torch-alloc's
+# `config`): `done` (its default) or `wait`.
+CROSS_STREAM_ENV = "STREAMALLOC_TORCH_CROSS_STREAM"
 
 
 # ------------------------------------------------------------------ child
@@ -135,7 +160,8 @@ class Stats(ctypes.Structure):
     _fields_ = [(n, ctypes.c_uint64) for n in (
         "allocated_bytes", "peak_allocated_bytes", "reserved_bytes", "peak_reserved_bytes",
         "allocs", "frees", "alloc_nanos", "free_nanos", "failures",
-        "cache_hits", "cache_borrows", "cache_misses")]
+        "cache_hits", "cache_borrows", "cache_misses", "cross_stream_done",
+        "cache_cross_stream_waits")]
 
 
 def install_rmm():
@@ -233,7 +259,7 @@ def MiniGPT2(torch):
     return GPT2()
 
 
-def run_gpt2(torch, dev, rng, short):
+def run_gpt2(torch, dev, rng, short, forced=None):
     model, step, kind = gpt2_model(torch)
     model = model.to(dev.name, torch.float16 if dev.cuda else torch.float32).eval()
     requests = 2 if short else 16
@@ -244,14 +270,15 @@ def run_gpt2(torch, dev, rng, short):
             if short:
                 p, n = min(p, 128), min(n, 8)
             ids = torch.randint(0, 50257, (b, p), device=dev.name)
+            feed = forced.take(r - 1, b, n) if forced and r > 0 else None
             dev.sync()
             t0 = time.perf_counter()
             logits, past = step(ids, None)
             toks = []
-            for _ in range(n):
+            for s in range(n):
                 nxt = logits[:, -1, :].argmax(-1, keepdim=True)
                 toks.append(nxt)
-                logits, past = step(nxt, past)
+                logits, past = step(nxt if feed is None else feed[:, s:s + 1], past)
             dev.sync()
             if r > 0:
                 times.append((time.perf_counter() - t0) / n)
@@ -261,11 +288,11 @@ def run_gpt2(torch, dev, rng, short):
     return outputs, times, "per token", kind
 
 
-def run_llama_serve4_wide(torch, dev, rng, short):
-    return run_llama_serve4(torch, dev, rng, short, wide=True)
+def run_llama_serve4_wide(torch, dev, rng, short, forced=None):
+    return run_llama_serve4(torch, dev, rng, short, forced, wide=True)
 
 
-def run_llama_serve4(torch, dev, rng, short, wide=False):
+def run_llama_serve4(torch, dev, rng, short, forced=None, wide=False):
     sys.path.insert(0, str(ROOT / "measure" / "scripts"))
     from record_trace import Llama
 
@@ -281,6 +308,10 @@ def run_llama_serve4(torch, dev, rng, short, wide=False):
     # Inputs made up front from one generator, so that the four threads'
     # interleaving cannot change them.
     inputs = [[torch.randint(0, 32000, (b, p), device=dev.name) for b, p, _ in plan] for plan in plans]
+    # The reference run's tokens, fed instead of this run's choices (see
+    # `Forced`): outputs are listed thread by thread, request by request.
+    feeds = [[forced.take(i * per_thread + j, b, n) if forced else None
+              for j, (b, _, n) in enumerate(plan)] for i, plan in enumerate(plans)]
     dev.sync()
     results = [[None] * per_thread for _ in range(4)]
     tokens = [0] * 4
@@ -292,12 +323,13 @@ def run_llama_serve4(torch, dev, rng, short, wide=False):
             dev.wait(stream, dev.current())
             with torch.inference_mode(), dev.on(stream):
                 for j, (b, p, n) in enumerate(plans[i]):
+                    feed = feeds[i][j]
                     logits, caches = model(inputs[i][j], 0, None)
                     toks = []
                     for s in range(n):
                         nxt = logits[:, -1, :].argmax(-1, keepdim=True)
                         toks.append(nxt)
-                        logits, caches = model(nxt, p + s, caches)
+                        logits, caches = model(nxt if feed is None else feed[:, s:s + 1], p + s, caches)
                     results[i][j] = {"tokens": torch.cat(toks, 1).cpu(),
                                      "logits": logits[:, -1, :].float().cpu()}
                     tokens[i] += b * n
@@ -325,7 +357,7 @@ def run_llama_serve4(torch, dev, rng, short, wide=False):
     return outputs, [wall / sum(tokens)], "per token (4 streams)", "record_trace.Llama"
 
 
-def run_llama_serve4_rr(torch, dev, rng, short):
+def run_llama_serve4_rr(torch, dev, rng, short, forced=None):
     """The server of record_trace's `llama_serve4` trace: one thread, four
     streams, each holding one request at a time (batch 1-16, prompts
     16-768, 8-64 new tokens), decode steps round robin over the streams,
@@ -339,6 +371,7 @@ def run_llama_serve4_rr(torch, dev, rng, short):
     count, cap = (4, (128, 8)) if short else (32, (768, 64))
     plans = [(rng.randint(1, 16), rng.randint(16, cap[0]), rng.randint(8, cap[1])) for _ in range(count)]
     inputs = [torch.randint(0, 32000, (b, p), device=dev.name) for b, p, _ in plans]
+    feeds = [forced.take(j, b, n) if forced else None for j, (b, _, n) in enumerate(plans)]
     streams = [dev.stream() for _ in range(4)]
     with torch.inference_mode():
         model(inputs[0][:, :16], 0, None)  # warm-up (kernels, cuBLAS), not timed
@@ -369,14 +402,15 @@ def run_llama_serve4_rr(torch, dev, rng, short):
                         continue
                     nxt = logits[:, -1, :].argmax(-1, keepdim=True)
                     toks.append(nxt)
-                    a[2], a[3] = model(nxt, p + done, caches)
+                    feed = feeds[j]
+                    a[2], a[3] = model(nxt if feed is None else feed[:, done:done + 1], p + done, caches)
                     a[1] += 1
     dev.sync()
     wall = time.perf_counter() - t0
     return outputs, [wall / tokens], "per token (4 streams, round robin)", "record_trace.Llama"
 
 
-def run_bert_train(torch, dev, rng, short):
+def run_bert_train(torch, dev, rng, short, forced=None):
     import torch.nn.functional as F
 
     sys.path.insert(0, str(ROOT / "measure" / "scripts"))
@@ -419,6 +453,52 @@ def run_bert_train(torch, dev, rng, short):
     return losses, times, "per step", "record_trace.Bert"
 
 
+class Forced:
+    """Teacher forcing: the token sequences a reference run chose (its
+    outputs' "tokens", one (batch, new tokens) tensor per request, in the
+    order the outputs are listed), fed to the model instead of this run's
+    own choices. Both runs then compute on the same inputs: a token that
+    float noise flips at a near tie (random weights in bf16 or fp16 give
+    many) changes that one choice, not every step after it, and the
+    logits of the two runs compare. Each run still computes and records
+    its own choice (the argmax), so the two runs make the same kernels and
+    the same allocations."""
+
+    def __init__(self, torch, dev, path):
+        self.outputs = torch.load(path, weights_only=True)
+        self.dev = dev
+
+    def take(self, k, b, n):
+        """Request `k`'s tokens on the device (made before the timed part,
+        on the current stream), checked against its plan of `b` rows and
+        `n` new tokens."""
+        toks = self.outputs[k]["tokens"]
+        if tuple(toks.shape) != (b, n):
+            raise RuntimeError(f"request {k}: the reference decoded {tuple(toks.shape)}, "
+                               f"this run plans {(b, n)}")
+        return toks.to(self.dev.name)
+
+
+DECODERS = ("gpt2_infer", "llama_serve4", "llama_serve4_wide", "llama_serve4_rr")
+
+
+def deterministic(torch):
+    """Every setting PyTorch offers for the same floats from the same
+    inputs: deterministic algorithms (warning where an op has none, so the
+    run's JSON names them), cuBLAS's fixed workspaces (the parent sets
+    `CUBLAS_WORKSPACE_CONFIG`), no TF32, no reduced-precision reductions
+    in fp16 and bf16 matrix products, cuDNN deterministic and not
+    benchmarking. Both allocators' runs take the same settings."""
+    torch.manual_seed(SEED)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+
+
 RUNNERS = {"gpt2_infer": run_gpt2, "llama_serve4": run_llama_serve4, "llama_serve4_wide": run_llama_serve4_wide, "llama_serve4_rr": run_llama_serve4_rr, "bert_train": run_bert_train}
 
 
@@ -432,20 +512,26 @@ def child(args):
         import torch_hooks
 
         hooks = torch_hooks.install(args.lib) or "installed"
+    import warnings
+
     import torch
 
-    torch.manual_seed(SEED)
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    deterministic(torch)
     rng = random.Random(SEED)
     t0 = time.perf_counter()
     dev = Dev(torch, args.device)
-    outputs, times, unit, kind = RUNNERS[args.model](torch, dev, rng, args.short)
-    dev.sync()
+    forced = Forced(torch, dev, args.forced) if args.forced else None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        outputs, times, unit, kind = RUNNERS[args.model](torch, dev, rng, args.short, forced)
+        dev.sync()
     res = {"model": args.model, "allocator": args.allocator, "kind": kind, "unit": unit,
            "time_median": statistics.median(times), "time_all": times,
-           "wall_s": time.perf_counter() - t0, "steps": len(times)}
+           "wall_s": time.perf_counter() - t0, "steps": len(times),
+           "teacher_forced": forced is not None,
+           # The ops PyTorch has no deterministic kernel for, as it warned.
+           "nondeterministic_ops": sorted({str(w.message).splitlines()[0] for w in caught
+                                           if "determinis" in str(w.message)})}
     if lib:
         after = sa_stats(lib)
         if after is None:
@@ -461,9 +547,12 @@ def child(args):
         res["failures"] = after["failures"]
         # Allocations served from the stream's own memory, by memory another
         # stream freed (ordered behind it, maybe by a wait on the GPU), and
-        # by new memory.
-        for k in ("cache_hits", "cache_borrows", "cache_misses"):
+        # by new memory; the policy for memory another stream freed, and the
+        # waits on the GPU it queued (each holds a stream behind another's
+        # work).
+        for k in ("cache_hits", "cache_borrows", "cache_misses", "cache_cross_stream_waits"):
             res[k] = after[k]
+        res["cross_stream"] = "done" if after["cross_stream_done"] else "wait"
         res["hooks"] = hooks
         if after["failures"]:
             res["last_error"] = last_error(lib)
@@ -475,13 +564,15 @@ def child(args):
         res["peak_reserved"] = torch.cuda.max_memory_reserved() if dev.cuda else 1
         res["peak_allocated"] = torch.cuda.max_memory_allocated() if dev.cuda else 1
     if args.allocator == "streamalloc" and not lib:  # the CPU dry run
-        res.update(allocator_calls=0, allocator_ns_per_call=0.0, allocator_share=0.0, failures=0)
+        res.update(allocator_calls=0, allocator_ns_per_call=0.0, allocator_share=0.0, failures=0,
+                   cache_cross_stream_waits=0,
+                   cross_stream=os.environ.get(CROSS_STREAM_ENV, "done"))
     torch.save(outputs, args.result + ".pt")
     Path(args.result).write_text(json.dumps(res, indent=1))
 
 
 # ----------------------------------------------------------------- parent
-def run_child(args, model, allocator, tag, sanitize=False):
+def run_child(args, model, allocator, tag, sanitize=False, forced=None, cross_stream=None):
     result = str(Path(args.out) / f"{model}.{tag}.json")
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--model", model,
            "--allocator", allocator, "--lib", args.lib, "--result", result]
@@ -490,10 +581,14 @@ def run_child(args, model, allocator, tag, sanitize=False):
     cmd += ["--device", args.device]
     if args.hooks:
         cmd.append("--hooks")
+    if forced:
+        cmd += ["--forced", forced]
     if sanitize:
         cmd = ["compute-sanitizer", "--tool", "memcheck", "--track-stream-ordered-races", "all",
                "--error-exitcode", "0"] + cmd
     env = dict(os.environ, CUBLAS_WORKSPACE_CONFIG=":4096:8", PYTHONHASHSEED="0")
+    if cross_stream:
+        env[CROSS_STREAM_ENV] = cross_stream
     t0 = time.perf_counter()
     p = subprocess.run(cmd, env=env, capture_output=True, text=True)
     log = Path(args.out) / f"{model}.{tag}.log"
@@ -509,8 +604,11 @@ def run_child(args, model, allocator, tag, sanitize=False):
 
 
 def compare(torch, a, b):
-    """Largest differences between two runs' outputs: (tokens differing,
-    largest relative difference of the floating outputs, bitwise equal)."""
+    """Differences between two runs' outputs: (tokens differing, largest
+    relative difference of the floating outputs, bitwise equal). Under
+    teacher forcing the tokens are each run's own choices on the same
+    inputs: a difference is a near tie that float noise flipped, one
+    choice, not the rest of a sequence."""
     tok_diff, rel, bitwise = 0, 0.0, True
     for x, y in zip(a, b):
         for key in x:
@@ -525,37 +623,74 @@ def compare(torch, a, b):
     return tok_diff, rel, bitwise
 
 
+def verdict(bitwise, toks, rel, spread_toks, spread_rel):
+    """Whether two runs agree: bitwise, or the logits within twice PyTorch's
+    own run-to-run spread (1e-3 relative at least) and no more tokens
+    flipped than PyTorch flipped against itself. Returns (agree, tolerance)."""
+    tol = max(2 * spread_rel, 1e-3)
+    return bitwise or (rel <= tol and toks <= spread_toks), tol
+
+
 def parent(args):
     import torch
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    report = {"torch": torch.__version__, "cuda": torch.version.cuda, "models": {}}
+    policies = [p for p in args.cross_stream.split(",") if p]
+    if not policies or any(p not in ("done", "wait") for p in policies):
+        sys.exit(f"--cross-stream: a list of done and wait, not {args.cross_stream!r}")
+    report = {"torch": torch.__version__, "cuda": torch.version.cuda, "models": {},
+              "teacher_forcing": not args.free_running, "cross_stream": policies}
     if torch.cuda.is_available():
         report["device"] = torch.cuda.get_device_name(0)
     for model in args.models.split(","):
         print(f"{model}:", flush=True)
         if args.only_sanitize:
-            report["models"][model] = {"memcheck": run_child(args, model, "streamalloc", "memcheck", sanitize=True)}
+            report["models"][model] = {"memcheck": run_child(args, model, "streamalloc", "memcheck", sanitize=True,
+                                                             cross_stream=policies[0])}
             continue
+        # The reference: PyTorch's allocator, choosing its own tokens. Every
+        # later run of a decoder is fed its tokens (teacher forcing).
         ref = run_child(args, model, "torch", "torch")
-        ours = run_child(args, model, "streamalloc", "streamalloc")
+        forced = None
+        if model in DECODERS and not args.free_running and "error" not in ref:
+            forced = str(out / f"{model}.torch.json.pt")
+        load = lambda tag: torch.load(out / f"{model}.{tag}.json.pt", weights_only=True)
+        runs = {}
+        for i, policy in enumerate(policies):
+            tag = "streamalloc" if i == 0 else f"streamalloc-{policy}"
+            runs[policy] = (tag, run_child(args, model, "streamalloc", tag, forced=forced, cross_stream=policy))
+        ours = runs[policies[0]][1]
         row = {"torch": ref, "streamalloc": ours}
-        if "error" not in ref and "error" not in ours:
-            load = lambda tag: torch.load(out / f"{model}.{tag}.json.pt", weights_only=True)
-            toks, rel, bitwise = compare(torch, load("torch"), load("streamalloc"))
-            spread = 0.0
-            if not bitwise and not args.no_spread:
-                again = run_child(args, model, "torch", "torch2")
-                if "error" not in again:
-                    _, spread, _ = compare(torch, load("torch"), load("torch2"))
-            tol = max(2 * spread, 1e-3)
-            row["outputs"] = {"bitwise": bitwise, "tokens_differing": toks, "max_rel_diff": rel,
-                              "torch_run_to_run_rel": spread, "tolerance": tol,
-                              "agree": toks == 0 and rel <= tol}
-            row["reserved_ratio"] = ours["peak_reserved"] / ref["peak_reserved"]
-            row["time_ratio"] = ours["time_median"] / ref["time_median"]
-            row["reserved_over_allocated"] = ours["peak_reserved"] / max(1, ours["peak_allocated"])
+        if len(policies) > 1:
+            row["streamalloc_by_policy"] = {p: r for p, (_, r) in runs.items()}
+        spread = None
+        if "error" not in ref:
+            row["by_policy"] = {}
+            for policy, (tag, res) in runs.items():
+                if "error" in res:
+                    continue
+                toks, rel, bitwise = compare(torch, load("torch"), load(tag))
+                if not bitwise and spread is None and not args.no_spread:
+                    # PyTorch against itself, fed the same tokens.
+                    again = run_child(args, model, "torch", "torch2", forced=forced)
+                    spread = (0, 0.0, True)
+                    if "error" not in again:
+                        spread = compare(torch, load("torch"), load("torch2"))
+                        row["torch2"] = again
+                s_toks, s_rel, s_bitwise = spread or (0, 0.0, True)
+                agree, tol = verdict(bitwise, toks, rel, s_toks, s_rel)
+                row["by_policy"][policy] = {
+                    "outputs": {"bitwise": bitwise, "tokens_differing": toks, "max_rel_diff": rel,
+                                "torch_run_to_run_rel": s_rel, "torch_run_to_run_tokens": s_toks,
+                                "torch_run_to_run_bitwise": s_bitwise, "spread_run": spread is not None,
+                                "teacher_forced": forced is not None, "tolerance": tol, "agree": agree},
+                    "reserved_ratio": res["peak_reserved"] / ref["peak_reserved"],
+                    "time_ratio": res["time_median"] / ref["time_median"],
+                    "reserved_over_allocated": res["peak_reserved"] / max(1, res["peak_allocated"]),
+                }
+            if policies[0] in row["by_policy"]:
+                row.update(row["by_policy"][policies[0]])
             row["torch_reserved_over_allocated"] = ref["peak_reserved"] / max(1, ref["peak_allocated"])
         if args.rmm:
             theirs = run_child(args, model, "rmm", "rmm")
@@ -566,7 +701,8 @@ def parent(args):
                 row["rmm_reserved_ratio"] = ours["peak_reserved"] / theirs["peak_reserved"]
                 row["rmm_time_ratio"] = ours["time_median"] / theirs["time_median"]
         if args.sanitize:
-            row["memcheck"] = run_child(args, model, "streamalloc", "memcheck", sanitize=True)
+            row["memcheck"] = run_child(args, model, "streamalloc", "memcheck", sanitize=True,
+                                        cross_stream=policies[0])
         report["models"][model] = row
     (out / "compare.json").write_text(json.dumps(report, indent=1))
     md = table(report)
@@ -576,30 +712,51 @@ def parent(args):
 
 def table(report):
     mib = lambda b: f"{b / 2**20:.0f}"
-    lines = [f"PyTorch {report['torch']} (CUDA {report['cuda']}) on {report.get('device', '?')}", "",
+    forcing = "teacher-forced (each run fed PyTorch's first run's tokens)" if report.get("teacher_forcing") \
+        else "free-running"
+    lines = [f"PyTorch {report['torch']} (CUDA {report['cuda']}) on {report.get('device', '?')}; "
+             f"decoders {forcing}", "",
              "| model | outputs | peak reserved MiB, PyTorch / streamalloc (ratio) | peak reserved / allocated, PyTorch / streamalloc "
-             "| time, PyTorch / streamalloc (ratio) | streamalloc allocator time | memcheck |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+             "| time, PyTorch / streamalloc (ratio) | streamalloc allocator time | memory another stream freed | memcheck |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for model, row in report["models"].items():
         if "torch" not in row:
-            lines.append(f"| {model} | | | | | | {row['memcheck']['summary']} |")
+            lines.append(f"| {model} | | | | | | | {row['memcheck']['summary']} |")
             continue
-        ref, ours = row["torch"], row["streamalloc"]
-        if "error" in ref or "error" in ours:
-            lines.append(f"| {model} | run failed: see {model}.*.log | | | | | |")
+        ref = row["torch"]
+        if "error" in ref:
+            lines.append(f"| {model} | run failed: see {model}.*.log | | | | | | |")
             continue
-        o = row["outputs"]
-        agree = ("bitwise" if o["bitwise"] else
-                 f"{'agree' if o['agree'] else 'DIFFER'}: {o['tokens_differing']} tokens, rel {o['max_rel_diff']:.1e}")
-        unit = ref["unit"]
-        fmt = lambda s: f"{s * 1e3:.2f} ms"
-        mc = row.get("memcheck", {}).get("summary", "not run")
-        fails = f", {ours['failures']} failures" if ours.get("failures") else ""
-        lines.append(
-            f"| {model} | {agree} | {mib(ref['peak_reserved'])} / {mib(ours['peak_reserved'])} "
-            f"({row['reserved_ratio']:.2f}x) | {row['torch_reserved_over_allocated']:.3f}x / {row['reserved_over_allocated']:.3f}x | "
-            f"{fmt(ref['time_median'])} / {fmt(ours['time_median'])} {unit} ({row['time_ratio']:.3f}x) | "
-            f"{ours['allocator_ns_per_call']:.0f} ns/call, {100 * ours['allocator_share']:.2f}% of the run{fails} | {mc} |")
+        by_result = row.get("streamalloc_by_policy") or {report["cross_stream"][0]: row["streamalloc"]}
+        for policy, ours in by_result.items():
+            name = model if len(by_result) == 1 else f"{model} ({policy})"
+            cmp = row.get("by_policy", {}).get(policy)
+            if "error" in ours or cmp is None:
+                lines.append(f"| {name} | run failed: see {model}.*.log | | | | | | |")
+                continue
+            o = cmp["outputs"]
+            spread = (f"; PyTorch against itself: {o['torch_run_to_run_tokens']} tokens, "
+                      f"rel {o['torch_run_to_run_rel']:.1e}" if o["spread_run"] else "")
+            agree = ("bitwise" if o["bitwise"] else
+                     f"{'agree' if o['agree'] else 'DIFFER'}: {o['tokens_differing']} tokens, "
+                     f"rel {o['max_rel_diff']:.1e}{spread}")
+            unit = ref["unit"]
+            fmt = lambda s: f"{s * 1e3:.2f} ms"
+            mc = row.get("memcheck", {}).get("summary", "not run")
+            fails = f", {ours['failures']} failures" if ours.get("failures") else ""
+            again = row.get("torch2", {})
+            # PyTorch's own run-to-run time, where it ran twice: the noise
+            # a time ratio is read against.
+            twice = (f"; PyTorch again {fmt(again['time_median'])} ({again['time_median'] / ref['time_median']:.3f}x)"
+                     if "time_median" in again else "")
+            lines.append(
+                f"| {name} | {agree} | {mib(ref['peak_reserved'])} / {mib(ours['peak_reserved'])} "
+                f"({cmp['reserved_ratio']:.2f}x) | {row['torch_reserved_over_allocated']:.3f}x / "
+                f"{cmp['reserved_over_allocated']:.3f}x | "
+                f"{fmt(ref['time_median'])} / {fmt(ours['time_median'])} {unit} ({cmp['time_ratio']:.3f}x){twice} | "
+                f"{ours['allocator_ns_per_call']:.0f} ns/call, {100 * ours['allocator_share']:.2f}% of the run{fails} | "
+                f"{ours.get('cross_stream', '?')}: {ours.get('cache_borrows', 0)} borrowed, "
+                f"{ours.get('cache_cross_stream_waits', '?')} GPU waits | {mc} |")
     rmm_rows = [(m, r) for m, r in report["models"].items() if "rmm" in r]
     if rmm_rows:
         lines += ["", "| model | RMM pool: outputs vs PyTorch | peak reserved MiB, RMM / streamalloc (ratio) "
@@ -614,6 +771,11 @@ def table(report):
             lines.append(f"| {model} | {agree} | {mib(theirs['peak_reserved'])} / {mib(ours['peak_reserved'])} "
                          f"({row['rmm_reserved_ratio']:.2f}x) | {theirs['time_median'] * 1e3:.2f} / "
                          f"{ours['time_median'] * 1e3:.2f} ms ({row['rmm_time_ratio']:.3f}x) |")
+    nondet = sorted({op for row in report["models"].values() for k in ("torch", "streamalloc")
+                     if isinstance(row.get(k), dict) for op in row[k].get("nondeterministic_ops", [])})
+    if nondet:
+        lines += ["", "Ops PyTorch ran without a deterministic kernel (its warnings):", ""]
+        lines += [f"- {op}" for op in nondet]
     return "\n".join(lines) + "\n"
 
 
@@ -632,6 +794,12 @@ def main():
                          "memory fractions reach streamalloc")
     ap.add_argument("--rmm", action="store_true",
                     help="also RMM's pool through the same hook (rmm.allocators.torch; needs rmm installed)")
+    ap.add_argument("--cross-stream", default="done",
+                    help="streamalloc's policy for memory another stream freed (STREAMALLOC_TORCH_CROSS_STREAM): "
+                         "done (its default: only once the GPU is done with it), wait (behind a wait on the GPU), "
+                         "or done,wait: one streamalloc run of each, compared against the same PyTorch runs")
+    ap.add_argument("--free-running", action="store_true",
+                    help="no teacher forcing: each decoder run chooses its own tokens")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                     help="cpu: a dry run of the script without a GPU (runs streamalloc's side on PyTorch's "
                          "allocator too, so only the logic is checked)")
@@ -639,6 +807,7 @@ def main():
     ap.add_argument("--model", choices=MODELS, help=argparse.SUPPRESS)
     ap.add_argument("--allocator", choices=("torch", "streamalloc", "rmm"), help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
+    ap.add_argument("--forced", help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.lib = str(Path(args.lib).resolve())
     if args.child:

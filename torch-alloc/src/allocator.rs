@@ -11,22 +11,30 @@
 //!   before an out-of-memory error is final;
 //! - the [`BlockTable`] of live blocks by address;
 //! - counters: bytes PyTorch holds and their peak, the peak of bytes held
-//!   from the device, the limit a memory fraction sets, time spent in
-//!   `alloc` and `free` (estimated from one call in eight), failures.
+//!   from the device, the limit a memory fraction sets; and per shard of
+//!   threads (a thread's calls count in a cache line of their own) calls,
+//!   time spent in `alloc` and `free` (estimated from one call in eight of
+//!   each thread), failures.
 //!
 //! # What a call costs
 //!
 //! PyTorch makes hundreds of thousands of calls a second on a decoder, so
 //! every call's own work counts: a cached pair of the cache is about 100
-//! ns. Around it a call looks up the stream (a scan of the streams PyTorch
-//! used), keeps the block in the table (one shard's lock), and counts; it
-//! reads the clock only on the calls it times, and the bytes held from
-//! the device only when they may have grown (see `note_reserved`).
+//! ns. Around it a call finds its device (the thread's last one, kept in
+//! the thread), looks up the stream (a scan of the streams PyTorch used),
+//! keeps the block in the table (one shard's lock), and counts: one shared
+//! counter (the bytes PyTorch holds, for its peak), the rest in the
+//! thread's shard, so that four threads serving four streams do not pass
+//! the counters' cache lines between them at every call. It reads the
+//! clock only on the calls it times, and the bytes held from the device
+//! only when they may have grown (see `note_reserved`; whether a block is
+//! the arena's is read from its address, with no lock).
 //!
 //! # Who changes it
 //!
 //! The C functions of [`ffi`](crate::ffi), from any thread: the stack and
-//! the table are thread-safe, the counters are atomics.
+//! the table are thread-safe, the counters are atomics (a shard's, shared
+//! by its threads past the sixteenth).
 //!
 //! # Failure
 //!
@@ -50,7 +58,7 @@ use streamalloc::{AllocTag, DeviceBlock, StreamId};
 use streamalloc::{
     Backend, Device, DeviceMemoryResource, ResourceError, StreamOrderedResource, StreamPool,
 };
-use streamalloc::{CacheConfig, CachingResource};
+use streamalloc::{CacheConfig, CachingResource, CrossStreamReuse};
 
 use crate::blocks::BlockTable;
 use crate::config::STREAMS;
@@ -118,6 +126,32 @@ impl From<ResourceError> for Refusal {
 /// One call in `TIMED_ONE_IN` is timed, its time counted that many times.
 const TIMED_ONE_IN: u64 = 8;
 
+/// Counter shards: the calls of a thread count in one shard of their own
+/// (while there are no more threads than shards), so that threads calling
+/// at once do not pass cache lines back and forth.
+const COUNTER_SHARDS: usize = 16;
+
+thread_local! {
+    /// The calling thread's calls so far, for choosing the timed ones, and
+    /// its counter shard (`usize::MAX` until its first call).
+    static THREAD: std::cell::Cell<(u64, usize)> = const { std::cell::Cell::new((0, usize::MAX)) };
+}
+
+/// The shard the next thread takes.
+static NEXT_SHARD: AtomicUsize = AtomicUsize::new(0);
+
+/// Counts of the calls one shard's threads made; a cache line of its own
+/// (two: adjacent lines are fetched in pairs).
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct CallCounts {
+    alloc_nanos: AtomicU64,
+    free_nanos: AtomicU64,
+    allocs: AtomicU64,
+    frees: AtomicU64,
+    failures: AtomicU64,
+}
+
 /// Counters of one device, all relaxed atomics (each is read alone).
 #[derive(Debug, Default)]
 struct Counters {
@@ -128,27 +162,29 @@ struct Counters {
     /// stack's held bytes: while they are the same and no block came from
     /// below the arena, the held bytes cannot have grown.
     physical_seen: AtomicUsize,
-    alloc_nanos: AtomicU64,
-    free_nanos: AtomicU64,
-    allocs: AtomicU64,
-    frees: AtomicU64,
-    failures: AtomicU64,
-    /// Calls so far, for choosing the timed ones (a plain load and store:
-    /// an increment two threads lose only moves the choice).
-    calls: AtomicU64,
+    /// Per shard of threads: calls, their times, failures.
+    calls: [CallCounts; COUNTER_SHARDS],
 }
 
 impl Counters {
-    /// Whether this call is one of the timed ones: one in `TIMED_ONE_IN`,
-    /// chosen by the top bits of the call's number times the golden ratio
-    /// (a Weyl sequence), so that no period of the program's calls (a
-    /// step's allocations) lines up with the choice, as every `n`th call
-    /// could.
-    fn timed(&self) -> bool {
-        let n = self.calls.load(Ordering::Relaxed);
-        self.calls.store(n.wrapping_add(1), Ordering::Relaxed);
+    /// Whether the calling thread's call is one of the timed ones (one in
+    /// `TIMED_ONE_IN`, chosen by the top bits of the thread's call number
+    /// times the golden ratio, a Weyl sequence, so that no period of the
+    /// program's calls, a step's allocations, lines up with the choice, as
+    /// every `n`th call could), and the thread's counter shard.
+    #[inline]
+    fn timed(&self) -> (bool, &CallCounts) {
+        let (n, shard) = THREAD.with(|t| {
+            let (n, mut shard) = t.get();
+            if shard == usize::MAX {
+                shard = NEXT_SHARD.fetch_add(1, Ordering::Relaxed) % COUNTER_SHARDS;
+            }
+            t.set((n.wrapping_add(1), shard));
+            (n, shard)
+        });
         const SHIFT: u32 = 64 - TIMED_ONE_IN.trailing_zeros();
-        (n.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> SHIFT) == 0
+        let timed = (n.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> SHIFT) == 0;
+        (timed, &self.calls[shard])
     }
 
     /// Adds a timed call's `started.elapsed()` to `total`, for every call
@@ -158,6 +194,14 @@ impl Counters {
             let nanos = started.elapsed().as_nanos() as u64;
             total.fetch_add(nanos * TIMED_ONE_IN, Ordering::Relaxed);
         }
+    }
+
+    /// The sum over the shards of `field`.
+    fn sum(&self, field: impl Fn(&CallCounts) -> &AtomicU64) -> u64 {
+        self.calls
+            .iter()
+            .map(|c| field(c).load(Ordering::Relaxed))
+            .sum()
     }
 }
 
@@ -188,10 +232,11 @@ pub struct TorchAllocStats {
     /// Frees taken.
     pub frees: u64,
     /// Nanoseconds spent in `alloc` calls, on the calling threads:
-    /// estimated from one call in 8 (chosen throughout the run), each timed
-    /// call counted 8 times: two clock reads in every call took about 300
-    /// of the 1,133 instructions this library added to a cached pair
-    /// (BENCHMARKS.md, "What a call of the C functions costs").
+    /// estimated from one call in 8 of each thread (chosen throughout the
+    /// run), each timed call counted 8 times: two clock reads in every
+    /// call took about 300 of the 1,133 instructions this library added to
+    /// a cached pair (BENCHMARKS.md, "What a call of the C functions
+    /// costs").
     pub alloc_nanos: u64,
     /// Nanoseconds spent in `free` calls, estimated as `alloc_nanos`.
     pub free_nanos: u64,
@@ -208,6 +253,15 @@ pub struct TorchAllocStats {
     /// Allocations that took new memory: mapped in the arena, or from the
     /// resource below the cache (the cache's `misses` and `bypasses`).
     pub cache_misses: u64,
+    /// When another stream's free may serve a stream
+    /// ([`config`](crate::config)): 1 for `done` (only once the host saw
+    /// the GPU done with it), 0 for `wait` (behind a wait on the GPU).
+    pub cross_stream_done: u64,
+    /// Waits on the GPU queued for memory another stream freed: each holds
+    /// one of PyTorch's streams behind another's work (the cache's
+    /// [`cross_stream_waits`](streamalloc::CacheStats::cross_stream_waits);
+    /// 0 under `done` but as the last resort before out of memory).
+    pub cache_cross_stream_waits: u64,
 }
 
 /// One device's allocator.
@@ -224,6 +278,8 @@ pub(crate) struct DeviceAllocator {
     /// The backend, for its CUDA context (whose calls change the thread's
     /// current context).
     gpu: Arc<Backend>,
+    /// The cache's policy for memory another stream freed, for the stats.
+    cross_stream: CrossStreamReuse,
 }
 
 impl std::fmt::Debug for DeviceAllocator {
@@ -251,6 +307,7 @@ impl DeviceAllocator {
             limit: AtomicUsize::new(usize::MAX),
             total,
             gpu,
+            cross_stream: config.cross_stream_reuse(),
         })
     }
 
@@ -279,12 +336,14 @@ impl DeviceAllocator {
 
     /// A block of `size` bytes for work on `stream`; its address.
     pub(crate) fn alloc(&self, size: isize, stream: usize) -> Result<u64, Refusal> {
-        let started = self.counters.timed().then(Instant::now);
+        let (timed, calls) = self.counters.timed();
+        let started = timed.then(Instant::now);
         let result = self.alloc_inner(size, stream);
-        Counters::add_time(&self.counters.alloc_nanos, started);
-        if result.is_err() {
-            self.counters.failures.fetch_add(1, Ordering::Relaxed);
-        }
+        Counters::add_time(&calls.alloc_nanos, started);
+        match result {
+            Ok(_) => calls.allocs.fetch_add(1, Ordering::Relaxed),
+            Err(_) => calls.failures.fetch_add(1, Ordering::Relaxed),
+        };
         result
     }
 
@@ -305,7 +364,6 @@ impl DeviceAllocator {
         self.note_reserved(&block);
         self.blocks.insert(block);
         let c = &self.counters;
-        c.allocs.fetch_add(1, Ordering::Relaxed);
         let now = c.allocated.fetch_add(size, Ordering::Relaxed) + size;
         raise(&c.peak_allocated, now);
         Ok(ptr)
@@ -317,14 +375,13 @@ impl DeviceAllocator {
     /// memory (its physical bytes change) or a block comes from below the
     /// arena (size classes, or the arena could not place it). Otherwise
     /// the sum, a load per shard of the resource below (64 cache lines
-    /// for PyTorch's streams), is not read.
+    /// for PyTorch's streams), is not read. Whether the block is the
+    /// arena's is read from its address, with no lock.
     fn note_reserved(&self, block: &DeviceBlock) {
         let cache = self.stack.inner();
         let c = &self.counters;
         let physical = cache.physical_bytes();
-        if physical == c.physical_seen.load(Ordering::Relaxed)
-            && cache.inner_block_id(block.id()).is_none()
-        {
+        if physical == c.physical_seen.load(Ordering::Relaxed) && cache.in_arena(block) {
             return;
         }
         c.physical_seen.store(physical, Ordering::Relaxed);
@@ -356,12 +413,14 @@ impl DeviceAllocator {
 
     /// Frees the block at `ptr`, after the uses `record_stream` named.
     pub(crate) fn free(&self, ptr: u64) -> Result<(), Refusal> {
-        let started = self.counters.timed().then(Instant::now);
+        let (timed, calls) = self.counters.timed();
+        let started = timed.then(Instant::now);
         let result = self.free_inner(ptr);
-        Counters::add_time(&self.counters.free_nanos, started);
-        if result.is_err() {
-            self.counters.failures.fetch_add(1, Ordering::Relaxed);
-        }
+        Counters::add_time(&calls.free_nanos, started);
+        match result {
+            Ok(()) => calls.frees.fetch_add(1, Ordering::Relaxed),
+            Err(_) => calls.failures.fetch_add(1, Ordering::Relaxed),
+        };
         result
     }
 
@@ -383,7 +442,6 @@ impl DeviceAllocator {
         let block = entry.block.clone();
         match self.stack.deallocate(block) {
             Ok(()) => {
-                self.counters.frees.fetch_add(1, Ordering::Relaxed);
                 self.counters.allocated.fetch_sub(size, Ordering::Relaxed);
                 Ok(())
             }
@@ -437,14 +495,16 @@ impl DeviceAllocator {
             peak_allocated_bytes: load(&c.peak_allocated),
             reserved_bytes: self.stack.bytes_outstanding() as u64,
             peak_reserved_bytes: load(&c.peak_reserved),
-            allocs: c.allocs.load(Ordering::Relaxed),
-            frees: c.frees.load(Ordering::Relaxed),
-            alloc_nanos: c.alloc_nanos.load(Ordering::Relaxed),
-            free_nanos: c.free_nanos.load(Ordering::Relaxed),
-            failures: c.failures.load(Ordering::Relaxed),
+            allocs: c.sum(|c| &c.allocs),
+            frees: c.sum(|c| &c.frees),
+            alloc_nanos: c.sum(|c| &c.alloc_nanos),
+            free_nanos: c.sum(|c| &c.free_nanos),
+            failures: c.sum(|c| &c.failures),
             cache_hits: cache.hits,
             cache_borrows: cache.borrows + cache.steals,
             cache_misses: cache.misses + cache.bypasses,
+            cross_stream_done: u64::from(self.cross_stream == CrossStreamReuse::Done),
+            cache_cross_stream_waits: cache.cross_stream_waits,
         }
     }
 
@@ -457,7 +517,9 @@ impl DeviceAllocator {
             .store(self.stack.inner().physical_bytes(), Ordering::Relaxed);
         c.peak_reserved
             .store(self.stack.bytes_outstanding(), Ordering::Relaxed);
-        c.alloc_nanos.store(0, Ordering::Relaxed);
-        c.free_nanos.store(0, Ordering::Relaxed);
+        for shard in &c.calls {
+            shard.alloc_nanos.store(0, Ordering::Relaxed);
+            shard.free_nanos.store(0, Ordering::Relaxed);
+        }
     }
 }

@@ -31,6 +31,24 @@
 //! live high-water mark stays the library's (7 %): lower, it held more on
 //! the Llama and GPT-2 training traces.
 //!
+//! # Memory another stream freed: only once the GPU is done with it
+//!
+//! The library's default ([`CrossStreamReuse::Wait`]) lends a range one
+//! stream freed to another stream behind a wait on the GPU when nothing
+//! else fits: the least memory, and placement independent of the GPU's
+//! timing. But the wait orders everything the freeing stream queued before
+//! the free ahead of the borrower's next work. A PyTorch program that puts
+//! requests on separate streams means them to run side by side, and
+//! PyTorch's own allocator never makes one wait on another: it keeps a
+//! pool per stream and grows it. On the H100 the two four-stream Llama
+//! servers of `scripts/compare_models.py` borrowed in 14% and 8% of their
+//! allocations and took 1.03× and 1.13× PyTorch's time per token, where
+//! the allocator's own calls were 2–4% of the run (2026-12-06). So the
+//! allocator takes another stream's free only where the host saw the GPU
+//! done with it ([`CrossStreamReuse::Done`]), else it grows, as PyTorch
+//! does; it still shares what PyTorch's pools cannot (one arena, freed
+//! memory any stream takes once done), so it holds less.
+//!
 //! # Environment
 //!
 //! Read once, when a device opens:
@@ -38,11 +56,16 @@
 //! - `STREAMALLOC_TORCH_MAX_MAPPING_MIB`: the most one physical allocation
 //!   covers, in MiB (default 64);
 //! - `STREAMALLOC_TORCH_SLACK_PERCENT`: how far over the live high-water
-//!   mark the arena may hold memory (default 7).
+//!   mark the arena may hold memory (default 7);
+//! - `STREAMALLOC_TORCH_CROSS_STREAM`: `done` (the default: another
+//!   stream's free serves only once the GPU is done with it) or `wait`
+//!   (the library's default: behind a wait on the GPU when nothing else
+//!   fits).
 //!
-//! A value that is not a whole number refuses the device, with the reason.
+//! A value that is not a whole number (or, for the last, not one of the
+//! two words) refuses the device, with the reason.
 
-use streamalloc::CacheConfig;
+use streamalloc::{CacheConfig, CrossStreamReuse};
 
 /// Streams one device can register: PyTorch's 32 per priority, four
 /// priorities, the default stream, and room for external ones.
@@ -57,13 +80,35 @@ pub const MAX_MAPPING_ENV: &str = "STREAMALLOC_TORCH_MAX_MAPPING_MIB";
 /// Environment variable: the arena's slack, in percent.
 pub const SLACK_ENV: &str = "STREAMALLOC_TORCH_SLACK_PERCENT";
 
+/// Environment variable: when another stream's free may serve a stream,
+/// `done` or `wait`.
+pub const CROSS_STREAM_ENV: &str = "STREAMALLOC_TORCH_CROSS_STREAM";
+
+/// When another stream's free serves a stream, by default.
+pub const CROSS_STREAM: CrossStreamReuse = CrossStreamReuse::Done;
+
 /// The configuration without the environment's changes: the library's
-/// defaults with [`MAX_MAPPING_BYTES`] and a slot for each of PyTorch's
-/// streams.
+/// defaults with [`MAX_MAPPING_BYTES`], [`CROSS_STREAM`] and a slot for
+/// each of PyTorch's streams.
 pub fn cache_config() -> CacheConfig {
     CacheConfig::default()
         .streams(STREAMS)
         .max_mapping_bytes(MAX_MAPPING_BYTES)
+        .cross_stream(CROSS_STREAM)
+}
+
+/// The policy a value of [`CROSS_STREAM_ENV`] names.
+///
+/// # Errors
+/// The variable and its value, for any other word.
+pub fn parse_cross_stream(value: &str) -> Result<CrossStreamReuse, String> {
+    match value.trim() {
+        "done" => Ok(CrossStreamReuse::Done),
+        "wait" => Ok(CrossStreamReuse::Wait),
+        other => Err(format!(
+            "{CROSS_STREAM_ENV}=`{other}` is neither `done` nor `wait`"
+        )),
+    }
 }
 
 /// [`cache_config`] with the environment's changes.
@@ -84,6 +129,13 @@ pub(crate) fn cache_config_from_env() -> Result<CacheConfig, String> {
     if let Some(percent) = number(SLACK_ENV)? {
         config = config.slack_percent(percent);
     }
+    match std::env::var(CROSS_STREAM_ENV) {
+        Ok(value) => config = config.cross_stream(parse_cross_stream(&value)?),
+        Err(std::env::VarError::NotPresent) => {}
+        Err(std::env::VarError::NotUnicode(value)) => {
+            return Err(format!("{CROSS_STREAM_ENV}={value:?} is not a word"));
+        }
+    }
     Ok(config)
 }
 
@@ -99,5 +151,19 @@ fn number(name: &str) -> Result<Option<usize>, String> {
         Err(std::env::VarError::NotUnicode(value)) => {
             Err(format!("{name}={value:?} is not a whole number"))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cross_stream_words_name_the_two_policies_and_nothing_else() {
+        assert_eq!(parse_cross_stream("done"), Ok(CrossStreamReuse::Done));
+        assert_eq!(parse_cross_stream(" wait\n"), Ok(CrossStreamReuse::Wait));
+        let refused = parse_cross_stream("never").unwrap_err();
+        assert!(refused.contains(CROSS_STREAM_ENV) && refused.contains("never"));
+        assert_eq!(cache_config().cross_stream_reuse(), CROSS_STREAM);
     }
 }

@@ -17,6 +17,7 @@
 //!
 //! By [`MAX_DEVICES`] ordinals.
 
+use std::cell::Cell;
 use std::sync::{Arc, OnceLock};
 
 use streamalloc::DEVICE_ENV;
@@ -104,12 +105,31 @@ fn backend(host: &Host, ordinal: usize) -> Result<Backend, ResourceError> {
     })
 }
 
+thread_local! {
+    /// The device the calling thread's last call named, and its allocator:
+    /// PyTorch calls from a thread name the same device call after call.
+    static LAST: Cell<(i32, Option<&'static DeviceAllocator>)> = const { Cell::new((-1, None)) };
+}
+
 /// The allocator of device `device`, opened at the first call.
 ///
 /// # Errors
 /// The reason the device cannot be served (an ordinal out of range, no
 /// driver, no such device), the same at every call.
+#[inline]
 pub(crate) fn device(device: i32) -> Result<&'static DeviceAllocator, String> {
+    match LAST.with(Cell::get) {
+        (last, Some(allocator)) if last == device => Ok(allocator),
+        _ => {
+            let allocator = open_device(device)?;
+            LAST.with(|l| l.set((device, Some(allocator))));
+            Ok(allocator)
+        }
+    }
+}
+
+/// [`device`] past the thread's last device: the table's slot.
+fn open_device(device: i32) -> Result<&'static DeviceAllocator, String> {
     let devices = devices();
     let slot = usize::try_from(device)
         .ok()

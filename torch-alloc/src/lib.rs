@@ -56,10 +56,13 @@
 //!
 //! A free is queued on the stream the block was allocated on. The cache
 //! hands the range to that stream's next allocation at once (its later work
-//! runs after the free), and to another stream only once that stream is
-//! ordered after the free: the free was seen complete, or the borrowing
-//! stream waits for it on the GPU. That is the rule PyTorch's own allocator
-//! keeps.
+//! runs after the free), and to another stream only once the host saw the
+//! GPU done with the free (a fence past it queried complete); until then
+//! the other stream takes other memory, as PyTorch's own allocator, which
+//! never moves memory between streams, grows the stream's pool. No
+//! PyTorch stream is made to wait on another for memory (but as the last
+//! resort before out of memory); `STREAMALLOC_TORCH_CROSS_STREAM=wait`
+//! lends behind a wait on the GPU instead (see [`config`]).
 //!
 //! A tensor *used* on a second stream is PyTorch's `record_stream` case:
 //! the free must also wait for that stream. With the hook installed

@@ -79,8 +79,14 @@ fn wait_stream(sim: &SimGpu, later: RawStream, earlier: RawStream) {
     sim.stream_wait_event(later, event).unwrap();
 }
 
+/// A block freed on one of PyTorch's streams serves another stream only
+/// once the GPU is done with it (the allocator's `done` policy): while the
+/// first stream's write is queued the second grows instead, with no wait
+/// on the GPU; once the write ran, the range serves the second stream
+/// where it is. Fails if the second stream is made to wait, or is handed
+/// the range while the write may still run (the race detector sees it).
 #[test]
-fn a_block_freed_on_one_torch_stream_serves_another_only_behind_it() {
+fn a_block_freed_on_one_torch_stream_serves_another_once_the_gpu_is_done() {
     let sim = &host()[0];
     let s = torch_streams(0, 2);
     let first = streamalloc_torch_alloc(4 * MIB, 0, s[0].1);
@@ -88,24 +94,37 @@ fn a_block_freed_on_one_torch_stream_serves_another_only_behind_it() {
     assert_eq!(first as u64 % 512, 0, "PyTorch's alignment");
     touch(sim, s[0].0, first, Access::Write);
     streamalloc_torch_free(first, 4 * MIB, 0, s[0].1);
+    let waits = sim.call_count(streamalloc::DriverCall::StreamWaitEvent);
     let second = streamalloc_torch_alloc(4 * MIB, 0, s[1].1);
-    assert_eq!(second, first, "the range freed on stream 0 serves stream 1");
+    assert_ne!(second, first, "stream 0's write may still run there");
     touch(sim, s[1].0, second, Access::Write);
     sim.run_until_idle();
+    let third = streamalloc_torch_alloc(4 * MIB, 0, s[1].1);
+    assert_eq!(third, first, "the range freed on stream 0, done with");
+    touch(sim, s[1].0, third, Access::Write);
+    sim.run_until_idle();
     assert!(sim.races().is_empty(), "{:?}", sim.races());
+    assert_eq!(
+        sim.call_count(streamalloc::DriverCall::StreamWaitEvent),
+        waits,
+        "no stream waited on another"
+    );
     let st = stats(0);
-    assert_eq!((st.allocs, st.frees, st.failures), (2, 1, 0));
-    assert_eq!(st.allocated_bytes, 4 << 20);
+    assert_eq!((st.allocs, st.frees, st.failures), (3, 1, 0));
+    assert_eq!((st.cross_stream_done, st.cache_cross_stream_waits), (1, 0));
+    assert_eq!(st.cache_borrows, 1, "{st:?}");
+    assert_eq!(st.allocated_bytes, 8 << 20);
     assert!(
-        st.peak_reserved_bytes >= 4 << 20 && st.reserved_bytes >= 4 << 20,
+        st.peak_reserved_bytes >= 8 << 20 && st.reserved_bytes >= 8 << 20,
         "{st:?}"
     );
     assert_eq!(
         streamalloc_torch_max_reserved_bytes(0),
         st.peak_reserved_bytes
     );
-    assert_eq!(streamalloc_torch_max_allocated_bytes(0), 4 << 20);
+    assert_eq!(streamalloc_torch_max_allocated_bytes(0), 8 << 20);
     streamalloc_torch_free(second, 4 * MIB, 0, s[1].1);
+    streamalloc_torch_free(third, 4 * MIB, 0, s[1].1);
     assert_eq!(stats(0).allocated_bytes, 0);
 }
 

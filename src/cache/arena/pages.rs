@@ -5,12 +5,22 @@
 //!
 //! - **Pages** (the mapping granularity, 2 MiB on the H200): how many live
 //!   blocks touch each, and the physical handle mapped there, if any.
-//! - **Handles**: one per run of pages mapped together (a handle covers
-//!   the unbacked pages one allocation needed, up to a maximum run), with
-//!   the count of its pages that live blocks touch. A handle none of whose
-//!   pages is touched is **idle**: an allocation that lands on it again
-//!   uses it with no driver call, and it can be given back to the device
-//!   (unmapped and released) once the GPU is done with it.
+//! - **Physical memory**: one entry per `cuMemCreate` (a growth's run of
+//!   pages), with the mappings of it.
+//! - **Handles** (mappings): one per run of pages mapped together (a growth
+//!   maps its physical memory whole; an alias maps part of another's
+//!   again, see below), with the count of its pages that live blocks
+//!   touch. A handle none of whose pages is touched is **idle**: an
+//!   allocation that lands on it again uses it with no driver call, and it
+//!   can be given back to the device (unmapped, and the physical memory
+//!   released once every mapping of it is idle too) once the GPU is done
+//!   with it.
+//! - **Dead pages**: pages of a mapping whose physical memory was mapped
+//!   again elsewhere ([`alias`](PageTable::alias)): `cuMemUnmap` cannot
+//!   unmap part of a mapping, so the old addresses stay mapped, out of the
+//!   arena (the caller holds their range), until the whole mapping is
+//!   given back. They count in no window, no idle figure and no free
+//!   memory.
 //! - **Tags per handle**: the newest free of each stream on its pages
 //!   ([`Freed`]), since it was mapped: the GPU is done with the handle
 //!   once a fence past each has completed (see
@@ -41,6 +51,8 @@ use crate::gpu::RawPhysical;
 const NONE: u32 = u32::MAX;
 /// The handle of a pending page: a growth is mapping memory there.
 const PENDING: u32 = u32::MAX - 1;
+/// The handle of a dead page: its memory is mapped at another address.
+const DEAD: u32 = u32::MAX - 2;
 /// Idle handles looked at, at most, for one the GPU is done with (the
 /// oldest may wait on a busy stream while a younger one of another stream
 /// is done).
@@ -62,9 +74,10 @@ impl Page {
         handle: NONE,
     };
 
-    /// Whether memory is mapped here (not pending, not unbacked).
+    /// Whether memory is mapped here (not pending, not unbacked, not
+    /// dead).
     fn mapped(self) -> bool {
-        self.handle < PENDING
+        self.handle < DEAD
     }
 
     fn pending(self) -> bool {
@@ -72,17 +85,53 @@ impl Page {
     }
 }
 
-/// One physical handle mapped over a run of pages.
+/// One mapping of (part of) a physical handle over a run of pages.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Handle {
     pub(crate) raw: RawPhysical,
     pub(crate) first: u32,
     pub(crate) pages: u32,
+    /// The physical memory mapped (an index into `PageTable::phys`).
+    phys: u32,
+    /// Where in it the mapping starts, in pages.
+    offset: u32,
+    /// Pages of the run whose memory is mapped elsewhere now.
+    dead: u32,
     /// Pages of the run that live blocks touch.
     busy: u32,
     /// How many times it became idle (names one idle spell in the queue).
     idle_gen: u32,
     live: bool,
+}
+
+/// One `cuMemCreate`: its size and its mappings.
+#[derive(Debug, Clone)]
+struct Phys {
+    raw: RawPhysical,
+    pages: u32,
+    /// The handles (mappings) of it.
+    maps: Vec<u32>,
+}
+
+/// A range of dead pages: `count` pages from `first`, whose addresses the
+/// caller took out of its arena as `node`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DeadRun {
+    pub(crate) first: u32,
+    pub(crate) count: u32,
+    pub(crate) node: u32,
+}
+
+/// Physical memory taken out of the table to be given back: unmap every
+/// mapping, then release `raw` (of `pages` pages), then give the dead
+/// runs' addresses back to the arena (they have no memory behind them
+/// any more).
+#[derive(Debug, Clone)]
+pub(crate) struct Released {
+    pub(crate) raw: RawPhysical,
+    pub(crate) pages: u32,
+    pub(crate) maps: Vec<Handle>,
+    pub(crate) dead: Vec<DeadRun>,
 }
 
 /// The pages of one arena.
@@ -103,12 +152,19 @@ pub(crate) struct PageTable {
     handles: Vec<Handle>,
     /// Per handle, the newest free of each stream on its pages.
     tags: Vec<Vec<Freed>>,
+    /// Per handle, its dead runs.
+    dead: Vec<Vec<DeadRun>>,
+    phys: Vec<Phys>,
+    spare_phys: Vec<u32>,
     spare_handles: Vec<u32>,
     idle: VecDeque<(u32, u32)>,
     /// Idle handles, in pages.
     idle_pages: usize,
-    /// Mapped pages.
+    /// Mapped pages (dead ones too: their addresses are still mapped).
     mapped_pages: usize,
+    /// Mapped pages, not dead, that no live block touches: memory an
+    /// alias could move.
+    free_mapped: usize,
     /// Pending pages (a growth maps memory there): while none is, windows
     /// need not look for them.
     pending_pages: usize,
@@ -124,10 +180,14 @@ impl PageTable {
             capacity: len.div_ceil(page) as usize,
             handles: Vec::new(),
             tags: Vec::new(),
+            dead: Vec::new(),
+            phys: Vec::new(),
+            spare_phys: Vec::new(),
             spare_handles: Vec::new(),
             idle: VecDeque::new(),
             idle_pages: 0,
             mapped_pages: 0,
+            free_mapped: 0,
             pending_pages: 0,
         }
     }
@@ -368,9 +428,10 @@ impl PageTable {
                 let h = &mut self.handles[p.handle as usize];
                 if newly_busy > 0 {
                     if h.busy == 0 {
-                        self.idle_pages -= h.pages as usize;
+                        self.idle_pages -= (h.pages - h.dead) as usize;
                     }
                     h.busy += newly_busy;
+                    self.free_mapped -= newly_busy as usize;
                 }
                 i = end;
                 continue;
@@ -415,9 +476,10 @@ impl PageTable {
             let h = &mut self.handles[hi as usize];
             if now_idle > 0 {
                 h.busy -= now_idle;
+                self.free_mapped += now_idle as usize;
                 if h.busy == 0 {
                     h.idle_gen = h.idle_gen.wrapping_add(1);
-                    self.idle_pages += h.pages as usize;
+                    self.idle_pages += (h.pages - h.dead) as usize;
                     self.idle.push_back((hi, h.idle_gen));
                 }
             }
@@ -436,13 +498,47 @@ impl PageTable {
         }
     }
 
-    /// Records that `raw` is mapped over pages `first..first + pages`
-    /// (pending ones stop being pending).
+    /// Records that `raw`, new physical memory of `pages` pages, is mapped
+    /// whole over pages `first..first + pages` (pending ones stop being
+    /// pending).
     pub(crate) fn map(&mut self, first: u32, pages: u32, raw: RawPhysical) {
-        let handle = Handle {
+        let entry = Phys {
             raw,
+            pages,
+            maps: Vec::new(),
+        };
+        let pi = match self.spare_phys.pop() {
+            Some(i) => {
+                self.phys[i as usize] = entry;
+                i
+            }
+            None => {
+                self.phys.push(entry);
+                (self.phys.len() - 1) as u32
+            }
+        };
+        self.insert(first, pages, pi, 0);
+    }
+
+    /// Records that pages `offset..offset + pages` of the physical memory
+    /// the dead page `source` was mapped to are mapped again over pages
+    /// `first..first + pages` (pending: a block's, see
+    /// [`alias_source`](Self::alias_source)). Nothing is added to what is
+    /// held: the memory is the same.
+    pub(crate) fn alias(&mut self, first: u32, pages: u32, source: AliasSource) {
+        self.insert(first, pages, source.phys, source.offset);
+    }
+
+    /// A new mapping of pages `offset..offset + pages` of `phys` over pages
+    /// `first..first + pages`.
+    fn insert(&mut self, first: u32, pages: u32, phys: u32, offset: u32) {
+        let handle = Handle {
+            raw: self.phys[phys as usize].raw,
             first,
             pages,
+            phys,
+            offset,
+            dead: 0,
             busy: 0,
             idle_gen: 0,
             live: true,
@@ -451,14 +547,17 @@ impl PageTable {
             Some(i) => {
                 self.handles[i as usize] = handle;
                 self.tags[i as usize].clear();
+                self.dead[i as usize].clear();
                 i
             }
             None => {
                 self.handles.push(handle);
                 self.tags.push(Vec::new());
+                self.dead.push(Vec::new());
                 (self.handles.len() - 1) as u32
             }
         };
+        self.phys[phys as usize].maps.push(hi);
         let mut busy = 0;
         self.cover((first + pages) as usize);
         for p in &mut self.pages[first as usize..(first + pages) as usize] {
@@ -471,6 +570,7 @@ impl PageTable {
         }
         self.handles[hi as usize].busy = busy;
         self.mapped_pages += pages as usize;
+        self.free_mapped += (pages - busy) as usize;
     }
 
     /// Undoes [`touch`](Self::touch) for a block that could not be backed:
@@ -484,11 +584,12 @@ impl PageTable {
         self.untouch(off, len, freed);
     }
 
-    /// An idle handle every tag of which `done` says the GPU finished (the
-    /// oldest such among the first few idle), taken out of the table: its
-    /// pages have no memory behind them any more. The caller unmaps and
-    /// releases it.
-    pub(crate) fn take_idle(&mut self, done: impl Fn(Freed) -> bool) -> Option<Handle> {
+    /// Physical memory every mapping of which is idle, with every tag
+    /// `done` says the GPU finished (found from the oldest idle handles
+    /// first, among the first few), taken out of the table: its pages have
+    /// no memory behind them any more, and its dead runs go back to the
+    /// caller. The caller unmaps every mapping and releases the memory.
+    pub(crate) fn take_idle(&mut self, done: impl Fn(Freed) -> bool) -> Option<Released> {
         let mut i = 0;
         let mut looked = 0;
         while i < self.idle.len() && looked < IDLE_SCAN {
@@ -499,15 +600,35 @@ impl PageTable {
                 continue;
             }
             looked += 1;
-            let tags = &mut self.tags[hi as usize];
-            tags.retain(|&t| !done(t));
-            if !tags.is_empty() {
+            // Every mapping of the memory must be idle and done: the driver
+            // gives memory back only once all are unmapped.
+            let maps = self.phys[h.phys as usize].maps.clone();
+            let mut all_done = true;
+            for &m in &maps {
+                let tags = &mut self.tags[m as usize];
+                tags.retain(|&t| !done(t));
+                all_done &= self.handles[m as usize].busy == 0 && tags.is_empty();
+            }
+            if !all_done {
                 i += 1;
                 continue;
             }
             self.idle.remove(i);
-            self.remove(hi);
-            return Some(h);
+            let phys = self.phys[h.phys as usize].clone();
+            let mut released = Released {
+                raw: phys.raw,
+                pages: phys.pages,
+                maps: Vec::with_capacity(maps.len()),
+                dead: Vec::new(),
+            };
+            for &m in &maps {
+                released.maps.push(self.handles[m as usize]);
+                released.dead.append(&mut self.dead[m as usize]);
+                self.remove(m);
+            }
+            self.phys[h.phys as usize].maps.clear();
+            self.spare_phys.push(h.phys);
+            return Some(released);
         }
         None
     }
@@ -527,16 +648,104 @@ impl PageTable {
         newest
     }
 
+    /// Takes idle handle `hi` out (its dead pages too).
     fn remove(&mut self, hi: u32) {
         let h = &mut self.handles[hi as usize];
         h.live = false;
-        let (first, pages) = (h.first, h.pages);
+        let (first, pages, dead) = (h.first, h.pages, h.dead);
         for p in &mut self.pages[first as usize..(first + pages) as usize] {
             p.handle = NONE;
         }
-        self.idle_pages -= pages as usize;
+        self.idle_pages -= (pages - dead) as usize;
+        self.free_mapped -= (pages - dead) as usize;
         self.mapped_pages -= pages as usize;
         self.spare_handles.push(hi);
+    }
+
+    /// Mapped pages, not dead, that no live block touches.
+    pub(crate) fn free_mapped_pages(&self) -> usize {
+        self.free_mapped
+    }
+
+    /// The runs of whole pages inside `[start, end)` (a free range of the
+    /// arena: no live block touches them) with memory behind them, each in
+    /// one mapping (so one contiguous part of one physical handle), as
+    /// (first page, count): what an alias could map again elsewhere.
+    pub(crate) fn alias_runs(&self, start: u64, end: u64) -> Vec<(u32, u32)> {
+        let first = start.div_ceil(self.page) as usize;
+        let last = ((end / self.page) as usize).min(self.pages.len());
+        let mut runs: Vec<(u32, u32)> = Vec::new();
+        let mut i = first;
+        while i < last {
+            let p = self.pages[i];
+            if !p.mapped() {
+                i += 1;
+                continue;
+            }
+            // To the mapping's end or its next dead page.
+            let run_end = (i..self.run_end(p.handle).min(last))
+                .find(|&j| self.pages[j].handle != p.handle)
+                .unwrap_or(self.run_end(p.handle).min(last));
+            debug_assert!(
+                self.pages[i..run_end].iter().all(|q| q.refs == 0),
+                "pages of a free range touched"
+            );
+            runs.push((i as u32, (run_end - i) as u32));
+            i = run_end;
+        }
+        runs
+    }
+
+    /// Marks pages `first..first + count` (one mapping's, untouched: see
+    /// [`alias_runs`](Self::alias_runs)) dead, their addresses held by the
+    /// caller as arena node `node`, and returns where their memory is,
+    /// for [`alias`](Self::alias) once it is mapped again.
+    pub(crate) fn kill(&mut self, first: u32, count: u32, node: u32) -> AliasSource {
+        let hi = self.pages[first as usize].handle;
+        debug_assert!(
+            self.pages[first as usize].mapped(),
+            "page {first} has no memory"
+        );
+        for p in &mut self.pages[first as usize..(first + count) as usize] {
+            debug_assert!(p.handle == hi && p.refs == 0, "not one untouched run");
+            p.handle = DEAD;
+        }
+        let h = &mut self.handles[hi as usize];
+        h.dead += count;
+        if h.busy == 0 {
+            self.idle_pages -= count as usize;
+        }
+        self.free_mapped -= count as usize;
+        self.dead[hi as usize].push(DeadRun { first, count, node });
+        AliasSource {
+            raw: h.raw,
+            phys: h.phys,
+            offset: h.offset + (first - h.first),
+            handle: hi,
+        }
+    }
+
+    /// Undoes [`kill`](Self::kill) (the memory could not be mapped again):
+    /// the pages are the handle's again; returns the arena node the caller
+    /// gives back.
+    pub(crate) fn revive(&mut self, source: AliasSource, first: u32) -> u32 {
+        let hi = source.handle;
+        let runs = &mut self.dead[hi as usize];
+        let at = runs
+            .iter()
+            .position(|r| r.first == first)
+            .expect("a dead run of the handle");
+        let run = runs.swap_remove(at);
+        for p in &mut self.pages[first as usize..(first + run.count) as usize] {
+            p.handle = hi;
+        }
+        let h = &mut self.handles[hi as usize];
+        h.dead -= run.count;
+        if h.busy == 0 {
+            self.idle_pages += run.count as usize;
+        }
+        self.free_mapped += run.count as usize;
+        run.node
     }
 
     /// The handles a sleep may take out from under the blocks on `spans`
@@ -559,10 +768,14 @@ impl PageTable {
         handles.dedup();
         handles.retain(|&hi| {
             let h = &self.handles[hi as usize];
-            (h.first..h.first + h.pages).all(|i| {
-                let refs = self.pages[i as usize].refs;
-                refs == 0 || asleep.get(&(i as usize)) == Some(&refs)
-            })
+            // Memory mapped at two addresses, or a mapping with dead pages,
+            // stays: a sleep releases the memory of the handles it takes.
+            h.dead == 0
+                && self.phys[h.phys as usize].maps.len() == 1
+                && (h.first..h.first + h.pages).all(|i| {
+                    let refs = self.pages[i as usize].refs;
+                    refs == 0 || asleep.get(&(i as usize)) == Some(&refs)
+                })
         });
         handles
     }
@@ -582,9 +795,13 @@ impl PageTable {
         if h.busy == 0 {
             self.idle_pages -= h.pages as usize;
         }
+        self.free_mapped -= (h.pages - h.busy) as usize;
         self.mapped_pages -= h.pages as usize;
         self.pending_pages += h.pages as usize;
         self.spare_handles.push(hi);
+        // Its one mapping (see `sleepable`): the memory goes with it.
+        self.phys[h.phys as usize].maps.clear();
+        self.spare_phys.push(h.phys);
         (h, std::mem::take(&mut self.tags[hi as usize]))
     }
 
@@ -598,17 +815,62 @@ impl PageTable {
         }
     }
 
-    /// Puts back a handle [`take_idle`](Self::take_idle) took, when giving
-    /// it back to the device failed (idle, with no tag: the GPU was done
-    /// with it).
-    pub(crate) fn restore(&mut self, h: Handle) {
-        self.map(h.first, h.pages, h.raw);
-        let hi = self.pages[h.first as usize].handle;
-        let handle = &mut self.handles[hi as usize];
-        handle.idle_gen = handle.idle_gen.wrapping_add(1);
-        self.idle_pages += h.pages as usize;
-        self.idle.push_front((hi, handle.idle_gen));
+    /// Puts back physical memory [`take_idle`](Self::take_idle) took, with
+    /// the mappings of it not unmapped (`mapped`, of `released.maps`), when
+    /// giving it back failed (idle, with no tag: the GPU was done with it).
+    /// Their dead runs stay dead; the others' are returned (their addresses
+    /// have no memory behind them: the caller gives them back).
+    pub(crate) fn restore(&mut self, released: Released, mapped: &[bool]) -> Vec<DeadRun> {
+        let entry = Phys {
+            raw: released.raw,
+            pages: released.pages,
+            maps: Vec::new(),
+        };
+        let pi = match self.spare_phys.pop() {
+            Some(i) => {
+                self.phys[i as usize] = entry;
+                i
+            }
+            None => {
+                self.phys.push(entry);
+                (self.phys.len() - 1) as u32
+            }
+        };
+        let mut dead = released.dead;
+        for (h, _) in released.maps.iter().zip(mapped).filter(|(_, m)| **m) {
+            self.insert(h.first, h.pages, pi, h.offset);
+            let hi = self.pages[h.first as usize].handle;
+            let range = h.first..h.first + h.pages;
+            let (mine, rest): (Vec<DeadRun>, Vec<DeadRun>) =
+                dead.into_iter().partition(|r| range.contains(&r.first));
+            dead = rest;
+            for r in mine {
+                for p in &mut self.pages[r.first as usize..(r.first + r.count) as usize] {
+                    p.handle = DEAD;
+                }
+                self.handles[hi as usize].dead += r.count;
+                self.free_mapped -= r.count as usize;
+                self.dead[hi as usize].push(r);
+            }
+            let handle = &mut self.handles[hi as usize];
+            handle.idle_gen = handle.idle_gen.wrapping_add(1);
+            self.idle_pages += (handle.pages - handle.dead) as usize;
+            self.idle.push_front((hi, handle.idle_gen));
+        }
+        dead
     }
+}
+
+/// Where the memory of dead pages is ([`PageTable::kill`]), to map it again.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AliasSource {
+    /// The physical handle.
+    pub(crate) raw: RawPhysical,
+    phys: u32,
+    /// Where in it, in pages.
+    pub(crate) offset: u32,
+    /// The mapping the pages were dead in.
+    handle: u32,
 }
 
 /// Adds `freed` to a handle's tags: the newer of one stream's frees, one
@@ -653,7 +915,8 @@ mod tests {
         assert_eq!(t.idle_bytes(), 3 * P as usize);
         assert!(t.take_idle(upto(1)).is_none(), "idle since stamp 2");
         let h = t.take_idle(upto(2)).unwrap();
-        assert_eq!((h.first, h.pages, h.raw.get()), (0, 3, 7));
+        assert_eq!((h.maps[0].first, h.maps[0].pages, h.raw.get()), (0, 3, 7));
+        assert_eq!((h.pages, h.maps.len()), (3, 1));
         assert_eq!((t.idle_bytes(), t.mapped_bytes()), (0, 0));
         assert!(!t.backed(0));
     }
@@ -752,6 +1015,87 @@ mod tests {
         assert_eq!(t.settled_window(0, 16 * P, 2 * P), Some(0));
         t.untouch(P, 2 * P, by(0, 1));
         assert_eq!(t.idle_bytes(), 4 * P as usize);
+    }
+
+    /// Pages of an idle part of a mapping, mapped again over a block's
+    /// pending pages: dead where they were, no longer free memory; the
+    /// memory goes back only with every mapping of it, dead runs and all.
+    #[test]
+    fn memory_mapped_again_goes_back_with_its_last_mapping() {
+        let mut t = PageTable::new(32 * P, P);
+        // One handle over pages 0..6; a block stays on pages 0..2.
+        assert_eq!(t.touch(0, 6 * P), vec![(0, 6)]);
+        t.map(0, 6, RawPhysical::new(7));
+        assert!(t.touch(0, 2 * P).is_empty());
+        t.untouch(0, 6 * P, by(0, 1));
+        assert_eq!((t.free_mapped_pages(), t.idle_bytes()), (4, 0));
+        assert_eq!(t.alias_runs(P + 512, 6 * P), vec![(2, 4)], "whole pages");
+        // A block on pages 10..13 takes pages 3..6.
+        assert_eq!(t.touch(10 * P, 3 * P), vec![(10, 3)]);
+        t.pend(10, 3);
+        let source = t.kill(3, 3, 99);
+        assert_eq!((source.raw.get(), source.offset), (7, 3));
+        assert_eq!(t.free_mapped_pages(), 1);
+        assert!(!t.backed(3 * P) && t.backed(2 * P));
+        assert_eq!(
+            t.alias_runs(2 * P, 6 * P),
+            vec![(2, 1)],
+            "dead pages are not"
+        );
+        t.alias(10, 3, source);
+        assert_eq!(t.pending_pages(), 0);
+        assert!(t.all_backed(10 * P, 3 * P));
+        assert_eq!(t.mapped_bytes(), 9 * P as usize, "addresses mapped");
+        // The first mapping goes idle: its memory stays, the block uses it.
+        t.untouch(0, 2 * P, by(0, 2));
+        assert_eq!(t.idle_bytes(), 3 * P as usize, "its live pages only");
+        assert!(t.take_idle(upto(u64::MAX)).is_none(), "mapped at page 10");
+        t.untouch(10 * P, 3 * P, by(0, 3));
+        assert!(t.take_idle(upto(2)).is_none(), "freed at stamp 3 there");
+        let r = t.take_idle(upto(3)).unwrap();
+        assert_eq!((r.raw.get(), r.pages, r.maps.len()), (7, 6, 2));
+        assert_eq!(
+            r.dead,
+            vec![DeadRun {
+                first: 3,
+                count: 3,
+                node: 99
+            }]
+        );
+        assert_eq!(
+            (t.mapped_bytes(), t.idle_bytes(), t.free_mapped_pages()),
+            (0, 0, 0)
+        );
+    }
+
+    /// An alias that could not be mapped gives the pages back to their
+    /// mapping; a give-back that unmapped only some mappings puts the
+    /// others back, idle, with their dead runs.
+    #[test]
+    fn a_failed_alias_and_a_failed_unmap_undo_what_they_did() {
+        let mut t = PageTable::new(32 * P, P);
+        assert_eq!(t.touch(0, 4 * P), vec![(0, 4)]);
+        t.map(0, 4, RawPhysical::new(5));
+        t.untouch(0, 4 * P, by(0, 1));
+        let source = t.kill(0, 2, 42);
+        assert_eq!(t.idle_bytes(), 2 * P as usize);
+        assert_eq!(t.revive(source, 0), 42);
+        assert_eq!((t.idle_bytes(), t.free_mapped_pages()), (4 * P as usize, 4));
+        // Mapped again at page 8, then both idle.
+        assert_eq!(t.touch(8 * P, 2 * P), vec![(8, 2)]);
+        t.pend(8, 2);
+        let source = t.kill(0, 2, 43);
+        t.alias(8, 2, source);
+        t.untouch(8 * P, 2 * P, by(0, 2));
+        let r = t.take_idle(upto(2)).unwrap();
+        // The mapping at page 0 could not be unmapped, the other was.
+        let at_zero: Vec<bool> = r.maps.iter().map(|h| h.first == 0).collect();
+        let freed = t.restore(r, &at_zero);
+        assert!(freed.is_empty(), "its dead run stays dead");
+        assert!(t.backed(2 * P) && !t.backed(0) && !t.backed(8 * P));
+        assert_eq!((t.idle_bytes(), t.free_mapped_pages()), (2 * P as usize, 2));
+        let r = t.take_idle(upto(2)).unwrap();
+        assert_eq!((r.maps.len(), r.dead.len()), (1, 1));
     }
 
     #[test]

@@ -245,6 +245,45 @@ impl Arena {
         out
     }
 
+    /// The free ranges that start below `below`, as (node, offset,
+    /// length), in address order (a walk of every node: for the rare
+    /// decisions that look at all free memory, an alias).
+    pub(crate) fn free_nodes(&self, below: u64) -> Vec<(u32, u64, u64)> {
+        let mut spare = vec![false; self.nodes.len()];
+        for &n in &self.spare_nodes {
+            spare[n as usize] = true;
+        }
+        let first = (0..self.nodes.len()).find(|&i| !spare[i] && self.nodes[i].prev_addr == NIL);
+        let mut out = Vec::new();
+        let mut at = first.map_or(NIL, |i| i as u32);
+        while at != NIL {
+            let n = &self.nodes[at as usize];
+            if n.off >= below {
+                break;
+            }
+            if n.free {
+                out.push((at, n.off, n.len));
+            }
+            at = n.next_addr;
+        }
+        out
+    }
+
+    /// The tags of the free range `node` (see [`free_nodes`](Self::free_nodes)).
+    pub(crate) fn free_tags(&self, node: u32) -> &[Freed] {
+        debug_assert!(self.nodes[node as usize].free, "node {node} is handed out");
+        self.tags(node)
+    }
+
+    /// Hands out `[off, off + len)` of the free range `node` (from
+    /// [`free_nodes`](Self::free_nodes); taking from one range at
+    /// decreasing offsets keeps `node` naming the part before). The range
+    /// keeps the free range's tags.
+    pub(crate) fn take(&mut self, node: u32, off: u64, len: u64) -> Placed {
+        debug_assert!(self.nodes[node as usize].free, "node {node} is handed out");
+        self.carve(node, off, len)
+    }
+
     /// Splits `node` after its first `keep` bytes (`0 < keep < len`): the
     /// rest becomes a new node right after it in address order, in no free
     /// list; returns it. The caller decides which part is free.

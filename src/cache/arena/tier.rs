@@ -16,6 +16,7 @@
 use super::placement::{Placed, round};
 use super::sleep::Sleeper;
 use super::vmm::{StreamSlot, Taken, VirtualArena};
+use crate::cache::config::CrossStreamReuse;
 use crate::cache::shard::{Backing, EndedMapped, Lease, Mapped, Shard, Slot, SlotGuard};
 use crate::cache::shards::Shards;
 use crate::error::{ResourceError, ResourceResult};
@@ -57,6 +58,7 @@ impl ArenaTier {
         page_multiple: usize,
         max_mapping_bytes: usize,
         slack_percent: usize,
+        cross_stream: CrossStreamReuse,
     ) -> Option<Self> {
         let vm = VirtualArena::new(
             slots,
@@ -64,6 +66,7 @@ impl ArenaTier {
             page_multiple,
             max_mapping_bytes,
             slack_percent,
+            cross_stream,
         )?;
         Some(ArenaTier {
             events: EventPool::new(vm.access.gpu.clone()),
@@ -201,7 +204,9 @@ impl ArenaTier {
             placed,
             ptr,
             borrowed,
+            waits,
         } = taken;
+        shard.stats.cross_stream_waits += u64::from(waits);
         if borrowed {
             shard.stats.borrows += 1;
         } else if tier.held() > held {

@@ -41,7 +41,15 @@
 //! pages after the block too, ahead of the next blocks, up to `slack`
 //! over the live high-water mark and never past the room a budget above
 //! the cache leaves (see [`growth_room`](crate::util::growth_room)).
-//! Before creating memory that
+//! Where new memory would take the cache past `slack` over the live
+//! high-water mark by [`ALIAS_MIN_PAGES`] pages or more, the block's
+//! pages past that target are backed by whole pages of the stream's own
+//! free ranges (or clean ones) with memory behind them that no block
+//! touches instead, their memory **mapped again** where the
+//! block lies (`cuMemMap` at an offset into their handle, one call a part,
+//! one `cuMemSetAccess` a run: [`VirtualArena::alias_unbacked`]); their
+//! old addresses leave the arena until every mapping of that memory is
+//! idle and given back together. Else, before creating memory that
 //! would take the cache past `slack` over the live high-water mark, idle
 //! mappings freed before the previous growth that the GPU is done with (a
 //! fence past every free on them has completed, learnt by a query) are
@@ -76,6 +84,28 @@
 //! done: on two multi-stream traces the simulator said 1.22× and 1.27×
 //! where an H100 held 1.47× and 1.09× (issue 33).
 //!
+//! # Streams that must not wait on each other ([`CrossStreamReuse::Done`])
+//!
+//! The wait that lends another stream's free orders everything that stream
+//! queued before the free ahead of the borrower's next work. In a server
+//! whose streams run concurrently (PyTorch serving four requests on four
+//! streams) that chains streams the program meant to be independent:
+//! PyTorch's own allocator never lends across streams, it grows a stream's
+//! pool instead. Under `Done` a range another stream freed serves only
+//! where the host saw the GPU done with its free (a fence past it queried
+//! complete, [`is_done`]), with the stream's own ranges first; otherwise
+//! the stream grows. Before such a growth every other stream with frees
+//! not known done records a fence past its newest free and, from then
+//! on, one right after each of its frees, so that its memory serves once
+//! the GPU gets past those frees. No wait is queued,
+//! except as the last resort when the device refuses a growth
+//! ([`VirtualArena::borrow_when_short`]).
+//!
+//! This gives up the property above: whether a fence has completed when a
+//! stream asks is a race between host and GPU, so placement, and the
+//! memory held, depend on the GPU's timing, and a simulated replay no
+//! longer predicts a GPU's figure. Hence not the default.
+//!
 //! # Stream ordering
 //!
 //! - A range freed on `S` is reused at once on `S`: stream order puts the
@@ -105,6 +135,14 @@
 //!   temporaries, see `graph/pool.rs`). Not its own recent frees: its
 //!   replays may run on another stream, which stream order does not put
 //!   after them.
+//! - Memory mapped again at a new address (an alias) is a reuse of the
+//!   range it came from, under the same rule, narrowed: only the stream's
+//!   own frees (stream order) and clean ranges serve, never another
+//!   stream's behind a wait (taking those cost the eight-stream churn
+//!   1.168× → 1.256×, and deciding by fences seen complete would make the
+//!   placement depend on the GPU's timing). The old addresses are out of
+//!   the arena from then on: nothing is placed there until that memory is
+//!   unmapped everywhere.
 //! - A mapping is unmapped only once fences past the last free of every
 //!   stream on its pages have completed (queried, never waited for, except
 //!   as the last resort before out of memory), so no queued work can touch
@@ -132,6 +170,10 @@
 //! the arena; the growing stream's shard lock stays held, so only its own
 //! stream's allocations wait for it.
 //!
+//! Under the tier's lock, though as frequent as the growths they replace:
+//! the driver calls of an alias (a few `cuMemMap` and one
+//! `cuMemSetAccess`), so that no reclaim gives back the memory being
+//! mapped again meanwhile (a finer scheme would mark the handle instead).
 //! Still under the tier's lock, because they are rarer than growths: the
 //! reclaim a growth makes first to stay under the slack target (queries,
 //! and unmapping idle memory the GPU is done with), and, when
@@ -163,8 +205,9 @@ use super::by_tag::Offered;
 use super::fences::Fences;
 use super::freed::Freed;
 use super::kept::{KeptBlocks, KeptNodes};
-use super::pages::{Handle, PageTable};
+use super::pages::{PageTable, Released};
 use super::placement::{Arena, Placed};
+use crate::cache::config::CrossStreamReuse;
 use crate::error::ResourceResult;
 use crate::gpu::{Gpu, GpuError, RawStream};
 use crate::resource::DeviceAccess;
@@ -220,6 +263,27 @@ struct StreamFences {
 /// borrower may wait for more of that stream's work than it needed).
 const LENDING_FREES: u32 = 1024;
 
+/// Pages of new memory past the target a block must need, at least,
+/// before it takes memory mapped elsewhere instead (an alias, see
+/// [`VirtualArena::alias_unbacked`]): 64 MiB on 2 MiB pages. Holes are
+/// where the next blocks of a steady state land as they are (placement
+/// prefers memory mapped already); a block that takes them by aliasing
+/// makes those blocks grow instead. Measured (`notes/fragmentation-floors.md`):
+/// from 8 pages the four-stream Llama trace held 1.14× (1.09× without),
+/// from 16 the eight-stream churn of `trace_unseen.rs`'s seed 17 1.205×
+/// (1.171×, though seed 14 went 1.168× → 1.149× and a ResNet cut 1.053×
+/// → 1.015×); from 32 no trace but the sawtooth moves.
+const ALIAS_MIN_PAGES: u32 = 32;
+
+/// Pages one part of an alias maps on average, at least: an alias of `n`
+/// pages makes at most `n / ALIAS_PART_PAGES` `cuMemMap` calls. Each part
+/// costs a map and one more handle in its run's `cuMemSetAccess` (about
+/// 4 + 25 µs on the H200, `notes/vmm-costs.md`), where a growth costs
+/// about 55 µs whatever its size (and its memory a give-back later): so
+/// moving memory costs at most ~2 µs per MiB, and memory in crumbs stays
+/// where it is.
+const ALIAS_PART_PAGES: u32 = 8;
+
 /// The arena every stream places in; guarded by the tier's lock.
 #[derive(Debug)]
 pub(crate) struct SharedArena {
@@ -264,6 +328,33 @@ impl SharedArena {
     fn poll_all(&mut self, gpu: &dyn Gpu) {
         for s in self.streams.iter_mut().flatten() {
             let _ = s.fences.poll(gpu);
+        }
+    }
+
+    /// Before a growth of `slot`'s stream under
+    /// [`CrossStreamReuse::Done`]: every other stream with frees the host
+    /// has not seen done gets a fence past its newest free (where none in
+    /// flight covers it), and from then on a fence right after each of its
+    /// frees, so that a later placement, querying them, finds its memory
+    /// done once the GPU got there (and no later). For good, not for
+    /// [`LENDING_FREES`]: with no wait to fall back on, a free without a
+    /// fence serves no other stream until the next growth fences it (the
+    /// simulated replay of BERT's training step, two streams, held 1.054×
+    /// its live peak with 1,024 fenced frees per growth, 1.023× with all,
+    /// what the default holds). A fence costs one `cuEventRecord` (0.25
+    /// µs on the H200) per free that reaches the arena: 0.19 per
+    /// operation on the four-stream Llama trace. One fence in flight per
+    /// stream, recorded when another stream looks, cost a hundredth of
+    /// that but held 1.07× on BERT once the GPU ran 16 operations behind.
+    fn fence_others(&mut self, gpu: &dyn Gpu, slot: usize) {
+        for (i, s) in self.streams.iter_mut().enumerate() {
+            let Some(s) = s.as_mut().filter(|_| i != slot) else {
+                continue;
+            };
+            if s.fences.done() < s.fences.stamp() {
+                s.lending = u32::MAX;
+                let _ = s.fences.cover(gpu, s.raw, s.fences.stamp());
+            }
         }
     }
 
@@ -318,6 +409,29 @@ impl SharedArena {
     }
 }
 
+/// Runs of pages, `(first, count)`, in order.
+type Runs = Vec<(u32, u32)>;
+
+/// Splits runs of pages into those before the last `pages` pages and
+/// those last pages, each in order.
+fn split_last(runs: Runs, pages: u32) -> (Runs, Runs) {
+    let (mut front, mut back) = (Vec::new(), Vec::new());
+    let mut left = pages;
+    for (first, n) in runs.into_iter().rev() {
+        let take = n.min(left);
+        if take > 0 {
+            back.push((first + n - take, take));
+        }
+        if take < n {
+            front.push((first, n - take));
+        }
+        left -= take;
+    }
+    front.reverse();
+    back.reverse();
+    (front, back)
+}
+
 /// What the tier shares between streams.
 #[derive(Debug)]
 pub(crate) struct VirtualArena {
@@ -329,6 +443,9 @@ pub(crate) struct VirtualArena {
     /// Whether the backend makes events: a range another stream freed is
     /// used before its fence completed only behind a wait on one.
     lends: bool,
+    /// Whether a range another stream freed may serve behind a wait on the
+    /// GPU, or only once the host saw the free done.
+    cross_stream: CrossStreamReuse,
     state: Mutex<SharedArena>,
     /// The reservation's start (0 until reserved), readable without the
     /// lock.
@@ -353,6 +470,21 @@ pub(crate) struct Taken {
     /// Memory another stream freed, used behind its fence (a wait on the
     /// GPU when the fence had not completed).
     pub(crate) borrowed: bool,
+    /// Waits on the GPU queued for it: the stream's for fences of the
+    /// streams that freed the range.
+    pub(crate) waits: u32,
+}
+
+/// Which free ranges a stream may use as they are, with no wait.
+#[derive(Debug, Clone, Copy)]
+struct AsIs {
+    /// The slot whose frees stream order puts before the stream's next
+    /// work: the stream's own (`None` in a capture, whose replays may run
+    /// on any stream).
+    own: Option<usize>,
+    /// Whether frees the GPU is known done with serve too (fences queried
+    /// complete): in a capture, and under [`CrossStreamReuse::Done`].
+    done: bool,
 }
 
 impl VirtualArena {
@@ -364,6 +496,7 @@ impl VirtualArena {
         page_multiple: usize,
         max_run_bytes: usize,
         slack_percent: usize,
+        cross_stream: CrossStreamReuse,
     ) -> Option<Self> {
         let granularity = access.gpu.vm_granularity().ok()?.max(1);
         let page = (granularity * page_multiple.max(1)) as u64;
@@ -386,6 +519,7 @@ impl VirtualArena {
             max_run_pages: (max_run_bytes as u64 / page).clamp(1, u32::MAX as u64) as u32,
             slack_percent,
             lends,
+            cross_stream,
             state: Mutex::new(SharedArena {
                 base: 0,
                 arena: Arena::new(arena_len),
@@ -515,7 +649,7 @@ impl VirtualArena {
             // back, for this block and the next to be placed around less.
             self.release_kept_locked(&mut st, ss);
         }
-        let Some((placed, borrowed)) = self.place(&mut st, ss, len, capturing) else {
+        let Some((placed, borrowed, waits)) = self.place(&mut st, ss, len, capturing) else {
             return Ok(None);
         };
         let unbacked = st.pages.touch(placed.off, placed.len);
@@ -528,6 +662,13 @@ impl VirtualArena {
             for &(first, count) in &unbacked {
                 st.pages.pend(first, count);
             }
+            // Past the target, memory no block uses elsewhere serves,
+            // mapped again here (not in a capture: its replays may run on
+            // streams stream order does not cover).
+            let unbacked = match capturing {
+                true => unbacked,
+                false => self.alias_unbacked(&mut st, ss, unbacked, live),
+            };
             for &(first, count) in &unbacked {
                 let mut at = first;
                 while at < first + count {
@@ -549,7 +690,14 @@ impl VirtualArena {
                         // counts.
                         pages.untouch_failed(placed.off, placed.len, Freed::CLEAN);
                         arena.free(placed, None, |_| false);
-                        return Err(e);
+                        return match self.borrow_when_short(&mut st, ss, len, capturing, &e) {
+                            Some(taken) => {
+                                self.gpu()
+                                    .note_suballocation(taken.ptr, requested.max(1), ss.raw);
+                                Ok(Some(taken))
+                            }
+                            None => Err(e),
+                        };
                     }
                     at += n;
                 }
@@ -562,7 +710,267 @@ impl VirtualArena {
             placed,
             ptr,
             borrowed,
+            waits,
         }))
+    }
+
+    /// Backs the last pages of a block's runs with no memory (`runs`,
+    /// pending: the block's), those new memory would take the tier past
+    /// its target (counting `live`), by memory mapped elsewhere that no
+    /// block uses, mapped again here; returns the runs, or the parts of
+    /// them, still without memory (for a growth: up to the target, and
+    /// what could not be moved).
+    ///
+    /// Memory held at the target while memory no block touches would
+    /// cover the block is memory in the wrong places, not too little:
+    /// moving it keeps the tier at its target where a growth would pass
+    /// it. Up to the target a growth serves: a workload still growing
+    /// needs the memory anyway, and its holes are where its next blocks
+    /// land as they are (on a ResNet training cut, moving the whole block
+    /// of 16 pages or more whenever new memory would pass the target held
+    /// 1.070× where growing held 1.053×; `notes/fragmentation-floors.md`).
+    ///
+    /// The memory is whole pages of free ranges (so no live or kept block
+    /// touches them) that the stream may use as they are: its own frees
+    /// (stream order puts the block's work after every use before them)
+    /// and clean ranges (no queued work touches them), and under
+    /// [`CrossStreamReuse::Done`] another stream's frees a fence seen
+    /// complete covers (the host saw the GPU done with them), as that
+    /// mode's placement uses them, the longest pieces
+    /// first, each part one contiguous piece of one physical handle. The
+    /// memory is the same, only its address changes, so this is the same
+    /// ordering as any reuse of those ranges. Not another stream's frees,
+    /// even behind a wait: a block placed there would order this stream
+    /// after that one's work, and such holes are what that stream's next
+    /// blocks land in (on the eight-stream churn, taking them held 1.26×
+    /// where 1.17× is held without). Nothing is done when
+    /// fewer than [`ALIAS_MIN_PAGES`] pages are past the target, or the
+    /// memory would come in parts of fewer than [`ALIAS_PART_PAGES`] pages
+    /// on average.
+    ///
+    /// The old pages go dead ([`PageTable::kill`]): their range leaves the
+    /// arena (held as a placement) and their mapping stays until all of
+    /// its handle's mappings are idle and given back together
+    /// (`cuMemUnmap` cannot unmap part of a mapping, and the driver
+    /// releases memory only once its last mapping is unmapped). Held
+    /// memory does not change: the handle counts once.
+    ///
+    /// Costs one `cuMemMap` a part and one `cuMemSetAccess` a run, made
+    /// with the tier's lock held (as reclaim does): they replace a growth
+    /// (`cuMemCreate`, `cuMemMap`, `cuMemSetAccess`), or a give-back and a
+    /// growth where a growth behind had idle memory to give.
+    fn alias_unbacked(
+        &self,
+        st: &mut SharedArena,
+        ss: &StreamSlot,
+        runs: Vec<(u32, u32)>,
+        live: usize,
+    ) -> Vec<(u32, u32)> {
+        let page = self.page as usize;
+        let wanted: usize = runs.iter().map(|r| r.1 as usize).sum();
+        // New memory serves up to the target; only the pages past it are
+        // moved memory (the block's last ones): below the target memory is
+        // short in sum (a workload still growing), and the holes are where
+        // its next blocks land as they are.
+        let over = (self.held() + st.growing + wanted * page)
+            .saturating_sub(self.target(live))
+            .div_ceil(page)
+            .min(wanted) as u32;
+        if over < ALIAS_MIN_PAGES || st.pages.free_mapped_pages() < over as usize {
+            return runs;
+        }
+        let (mut grown, runs) = split_last(runs, over);
+        let need = over;
+        // The ranges this stream's placement may use as they are: its own
+        // frees and clean ones; under `CrossStreamReuse::Done`, frees the
+        // host saw the GPU done with too.
+        let as_is = AsIs {
+            own: Some(ss.slot),
+            done: self.cross_stream == CrossStreamReuse::Done,
+        };
+        // Pieces of memory to move: (node, first page, pages), the longest
+        // first.
+        let mut pieces: Vec<(u32, u32, u32)> = Vec::new();
+        {
+            let SharedArena {
+                arena,
+                pages,
+                streams,
+                ..
+            } = &*st;
+            for (node, off, len) in arena.free_nodes(pages.extent()) {
+                if len >= self.page && Self::usable_now(streams, as_is, arena.free_tags(node)) {
+                    pieces.extend(
+                        pages
+                            .alias_runs(off, off + len)
+                            .into_iter()
+                            .map(|(first, count)| (node, first, count)),
+                    );
+                }
+            }
+        }
+        pieces.sort_unstable_by_key(|&(_, first, count)| (std::cmp::Reverse(count), first));
+        let max_parts = (need / ALIAS_PART_PAGES) as usize;
+        // The plan: per run, its parts (at, piece, first source page,
+        // pages).
+        let mut plan: Vec<(u32, usize, u32, u32)> = Vec::new();
+        let (mut piece, mut used) = (0, 0);
+        for &(first, n) in &runs {
+            let mut at = first;
+            while at < first + n {
+                let Some(&(_, src, count)) = pieces.get(piece) else {
+                    grown.extend(runs);
+                    return grown;
+                };
+                let take = (count - used).min(first + n - at);
+                plan.push((at, piece, src + used, take));
+                if plan.len() > max_parts {
+                    grown.extend(runs);
+                    return grown;
+                }
+                at += take;
+                used += take;
+                if used == count {
+                    (piece, used) = (piece + 1, 0);
+                }
+            }
+        }
+        // The old addresses leave the arena, from the highest down so that
+        // each free range's node keeps naming the part before.
+        let mut order: Vec<usize> = (0..plan.len()).collect();
+        order.sort_unstable_by_key(|&i| std::cmp::Reverse(plan[i].2));
+        let mut sources = vec![None; plan.len()];
+        for i in order {
+            let (_, p, src, take) = plan[i];
+            let node = pieces[p].0;
+            let taken = st.arena.take(
+                node,
+                u64::from(src) * self.page,
+                u64::from(take) * self.page,
+            );
+            sources[i] = Some(st.pages.kill(src, take, taken.node));
+        }
+        let gpu = self.gpu();
+        let mut left = Vec::new();
+        let mut next = 0;
+        for &(first, n) in &runs {
+            let parts: Vec<usize> = (next..plan.len())
+                .take_while(|&i| plan[i].0 < first + n)
+                .collect();
+            next += parts.len();
+            let mut mapped = 0;
+            for &i in &parts {
+                let (at, _, _, take) = plan[i];
+                let source = sources[i].expect("killed above");
+                // SAFETY: (1) pages `at..at + take` lie in the live
+                // reservation (the arena is inside it), aligned to the
+                // granularity (a page is a multiple of it), and so is the
+                // offset; (2) they are pending, this block's: nothing is
+                // mapped there (pages with memory are never pending); (3)
+                // the handle is live (the page table holds it: its memory
+                // is given back only once every mapping is idle, and the
+                // source pages are mapped) and the part lies inside it
+                // (pages of one mapping of it); (4) the block's stream is
+                // ordered after every free on the source pages (its own or
+                // clean, or `order_after` above), and the source addresses
+                // left the arena (dead), so no block uses them again.
+                let ok = unsafe {
+                    gpu.mem_map_part(
+                        st.base + u64::from(at) * self.page,
+                        take as usize * page,
+                        source.raw,
+                        source.offset as usize * page,
+                    )
+                }
+                .is_ok();
+                if !ok {
+                    break;
+                }
+                mapped += 1;
+            }
+            let addr = st.base + u64::from(first) * self.page;
+            let span: u32 = parts[..mapped].iter().map(|&i| plan[i].3).sum();
+            // SAFETY: (1) the parts mapped just above tile pages
+            // `first..first + span` of the live reservation.
+            let access =
+                mapped > 0 && unsafe { gpu.mem_set_access(addr, span as usize * page) }.is_ok();
+            for (k, &i) in parts.iter().enumerate() {
+                let (at, _, src, take) = plan[i];
+                let source = sources[i].expect("killed above");
+                if access && k < mapped {
+                    st.pages.alias(at, take, source);
+                    continue;
+                }
+                if k < mapped {
+                    // SAFETY: (1) exactly the mapping made above, in the
+                    // live reservation; (2) idle: its pages are pending, no
+                    // block was handed out over them; (3) nothing records
+                    // it.
+                    let _ = unsafe {
+                        gpu.mem_unmap(st.base + u64::from(at) * self.page, take as usize * page)
+                    };
+                }
+                let node = st.pages.revive(source, src);
+                let placed = st.arena.placed(node);
+                // Back with the tags it had: nothing used it meanwhile.
+                st.arena.free(placed, None, |_| false);
+                left.push((at, take));
+            }
+        }
+        grown.extend(left);
+        grown
+    }
+
+    /// Under [`CrossStreamReuse::Done`], after a growth failed for lack of
+    /// memory (`e`): a range with memory behind it that another stream
+    /// freed serves, behind a wait on the GPU where the free may still
+    /// run, rather than an error (the last resort, as giving idle memory
+    /// back is). `None` under `Wait` (its placement looked there first), in
+    /// a capture, or when no such range fits.
+    fn borrow_when_short(
+        &self,
+        st: &mut SharedArena,
+        ss: &StreamSlot,
+        len: u64,
+        capturing: bool,
+        e: &crate::error::ResourceError,
+    ) -> Option<Taken> {
+        if capturing
+            || !self.lends
+            || self.cross_stream != CrossStreamReuse::Done
+            || !e.is_lack_of_memory()
+        {
+            return None;
+        }
+        let own = AsIs {
+            own: Some(ss.slot),
+            done: true,
+        };
+        let placed = Self::backed_fit(st, own, len, true)?;
+        let SharedArena { arena, streams, .. } = &mut *st;
+        let Some(waits) = self.order_after(streams, ss, arena.freed(placed)) else {
+            arena.free(placed, None, |_| false);
+            return None;
+        };
+        st.pages.touch(placed.off, placed.len);
+        let borrowed = Self::borrowed(st, ss.slot, placed);
+        Some(Taken {
+            placed,
+            ptr: st.base + placed.off,
+            borrowed,
+            waits,
+        })
+    }
+
+    /// Whether memory another stream freed serves `placed`: a range
+    /// another stream freed, with memory behind some of it (pages with none
+    /// are new memory, whoever freed the addresses).
+    fn borrowed(st: &SharedArena, slot: usize, placed: Placed) -> bool {
+        st.arena
+            .freed(placed)
+            .iter()
+            .any(|f| f.slot() != Some(slot))
+            && st.pages.backed_in(placed.off, placed.len).0 > 0
     }
 
     /// Where the block goes: a good fit, preferring memory already mapped
@@ -571,21 +979,31 @@ impl VirtualArena {
     /// completed before a growth), and among mapped memory, ranges the
     /// stream may use as they are. Outside a capture, when nothing fits so,
     /// any free range serves before new memory, the stream waiting on the
-    /// GPU for the fence of another stream's free where it may still run.
-    /// Returns the placement and whether memory another stream freed
-    /// serves it.
+    /// GPU for the fence of another stream's free where it may still run;
+    /// under [`CrossStreamReuse::Done`], only ranges whose frees the host
+    /// saw done serve so (see [`place_when_done`](Self::place_when_done)).
+    /// Returns the placement, whether memory another stream freed serves
+    /// it, and the waits on the GPU queued for it.
     fn place(
         &self,
         st: &mut SharedArena,
         ss: &mut StreamSlot,
         len: u64,
         capturing: bool,
-    ) -> Option<(Placed, bool)> {
+    ) -> Option<(Placed, bool, u32)> {
         let slot = ss.slot;
+        if !capturing && self.cross_stream == CrossStreamReuse::Done {
+            let placed = self.place_when_done(st, ss, len)?;
+            return Some((placed, Self::borrowed(st, slot, placed), 0));
+        }
         let any = !capturing && self.lends;
         // Whose frees count as the stream's own, usable as they are: none
-        // in a capture (see `alloc`).
-        let own = (!capturing).then_some(slot);
+        // in a capture (see `alloc`), which takes frees the GPU is known
+        // done with instead.
+        let own = AsIs {
+            own: (!capturing).then_some(slot),
+            done: capturing,
+        };
         // Memory with memory behind it that this stream may use as it is
         // comes first. A wait on another stream's fence orders all the
         // work queued there before it ahead of this stream's next work:
@@ -605,31 +1023,73 @@ impl VirtualArena {
             }),
             false => None,
         };
-        let placed = match now {
-            Some(placed) => placed,
+        let (placed, waits) = match now {
+            Some(placed) => (placed, 0),
             None => {
                 let placed = self.choose(st, own, len, any)?;
                 let SharedArena { arena, streams, .. } = &mut *st;
-                if any && !self.order_after(streams, ss, arena.freed(placed)) {
-                    st.arena.free(placed, None, |_| false);
-                    self.choose(st, own, len, false)?
-                } else {
-                    placed
+                match any {
+                    false => (placed, 0),
+                    true => match self.order_after(streams, ss, arena.freed(placed)) {
+                        Some(waits) => (placed, waits),
+                        None => {
+                            st.arena.free(placed, None, |_| false);
+                            (self.choose(st, own, len, false)?, 0)
+                        }
+                    },
                 }
             }
         };
-        let borrowed = st
-            .arena
-            .freed(placed)
-            .iter()
-            .any(|f| f.slot() != Some(slot));
-        Some((placed, borrowed))
+        Some((placed, Self::borrowed(st, slot, placed), waits))
+    }
+
+    /// [`place`](Self::place) under [`CrossStreamReuse::Done`], outside a
+    /// capture: the stream's own ranges with memory behind them first (no
+    /// driver call), then, its fences queried, also ranges whose frees the
+    /// host saw done, then its kept blocks given back to the arena, then
+    /// any such range or pages with no memory behind them (a growth). No
+    /// wait is ever queued. Before a growth, every other stream with frees
+    /// not known done gets a fence past its newest free (and each of its
+    /// next frees one right after it), so that its memory serves here
+    /// once the GPU gets past them.
+    fn place_when_done(
+        &self,
+        st: &mut SharedArena,
+        ss: &mut StreamSlot,
+        len: u64,
+    ) -> Option<Placed> {
+        let slot = ss.slot;
+        let mine = AsIs {
+            own: Some(slot),
+            done: false,
+        };
+        if let Some(placed) = Self::backed_now(st, mine, len) {
+            return Some(placed);
+        }
+        let gpu = self.gpu();
+        st.poll_all(gpu);
+        let seen = AsIs {
+            own: Some(slot),
+            done: true,
+        };
+        let now = Self::backed_now(st, seen, len).or_else(|| {
+            (self.release_kept_locked(st, ss) > 0)
+                .then(|| Self::backed_now(st, seen, len))
+                .flatten()
+        });
+        if let Some(placed) = now {
+            return Some(placed);
+        }
+        let placed = self.choose(st, seen, len, false)?;
+        if self.lends && !st.pages.all_backed(placed.off, placed.len) {
+            st.fence_others(gpu, slot);
+        }
+        Some(placed)
     }
 
     /// A good fit on memory mapped already that a stream may use as it is
-    /// (the frees of `own`, or frees the GPU is known done with), if there
-    /// is one.
-    fn backed_now(st: &mut SharedArena, own: Option<usize>, len: u64) -> Option<Placed> {
+    /// (as `own` says), if there is one.
+    fn backed_now(st: &mut SharedArena, own: AsIs, len: u64) -> Option<Placed> {
         // Only ranges usable as they are: a window with no memory in
         // another's would not be backed (and looking for one walks pages).
         let placed = Self::fit(st, own, len, false, false)?;
@@ -642,13 +1102,7 @@ impl VirtualArena {
 
     /// A good fit (see [`place`](Self::place)); `any`: on any free range,
     /// else only where the stream may use it as it is.
-    fn choose(
-        &self,
-        st: &mut SharedArena,
-        own: Option<usize>,
-        len: u64,
-        any: bool,
-    ) -> Option<Placed> {
+    fn choose(&self, st: &mut SharedArena, own: AsIs, len: u64, any: bool) -> Option<Placed> {
         let placed = Self::fit(st, own, len, any, true)?;
         if st.pages.all_backed(placed.off, placed.len) {
             return Some(placed);
@@ -688,16 +1142,18 @@ impl VirtualArena {
     /// Orders the stream of `ss` after the frees `freed` names that may
     /// still be running: at once where a fence past one has completed (or
     /// completes at a query right after it is recorded), else behind a
-    /// wait on the GPU for that fence. False when that cannot be done (the
-    /// waits queued before stay: they only order the stream further).
+    /// wait on the GPU for that fence. Returns the waits queued; `None`
+    /// when that cannot be done (the waits queued before stay: they only
+    /// order the stream further).
     fn order_after(
         &self,
         streams: &mut [Option<StreamFences>],
         ss: &StreamSlot,
         freed: &[Freed],
-    ) -> bool {
+    ) -> Option<u32> {
         let gpu = self.gpu();
-        freed.iter().all(|&f| {
+        let mut waits = 0;
+        let ordered = freed.iter().all(|&f| {
             if f.slot().is_none_or(|s| s == ss.slot) {
                 return true;
             }
@@ -723,44 +1179,50 @@ impl VirtualArena {
                 }
                 // Another stream waits for what this one frees: its next
                 // frees get a fence each (see `SharedArena::release`).
-                h.lending = LENDING_FREES;
+                h.lending = h.lending.max(LENDING_FREES);
                 // A fence over the free, queried at once: a stream with
                 // nothing queued has run past it already.
                 let _ = h.fences.cover(gpu, h.raw, f.stamp());
                 let done = h.fences.poll(gpu).unwrap_or(h.fences.done());
-                // SAFETY: `ss.raw` is a stream of the tier's device pool
-                // (the slot's), the event a live fence of the tier's
-                // backend (destroyed only when the tier closes).
-                done >= f.stamp()
-                    || h.fences
-                        .covering(f.stamp())
-                        .is_some_and(|e| unsafe { gpu.stream_wait_event(ss.raw, e) }.is_ok())
+                if done >= f.stamp() {
+                    return true;
+                }
+                let waited = h.fences.covering(f.stamp()).is_some_and(|e| {
+                    // SAFETY: `ss.raw` is a stream of the tier's device pool
+                    // (the slot's), the event a live fence of the tier's
+                    // backend (destroyed only when the tier closes).
+                    unsafe { gpu.stream_wait_event(ss.raw, e) }.is_ok()
+                });
+                waits += u32::from(waited);
+                waited
             })
-        })
+        });
+        ordered.then_some(waits)
     }
 
     /// Whether a stream may use a range with tags `freed` as it is: clean
-    /// (no tag), or only the frees of `own` (its slot), which stream order
-    /// puts before its next work. A fence seen complete does not make a
-    /// range usable here (see "Decisions the GPU's timing does not
-    /// change"): it only spares the wait once the range is chosen. In a
-    /// capture (`own` is `None`), which may not wait, frees the GPU is
-    /// known done with are usable, and nothing else.
-    fn usable_now(streams: &[Option<StreamFences>], own: Option<usize>, freed: &[Freed]) -> bool {
-        match own {
-            Some(own) => Offered::CleanOr(own).admits(freed),
-            None => freed.iter().all(|&f| is_done(streams, f)),
-        }
+    /// (no tag), or only the frees of `own.own` (its slot), which stream
+    /// order puts before its next work. By default a fence seen complete
+    /// does not make a range usable here (see "Decisions the GPU's timing
+    /// does not change"): it only spares the wait once the range is
+    /// chosen. In a capture (`own.own` is `None`), which may not wait, and
+    /// under [`CrossStreamReuse::Done`] (`own.done`), frees the GPU is
+    /// known done with are usable too.
+    fn usable_now(streams: &[Option<StreamFences>], own: AsIs, freed: &[Freed]) -> bool {
+        freed.iter().all(|&f| {
+            own.own.is_some_and(|o| f.slot() == Some(o)) || (own.done && is_done(streams, f))
+        })
     }
 
     /// The free ranges a search may skip without asking about them: where
     /// only ranges a stream may use as they are serve (not `any`, and
-    /// none other serves elsewhere), outside a capture, those its own
-    /// slot's index names ([`Offered::CleanOr`], the test of
-    /// [`usable_now`](Self::usable_now)).
-    fn offered(own: Option<usize>, any: bool, elsewhere: bool) -> Offered {
-        match own {
-            Some(own) if !any && !elsewhere => Offered::CleanOr(own),
+    /// none other serves elsewhere), outside a capture and unless frees
+    /// the GPU is known done with serve too, those its own slot's index
+    /// names ([`Offered::CleanOr`], the test of
+    /// [`usable_now`](Self::usable_now) then).
+    fn offered(own: AsIs, any: bool, elsewhere: bool) -> Offered {
+        match own.own {
+            Some(slot) if !own.done && !any && !elsewhere => Offered::CleanOr(slot),
             _ => Offered::Any,
         }
     }
@@ -772,7 +1234,7 @@ impl VirtualArena {
     /// growth is mapping (pending).
     fn fit(
         st: &mut SharedArena,
-        own: Option<usize>,
+        own: AsIs,
         len: u64,
         any: bool,
         unbacked_elsewhere: bool,
@@ -806,7 +1268,7 @@ impl VirtualArena {
     /// A free range a stream may use now (as [`fit`](Self::fit) judges
     /// `own`) with memory behind every page the block needs (so on no
     /// pending page: those have none yet).
-    fn backed_fit(st: &mut SharedArena, own: Option<usize>, len: u64, any: bool) -> Option<Placed> {
+    fn backed_fit(st: &mut SharedArena, own: AsIs, len: u64, any: bool) -> Option<Placed> {
         let SharedArena {
             arena,
             pages,
@@ -835,6 +1297,14 @@ impl VirtualArena {
     /// The length of each stream's reserved range: no block is longer.
     pub(crate) fn arena_len(&self) -> u64 {
         self.arena_len
+    }
+
+    /// Whether `ptr` lies in the arena's reservation (no lock: its start is
+    /// an atomic, set once).
+    #[inline]
+    pub(crate) fn contains(&self, ptr: u64) -> bool {
+        let base = self.base.load(Ordering::Acquire);
+        base != 0 && ptr >= base && ptr - base < self.arena_len
     }
 
     /// Gives back the block at `placed`, which the GPU is done with (every
@@ -1281,35 +1751,56 @@ impl VirtualArena {
         }
     }
 
-    /// Unmaps and releases one idle handle the GPU is done with.
-    fn give_back(&self, st: &mut SharedArena, h: Handle) {
+    /// Unmaps every mapping of idle physical memory the GPU is done with,
+    /// and releases it.
+    fn give_back(&self, st: &mut SharedArena, r: Released) {
         let gpu = self.gpu();
-        let addr = st.base + u64::from(h.first) * self.page;
-        let bytes = h.pages as usize * self.page as usize;
-        // SAFETY: (1) the page table's handle `h` is the one mapping of
-        // pages `h.first..h.first + h.pages` of the reservation, which is
-        // live until `close`; (2) idle: `take_idle` returned it only because
-        // no live block touches its pages and its idle stamp is covered by a
-        // fence on this arena's stream that has completed (every free on
-        // the pages was queued on that stream before the fence); (3)
-        // `take_idle` took it out of the table, so no block is placed on
-        // these pages until they are mapped again.
-        if let Err(e) = unsafe { gpu.mem_unmap(addr, bytes) } {
-            tracing::warn!(error = %e, "unmapping an idle mapping failed; kept");
-            st.pages.restore(h);
+        let mut mapped = vec![true; r.maps.len()];
+        for (h, still) in r.maps.iter().zip(mapped.iter_mut()) {
+            let addr = st.base + u64::from(h.first) * self.page;
+            let bytes = h.pages as usize * self.page as usize;
+            // SAFETY: (1) the page table's handle `h` is one whole mapping
+            // of pages `h.first..h.first + h.pages` of the reservation,
+            // which is live until `close`; (2) idle: `take_idle` returned
+            // its memory only because no live block touches a page of any
+            // mapping of it and every tag of each (the frees on its pages,
+            // the dead ones' too: they were freed there before their memory
+            // moved) is covered by a fence that has completed; (3)
+            // `take_idle` took it out of the table, so no block is placed
+            // on these pages until they are mapped again (dead pages are
+            // the arena's again only after this).
+            match unsafe { gpu.mem_unmap(addr, bytes) } {
+                Ok(()) => *still = false,
+                Err(e) => tracing::warn!(error = %e, "unmapping an idle mapping failed; kept"),
+            }
+        }
+        if mapped.iter().any(|&m| m) {
+            // The memory stays held, behind the mappings left.
+            for d in st.pages.restore(r, &mapped) {
+                let placed = st.arena.placed(d.node);
+                st.arena.free(placed, Some(Freed::CLEAN), |_| false);
+            }
             return;
         }
-        // SAFETY: (1) `h.raw` came from `mem_create` and the page table held
+        // SAFETY: (1) `r.raw` came from `mem_create` and the page table held
         // it until `take_idle` gave it up here, so it is live and released
-        // exactly once; (2) it is not restored (only a failed unmap
-        // restores), so it is never mapped again.
-        if let Err(e) = unsafe { gpu.mem_release(h.raw) } {
+        // exactly once; (2) every mapping of it was unmapped just above and
+        // it is not restored, so it is never mapped again.
+        if let Err(e) = unsafe { gpu.mem_release(r.raw) } {
             tracing::warn!(error = %e, "releasing physical memory failed; leaked");
         }
+        let bytes = r.pages as usize * self.page as usize;
         self.held.fetch_sub(bytes, Ordering::AcqRel);
         // After the release: a lending budget never counts as free memory
         // the device still holds.
         self.access.release_charge(bytes);
+        // The dead pages' addresses have no memory behind them now: any
+        // stream may place there (new memory, no queued work on it).
+        for d in &r.dead {
+            let placed = st.arena.placed(d.node);
+            st.arena.free(placed, Some(Freed::CLEAN), |_| false);
+        }
+        let addr = st.base + u64::from(r.maps[0].first) * self.page;
         history::record(|| {
             MemoryEvent::new(MemoryAction::SegmentUnmap, gpu.ordinal()).at(addr, bytes)
         });

@@ -17,6 +17,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::class::SizeClass;
+use crate::cache::config::CrossStreamReuse;
 use crate::cache::shard::{Backing, Lease, SlotGuard};
 use crate::cache::shards::Shards;
 use crate::cache::stats::CacheStats;
@@ -88,7 +89,8 @@ impl SizeClassTier {
 
     /// Allocates `bytes` of `class` on `stream` (slot `index`): the
     /// stream's own free list (a **hit**), else a block of the class cached
-    /// on another stream (a **steal**, behind an event wait), else
+    /// on another stream (a **steal**, behind an event wait; not under
+    /// [`CrossStreamReuse::Done`]), else
     /// `try_inner` at the class size (a **miss**). Inside `capture`,
     /// no cached block: a miss at the requested size, leased with no
     /// class.
@@ -171,9 +173,13 @@ impl SizeClassTier {
                 s.misses += 1
             });
         }
-        if seen && let Some(block) = self.steal(shards, inner, class, index, stream) {
+        // Every steal waits on the GPU for the other stream's last use:
+        // under `CrossStreamReuse::Done` only memory running short does.
+        let steals = seen && shards.config.cross_stream == CrossStreamReuse::Wait;
+        if steals && let Some(block) = self.steal(shards, inner, class, index, stream) {
             return self.lease(shards, inner, index, block, request, Some(class), |s| {
-                s.steals += 1
+                s.steals += 1;
+                s.cross_stream_waits += 1;
             });
         }
         let block = match try_inner(class.size()) {
@@ -184,7 +190,10 @@ impl SizeClassTier {
                     return self.lease(shards, inner, index, block, request, Some(larger), |s| {
                         match own {
                             true => s.hits += 1,
-                            false => s.steals += 1,
+                            false => {
+                                s.steals += 1;
+                                s.cross_stream_waits += 1;
+                            }
                         }
                     });
                 }

@@ -376,7 +376,23 @@ impl State {
         }
         let at = self.enqueue(s, |_| OpKind::Alloc);
         let clock = self.streams[s].clock.clone();
-        self.races.on_suballoc(addr, bytes, at, &clock);
+        self.suballoc_checked(addr, bytes, at, &clock);
+    }
+
+    /// Registers a caller-managed allocation with the race detector,
+    /// checked against the older allocations at its addresses and at every
+    /// other address of the same memory (a handle mapped twice).
+    pub(crate) fn suballoc_checked(
+        &mut self,
+        addr: u64,
+        bytes: usize,
+        at: Epoch,
+        clock: &VectorClock,
+    ) {
+        for (alias, len) in self.vm.aliases(addr, bytes) {
+            self.races.on_alias_reuse(alias, len, addr, at, clock);
+        }
+        self.races.on_suballoc(addr, bytes, at, clock);
     }
 
     /// The free of a caller-managed allocation, at the end of stream `s`.

@@ -887,6 +887,24 @@ impl SimGpu {
         state.enter(DriverCall::MemMap)?;
         state.vm.map(addr, bytes, handle.get())
     }
+    /// Maps part of `handle` at `addr` (see [`Gpu::mem_map_part`]): the
+    /// same memory may be mapped at several addresses, and the race
+    /// detector checks a new allocation on it against the older ones at
+    /// every other address of that memory. Safe: the simulator refuses an
+    /// unaligned or already mapped range, one outside a reservation, a
+    /// handle that is not live and a part past its end.
+    pub fn mem_map_part(
+        &self,
+        addr: u64,
+        bytes: usize,
+        handle: RawPhysical,
+        offset: usize,
+    ) -> GpuResult<()> {
+        self.shared.gates.pass(DriverCall::MemMap);
+        let mut state = self.shared.lock();
+        state.enter(DriverCall::MemMap)?;
+        state.vm.map_part(addr, bytes, handle.get(), offset)
+    }
     /// Opens a mapped range to the device (see [`Gpu::mem_set_access`]).
     /// Safe: the simulator refuses a range that is not entirely mapped.
     pub fn mem_set_access(&self, addr: u64, bytes: usize) -> GpuResult<()> {
@@ -1153,6 +1171,16 @@ unsafe impl Gpu for SimGpu {
 
     unsafe fn mem_map(&self, addr: u64, bytes: usize, handle: RawPhysical) -> GpuResult<()> {
         SimGpu::mem_map(self, addr, bytes, handle)
+    }
+
+    unsafe fn mem_map_part(
+        &self,
+        addr: u64,
+        bytes: usize,
+        handle: RawPhysical,
+        offset: usize,
+    ) -> GpuResult<()> {
+        SimGpu::mem_map_part(self, addr, bytes, handle, offset)
     }
 
     unsafe fn mem_set_access(&self, addr: u64, bytes: usize) -> GpuResult<()> {

@@ -294,6 +294,31 @@ impl RaceDetector {
     /// freed, and its free ordered before `clock`, or the reuse races.
     pub(crate) fn on_suballoc(&mut self, addr: u64, len: usize, at: Epoch, clock: &VectorClock) {
         let len = len.max(1);
+        self.on_alias_reuse(addr, len, addr, at, clock);
+        self.allocs.insert(
+            addr,
+            AllocHistory {
+                len,
+                last_write: (SimOp::Alloc, at),
+                reads: Vec::new(),
+                freed: None,
+            },
+        );
+    }
+
+    /// A new allocation at `new` uses the memory `[addr, addr + len)`
+    /// names (the same memory at another address, or its own range): every
+    /// earlier allocation there must be freed, and its free ordered before
+    /// `clock`, or the reuse races (reported at `new`). Their histories end
+    /// here.
+    pub(crate) fn on_alias_reuse(
+        &mut self,
+        addr: u64,
+        len: usize,
+        new: u64,
+        at: Epoch,
+        clock: &VectorClock,
+    ) {
         let mut reports = Vec::new();
         for old in self.overlapping(addr, len) {
             let Some(h) = self.allocs.remove(&old) else {
@@ -306,7 +331,7 @@ impl RaceDetector {
             if h.freed.is_none() || !clock.covers(at_old) {
                 reports.push(RaceReport {
                     kind: RaceKind::Unordered,
-                    addr,
+                    addr: new,
                     earlier: Some((earlier, at_old.stream)),
                     later: (SimOp::Alloc, at.stream),
                 });
@@ -315,15 +340,6 @@ impl RaceDetector {
         for r in reports {
             self.report(r);
         }
-        self.allocs.insert(
-            addr,
-            AllocHistory {
-                len,
-                last_write: (SimOp::Alloc, at),
-                reads: Vec::new(),
-                freed: None,
-            },
-        );
     }
 
     /// The host unmaps `[addr, addr + len)`: every operation on memory in

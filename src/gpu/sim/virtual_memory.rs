@@ -9,8 +9,12 @@
 //! - **Handles**: physical memory taken from the device's
 //!   [`AddressSpace`](super::address_space::AddressSpace) at once, so that
 //!   the pool and the mappings share one capacity and one high-water mark.
-//! - **Mappings**: which handle backs which granule-aligned range, and
-//!   whether access was granted.
+//! - **Mappings**: which part of which handle backs which granule-aligned
+//!   range, and whether access was granted. One handle may be mapped at
+//!   several ranges (the same memory at two addresses, as `cuMemMap` with
+//!   an offset allows): [`VirtualMemory::aliases`] names, for a range, the
+//!   other addresses of its memory, and a handle's memory goes back only
+//!   once it is released and its last mapping unmapped.
 //!
 //! # Failure
 //!
@@ -55,6 +59,8 @@ struct Handle {
 struct Mapping {
     len: usize,
     handle: u64,
+    /// Where in the handle the mapping starts (bytes).
+    offset: usize,
     accessible: bool,
 }
 
@@ -188,13 +194,33 @@ impl VirtualMemory {
     }
 
     pub(crate) fn map(&mut self, addr: u64, bytes: usize, handle: u64) -> GpuResult<()> {
+        match self.handles.get(&handle) {
+            Some(h) if !h.released && h.len != bytes => Err(invalid(
+                DriverCall::MemMap,
+                "size differs from the handle's",
+            )),
+            _ => self.map_part(addr, bytes, handle, 0),
+        }
+    }
+
+    /// Maps `bytes` of `handle` from `offset` on at `addr`.
+    pub(crate) fn map_part(
+        &mut self,
+        addr: u64,
+        bytes: usize,
+        handle: u64,
+        offset: usize,
+    ) -> GpuResult<()> {
         let call = DriverCall::MemMap;
         self.supported(call)?;
         self.aligned(addr, call)?;
         self.aligned(bytes as u64, call)?;
+        if !offset.is_multiple_of(self.granularity) {
+            return Err(invalid(call, "offset not a multiple of the granularity"));
+        }
         match self.handles.get(&handle) {
-            Some(h) if !h.released && h.len == bytes => {}
-            Some(h) if !h.released => return Err(invalid(call, "size differs from the handle's")),
+            Some(h) if !h.released && offset.checked_add(bytes).is_some_and(|e| e <= h.len) => {}
+            Some(h) if !h.released => return Err(invalid(call, "part past the handle's end")),
             _ => return Err(invalid(call, "not a live handle")),
         }
         if !self.inside_reservation(addr, bytes) {
@@ -212,6 +238,7 @@ impl VirtualMemory {
             Mapping {
                 len: bytes,
                 handle,
+                offset,
                 accessible: false,
             },
         );
@@ -271,6 +298,38 @@ impl VirtualMemory {
         Ok(freed)
     }
 
+    /// The other addresses of the memory mapped over `[addr, addr + len)`:
+    /// for each part of it, every other mapping of the same bytes of the
+    /// same handle, as `(address, length)` ranges.
+    pub(crate) fn aliases(&self, addr: u64, len: usize) -> Vec<(u64, usize)> {
+        let end = addr.saturating_add(len as u64);
+        let first = self
+            .mappings
+            .range(..=addr)
+            .next_back()
+            .map_or(addr, |(&a, _)| a);
+        let mut out = Vec::new();
+        for (&a, m) in self.mappings.range(first..end) {
+            let (lo, hi) = (a.max(addr), (a + m.len as u64).min(end));
+            if lo >= hi || self.handles.get(&m.handle).is_none_or(|h| h.mappings <= 1) {
+                continue;
+            }
+            // The part's bytes in the handle.
+            let (plo, phi) = (m.offset as u64 + (lo - a), m.offset as u64 + (hi - a));
+            for (&b, o) in &self.mappings {
+                if b == a || o.handle != m.handle {
+                    continue;
+                }
+                let (olo, ohi) = (o.offset as u64, (o.offset + o.len) as u64);
+                let (slo, shi) = (plo.max(olo), phi.min(ohi));
+                if slo < shi {
+                    out.push((b + (slo - olo), (shi - slo) as usize));
+                }
+            }
+        }
+        out
+    }
+
     /// Whether `addr` lies in a mapping this device may access.
     pub(crate) fn accessible(&self, addr: u64) -> bool {
         self.mappings
@@ -326,6 +385,45 @@ mod tests {
         assert_eq!(vm.unmap(va, G).unwrap(), vec![(0, 0x1000, G)]);
         assert_eq!(vm.handle_count(), 0);
         vm.free_reservation(va, 4 * G).unwrap();
+    }
+
+    #[test]
+    fn a_handle_mapped_twice_goes_back_after_its_last_unmap() {
+        let mut vm = VirtualMemory::new(G);
+        let va = vm.reserve(0, 8 * G).unwrap();
+        let h = vm.create(0, 0x1000, 3 * G);
+        vm.map(va, 3 * G, h).unwrap();
+        assert!(
+            vm.map_part(va + 4 * G as u64, 2 * G, h, 2 * G).is_err(),
+            "past the end"
+        );
+        assert!(
+            vm.map_part(va + 4 * G as u64, G, h, G / 2).is_err(),
+            "unaligned"
+        );
+        vm.map_part(va + 4 * G as u64, 2 * G, h, G).unwrap();
+        // Pages 1..3 of the handle are at both addresses.
+        assert_eq!(
+            vm.aliases(va + 4 * G as u64, 2 * G),
+            vec![(va + G as u64, 2 * G)]
+        );
+        assert_eq!(vm.aliases(va, G), vec![], "page 0 is mapped once");
+        assert_eq!(
+            vm.aliases(va + 2 * G as u64, G),
+            vec![(va + 5 * G as u64, G)]
+        );
+        assert_eq!(vm.release(h).unwrap(), None);
+        assert_eq!(
+            vm.unmap(va, 3 * G).unwrap(),
+            vec![],
+            "mapped at the second address"
+        );
+        assert_eq!(vm.handle_count(), 1);
+        assert_eq!(
+            vm.unmap(va + 4 * G as u64, 2 * G).unwrap(),
+            vec![(0, 0x1000, 3 * G)]
+        );
+        assert_eq!(vm.handle_count(), 0);
     }
 
     #[test]

@@ -277,7 +277,7 @@ impl State {
                 tick: clock.get(s),
             };
             for (addr, len) in kept_ranges {
-                self.races.on_suballoc(addr, len, at, &clock);
+                self.suballoc_checked(addr, len, at, &clock);
             }
         }
         let allocs: Vec<(u64, usize, u32)> = c
@@ -474,7 +474,7 @@ impl State {
                 // free of its instance) must be ordered before, as CUDA
                 // orders the launches of an executable. Checked.
                 let clock = self.streams[s].clock.clone();
-                self.races.on_suballoc(addr, len, at, &clock);
+                self.suballoc_checked(addr, len, at, &clock);
                 if !freed_in_graph {
                     self.live.insert(addr, (len, device));
                 }

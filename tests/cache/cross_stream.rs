@@ -1,0 +1,222 @@
+//! When memory one stream freed serves another
+//! ([`CrossStreamReuse`]): behind a wait on the GPU (the default,
+//! `Wait`), or only once the host saw the GPU done with the free
+//! (`Done`), which never queues a wait for memory but as the last resort
+//! before out of memory. Each waits counted in the cache's
+//! `cross_stream_waits`, checked against the simulated driver's own count.
+
+use crate::support;
+
+use streamalloc::DriverCall;
+use streamalloc::gpu::sim::{MemAccess, SimGpu};
+use streamalloc::{AllocTag, DeviceMemoryResource};
+use streamalloc::{CacheConfig, CachingResource, CrossStreamReuse};
+
+use support::arena::ArenaCache as Cache;
+
+const T: AllocTag = AllocTag::UNTAGGED;
+const P: usize = 2 << 20;
+
+fn done() -> CacheConfig {
+    CacheConfig::default().cross_stream(CrossStreamReuse::Done)
+}
+
+impl Cache {
+    fn waits(&self) -> u64 {
+        self.gpu.call_count(DriverCall::StreamWaitEvent)
+    }
+}
+
+/// The default: a range stream `a` freed, its write still queued, serves
+/// `b` where it is, behind one wait on the GPU, and the cache counts it.
+/// Fails if the wait is not counted, or counted where none was queued.
+#[test]
+fn under_wait_a_borrow_behind_the_gpu_counts_its_wait() {
+    let c = Cache::manual(2, CacheConfig::default());
+    let (a, b) = (c.s(0), c.s(1));
+    let x = c.cache.allocate(4 * P, a, T).unwrap();
+    let home = x.ptr();
+    c.kernel(a, MemAccess::write(&x));
+    c.cache.deallocate(x).unwrap();
+    let waits = c.waits();
+    let y = c.cache.allocate(4 * P, b, T).unwrap();
+    assert_eq!(y.ptr(), home, "a's range, in place");
+    assert_eq!(c.waits(), waits + 1);
+    assert_eq!(c.cache.stats().cross_stream_waits, 1);
+    c.kernel(b, MemAccess::write(&y));
+    c.cache.deallocate(y).unwrap();
+    c.assert_race_free();
+}
+
+/// Under `Done`, the same program queues no wait: `b` grows instead of
+/// taking the range `a`'s queued write still uses. Fails if `b` is handed
+/// `a`'s range (with or without a wait) before the GPU ran `a`'s work.
+#[test]
+fn under_done_a_stream_never_waits_for_memory_another_freed() {
+    let c = Cache::manual(2, done());
+    let (a, b) = (c.s(0), c.s(1));
+    let x = c.cache.allocate(4 * P, a, T).unwrap();
+    let home = x.ptr();
+    c.kernel(a, MemAccess::write(&x));
+    c.cache.deallocate(x).unwrap();
+    let (waits, creates) = (c.waits(), c.gpu.call_count(DriverCall::MemCreate));
+    let y = c.cache.allocate(4 * P, b, T).unwrap();
+    assert_ne!(y.ptr(), home, "a's write may still run there");
+    assert_eq!(c.waits(), waits, "no wait on the GPU");
+    assert!(c.gpu.call_count(DriverCall::MemCreate) > creates, "b grew");
+    let stats = c.cache.stats();
+    assert_eq!((stats.cross_stream_waits, stats.borrows), (0, 0));
+    c.kernel(b, MemAccess::write(&y));
+    c.cache.deallocate(y).unwrap();
+    c.assert_race_free();
+}
+
+/// Under `Done`, memory another stream freed serves once its work
+/// completed on the GPU (a fence the cache recorded past the free, queried
+/// done), where it lies, with no wait and no new memory. Fails if the
+/// range stays the freeing stream's for good (no fence was ever recorded
+/// over it, or its completion is never queried), or if it is handed out
+/// before the GPU got there.
+#[test]
+fn under_done_memory_another_stream_freed_serves_once_its_work_completed() {
+    let c = Cache::manual(2, done());
+    let (a, b) = (c.s(0), c.s(1));
+    let x = c.cache.allocate(4 * P, a, T).unwrap();
+    let home = x.ptr();
+    c.kernel(a, MemAccess::write(&x));
+    c.cache.deallocate(x).unwrap();
+    // a's write is queued: b grows, and asks for a fence past a's free.
+    let y = c.cache.allocate(4 * P, b, T).unwrap();
+    assert_ne!(y.ptr(), home);
+    c.kernel(b, MemAccess::write(&y));
+
+    c.gpu.run_until_idle();
+    let (waits, creates, held) = (
+        c.waits(),
+        c.gpu.call_count(DriverCall::MemCreate),
+        c.gpu.held_bytes(),
+    );
+    let z = c.cache.allocate(4 * P, b, T).unwrap();
+    assert_eq!(z.ptr(), home, "a's range, done with, where it is");
+    assert_eq!(c.waits(), waits, "no wait: the host saw the free done");
+    assert_eq!(c.gpu.call_count(DriverCall::MemCreate), creates);
+    assert_eq!(c.gpu.held_bytes(), held, "no new memory");
+    let stats = c.cache.stats();
+    assert_eq!((stats.borrows, stats.cross_stream_waits), (1, 0));
+    c.kernel(b, MemAccess::write(&z));
+    c.cache.deallocate(z).unwrap();
+    c.cache.deallocate(y).unwrap();
+    c.assert_race_free();
+}
+
+/// Four streams allocating, writing and freeing blocks of varying sizes
+/// while the GPU runs a few operations at a time: under `Done` not one
+/// wait is queued for memory, memory still moves between streams (once
+/// the GPU is past its frees), and the race detector sees nothing.
+#[test]
+fn under_done_racing_streams_never_wait_and_still_share() {
+    let c = Cache::manual(4, done().slack_percent(0));
+    let mut live: Vec<Vec<streamalloc::DeviceBlock>> = vec![Vec::new(); 4];
+    let mut rng = 11u64;
+    let mut next = || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    for step in 0..3000 {
+        let i = (next() % 4) as usize;
+        let s = c.s(i);
+        if live[i].len() < 6 && next() % 2 == 0 {
+            let bytes = [64 << 10, P, 3 * P, 5 * P + 4096][(next() % 4) as usize];
+            let block = c.cache.allocate(bytes, s, T).unwrap();
+            c.kernel(s, MemAccess::write(&block));
+            live[i].push(block);
+        } else if !live[i].is_empty() {
+            let k = (next() as usize) % live[i].len();
+            let block = live[i].swap_remove(k);
+            c.kernel(s, MemAccess::read(&block));
+            c.cache.deallocate(block).unwrap();
+        }
+        // The GPU keeps up now and then, a few operations at a time.
+        if step % 7 == 0 {
+            for _ in 0..(next() % 16) {
+                c.gpu.step();
+            }
+        }
+    }
+    for (i, blocks) in live.into_iter().enumerate() {
+        for block in blocks {
+            c.kernel(c.s(i), MemAccess::read(&block));
+            c.cache.deallocate(block).unwrap();
+        }
+    }
+    c.assert_race_free();
+    let stats = c.cache.stats();
+    assert_eq!(c.waits(), 0, "no stream waited on another");
+    assert_eq!(stats.cross_stream_waits, 0);
+    assert!(stats.borrows > 0, "memory moved between streams: {stats:?}");
+}
+
+/// Under `Done`, when the device refuses a growth and no idle mapping can
+/// be given back (the freed range shares its mapping with a live block),
+/// a range another stream freed serves behind a wait on the GPU rather
+/// than an error: the last resort. Fails with `OutOfMemory` without it,
+/// or with a race if the wait is skipped.
+#[test]
+fn under_done_out_of_memory_borrows_behind_a_wait_as_the_last_resort() {
+    let gpu = SimGpu::builder().manual().capacity(4 * P).build();
+    // Slack 100: the first growth maps a page ahead, which the second
+    // block starts on: the first block's mapping stays live with it.
+    let c = Cache::on(gpu, 2, done().slack_percent(100));
+    let (a, b) = (c.s(0), c.s(1));
+    let first = c.cache.allocate(2 * P, a, T).unwrap();
+    let second = c.cache.allocate(2 * P, a, T).unwrap();
+    assert_eq!(second.ptr(), first.ptr() + 2 * P as u64);
+    assert_eq!(c.gpu.held_bytes(), 4 * P, "the device is full");
+    let home = first.ptr();
+    c.kernel(a, MemAccess::write(&first));
+    c.cache.deallocate(first).unwrap();
+    let waits = c.waits();
+    let on_b = c.cache.allocate(2 * P, b, T).unwrap();
+    assert_eq!(on_b.ptr(), home, "a's range, behind a wait");
+    assert_eq!(c.waits(), waits + 1);
+    assert_eq!(c.cache.stats().cross_stream_waits, 1);
+    c.kernel(b, MemAccess::write(&on_b));
+    c.cache.deallocate(on_b).unwrap();
+    c.cache.deallocate(second).unwrap();
+    c.assert_race_free();
+}
+
+/// Size classes follow the policy: under `Done` a block cached on another
+/// stream is not stolen (a steal always waits on the GPU); the stream
+/// takes new memory. Under `Wait` the same program steals, and counts the
+/// wait.
+#[test]
+fn under_done_size_classes_do_not_steal() {
+    for (reuse, steals) in [(CrossStreamReuse::Wait, 1), (CrossStreamReuse::Done, 0)] {
+        let f = support::sim_with(SimGpu::builder().manual().build(), 2);
+        let gpu = f.sim.clone().unwrap();
+        let config = CacheConfig::default()
+            .virtual_memory(false)
+            .cross_stream(reuse);
+        let cache = CachingResource::with_config(f.resource.clone(), config);
+        let (a, b) = (f.streams[0], f.streams[1]);
+        // b known to the cache; a block cached on a only.
+        let warm = cache.allocate(64 << 10, b, T).unwrap();
+        let block = cache.allocate(4096, a, T).unwrap();
+        cache.deallocate(block).unwrap();
+        let waits = gpu.call_count(DriverCall::StreamWaitEvent);
+        let other = cache.allocate(4000, b, T).unwrap();
+        let stats = cache.stats();
+        assert_eq!(stats.steals, steals, "{reuse:?}");
+        assert_eq!(stats.cross_stream_waits, steals, "{reuse:?}");
+        if steals == 0 {
+            assert_eq!(gpu.call_count(DriverCall::StreamWaitEvent), waits);
+        }
+        cache.deallocate(other).unwrap();
+        cache.deallocate(warm).unwrap();
+        gpu.run_until_idle();
+        assert!(gpu.races().is_empty(), "{:#?}", gpu.races());
+    }
+}
