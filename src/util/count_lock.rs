@@ -48,7 +48,7 @@ pub(crate) type CountGuard<'a, T> = loom::sync::MutexGuard<'a, T>;
 
 impl<T> CountLock<T> {
     /// A lock holding `value` (the crate's counters start from `Default`).
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn new(value: T) -> Self {
         CountLock(Inner::new(value))
     }
