@@ -1184,6 +1184,17 @@ fn a_large_block_takes_the_memory_of_the_streams_holes() {
         "each handle counted once"
     );
     assert_eq!(c.gpu.physical_bytes(), 128 * P);
+    // A snapshot's segment counts the physical memory once too (the
+    // holes' old addresses stay mapped, but hold nothing of their own).
+    let mut snap = streamalloc::MemorySnapshot::default();
+    c.cache.snapshot_into(&mut snap);
+    let mapped: usize = snap
+        .segments
+        .iter()
+        .filter(|s| s.layer == "cache")
+        .map(|s| s.mapped)
+        .sum();
+    assert_eq!(mapped, 128 * P, "physical memory behind the segment");
     // The fourth hole serves as it is; the next block of its size grows
     // (the three moved holes are not the arena's any more).
     let more = blocks_of(&c, a, 2, 16);

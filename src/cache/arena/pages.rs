@@ -400,9 +400,22 @@ impl PageTable {
         (total, longest)
     }
 
-    /// Bytes mapped.
+    /// Bytes of address space mapped (dead pages too).
     pub(crate) fn mapped_bytes(&self) -> usize {
         self.mapped_pages * self.page as usize
+    }
+
+    /// Bytes of physical memory mapped: each mapping's pages but its dead
+    /// ones, so that memory mapped at two addresses counts once, where it
+    /// is used. Walks the handles (for snapshots, not the hot path).
+    pub(crate) fn physical_bytes(&self) -> usize {
+        let pages: usize = self
+            .handles
+            .iter()
+            .filter(|h| h.live)
+            .map(|h| (h.pages - h.dead) as usize)
+            .sum();
+        pages * self.page as usize
     }
 
     /// A block now covers `[off, off + len)` (where no page is pending:
@@ -1046,6 +1059,7 @@ mod tests {
         assert_eq!(t.pending_pages(), 0);
         assert!(t.all_backed(10 * P, 3 * P));
         assert_eq!(t.mapped_bytes(), 9 * P as usize, "addresses mapped");
+        assert_eq!(t.physical_bytes(), 6 * P as usize, "memory, once");
         // The first mapping goes idle: its memory stays, the block uses it.
         t.untouch(0, 2 * P, by(0, 2));
         assert_eq!(t.idle_bytes(), 3 * P as usize, "its live pages only");

@@ -1396,7 +1396,7 @@ impl VirtualArena {
             layer: "cache",
             address: st.base,
             reserved: extent as usize,
-            mapped: st.pages.mapped_bytes(),
+            mapped: st.pages.physical_bytes(),
             idle: ranges.iter().map(|r| r.2).sum(),
             largest_idle: largest as usize,
             stream: None,
