@@ -228,21 +228,10 @@ impl Arena {
     /// The free ranges, `(offset, length)`, in address order (for
     /// snapshots: a walk of every node).
     pub(crate) fn free_ranges(&self) -> Vec<(u64, u64)> {
-        let mut spare = vec![false; self.nodes.len()];
-        for &n in &self.spare_nodes {
-            spare[n as usize] = true;
-        }
-        let first = (0..self.nodes.len()).find(|&i| !spare[i] && self.nodes[i].prev_addr == NIL);
-        let mut out = Vec::new();
-        let mut at = first.map_or(NIL, |i| i as u32);
-        while at != NIL {
-            let n = &self.nodes[at as usize];
-            if n.free {
-                out.push((n.off, n.len));
-            }
-            at = n.next_addr;
-        }
-        out
+        self.free_nodes(u64::MAX)
+            .into_iter()
+            .map(|(_, off, len)| (off, len))
+            .collect()
     }
 
     /// The free ranges that start below `below`, as (node, offset,
