@@ -73,36 +73,38 @@ fn a_pure_growth_ramp() {
     check("ramp", &synthetic::ramp(11, 6 << 30));
 }
 
-/// Half of each phase's blocks stay live at random places and the next
-/// phase's larger blocks fit none of the holes: the pages live blocks touch
-/// stay within 1.01× of the live bytes, but no placement that leaves
-/// blocks where they are holds less than 1.21× here (1.21–1.48× with other
-/// seeds), and the holes' mappings each span blocks that stay live, so
-/// none goes back whole. What brings it under the target is moving the
-/// holes' memory where the new blocks go, mapping it there again
-/// (`arena/vmm.rs`, `alias_unbacked`; the driver's pool held 1.12× on the
-/// H100): 1.0755× (1.2091× before). `notes/fragmentation-floors.md`,
-/// "Moving memory by mapping it again", has the figures.
+/// A known gap: 1.209×, the target missed. Half of each phase's blocks
+/// stay live at random places and the next phase's larger blocks fit none
+/// of the holes: the pages live blocks touch stay within 1.01× of the live
+/// bytes, but no placement that leaves blocks where they are holds less
+/// than 1.21× here (1.21–1.48× with other seeds), and the holes' mappings
+/// each span blocks that stay live, so none goes back whole. Moving the
+/// holes' memory where the new blocks go (`arena/vmm.rs`,
+/// `alias_unbacked`) brought it to 1.0755× on the simulator by mapping
+/// parts of handles, but the H100's driver refuses `cuMemMap` at a
+/// non-zero offset (2026-12-06): only whole handles move, which none of
+/// these holes is. The driver's pool held 1.12× on the H100.
+/// `notes/fragmentation-floors.md`, "Moving memory by mapping it again".
 #[test]
 fn a_sawtooth_of_large_blocks() {
-    check_within("sawtooth", &synthetic::sawtooth(12, 12, 4 << 30), 1.08);
+    check_within("sawtooth", &synthetic::sawtooth(12, 12, 4 << 30), 1.21);
 }
 
-/// The same shape on other seeds, where it held up to 1.46× before memory
-/// moved (the H100's pool: 1.237×, 1.113× and 1.125× on seeds 1, 2 and
-/// 100): a change that helps the test's seed by luck may hurt the shape.
-/// Each bound is the seed's figure today, rounded up (seeds 1 and 100 were
-/// the worst, 1.458× and 1.429×; seed 103, 1.1053×, still misses the
-/// target).
+/// The same shape on other seeds (the H100's pool: 1.237×, 1.113× and
+/// 1.125× on seeds 1, 2 and 100): a change that helps the test's seed by
+/// luck may hurt the shape. Each bound is the seed's figure today, rounded
+/// up; the H100 held the same bytes as the simulator on seeds 12, 100 and
+/// 103 (its other two figures, 1.424× and 1.281×, came from a build that
+/// tried maps the driver refused).
 #[test]
 fn a_sawtooth_of_large_blocks_on_other_seeds() {
     for (seed, bound) in [
-        (1, 1.07),
-        (2, 1.09),
-        (100, 1.07),
-        (101, 1.09),
-        (102, 1.08),
-        (103, 1.11),
+        (1, 1.46),
+        (2, 1.34),
+        (100, 1.43),
+        (101, 1.31),
+        (102, 1.29),
+        (103, 1.25),
     ] {
         check_within(
             &format!("sawtooth({seed})"),
