@@ -742,8 +742,7 @@ impl VirtualArena {
     /// done with them), as that mode's placement uses them; the longest
     /// handle that fits what is left of a run first, and every page past
     /// the target covered or nothing moved (a block part moved and part
-    /// grown pays both; on the eight-stream churn such blocks held 1.21×
-    /// where growing them held 1.19×). The
+    /// grown pays for both). The
     /// memory is the same, only its address changes, so this is the same
     /// ordering as any reuse of those ranges. Not another stream's frees,
     /// even behind a wait: a block placed there would order this stream
@@ -835,12 +834,10 @@ impl VirtualArena {
         // The plan: per run, its parts (at, piece, first source page,
         // pages), each a whole piece (a handle maps only whole), the
         // longest that fits what is left of the run first. All or
-        // nothing: a block part moved and part grown both maps and
-        // creates, and on the eight-stream churn such blocks held 1.21×
-        // where growing them held 1.19×.
+        // nothing: a block part moved and part grown pays for both, maps
+        // and a growth.
         let mut plan: Vec<(u32, usize, u32, u32)> = Vec::new();
         let mut used = vec![false; pieces.len()];
-        let mut uncovered = false;
         for &(first, n) in &runs {
             let mut at = first;
             let end = first + n;
@@ -849,16 +846,12 @@ impl VirtualArena {
                     .then(|| (0..pieces.len()).find(|&k| !used[k] && pieces[k].2 <= end - at))
                     .flatten();
                 let Some(k) = fit else {
-                    uncovered = true;
-                    break;
+                    return whole;
                 };
                 used[k] = true;
                 plan.push((at, k, pieces[k].1, pieces[k].2));
                 at += pieces[k].2;
             }
-        }
-        if plan.is_empty() || uncovered {
-            return whole;
         }
         // The old addresses leave the arena, from the highest down so that
         // each free range's node keeps naming the part before.
