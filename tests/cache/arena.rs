@@ -721,7 +721,12 @@ fn an_async_allocation_never_synchronizes_in_a_poll() {
         let (s0, s1) = (f.stream(0), f.stream(1));
         // One handle per page: the simulated device's physical memory is
         // one contiguous space, which CUDA's is not.
-        let config = CacheConfig::default().max_mapping_bytes(P);
+        // Slack enough that no page of the block on s1 is past the
+        // target: x's memory is not moved to it (behind a wait on the
+        // GPU, which would serve it at once), it must be given back.
+        let config = CacheConfig::default()
+            .max_mapping_bytes(P)
+            .slack_percent(100);
         let cache = CachingResource::with_config(f.resource.clone(), config);
         // SAFETY: the stack's bottom resource was made on this device.
         let res = unsafe { AsyncResource::with_device(cache, &f.device) }.unwrap();
@@ -907,7 +912,10 @@ fn pages_of(ptr: u64, len: usize) -> std::ops::Range<u64> {
 
 #[test]
 fn a_growth_in_its_driver_calls_holds_up_no_other_stream() {
-    let c = Cache::new(2, CacheConfig::default());
+    // Slack enough that a's block stays under the target: it grows (an
+    // alias past the target maps under the tier's lock, `arena/vmm.rs`,
+    // "Lock order").
+    let c = Cache::new(2, CacheConfig::default().slack_percent(100));
     let (a, b) = (c.s(0), c.s(1));
     // Stream b has two pages mapped, the first freed (b's to use again).
     let x = c.cache.allocate(P, b, T).unwrap();
@@ -1213,13 +1221,16 @@ fn a_large_block_takes_the_memory_of_the_streams_holes() {
     c.assert_race_free();
 }
 
-/// Memory another stream freed is not moved to a new address: the work
-/// that stream queued before the free may still run on it, and the new
-/// block's stream is not ordered after it (the block grows instead). Fails
-/// if an alias takes another stream's holes with no ordering (the
-/// simulated device sees the same memory used on two streams unordered).
+/// Memory another stream freed moves to a new address only behind an
+/// ordering: the work that stream queued before the free has not run,
+/// so the new block's stream waits on the GPU for a fence recorded right
+/// after the free before the block is handed out, and the block takes the
+/// holes' memory (no new memory). Fails if an alias takes another
+/// stream's holes with no ordering: the simulated device then sees the
+/// same memory written on two streams unordered (through its two
+/// addresses).
 #[test]
-fn holes_of_another_stream_are_not_moved_without_an_ordering() {
+fn holes_of_another_stream_move_behind_a_wait_for_its_frees() {
     let c = Cache::new(2, CacheConfig::default().slack_percent(0));
     let (a, b) = (c.s(0), c.s(1));
     let mut blocks = blocks_of(&c, b, 8, 16);
@@ -1227,15 +1238,104 @@ fn holes_of_another_stream_are_not_moved_without_an_ordering() {
         c.cache.deallocate(blocks.remove(i)).unwrap();
     }
     // The writes on b have not run.
-    let creates = c.creates();
+    let (creates, waits) = (c.creates(), c.gpu.call_count(DriverCall::StreamWaitEvent));
+    let maps = c.gpu.call_count(DriverCall::MemMap);
     let large = c.cache.allocate(48 * P, a, T).unwrap();
     c.kernel(a, MemAccess::write(&large));
     assert!(c.gpu.races().is_empty(), "{:#?}", c.gpu.races());
-    assert_eq!(c.creates(), creates + 1, "new memory");
+    assert_eq!(c.creates(), creates, "no new memory");
+    assert_eq!(
+        c.gpu.call_count(DriverCall::MemMap),
+        maps + 3,
+        "three holes"
+    );
+    assert_eq!(
+        c.gpu.call_count(DriverCall::StreamWaitEvent),
+        waits + 3,
+        "a waits once for each hole's free"
+    );
+    assert_eq!(c.cache.bytes_outstanding(), 128 * P);
     for x in blocks.into_iter().chain([large]) {
         c.cache.deallocate(x).unwrap();
     }
     c.assert_race_free();
+}
+
+/// A block that ends inside a page whose memory moved leaves the rest of
+/// that page free at its new address: a block placed there later uses
+/// the moved memory too, so it must be ordered after the frees the old
+/// uses end with, as the moving block was. Fails if that rest keeps the
+/// tags its address had (clean here: a third stream would take it with
+/// no wait while the first stream's writes to that memory still queue).
+#[test]
+fn the_rest_of_a_moved_page_is_ordered_after_the_old_frees() {
+    let c = Cache::new(3, CacheConfig::default().slack_percent(0));
+    let (a, b, d) = (c.s(0), c.s(1), c.s(2));
+    // Holes of 4 pages between live blocks, each two blocks of b: 3.5
+    // pages, then half a page.
+    let mut live = Vec::new();
+    let mut freed = Vec::new();
+    for _ in 0..4 {
+        for pages in [7, 1] {
+            let x = c.cache.allocate(pages * P / 2, b, T).unwrap();
+            c.kernel(b, MemAccess::write(&x));
+            freed.push(x);
+        }
+        live.extend(blocks_of(&c, b, 1, 4));
+    }
+    for x in freed {
+        c.cache.deallocate(x).unwrap();
+    }
+    let creates = c.creates();
+    // Fits no hole, and ends half a page into its last page, whose memory
+    // comes from the end of a hole: under the rest of that page lies the
+    // memory of a half-page block of b, whose write has not run.
+    let large = c.cache.allocate(8 * P - P / 2, a, T).unwrap();
+    c.kernel(a, MemAccess::write(&large));
+    assert_eq!(c.creates(), creates, "no new memory");
+    // Fits the rest of that page.
+    let small = c.cache.allocate(P / 4, d, T).unwrap();
+    c.kernel(d, MemAccess::write(&small));
+    assert!(c.gpu.races().is_empty(), "{:#?}", c.gpu.races());
+    for x in live.into_iter().chain([large, small]) {
+        c.cache.deallocate(x).unwrap();
+    }
+    c.assert_race_free();
+}
+
+/// Once the host saw the other stream's frees done (its work ran), its
+/// holes move with no wait: the same holes as behind a wait (which memory
+/// moves does not depend on the GPU's progress), only the ordering
+/// differs. Fails if a wait is queued for work the host saw done, or if
+/// the placement changes with the GPU's timing.
+#[test]
+fn holes_of_another_stream_whose_frees_ran_move_with_no_wait() {
+    let held = |run_first: bool| {
+        let c = Cache::new(2, CacheConfig::default().slack_percent(0));
+        let (a, b) = (c.s(0), c.s(1));
+        let mut blocks = blocks_of(&c, b, 8, 16);
+        for i in [6, 4, 2, 0] {
+            c.cache.deallocate(blocks.remove(i)).unwrap();
+        }
+        if run_first {
+            c.gpu.run_until_idle();
+        }
+        let (creates, waits) = (c.creates(), c.gpu.call_count(DriverCall::StreamWaitEvent));
+        let large = c.cache.allocate(48 * P, a, T).unwrap();
+        c.kernel(a, MemAccess::write(&large));
+        assert_eq!(c.creates(), creates, "no new memory");
+        let queued = c.gpu.call_count(DriverCall::StreamWaitEvent) - waits;
+        let at = large.ptr();
+        for x in blocks.into_iter().chain([large]) {
+            c.cache.deallocate(x).unwrap();
+        }
+        c.assert_race_free();
+        (at, queued)
+    };
+    let (ran, behind) = (held(true), held(false));
+    assert_eq!(ran.1, 0, "no wait once the frees ran");
+    assert!(behind.1 > 0, "a wait while they may still run");
+    assert_eq!(ran.0, behind.0, "the same placement either way");
 }
 
 /// `in_arena` tells a block of the arena from one of the inner resource

@@ -595,6 +595,32 @@ impl Arena {
         }
     }
 
+    /// The free range right before (`after` false) or after the range
+    /// `placed`, if the neighbour there is free.
+    pub(crate) fn free_neighbour(&self, placed: Placed, after: bool) -> Option<u32> {
+        let n = &self.nodes[placed.node as usize];
+        let i = if after { n.next_addr } else { n.prev_addr };
+        (i != NIL && self.nodes[i as usize].free).then_some(i)
+    }
+
+    /// Adds `extra` to the tags of the free range `node` (the newest free
+    /// of each stream kept): what a reuse of any of it must now be
+    /// ordered after too. Memory moved under part of it (an alias)
+    /// brings the frees its old uses end with.
+    pub(crate) fn add_tags(&mut self, node: u32, extra: &[Freed]) {
+        debug_assert!(self.nodes[node as usize].free, "node {node} is handed out");
+        let mut all = self.tags(node).to_vec();
+        for &t in extra.iter().filter(|t| !t.is_clean()) {
+            match all.iter_mut().find(|u| u.slot() == t.slot()) {
+                Some(u) => *u = u.join(t).unwrap_or(t),
+                None => all.push(t),
+            }
+        }
+        self.unlink_free(node);
+        self.set_tags(node, &all);
+        self.push_free(node);
+    }
+
     /// The tags of the range `placed` lies in (as they were when handed
     /// out): none when clean.
     pub(crate) fn freed(&self, placed: Placed) -> &[Freed] {

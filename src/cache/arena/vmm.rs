@@ -42,14 +42,15 @@
 //! over the live high-water mark and never past the room a budget above
 //! the cache leaves (see [`growth_room`](crate::util::growth_room)).
 //! Where new memory would take the cache past `slack` over the live
-//! high-water mark by [`ALIAS_MIN_PAGES`] pages or more, the block's
-//! pages past that target are backed by whole pages of the stream's own
-//! free ranges (or clean ones) with memory behind them that no block
-//! touches instead, their memory **mapped again** where the
-//! block lies (`cuMemMap` at an offset into their handle, one call a part,
-//! one `cuMemSetAccess` a run: [`VirtualArena::alias_unbacked`]); their
-//! old addresses leave the arena until every mapping of that memory is
-//! idle and given back together. Else, before creating memory that
+//! high-water mark, the block's pages past that target are backed by
+//! whole pages of free ranges with memory behind them that no block
+//! touches instead (the stream's own and clean ones first, then other
+//! streams', ordered after their frees as a placement there would be),
+//! their memory **mapped again** where the block lies (`cuMemMap` at an
+//! offset into their handle, one call a part, one `cuMemSetAccess` a run:
+//! [`VirtualArena::alias_unbacked`]); their old addresses leave the arena
+//! until every mapping of that memory is idle and given back together.
+//! The pages the holes cannot cover grow. Else, before creating memory that
 //! would take the cache past `slack` over the live high-water mark, idle
 //! mappings freed before the previous growth that the GPU is done with (a
 //! fence past every free on them has completed, learnt by a query) are
@@ -136,13 +137,21 @@
 //!   replays may run on another stream, which stream order does not put
 //!   after them.
 //! - Memory mapped again at a new address (an alias) is a reuse of the
-//!   range it came from, under the same rule, narrowed: only the stream's
-//!   own frees (stream order) and clean ranges serve, never another
-//!   stream's behind a wait (taking those cost the eight-stream churn
-//!   1.168× → 1.256×, and deciding by fences seen complete would make the
-//!   placement depend on the GPU's timing). The old addresses are out of
-//!   the arena from then on: nothing is placed there until that memory is
-//!   unmapped everywhere.
+//!   range it came from, under the same rule: the stream's own frees
+//!   (stream order) and clean ranges serve as they are; another stream's
+//!   serve once the block's stream is ordered after the free, before the
+//!   block is handed out, by the two facts above (a fence past the free
+//!   seen complete, or the stream idle: no wait; else a wait on the GPU
+//!   for a fence recorded right after the free). Not by fences seen
+//!   complete alone: *which* holes move is decided by the host's calls,
+//!   never by the GPU's progress (the simulated replay holds the same
+//!   bytes whether its GPU runs after every operation or 1,024 behind;
+//!   only the number of waits changes). Under
+//!   [`CrossStreamReuse::Done`], which never waits, only frees the host
+//!   saw done serve. The old addresses are out of the arena from then on:
+//!   nothing is placed there until that memory is unmapped everywhere,
+//!   so the only uses of the memory after the move are the new block's,
+//!   ordered after every use before the free.
 //! - A mapping is unmapped only once fences past the last free of every
 //!   stream on its pages have completed (queried, never waited for, except
 //!   as the last resort before out of memory), so no queued work can touch
@@ -170,10 +179,14 @@
 //! the arena; the growing stream's shard lock stays held, so only its own
 //! stream's allocations wait for it.
 //!
-//! Under the tier's lock, though as frequent as the growths they replace:
-//! the driver calls of an alias (a few `cuMemMap` and one
-//! `cuMemSetAccess`), so that no reclaim gives back the memory being
-//! mapped again meanwhile (a finer scheme would mark the handle instead).
+//! Under the tier's lock, though about as frequent as the growths they
+//! replace once the cache is at its target: the driver calls of an alias
+//! (a `cuMemMap` a part and one `cuMemSetAccess` a run, up to one part a
+//! page), so that no reclaim gives back the memory being mapped again
+//! meanwhile. Other streams' allocations that need the lock wait for
+//! them (tens of µs a part on the H200); a finer scheme would mark the
+//! moved pages pending and the handle busy, and map with the lock
+//! released, as a growth does.
 //! Still under the tier's lock, because they are rarer than growths: the
 //! reclaim a growth makes first to stay under the slack target (queries,
 //! and unmapping idle memory the GPU is done with), and, when
@@ -262,27 +275,6 @@ struct StreamFences {
 /// borrow then records one when it comes (later than the free, so the
 /// borrower may wait for more of that stream's work than it needed).
 const LENDING_FREES: u32 = 1024;
-
-/// Pages of new memory past the target a block must need, at least,
-/// before it takes memory mapped elsewhere instead (an alias, see
-/// [`VirtualArena::alias_unbacked`]): 64 MiB on 2 MiB pages. Holes are
-/// where the next blocks of a steady state land as they are (placement
-/// prefers memory mapped already); a block that takes them by aliasing
-/// makes those blocks grow instead. Measured (`notes/fragmentation-floors.md`):
-/// from 8 pages the four-stream Llama trace held 1.14× (1.09× without),
-/// from 16 the eight-stream churn of `trace_unseen.rs`'s seed 17 1.205×
-/// (1.171×, though seed 14 went 1.168× → 1.149× and a ResNet cut 1.053×
-/// → 1.015×); from 32 no trace but the sawtooth moves.
-const ALIAS_MIN_PAGES: u32 = 32;
-
-/// Pages one part of an alias maps on average, at least: an alias of `n`
-/// pages makes at most `n / ALIAS_PART_PAGES` `cuMemMap` calls. Each part
-/// costs a map and one more handle in its run's `cuMemSetAccess` (about
-/// 4 + 25 µs on the H200, `notes/vmm-costs.md`), where a growth costs
-/// about 55 µs whatever its size (and its memory a give-back later): so
-/// moving memory costs at most ~2 µs per MiB, and memory in crumbs stays
-/// where it is.
-const ALIAS_PART_PAGES: u32 = 8;
 
 /// The arena every stream places in; guarded by the tier's lock.
 #[derive(Debug)]
@@ -475,6 +467,28 @@ pub(crate) struct Taken {
     pub(crate) waits: u32,
 }
 
+/// What [`VirtualArena::alias_unbacked`] did.
+#[derive(Debug)]
+struct Moved {
+    /// The runs of pages still without memory (for a growth).
+    unbacked: Vec<(u32, u32)>,
+    /// Whether memory another stream freed was moved.
+    lent: bool,
+    /// Waits on the GPU queued for that memory.
+    waits: u32,
+}
+
+impl Moved {
+    /// Nothing moved, no wait queued.
+    fn none(unbacked: Vec<(u32, u32)>) -> Self {
+        Self {
+            unbacked,
+            lent: false,
+            waits: 0,
+        }
+    }
+}
+
 /// Which free ranges a stream may use as they are, with no wait.
 #[derive(Debug, Clone, Copy)]
 struct AsIs {
@@ -649,7 +663,8 @@ impl VirtualArena {
             // back, for this block and the next to be placed around less.
             self.release_kept_locked(&mut st, ss);
         }
-        let Some((placed, borrowed, waits)) = self.place(&mut st, ss, len, capturing) else {
+        let Some((placed, mut borrowed, mut waits)) = self.place(&mut st, ss, len, capturing)
+        else {
             return Ok(None);
         };
         let unbacked = st.pages.touch(placed.off, placed.len);
@@ -667,7 +682,12 @@ impl VirtualArena {
             // streams stream order does not cover).
             let unbacked = match capturing {
                 true => unbacked,
-                false => self.alias_unbacked(&mut st, ss, unbacked, live),
+                false => {
+                    let moved = self.alias_unbacked(&mut st, ss, placed, unbacked, live);
+                    borrowed |= moved.lent;
+                    waits += moved.waits;
+                    moved.unbacked
+                }
             };
             for &(first, count) in &unbacked {
                 let mut at = first;
@@ -731,22 +751,31 @@ impl VirtualArena {
     /// 1.070× where growing held 1.053×; `notes/fragmentation-floors.md`).
     ///
     /// The memory is whole pages of free ranges (so no live or kept block
-    /// touches them) that the stream may use as they are: its own frees
-    /// (stream order puts the block's work after every use before them)
-    /// and clean ranges (no queued work touches them), and under
-    /// [`CrossStreamReuse::Done`] another stream's frees a fence seen
-    /// complete covers (the host saw the GPU done with them), as that
-    /// mode's placement uses them, the longest pieces
-    /// first, each part one contiguous piece of one physical handle. The
-    /// memory is the same, only its address changes, so this is the same
-    /// ordering as any reuse of those ranges. Not another stream's frees,
-    /// even behind a wait: a block placed there would order this stream
-    /// after that one's work, and such holes are what that stream's next
-    /// blocks land in (on the eight-stream churn, taking them held 1.26×
-    /// where 1.17× is held without). Nothing is done when
-    /// fewer than [`ALIAS_MIN_PAGES`] pages are past the target, or the
-    /// memory would come in parts of fewer than [`ALIAS_PART_PAGES`] pages
-    /// on average.
+    /// touches them), each part one contiguous piece of one physical
+    /// handle: first those the stream may use as they are (its own frees:
+    /// stream order puts the block's work after every use before them;
+    /// clean ranges: no queued work touches them; under
+    /// [`CrossStreamReuse::Done`] also another stream's frees a fence seen
+    /// complete covers), then, by default, other streams' frees, the
+    /// block's stream ordered after each first by
+    /// [`order_after`](Self::order_after) (no wait where the host saw the
+    /// work before the free done, else a wait on the GPU for a fence right
+    /// after the free); the longest pieces first in each. The memory is
+    /// the same, only its address changes, so this is the same ordering
+    /// as any reuse of those ranges. Which pieces move depends on the
+    /// host's calls only (the order of allocations and frees), never on
+    /// whether a fence has completed: the memory held does not depend on
+    /// the GPU's timing.
+    ///
+    /// Every page past the target moves, however many parts that takes
+    /// (one page each, at worst): on eight streams churning blocks of
+    /// 512 B–64 MiB, most whole free pages are crumbs of one to a few
+    /// pages in other streams' holes, and moving only some of them (from
+    /// 32 pages past the target, or at most a part per 8 pages, or the
+    /// longest holes only) held *more* than moving none, 1.20–1.41× where
+    /// growing held 1.17–1.20× (the big holes a move takes are where the
+    /// next blocks would have landed as they are); moving every page held
+    /// 1.07× (`notes/fragmentation-floors.md`).
     ///
     /// The old pages go dead ([`PageTable::kill`]): their range leaves the
     /// arena (held as a placement) and their mapping stays until all of
@@ -758,14 +787,19 @@ impl VirtualArena {
     /// Costs one `cuMemMap` a part and one `cuMemSetAccess` a run, made
     /// with the tier's lock held (as reclaim does): they replace a growth
     /// (`cuMemCreate`, `cuMemMap`, `cuMemSetAccess`), or a give-back and a
-    /// growth where a growth behind had idle memory to give.
+    /// growth where a growth behind had idle memory to give. Moving a
+    /// crumb costs about what a growth costs (a map, and a handle more in
+    /// the set-access: ~30 µs on the H200): on a churn of random sizes on
+    /// many streams that is ~20× the driver time of growing
+    /// (`notes/fragmentation-floors.md` has the figures).
     fn alias_unbacked(
         &self,
         st: &mut SharedArena,
         ss: &StreamSlot,
+        placed: Placed,
         runs: Vec<(u32, u32)>,
         live: usize,
-    ) -> Vec<(u32, u32)> {
+    ) -> Moved {
         let page = self.page as usize;
         let wanted: usize = runs.iter().map(|r| r.1 as usize).sum();
         // New memory serves up to the target; only the pages past it are
@@ -776,11 +810,10 @@ impl VirtualArena {
             .saturating_sub(self.target(live))
             .div_ceil(page)
             .min(wanted) as u32;
-        if over < ALIAS_MIN_PAGES || st.pages.free_mapped_pages() < over as usize {
-            return runs;
+        if over == 0 || st.pages.free_mapped_pages() < over as usize {
+            return Moved::none(runs);
         }
         let (mut grown, runs) = split_last(runs, over);
-        let need = over;
         // The ranges this stream's placement may use as they are: its own
         // frees and clean ones; under `CrossStreamReuse::Done`, frees the
         // host saw the GPU done with too.
@@ -788,9 +821,14 @@ impl VirtualArena {
             own: Some(ss.slot),
             done: self.cross_stream == CrossStreamReuse::Done,
         };
-        // Pieces of memory to move: (node, first page, pages), the longest
-        // first.
-        let mut pieces: Vec<(u32, u32, u32)> = Vec::new();
+        // Other streams' frees serve too, ordered after the free (see
+        // below), where the backend makes events to wait on and waits are
+        // allowed (not under `CrossStreamReuse::Done`, which never waits).
+        let lend = self.lends && self.cross_stream == CrossStreamReuse::Wait;
+        // Pieces of memory to move: (node, first page, pages, whether
+        // another stream freed it), those usable as they are first, then
+        // the longest first.
+        let mut pieces: Vec<(u32, u32, u32, bool)> = Vec::new();
         {
             let SharedArena {
                 arena,
@@ -799,18 +837,23 @@ impl VirtualArena {
                 ..
             } = &*st;
             for (node, off, len) in arena.free_nodes(pages.extent()) {
-                if len >= self.page && Self::usable_now(streams, as_is, arena.free_tags(node)) {
+                if len < self.page {
+                    continue;
+                }
+                let lent = !Self::usable_now(streams, as_is, arena.free_tags(node));
+                if !lent || lend {
                     pieces.extend(
                         pages
                             .alias_runs(off, off + len)
                             .into_iter()
-                            .map(|(first, count)| (node, first, count)),
+                            .map(|(first, count)| (node, first, count, lent)),
                     );
                 }
             }
         }
-        pieces.sort_unstable_by_key(|&(_, first, count)| (std::cmp::Reverse(count), first));
-        let max_parts = (need / ALIAS_PART_PAGES) as usize;
+        pieces.sort_unstable_by_key(|&(_, first, count, lent)| {
+            (lent, std::cmp::Reverse(count), first)
+        });
         // The plan: per run, its parts (at, piece, first source page,
         // pages).
         let mut plan: Vec<(u32, usize, u32, u32)> = Vec::new();
@@ -818,20 +861,46 @@ impl VirtualArena {
         for &(first, n) in &runs {
             let mut at = first;
             while at < first + n {
-                let Some(&(_, src, count)) = pieces.get(piece) else {
+                let Some(&(_, src, count, _)) = pieces.get(piece) else {
                     grown.extend(runs);
-                    return grown;
+                    return Moved::none(grown);
                 };
                 let take = (count - used).min(first + n - at);
                 plan.push((at, piece, src + used, take));
-                if plan.len() > max_parts {
-                    grown.extend(runs);
-                    return grown;
-                }
                 at += take;
                 used += take;
                 if used == count {
                     (piece, used) = (piece + 1, 0);
+                }
+            }
+        }
+        // Another stream's holes: the block's stream is ordered after
+        // their frees before any of it moves, as a placement on them would
+        // be (`order_after`: at once where the host saw the work before
+        // the free done, else behind a wait on the GPU for a fence past
+        // it). Which holes move does not depend on that, only how.
+        let mut lent_nodes: Vec<u32> = plan
+            .iter()
+            .filter(|p| pieces[p.1].3)
+            .map(|p| pieces[p.1].0)
+            .collect();
+        lent_nodes.sort_unstable();
+        lent_nodes.dedup();
+        let mut waits = 0;
+        for &node in &lent_nodes {
+            let SharedArena { arena, streams, .. } = &mut *st;
+            match self.order_after(streams, ss, arena.free_tags(node)) {
+                Some(w) => waits += w,
+                // No fence to order after (an event that could not be
+                // recorded): the block grows instead; the waits queued
+                // stay (they only order the stream further).
+                None => {
+                    grown.extend(runs);
+                    return Moved {
+                        unbacked: grown,
+                        lent: false,
+                        waits,
+                    };
                 }
             }
         }
@@ -840,9 +909,18 @@ impl VirtualArena {
         let mut order: Vec<usize> = (0..plan.len()).collect();
         order.sort_unstable_by_key(|&i| std::cmp::Reverse(plan[i].2));
         let mut sources = vec![None; plan.len()];
+        // The frees the moved memory's old uses end with (the newest of
+        // each stream), for the free parts of the block's end pages.
+        let mut moved_tags: Vec<Freed> = Vec::new();
         for i in order {
             let (_, p, src, take) = plan[i];
             let node = pieces[p].0;
+            for &t in st.arena.free_tags(node) {
+                match moved_tags.iter_mut().find(|u| u.slot() == t.slot()) {
+                    Some(u) => *u = u.join(t).unwrap_or(t),
+                    None => moved_tags.push(t),
+                }
+            }
             let taken = st.arena.take(
                 node,
                 u64::from(src) * self.page,
@@ -899,6 +977,7 @@ impl VirtualArena {
                 let source = sources[i].expect("killed above");
                 if access && k < mapped {
                     st.pages.alias(at, take, source);
+                    self.tag_end_pages(st, placed, at, take, &moved_tags);
                     continue;
                 }
                 if k < mapped {
@@ -918,7 +997,44 @@ impl VirtualArena {
             }
         }
         grown.extend(left);
-        grown
+        Moved {
+            unbacked: grown,
+            lent: !lent_nodes.is_empty(),
+            waits,
+        }
+    }
+
+    /// Where moved memory lands on pages `at..at + take` and the block
+    /// `placed` covers only part of its first or last page, the rest of
+    /// that page is free, at the block's side: that free range gets the
+    /// tags of the moved memory's frees (`tags`), so that a block placed
+    /// there later is ordered after its old uses as the block was (else a
+    /// range clean or freed by another stream at the new address would
+    /// hand it out with no ordering: the simulated device reported such
+    /// races on eight streams). The whole range gets them, a little more
+    /// ordering than the page needs.
+    fn tag_end_pages(
+        &self,
+        st: &mut SharedArena,
+        placed: Placed,
+        at: u32,
+        take: u32,
+        tags: &[Freed],
+    ) {
+        let (start, end) = (u64::from(at) * self.page, u64::from(at + take) * self.page);
+        let head = start < placed.off;
+        let tail = end > placed.off + placed.len;
+        for (partial, after) in [(head, false), (tail, true)] {
+            if !partial {
+                continue;
+            }
+            match st.arena.free_neighbour(placed, after) {
+                Some(node) => st.arena.add_tags(node, tags),
+                // Nothing else lies on a page with no memory behind it
+                // but free space and the block.
+                None => debug_assert!(false, "the rest of an end page is not free"),
+            }
+        }
     }
 
     /// Under [`CrossStreamReuse::Done`], after a growth failed for lack of
