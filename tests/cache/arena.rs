@@ -1412,3 +1412,64 @@ fn on_cuda_a_large_block_takes_the_memory_of_the_streams_holes() {
     drop(cache);
     assert_eq!(gpu.memory_held().unwrap().current, held_before);
 }
+
+/// On a real GPU: a block on one stream takes the memory of another
+/// stream's holes, mapped again at its own address, behind a wait for the
+/// frees (or none where the host saw them done); the device writes it
+/// there and the host reads back what it wrote, with no new memory; every
+/// handle goes back on trim and drop. Run by hand with the lead's GPU
+/// calls.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn on_cuda_a_block_takes_the_memory_of_another_streams_holes() {
+    use streamalloc::gpu::Gpu;
+    let f = support::cuda(2);
+    let gpu = f.resource.gpu().clone();
+    let page = gpu.vm_granularity().unwrap();
+    let cache =
+        CachingResource::with_config(f.resource.clone(), CacheConfig::default().slack_percent(0));
+    let (a, b) = (f.stream(0), f.stream(1));
+    let (raw_a, raw_b) = (f.pool.raw(a).unwrap(), f.pool.raw(b).unwrap());
+    let held_before = gpu.memory_held().unwrap().current;
+    let mut blocks: Vec<_> = (0..8)
+        .map(|i| {
+            let x = cache.allocate(16 * page, b, T).unwrap();
+            // SAFETY: a stream of the fixture's pool, which it holds; the
+            // block lives in the cache.
+            unsafe { gpu.memset_async(x.ptr(), i, x.size(), raw_b) }.unwrap();
+            x
+        })
+        .collect();
+    for i in [6, 4, 2, 0] {
+        cache.deallocate(blocks.remove(i)).unwrap();
+    }
+    let outstanding = cache.bytes_outstanding();
+    let large = cache.allocate(48 * page, a, T).unwrap();
+    assert_eq!(cache.bytes_outstanding(), outstanding, "no new memory");
+    // SAFETY: as above.
+    unsafe { gpu.memset_async(large.ptr(), 9, large.size(), raw_a) }.unwrap();
+    let mut host = vec![0u8; large.size()];
+    // SAFETY: a stream of the fixture's pool; `host` is a live host range
+    // of that length, read only after the synchronize below.
+    unsafe { gpu.copy_to_host_async(host.as_mut_ptr() as u64, large.ptr(), large.size(), raw_a) }
+        .unwrap();
+    // SAFETY: a stream of the fixture's pool, which it holds.
+    unsafe { gpu.stream_synchronize(raw_a) }.unwrap();
+    assert!(host.iter().all(|&x| x == 9), "the block reads what a wrote");
+    for x in blocks.into_iter().chain([large]) {
+        cache.deallocate(x).unwrap();
+    }
+    for raw in [raw_a, raw_b] {
+        // SAFETY: as above.
+        unsafe { gpu.stream_synchronize(raw) }.unwrap();
+    }
+    cache.trim().unwrap(); // records fences
+    for raw in [raw_a, raw_b] {
+        // SAFETY: as above.
+        unsafe { gpu.stream_synchronize(raw) }.unwrap();
+    }
+    cache.trim().unwrap();
+    assert_eq!(cache.bytes_outstanding(), f.resource.bytes_outstanding());
+    drop(cache);
+    assert_eq!(gpu.memory_held().unwrap().current, held_before);
+}
