@@ -1261,6 +1261,37 @@ fn holes_of_another_stream_move_behind_a_wait_for_its_frees() {
     c.assert_race_free();
 }
 
+/// With [`CacheConfig::move_memory`] off, the block of
+/// `a_large_block_takes_the_memory_of_the_streams_holes` grows: one
+/// handle, one map, and the holes stay where they are. Fails if memory
+/// moves anyway, or if the growth does not come.
+#[test]
+fn with_moves_off_a_block_past_the_target_grows() {
+    let c = Cache::new(
+        1,
+        CacheConfig::default().slack_percent(0).move_memory(false),
+    );
+    let a = c.s(0);
+    let mut blocks = blocks_of(&c, a, 8, 16);
+    for i in [6, 4, 2, 0] {
+        c.cache.deallocate(blocks.remove(i)).unwrap();
+    }
+    let (creates, maps) = (c.creates(), c.gpu.call_count(DriverCall::MemMap));
+    let large = c.cache.allocate(48 * P, a, T).unwrap();
+    c.kernel(a, MemAccess::write(&large));
+    assert_eq!(c.creates(), creates + 1, "new memory");
+    assert_eq!(
+        c.gpu.call_count(DriverCall::MemMap),
+        maps + 1,
+        "its one map"
+    );
+    assert_eq!(c.cache.bytes_outstanding(), (128 + 48) * P);
+    for x in blocks.into_iter().chain([large]) {
+        c.cache.deallocate(x).unwrap();
+    }
+    c.assert_race_free();
+}
+
 /// A block that ends inside a page whose memory moved leaves the rest of
 /// that page free at its new address: a block placed there later uses
 /// the moved memory too, so it must be ordered after the frees the old

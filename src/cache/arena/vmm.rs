@@ -50,7 +50,8 @@
 //! offset into their handle, one call a part, one `cuMemSetAccess` a run:
 //! [`VirtualArena::alias_unbacked`]); their old addresses leave the arena
 //! until every mapping of that memory is idle and given back together.
-//! The pages the holes cannot cover grow. Else, before creating memory that
+//! The pages the holes cannot cover grow (all of them, with
+//! [`CacheConfig::move_memory`](crate::CacheConfig::move_memory) off). Else, before creating memory that
 //! would take the cache past `slack` over the live high-water mark, idle
 //! mappings freed before the previous growth that the GPU is done with (a
 //! fence past every free on them has completed, learnt by a query) are
@@ -438,6 +439,9 @@ pub(crate) struct VirtualArena {
     /// Whether a range another stream freed may serve behind a wait on the
     /// GPU, or only once the host saw the free done.
     cross_stream: CrossStreamReuse,
+    /// Whether pages past the target take memory moved from the holes
+    /// ([`alias_unbacked`](Self::alias_unbacked)) before they grow.
+    move_memory: bool,
     state: Mutex<SharedArena>,
     /// The reservation's start (0 until reserved), readable without the
     /// lock.
@@ -511,6 +515,7 @@ impl VirtualArena {
         max_run_bytes: usize,
         slack_percent: usize,
         cross_stream: CrossStreamReuse,
+        move_memory: bool,
     ) -> Option<Self> {
         let granularity = access.gpu.vm_granularity().ok()?.max(1);
         let page = (granularity * page_multiple.max(1)) as u64;
@@ -534,6 +539,7 @@ impl VirtualArena {
             slack_percent,
             lends,
             cross_stream,
+            move_memory,
             state: Mutex::new(SharedArena {
                 base: 0,
                 arena: Arena::new(arena_len),
@@ -680,7 +686,7 @@ impl VirtualArena {
             // Past the target, memory no block uses elsewhere serves,
             // mapped again here (not in a capture: its replays may run on
             // streams stream order does not cover).
-            let unbacked = match capturing {
+            let unbacked = match capturing || !self.move_memory {
                 true => unbacked,
                 false => {
                     let moved = self.alias_unbacked(&mut st, ss, placed, unbacked, live);
