@@ -258,6 +258,25 @@ impl Arena {
         out
     }
 
+    /// The free ranges of at least `min` bytes that start below `below`,
+    /// as (node, offset, length), in no set order: a walk of the free
+    /// lists of `min`'s size class and above, not of every node (an alias
+    /// looks for whole pages, on every growth past the target).
+    pub(crate) fn free_nodes_of_at_least(&self, min: u64, below: u64) -> Vec<(u32, u64, u64)> {
+        let mut out = Vec::new();
+        for &head in &self.heads[bucket(min.max(UNIT))..] {
+            let mut at = head;
+            while at != NIL {
+                let n = &self.nodes[at as usize];
+                if n.len >= min && n.off < below {
+                    out.push((at, n.off, n.len));
+                }
+                at = n.next_free;
+            }
+        }
+        out
+    }
+
     /// The tags of the free range `node` (see [`free_nodes`](Self::free_nodes)).
     pub(crate) fn free_tags(&self, node: u32) -> &[Freed] {
         debug_assert!(self.nodes[node as usize].free, "node {node} is handed out");

@@ -842,10 +842,7 @@ impl VirtualArena {
                 streams,
                 ..
             } = &*st;
-            for (node, off, len) in arena.free_nodes(pages.extent()) {
-                if len < self.page {
-                    continue;
-                }
+            for (node, off, len) in arena.free_nodes_of_at_least(self.page, pages.extent()) {
                 let lent = !Self::usable_now(streams, as_is, arena.free_tags(node));
                 if !lent || lend {
                     pieces.extend(
