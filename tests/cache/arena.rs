@@ -721,12 +721,7 @@ fn an_async_allocation_never_synchronizes_in_a_poll() {
         let (s0, s1) = (f.stream(0), f.stream(1));
         // One handle per page: the simulated device's physical memory is
         // one contiguous space, which CUDA's is not.
-        // Slack enough that no page of the block on s1 is past the
-        // target: x's memory is not moved to it (behind a wait on the
-        // GPU, which would serve it at once), it must be given back.
-        let config = CacheConfig::default()
-            .max_mapping_bytes(P)
-            .slack_percent(100);
+        let config = CacheConfig::default().max_mapping_bytes(P);
         let cache = CachingResource::with_config(f.resource.clone(), config);
         // SAFETY: the stack's bottom resource was made on this device.
         let res = unsafe { AsyncResource::with_device(cache, &f.device) }.unwrap();
@@ -912,10 +907,7 @@ fn pages_of(ptr: u64, len: usize) -> std::ops::Range<u64> {
 
 #[test]
 fn a_growth_in_its_driver_calls_holds_up_no_other_stream() {
-    // Slack enough that a's block stays under the target: it grows (an
-    // alias past the target maps under the tier's lock, `arena/vmm.rs`,
-    // "Lock order").
-    let c = Cache::new(2, CacheConfig::default().slack_percent(100));
+    let c = Cache::new(2, CacheConfig::default());
     let (a, b) = (c.s(0), c.s(1));
     // Stream b has two pages mapped, the first freed (b's to use again).
     let x = c.cache.allocate(P, b, T).unwrap();
@@ -1302,17 +1294,17 @@ fn with_moves_off_a_block_past_the_target_grows() {
 fn the_rest_of_a_moved_page_is_ordered_after_the_old_frees() {
     let c = Cache::new(3, CacheConfig::default().slack_percent(0));
     let (a, b, d) = (c.s(0), c.s(1), c.s(2));
-    // Holes of 4 pages between live blocks, each two blocks of b: 3.5
-    // pages, then half a page.
+    // Holes of 16 pages (each one handle) between live blocks, each two
+    // blocks of b: 15.5 pages, then half a page.
     let mut live = Vec::new();
     let mut freed = Vec::new();
     for _ in 0..4 {
-        for pages in [7, 1] {
-            let x = c.cache.allocate(pages * P / 2, b, T).unwrap();
+        for halves in [31, 1] {
+            let x = c.cache.allocate(halves * P / 2, b, T).unwrap();
             c.kernel(b, MemAccess::write(&x));
             freed.push(x);
         }
-        live.extend(blocks_of(&c, b, 1, 4));
+        live.extend(blocks_of(&c, b, 1, 16));
     }
     for x in freed {
         c.cache.deallocate(x).unwrap();
@@ -1321,7 +1313,7 @@ fn the_rest_of_a_moved_page_is_ordered_after_the_old_frees() {
     // Fits no hole, and ends half a page into its last page, whose memory
     // comes from the end of a hole: under the rest of that page lies the
     // memory of a half-page block of b, whose write has not run.
-    let large = c.cache.allocate(8 * P - P / 2, a, T).unwrap();
+    let large = c.cache.allocate(48 * P - P / 2, a, T).unwrap();
     c.kernel(a, MemAccess::write(&large));
     assert_eq!(c.creates(), creates, "no new memory");
     // Fits the rest of that page.

@@ -680,11 +680,38 @@ impl PageTable {
         self.free_mapped
     }
 
-    /// The runs of whole pages inside `[start, end)` (a free range of the
-    /// arena: no live block touches them) with memory behind them, each in
-    /// one mapping (so one contiguous part of one physical handle), as
-    /// (first page, count): what an alias could map again elsewhere.
+    /// The whole physical allocations inside `[start, end)` (a free range
+    /// of the arena: no live block touches them) that could be mapped again
+    /// elsewhere, as (first page, count): a mapping at offset 0 that covers
+    /// all of its memory, with no dead page, whose memory no other live
+    /// mapping shows (its other mappings are dead: moved before). The
+    /// driver maps a handle only whole and at offset 0 (`cuMemMap`'s
+    /// offset "must currently be zero"; an H100 refused every other), so
+    /// memory in part of a handle cannot move.
     pub(crate) fn alias_runs(&self, start: u64, end: u64) -> Vec<(u32, u32)> {
+        self.mapped_runs(start, end)
+            .into_iter()
+            .filter(|&(first, count)| {
+                let hi = self.pages[first as usize].handle;
+                let h = &self.handles[hi as usize];
+                let ph = &self.phys[h.phys as usize];
+                let others_dead = ph.maps.iter().all(|&m| {
+                    let o = &self.handles[m as usize];
+                    m == hi || o.dead == o.pages
+                });
+                h.first == first
+                    && h.pages == count
+                    && h.offset == 0
+                    && h.dead == 0
+                    && ph.pages == h.pages
+                    && others_dead
+            })
+            .collect()
+    }
+
+    /// The runs of whole pages inside `[start, end)` with memory behind
+    /// them, each in one mapping, as (first page, count).
+    fn mapped_runs(&self, start: u64, end: u64) -> Vec<(u32, u32)> {
         let first = start.div_ceil(self.page) as usize;
         let last = ((end / self.page) as usize).min(self.pages.len());
         let mut runs: Vec<(u32, u32)> = Vec::new();

@@ -42,15 +42,16 @@
 //! over the live high-water mark and never past the room a budget above
 //! the cache leaves (see [`growth_room`](crate::util::growth_room)).
 //! Where new memory would take the cache past `slack` over the live
-//! high-water mark, the block's pages past that target are backed by
-//! whole pages of free ranges with memory behind them that no block
-//! touches instead (the stream's own and clean ones first, then other
-//! streams', ordered after their frees as a placement there would be),
-//! their memory **mapped again** where the block lies (`cuMemMap` at an
-//! offset into their handle, one call a part, one `cuMemSetAccess` a run:
+//! high-water mark by [`ALIAS_MIN_PAGES`] pages or more, the block's pages
+//! past that target are backed instead by whole physical allocations
+//! (handles) lying in free ranges, that no block touches (the stream's
+//! own and clean ones first, then other streams', ordered after their
+//! frees as a placement there would be), their memory **mapped again**
+//! where the block lies (`cuMemMap` of the whole handle at offset 0, the
+//! only map the driver accepts; one `cuMemSetAccess` a run:
 //! [`VirtualArena::alias_unbacked`]); their old addresses leave the arena
 //! until every mapping of that memory is idle and given back together.
-//! The pages the holes cannot cover grow (all of them, with
+//! The pages no such handle fits grow (all of them, with
 //! [`CacheConfig::move_memory`](crate::CacheConfig::move_memory) off). Else, before creating memory that
 //! would take the cache past `slack` over the live high-water mark, idle
 //! mappings freed before the previous growth that the GPU is done with (a
@@ -180,14 +181,11 @@
 //! the arena; the growing stream's shard lock stays held, so only its own
 //! stream's allocations wait for it.
 //!
-//! Under the tier's lock, though about as frequent as the growths they
-//! replace once the cache is at its target: the driver calls of an alias
-//! (a `cuMemMap` a part and one `cuMemSetAccess` a run, up to one part a
-//! page), so that no reclaim gives back the memory being mapped again
-//! meanwhile. Other streams' allocations that need the lock wait for
-//! them (tens of µs a part on the H200); a finer scheme would mark the
-//! moved pages pending and the handle busy, and map with the lock
-//! released, as a growth does.
+//! Under the tier's lock, though as frequent as the growths they replace:
+//! the driver calls of an alias (a `cuMemMap` a handle moved and one
+//! `cuMemSetAccess` a run), so that no reclaim gives back the memory
+//! being mapped again meanwhile (a finer scheme would mark the handle
+//! instead).
 //! Still under the tier's lock, because they are rarer than growths: the
 //! reclaim a growth makes first to stay under the slack target (queries,
 //! and unmapping idle memory the GPU is done with), and, when
@@ -276,6 +274,17 @@ struct StreamFences {
 /// borrow then records one when it comes (later than the free, so the
 /// borrower may wait for more of that stream's work than it needed).
 const LENDING_FREES: u32 = 1024;
+
+/// Pages of new memory past the target a block must need, at least,
+/// before it takes memory mapped elsewhere instead (an alias, see
+/// [`VirtualArena::alias_unbacked`]): 64 MiB on 2 MiB pages. Holes are
+/// where the next blocks of a steady state land as they are (placement
+/// prefers memory mapped already); a block that takes them makes those
+/// blocks grow instead. With whole handles only (the driver's rule), on
+/// the eight-stream churn from one page past the target held 1.213–1.229×
+/// where 1.195× is held without (`notes/fragmentation-floors.md`); from
+/// 32 pages no trace but the churn of seed 14 (1.168× → 1.152×) moves.
+const ALIAS_MIN_PAGES: u32 = 32;
 
 /// The arena every stream places in; guarded by the tier's lock.
 #[derive(Debug)]
@@ -756,9 +765,9 @@ impl VirtualArena {
     /// of 16 pages or more whenever new memory would pass the target held
     /// 1.070× where growing held 1.053×; `notes/fragmentation-floors.md`).
     ///
-    /// The memory is whole pages of free ranges (so no live or kept block
-    /// touches them), each part one contiguous piece of one physical
-    /// handle: first those the stream may use as they are (its own frees:
+    /// The memory is whole handles lying in free ranges (so no live or
+    /// kept block touches them), the longest that fits the block's pages
+    /// left first: first those the stream may use as they are (its own frees:
     /// stream order puts the block's work after every use before them;
     /// clean ranges: no queued work touches them; under
     /// [`CrossStreamReuse::Done`] also another stream's frees a fence seen
@@ -773,15 +782,17 @@ impl VirtualArena {
     /// whether a fence has completed: the memory held does not depend on
     /// the GPU's timing.
     ///
-    /// Every page past the target moves, however many parts that takes
-    /// (one page each, at worst): on eight streams churning blocks of
-    /// 512 B–64 MiB, most whole free pages are crumbs of one to a few
-    /// pages in other streams' holes, and moving only some of them (from
-    /// 32 pages past the target, or at most a part per 8 pages, or the
-    /// longest holes only) held *more* than moving none, 1.20–1.41× where
-    /// growing held 1.17–1.20× (the big holes a move takes are where the
-    /// next blocks would have landed as they are); moving every page held
-    /// 1.07× (`notes/fragmentation-floors.md`).
+    /// Only whole handles move, each mapped again at offset 0
+    /// ([`PageTable::alias_runs`]): the driver refuses a map at any other
+    /// offset (an H100 refused every one, and the blocks grew instead). So
+    /// memory in part of a handle stays where it is: on eight streams
+    /// churning blocks of 512 B–64 MiB, whose free space is crumbs of a
+    /// page or two inside growth handles that span live blocks, moving
+    /// every such page held 1.07× in a simulator that mapped parts of
+    /// handles, and only whole handles move here
+    /// (`notes/fragmentation-floors.md`, "Eight streams: moving the
+    /// crumbs"). Nothing is done when fewer than [`ALIAS_MIN_PAGES`]
+    /// pages are past the target.
     ///
     /// The old pages go dead ([`PageTable::kill`]): their range leaves the
     /// arena (held as a placement) and their mapping stays until all of
@@ -793,11 +804,7 @@ impl VirtualArena {
     /// Costs one `cuMemMap` a part and one `cuMemSetAccess` a run, made
     /// with the tier's lock held (as reclaim does): they replace a growth
     /// (`cuMemCreate`, `cuMemMap`, `cuMemSetAccess`), or a give-back and a
-    /// growth where a growth behind had idle memory to give. Moving a
-    /// crumb costs about what a growth costs (a map, and a handle more in
-    /// the set-access: ~30 µs on the H200): on a churn of random sizes on
-    /// many streams that is ~20× the driver time of growing
-    /// (`notes/fragmentation-floors.md` has the figures).
+    /// growth where a growth behind had idle memory to give.
     fn alias_unbacked(
         &self,
         st: &mut SharedArena,
@@ -816,7 +823,7 @@ impl VirtualArena {
             .saturating_sub(self.target(live))
             .div_ceil(page)
             .min(wanted) as u32;
-        if over == 0 || st.pages.free_mapped_pages() < over as usize {
+        if over < ALIAS_MIN_PAGES || st.pages.free_mapped_pages() < over as usize {
             return Moved::none(runs);
         }
         let (mut grown, runs) = split_last(runs, over);
@@ -858,25 +865,32 @@ impl VirtualArena {
             (lent, std::cmp::Reverse(count), first)
         });
         // The plan: per run, its parts (at, piece, first source page,
-        // pages).
+        // pages): whole pieces only (a handle maps whole), the longest
+        // that fits the pages left of the run first; what no piece fits
+        // grows.
         let mut plan: Vec<(u32, usize, u32, u32)> = Vec::new();
-        let (mut piece, mut used) = (0, 0);
+        let mut taken = vec![false; pieces.len()];
+        let mut covered: Vec<(u32, u32)> = Vec::new();
         for &(first, n) in &runs {
             let mut at = first;
             while at < first + n {
-                let Some(&(_, src, count, _)) = pieces.get(piece) else {
-                    grown.extend(runs);
-                    return Moved::none(grown);
+                let room = first + n - at;
+                let Some(i) = (0..pieces.len()).find(|&i| !taken[i] && pieces[i].2 <= room) else {
+                    grown.push((at, room));
+                    break;
                 };
-                let take = (count - used).min(first + n - at);
-                plan.push((at, piece, src + used, take));
-                at += take;
-                used += take;
-                if used == count {
-                    (piece, used) = (piece + 1, 0);
-                }
+                taken[i] = true;
+                plan.push((at, i, pieces[i].1, pieces[i].2));
+                at += pieces[i].2;
+            }
+            if at > first {
+                covered.push((first, at - first));
             }
         }
+        if plan.is_empty() {
+            return Moved::none(grown);
+        }
+        let runs = covered;
         // Another stream's holes: the block's stream is ordered after
         // their frees before any of it moves, as a placement on them would
         // be (`order_after`: at once where the host saw the work before
