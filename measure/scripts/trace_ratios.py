@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Per round of `scripts/gpu-run.sh traces DIR`: the cache's and PyTorch's
 ns/op (the median of each round's two repeats) and PyTorch's over the
-cache's, for each trace; then the median and the range over the rounds.
+cache's, for each trace with PyTorch's figures in DIR; then the median
+and the range over the rounds.
 
     python3 measure/scripts/trace_ratios.py DIR
 """
@@ -39,10 +40,10 @@ def torch(line):
 
 
 def main(d):
-    for trace in ("gpt2_infer", "gpt2_train"):
-        if not (Path(d) / f"{trace}.torch.txt").exists():
-            print(f"{trace}: no figures in {d}")
-            continue
+    traces = sorted(p.name[: -len(".torch.txt")] for p in Path(d).glob("*.torch.txt"))
+    if not traces:
+        print(f"no PyTorch figures in {d}")
+    for trace in traces:
         a = rounds(Path(d) / f"{trace}.streamalloc.txt", ours)
         b = rounds(Path(d) / f"{trace}.torch.txt", torch)
         ratios = []

@@ -510,7 +510,10 @@ pub unsafe trait Gpu: Send + Sync + 'static {
     /// driver releases the memory only once every mapping of it is
     /// unmapped and the handle released). Not accessible until
     /// [`mem_set_access`](Gpu::mem_set_access) covers it. The default
-    /// reports `CUDA_ERROR_NOT_SUPPORTED`.
+    /// reports `CUDA_ERROR_NOT_SUPPORTED`. CUDA 13.0's driver (580.159, on
+    /// an H100) refuses a non-zero `offset`, as its older documentation
+    /// says ("currently must be zero"), and [`SimGpu`](crate::gpu::sim::SimGpu)
+    /// does the same: map whole handles from their start.
     ///
     /// # Safety
     /// 1. `[addr, addr + bytes)` lies inside one live reservation, `addr`,

@@ -197,17 +197,18 @@ fn a_free_claimed_complete_is_checked_against_what_the_host_saw() {
     assert!(gpu.races().is_empty(), "{:#?}", gpu.races());
 }
 
-/// Two pages of one handle mapped at two addresses (`mem_map_part`): the
-/// memory goes back only after the last mapping of it is unmapped.
+/// One handle of three pages mapped at two addresses (`mem_map_part`, from
+/// its start: the driver maps no other part): the memory goes back only
+/// after the last mapping of it is unmapped.
 fn mapped_twice(gpu: &SimGpu) -> (u64, u64, streamalloc::RawStream, streamalloc::RawStream) {
-    let va = gpu.address_reserve(8 * G).unwrap();
+    let va = gpu.address_reserve(12 * G).unwrap();
     let h = gpu.mem_create(3 * G).unwrap();
     gpu.mem_map(va, 3 * G, h).unwrap();
     gpu.mem_set_access(va, 3 * G).unwrap();
-    // Pages 1 and 2 of the handle again, four pages further on.
+    // The whole handle again, four pages further on.
     let alias = va + 4 * G as u64;
-    gpu.mem_map_part(alias, 2 * G, h, G).unwrap();
-    gpu.mem_set_access(alias, 2 * G).unwrap();
+    gpu.mem_map_part(alias, 3 * G, h, 0).unwrap();
+    gpu.mem_set_access(alias, 3 * G).unwrap();
     gpu.mem_release(h).unwrap();
     (va, alias, gpu.create_stream(), gpu.create_stream())
 }
@@ -216,21 +217,22 @@ fn mapped_twice(gpu: &SimGpu) -> (u64, u64, streamalloc::RawStream, streamalloc:
 fn a_handle_mapped_at_two_addresses_is_released_after_its_last_unmap() {
     let gpu = SimGpu::builder().manual().build();
     let (va, alias, _, _) = mapped_twice(&gpu);
+    let free = va + 8 * G as u64;
+    let h = gpu.mem_create(2 * G).unwrap();
     assert!(
-        gpu.mem_map_part(
-            va + 7 * G as u64,
-            2 * G,
-            streamalloc::gpu::RawPhysical::new(1),
-            2 * G
-        )
-        .is_err(),
+        gpu.mem_map_part(free, G, h, G).is_err(),
+        "a part from a non-zero offset (CUDA 13.0's driver refuses it)"
+    );
+    assert!(
+        gpu.mem_map_part(free, 3 * G, h, 0).is_err(),
         "a part past the handle's end"
     );
+    gpu.mem_release(h).unwrap();
     assert_eq!(gpu.held_bytes(), 3 * G);
     gpu.mem_unmap(va, 3 * G).unwrap();
     assert_eq!(gpu.held_bytes(), 3 * G, "still mapped at the alias");
     assert_eq!(gpu.physical_handles(), 1);
-    gpu.mem_unmap(alias, 2 * G).unwrap();
+    gpu.mem_unmap(alias, 3 * G).unwrap();
     assert_eq!((gpu.held_bytes(), gpu.physical_handles()), (0, 0));
 }
 
@@ -280,11 +282,12 @@ fn a_reuse_through_another_mapping_is_checked_against_the_old_uses() {
     gpu.event_record(back, t).unwrap();
     gpu.stream_wait_event(s, back).unwrap();
     gpu.note_suballocation(va + 2 * G as u64, 4096, s);
-    gpu.note_suballocation(alias, 2 * G, s);
+    gpu.note_suballocation(alias + G as u64, 2 * G, s);
     let races = gpu.take_races();
     assert_eq!(races.len(), 1, "{races:#?}");
     assert_eq!(races[0].kind, RaceKind::Unordered);
-    // Page 0 of the handle is mapped once: nothing to check there.
+    // Page 0 of the handle: its last use, at the alias, was `t`'s, freed
+    // on `t`; a block on `t` at the first address is ordered after it.
     gpu.note_suballocation(va, 4096, t);
     assert!(gpu.races().is_empty(), "{:#?}", gpu.races());
 }

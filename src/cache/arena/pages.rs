@@ -680,38 +680,15 @@ impl PageTable {
         self.free_mapped
     }
 
-    /// The whole physical allocations inside `[start, end)` (a free range
-    /// of the arena: no live block touches them) that could be mapped again
-    /// elsewhere, as (first page, count): a mapping at offset 0 that covers
-    /// all of its memory, with no dead page, whose memory no other live
-    /// mapping shows (its other mappings are dead: moved before). The
-    /// driver maps a handle only whole and at offset 0 (`cuMemMap`'s
-    /// offset "must currently be zero"; an H100 refused every other), so
-    /// memory in part of a handle cannot move.
+    /// The physical allocations lying whole inside `[start, end)` (a free
+    /// range of the arena: no live block touches them), each as the run of
+    /// pages of its one live mapping (first page, count): what an alias
+    /// can map again elsewhere. Whole, because the driver maps a handle
+    /// only from its start (`cuMemMap` at a non-zero offset is refused by
+    /// CUDA 13.0's driver); so a run of a mapping with dead pages, a
+    /// mapping of part of its handle, or one that reaches past the range
+    /// is not one.
     pub(crate) fn alias_runs(&self, start: u64, end: u64) -> Vec<(u32, u32)> {
-        self.mapped_runs(start, end)
-            .into_iter()
-            .filter(|&(first, count)| {
-                let hi = self.pages[first as usize].handle;
-                let h = &self.handles[hi as usize];
-                let ph = &self.phys[h.phys as usize];
-                let others_dead = ph.maps.iter().all(|&m| {
-                    let o = &self.handles[m as usize];
-                    m == hi || o.dead == o.pages
-                });
-                h.first == first
-                    && h.pages == count
-                    && h.offset == 0
-                    && h.dead == 0
-                    && ph.pages == h.pages
-                    && others_dead
-            })
-            .collect()
-    }
-
-    /// The runs of whole pages inside `[start, end)` with memory behind
-    /// them, each in one mapping, as (first page, count).
-    fn mapped_runs(&self, start: u64, end: u64) -> Vec<(u32, u32)> {
         let first = start.div_ceil(self.page) as usize;
         let last = ((end / self.page) as usize).min(self.pages.len());
         let mut runs: Vec<(u32, u32)> = Vec::new();
@@ -722,16 +699,21 @@ impl PageTable {
                 i += 1;
                 continue;
             }
-            // To the mapping's end or its next dead page.
-            let run_end = (i..self.run_end(p.handle).min(last))
-                .find(|&j| self.pages[j].handle != p.handle)
-                .unwrap_or(self.run_end(p.handle).min(last));
-            debug_assert!(
-                self.pages[i..run_end].iter().all(|q| q.refs == 0),
-                "pages of a free range touched"
-            );
-            runs.push((i as u32, (run_end - i) as u32));
-            i = run_end;
+            let h = &self.handles[p.handle as usize];
+            let run_end = self.run_end(p.handle);
+            let whole = h.first as usize == i
+                && run_end <= last
+                && h.offset == 0
+                && h.dead == 0
+                && h.pages == self.phys[h.phys as usize].pages;
+            if whole {
+                debug_assert!(
+                    self.pages[i..run_end].iter().all(|q| q.refs == 0),
+                    "pages of a free range touched"
+                );
+                runs.push((i as u32, h.pages));
+            }
+            i = run_end.max(i + 1);
         }
         runs
     }
@@ -1063,38 +1045,45 @@ mod tests {
     #[test]
     fn memory_mapped_again_goes_back_with_its_last_mapping() {
         let mut t = PageTable::new(32 * P, P);
-        // One handle over pages 0..6; a block stays on pages 0..2.
+        // One handle over pages 0..3, another over 3..6; a block stays on
+        // pages 0..2.
         assert_eq!(t.touch(0, 6 * P), vec![(0, 6)]);
-        t.map(0, 6, RawPhysical::new(7));
+        t.map(0, 3, RawPhysical::new(6));
+        t.map(3, 3, RawPhysical::new(7));
         assert!(t.touch(0, 2 * P).is_empty());
         t.untouch(0, 6 * P, by(0, 1));
-        assert_eq!((t.free_mapped_pages(), t.idle_bytes()), (4, 0));
-        assert_eq!(t.alias_runs(P + 512, 6 * P), vec![(2, 4)], "whole pages");
+        let idle = 3 * P as usize;
+        assert_eq!((t.free_mapped_pages(), t.idle_bytes()), (4, idle));
+        assert_eq!(
+            t.alias_runs(P + 512, 6 * P),
+            vec![(3, 3)],
+            "whole handles only"
+        );
+        assert_eq!(t.alias_runs(3 * P, 5 * P), vec![], "not past the range");
         // A block on pages 10..13 takes pages 3..6.
         assert_eq!(t.touch(10 * P, 3 * P), vec![(10, 3)]);
         t.pend(10, 3);
         let source = t.kill(3, 3, 99);
-        assert_eq!((source.raw.get(), source.offset), (7, 3));
+        assert_eq!((source.raw.get(), source.offset), (7, 0));
         assert_eq!(t.free_mapped_pages(), 1);
         assert!(!t.backed(3 * P) && t.backed(2 * P));
-        assert_eq!(
-            t.alias_runs(2 * P, 6 * P),
-            vec![(2, 1)],
-            "dead pages are not"
-        );
+        assert_eq!(t.alias_runs(2 * P, 6 * P), vec![], "dead pages are not");
         t.alias(10, 3, source);
         assert_eq!(t.pending_pages(), 0);
         assert!(t.all_backed(10 * P, 3 * P));
         assert_eq!(t.mapped_bytes(), 9 * P as usize, "addresses mapped");
         assert_eq!(t.physical_bytes(), 6 * P as usize, "memory, once");
-        // The first mapping goes idle: its memory stays, the block uses it.
+        // The first handle goes idle and back; the second's first mapping,
+        // all dead, stays: the block at page 10 uses its memory.
         t.untouch(0, 2 * P, by(0, 2));
-        assert_eq!(t.idle_bytes(), 3 * P as usize, "its live pages only");
+        assert_eq!(t.idle_bytes(), 3 * P as usize, "the first handle's");
+        let first = t.take_idle(upto(u64::MAX)).unwrap();
+        assert_eq!((first.raw.get(), first.pages, first.maps.len()), (6, 3, 1));
         assert!(t.take_idle(upto(u64::MAX)).is_none(), "mapped at page 10");
         t.untouch(10 * P, 3 * P, by(0, 3));
         assert!(t.take_idle(upto(2)).is_none(), "freed at stamp 3 there");
         let r = t.take_idle(upto(3)).unwrap();
-        assert_eq!((r.raw.get(), r.pages, r.maps.len()), (7, 6, 2));
+        assert_eq!((r.raw.get(), r.pages, r.maps.len()), (7, 3, 2));
         assert_eq!(
             r.dead,
             vec![DeadRun {

@@ -42,17 +42,19 @@
 //! over the live high-water mark and never past the room a budget above
 //! the cache leaves (see [`growth_room`](crate::util::growth_room)).
 //! Where new memory would take the cache past `slack` over the live
-//! high-water mark by [`ALIAS_MIN_PAGES`] pages or more, the block's pages
-//! past that target are backed instead by whole physical allocations
-//! (handles) lying in free ranges, that no block touches (the stream's
-//! own and clean ones first, then other streams', ordered after their
-//! frees as a placement there would be), their memory **mapped again**
-//! where the block lies (`cuMemMap` of the whole handle at offset 0, the
-//! only map the driver accepts; one `cuMemSetAccess` a run:
-//! [`VirtualArena::alias_unbacked`]); their old addresses leave the arena
-//! until every mapping of that memory is idle and given back together.
-//! The pages no such handle fits grow (all of them, with
-//! [`CacheConfig::move_memory`](crate::CacheConfig::move_memory) off). Else, before creating memory that
+//! high-water mark by [`ALIAS_MIN_PAGES`] pages or more, the block's
+//! pages past that target are backed, all of them or none, by whole
+//! physical handles lying in free ranges that no block touches instead
+//! (the stream's own and clean ones first, then other streams', ordered
+//! after their frees as a placement there would be; not with
+//! [`CacheConfig::move_memory`](crate::CacheConfig::move_memory) off),
+//! their memory **mapped again** where the
+//! block lies (`cuMemMap` of the whole handle, one call a handle, one
+//! `cuMemSetAccess` a run: [`VirtualArena::alias_unbacked`]; the driver
+//! maps a handle only from its start: CUDA 13.0's refused every non-zero
+//! offset on an H100, and `SimGpu` refuses them too); their
+//! old addresses leave the arena until every mapping of that memory is
+//! idle and given back together. Else, before creating memory that
 //! would take the cache past `slack` over the live high-water mark, idle
 //! mappings freed before the previous growth that the GPU is done with (a
 //! fence past every free on them has completed, learnt by a query) are
@@ -141,19 +143,19 @@
 //! - Memory mapped again at a new address (an alias) is a reuse of the
 //!   range it came from, under the same rule: the stream's own frees
 //!   (stream order) and clean ranges serve as they are; another stream's
-//!   serve once the block's stream is ordered after the free, before the
-//!   block is handed out, by the two facts above (a fence past the free
-//!   seen complete, or the stream idle: no wait; else a wait on the GPU
-//!   for a fence recorded right after the free). Not by fences seen
-//!   complete alone: *which* holes move is decided by the host's calls,
-//!   never by the GPU's progress (the simulated replay holds the same
-//!   bytes whether its GPU runs after every operation or 1,024 behind;
-//!   only the number of waits changes). Under
+//!   once the block's stream is ordered after the free, before the block
+//!   is handed out, by the two facts above (a fence past the free seen
+//!   complete, or the stream idle: no wait; else a wait on the GPU for a
+//!   fence recorded right after the free). Not by fences seen complete
+//!   alone: *which* holes move is decided by the host's calls, never by
+//!   the GPU's progress; only the number of waits changes with it. Under
 //!   [`CrossStreamReuse::Done`], which never waits, only frees the host
 //!   saw done serve. The old addresses are out of the arena from then on:
-//!   nothing is placed there until that memory is unmapped everywhere,
-//!   so the only uses of the memory after the move are the new block's,
-//!   ordered after every use before the free.
+//!   nothing is placed there until that memory is unmapped everywhere.
+//!   Where the block covers only part of a page the moved memory lands
+//!   on, the rest of that page, free at the new address, takes the moved
+//!   memory's free tags, so a block placed there later is ordered after
+//!   the old uses too.
 //! - A mapping is unmapped only once fences past the last free of every
 //!   stream on its pages have completed (queried, never waited for, except
 //!   as the last resort before out of memory), so no queued work can touch
@@ -182,10 +184,9 @@
 //! stream's allocations wait for it.
 //!
 //! Under the tier's lock, though as frequent as the growths they replace:
-//! the driver calls of an alias (a `cuMemMap` a handle moved and one
-//! `cuMemSetAccess` a run), so that no reclaim gives back the memory
-//! being mapped again meanwhile (a finer scheme would mark the handle
-//! instead).
+//! the driver calls of an alias (a few `cuMemMap` and one
+//! `cuMemSetAccess`), so that no reclaim gives back the memory being
+//! mapped again meanwhile (a finer scheme would mark the handle instead).
 //! Still under the tier's lock, because they are rarer than growths: the
 //! reclaim a growth makes first to stay under the slack target (queries,
 //! and unmapping idle memory the GPU is done with), and, when
@@ -279,12 +280,22 @@ const LENDING_FREES: u32 = 1024;
 /// before it takes memory mapped elsewhere instead (an alias, see
 /// [`VirtualArena::alias_unbacked`]): 64 MiB on 2 MiB pages. Holes are
 /// where the next blocks of a steady state land as they are (placement
-/// prefers memory mapped already); a block that takes them makes those
-/// blocks grow instead. With whole handles only (the driver's rule), on
-/// the eight-stream churn from one page past the target held 1.213–1.229×
-/// where 1.195× is held without (`notes/fragmentation-floors.md`); from
-/// 32 pages no trace but the churn of seed 14 (1.168× → 1.152×) moves.
+/// prefers memory mapped already); a block that takes them by aliasing
+/// makes those blocks grow instead. Measured (`notes/fragmentation-floors.md`):
+/// from 8 pages the four-stream Llama trace held 1.14× (1.09× without),
+/// from 16 the eight-stream churn of `trace_unseen.rs`'s seed 17 1.205×
+/// (1.171×, though seed 14 went 1.168× → 1.149× and a ResNet cut 1.053×
+/// → 1.015×); from 32 no trace but the sawtooth moves.
 const ALIAS_MIN_PAGES: u32 = 32;
+
+/// Pages one part of an alias maps on average, at least: an alias of `n`
+/// pages makes at most `n / ALIAS_PART_PAGES` `cuMemMap` calls. Each part
+/// costs a map and one more handle in its run's `cuMemSetAccess` (about
+/// 4 + 25 µs on the H200, `notes/vmm-costs.md`), where a growth costs
+/// about 55 µs whatever its size (and its memory a give-back later): so
+/// moving memory costs at most ~2 µs per MiB, and memory in crumbs stays
+/// where it is.
+const ALIAS_PART_PAGES: u32 = 8;
 
 /// The arena every stream places in; guarded by the tier's lock.
 #[derive(Debug)]
@@ -449,8 +460,9 @@ pub(crate) struct VirtualArena {
     /// GPU, or only once the host saw the free done.
     cross_stream: CrossStreamReuse,
     /// Whether pages past the target take memory moved from the holes
-    /// ([`alias_unbacked`](Self::alias_unbacked)) before they grow.
-    move_memory: bool,
+    /// ([`alias_unbacked`](Self::alias_unbacked)) before they grow
+    /// ([`CacheConfig::move_memory`](crate::CacheConfig::move_memory)).
+    moves: bool,
     state: Mutex<SharedArena>,
     /// The reservation's start (0 until reserved), readable without the
     /// lock.
@@ -524,7 +536,7 @@ impl VirtualArena {
         max_run_bytes: usize,
         slack_percent: usize,
         cross_stream: CrossStreamReuse,
-        move_memory: bool,
+        moves: bool,
     ) -> Option<Self> {
         let granularity = access.gpu.vm_granularity().ok()?.max(1);
         let page = (granularity * page_multiple.max(1)) as u64;
@@ -548,7 +560,7 @@ impl VirtualArena {
             slack_percent,
             lends,
             cross_stream,
-            move_memory,
+            moves,
             state: Mutex::new(SharedArena {
                 base: 0,
                 arena: Arena::new(arena_len),
@@ -695,7 +707,7 @@ impl VirtualArena {
             // Past the target, memory no block uses elsewhere serves,
             // mapped again here (not in a capture: its replays may run on
             // streams stream order does not cover).
-            let unbacked = match capturing || !self.move_memory {
+            let unbacked = match capturing || !self.moves {
                 true => unbacked,
                 false => {
                     let moved = self.alias_unbacked(&mut st, ss, placed, unbacked, live);
@@ -765,34 +777,30 @@ impl VirtualArena {
     /// of 16 pages or more whenever new memory would pass the target held
     /// 1.070× where growing held 1.053×; `notes/fragmentation-floors.md`).
     ///
-    /// The memory is whole handles lying in free ranges (so no live or
-    /// kept block touches them), the longest that fits the block's pages
-    /// left first: first those the stream may use as they are (its own frees:
-    /// stream order puts the block's work after every use before them;
-    /// clean ranges: no queued work touches them; under
-    /// [`CrossStreamReuse::Done`] also another stream's frees a fence seen
-    /// complete covers), then, by default, other streams' frees, the
-    /// block's stream ordered after each first by
+    /// The memory is whole physical handles, each mapped once and lying
+    /// whole in a free range (so no live or kept block touches it; the
+    /// driver maps a handle only from offset 0), in free ranges the stream
+    /// may use as they are: its own frees (stream order puts the block's
+    /// work after every use before them) and clean ranges (no queued work
+    /// touches them), and under [`CrossStreamReuse::Done`] another
+    /// stream's frees a fence seen complete covers (the host saw the GPU
+    /// done with them), as that mode's placement uses them; the longest
+    /// handle that fits what is left of a run first, and every page past
+    /// the target covered or nothing moved (a block part moved and part
+    /// grown pays for both). Then other streams' frees (by default, not
+    /// under `Done`), the block's stream ordered after each first by
     /// [`order_after`](Self::order_after) (no wait where the host saw the
     /// work before the free done, else a wait on the GPU for a fence right
-    /// after the free); the longest pieces first in each. The memory is
-    /// the same, only its address changes, so this is the same ordering
-    /// as any reuse of those ranges. Which pieces move depends on the
-    /// host's calls only (the order of allocations and frees), never on
-    /// whether a fence has completed: the memory held does not depend on
-    /// the GPU's timing.
-    ///
-    /// Only whole handles move, each mapped again at offset 0
-    /// ([`PageTable::alias_runs`]): the driver refuses a map at any other
-    /// offset (an H100 refused every one, and the blocks grew instead). So
-    /// memory in part of a handle stays where it is: on eight streams
-    /// churning blocks of 512 B–64 MiB, whose free space is crumbs of a
-    /// page or two inside growth handles that span live blocks, moving
-    /// every such page held 1.07× in a simulator that mapped parts of
-    /// handles, and only whole handles move here
-    /// (`notes/fragmentation-floors.md`, "Eight streams: moving the
-    /// crumbs"). Nothing is done when fewer than [`ALIAS_MIN_PAGES`]
-    /// pages are past the target.
+    /// after the free). The memory is the same, only its address changes,
+    /// so this is the same ordering as any reuse of those ranges; which
+    /// pieces move depends on the host's calls only, never on whether a
+    /// fence has completed. (With parts of handles, which the driver
+    /// refuses, taking other streams' holes whole blocks at a time held
+    /// 1.26× on the eight-stream churn, and every page past the target
+    /// 1.07×: `notes/fragmentation-floors.md`.) Nothing is done when
+    /// fewer than [`ALIAS_MIN_PAGES`] pages are past the target, or the
+    /// memory would come in parts of fewer than [`ALIAS_PART_PAGES`] pages
+    /// on average.
     ///
     /// The old pages go dead ([`PageTable::kill`]): their range leaves the
     /// arena (held as a placement) and their mapping stays until all of
@@ -826,7 +834,24 @@ impl VirtualArena {
         if over < ALIAS_MIN_PAGES || st.pages.free_mapped_pages() < over as usize {
             return Moved::none(runs);
         }
-        let (mut grown, runs) = split_last(runs, over);
+        self.move_memory(st, ss, placed, runs, over)
+    }
+
+    /// The part of [`alias_unbacked`](Self::alias_unbacked) that moves
+    /// memory: backs the last `need` pages of `runs` with whole handles of
+    /// free ranges, mapped again here, or none of them; returns the runs,
+    /// or the parts of them, still without memory.
+    fn move_memory(
+        &self,
+        st: &mut SharedArena,
+        ss: &StreamSlot,
+        placed: Placed,
+        runs: Vec<(u32, u32)>,
+        need: u32,
+    ) -> Moved {
+        let page = self.page as usize;
+        let whole = runs.clone();
+        let (mut grown, runs) = split_last(runs, need);
         // The ranges this stream's placement may use as they are: its own
         // frees and clean ones; under `CrossStreamReuse::Done`, frees the
         // host saw the GPU done with too.
@@ -864,33 +889,29 @@ impl VirtualArena {
         pieces.sort_unstable_by_key(|&(_, first, count, lent)| {
             (lent, std::cmp::Reverse(count), first)
         });
+        let max_parts = (need / ALIAS_PART_PAGES) as usize;
         // The plan: per run, its parts (at, piece, first source page,
-        // pages): whole pieces only (a handle maps whole), the longest
-        // that fits the pages left of the run first; what no piece fits
-        // grows.
+        // pages), each a whole piece (a handle maps only whole), the
+        // longest that fits what is left of the run first. All or
+        // nothing: a block part moved and part grown pays for both, maps
+        // and a growth.
         let mut plan: Vec<(u32, usize, u32, u32)> = Vec::new();
-        let mut taken = vec![false; pieces.len()];
-        let mut covered: Vec<(u32, u32)> = Vec::new();
+        let mut used = vec![false; pieces.len()];
         for &(first, n) in &runs {
             let mut at = first;
-            while at < first + n {
-                let room = first + n - at;
-                let Some(i) = (0..pieces.len()).find(|&i| !taken[i] && pieces[i].2 <= room) else {
-                    grown.push((at, room));
-                    break;
+            let end = first + n;
+            while at < end {
+                let fit = (plan.len() < max_parts)
+                    .then(|| (0..pieces.len()).find(|&k| !used[k] && pieces[k].2 <= end - at))
+                    .flatten();
+                let Some(k) = fit else {
+                    return Moved::none(whole);
                 };
-                taken[i] = true;
-                plan.push((at, i, pieces[i].1, pieces[i].2));
-                at += pieces[i].2;
-            }
-            if at > first {
-                covered.push((first, at - first));
+                used[k] = true;
+                plan.push((at, k, pieces[k].1, pieces[k].2));
+                at += pieces[k].2;
             }
         }
-        if plan.is_empty() {
-            return Moved::none(grown);
-        }
-        let runs = covered;
         // Another stream's holes: the block's stream is ordered after
         // their frees before any of it moves, as a placement on them would
         // be (`order_after`: at once where the host saw the work before
@@ -912,9 +933,8 @@ impl VirtualArena {
                 // recorded): the block grows instead; the waits queued
                 // stay (they only order the stream further).
                 None => {
-                    grown.extend(runs);
                     return Moved {
-                        unbacked: grown,
+                        unbacked: whole,
                         lent: false,
                         waits,
                     };
