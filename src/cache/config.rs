@@ -23,6 +23,7 @@ pub struct CacheConfig {
     pub(crate) slack_percent: usize,
     pub(crate) capture_aware: bool,
     pub(crate) cross_stream: CrossStreamReuse,
+    pub(crate) move_memory: bool,
 }
 
 /// When an arena range another stream freed may serve a stream
@@ -92,6 +93,7 @@ impl Default for CacheConfig {
             slack_percent: 7,
             capture_aware: true,
             cross_stream: CrossStreamReuse::Wait,
+            move_memory: true,
         }
     }
 }
@@ -199,6 +201,18 @@ impl CacheConfig {
     /// When an arena range another stream freed may serve a stream.
     pub fn cross_stream_reuse(&self) -> CrossStreamReuse {
         self.cross_stream
+    }
+
+    /// Whether the pages of a block that new memory would take 64 MiB or
+    /// more past the slack target take the physical memory of whole idle
+    /// handles in the arena's holes instead, mapped again where the block
+    /// lies (default true): no new memory, a `cuMemMap` per handle moved
+    /// (made under the arena's lock). Off, such a block grows, and the
+    /// arena gives idle memory back only where whole mappings go idle
+    /// (`trace_replay --no-move` shows the difference on a trace).
+    pub fn move_memory(mut self, on: bool) -> Self {
+        self.move_memory = on;
+        self
     }
 
     /// The cap on cached bytes.

@@ -125,6 +125,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
                     config.max_mapping_bytes,
                     config.slack_percent,
                     config.cross_stream,
+                    config.move_memory,
                 )
             });
         CachingResource {

@@ -6,7 +6,7 @@
 //! ```text
 //! trace_replay TRACE [--stack NAME[,NAME...]]... [--sim | --null] [--sim-capacity BYTES]
 //!              [--repeat N] [--png OUT.png] [--budget-ratio R] [--calls]
-//!              [--slack PERCENT] [--max-mapping BYTES]
+//!              [--slack PERCENT] [--max-mapping BYTES] [--sim-drain N] [--no-move]
 //! trace_replay TRACE --cut N OUT.csv.gz
 //! ```
 //!
@@ -36,6 +36,10 @@
 //!   [`CacheConfig::max_mapping_bytes`](streamalloc::CacheConfig::max_mapping_bytes)
 //!   (the most one physical allocation of the arena covers; default 1
 //!   GiB), to weigh the granularity of giving memory back.
+//! - `--no-move`: the cache with
+//!   [`CacheConfig::move_memory(false)`](streamalloc::CacheConfig::move_memory)
+//!   (pages past the slack target grow instead of taking the holes'
+//!   memory), to weigh memory held against driver calls on one trace.
 //! - `--sim-drain N`: on `--sim`, run the device's queued work after
 //!   every N operations (default 1, as a GPU keeps up with a replay that
 //!   launches no kernels); a larger N shows what depends on when the GPU
@@ -83,11 +87,12 @@ struct Args {
     slack: Option<usize>,
     max_mapping: Option<usize>,
     sim_drain: Option<usize>,
+    no_move: bool,
     cut: Option<(usize, PathBuf)>,
 }
 
 const USAGE: &str = "usage: trace_replay TRACE [--stack resource|cache|cache-budget|all]... \
-[--sim | --null] [--sim-capacity BYTES] [--repeat N] [--png OUT.png] [--budget-ratio R] [--calls] [--slack PERCENT] [--max-mapping BYTES] [--sim-drain N] | TRACE --cut N OUT.csv.gz";
+[--sim | --null] [--sim-capacity BYTES] [--repeat N] [--png OUT.png] [--budget-ratio R] [--calls] [--slack PERCENT] [--max-mapping BYTES] [--sim-drain N] [--no-move] | TRACE --cut N OUT.csv.gz";
 
 fn parse_args() -> Result<Args, String> {
     let mut args = std::env::args().skip(1);
@@ -104,6 +109,7 @@ fn parse_args() -> Result<Args, String> {
         slack: None,
         max_mapping: None,
         sim_drain: None,
+        no_move: false,
         cut: None,
     };
     let mut trace = None;
@@ -129,6 +135,7 @@ fn parse_args() -> Result<Args, String> {
             "--sim" => out.sim = true,
             "--null" => out.null = true,
             "--calls" => out.calls = true,
+            "--no-move" => out.no_move = true,
             "--slack" => out.slack = Some(value("--slack", args.next())?),
             "--max-mapping" => out.max_mapping = Some(value("--max-mapping", args.next())?),
             "--sim-drain" => out.sim_drain = Some(value("--sim-drain", args.next())?),
@@ -214,6 +221,9 @@ fn main() -> ExitCode {
     };
     if let Some(bytes) = args.max_mapping {
         config.cache = config.cache.max_mapping_bytes(bytes);
+    }
+    if args.no_move {
+        config.cache = config.cache.move_memory(false);
     }
     if let Some(slack) = args.slack {
         config.cache = config.cache.slack_percent(slack);

@@ -258,6 +258,25 @@ impl Arena {
         out
     }
 
+    /// The free ranges of at least `min` bytes that start below `below`,
+    /// as (node, offset, length), in no set order: a walk of the free
+    /// lists of `min`'s size class and above, not of every node (an alias
+    /// looks for whole pages, on every growth past the target).
+    pub(crate) fn free_nodes_of_at_least(&self, min: u64, below: u64) -> Vec<(u32, u64, u64)> {
+        let mut out = Vec::new();
+        for &head in &self.heads[bucket(min.max(UNIT))..] {
+            let mut at = head;
+            while at != NIL {
+                let n = &self.nodes[at as usize];
+                if n.len >= min && n.off < below {
+                    out.push((at, n.off, n.len));
+                }
+                at = n.next_free;
+            }
+        }
+        out
+    }
+
     /// The tags of the free range `node` (see [`free_nodes`](Self::free_nodes)).
     pub(crate) fn free_tags(&self, node: u32) -> &[Freed] {
         debug_assert!(self.nodes[node as usize].free, "node {node} is handed out");
@@ -593,6 +612,32 @@ impl Arena {
             off: n.off,
             len: n.len,
         }
+    }
+
+    /// The free range right before (`after` false) or after the range
+    /// `placed`, if the neighbour there is free.
+    pub(crate) fn free_neighbour(&self, placed: Placed, after: bool) -> Option<u32> {
+        let n = &self.nodes[placed.node as usize];
+        let i = if after { n.next_addr } else { n.prev_addr };
+        (i != NIL && self.nodes[i as usize].free).then_some(i)
+    }
+
+    /// Adds `extra` to the tags of the free range `node` (the newest free
+    /// of each stream kept): what a reuse of any of it must now be
+    /// ordered after too. Memory moved under part of it (an alias)
+    /// brings the frees its old uses end with.
+    pub(crate) fn add_tags(&mut self, node: u32, extra: &[Freed]) {
+        debug_assert!(self.nodes[node as usize].free, "node {node} is handed out");
+        let mut all = self.tags(node).to_vec();
+        for &t in extra.iter().filter(|t| !t.is_clean()) {
+            match all.iter_mut().find(|u| u.slot() == t.slot()) {
+                Some(u) => *u = u.join(t).unwrap_or(t),
+                None => all.push(t),
+            }
+        }
+        self.unlink_free(node);
+        self.set_tags(node, &all);
+        self.push_free(node);
     }
 
     /// The tags of the range `placed` lies in (as they were when handed

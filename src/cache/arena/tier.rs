@@ -59,6 +59,7 @@ impl ArenaTier {
         max_mapping_bytes: usize,
         slack_percent: usize,
         cross_stream: CrossStreamReuse,
+        move_memory: bool,
     ) -> Option<Self> {
         let vm = VirtualArena::new(
             slots,
@@ -67,6 +68,7 @@ impl ArenaTier {
             max_mapping_bytes,
             slack_percent,
             cross_stream,
+            move_memory,
         )?;
         Some(ArenaTier {
             events: EventPool::new(vm.access.gpu.clone()),

@@ -44,8 +44,11 @@
 //! Where new memory would take the cache past `slack` over the live
 //! high-water mark by [`ALIAS_MIN_PAGES`] pages or more, the block's
 //! pages past that target are backed, all of them or none, by whole
-//! physical handles lying in the stream's own free ranges (or clean ones)
-//! that no block touches instead, their memory **mapped again** where the
+//! physical handles lying in free ranges that no block touches instead
+//! (the stream's own and clean ones first, then other streams', ordered
+//! after their frees as a placement there would be; not with
+//! [`CacheConfig::move_memory`](crate::CacheConfig::move_memory) off),
+//! their memory **mapped again** where the
 //! block lies (`cuMemMap` of the whole handle, one call a handle, one
 //! `cuMemSetAccess` a run: [`VirtualArena::alias_unbacked`]; the driver
 //! maps a handle only from its start: CUDA 13.0's refused every non-zero
@@ -138,13 +141,21 @@
 //!   replays may run on another stream, which stream order does not put
 //!   after them.
 //! - Memory mapped again at a new address (an alias) is a reuse of the
-//!   range it came from, under the same rule, narrowed: only the stream's
-//!   own frees (stream order) and clean ranges serve, never another
-//!   stream's behind a wait (taking those cost the eight-stream churn
-//!   1.168× → 1.256×, and deciding by fences seen complete would make the
-//!   placement depend on the GPU's timing). The old addresses are out of
-//!   the arena from then on: nothing is placed there until that memory is
-//!   unmapped everywhere.
+//!   range it came from, under the same rule: the stream's own frees
+//!   (stream order) and clean ranges serve as they are; another stream's
+//!   once the block's stream is ordered after the free, before the block
+//!   is handed out, by the two facts above (a fence past the free seen
+//!   complete, or the stream idle: no wait; else a wait on the GPU for a
+//!   fence recorded right after the free). Not by fences seen complete
+//!   alone: *which* holes move is decided by the host's calls, never by
+//!   the GPU's progress; only the number of waits changes with it. Under
+//!   [`CrossStreamReuse::Done`], which never waits, only frees the host
+//!   saw done serve. The old addresses are out of the arena from then on:
+//!   nothing is placed there until that memory is unmapped everywhere.
+//!   Where the block covers only part of a page the moved memory lands
+//!   on, the rest of that page, free at the new address, takes the moved
+//!   memory's free tags, so a block placed there later is ordered after
+//!   the old uses too.
 //! - A mapping is unmapped only once fences past the last free of every
 //!   stream on its pages have completed (queried, never waited for, except
 //!   as the last resort before out of memory), so no queued work can touch
@@ -448,6 +459,10 @@ pub(crate) struct VirtualArena {
     /// Whether a range another stream freed may serve behind a wait on the
     /// GPU, or only once the host saw the free done.
     cross_stream: CrossStreamReuse,
+    /// Whether pages past the target take memory moved from the holes
+    /// ([`alias_unbacked`](Self::alias_unbacked)) before they grow
+    /// ([`CacheConfig::move_memory`](crate::CacheConfig::move_memory)).
+    moves: bool,
     state: Mutex<SharedArena>,
     /// The reservation's start (0 until reserved), readable without the
     /// lock.
@@ -477,6 +492,28 @@ pub(crate) struct Taken {
     pub(crate) waits: u32,
 }
 
+/// What [`VirtualArena::alias_unbacked`] did.
+#[derive(Debug)]
+struct Moved {
+    /// The runs of pages still without memory (for a growth).
+    unbacked: Vec<(u32, u32)>,
+    /// Whether memory another stream freed was moved.
+    lent: bool,
+    /// Waits on the GPU queued for that memory.
+    waits: u32,
+}
+
+impl Moved {
+    /// Nothing moved, no wait queued.
+    fn none(unbacked: Vec<(u32, u32)>) -> Self {
+        Self {
+            unbacked,
+            lent: false,
+            waits: 0,
+        }
+    }
+}
+
 /// Which free ranges a stream may use as they are, with no wait.
 #[derive(Debug, Clone, Copy)]
 struct AsIs {
@@ -499,6 +536,7 @@ impl VirtualArena {
         max_run_bytes: usize,
         slack_percent: usize,
         cross_stream: CrossStreamReuse,
+        moves: bool,
     ) -> Option<Self> {
         let granularity = access.gpu.vm_granularity().ok()?.max(1);
         let page = (granularity * page_multiple.max(1)) as u64;
@@ -522,6 +560,7 @@ impl VirtualArena {
             slack_percent,
             lends,
             cross_stream,
+            moves,
             state: Mutex::new(SharedArena {
                 base: 0,
                 arena: Arena::new(arena_len),
@@ -651,7 +690,8 @@ impl VirtualArena {
             // back, for this block and the next to be placed around less.
             self.release_kept_locked(&mut st, ss);
         }
-        let Some((placed, borrowed, waits)) = self.place(&mut st, ss, len, capturing) else {
+        let Some((placed, mut borrowed, mut waits)) = self.place(&mut st, ss, len, capturing)
+        else {
             return Ok(None);
         };
         let unbacked = st.pages.touch(placed.off, placed.len);
@@ -667,9 +707,14 @@ impl VirtualArena {
             // Past the target, memory no block uses elsewhere serves,
             // mapped again here (not in a capture: its replays may run on
             // streams stream order does not cover).
-            let unbacked = match capturing {
+            let unbacked = match capturing || !self.moves {
                 true => unbacked,
-                false => self.alias_unbacked(&mut st, ss, unbacked, live),
+                false => {
+                    let moved = self.alias_unbacked(&mut st, ss, placed, unbacked, live);
+                    borrowed |= moved.lent;
+                    waits += moved.waits;
+                    moved.unbacked
+                }
             };
             for &(first, count) in &unbacked {
                 let mut at = first;
@@ -742,13 +787,17 @@ impl VirtualArena {
     /// done with them), as that mode's placement uses them; the longest
     /// handle that fits what is left of a run first, and every page past
     /// the target covered or nothing moved (a block part moved and part
-    /// grown pays for both). The
-    /// memory is the same, only its address changes, so this is the same
-    /// ordering as any reuse of those ranges. Not another stream's frees,
-    /// even behind a wait: a block placed there would order this stream
-    /// after that one's work, and such holes are what that stream's next
-    /// blocks land in (on the eight-stream churn, taking them held 1.26×
-    /// where 1.17× is held without). Nothing is done when
+    /// grown pays for both). Then other streams' frees (by default, not
+    /// under `Done`), the block's stream ordered after each first by
+    /// [`order_after`](Self::order_after) (no wait where the host saw the
+    /// work before the free done, else a wait on the GPU for a fence right
+    /// after the free). The memory is the same, only its address changes,
+    /// so this is the same ordering as any reuse of those ranges; which
+    /// pieces move depends on the host's calls only, never on whether a
+    /// fence has completed. (With parts of handles, which the driver
+    /// refuses, taking other streams' holes whole blocks at a time held
+    /// 1.26× on the eight-stream churn, and every page past the target
+    /// 1.07×: `notes/fragmentation-floors.md`.) Nothing is done when
     /// fewer than [`ALIAS_MIN_PAGES`] pages are past the target, or the
     /// memory would come in parts of fewer than [`ALIAS_PART_PAGES`] pages
     /// on average.
@@ -768,9 +817,10 @@ impl VirtualArena {
         &self,
         st: &mut SharedArena,
         ss: &StreamSlot,
+        placed: Placed,
         runs: Vec<(u32, u32)>,
         live: usize,
-    ) -> Vec<(u32, u32)> {
+    ) -> Moved {
         let page = self.page as usize;
         let wanted: usize = runs.iter().map(|r| r.1 as usize).sum();
         // New memory serves up to the target; only the pages past it are
@@ -782,9 +832,9 @@ impl VirtualArena {
             .div_ceil(page)
             .min(wanted) as u32;
         if over < ALIAS_MIN_PAGES || st.pages.free_mapped_pages() < over as usize {
-            return runs;
+            return Moved::none(runs);
         }
-        self.move_memory(st, ss, runs, over)
+        self.move_memory(st, ss, placed, runs, over)
     }
 
     /// The part of [`alias_unbacked`](Self::alias_unbacked) that moves
@@ -795,9 +845,10 @@ impl VirtualArena {
         &self,
         st: &mut SharedArena,
         ss: &StreamSlot,
+        placed: Placed,
         runs: Vec<(u32, u32)>,
         need: u32,
-    ) -> Vec<(u32, u32)> {
+    ) -> Moved {
         let page = self.page as usize;
         let whole = runs.clone();
         let (mut grown, runs) = split_last(runs, need);
@@ -808,9 +859,14 @@ impl VirtualArena {
             own: Some(ss.slot),
             done: self.cross_stream == CrossStreamReuse::Done,
         };
-        // Pieces of memory to move: (node, first page, pages), the longest
-        // first.
-        let mut pieces: Vec<(u32, u32, u32)> = Vec::new();
+        // Other streams' frees serve too, ordered after the free (see
+        // below), where the backend makes events to wait on and waits are
+        // allowed (not under `CrossStreamReuse::Done`, which never waits).
+        let lend = self.lends && self.cross_stream == CrossStreamReuse::Wait;
+        // Pieces of memory to move: (node, first page, pages, whether
+        // another stream freed it), those usable as they are first, then
+        // the longest first.
+        let mut pieces: Vec<(u32, u32, u32, bool)> = Vec::new();
         {
             let SharedArena {
                 arena,
@@ -818,18 +874,21 @@ impl VirtualArena {
                 streams,
                 ..
             } = &*st;
-            for (node, off, len) in arena.free_nodes(pages.extent()) {
-                if len >= self.page && Self::usable_now(streams, as_is, arena.free_tags(node)) {
+            for (node, off, len) in arena.free_nodes_of_at_least(self.page, pages.extent()) {
+                let lent = !Self::usable_now(streams, as_is, arena.free_tags(node));
+                if !lent || lend {
                     pieces.extend(
                         pages
                             .alias_runs(off, off + len)
                             .into_iter()
-                            .map(|(first, count)| (node, first, count)),
+                            .map(|(first, count)| (node, first, count, lent)),
                     );
                 }
             }
         }
-        pieces.sort_unstable_by_key(|&(_, first, count)| (std::cmp::Reverse(count), first));
+        pieces.sort_unstable_by_key(|&(_, first, count, lent)| {
+            (lent, std::cmp::Reverse(count), first)
+        });
         let max_parts = (need / ALIAS_PART_PAGES) as usize;
         // The plan: per run, its parts (at, piece, first source page,
         // pages), each a whole piece (a handle maps only whole), the
@@ -846,11 +905,40 @@ impl VirtualArena {
                     .then(|| (0..pieces.len()).find(|&k| !used[k] && pieces[k].2 <= end - at))
                     .flatten();
                 let Some(k) = fit else {
-                    return whole;
+                    return Moved::none(whole);
                 };
                 used[k] = true;
                 plan.push((at, k, pieces[k].1, pieces[k].2));
                 at += pieces[k].2;
+            }
+        }
+        // Another stream's holes: the block's stream is ordered after
+        // their frees before any of it moves, as a placement on them would
+        // be (`order_after`: at once where the host saw the work before
+        // the free done, else behind a wait on the GPU for a fence past
+        // it). Which holes move does not depend on that, only how.
+        let mut lent_nodes: Vec<u32> = plan
+            .iter()
+            .filter(|p| pieces[p.1].3)
+            .map(|p| pieces[p.1].0)
+            .collect();
+        lent_nodes.sort_unstable();
+        lent_nodes.dedup();
+        let mut waits = 0;
+        for &node in &lent_nodes {
+            let SharedArena { arena, streams, .. } = &mut *st;
+            match self.order_after(streams, ss, arena.free_tags(node)) {
+                Some(w) => waits += w,
+                // No fence to order after (an event that could not be
+                // recorded): the block grows instead; the waits queued
+                // stay (they only order the stream further).
+                None => {
+                    return Moved {
+                        unbacked: whole,
+                        lent: false,
+                        waits,
+                    };
+                }
             }
         }
         // The old addresses leave the arena, from the highest down so that
@@ -858,9 +946,18 @@ impl VirtualArena {
         let mut order: Vec<usize> = (0..plan.len()).collect();
         order.sort_unstable_by_key(|&i| std::cmp::Reverse(plan[i].2));
         let mut sources = vec![None; plan.len()];
+        // The frees the moved memory's old uses end with (the newest of
+        // each stream), for the free parts of the block's end pages.
+        let mut moved_tags: Vec<Freed> = Vec::new();
         for i in order {
             let (_, p, src, take) = plan[i];
             let node = pieces[p].0;
+            for &t in st.arena.free_tags(node) {
+                match moved_tags.iter_mut().find(|u| u.slot() == t.slot()) {
+                    Some(u) => *u = u.join(t).unwrap_or(t),
+                    None => moved_tags.push(t),
+                }
+            }
             let taken = st.arena.take(
                 node,
                 u64::from(src) * self.page,
@@ -917,6 +1014,7 @@ impl VirtualArena {
                 let source = sources[i].expect("killed above");
                 if access && k < mapped {
                     st.pages.alias(at, take, source);
+                    self.tag_end_pages(st, placed, at, take, &moved_tags);
                     continue;
                 }
                 if k < mapped {
@@ -936,7 +1034,44 @@ impl VirtualArena {
             }
         }
         grown.extend(left);
-        grown
+        Moved {
+            unbacked: grown,
+            lent: !lent_nodes.is_empty(),
+            waits,
+        }
+    }
+
+    /// Where moved memory lands on pages `at..at + take` and the block
+    /// `placed` covers only part of its first or last page, the rest of
+    /// that page is free, at the block's side: that free range gets the
+    /// tags of the moved memory's frees (`tags`), so that a block placed
+    /// there later is ordered after its old uses as the block was (else a
+    /// range clean or freed by another stream at the new address would
+    /// hand it out with no ordering: the simulated device reported such
+    /// races on eight streams). The whole range gets them, a little more
+    /// ordering than the page needs.
+    fn tag_end_pages(
+        &self,
+        st: &mut SharedArena,
+        placed: Placed,
+        at: u32,
+        take: u32,
+        tags: &[Freed],
+    ) {
+        let (start, end) = (u64::from(at) * self.page, u64::from(at + take) * self.page);
+        let head = start < placed.off;
+        let tail = end > placed.off + placed.len;
+        for (partial, after) in [(head, false), (tail, true)] {
+            if !partial {
+                continue;
+            }
+            match st.arena.free_neighbour(placed, after) {
+                Some(node) => st.arena.add_tags(node, tags),
+                // Nothing else lies on a page with no memory behind it
+                // but free space and the block.
+                None => debug_assert!(false, "the rest of an end page is not free"),
+            }
+        }
     }
 
     /// Under [`CrossStreamReuse::Done`], after a growth failed for lack of
