@@ -9,7 +9,7 @@
 //! of its own, as the tests run at once.
 
 use std::ffi::c_void;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use streamalloc::gpu::sim::SimGpu;
 use torch_alloc::*;
@@ -33,6 +33,15 @@ fn host() -> &'static [Arc<SimGpu>] {
     })
 }
 
+/// `streamalloc_torch_empty_cache` empties every device's cache, as
+/// PyTorch's `empty_cache` does: the test that empties and the one that
+/// counts how its device's cache served (hits, borrows, misses) hold this
+/// lock, so that one does not run in the middle of the other.
+fn whole_process() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 fn stream(device: usize) -> *mut c_void {
     let pool = host()[device].stream_pool(1);
     let id = pool.ids().next().unwrap();
@@ -51,6 +60,7 @@ fn stats(device: i32) -> TorchAllocStats {
 /// allocation, read in full after each, on both kinds of device.
 #[test]
 fn the_peak_reserved_is_the_most_held_after_any_allocation() {
+    let _alone = whole_process();
     for device in [0usize, 1] {
         let dev = device as i32;
         let s = stream(device);
@@ -132,6 +142,7 @@ fn the_allocator_time_is_estimated_from_one_call_in_eight() {
 /// memory, by memory another stream freed, or by new memory.
 #[test]
 fn each_allocation_is_a_hit_a_borrow_or_a_miss() {
+    let _alone = whole_process();
     let (sim, dev) = (&host()[3], 3);
     let pool = sim.stream_pool(2);
     let s: Vec<*mut c_void> = pool
