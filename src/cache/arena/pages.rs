@@ -515,12 +515,19 @@ impl PageTable {
     /// whole over pages `first..first + pages` (pending ones stop being
     /// pending).
     pub(crate) fn map(&mut self, first: u32, pages: u32, raw: RawPhysical) {
+        let pi = self.add_phys(raw, pages);
+        self.insert(first, pages, pi, 0);
+    }
+
+    /// Records one `cuMemCreate` of `pages` pages, with no mapping yet, in
+    /// a spare slot if there is one; returns its index.
+    fn add_phys(&mut self, raw: RawPhysical, pages: u32) -> u32 {
         let entry = Phys {
             raw,
             pages,
             maps: Vec::new(),
         };
-        let pi = match self.spare_phys.pop() {
+        match self.spare_phys.pop() {
             Some(i) => {
                 self.phys[i as usize] = entry;
                 i
@@ -529,8 +536,7 @@ impl PageTable {
                 self.phys.push(entry);
                 (self.phys.len() - 1) as u32
             }
-        };
-        self.insert(first, pages, pi, 0);
+        }
     }
 
     /// Records that pages `offset..offset + pages` of the physical memory
@@ -843,21 +849,7 @@ impl PageTable {
     /// Their dead runs stay dead; the others' are returned (their addresses
     /// have no memory behind them: the caller gives them back).
     pub(crate) fn restore(&mut self, released: Released, mapped: &[bool]) -> Vec<DeadRun> {
-        let entry = Phys {
-            raw: released.raw,
-            pages: released.pages,
-            maps: Vec::new(),
-        };
-        let pi = match self.spare_phys.pop() {
-            Some(i) => {
-                self.phys[i as usize] = entry;
-                i
-            }
-            None => {
-                self.phys.push(entry);
-                (self.phys.len() - 1) as u32
-            }
-        };
+        let pi = self.add_phys(released.raw, released.pages);
         let mut dead = released.dead;
         for (h, _) in released.maps.iter().zip(mapped).filter(|(_, m)| **m) {
             self.insert(h.first, h.pages, pi, h.offset);
