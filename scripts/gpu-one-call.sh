@@ -8,7 +8,8 @@
 # - the GPU tests;
 # - the budget-quarter service (issue 31 item 7), the old and the new
 #   build in turn, twice (SERVICE_ARGS adds to it, e.g. --budget-over-cache);
-# - the decorators' null-backend pairs (`bench_table --decorators`, item 6)
+# - the decorators' pairs on the null backend and on the GPU
+#   (`bench_table --decorators`, `--decorators-cuda`, item 6)
 #   and the whole pairs table (the CUDA rows);
 # - PyTorch on streamalloc: the four-stream servers (TORCH_MODELS, default
 #   the round robin of the recorded trace and the wide one), PyTorch's
@@ -45,6 +46,7 @@ done; done; pack service
 fi
 if has bench; then
 timeout 60 $B/bin-bench_table --decorators > $O/decorators.txt 2>&1; echo "decorators exit $?" >> $O/gpu.txt
+timeout 90 $B/bin-bench_table --decorators-cuda > $O/decorators-cuda.txt 2>&1; echo "decorators-cuda exit $?" >> $O/gpu.txt
 timeout 100 $B/bin-bench_table $O/bench > $O/bench.log 2>&1; echo "bench exit $?" >> $O/gpu.txt; pack bench
 fi
 if has replay && [ -d $B/replay ]; then

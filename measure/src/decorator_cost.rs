@@ -24,6 +24,7 @@ use std::fmt::Write as _;
 use std::hint::black_box;
 use std::time::Instant;
 
+use streamalloc::gpu::Gpu;
 use streamalloc::{CacheConfig, DeviceMemoryResource, ResourceBuilder, StreamId};
 
 use crate::support::{self, Bench, NullGpu};
@@ -34,6 +35,12 @@ pub const DEFAULT_ROUNDS: usize = 15;
 pub const DEFAULT_PAIRS: usize = 200_000;
 /// The sizes measured: the table's middle size first, then its smallest.
 pub const SIZES: [(usize, &str); 2] = [(64 << 10, "64 KiB"), (256, "256 B")];
+/// The sizes measured on a GPU: the allocation table's three.
+pub const CUDA_SIZES: [(usize, &str); 3] =
+    [(256, "256 B"), (64 << 10, "64 KiB"), (4 << 20, "4 MiB")];
+/// Pairs per loop and round on a GPU when none are given (a driver pair
+/// takes about ten times the null backend's).
+pub const DEFAULT_CUDA_PAIRS: usize = 20_000;
 
 /// How many rounds of how many pairs: `--decorators [ROUNDS [PAIRS]]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -142,25 +149,29 @@ fn time_loop<R: DeviceMemoryResource>(r: &R, stream: StreamId, bytes: usize, pai
     t0.elapsed().as_nanos() as f64 / pairs as f64
 }
 
-/// Measures one size on the null backend.
-fn measure_size(plan: Plan, bytes: usize, label: &'static str) -> SizeResult {
-    let null = support::null();
-    let s0 = null.stream(0);
+/// Measures one size on `bench`'s device (the null backend, or a GPU).
+fn measure_size<G: Gpu>(
+    bench: &Bench<G>,
+    plan: Plan,
+    bytes: usize,
+    label: &'static str,
+) -> SizeResult {
+    let s0 = bench.stream(0);
     // The stacks of `bench_table`'s rows and of `--profile-stack` and
     // `--profile-stack-cache` (no tracing subscriber is installed).
     let stack = ResourceBuilder::new()
         .budget(&streamalloc::Budget::new(1 << 60))
         .stats()
         .tracing()
-        .build(null.resource.clone());
+        .build(bench.resource.clone());
     let stack_cache = ResourceBuilder::new()
         .budget(&streamalloc::Budget::new(1 << 60))
         .stats()
         .tracing()
         .cache(CacheConfig::default())
-        .build(null.resource.clone());
-    let cache = &*null.cache;
-    let resource = &*null.resource;
+        .build(bench.resource.clone());
+    let cache = &*bench.cache;
+    let resource = &*bench.resource;
     let mut rounds: [Vec<f64>; 4] = Default::default();
     for round in 0..=plan.rounds {
         let mut order = [0, 1, 2, 3];
@@ -176,7 +187,7 @@ fn measure_size(plan: Plan, bytes: usize, label: &'static str) -> SizeResult {
             };
             // Nothing piles up between loops: the frees drain (through the
             // budget, which settles) before the next loop starts.
-            null.sync();
+            bench.sync();
             stack
                 .reap_pending()
                 .expect("the null backend's reap succeeds");
@@ -196,21 +207,32 @@ fn measure_size(plan: Plan, bytes: usize, label: &'static str) -> SizeResult {
     }
 }
 
-/// Runs `plan` for every size of [`SIZES`].
+/// Runs `plan` for every size of [`SIZES`] on the null backend.
 pub fn measure(plan: Plan) -> Vec<SizeResult> {
+    let null = support::null();
     SIZES
         .iter()
-        .map(|&(bytes, label)| measure_size(plan, bytes, label))
+        .map(|&(bytes, label)| measure_size(&null, plan, bytes, label))
+        .collect()
+}
+
+/// Runs `plan` for every size of [`CUDA_SIZES`] on `gpu` (a real device,
+/// whose driver pair the decorators are read against: issue 31's "the
+/// stack is at most 1.3x the resource it wraps").
+pub fn measure_on<G: Gpu>(gpu: &Bench<G>, plan: Plan) -> Vec<SizeResult> {
+    CUDA_SIZES
+        .iter()
+        .map(|&(bytes, label)| measure_size(gpu, plan, bytes, label))
         .collect()
 }
 
 /// The report: per size, each loop's best and median, and what the stack
-/// adds to the resource and to the cache.
-pub fn report(plan: Plan, results: &[SizeResult]) -> String {
+/// adds to the resource and to the cache; `backend` names the device.
+pub fn report(plan: Plan, backend: &str, results: &[SizeResult]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "what Budget+Stats+Tracing (no subscriber) add to a pair, null backend, one thread:\n\
+        "what Budget+Stats+Tracing (no subscriber) add to a pair, {backend}, one thread:\n\
          {} rounds (after a warm-up) of {} pairs per loop, the loops interleaved\n",
         plan.rounds, plan.pairs
     );
@@ -235,6 +257,12 @@ pub fn report(plan: Plan, results: &[SizeResult]) -> String {
             r.stack.over(r.resource),
             " ",
             1,
+        );
+        row(
+            "  the stack / the resource",
+            r.stack.ratio(r.resource),
+            "x",
+            2,
         );
         row("CachingResource", r.cache, " ", 1);
         row("Budget+Stats+Tracing over the cache", r.stack_cache, " ", 1);

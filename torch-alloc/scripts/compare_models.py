@@ -382,9 +382,14 @@ def run_llama_serve4_rr(torch, dev, rng, short, forced=None):
         dev.wait(s, dev.current())
     outputs = [None] * count
     queue, active, tokens = list(range(count)), [None] * 4, 0
+    # The time of each round over the four streams, per token it decoded:
+    # the schedule depends only on the plans, so round k is the same work
+    # in every run and two runs' rounds pair up (`paired_time_ratio`).
+    rounds = []
     t0 = time.perf_counter()
     with torch.inference_mode():
         while queue or any(a is not None for a in active):
+            r0, r_tokens = time.perf_counter(), 0
             for i, s in enumerate(streams):
                 with dev.on(s):
                     if active[i] is None and queue:
@@ -407,9 +412,13 @@ def run_llama_serve4_rr(torch, dev, rng, short, forced=None):
                     feed = feeds[j]
                     a[2], a[3] = model(nxt if feed is None else feed[:, done:done + 1], p + done, caches)
                     a[1] += 1
+                    r_tokens += b
+            if r_tokens:
+                rounds.append((time.perf_counter() - r0) / r_tokens)
     dev.sync()
     wall = time.perf_counter() - t0
-    return outputs, [wall / tokens], "per token (4 streams, round robin)", "record_trace.Llama"
+    return outputs, rounds, f"per token (4 streams, round robin; whole run {wall / tokens * 1e3:.2f} ms)", \
+        "record_trace.Llama"
 
 
 def run_bert_train(torch, dev, rng, short, forced=None):
@@ -625,6 +634,16 @@ def compare(torch, a, b):
     return tok_diff, rel, bitwise
 
 
+def paired_ratio(ref, ours):
+    """The median of step-by-step time ratios, where both runs made the
+    same steps (same plans, same inputs: step k is the same work in each),
+    else None. Less moved by a slow stretch of the host than a ratio of
+    two runs' medians: each step is read against its own twin."""
+    if len(ref) != len(ours) or len(ref) < 2:
+        return None
+    return statistics.median(o / r for r, o in zip(ref, ours) if r > 0)
+
+
 def verdict(bitwise, toks, rel, spread_toks, spread_rel):
     """Whether two runs agree: bitwise, or the logits within twice PyTorch's
     own run-to-run spread (1e-3 relative at least) and no more tokens
@@ -689,6 +708,7 @@ def parent(args):
                                 "teacher_forced": forced is not None, "tolerance": tol, "agree": agree},
                     "reserved_ratio": res["peak_reserved"] / ref["peak_reserved"],
                     "time_ratio": res["time_median"] / ref["time_median"],
+                    "paired_time_ratio": paired_ratio(ref["time_all"], res["time_all"]),
                     "reserved_over_allocated": res["peak_reserved"] / max(1, res["peak_allocated"]),
                 }
             if policies[0] in row["by_policy"]:
@@ -749,13 +769,18 @@ def table(report):
             again = row.get("torch2", {})
             # PyTorch's own run-to-run time, where it ran twice: the noise
             # a time ratio is read against.
-            twice = (f"; PyTorch again {fmt(again['time_median'])} ({again['time_median'] / ref['time_median']:.3f}x)"
-                     if "time_median" in again else "")
+            twice = ""
+            if "time_median" in again:
+                ap = paired_ratio(ref["time_all"], again["time_all"])
+                twice = (f"; PyTorch again {fmt(again['time_median'])} ({again['time_median'] / ref['time_median']:.3f}x"
+                         + (f"; step by step {ap:.3f}x" if ap is not None else "") + ")")
+            pr = cmp.get("paired_time_ratio")
+            paired = f"; step by step {pr:.3f}x" if pr is not None else ""
             lines.append(
                 f"| {name} | {agree} | {mib(ref['peak_reserved'])} / {mib(ours['peak_reserved'])} "
                 f"({cmp['reserved_ratio']:.2f}x) | {row['torch_reserved_over_allocated']:.3f}x / "
                 f"{cmp['reserved_over_allocated']:.3f}x | "
-                f"{fmt(ref['time_median'])} / {fmt(ours['time_median'])} {unit} ({cmp['time_ratio']:.3f}x){twice} | "
+                f"{fmt(ref['time_median'])} / {fmt(ours['time_median'])} {unit} ({cmp['time_ratio']:.3f}x{paired}){twice} | "
                 f"{ours['allocator_ns_per_call']:.0f} ns/call, {100 * ours['allocator_share']:.2f}% of the run{fails} | "
                 f"{ours.get('cross_stream', '?')}: {ours.get('cache_borrows', 0)} borrowed, "
                 f"{ours.get('cache_cross_stream_waits', '?')} GPU waits | {mc} |")

@@ -507,7 +507,25 @@ fn main() -> std::io::Result<()> {
         let plan = decorator_cost::Plan::parse(rest.iter().map(String::as_str))
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
         let results = decorator_cost::measure(plan);
-        print!("{}", decorator_cost::report(plan, &results));
+        print!("{}", decorator_cost::report(plan, "null backend", &results));
+        return Ok(());
+    }
+    if first.as_deref() == Some("--decorators-cuda") {
+        let rest: Vec<String> = args.collect();
+        let mut plan = decorator_cost::Plan::parse(rest.iter().map(String::as_str))
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+        if rest.len() < 2 {
+            plan.pairs = decorator_cost::DEFAULT_CUDA_PAIRS;
+        }
+        let Some(gpu) = support::cuda() else {
+            eprintln!("--decorators-cuda: no CUDA device");
+            std::process::exit(2);
+        };
+        let results = decorator_cost::measure_on(&gpu, plan);
+        print!(
+            "{}",
+            decorator_cost::report(plan, "CUDA device 0", &results)
+        );
         return Ok(());
     }
     if first.as_deref() == Some("--observe-only") {
