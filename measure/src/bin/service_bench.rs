@@ -37,7 +37,10 @@
 //! by one behind a tokio `Semaphore` that mirrors the budget
 //! (`streamalloc+semaphore`): both stacks are the caching tier over the
 //! budget (`AsyncResource::build`). `--budget-over-cache` puts the budget
-//! above the cache instead. The cache's virtual-memory arena serves either
+//! above the cache instead; `--cross-stream done` has the cache lend
+//! memory another stream freed only once the host saw the GPU done with it
+//! (`CrossStreamReuse::Done`; default `wait`, behind a wait on the GPU).
+//! The cache's virtual-memory arena serves either
 //! way: a budget below the cache lends it the device and is charged for
 //! every page the arena maps (a full budget refuses a growth, not a
 //! placement in memory mapped already); above it, it counts what the
@@ -72,7 +75,7 @@ use streamalloc::gpu::cuda::cuda_present;
 use streamalloc::gpu::sim::SimGpu;
 use streamalloc::{AnyResource, AsyncResource, WaitPolicy, WaitStats};
 use streamalloc::{
-    Budget, CacheConfig, CachingResource, Device, ResourceBuilder, SimResource,
+    Budget, CacheConfig, CachingResource, CrossStreamReuse, Device, ResourceBuilder, SimResource,
     StreamOrderedResource,
 };
 use streamalloc_measure::calls::CountingGpu;
@@ -105,6 +108,7 @@ struct Args {
     policy: Option<WaitPolicy>,
     budget_quarter: bool,
     budget_over_cache: bool,
+    cross_stream: CrossStreamReuse,
     staged: bool,
 }
 
@@ -123,6 +127,7 @@ fn parse_args() -> BoxResult<Args> {
         policy: None,
         budget_quarter: false,
         budget_over_cache: false,
+        cross_stream: CrossStreamReuse::Wait,
         staged: false,
     };
     let mut it = std::env::args().skip(1);
@@ -153,6 +158,13 @@ fn parse_args() -> BoxResult<Args> {
             "--diag" => args.diag = true,
             "--budget-quarter" => args.budget_quarter = true,
             "--budget-over-cache" => args.budget_over_cache = true,
+            "--cross-stream" => {
+                args.cross_stream = match value("--cross-stream")?.as_str() {
+                    "wait" => CrossStreamReuse::Wait,
+                    "done" => CrossStreamReuse::Done,
+                    other => return Err(format!("--cross-stream {other}: wait or done").into()),
+                }
+            }
             "--staged" => args.staged = true,
             "--policy" => args.policy = Some(parse_policy(&value("--policy")?)?),
             other => return Err(format!("unknown argument {other} (see the file's docs)").into()),
@@ -258,7 +270,13 @@ async fn on_sim(args: &Args) -> BoxResult<()> {
         println!("{}", row.markdown_row());
         if args.budget_quarter {
             for memory in gated(clients) {
-                let res = budgeted_stack(&device, clients, None, args.budget_over_cache)?;
+                let res = budgeted_stack(
+                    &device,
+                    clients,
+                    None,
+                    args.budget_over_cache,
+                    args.cross_stream,
+                )?;
                 let level = level_of(args, clients, per, memory);
                 let gated_row = observed_level(&res, &kernels, level, &mut |_, _| {}).await?;
                 println!("{}", gated_row.markdown_row());
@@ -655,7 +673,13 @@ async fn level_on_stack<G: Gpu>(
         let res = streamalloc_stack(device, model, args.policy)?;
         return observed_level(&res, model, level, observe).await;
     }
-    let res = budgeted_stack(device, level.clients, Some(model), args.budget_over_cache)?;
+    let res = budgeted_stack(
+        device,
+        level.clients,
+        Some(model),
+        args.budget_over_cache,
+        args.cross_stream,
+    )?;
     if let Some(p) = args.policy {
         res.set_wait_policy(p);
     }
@@ -745,23 +769,25 @@ fn gated(clients: usize) -> [Memory; 2] {
 /// The stack of `--budget-quarter` on `device`: the caching tier over a
 /// budget of a quarter of the peak demand of `clients` (under it with
 /// `over`, `--budget-over-cache`), futures on top (type-erased); the
-/// model's cuBLAS handles for its streams made beforehand on CUDA.
+/// model's cuBLAS handles for its streams made beforehand on CUDA; the
+/// cache lends memory another stream freed as `cross_stream` says
+/// (`--cross-stream`).
 fn budgeted_stack<G: Gpu>(
     device: &Device<G>,
     clients: usize,
     model: Option<&CudaModel>,
     over: bool,
+    cross_stream: CrossStreamReuse,
 ) -> BoxResult<AnyResource> {
     if let Some(model) = model {
         prepare_streams(device, model)?;
     }
     let budget = Budget::new(streamalloc_way::quarter_budget(&Dims::BENCH, clients));
     let top = ResourceBuilder::new();
+    let config = CacheConfig::default().cross_stream(cross_stream);
     Ok(match over {
-        true => AsyncResource::build(device, &top.budget(&budget).cache(CacheConfig::default()))?
-            .into_any(),
-        false => AsyncResource::build(device, &top.cache(CacheConfig::default()).budget(&budget))?
-            .into_any(),
+        true => AsyncResource::build(device, &top.budget(&budget).cache(config))?.into_any(),
+        false => AsyncResource::build(device, &top.cache(config).budget(&budget))?.into_any(),
     })
 }
 
