@@ -62,6 +62,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 
 use super::alloc_future::worth_waiting;
@@ -167,6 +168,9 @@ impl Future for ReserveFuture {
             bytes,
             |core| core.check_request(total(sizes)?, stream),
             |core| {
+                // Uses begun through the hooks from here on may name a
+                // block of this try (see `give_back_failed_try`).
+                let hook_uses = core.hook_uses.load(Ordering::SeqCst);
                 let mut blocks = Vec::with_capacity(sizes.len());
                 for &i in order {
                     match core.inner.allocate(sizes[i], stream, tag) {
@@ -176,7 +180,7 @@ impl Future for ReserveFuture {
                             // nothing. Quietly: the head is this request.
                             for (_, block) in blocks {
                                 let id = block.id();
-                                if let Err(e) = give_back_failed_try(core, block) {
+                                if let Err(e) = give_back_failed_try(core, block, hook_uses) {
                                     tracing::error!(block = %id, error = %e, "freeing a reserved block failed");
                                 }
                             }
