@@ -124,8 +124,8 @@ pub use resource::{
     SleepMode, SleepPlan, StreamOrderedResource,
 };
 pub use types::{
-    Access, AllocTag, BlockId, BlockState, CaptureId, CompletedUses, DeviceBlock, RawStream,
-    ResourceId, StreamId, Tag,
+    Access, AllocTag, BlockId, BlockState, CaptureId, CompletedUses, DeviceBlock, NeverUsed,
+    RawStream, ResourceId, StreamId, Tag,
 };
 
 /// The README's examples, compiled and run as doctests (`cargo test --doc`).

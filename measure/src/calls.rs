@@ -516,6 +516,10 @@ unsafe impl<G: Gpu> Gpu for CountingGpu<G> {
         self.inner.note_subfree_completed(addr, stream);
     }
 
+    fn note_suballocation_undone(&self, addr: u64, stream: RawStream) {
+        self.inner.note_suballocation_undone(addr, stream);
+    }
+
     fn memory_held(&self) -> GpuResult<HeldMemory> {
         self.inner.memory_held()
     }

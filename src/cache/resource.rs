@@ -8,7 +8,7 @@
 //! memory (trim, and before out of memory) and the graph pools'
 //! [`Graphs`] duties, over both.
 
-use super::arena::tier::ArenaTier;
+use super::arena::tier::{ArenaTier, Return};
 use super::config::CacheConfig;
 use super::graph::release::Graphs;
 use super::shard::{Backing, SHARD_MASK, Slot};
@@ -21,7 +21,8 @@ use crate::gpu::{CaptureId, CaptureStatus};
 use crate::resource::DeviceMemoryResource;
 use crate::resource::SleepPlan;
 use crate::types::{
-    Access, AllocTag, BlockId, BlockState, CompletedUses, DeviceBlock, ResourceId, StreamId,
+    Access, AllocTag, BlockId, BlockState, CompletedUses, DeviceBlock, NeverUsed, ResourceId,
+    StreamId,
 };
 
 /// A stream-ordered cache over any stream-ordered resource `R`.
@@ -482,12 +483,15 @@ fn memory_full(e: &ResourceError) -> bool {
 
 impl<R: DeviceMemoryResource> CachingResource<R> {
     /// A free (see [`deallocate`](DeviceMemoryResource::deallocate));
-    /// `completed`: the GPU is done with every use of the block
-    /// ([`deallocate_completed`](DeviceMemoryResource::deallocate_completed)).
+    /// `how`: [`Return::Completed`], the GPU is done with every use of the
+    /// block ([`deallocate_completed`](DeviceMemoryResource::deallocate_completed)),
+    /// [`Return::Unused`], no work ever touched it
+    /// ([`deallocate_unused`](DeviceMemoryResource::deallocate_unused)).
     /// Finds the lease and checks the block against it, then hands the
     /// free to the lease's tier (see "Life of a free" in the
-    /// [module documentation](super)).
-    fn free(&self, block: DeviceBlock, completed: bool) -> ResourceResult<()> {
+    /// [module documentation](super)). Only an arena lease with no use
+    /// recorded makes use of `how`; other frees are ordinary ones.
+    fn free(&self, block: DeviceBlock, how: Return) -> ResourceResult<()> {
         ResourceError::check_device(self.shards.device, block.device())?;
         let id = block.id();
         let (slot, serial) = self.shards.locate(id)?;
@@ -508,6 +512,16 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
         let mapped = match &lease.backing {
             Backing::Mapped(m) => Some(m.event_count() == 0),
             Backing::Inner(_) => None,
+        };
+        // A lease the hooks saw a use of was used, whatever the caller
+        // says: its free is an ordinary one.
+        let how = match &lease.backing {
+            Backing::Mapped(m)
+                if how == Return::Unused && (m.home_unrecorded.is_some() || m.uses_begun > 0) =>
+            {
+                Return::Freed
+            }
+            _ => how,
         };
         if let (None, Backing::Inner(inner)) = (class, &lease.backing) {
             // Allocated from the inner resource on this very stream: it
@@ -532,7 +546,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
             if plain {
                 // Nothing to wait for: the lease ends here, found once.
                 let lease = found.end_arena_lease();
-                return arena.release(&self.shards, slot, shard, lease, (owner, now), completed);
+                return arena.release(&self.shards, slot, shard, lease, (owner, now), how);
             }
             return arena.free(&self.shards, slot, shard, serial, (owner, now));
         }
@@ -619,7 +633,7 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R>
     }
 
     fn deallocate(&self, block: DeviceBlock) -> ResourceResult<()> {
-        self.free(block, false)
+        self.free(block, Return::Freed)
     }
 
     /// As [`deallocate`](Self::deallocate); an arena block used on its own
@@ -633,7 +647,18 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for CachingResource<R>
         if completed.block() != block.id() {
             return Err(ResourceError::UnknownBlock { block: block.id() });
         }
-        self.free(block, true)
+        self.free(block, Return::Completed)
+    }
+
+    /// As [`deallocate`](Self::deallocate); an arena block placed for this
+    /// allocation (not a block its stream kept, nor a graph's, and with no
+    /// memory moved for it) goes back to the arena as it was before it was
+    /// placed: with the tags it had, not as a free of its stream.
+    fn deallocate_unused(&self, block: DeviceBlock, unused: NeverUsed) -> ResourceResult<()> {
+        if unused.block() != block.id() {
+            return Err(ResourceError::UnknownBlock { block: block.id() });
+        }
+        self.free(block, Return::Unused)
     }
 
     fn device_ordinal(&self) -> u32 {

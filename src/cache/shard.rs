@@ -68,6 +68,11 @@ pub(crate) struct Mapped {
     /// The caller's tag, for snapshots and for a sleep, which takes blocks
     /// by tag (a size-class lease's inner block carries its own).
     pub(crate) tag: AllocTag,
+    /// The range was placed for this lease in the arena (not a block the
+    /// stream kept, nor a graph's), with no memory moved for it: given back
+    /// unused, the placement is undone
+    /// ([`VirtualArena::undo`](crate::cache::arena::vmm::VirtualArena::undo)).
+    pub(crate) undoable: bool,
 }
 
 impl Mapped {
@@ -97,6 +102,8 @@ pub(crate) struct EndedMapped {
     pub(crate) uses: Option<Box<BlockUses>>,
     /// The block was asleep: its range goes straight back to the arena.
     pub(crate) asleep: bool,
+    /// Its placement can be undone ([`Mapped::undoable`]).
+    pub(crate) undoable: bool,
 }
 
 /// What is behind a lease.
@@ -420,6 +427,7 @@ impl LeaseEntry<'_> {
             capture: lease.capture,
             uses: m.uses.take(),
             asleep: m.asleep,
+            undoable: m.undoable,
         };
         self.entry.discard();
         *self.leased -= ended.size;

@@ -256,6 +256,10 @@ unsafe impl Gpu for Backend {
         forward!(self.note_subfree_completed(addr, stream))
     }
 
+    fn note_suballocation_undone(&self, addr: u64, stream: RawStream) {
+        forward!(self.note_suballocation_undone(addr, stream))
+    }
+
     fn memory_held(&self) -> GpuResult<HeldMemory> {
         forward!(self.memory_held())
     }

@@ -24,7 +24,9 @@ use crate::gpu::{CaptureId, Gpu};
 use crate::observe::history::{self, MemoryAction, MemoryEvent};
 use crate::observe::{MemorySnapshot, OomReport, WaitersInfo};
 use crate::resource::{DeviceMemoryResource, StreamOrderedResource};
-use crate::types::{Access, BlockId, BlockState, CompletedUses, DeviceBlock, StreamId, Tag};
+use crate::types::{
+    Access, BlockId, BlockState, CompletedUses, DeviceBlock, NeverUsed, StreamId, Tag,
+};
 
 /// A stream-ordered resource that async code can await: allocations wait for
 /// memory instead of failing, completion points and frees are futures, and
@@ -751,44 +753,72 @@ pub(crate) fn deallocate_detached(
     block: DeviceBlock,
     done_at: Option<DoneAt>,
 ) -> ResourceResult<()> {
-    free_detached(core, block, done_at, true)
+    free_detached(core, block, Seen::DoneAt(done_at), true)
 }
 
 /// The free of a block a reservation's failed try took in the same poll
-/// (all or nothing): as [`deallocate_detached`], but it does not tell the
+/// (all or nothing), `hook_uses` the resource's count of hook uses when
+/// the try began: as [`deallocate_detached`], but it does not tell the
 /// wait queue that memory came back. Only the queue's head tries, and
 /// that head is the reservation itself: the memory is what it just could
 /// not use, and announcing it would make it try again at once, give back
 /// again, and spin (a reservation that waited for memory burnt a worker
 /// and churned the cache until others freed). Frees it queues below are
 /// announced when they land, as any.
-pub(crate) fn give_back_failed_try(core: &Core, block: DeviceBlock) -> ResourceResult<()> {
-    free_detached(core, block, None, false)
+///
+/// The block never left the try: no buffer was made of it and nothing
+/// was launched on it, so when no use began through the resource's hooks
+/// since the try began either (a caller naming its id there), nothing
+/// touched it, and the inner resource is told so
+/// ([`deallocate_unused`](DeviceMemoryResource::deallocate_unused)): a
+/// cache puts the memory back as it was, rather than as a free at the end
+/// of the reservation's stream, which the next stream to take it would
+/// wait for on the GPU.
+pub(crate) fn give_back_failed_try(
+    core: &Core,
+    block: DeviceBlock,
+    hook_uses: u64,
+) -> ResourceResult<()> {
+    free_detached(core, block, Seen::Untouched { hook_uses }, false)
+}
+
+/// What the host knows of a block's uses at a detached free.
+enum Seen {
+    /// The completion of its last launch, if it had one and it was made
+    /// through the resource.
+    DoneAt(Option<DoneAt>),
+    /// None was ever queued, if no use began through the hooks since the
+    /// resource's count of them was `hook_uses`.
+    Untouched { hook_uses: u64 },
 }
 
 fn free_detached(
     core: &Core,
     block: DeviceBlock,
-    done_at: Option<DoneAt>,
+    seen: Seen,
     announce: bool,
 ) -> ResourceResult<()> {
     let stream = block.stream();
     let notifier = core.notifier(stream)?;
-    // Only what the host saw proves the GPU done: a point settled because
-    // its future was dropped (a cancelled request) or failed says nothing.
     let id = block.id();
-    let seen_done = done_at.is_some_and(|d| {
-        d.hook_uses == core.hook_uses.load(Ordering::SeqCst) && notifier.seen_reached(d.point)
-    });
+    let hooks_now = || core.hook_uses.load(Ordering::SeqCst);
     let freed = FreedBlock::of(&block);
-    match seen_done {
-        // Seen reached, and no use began through the hooks since: every
-        // use of the block ran.
-        true => {
+    match seen {
+        // Only what the host saw proves the GPU done: a point settled
+        // because its future was dropped (a cancelled request) or failed
+        // says nothing. Seen reached, and no use began through the hooks
+        // since: every use of the block ran.
+        Seen::DoneAt(Some(d)) if d.hook_uses == hooks_now() && notifier.seen_reached(d.point) => {
             let completed = CompletedUses::new(block.id());
             core.inner.deallocate_completed(block, completed)?;
         }
-        false => core.inner.deallocate(block)?,
+        // Never out of the caller's hands, and no use named it to the
+        // hooks meanwhile: nothing touched it.
+        Seen::Untouched { hook_uses } if hook_uses == hooks_now() => {
+            let unused = NeverUsed::new(block.id());
+            core.inner.deallocate_unused(block, unused)?;
+        }
+        _ => core.inner.deallocate(block)?,
     }
     if core.tracks_holdings() {
         core.holdings.freed(id);

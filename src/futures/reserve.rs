@@ -25,14 +25,25 @@
 //! - [`ReserveFuture`] (the head of the queue, when it may try) allocates
 //!   the blocks largest first (the size most likely refused, so that a try
 //!   refused takes nothing, most often), and keeps them in the order
-//!   asked. If one is refused, it frees the ones it took in this try
-//!   (stream-ordered, on the reservation's stream) and waits again holding
-//!   nothing: a reservation never holds part of a request while it waits.
-//!   Such a free is a free of the reservation's stream at its end: a cache
-//!   below lends the range to another stream only behind a wait for all
-//!   the work queued there before it, though none of it touched the block
-//!   (under a service's full budget, the streams then ran one after
-//!   another on the GPU).
+//!   asked. If one is refused, it gives back the ones it took in this try
+//!   and waits again holding nothing: a reservation never holds part of a
+//!   request while it waits. Those blocks never left the try (no buffer,
+//!   no launch; and a use begun through the hooks meanwhile makes the
+//!   give-back an ordinary free), so they go back as unused
+//!   ([`deallocate_unused`](crate::DeviceMemoryResource::deallocate_unused)):
+//!   a cache below undoes their placement, and the memory is ordered for
+//!   its next user as it was before the try. An ordinary free would be a
+//!   free at the end of the reservation's stream, which a cache lends to
+//!   another stream only behind a wait for all the work queued there,
+//!   none of which touched the block (under a service's full budget, the
+//!   streams then ran one after another on the GPU). What the try's
+//!   placements queued on the reservation's stream stays: a wait on the
+//!   GPU for another stream's free, where a block took memory that stream
+//!   freed, cannot be taken back. Holding such waits back until every
+//!   size is placed would need the cache to hand out blocks not yet
+//!   ordered on their stream, and a call to order them once the try
+//!   succeeds, through every layer; largest first, a refused try most
+//!   often took nothing, and queued nothing.
 //! - [`MemoryReservation::allocate_buffer`] takes the smallest block left
 //!   that holds the buffer (the first such in the order asked, on a tie);
 //!   the buffer owns it from then on, and frees it when dropped.
@@ -46,7 +57,9 @@
 //! class, its arena's pages), from the moment they are reserved until their
 //! frees have executed, used or not. A cache serves them as any
 //! allocation, from idle blocks or ranges of the reservation's stream first;
-//! the blocks a reservation gives back unused are idle in the cache again.
+//! the blocks a reservation gives back unused are idle in the cache again
+//! (a failed try's as they were before it, a dropped reservation's as
+//! frees of its stream).
 //! A reservation is made on one stream and its buffers are on that stream;
 //! using them on other streams is ordered as for any buffer.
 //!
@@ -62,6 +75,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 
 use super::alloc_future::worth_waiting;
@@ -167,6 +181,9 @@ impl Future for ReserveFuture {
             bytes,
             |core| core.check_request(total(sizes)?, stream),
             |core| {
+                // Uses begun through the hooks from here on may name a
+                // block of this try (see `give_back_failed_try`).
+                let hook_uses = core.hook_uses.load(Ordering::SeqCst);
                 let mut blocks = Vec::with_capacity(sizes.len());
                 for &i in order {
                     match core.inner.allocate(sizes[i], stream, tag) {
@@ -176,7 +193,7 @@ impl Future for ReserveFuture {
                             // nothing. Quietly: the head is this request.
                             for (_, block) in blocks {
                                 let id = block.id();
-                                if let Err(e) = give_back_failed_try(core, block) {
+                                if let Err(e) = give_back_failed_try(core, block, hook_uses) {
                                     tracing::error!(block = %id, error = %e, "freeing a reserved block failed");
                                 }
                             }

@@ -590,6 +590,20 @@ pub unsafe trait Gpu: Send + Sync + 'static {
         self.note_subfree(addr, stream);
     }
 
+    /// Tells a checking backend that the allocation noted at `addr` by
+    /// [`note_suballocation`](Gpu::note_suballocation) on `stream` is undone:
+    /// no operation ever touched it (the crate hands such a block back
+    /// within the call that took it, [`NeverUsed`](crate::NeverUsed)), and
+    /// its range is the caller's again as it was before, ordered after the
+    /// frees it was ordered after then. The simulated device checks the
+    /// claim (an access or a free of the allocation is reported) and puts
+    /// back the histories the allocation replaced, so that the next
+    /// allocation there must be ordered after their frees again. The
+    /// default is `note_subfree`; CUDA does nothing.
+    fn note_suballocation_undone(&self, addr: u64, stream: RawStream) {
+        self.note_subfree(addr, stream);
+    }
+
     /// How much device memory this backend holds for the process now and at
     /// most (see [`HeldMemory`]). CUDA: the reserved memory of the backend's
     /// memory pool (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT` and `_HIGH`); a

@@ -61,8 +61,8 @@ macro_rules! forward_to_inner {
             use_tracking, capture, costs, sleep, observing);
     };
     (@one $f:tt frees) => {
-        $crate::forward_to_inner!($f; deallocate_completed, reap_pending, pending_free_seq,
-            reap_through, release_idle, frees_across_streams, frees_only_queue);
+        $crate::forward_to_inner!($f; deallocate_completed, deallocate_unused, reap_pending,
+            pending_free_seq, reap_through, release_idle, frees_across_streams, frees_only_queue);
     };
     (@one $f:tt use_tracking) => {
         $crate::forward_to_inner!($f; supports_block_use_tracking, record_block_use,
@@ -117,6 +117,15 @@ macro_rules! forward_to_inner {
             completed: $crate::CompletedUses,
         ) -> $crate::ResourceResult<()> {
             self.$f.deallocate_completed(block, completed)
+        }
+    };
+    (@one $f:tt deallocate_unused) => {
+        fn deallocate_unused(
+            &self,
+            block: $crate::DeviceBlock,
+            unused: $crate::NeverUsed,
+        ) -> $crate::ResourceResult<()> {
+            self.$f.deallocate_unused(block, unused)
         }
     };
     (@one $f:tt device_ordinal) => {

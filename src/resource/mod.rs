@@ -37,7 +37,9 @@ use crate::device::stream_pool::StreamPool;
 use crate::error::ResourceResult;
 use crate::gpu::{CaptureId, CaptureStatus, Gpu};
 use crate::observe::MemorySnapshot;
-use crate::types::{Access, AllocTag, BlockId, BlockState, CompletedUses, DeviceBlock, StreamId};
+use crate::types::{
+    Access, AllocTag, BlockId, BlockState, CompletedUses, DeviceBlock, NeverUsed, StreamId,
+};
 
 /// The device behind a resource: its backend and the streams the resource
 /// orders work on. A tier above that manages device memory itself (the
@@ -166,7 +168,8 @@ impl std::fmt::Debug for DeviceAccess {
 /// lets a tier above map memory itself.
 ///
 /// ## Frees
-/// [`deallocate_completed`](Self::deallocate_completed) (provided: a plain
+/// [`deallocate_completed`](Self::deallocate_completed) and
+/// [`deallocate_unused`](Self::deallocate_unused) (provided: a plain
 /// `deallocate`), [`reap_pending`](Self::reap_pending),
 /// [`pending_free_seq`](Self::pending_free_seq),
 /// [`reap_through`](Self::reap_through), [`release_idle`](Self::release_idle),
@@ -235,8 +238,9 @@ impl std::fmt::Debug for DeviceAccess {
 ///    the device of the stream pool that resolves `stream`, valid on
 ///    `stream` (the block's [`stream`](DeviceBlock::stream) is the id it was
 ///    given) from the allocation on, and handed to that caller alone until
-///    it comes back through [`deallocate`](Self::deallocate) or
-///    [`deallocate_completed`](Self::deallocate_completed);
+///    it comes back through [`deallocate`](Self::deallocate),
+///    [`deallocate_completed`](Self::deallocate_completed) or
+///    [`deallocate_unused`](Self::deallocate_unused);
 /// 2. streams are resolved only through that one pool (an id of another
 ///    pool is refused): the backend of the device whose memory it hands
 ///    out is the one that runs the work the crate orders on them;
@@ -247,7 +251,9 @@ impl std::fmt::Debug for DeviceAccess {
 ///    a block is accepted its memory goes to no one else before the work
 ///    ordered before the free, and the uses recorded, have run;
 /// 4. [`deallocate_completed`](Self::deallocate_completed) skips ordering
-///    only on the [`CompletedUses`] proof it was given;
+///    only on the [`CompletedUses`] proof it was given, and
+///    [`deallocate_unused`](Self::deallocate_unused) only on the
+///    [`NeverUsed`] one;
 /// 5. the hooks ([`prepare_block_use`](Self::prepare_block_use),
 ///    [`finish_block_use`](Self::finish_block_use),
 ///    [`record_block_use`](Self::record_block_use)) and the capture calls
@@ -374,6 +380,37 @@ pub unsafe trait DeviceMemoryResource: Send + Sync {
         completed: CompletedUses,
     ) -> ResourceResult<()> {
         let _ = completed;
+        self.deallocate(block)
+    }
+
+    /// Returns `block`, on which no work was ever queued, to the resource:
+    /// as [`deallocate`](Self::deallocate), and a layer that placed it
+    /// in memory other streams used before (the cache's arena) may undo
+    /// the placement, putting the memory back as it was before the block
+    /// was handed out (ordered after the frees it was ordered after then),
+    /// rather than as a free at the current end of the block's stream.
+    /// `unused` is the crate's proof of it (see [`NeverUsed`]). The
+    /// provided method drops the proof and calls `deallocate`: an
+    /// ordinary stream-ordered free, always correct.
+    ///
+    /// [`AsyncResource::reserve`](crate::AsyncResource::reserve) calls it
+    /// for the blocks a try took before one of its sizes was refused: an
+    /// ordinary free would order the next stream to take that memory after
+    /// all the work queued on the reservation's stream, none of which
+    /// touched it.
+    ///
+    /// # Errors
+    /// As [`deallocate`](Self::deallocate);
+    /// [`UnknownBlock`](crate::ResourceError::UnknownBlock) when `unused`
+    /// names another block. Nothing changes.
+    ///
+    /// # Stream ordering
+    /// The memory is ordered for its next user as it was before this
+    /// block's allocation: what the allocation's stream was made to wait
+    /// for stays queued there (a wait on the GPU cannot be taken back), and
+    /// the memory keeps every tag no fence was seen past.
+    fn deallocate_unused(&self, block: DeviceBlock, unused: NeverUsed) -> ResourceResult<()> {
+        let _ = unused;
         self.deallocate(block)
     }
 
@@ -719,6 +756,9 @@ unsafe impl<R: DeviceMemoryResource + ?Sized> DeviceMemoryResource for std::sync
         completed: CompletedUses,
     ) -> ResourceResult<()> {
         (**self).deallocate_completed(block, completed)
+    }
+    fn deallocate_unused(&self, block: DeviceBlock, unused: NeverUsed) -> ResourceResult<()> {
+        (**self).deallocate_unused(block, unused)
     }
     fn device_ordinal(&self) -> u32 {
         (**self).device_ordinal()

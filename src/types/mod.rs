@@ -12,12 +12,14 @@
 mod block;
 mod capture_id;
 mod completed;
+mod never_used;
 mod stream_id;
 mod tag;
 
 pub use block::{Access, AllocTag, BlockId, BlockState, DeviceBlock, ResourceId};
 pub use capture_id::CaptureId;
 pub use completed::CompletedUses;
+pub use never_used::NeverUsed;
 pub(crate) use stream_id::SIM_HANDLE;
 pub use stream_id::{RawStream, StreamId};
 pub use tag::Tag;

@@ -440,6 +440,112 @@ async fn the_verdict_can_be_turned_off() {
     request_piecewise(res.clone(), s).await.unwrap();
 }
 
+/// What stream 3 paid to take the range a refused try of stream 2 gave
+/// back: the waits on the GPU its allocation queued, and whether the range
+/// was the one stream 1 freed.
+struct TakenAfter {
+    waits: u64,
+    same_range: bool,
+}
+
+/// Stream 1 writes two pages and frees them (its kernel run when
+/// `stream1_done`, else still queued); stream 2 has work of its own
+/// queued; the budget below the cache is full (stream 3 holds the third
+/// page, right after stream 1's). A reservation on stream 2 of two pages
+/// and one: its first block
+/// lands on stream 1's range, its second needs a growth the budget
+/// refuses, and the try gives the first back, unused. Then stream 3 takes
+/// two pages, writes them, and everything runs; the simulated device's
+/// race detector must stay silent.
+async fn stream3_takes_what_a_refused_try_gave_back(stream1_done: bool) -> TakenAfter {
+    use std::sync::Arc;
+    use streamalloc::gpu::sim::MemAccess;
+    use streamalloc::{BudgetResource, CachingResource, DeviceMemoryResource, DriverCall};
+    const P: usize = 2 * MIB;
+    let gpu = SimGpu::builder().manual().build();
+    let device = Device::simulated(&gpu, 3);
+    let (s1, s2, s3) = (
+        device.stream(0).unwrap(),
+        device.stream(1).unwrap(),
+        device.stream(2).unwrap(),
+    );
+    let raw = |s| device.raw(s).unwrap();
+    let budget = Budget::new(3 * P);
+    let bottom = Arc::new(streamalloc::SimResource::new(&device));
+    let cache = Arc::new(CachingResource::with_config(
+        BudgetResource::new(bottom, &budget),
+        CacheConfig::default().max_mapping_bytes(P),
+    ));
+    // SAFETY: the stack's bottom resource was made on this device.
+    let res = unsafe { AsyncResource::with_device(cache.clone(), &device) }.unwrap();
+    // Stream 3's page lies after stream 1's range: the range given back
+    // merges with no free neighbour, whose tags would cover for its own.
+    let freed = cache.allocate(2 * P, s1, TAG).unwrap();
+    let held = cache.allocate(P, s3, TAG).unwrap();
+    assert_eq!(held.ptr(), freed.ptr() + 2 * P as u64);
+    let at = freed.ptr();
+    gpu.launch_kernel(raw(s1), &[MemAccess::write(&freed)])
+        .unwrap();
+    cache.deallocate(freed).unwrap();
+    assert_eq!(budget.in_use(), 3 * P, "the budget is full");
+    if stream1_done {
+        gpu.run_until_idle();
+    }
+    gpu.launch_kernel(raw(s2), &[]).unwrap();
+
+    let mut reserving = Box::pin(res.reserve(&[2 * P, P], s2, TAG));
+    let waker = futures_noop();
+    let mut cx = std::task::Context::from_waker(&waker);
+    assert!(
+        reserving.as_mut().poll(&mut cx).is_pending(),
+        "the budget refuses the second page"
+    );
+    drop(reserving);
+    assert_eq!(cache.leased_bytes(), P, "the try gave its block back");
+
+    let waits = gpu.call_count(DriverCall::StreamWaitEvent);
+    let taken = cache.allocate(2 * P, s3, TAG).unwrap();
+    let after = TakenAfter {
+        waits: gpu.call_count(DriverCall::StreamWaitEvent) - waits,
+        same_range: taken.ptr() == at,
+    };
+    gpu.launch_kernel(raw(s3), &[MemAccess::write(&taken)])
+        .unwrap();
+    cache.deallocate(taken).unwrap();
+    cache.deallocate(held).unwrap();
+    gpu.run_until_idle();
+    assert_eq!(gpu.races(), [], "stream 3 raced stream 1's work");
+    after
+}
+
+/// A refused try gives its blocks back as they were, not as frees of its
+/// stream: stream 1's range, which the host saw stream 1 done with, serves
+/// stream 3 with no wait on the GPU. Given back as a free at the end of
+/// stream 2's queue, as it was, the range made stream 3 wait for all the
+/// work queued on stream 2, none of which touched it (under a service's
+/// full budget the streams then ran one after another on the GPU).
+#[tokio::test]
+async fn a_refused_try_gives_back_its_blocks_untagged_by_its_stream() {
+    let taken = stream3_takes_what_a_refused_try_gave_back(true).await;
+    assert!(taken.same_range, "stream 1's range serves stream 3");
+    assert_eq!(
+        taken.waits, 0,
+        "stream 3 waited on the GPU for stream 2's work, which never touched the range"
+    );
+}
+
+/// The same with stream 1's work still queued: the range given back keeps
+/// stream 1's tag (the try's placement made stream 2 wait for it, which
+/// does not order stream 3), so stream 3 waits for stream 1's free, and
+/// the race detector, which the undo of the placement hands the range's
+/// history back to, finds stream 3's write ordered after stream 1's.
+#[tokio::test]
+async fn a_block_given_back_unused_still_orders_the_next_user_after_the_free_before() {
+    let taken = stream3_takes_what_a_refused_try_gave_back(false).await;
+    assert!(taken.same_range, "stream 1's range serves stream 3");
+    assert_eq!(taken.waits, 1, "one wait, for stream 1's free");
+}
+
 fn futures_noop() -> std::task::Waker {
     std::task::Waker::noop().clone()
 }

@@ -166,6 +166,49 @@ fn suballocations_are_checked_like_allocations() {
     assert_eq!(races[0].kind, RaceKind::Unordered);
 }
 
+/// An allocation undone as never used (the block a reservation's refused
+/// try gives back) hands back the history it replaced: the next allocation
+/// there must be ordered after the free before it, as if the undone one had
+/// never been made. A false claim (the memory was used) is reported.
+#[test]
+fn an_undone_suballocation_gives_back_the_history_it_replaced() {
+    use streamalloc::gpu::sim::SimOp;
+    let gpu = SimGpu::builder().manual().build();
+    let (va, s, t) = mapped(&gpu);
+    let u = gpu.create_stream();
+    gpu.note_suballocation(va, 4096, s);
+    gpu.launch_kernel(s, &[at(va, Access::Write)]).unwrap();
+    gpu.note_subfree(va, s);
+    // `t` takes the memory behind a wait for the free, and gives it back
+    // untouched.
+    let e = gpu.event_create().unwrap();
+    gpu.event_record(e, s).unwrap();
+    gpu.stream_wait_event(t, e).unwrap();
+    gpu.note_suballocation(va, 4096, t);
+    gpu.note_suballocation_undone(va, t);
+    assert!(gpu.races().is_empty(), "{:#?}", gpu.races());
+    // `u` takes it with no wait: it races the free on `s` (not `t`'s
+    // allocation, which never happened as far as the memory goes).
+    gpu.note_suballocation(va, 4096, u);
+    let races = gpu.take_races();
+    assert_eq!(races.len(), 1, "{races:#?}");
+    assert_eq!(races[0].kind, RaceKind::Unordered);
+    assert!(
+        matches!(races[0].earlier, Some((SimOp::Free, _))),
+        "{races:#?}"
+    );
+    // Used, then claimed unused: reported.
+    gpu.launch_kernel(u, &[at(va, Access::Write)]).unwrap();
+    gpu.note_suballocation_undone(va, u);
+    let races = gpu.take_races();
+    assert_eq!(races.len(), 1, "{races:#?}");
+    assert!(
+        matches!(races[0].earlier, Some((SimOp::Kernel(Access::Write), _))),
+        "{races:#?}"
+    );
+    gpu.run_until_idle();
+}
+
 /// A free whose caller says the GPU is done with the memory (the cache's
 /// free of a buffer whose last launch settled) is checked against what the
 /// host saw complete: a false claim is reported, a true one lets another

@@ -10,7 +10,7 @@ use crate::gpu::CaptureId;
 use crate::resource::BudgetRelief;
 use crate::resource::DeviceMemoryResource;
 use crate::resource::relief::{HolderRegistration, IdleHolder};
-use crate::types::{AllocTag, CompletedUses, DeviceBlock, StreamId};
+use crate::types::{AllocTag, CompletedUses, DeviceBlock, NeverUsed, StreamId};
 use crate::util::growth_room::GrowthRoom;
 use crate::util::sync::{AtomicUsize, Mutex, Ordering};
 
@@ -464,6 +464,13 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> 
         completed: CompletedUses,
     ) -> ResourceResult<()> {
         self.counted.inner.deallocate_completed(block, completed)?;
+        self.counted.settle_after_free();
+        Ok(())
+    }
+
+    #[inline]
+    fn deallocate_unused(&self, block: DeviceBlock, unused: NeverUsed) -> ResourceResult<()> {
+        self.counted.inner.deallocate_unused(block, unused)?;
         self.counted.settle_after_free();
         Ok(())
     }

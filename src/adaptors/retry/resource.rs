@@ -81,7 +81,7 @@ fn memory_short(e: &ResourceError) -> bool {
 // call reaches it (an allocation, perhaps more than once).
 #[allow(unsafe_code)]
 unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for RetryOnOomResource<R> {
-    forward_to_inner!(inner; deallocate, deallocate_completed, device_ordinal, bytes_outstanding, reap_pending, pending_free_seq, reap_through, supports_block_use_tracking, record_block_use, prepare_block_use, finish_block_use, block_state, allocation_cost, allocation_cost_is_exact, frees_across_streams, frees_only_queue, release_idle, allocation_limit, budget_reliefs, capture_status, release_capture, snapshot_into, visit_layers, begin_sleep, settle_sleep, wake);
+    forward_to_inner!(inner; deallocate, deallocate_completed, deallocate_unused, device_ordinal, bytes_outstanding, reap_pending, pending_free_seq, reap_through, supports_block_use_tracking, record_block_use, prepare_block_use, finish_block_use, block_state, allocation_cost, allocation_cost_is_exact, frees_across_streams, frees_only_queue, release_idle, allocation_limit, budget_reliefs, capture_status, release_capture, snapshot_into, visit_layers, begin_sleep, settle_sleep, wake);
 
     /// The inner resource's device, lent as it is (with the charges of
     /// the layers below): this layer counts nothing, so it has nothing to

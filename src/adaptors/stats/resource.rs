@@ -4,7 +4,7 @@ use super::Stats;
 use crate::error::ResourceResult;
 use crate::forward_to_inner;
 use crate::resource::DeviceMemoryResource;
-use crate::types::{AllocTag, CompletedUses, DeviceBlock, StreamId};
+use crate::types::{AllocTag, CompletedUses, DeviceBlock, NeverUsed, StreamId};
 use crate::util::poll_scope::in_waiting_try;
 
 /// Counts allocations and deallocations of the inner resource into a
@@ -128,6 +128,14 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for StatsResource<R> {
     ) -> ResourceResult<()> {
         let (bytes, tag) = (block.size(), block.tag());
         self.inner.deallocate_completed(block, completed)?;
+        self.stats.record_deallocate(bytes, tag);
+        Ok(())
+    }
+
+    #[inline]
+    fn deallocate_unused(&self, block: DeviceBlock, unused: NeverUsed) -> ResourceResult<()> {
+        let (bytes, tag) = (block.size(), block.tag());
+        self.inner.deallocate_unused(block, unused)?;
         self.stats.record_deallocate(bytes, tag);
         Ok(())
     }

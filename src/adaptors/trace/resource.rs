@@ -10,7 +10,7 @@ use tracing::{Level, debug, enabled, info_span, trace, warn};
 use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::CaptureId;
 use crate::resource::DeviceMemoryResource;
-use crate::types::{Access, AllocTag, BlockId, CompletedUses, DeviceBlock, StreamId};
+use crate::types::{Access, AllocTag, BlockId, CompletedUses, DeviceBlock, NeverUsed, StreamId};
 
 /// The target of every event and span of [`TracingResource`].
 pub const ALLOC_TARGET: &str = "streamalloc::alloc";
@@ -318,6 +318,11 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for TracingResource<R>
         self.logged_free(block, |inner, block| {
             inner.deallocate_completed(block, completed)
         })
+    }
+
+    #[inline]
+    fn deallocate_unused(&self, block: DeviceBlock, unused: NeverUsed) -> ResourceResult<()> {
+        self.logged_free(block, |inner, block| inner.deallocate_unused(block, unused))
     }
 
     fn reap_pending(&self) -> ResourceResult<()> {

@@ -27,6 +27,20 @@ use crate::resource::block_uses::BlockUses;
 use crate::resource::event_pool::EventPool;
 use crate::types::{Access, AllocTag, BlockId, DeviceBlock, StreamId};
 
+/// How a block comes back to the arena tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Return {
+    /// A free at the current end of the block's stream.
+    Freed,
+    /// Every use of it completed, as the host saw
+    /// ([`CompletedUses`](crate::CompletedUses)): clean for every stream.
+    Completed,
+    /// No work ever touched it ([`NeverUsed`](crate::NeverUsed)): where its
+    /// placement can be undone ([`VirtualArena::undo`]), the range goes
+    /// back as it was before it was placed; else as a free.
+    Unused,
+}
+
 /// The arena tier of a cache: the [`VirtualArena`] every stream places its
 /// blocks in, and the events that record the uses of its leases on other
 /// streams. The leases themselves live in the cache's [`Shards`], which
@@ -136,13 +150,14 @@ impl ArenaTier {
         let Some(arena) = shard.arena.as_mut() else {
             unreachable!("checked above");
         };
-        let (placed, ptr) = if let Some(placed) = pooled {
+        // Only a placement made here can be undone (see `VirtualArena::undo`).
+        let (placed, ptr, undoable) = if let Some(placed) = pooled {
             // Replays free and allocate in the capture's order: the range
             // is the graph's again, at the same point of every replay.
             tier.note_reuse(arena, placed, bytes);
             slot.add_arena_live(bytes as isize - placed.len as isize);
             shard.stats.hits += 1;
-            (placed, tier.ptr(placed))
+            (placed, tier.ptr(placed), false)
         } else {
             slot.add_arena_live(bytes as isize);
             // Not in a capture: a block the stream kept is one of its own
@@ -154,9 +169,11 @@ impl ArenaTier {
             };
             match kept {
                 // A block the stream kept: mapped, its own, no driver call.
-                Some(kept) => {
+                // Given back unused, it is kept again: it was this stream's
+                // free, as it is then.
+                Some((placed, ptr)) => {
                     shard.stats.hits += 1;
-                    kept
+                    (placed, ptr, false)
                 }
                 None => match self.place(shards, &mut shard, len, bytes, stream, capture) {
                     Ok(Some(taken)) => taken,
@@ -173,7 +190,7 @@ impl ArenaTier {
         Ok(Some(self.lease(
             shards,
             &mut shard,
-            (placed, ptr),
+            (placed, ptr, undoable),
             (bytes, stream, tag),
             capture,
         )))
@@ -181,7 +198,8 @@ impl ArenaTier {
 
     /// Places `len` bytes (rounded; `bytes` asked for) in the arena for the
     /// locked `shard`, when its stream kept no block of the length, and
-    /// counts how: a hit, a miss (memory mapped for it) or a borrow. `None`
+    /// counts how: a hit, a miss (memory mapped for it) or a borrow. Returns
+    /// the placement, its address and whether it can be undone; `None`
     /// when the arena has no room.
     fn place(
         &self,
@@ -191,7 +209,7 @@ impl ArenaTier {
         bytes: usize,
         stream: StreamId,
         capture: Option<CaptureId>,
-    ) -> ResourceResult<Option<(Placed, u64)>> {
+    ) -> ResourceResult<Option<(Placed, u64, bool)>> {
         let tier = &self.vm;
         let Some(arena) = shard.arena.as_mut() else {
             unreachable!("the caller checked");
@@ -207,6 +225,7 @@ impl ArenaTier {
             ptr,
             borrowed,
             waits,
+            undoable,
         } = taken;
         shard.stats.cross_stream_waits += u64::from(waits);
         if borrowed {
@@ -216,7 +235,7 @@ impl ArenaTier {
         } else {
             shard.stats.hits += 1;
         }
-        Ok(Some((placed, ptr)))
+        Ok(Some((placed, ptr, undoable)))
     }
 
     /// Records the lease of the arena range `placed` at `ptr` and returns
@@ -227,7 +246,7 @@ impl ArenaTier {
         &self,
         shards: &Shards,
         shard: &mut SlotGuard<'_>,
-        (placed, ptr): (Placed, u64),
+        (placed, ptr, undoable): (Placed, u64, bool),
         request: (usize, StreamId, AllocTag),
         capture: Option<CaptureId>,
     ) -> DeviceBlock {
@@ -241,6 +260,7 @@ impl ArenaTier {
                 asleep: false,
                 uses_begun: 0,
                 tag,
+                undoable,
             }),
             stream,
             size: bytes,
@@ -320,15 +340,16 @@ impl ArenaTier {
                 block: BlockId::new(shards.id, serial),
             });
         };
-        self.release(shards, slot, shard, lease, (owner, now), false)
+        self.release(shards, slot, shard, lease, (owner, now), Return::Freed)
     }
 
     /// Releases the range of the arena lease `lease`, ended (taken out of
     /// the locked `shard`): its use events go back to the pool
     /// ([`return_events`](Self::return_events)), then the range goes to
     /// the pool of `owner` ([`keep_for_graph`](Self::keep_for_graph)), or
-    /// back to the arena ([`VirtualArena::free`], or
-    /// [`VirtualArena::free_completed`] when `completed`), within the cap
+    /// back to the arena as `how` says ([`VirtualArena::free`],
+    /// [`VirtualArena::free_completed`], or [`VirtualArena::undo`] for a
+    /// placement that can be undone), within the cap
     /// ([`hold_to_cap`](Self::hold_to_cap)).
     // Always: the free's hot path, a few instructions once the rare
     // parts are out of line; a call would pass the ended lease in memory.
@@ -340,7 +361,7 @@ impl ArenaTier {
         mut shard: SlotGuard<'_>,
         mut lease: EndedMapped,
         (owner, now): (Option<CaptureId>, Option<CaptureId>),
-        completed: bool,
+        how: Return,
     ) -> ResourceResult<()> {
         if let Some(uses) = lease.uses.take() {
             self.return_events(uses);
@@ -356,9 +377,11 @@ impl ArenaTier {
         let Some(arena) = shard.arena.as_mut() else {
             unreachable!("an arena lease's arena lives as long as the cache");
         };
-        match completed {
-            true => tier.free_completed(arena, lease.placed),
-            false => tier.free(arena, lease.placed),
+        match how {
+            Return::Freed => tier.free(arena, lease.placed),
+            Return::Completed => tier.free_completed(arena, lease.placed),
+            Return::Unused if lease.undoable => tier.undo(arena, lease.placed),
+            Return::Unused => tier.free(arena, lease.placed),
         }
         slot.add_arena_live(-(lease.size as isize));
         let cap = shards.config.max_cached_bytes;

@@ -490,6 +490,9 @@ pub(crate) struct Taken {
     /// Waits on the GPU queued for it: the stream's for fences of the
     /// streams that freed the range.
     pub(crate) waits: u32,
+    /// Whether the placement can be undone ([`VirtualArena::undo`]): made
+    /// outside a capture, with no memory moved for it.
+    pub(crate) undoable: bool,
 }
 
 /// What [`VirtualArena::alias_unbacked`] did.
@@ -694,6 +697,7 @@ impl VirtualArena {
         else {
             return Ok(None);
         };
+        let mut undoable = !capturing;
         let unbacked = st.pages.touch(placed.off, placed.len);
         if !unbacked.is_empty() {
             let live = live_total();
@@ -710,9 +714,14 @@ impl VirtualArena {
             let unbacked = match capturing || !self.moves {
                 true => unbacked,
                 false => {
+                    let pages = |runs: &[(u32, u32)]| runs.iter().map(|r| r.1).sum::<u32>();
+                    let wanted = pages(&unbacked);
                     let moved = self.alias_unbacked(&mut st, ss, placed, unbacked, live);
                     borrowed |= moved.lent;
                     waits += moved.waits;
+                    // Memory moved here leaves its old addresses for good:
+                    // that cannot be undone.
+                    undoable &= pages(&moved.unbacked) == wanted;
                     moved.unbacked
                 }
             };
@@ -758,6 +767,7 @@ impl VirtualArena {
             ptr,
             borrowed,
             waits,
+            undoable,
         }))
     }
 
@@ -1112,6 +1122,7 @@ impl VirtualArena {
             ptr: st.base + placed.off,
             borrowed,
             waits,
+            undoable: true,
         })
     }
 
@@ -1473,6 +1484,31 @@ impl VirtualArena {
             // An older block pushed out: freed when it was, as any free.
             Some(pushed) => self.release_range(ss, pushed),
         }
+    }
+
+    /// Undoes the placement `placed` of `ss`'s stream ([`alloc`](Self::alloc),
+    /// outside a capture, no memory moved for it): no work was ever queued
+    /// on the block ([`NeverUsed`](crate::NeverUsed)), so the range goes
+    /// back to the arena with the tags it had when it was placed (its node
+    /// kept them), merging with its free neighbours as any free, and its
+    /// pages go back to what they were: their handles keep their tags (a
+    /// placement adds none), memory mapped for the block is idle and clean
+    /// (no work ever touched it). Not kept by the stream, not tagged as its
+    /// free: the next stream to take the range is ordered after the frees
+    /// it was ordered after before, not after all the work queued on this
+    /// stream since (which never touched it).
+    ///
+    /// What the placement queued on the stream stays: a wait on the GPU
+    /// for another stream's fence cannot be taken back (it only orders the
+    /// stream further), and the range keeps that stream's tag, so the next
+    /// user is ordered after that free too.
+    pub(crate) fn undo(&self, ss: &StreamSlot, placed: Placed) {
+        self.gpu()
+            .note_suballocation_undone(self.ptr(placed), ss.raw);
+        let mut st = self.lock();
+        let SharedArena { arena, pages, .. } = &mut *st;
+        pages.untouch(placed.off, placed.len, Freed::CLEAN);
+        arena.free(placed, None, |_| false);
     }
 
     /// Releases `placed` to the arena, freed at the current end of the

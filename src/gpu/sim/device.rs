@@ -389,10 +389,22 @@ impl State {
         at: Epoch,
         clock: &VectorClock,
     ) {
-        for (alias, len) in self.vm.aliases(addr, bytes) {
-            self.races.on_alias_reuse(alias, len, addr, at, clock);
+        let aliases = self.vm.aliases(addr, bytes);
+        self.races.on_suballoc(addr, bytes, &aliases, at, clock);
+    }
+
+    /// The caller-managed allocation at `addr` on stream `s` is undone, never
+    /// used (see [`Gpu::note_suballocation_undone`](crate::gpu::Gpu::note_suballocation_undone)):
+    /// checked, and the histories it replaced come back. On a capturing
+    /// stream, recorded as a free into the graph (no undo there).
+    pub(crate) fn note_suballoc_undone(&mut self, addr: u64, s: usize) {
+        if self.streams.get(s).is_none() || addr == 0 {
+            return;
         }
-        self.races.on_suballoc(addr, bytes, at, clock);
+        if self.capturing(s).is_some() {
+            return self.note_subfree(addr, s);
+        }
+        self.races.on_suballoc_undone(addr, s);
     }
 
     /// The free of a caller-managed allocation, at the end of stream `s`.

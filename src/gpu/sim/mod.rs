@@ -1211,6 +1211,12 @@ unsafe impl Gpu for SimGpu {
             .note_subfree_completed(addr, self.stream_slot(stream));
     }
 
+    fn note_suballocation_undone(&self, addr: u64, stream: RawStream) {
+        self.shared
+            .lock()
+            .note_suballoc_undone(addr, self.stream_slot(stream));
+    }
+
     fn memory_held(&self) -> GpuResult<HeldMemory> {
         let mut state = self.shared.lock();
         state.enter(DriverCall::MemGetInfo)?;

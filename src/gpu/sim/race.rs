@@ -108,6 +108,31 @@ struct AllocHistory {
     last_write: (SimOp, Epoch),
     reads: Vec<Epoch>,
     freed: Option<Epoch>,
+    /// The histories a caller-managed allocation ended where it was carved
+    /// (each clipped to the range it reused, keyed by its new start), kept
+    /// until its first access: what an undo of the allocation puts back
+    /// ([`RaceDetector::on_suballoc_undone`]). Empty once touched, and in
+    /// the histories kept here (one level: an undo restores what the
+    /// allocation replaced, not what those replaced).
+    replaced: Vec<(u64, AllocHistory)>,
+}
+
+impl AllocHistory {
+    /// A fresh allocation at `at` that replaced `replaced`.
+    fn new(len: usize, at: Epoch, replaced: Vec<(u64, AllocHistory)>) -> Self {
+        AllocHistory {
+            len,
+            last_write: (SimOp::Alloc, at),
+            reads: Vec::new(),
+            freed: None,
+            replaced,
+        }
+    }
+
+    /// Whether nothing touched the allocation since it was made.
+    fn untouched(&self) -> bool {
+        self.last_write.0 == SimOp::Alloc && self.reads.is_empty() && self.freed.is_none()
+    }
 }
 
 /// Access histories of every allocation, keyed by base address (the latest
@@ -132,15 +157,8 @@ impl RaceDetector {
             return;
         }
         self.on_reuse(addr, len);
-        self.allocs.insert(
-            addr,
-            AllocHistory {
-                len,
-                last_write: (SimOp::Alloc, at),
-                reads: Vec::new(),
-                freed: None,
-            },
-        );
+        self.allocs
+            .insert(addr, AllocHistory::new(len, at, Vec::new()));
     }
 
     /// The address space handed `[addr, addr + len)` out again (to an
@@ -221,6 +239,8 @@ impl RaceDetector {
         };
         let mut reports = Vec::new();
         let history = self.allocs.get_mut(&addr).expect("found above");
+        // Touched: no undo may claim it unused any more.
+        history.replaced = Vec::new();
         if let Some(freed) = history.freed {
             let kind = if clock.covers(freed) {
                 RaceKind::UseAfterFree
@@ -290,38 +310,77 @@ impl RaceDetector {
     }
 
     /// A new allocation carved by the caller out of memory it manages (an
-    /// arena) at `at`: every earlier allocation overlapping it must be
-    /// freed, and its free ordered before `clock`, or the reuse races.
-    pub(crate) fn on_suballoc(&mut self, addr: u64, len: usize, at: Epoch, clock: &VectorClock) {
+    /// arena) at `at`: every earlier allocation overlapping it, or one of
+    /// `aliases` (the other addresses of its memory, each with its length),
+    /// must be freed, and its free ordered before `clock`, or the reuse
+    /// races. Their histories end here, kept aside until the allocation is
+    /// first touched, for an undo.
+    pub(crate) fn on_suballoc(
+        &mut self,
+        addr: u64,
+        len: usize,
+        aliases: &[(u64, usize)],
+        at: Epoch,
+        clock: &VectorClock,
+    ) {
         let len = len.max(1);
-        self.on_alias_reuse(addr, len, addr, at, clock);
-        self.allocs.insert(
-            addr,
-            AllocHistory {
-                len,
-                last_write: (SimOp::Alloc, at),
-                reads: Vec::new(),
-                freed: None,
-            },
-        );
+        let mut replaced = Vec::new();
+        for &(alias, alias_len) in aliases {
+            replaced.extend(self.on_alias_reuse(alias, alias_len, addr, at, clock));
+        }
+        replaced.extend(self.on_alias_reuse(addr, len, addr, at, clock));
+        self.allocs
+            .insert(addr, AllocHistory::new(len, at, replaced));
+    }
+
+    /// The caller-managed allocation at `addr` is undone: its maker claims
+    /// no operation ever touched it (the crate's
+    /// [`NeverUsed`](crate::NeverUsed)). Checked (an access or a free of it
+    /// is reported, as a race between that operation and the undo on
+    /// `stream`), then the histories it replaced come back, so that the
+    /// next allocation there is checked against the uses before it, as if
+    /// it had never been made.
+    pub(crate) fn on_suballoc_undone(&mut self, addr: u64, stream: usize) {
+        let Some(h) = self.allocs.remove(&addr) else {
+            return;
+        };
+        if !h.untouched() {
+            let earlier = h
+                .freed
+                .map(|f| (SimOp::Free, f))
+                .or((h.last_write.0 != SimOp::Alloc).then_some(h.last_write))
+                .or(h.reads.first().map(|r| (SimOp::Kernel(Access::Read), *r)));
+            self.report(RaceReport {
+                kind: RaceKind::Unordered,
+                addr,
+                earlier: earlier.map(|(op, at)| (op, at.stream)),
+                later: (SimOp::Free, stream),
+            });
+            return;
+        }
+        for (old, history) in h.replaced {
+            self.allocs.entry(old).or_insert(history);
+        }
     }
 
     /// A new allocation at `new` uses the memory `[addr, addr + len)`
     /// names (the same memory at another address, or its own range): every
     /// earlier allocation there must be freed, and its free ordered before
     /// `clock`, or the reuse races (reported at `new`). Their histories end
-    /// here.
-    pub(crate) fn on_alias_reuse(
+    /// here; returned, each clipped to `[addr, addr + len)` and keyed by its
+    /// start there (what an undo of the new allocation puts back).
+    fn on_alias_reuse(
         &mut self,
         addr: u64,
         len: usize,
         new: u64,
         at: Epoch,
         clock: &VectorClock,
-    ) {
+    ) -> Vec<(u64, AllocHistory)> {
         let mut reports = Vec::new();
+        let mut ended = Vec::new();
         for old in self.overlapping(addr, len) {
-            let Some(h) = self.allocs.remove(&old) else {
+            let Some(mut h) = self.allocs.remove(&old) else {
                 continue;
             };
             let (earlier, at_old) = match h.freed {
@@ -336,10 +395,16 @@ impl RaceDetector {
                     later: (SimOp::Alloc, at.stream),
                 });
             }
+            let start = old.max(addr);
+            let end = (old + h.len as u64).min(addr + len as u64);
+            h.len = (end - start) as usize;
+            h.replaced = Vec::new();
+            ended.push((start, h));
         }
         for r in reports {
             self.report(r);
         }
+        ended
     }
 
     /// The host unmaps `[addr, addr + len)`: every operation on memory in
