@@ -83,15 +83,18 @@ use crate::adaptors::{
 /// reaps, notifications and [`release_idle`](crate::DeviceMemoryResource::release_idle).
 ///
 /// One difference between orders remains: a budget above the
-/// [`cache`](Self::cache)'s virtual-memory arena (the cache added last,
-/// right on a resource that lends it the device) counts what the arena maps,
-/// and the arena may map a page more than it estimated (a block across a
-/// page boundary) or a few pages ahead within its slack, so the budget can
-/// pass its limit by about that much until those pages are freed. Put the
-/// budget below the cache (`.cache(c).budget(&b)`) for a hard limit: the
-/// budget lends the cache its device, and the arena asks it before
-/// mapping any page (a refused page fails the allocation), so the budget
-/// admits every byte first there too (see
+/// [`cache`](Self::cache) admits each page the cache's virtual-memory
+/// arena creates before it is created (a gate the budget enters around
+/// its allocation: the pages the cost guessed, one more where the block
+/// lands across a boundary or the free range it counted went to another
+/// thread, the pages mapped ahead), but a cache without the arena (size
+/// classes) allocates a class block below without asking, so a race for
+/// a cached block can take the budget past its limit by a block until
+/// that block is freed. Put the budget below the cache
+/// (`.cache(c).budget(&b)`) for a hard limit in every case: the budget
+/// lends the cache its device, and the arena asks it before mapping any
+/// page (a refused page fails the allocation), so the budget admits
+/// every byte first there too (see
 /// [`device_access`](crate::DeviceMemoryResource::device_access)).
 #[derive(Debug, Clone)]
 pub struct ResourceBuilder<L> {

@@ -6,8 +6,8 @@
 //!   statistics'), one atomic read-modify-write a call where `std`'s
 //!   mutex takes two;
 //! - [`fast_hash`]: the hasher of the maps keyed by crate-made integers;
-//! - [`growth_room`]: the room a budget above a cache leaves the arena's
-//!   growth to map ahead of its block;
+//! - [`growth_gate`]: the gate a budget above a cache puts in front of
+//!   the growths of the cache's arena (admitted before memory is created);
 //! - [`padded`]: a value alone on its cache line, for per-shard counters;
 //! - [`poll_scope`]: marks the host thread as inside a future's `poll`, so
 //!   that a layer below can tell it must not block there.
@@ -17,7 +17,7 @@
 
 pub(crate) mod count_lock;
 pub(crate) mod fast_hash;
-pub(crate) mod growth_room;
+pub(crate) mod growth_gate;
 pub(crate) mod padded;
 pub(crate) mod poll_scope;
 pub(crate) mod sync;

@@ -136,7 +136,8 @@ async fn reserved_requests_under_a_small_budget_are_all_served() {
 /// The same, over a cache: the reservation's blocks are the cache's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reserved_requests_over_a_cache_are_all_served() {
-    let device = Device::sim(&SimGpu::new(), 2);
+    let gpu = SimGpu::new();
+    let device = Device::sim(&gpu, 2);
     let budget = Budget::new(16 * MIB);
     let layers = ResourceBuilder::new()
         .budget(&budget)
@@ -156,6 +157,22 @@ async fn reserved_requests_over_a_cache_are_all_served() {
     .await
     .expect("reserved requests hung");
     assert_eq!(res.waiting_allocations(), 0);
+    // The budget above the cache admits every page a growth maps before
+    // it is mapped: the device never held more than the limit, and the
+    // budget never counted more (once the loser of a race for a free range
+    // grew past the limit, and kept the page; see
+    // `tests/cache/budget_above.rs`).
+    assert!(
+        gpu.peak_held_bytes() <= budget.limit(),
+        "the device held {} under a budget of {}",
+        gpu.peak_held_bytes(),
+        budget.limit()
+    );
+    assert!(
+        budget.peak() <= budget.limit(),
+        "the budget counted {}",
+        budget.peak()
+    );
     assert!(budget.in_use() <= budget.limit());
 }
 

@@ -269,13 +269,6 @@ impl BudgetReservation<'_> {
         self.bytes
     }
 
-    /// What the budget may still count past this reservation before it
-    /// passes its limit (as of when it was taken).
-    #[inline]
-    pub(crate) fn room(&self) -> usize {
-        self.budget.shared.limit.saturating_sub(self.level)
-    }
-
     /// Keeps the bytes counted: the allocation they were reserved for
     /// succeeded.
     #[inline]

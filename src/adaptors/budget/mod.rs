@@ -32,10 +32,11 @@
 //! resource, so that racing threads can never push `in_use` past the limit,
 //! and gives the reservation back if the inner allocation fails (a
 //! [`BudgetReservation`] is released when dropped uncommitted). Afterwards it
-//! counts what the inner resource really holds: if a racing thread took the
-//! cached block this one expected, the difference is charged even past the
-//! limit, and released with the block (as is a block placed across one
-//! page more than its cost guessed). An allocation that costs nothing (a
+//! counts what the inner resource really holds: below a cache, whose cost
+//! is a guess, that may differ from the reservation (see "A budget above
+//! a cache" for what the budget admits before the cache creates it, and
+//! the one case a top-up still takes the count past the limit). An
+//! allocation that costs nothing (a
 //! cache hit, or a block on pages the cache has mapped already) is
 //! admitted even while `in_use` is past the limit: it takes no byte from
 //! the device, and refused, it would wait for the memory to be given
@@ -43,13 +44,49 @@
 //! reservation, giving its own first block back at each refusal, waited
 //! for good.
 //!
-//! A cache below maps ahead of a block it grows for (its slack), on the
-//! block's handle: this budget counts those pages, and none of them can
-//! be given back while the block lives. So an allocation through the
-//! budget lets the cache's growth map ahead only inside the room the
-//! budget has left (its limit less what it counts with the allocation's
-//! reservation; `util/growth_room.rs`), and the cache's cost counts free
-//! pages it has mapped, idle or not, as costing nothing.
+//! # A budget above a cache
+//!
+//! Over a cache the cost is a guess, made before the block is placed and
+//! under no lock the placement holds: the free range it counted may go
+//! to another thread first (the loser grows), the placement may refuse a
+//! range the cost counted (another stream's free, under
+//! [`CrossStreamReuse::Done`](crate::CrossStreamReuse::Done)), and a growth
+//! maps pages ahead of its block (its slack) on the block's own handle,
+//! which no relief can give back while the block lives. Counted after the
+//! fact, each of these took the cache past the limit and kept it there as
+//! long as the pages stayed mapped (16 reserved requests under 16 MiB
+//! ended at 18 MiB in about one run in ten). So the rule:
+//!
+//! - **What the cache's arena creates is admitted before it is created.**
+//!   Around its inner allocation the budget enters a gate
+//!   (`util/growth_gate.rs`, a thread-local): each growth takes what the
+//!   allocation reserved first, then reserves the rest from the budget,
+//!   after settling what the arena's idle mappings gave back. A growth
+//!   the budget refuses fails as one refused by a budget below the cache
+//!   (the arena gives its idle mappings back and asks again, then serves
+//!   from a range behind a wait or refuses with
+//!   [`BudgetExceeded`](crate::ResourceError::BudgetExceeded)), and the
+//!   map-ahead shrinks to what the budget admits. Hits enter the gate too:
+//!   a hit the cost foresaw is the allocation that grows when it loses
+//!   the race.
+//! - **The cache never holds more than the limit because of an allocation
+//!   through the budget**, and `in_use` never passes the limit for
+//!   memory the arena maps. The budget counts free pages the arena has
+//!   mapped (idle or ahead of a live block) as costing nothing: an
+//!   allocation placed there is admitted even while `in_use` is at the
+//!   limit, and a growth refused would wait for memory that a live block
+//!   on the same handle keeps.
+//! - **Where it can still pass the limit**: a cache without an arena (its
+//!   size classes, or a request that bypasses the arena) allocates a
+//!   class block from the layer below it without asking the gate; a
+//!   racing thread that takes the cached block this one's cost expected
+//!   makes it allocate a block more than it reserved, which is topped up
+//!   past the limit and released with the block. Put the budget below the
+//!   cache for a hard limit there.
+//! - An allocation in progress is counted once: its reservation and its
+//!   growths are *in flight* (in the budget, not yet in `charged`) until
+//!   it returns, and a top-up by another thread, which reads what the
+//!   cache holds with them included, charges only what no one counted.
 //!
 //! A refused reservation first asks every [`BudgetResource`] of the budget,
 //! on every device, to give the idle memory below it back
@@ -92,7 +129,10 @@
 //! refusal) settles. Over a cache, whose cost is a guess made before the
 //! block is placed, one read after each allocation (of what the cache and
 //! the layers below hold, and of `charged`) tops up or settles the
-//! difference.
+//! difference. Over a cache every allocation, hits included, also enters
+//! and leaves the growth gate (two thread-local accesses), and one that
+//! costs something moves its cost in and out of `in_flight` (two more
+//! read-modify-writes, beside the driver calls of the growth it expects).
 //!
 //! The reservation is taken through a form that hands back the
 //! reservation alone, no error beside it (`Budget::reserve`, in

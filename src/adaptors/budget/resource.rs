@@ -11,8 +11,9 @@ use crate::resource::BudgetRelief;
 use crate::resource::DeviceMemoryResource;
 use crate::resource::relief::{HolderRegistration, IdleHolder};
 use crate::types::{AllocTag, CompletedUses, DeviceBlock, NeverUsed, StreamId};
-use crate::util::growth_room::GrowthRoom;
+use crate::util::growth_gate::{self, GrowthGate, Refused};
 use crate::util::sync::{AtomicUsize, Mutex, Ordering};
+use std::cell::Cell;
 
 /// Charges a shared [`Budget`] for every byte of the inner resource, from
 /// the allocation until its free has executed, and for every byte a tier
@@ -68,6 +69,13 @@ struct Counted<R> {
     /// Bytes this resource counted against the budget and has not given
     /// back; raised after a successful inner allocation, lowered by `settle`.
     charged: AtomicUsize,
+    /// Bytes counted in the budget for allocations in progress below a
+    /// cache (their reservations, and what their growths took past them)
+    /// and not yet in `charged`: what the cache holds may include them
+    /// already, and a top-up that charged them too counted them twice
+    /// (with two threads allocating, enough to take the budget's count,
+    /// not the device, a page past its limit).
+    in_flight: AtomicUsize,
     /// Held by a settle from lowering `charged` until the budget has the
     /// bytes back: a second settle waits (two atomic operations at most),
     /// so that when any settle returns, what it saw drained is released.
@@ -81,6 +89,7 @@ impl<R: DeviceMemoryResource + 'static> BudgetResource<R> {
             inner,
             budget: budget.clone(),
             charged: AtomicUsize::new(0),
+            in_flight: AtomicUsize::new(0),
             settling: Mutex::new(()),
         });
         let weak: Weak<Counted<R>> = Arc::downgrade(&counted);
@@ -248,17 +257,21 @@ impl<R: DeviceMemoryResource> Counted<R> {
         let mut charged = self.charged.load(Ordering::Acquire);
         loop {
             let outstanding = self.inner.bytes_outstanding();
-            if outstanding <= charged {
+            // Read after `outstanding`: an allocation in progress leaves
+            // `in_flight` only once `charged` holds it.
+            let counted = charged.saturating_add(self.in_flight.load(Ordering::Acquire));
+            if outstanding <= counted {
                 return;
             }
+            let missing = outstanding - counted;
             match self.charged.compare_exchange(
                 charged,
-                outstanding,
+                charged + missing,
                 Ordering::AcqRel,
                 Ordering::Acquire,
             ) {
                 Ok(_) => {
-                    self.budget.charge(outstanding - charged);
+                    self.budget.charge(missing);
                     return;
                 }
                 Err(now) => charged = now,
@@ -288,16 +301,89 @@ struct SettleOnReturn<'a, R: DeviceMemoryResource> {
     bytes: usize,
     /// Whether the inner resource made the block.
     made: bool,
-    /// The growth room entered for the inner allocation, left after the
-    /// counting (a field: dropped after `drop`'s body).
-    _room: Option<GrowthRoom>,
+    /// What the growths of the inner allocation took past the
+    /// reservation (see `AllocationGate`); `None` below layers whose
+    /// cost is exact, which enter no gate.
+    gate: Option<&'a AllocationGate<'a, R>>,
+}
+
+/// The gate (`util::growth_gate`) an allocation through the budget puts
+/// in front of the growths of a cache below: a growth takes what the
+/// allocation reserved first, then asks the budget for the rest, before
+/// any memory is created. So what the cache holds after the allocation
+/// is never more than the budget admitted, whatever its cost guessed (a
+/// free range another thread took first, one the placement may not use,
+/// the pages mapped ahead).
+struct AllocationGate<'a, R> {
+    counted: &'a Counted<R>,
+    /// Bytes of the allocation's reservation no growth has taken.
+    reserved_left: Cell<usize>,
+    /// Bytes growths took past the reservation: counted in the budget
+    /// already, added to `charged` with the allocation.
+    extra: Cell<usize>,
+}
+
+impl<R: DeviceMemoryResource> GrowthGate for AllocationGate<'_, R> {
+    fn room(&self) -> usize {
+        self.reserved_left
+            .get()
+            .saturating_add(self.counted.budget.available())
+    }
+
+    fn try_take(&self, bytes: usize) -> Result<(), Refused> {
+        let left = self.reserved_left.get();
+        let more = bytes.saturating_sub(left);
+        if more > 0 {
+            let budget = &self.counted.budget;
+            let reservation = match budget.try_reserve(more) {
+                Ok(reservation) => reservation,
+                Err(_) => {
+                    // The arena gives its idle mappings back before it
+                    // asks again: they leave the count here, not at the
+                    // next settle.
+                    self.counted.settle();
+                    budget.try_reserve(more).map_err(|_| Refused {
+                        requested: more,
+                        limit: budget.limit(),
+                        in_use: budget.in_use(),
+                    })?
+                }
+            };
+            reservation.commit();
+            self.counted.in_flight.fetch_add(more, Ordering::AcqRel);
+            self.extra.set(self.extra.get() + more);
+        }
+        self.reserved_left.set(left.saturating_sub(bytes));
+        Ok(())
+    }
+
+    fn give_back(&self, bytes: usize) {
+        self.reserved_left.set(self.reserved_left.get() + bytes);
+    }
 }
 
 impl<R: DeviceMemoryResource> Drop for SettleOnReturn<'_, R> {
     #[inline(always)]
     fn drop(&mut self) {
         let (c, cost) = (self.counted, self.cost);
-        if !self.made {
+        // Growths past the reservation were admitted and counted in the
+        // budget as they happened: they join `charged` (a surplus, memory
+        // admitted and not created, is settled below).
+        let (extra, grew) = self.gate.map_or((0, false), |gate| {
+            let extra = gate.extra.get();
+            (extra, extra != 0 || gate.reserved_left.get() < cost)
+        });
+        if extra != 0 {
+            c.charged.fetch_add(extra, Ordering::AcqRel);
+        }
+        // Below a cache the reservation and the growths were in flight
+        // (see `Counted::in_flight`): they leave it once `charged` holds
+        // them, or as the reservation is given back.
+        let in_flight = if self.gate.is_some() { cost + extra } else { 0 };
+        if !self.made && !grew {
+            if in_flight != 0 {
+                c.in_flight.fetch_sub(in_flight, Ordering::AcqRel);
+            }
             self.reservation.release_in_place();
             // The layers below may have given memory back while refusing
             // (a budget below asked its caches for idle memory): it
@@ -305,10 +391,20 @@ impl<R: DeviceMemoryResource> Drop for SettleOnReturn<'_, R> {
             c.settle();
             return;
         }
+        // A refusal after a growth (the cache keeps the pages it mapped,
+        // idle) keeps the reservation counted too: the settle releases
+        // what the cache does not hold.
         self.reservation.commit_in_place();
         // A cache hit costs nothing: no read-modify-write for it.
         if cost != 0 {
             c.charged.fetch_add(cost, Ordering::AcqRel);
+        }
+        if in_flight != 0 {
+            c.in_flight.fetch_sub(in_flight, Ordering::AcqRel);
+        }
+        if !self.made {
+            c.settle();
+            return;
         }
         // A layer below that does its own accounting (a cache) estimated
         // the cost before allocating: another thread may have taken the
@@ -329,7 +425,7 @@ impl<R: DeviceMemoryResource> Drop for SettleOnReturn<'_, R> {
         // this resource, by a refused reservation's relief before it
         // refuses, and by the next free through it where frees may drain
         // (see `settle_after_free`).
-        if cost != self.bytes || !c.inner.allocation_cost_is_exact() {
+        if cost != self.bytes || self.gate.is_some() {
             c.reconcile();
         }
     }
@@ -402,27 +498,43 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> 
                 reservation
             }
         };
-        // A cache below maps ahead of a block it grows for, and this
-        // budget counts those pages too, past its limit if they take it
-        // there: its growth maps ahead only inside the room left (see
-        // `util::growth_room`), left when the guard below drops. Not for
-        // what costs nothing (a hit: the pair's path, which two
-        // thread-local accesses would lengthen), which the cache expects
-        // to serve from memory it holds; where it grows all the same (idle
-        // memory in pieces too small), what it maps ahead is counted as
-        // any top-up, and given back with the idle memory.
-        let room = (cost != 0 && !c.inner.allocation_cost_is_exact())
-            .then(|| GrowthRoom::enter(reservation.room()));
-        let result = self.counted.inner.allocate(bytes, stream, tag);
-        // Committed or given back by a guard, after the result has moved
-        // to the caller (see `SettleOnReturn`).
+        // Below a layer whose cost is a guess (a cache), every growth
+        // the allocation makes passes this budget's gate before memory is
+        // created (see `AllocationGate`), hits included: a hit the cost
+        // foresaw may find its range taken by another thread, and grow.
+        if c.inner.allocation_cost_is_exact() {
+            let result = c.inner.allocate(bytes, stream, tag);
+            // Committed or given back by a guard, after the result has
+            // moved to the caller (see `SettleOnReturn`).
+            let _settle = SettleOnReturn {
+                counted: c,
+                reservation,
+                cost,
+                bytes,
+                made: result.is_ok(),
+                gate: None,
+            };
+            return result;
+        }
+        if cost != 0 {
+            c.in_flight.fetch_add(cost, Ordering::AcqRel);
+        }
+        let gate = AllocationGate {
+            counted: c,
+            reserved_left: Cell::new(cost),
+            extra: Cell::new(0),
+        };
+        let link = growth_gate::Link::new(&gate);
+        let entered = growth_gate::enter(&link);
+        let result = c.inner.allocate(bytes, stream, tag);
+        drop(entered);
         let _settle = SettleOnReturn {
             counted: c,
             reservation,
             cost,
             bytes,
             made: result.is_ok(),
-            _room: room,
+            gate: Some(&gate),
         };
         result
     }

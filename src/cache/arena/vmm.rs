@@ -40,7 +40,8 @@
 //! one `cuMemSetAccess`, not twenty of each); the growth maps the free
 //! pages after the block too, ahead of the next blocks, up to `slack`
 //! over the live high-water mark and never past the room a budget above
-//! the cache leaves (see [`growth_room`](crate::util::growth_room)).
+//! the cache leaves, which admits every byte a growth creates before it
+//! is created (see [`growth_gate`](crate::util::growth_gate)).
 //! Where new memory would take the cache past `slack` over the live
 //! high-water mark by [`ALIAS_MIN_PAGES`] pages or more, the block's
 //! pages past that target are backed, all of them or none, by whole
@@ -221,11 +222,11 @@ use super::kept::{KeptBlocks, KeptNodes};
 use super::pages::{PageTable, Released};
 use super::placement::{Arena, Placed};
 use crate::cache::config::CrossStreamReuse;
-use crate::error::ResourceResult;
+use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::{Gpu, GpuError, RawStream};
 use crate::resource::DeviceAccess;
 use crate::types::StreamId;
-use crate::util::growth_room;
+use crate::util::growth_gate;
 
 // What a sleep needs of the arena (`vmm/sleep.rs`): a child module, as
 // it works on the shared state's private parts.
@@ -1664,11 +1665,12 @@ impl VirtualArena {
         // any time already may reach. A budget above the cache bounds it
         // too: it counts the pages ahead, which share the block's handle
         // and cannot be given back while the block lives, so past its
-        // limit they would stay counted there (`util::growth_room`).
+        // limit they would stay counted there (`util::growth_gate`, which
+        // then admits them in `charge_growth`).
         let room = self
             .target(live)
             .saturating_sub(self.held() + growing + need)
-            .min(growth_room::room())
+            .min(growth_gate::room().saturating_sub(need))
             / page;
         let ahead_max =
             (room.min(u32::MAX as usize) as u32).min(self.max_run_pages.saturating_sub(n));
@@ -1696,7 +1698,7 @@ impl VirtualArena {
                     Ok(h) => Ok(Some((h, n + ahead))),
                     // Short of memory: what the block needs, nothing ahead.
                     Err(GpuError::OutOfMemory { .. }) if charged > need => {
-                        self.access.release_charge(charged - need);
+                        self.uncharge(charged - need);
                         charge = need;
                         match gpu.mem_create(need) {
                             Ok(h) => Ok(Some((h, n))),
@@ -1773,7 +1775,7 @@ impl VirtualArena {
         if mapped.is_err() {
             // Nothing was mapped: the memory charged for it never was, or
             // was released above.
-            self.access.release_charge(charge);
+            self.uncharge(charge);
         }
         let mut st = self.lock();
         st.growing -= planned;
@@ -1794,7 +1796,8 @@ impl VirtualArena {
     }
 
     /// Charges the layers lending the device (a budget below the cache)
-    /// for a growth of `planned` bytes, and returns the bytes charged.
+    /// and the gates of the budgets above it (`util::growth_gate`) for a
+    /// growth of `planned` bytes, and returns the bytes charged.
     /// When they refuse that, the pages ahead (`*ahead` of them from
     /// `ahead_at`) stop being pending and only `need` is asked for; when
     /// they refuse that too, idle mappings are given back (the budget gets
@@ -1814,14 +1817,14 @@ impl VirtualArena {
         ahead_at: u32,
         ahead: &mut u32,
     ) -> ResourceResult<usize> {
-        if self.access.try_charge(planned).is_ok() {
+        if self.charge(planned).is_ok() {
             return Ok(planned);
         }
         if *ahead > 0 {
             self.lock().pages.unpend(ahead_at, *ahead);
             *ahead = 0;
         }
-        let mut refused = match self.access.try_charge(need) {
+        let mut refused = match self.charge(need) {
             Ok(()) => return Ok(need),
             Err(e) => e,
         };
@@ -1836,12 +1839,38 @@ impl VirtualArena {
             if self.reclaim_all(wait) == 0 {
                 continue;
             }
-            match self.access.try_charge(need) {
+            match self.charge(need) {
                 Ok(()) => return Ok(need),
                 Err(e) => refused = e,
             }
         }
         Err(refused)
+    }
+
+    /// Charges `bytes` of new memory to the layers lending the device,
+    /// then has the budgets above the cache admit them; nothing stays
+    /// charged on a refusal.
+    ///
+    /// # Errors
+    /// The first refusal, as
+    /// [`BudgetExceeded`](crate::ResourceError::BudgetExceeded).
+    fn charge(&self, bytes: usize) -> ResourceResult<()> {
+        self.access.try_charge(bytes)?;
+        growth_gate::try_take(bytes).map_err(|refused| {
+            self.access.release_charge(bytes);
+            ResourceError::BudgetExceeded {
+                requested: refused.requested,
+                limit: refused.limit,
+                in_use: refused.in_use,
+            }
+        })
+    }
+
+    /// Gives back what [`charge`](Self::charge) took for memory never
+    /// created.
+    fn uncharge(&self, bytes: usize) {
+        self.access.release_charge(bytes);
+        growth_gate::give_back(bytes);
     }
 
     /// `mem_create` failed for lack of memory: gives back every idle
