@@ -1191,8 +1191,26 @@ impl VirtualArena {
             Some(placed) => (placed, 0),
             None => {
                 let placed = self.choose(st, own, len, any)?;
-                let SharedArena { arena, streams, .. } = &mut *st;
-                match any {
+                let SharedArena {
+                    arena,
+                    streams,
+                    pages,
+                    ..
+                } = &mut *st;
+                // A range with memory behind none of its pages is ordered
+                // after nobody's free: the tags say who used the memory
+                // that was there, and none is. A page loses its memory
+                // only once the host saw the GPU done with every free on
+                // it (`take_idle` under a completed fence, a sleep's
+                // `release_asleep` likewise), and memory moved away leaves
+                // its old addresses out of the arena until that holds for
+                // them too, so no queued work reaches these addresses.
+                // What backs them next is new memory (a growth) or memory
+                // moved here, whose own frees `alias_unbacked` orders the
+                // stream after. Tags spread to such ranges when free
+                // neighbours merge; waiting for them only chained streams.
+                let reaches_memory = pages.backed_in(placed.off, placed.len).0 > 0;
+                match any && reaches_memory {
                     false => (placed, 0),
                     true => match self.order_after(streams, ss, arena.freed(placed)) {
                         Some(waits) => (placed, waits),
