@@ -126,6 +126,15 @@
 //!   work queued on `S` before the free can overlap `T`'s. `T`'s own later
 //!   free of it tags it with `T`, whose stream order now includes that
 //!   wait.
+//! - Where the block has memory behind none of its pages, `T` is ordered
+//!   after nobody's free: the tags (which spread over such pages when free
+//!   neighbours merge) name the users of memory no longer there. A page
+//!   loses its memory only once the host saw the GPU done with every free
+//!   on it (the unmap of an idle mapping at a growth or a trim, or of a
+//!   settled sleep: fences past those frees seen complete by a query, or
+//!   after the host waited for the GPU as the last resort), so no queued
+//!   work reaches the address. The block gets new memory (a growth), or
+//!   memory moved from elsewhere, ordered after its own frees (below).
 //! - The fence `T` waits for is recorded right after the free (not when
 //!   `T` asks), once another stream had to wait for memory `S` freed:
 //!   from then on, `S`'s next frees ([`LENDING_FREES`]) each get one. So
@@ -1143,7 +1152,9 @@ impl VirtualArena {
     /// completed before a growth), and among mapped memory, ranges the
     /// stream may use as they are. Outside a capture, when nothing fits so,
     /// any free range serves before new memory, the stream waiting on the
-    /// GPU for the fence of another stream's free where it may still run;
+    /// GPU for the fence of another stream's free where it may still run
+    /// (not where the block has memory behind none of its pages: see
+    /// "Stream ordering");
     /// under [`CrossStreamReuse::Done`], only ranges whose frees the host
     /// saw done serve so (see [`place_when_done`](Self::place_when_done)).
     /// Returns the placement, whether memory another stream freed serves
@@ -1197,18 +1208,20 @@ impl VirtualArena {
                     pages,
                     ..
                 } = &mut *st;
-                // A range with memory behind none of its pages is ordered
-                // after nobody's free: the tags say who used the memory
-                // that was there, and none is. A page loses its memory
+                // A block with memory behind none of its pages is ordered
+                // after nobody's free ("Stream ordering"): the tags name
+                // users of memory no longer there. A page loses its memory
                 // only once the host saw the GPU done with every free on
-                // it (`take_idle` under a completed fence, a sleep's
-                // `release_asleep` likewise), and memory moved away leaves
-                // its old addresses out of the arena until that holds for
-                // them too, so no queued work reaches these addresses.
-                // What backs them next is new memory (a growth) or memory
-                // moved here, whose own frees `alias_unbacked` orders the
-                // stream after. Tags spread to such ranges when free
-                // neighbours merge; waiting for them only chained streams.
+                // it (`take_idle` takes only handles whose tags a fence
+                // seen complete covers; a sleep's `release_asleep` unmaps
+                // likewise), and pages whose memory moved away stay out of
+                // the arena until then too, so no queued work reaches
+                // these addresses. What backs them next is new memory (a
+                // growth) or memory moved here, which `move_memory` orders
+                // the stream after the frees of. Waiting for the tags here
+                // (they spread to such pages when free neighbours merge)
+                // only chained the streams. Pending pages are not offered
+                // (`fit`), so "not mapped" means no memory at all.
                 let reaches_memory = pages.backed_in(placed.off, placed.len).0 > 0;
                 match any && reaches_memory {
                     false => (placed, 0),
