@@ -220,3 +220,87 @@ fn under_done_size_classes_do_not_steal() {
         assert!(gpu.races().is_empty(), "{:#?}", gpu.races());
     }
 }
+
+/// Stream `a`'s program that leaves a free range of its own, still in
+/// use on the GPU, stretching over pages with no memory behind them:
+/// `a` takes `unbacked` pages and one more, frees the first block and
+/// lets the GPU finish it, so that two trims give its memory back (its
+/// addresses stay tagged with `a`'s free); then `a` writes the page it
+/// still holds and frees it, its kernel queued. The free range from the
+/// arena's start now holds `unbacked` pages with no memory and one page
+/// of `a`'s memory that its queued write uses, all tagged with that free.
+/// Returns the first page's address.
+fn a_range_over_unbacked_pages(c: &Cache, a: streamalloc::StreamId, unbacked: usize) -> u64 {
+    let first = c.cache.allocate(unbacked * P, a, T).unwrap();
+    let last = c.cache.allocate(P, a, T).unwrap();
+    let home = first.ptr();
+    assert_eq!(last.ptr(), home + (unbacked * P) as u64);
+    c.kernel(a, MemAccess::write(&first));
+    c.cache.deallocate(first).unwrap();
+    c.gpu.run_until_idle();
+    // The first trim records fences past the free, the second sees them
+    // done and unmaps the first block's memory.
+    c.cache.trim().unwrap();
+    c.gpu.run_until_idle();
+    c.cache.trim().unwrap();
+    assert_eq!(c.gpu.held_bytes(), P, "only the page a holds is mapped");
+    c.kernel(a, MemAccess::write(&last));
+    c.cache.deallocate(last).unwrap();
+    // Asking for the idle bytes puts a's last free in the arena, where it
+    // merges with the range before it and the free tail after it.
+    assert_eq!(c.cache.cached_bytes(), P);
+    home
+}
+
+/// A block placed on pages with no memory behind them takes new memory,
+/// which no work queued before can touch (memory is unmapped only once
+/// the host saw the GPU done with it): it waits on the GPU for nobody,
+/// though the free range it lies in carries the tag of a free whose
+/// kernel is still queued (tags spread when free neighbours merge). Under
+/// `Wait` such a wait only serialised the streams; under `Done` the block
+/// is not refused the range. Fails if `b` waits for `a`'s fence, or is
+/// moved off the range.
+#[test]
+fn a_block_on_pages_with_no_memory_waits_for_nobody() {
+    for reuse in [CrossStreamReuse::Wait, CrossStreamReuse::Done] {
+        let c = Cache::manual(2, CacheConfig::default().cross_stream(reuse));
+        let (a, b) = (c.s(0), c.s(1));
+        let home = a_range_over_unbacked_pages(&c, a, 2);
+        let (waits, creates) = (c.waits(), c.gpu.call_count(DriverCall::MemCreate));
+        let on_b = c.cache.allocate(2 * P, b, T).unwrap();
+        assert_eq!(on_b.ptr(), home, "{reuse:?}: the pages with no memory");
+        assert_eq!(c.waits(), waits, "{reuse:?}: a wait for a's free");
+        assert!(
+            c.gpu.call_count(DriverCall::MemCreate) > creates,
+            "{reuse:?}: new memory"
+        );
+        let stats = c.cache.stats();
+        assert_eq!(
+            (stats.cross_stream_waits, stats.borrows),
+            (0, 0),
+            "{reuse:?}"
+        );
+        c.kernel(b, MemAccess::write(&on_b));
+        c.cache.deallocate(on_b).unwrap();
+        c.assert_race_free();
+    }
+}
+
+/// The same range, with the block reaching one page of `a`'s memory that
+/// `a`'s queued write uses: `b` waits on the GPU for `a`'s free, and the
+/// race detector finds `b`'s write ordered after `a`'s. Fails with a race
+/// if the wait is skipped because most of the block had no memory.
+#[test]
+fn a_block_on_one_page_of_memory_another_stream_freed_still_waits() {
+    let c = Cache::manual(2, CacheConfig::default());
+    let (a, b) = (c.s(0), c.s(1));
+    let home = a_range_over_unbacked_pages(&c, a, 1);
+    let waits = c.waits();
+    let on_b = c.cache.allocate(2 * P, b, T).unwrap();
+    assert_eq!(on_b.ptr(), home, "a page with none and a's page");
+    assert_eq!(c.waits(), waits + 1, "one wait, for a's free");
+    assert_eq!(c.cache.stats().cross_stream_waits, 1);
+    c.kernel(b, MemAccess::write(&on_b));
+    c.cache.deallocate(on_b).unwrap();
+    c.assert_race_free();
+}

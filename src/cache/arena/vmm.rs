@@ -127,6 +127,15 @@
 //!   work queued on `S` before the free can overlap `T`'s. `T`'s own later
 //!   free of it tags it with `T`, whose stream order now includes that
 //!   wait.
+//! - Where the block has memory behind none of its pages, `T` is ordered
+//!   after nobody's free: the tags (which spread over such pages when free
+//!   neighbours merge) name the users of memory no longer there. A page
+//!   loses its memory only once the host saw the GPU done with every free
+//!   on it (the unmap of an idle mapping at a growth or a trim, or of a
+//!   settled sleep: fences past those frees seen complete by a query, or
+//!   after the host waited for the GPU as the last resort), so no queued
+//!   work reaches the address. The block gets new memory (a growth), or
+//!   memory moved from elsewhere, ordered after its own frees (below).
 //! - The fence `T` waits for is recorded right after the free (not when
 //!   `T` asks), once another stream had to wait for memory `S` freed:
 //!   from then on, `S`'s next frees ([`LENDING_FREES`]) each get one. So
@@ -1144,7 +1153,9 @@ impl VirtualArena {
     /// completed before a growth), and among mapped memory, ranges the
     /// stream may use as they are. Outside a capture, when nothing fits so,
     /// any free range serves before new memory, the stream waiting on the
-    /// GPU for the fence of another stream's free where it may still run;
+    /// GPU for the fence of another stream's free where it may still run
+    /// (not where the block has memory behind none of its pages: see
+    /// "Stream ordering");
     /// under [`CrossStreamReuse::Done`], only ranges whose frees the host
     /// saw done serve so (see [`place_when_done`](Self::place_when_done)).
     /// Returns the placement, whether memory another stream freed serves
@@ -1192,8 +1203,28 @@ impl VirtualArena {
             Some(placed) => (placed, 0),
             None => {
                 let placed = self.choose(st, own, len, any)?;
-                let SharedArena { arena, streams, .. } = &mut *st;
-                match any {
+                let SharedArena {
+                    arena,
+                    streams,
+                    pages,
+                    ..
+                } = &mut *st;
+                // A block with memory behind none of its pages is ordered
+                // after nobody's free ("Stream ordering"): the tags name
+                // users of memory no longer there. A page loses its memory
+                // only once the host saw the GPU done with every free on
+                // it (`take_idle` takes only handles whose tags a fence
+                // seen complete covers; a sleep's `release_asleep` unmaps
+                // likewise), and pages whose memory moved away stay out of
+                // the arena until then too, so no queued work reaches
+                // these addresses. What backs them next is new memory (a
+                // growth) or memory moved here, which `move_memory` orders
+                // the stream after the frees of. Waiting for the tags here
+                // (they spread to such pages when free neighbours merge)
+                // only chained the streams. Pending pages are not offered
+                // (`fit`), so "not mapped" means no memory at all.
+                let reaches_memory = pages.backed_in(placed.off, placed.len).0 > 0;
+                match any && reaches_memory {
                     false => (placed, 0),
                     true => match self.order_after(streams, ss, arena.freed(placed)) {
                         Some(waits) => (placed, waits),
