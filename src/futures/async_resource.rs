@@ -782,6 +782,31 @@ pub(crate) fn give_back_failed_try(
     free_detached(core, block, Seen::Untouched { hook_uses }, false)
 }
 
+/// The free of a block a [`MemoryReservation`](super::MemoryReservation)
+/// still held when it was dropped, `hook_uses` the resource's count of
+/// hook uses when the try that took it began: as [`deallocate_detached`]
+/// (announced to the wait queue: the memory is back for anyone), and told
+/// to the inner resource as unused
+/// ([`deallocate_unused`](DeviceMemoryResource::deallocate_unused)) when
+/// no use began through the resource's hooks since.
+///
+/// Nothing touched such a block, as nothing touched a failed try's: a
+/// reservation hands out a block only as a buffer, which takes it out
+/// (no accessor gives a block, its id or its address), so a block still
+/// in it was never a buffer, and the crate queued no work on it; user
+/// code could reach it only by building its descriptor from an id or an
+/// address learnt elsewhere and naming it to the hooks, which the count
+/// sees. (Uses named to the stack's own hooks, past this resource, and a
+/// sleep's restore are the cache's to see: it frees a lease it saw used
+/// as an ordinary free, whatever the caller says.)
+pub(crate) fn give_back_unhanded(
+    core: &Core,
+    block: DeviceBlock,
+    hook_uses: u64,
+) -> ResourceResult<()> {
+    free_detached(core, block, Seen::Untouched { hook_uses }, true)
+}
+
 /// What the host knows of a block's uses at a detached free.
 enum Seen {
     /// The completion of its last launch, if it had one and it was made

@@ -47,8 +47,22 @@
 //! - [`MemoryReservation::allocate_buffer`] takes the smallest block left
 //!   that holds the buffer (the first such in the order asked, on a tie);
 //!   the buffer owns it from then on, and frees it when dropped.
-//! - Dropping the reservation (or the task holding it) frees the blocks
-//!   left, stream-ordered; nothing waits for the GPU.
+//! - Dropping the reservation (or cancelling the task that holds it)
+//!   gives back the blocks left (announced to the waiting allocations,
+//!   as any memory back); nothing waits for the GPU. Those
+//!   blocks were never handed to user code either: the reservation gives
+//!   a block out only as a buffer, which takes it out, and no accessor
+//!   shows a block, its id or its address (only sizes). So, as a failed
+//!   try's, they go back unused, the memory ordered for its next user as
+//!   it was before the reservation, not behind all the work its stream
+//!   queued since: the buffers it handed out may have kept that stream
+//!   busy, on other memory. Where that proof does not hold they go back
+//!   as ordinary frees at the end of the reservation's stream: after a
+//!   use named to this resource's hooks since the reservation's try
+//!   began (a caller can build any block's descriptor and name it there;
+//!   the count cannot say which block a use named, so any use counts), or
+//!   where the cache below saw the block used (a use named to the stack's
+//!   hooks directly, a sleep's restore at the wake).
 //!
 //! # Budget, cache, streams
 //!
@@ -57,9 +71,10 @@
 //! class, its arena's pages), from the moment they are reserved until their
 //! frees have executed, used or not. A cache serves them as any
 //! allocation, from idle blocks or ranges of the reservation's stream first;
-//! the blocks a reservation gives back unused are idle in the cache again
-//! (a failed try's as they were before it, a dropped reservation's as
-//! frees of its stream).
+//! the blocks a reservation gives back unused are idle in the cache again,
+//! as they were before it took them (a failed try's and a dropped
+//! reservation's alike). A buffer's block is a buffer's: used or not, its
+//! drop is the buffer's free, ordered after its work.
 //! A reservation is made on one stream and its buffers are on that stream;
 //! using them on other streams is ordered as for any buffer.
 //!
@@ -79,7 +94,7 @@ use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 
 use super::alloc_future::worth_waiting;
-use super::async_resource::{deallocate_detached, give_back_failed_try};
+use super::async_resource::{give_back_failed_try, give_back_unhanded};
 use super::core::Core;
 use super::hold_wait::current_owner;
 use super::waiter::{Attempt, Waiter};
@@ -154,18 +169,6 @@ fn largest_first(sizes: &[usize]) -> Vec<usize> {
     order
 }
 
-/// Frees blocks a failed try took (or a reservation left unused).
-fn give_back(core: &Core, blocks: impl IntoIterator<Item = DeviceBlock>) {
-    for block in blocks {
-        let id = block.id();
-        if let Err(e) = deallocate_detached(core, block, None) {
-            // Not the caller's to handle, and nothing else can take the
-            // block: reported, as an owned buffer's drop does.
-            tracing::error!(block = %id, error = %e, "freeing a reserved block failed");
-        }
-    }
-}
-
 impl Future for ReserveFuture {
     type Output = ResourceResult<MemoryReservation>;
 
@@ -213,14 +216,15 @@ impl Future for ReserveFuture {
                         core.holdings.served(b.id(), b.size(), owner);
                     }
                 }
-                Attempt::Served(blocks)
+                Attempt::Served((blocks, hook_uses))
             },
         );
         let core = &this.waiter.core;
         served.map(|r| {
-            r.map(|blocks| MemoryReservation {
+            r.map(|(blocks, hook_uses)| MemoryReservation {
                 core: core.clone(),
                 blocks,
+                hook_uses,
                 stream,
                 tag: this.waiter.tag.clone(),
             })
@@ -230,7 +234,8 @@ impl Future for ReserveFuture {
 
 /// Memory reserved for one request: blocks allocated up front on one
 /// stream, from which buffers are taken without waiting and without
-/// failing for lack of memory. Dropping it frees what was not taken.
+/// failing for lack of memory. Dropping it gives back what was not
+/// taken, unused.
 ///
 /// Made by [`AsyncResource::reserve`](super::AsyncResource::reserve).
 ///
@@ -242,7 +247,8 @@ impl Future for ReserveFuture {
 /// the layer below it takes from the device (a cache's size class or
 /// pages), from the reservation until the block's free has executed, used
 /// or not; a cache serves the blocks as any allocation, and takes back
-/// those given back unused as idle blocks of the stream.
+/// those it never handed out as they were before the reservation (no
+/// work touched them).
 ///
 /// # Examples
 /// ```
@@ -268,13 +274,22 @@ impl Future for ReserveFuture {
 ///
 /// # Stream ordering
 /// Every block is usable on [`stream`](Self::stream) from the reservation
-/// on; a buffer taken from it is a buffer of that stream.
+/// on; a buffer taken from it is a buffer of that stream, and its free is
+/// ordered after its work. At the drop, the blocks not taken go back with
+/// the ordering they had before the reservation took them (the next
+/// stream to take that memory does not wait for this one's work), unless
+/// a use was named to the resource's hooks meanwhile: then as frees at
+/// the end of the stream.
 #[must_use = "a reservation frees its memory when dropped"]
 #[derive(Debug)]
 pub struct MemoryReservation {
     core: Arc<Core>,
-    /// The blocks not taken yet, in the order asked.
+    /// The blocks not taken yet, in the order asked: never handed to user
+    /// code (no accessor gives one out; [`take`](Self::take) removes it).
     blocks: Vec<DeviceBlock>,
+    /// The resource's count of hook uses when the try that took the blocks
+    /// began: while it is unchanged, no use named one of them.
+    hook_uses: u64,
     stream: StreamId,
     tag: Tag,
 }
@@ -344,7 +359,17 @@ impl MemoryReservation {
 }
 
 impl Drop for MemoryReservation {
+    /// Gives back the blocks never handed out, as unused where no use was
+    /// named to the hooks meanwhile (see "Who changes it" in the module
+    /// documentation).
     fn drop(&mut self) {
-        give_back(&self.core, self.blocks.drain(..));
+        for block in self.blocks.drain(..) {
+            let id = block.id();
+            if let Err(e) = give_back_unhanded(&self.core, block, self.hook_uses) {
+                // Not the caller's to handle, and nothing else can take
+                // the block: reported, as an owned buffer's drop does.
+                tracing::error!(block = %id, error = %e, "freeing a reserved block failed");
+            }
+        }
     }
 }

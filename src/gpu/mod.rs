@@ -592,8 +592,8 @@ pub unsafe trait Gpu: Send + Sync + 'static {
 
     /// Tells a checking backend that the allocation noted at `addr` by
     /// [`note_suballocation`](Gpu::note_suballocation) on `stream` is undone:
-    /// no operation ever touched it (the crate hands such a block back
-    /// within the call that took it, [`NeverUsed`](crate::NeverUsed)), and
+    /// no operation ever touched it (a block the crate never let out of
+    /// its hands, [`NeverUsed`](crate::NeverUsed)), and
     /// its range is the caller's again as it was before, ordered after the
     /// frees it was ordered after then. The simulated device checks the
     /// claim (an access or a free of the allocation is reported) and puts

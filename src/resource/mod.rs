@@ -394,10 +394,11 @@ pub unsafe trait DeviceMemoryResource: Send + Sync {
     /// ordinary stream-ordered free, always correct.
     ///
     /// [`AsyncResource::reserve`](crate::AsyncResource::reserve) calls it
-    /// for the blocks a try took before one of its sizes was refused: an
-    /// ordinary free would order the next stream to take that memory after
-    /// all the work queued on the reservation's stream, none of which
-    /// touched it.
+    /// for the blocks a try took before one of its sizes was refused, and
+    /// a dropped [`MemoryReservation`](crate::MemoryReservation) for the
+    /// blocks it never handed out: an ordinary free would order the next
+    /// stream to take that memory after all the work queued on the
+    /// reservation's stream, none of which touched it.
     ///
     /// # Errors
     /// As [`deallocate`](Self::deallocate);

@@ -563,6 +563,219 @@ async fn a_block_given_back_unused_still_orders_the_next_user_after_the_free_bef
     assert_eq!(taken.waits, 1, "one wait, for stream 1's free");
 }
 
+/// Which block of a reservation on stream 2 became a buffer written on
+/// stream 2 before the reservation was dropped.
+#[derive(Clone, Copy, PartialEq)]
+enum Buffered {
+    /// The small one: the block on stream 1's range stayed in the
+    /// reservation.
+    OtherBlock,
+    /// As `OtherBlock`, and a use of another block was named to the
+    /// resource's hooks meanwhile.
+    OtherBlockAndAHookUse,
+    /// The block on stream 1's range.
+    StreamOnesRange,
+}
+
+/// Stream 1 writes two pages and frees them (its kernel run when
+/// `stream1_done`, else still queued); stream 2 has work of its own
+/// queued; stream 3 holds the page right after stream 1's range. A
+/// reservation on stream 2 of two pages and one, whose first block lands
+/// on stream 1's range, writes the block `buffered` says as a buffer,
+/// and is dropped. Then stream 3 takes two pages, writes them, and
+/// everything runs; the simulated device's race detector must stay
+/// silent.
+async fn stream3_takes_what_a_dropped_reservation_held(
+    stream1_done: bool,
+    buffered: Buffered,
+) -> TakenAfter {
+    use std::sync::Arc;
+    use streamalloc::gpu::sim::MemAccess;
+    use streamalloc::{CachingResource, DeviceMemoryResource, DriverCall};
+    const P: usize = 2 * MIB;
+    let gpu = SimGpu::builder().manual().build();
+    let device = Device::simulated(&gpu, 3);
+    let (s1, s2, s3) = (
+        device.stream(0).unwrap(),
+        device.stream(1).unwrap(),
+        device.stream(2).unwrap(),
+    );
+    let raw = |s| device.raw(s).unwrap();
+    let bottom = Arc::new(streamalloc::SimResource::new(&device));
+    let cache = Arc::new(CachingResource::with_config(
+        bottom,
+        CacheConfig::default().max_mapping_bytes(P),
+    ));
+    // SAFETY: the stack's bottom resource was made on this device.
+    let res = unsafe { AsyncResource::with_device(cache.clone(), &device) }.unwrap();
+    let freed = cache.allocate(2 * P, s1, TAG).unwrap();
+    let held = cache.allocate(P, s3, TAG).unwrap();
+    assert_eq!(held.ptr(), freed.ptr() + 2 * P as u64);
+    let at = freed.ptr();
+    gpu.launch_kernel(raw(s1), &[MemAccess::write(&freed)])
+        .unwrap();
+    cache.deallocate(freed).unwrap();
+    if stream1_done {
+        gpu.run_until_idle();
+    }
+    gpu.launch_kernel(raw(s2), &[]).unwrap();
+
+    let mut memory = res.reserve(&[2 * P, P], s2, TAG).await.unwrap();
+    let size = match buffered {
+        Buffered::StreamOnesRange => 2 * P,
+        Buffered::OtherBlock | Buffered::OtherBlockAndAHookUse => P,
+    };
+    let mut used = memory.allocate_buffer::<u8>(size).unwrap();
+    assert_eq!(
+        used.block().ptr() == at,
+        buffered == Buffered::StreamOnesRange
+    );
+    let block = used.block().clone();
+    let ((), _done) = res
+        .launch(s2)
+        .write(&mut used)
+        .enqueue(|raw| {
+            gpu.launch_kernel(raw, &[MemAccess::write(&block)])
+                .map_err(|e| e.for_request(0, s2))
+        })
+        .unwrap();
+    if buffered == Buffered::OtherBlockAndAHookUse {
+        res.record_block_use(&held, s3).unwrap();
+    }
+    drop(used);
+    assert_eq!(memory.len(), 1);
+    drop(memory);
+    assert_eq!(cache.leased_bytes(), P, "only stream 3's page is leased");
+
+    let waits = gpu.call_count(DriverCall::StreamWaitEvent);
+    let taken = cache.allocate(2 * P, s3, TAG).unwrap();
+    let after = TakenAfter {
+        waits: gpu.call_count(DriverCall::StreamWaitEvent) - waits,
+        same_range: taken.ptr() == at,
+    };
+    gpu.launch_kernel(raw(s3), &[MemAccess::write(&taken)])
+        .unwrap();
+    cache.deallocate(taken).unwrap();
+    cache.deallocate(held).unwrap();
+    gpu.run_until_idle();
+    assert_eq!(
+        gpu.races(),
+        [],
+        "stream 3 raced stream 1's or stream 2's work"
+    );
+    after
+}
+
+/// A reservation dropped with a block it never handed out gives that
+/// block back as it was, not as a free of its stream: stream 1's range,
+/// which the host saw stream 1 done with, serves stream 3 with no wait on
+/// the GPU, although stream 2 (the reservation's) still has work queued.
+/// Given back as a free at the end of stream 2's queue, it made stream 3
+/// wait for all of that work, none of which touched the range.
+#[tokio::test]
+async fn a_dropped_reservation_gives_back_the_blocks_it_never_handed_out_untagged() {
+    let taken = stream3_takes_what_a_dropped_reservation_held(true, Buffered::OtherBlock).await;
+    assert!(taken.same_range, "stream 1's range serves stream 3");
+    assert_eq!(
+        taken.waits, 0,
+        "stream 3 waited on the GPU for stream 2's work, which never touched the range"
+    );
+}
+
+/// The same with stream 1's work still queued: the range keeps stream 1's
+/// tag, so stream 3 waits for stream 1's free (the race detector checks
+/// its write against stream 1's).
+#[tokio::test]
+async fn a_dropped_reservations_unused_block_still_orders_the_next_user_after_the_free_before() {
+    let taken = stream3_takes_what_a_dropped_reservation_held(false, Buffered::OtherBlock).await;
+    assert!(taken.same_range, "stream 1's range serves stream 3");
+    assert_eq!(taken.waits, 1, "one wait, for stream 1's free");
+}
+
+/// A block handed out as a buffer and written on stream 2 was used: its
+/// free, when the buffer is dropped, is an ordinary one, and stream 3
+/// waits for stream 2's work on it.
+#[tokio::test]
+async fn a_reserved_block_handed_out_as_a_buffer_is_an_ordinary_free() {
+    let taken =
+        stream3_takes_what_a_dropped_reservation_held(true, Buffered::StreamOnesRange).await;
+    assert!(taken.same_range, "stream 1's range serves stream 3");
+    assert_eq!(taken.waits, 1, "one wait, for stream 2's free");
+}
+
+/// A use named to the resource's hooks while the reservation lived may
+/// have named one of its blocks (a caller can build any block's
+/// descriptor): the proof that nothing touched them is gone, and the drop
+/// gives them back as ordinary frees of stream 2.
+#[tokio::test]
+async fn a_hook_use_while_a_reservation_lives_makes_its_drop_an_ordinary_free() {
+    let taken =
+        stream3_takes_what_a_dropped_reservation_held(true, Buffered::OtherBlockAndAHookUse).await;
+    assert!(taken.same_range, "stream 1's range serves stream 3");
+    assert_eq!(taken.waits, 1, "one wait, for stream 2's free");
+}
+
+/// A sleep of a reserved block's tag, then a wake, queues the block's
+/// restore on its stream: the crate's own work touched the block, which
+/// the reservation never handed out. Its drop still frees it as an
+/// ordinary free of its stream (the cache saw the restore), so stream 3,
+/// taking the range, waits for the restore on the GPU, and the race
+/// detector, which reports an undone allocation that was touched, stays
+/// silent.
+#[tokio::test]
+async fn a_reserved_block_restored_by_a_wake_is_an_ordinary_free() {
+    use std::sync::Arc;
+    use streamalloc::gpu::sim::MemAccess;
+    use streamalloc::{CachingResource, DeviceMemoryResource, DriverCall, SleepMode, SleepPlan};
+    const P: usize = 2 * MIB;
+    let gpu = SimGpu::builder().manual().build();
+    let device = Device::simulated(&gpu, 3);
+    let (s1, s2, s3) = (
+        device.stream(0).unwrap(),
+        device.stream(1).unwrap(),
+        device.stream(2).unwrap(),
+    );
+    let raw = |s| device.raw(s).unwrap();
+    let bottom = Arc::new(streamalloc::SimResource::new(&device));
+    let cache = Arc::new(CachingResource::with_config(
+        bottom,
+        CacheConfig::default().max_mapping_bytes(P),
+    ));
+    // SAFETY: the stack's bottom resource was made on this device.
+    let res = unsafe { AsyncResource::with_device(cache.clone(), &device) }.unwrap();
+    let freed = cache.allocate(2 * P, s1, TAG).unwrap();
+    let held = cache.allocate(P, s3, AllocTag("held")).unwrap();
+    let at = freed.ptr();
+    gpu.launch_kernel(raw(s1), &[MemAccess::write(&freed)])
+        .unwrap();
+    cache.deallocate(freed).unwrap();
+    gpu.run_until_idle();
+
+    let memory = res.reserve(&[2 * P], s2, TAG).await.unwrap();
+    cache
+        .sleep(&SleepPlan::new().tag(TAG, SleepMode::Offload))
+        .unwrap();
+    assert!(
+        !cache.wake().unwrap().is_empty(),
+        "the wake restored the block"
+    );
+    drop(memory);
+
+    let waits = gpu.call_count(DriverCall::StreamWaitEvent);
+    let taken = cache.allocate(2 * P, s3, TAG).unwrap();
+    assert_eq!(taken.ptr(), at, "the reserved range serves stream 3");
+    assert!(
+        gpu.call_count(DriverCall::StreamWaitEvent) > waits,
+        "stream 3 did not wait for the restore on stream 2"
+    );
+    gpu.launch_kernel(raw(s3), &[MemAccess::write(&taken)])
+        .unwrap();
+    cache.deallocate(taken).unwrap();
+    cache.deallocate(held).unwrap();
+    gpu.run_until_idle();
+    assert_eq!(gpu.races(), [], "stream 3 raced the restore");
+}
+
 fn futures_noop() -> std::task::Waker {
     std::task::Waker::noop().clone()
 }
