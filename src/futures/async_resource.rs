@@ -314,8 +314,9 @@ impl<R: DeviceMemoryResource + ?Sized + 'static> AsyncResource<R> {
     /// first come first served with the other waiting allocations, as
     /// tokio's `Semaphore::acquire_many_owned`. Buffers are then taken from
     /// the [`MemoryReservation`](super::MemoryReservation) without waiting
-    /// and without failing for lack of memory; dropping it frees what was
-    /// not taken. For `n` bytes in one buffer, pass `&[n]`.
+    /// and without failing for lack of memory; dropping it gives back what
+    /// was not taken, unused (the next stream to take that memory does not
+    /// wait for this one's work). For `n` bytes in one buffer, pass `&[n]`.
     ///
     /// The blocks are allocated up front through the whole stack (see
     /// [`MemoryReservation`](super::MemoryReservation) for budgets and

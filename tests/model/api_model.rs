@@ -65,12 +65,14 @@ use proptest::prelude::*;
 use streamalloc::CacheConfig;
 use streamalloc::drop_error_count;
 use streamalloc::gpu::sim::{MemAccess, SimGpu};
-use streamalloc::{AsyncResource, DeallocHandle, EventFuture, Reaper};
+use streamalloc::{AsyncResource, DeallocHandle, EventFuture, MemoryReservation, Reaper};
 use streamalloc::{Budget, GuardConfig};
 #[path = "api_model/foreign.rs"]
 mod foreign;
 #[path = "api_model/graphs.rs"]
 mod graphs;
+#[path = "api_model/reserve.rs"]
+mod reserve;
 #[path = "api_model/twin.rs"]
 mod twin;
 
@@ -283,6 +285,25 @@ enum Op {
         index: usize,
         call: Entry,
     },
+    /// A reservation of two sizes on `stream` (see [`reserve`]), polled up
+    /// to `polls` times; served, `take` of its blocks become buffers, and
+    /// it is kept or dropped at once.
+    Reserve {
+        sizes: [usize; 2],
+        stream: usize,
+        polls: u8,
+        take: u8,
+        keep: bool,
+    },
+    /// A buffer taken from a kept reservation (its first block left).
+    TakeReserved {
+        slot: usize,
+    },
+    /// A kept reservation dropped, with the blocks it never handed out.
+    DropReservation {
+        slot: usize,
+        at: Place,
+    },
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -320,6 +341,7 @@ struct World {
     other: tokio::runtime::Runtime,
     reaper: Option<Reaper>,
     buffers: Vec<Buffer<u8>>,
+    reservations: Vec<MemoryReservation>,
     points: Vec<EventFuture>,
     frees: Vec<DeallocHandle>,
     tasks: Vec<Task>,
@@ -437,6 +459,7 @@ impl World {
             other,
             reaper,
             buffers: Vec::new(),
+            reservations: Vec::new(),
             points: Vec::new(),
             frees: Vec::new(),
             tasks: Vec::new(),
@@ -467,6 +490,7 @@ impl World {
         self.buffers.iter().any(|b| b.num_bytes() > 0)
             || self.tasks.iter().any(|t| !t.handle.is_finished())
             || !self.graphs.is_empty()
+            || !self.reservations.is_empty()
             || self.twin.as_ref().is_some_and(Twin::holds_memory)
     }
 
@@ -692,6 +716,20 @@ impl World {
                 Ok(())
             }
             Op::Foreign { from, index, call } => self.foreign(from, index, call),
+            Op::Reserve {
+                sizes,
+                stream,
+                polls,
+                take,
+                keep,
+            } => self.reserve(sizes, stream, polls, take, keep),
+            Op::TakeReserved { slot } => self.take_reserved(slot),
+            Op::DropReservation { slot, at } => {
+                if let Some(r) = Self::take(&mut self.reservations, slot) {
+                    self.dispose(r, at);
+                }
+                Ok(())
+            }
         }
     }
 
@@ -1025,6 +1063,7 @@ impl World {
         self.points.clear();
         self.frees.clear();
         self.buffers.clear();
+        self.reservations.clear();
         self.graphs.clear();
         if let Some(t) = &mut self.twin {
             t.buffers.clear();
@@ -1253,7 +1292,11 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (slot.clone(), place()).prop_map(|(slot, at)| Op::DropGraph { slot, at }),
         2 => (size.clone(), how.clone()).prop_map(|(size, how)| Op::TwinAlloc { size, how }),
         1 => (slot.clone(), place()).prop_map(|(slot, at)| Op::TwinDrop { slot, at }),
-        2 => (stranger(), stream, entry()).prop_map(|(from, index, call)| Op::Foreign { from, index, call }),
+        2 => (stranger(), stream.clone(), entry()).prop_map(|(from, index, call)| Op::Foreign { from, index, call }),
+        2 => ([size.clone(), size.clone()], stream, 1u8..4, 0u8..3, proptest::bool::ANY)
+            .prop_map(|(sizes, stream, polls, take, keep)| Op::Reserve { sizes, stream, polls, take, keep }),
+        1 => slot.clone().prop_map(|slot| Op::TakeReserved { slot }),
+        1 => (slot, place()).prop_map(|(slot, at)| Op::DropReservation { slot, at }),
     ]
 }
 
