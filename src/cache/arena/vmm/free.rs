@@ -14,10 +14,12 @@
 //!
 //! A free is made at the current end of the block's stream, after the
 //! waits for the block's uses on other streams were queued, so its tag
-//! covers them; a kept block given back later is tagged then, fenced
-//! then too where others borrow. An undo keeps the tags the range had:
-//! the next user is ordered after those frees, not after the work this
-//! stream queued since, which never touched the range.
+//! covers them. A kept block given back later is tagged then; fenced
+//! then too where others borrow, unless another stream's growth gives it
+//! back (then a borrow records the fence when it comes). An undo keeps
+//! the tags the range had: the next user is ordered after those frees,
+//! not after the work this stream queued since, which never touched the
+//! range.
 
 #![forbid(unsafe_code)]
 
