@@ -12,12 +12,14 @@ use std::sync::atomic::Ordering;
 use super::super::freed::Freed;
 use super::super::pages::Handle;
 use super::super::placement::Placed;
-use super::{StreamSlot, VirtualArena, is_done};
+use super::shared::is_done;
+use super::{StreamSlot, VirtualArena};
 use crate::error::ResourceResult;
 
 impl VirtualArena {
     /// Takes out of the page table the handles under the blocks on
-    /// `spans` that no other live block touches ([`PageTable::sleepable`]),
+    /// `spans` that no other live block touches
+    /// ([`PageTable::sleepable`](super::super::pages::PageTable::sleepable)),
     /// each with the frees on it the GPU must be done with before it is
     /// unmapped. Their pages are pending from now on: nothing is placed
     /// on them and no growth maps them, whatever is freed meanwhile.
