@@ -16,7 +16,7 @@
 //! | `cache_virtual_memory` | `on` / `off` | the cache's virtual-memory arena, or size classes ([`CacheConfig::virtual_memory`](crate::CacheConfig::virtual_memory)); needs `cache:on` |
 //! | `budget` | bytes | a [`Budget`](crate::Budget) of that limit over the stack |
 //! | `debug_guard` | `on` / `off` | a [`DebugGuardResource`](crate::DebugGuardResource) with the default quarantine, outermost |
-//! | `history` | a count | record the last N events in the [memory history](crate::history) (0: off) |
+//! | `history` | a count | record the last N events in the [memory history](crate::observe::history) (0: off) |
 //! | `history_backtraces` | `on` / `off` | keep each allocation's Rust backtrace in the history; needs `history` |
 //! | `wait` | `default` / `park` | the completion futures' [`WaitPolicy`](crate::WaitPolicy) (`DEFAULT` or `PARK_AT_ONCE`) |
 //!

@@ -20,7 +20,7 @@ use crate::buffer::DeviceElement;
 ///    padding bytes, no invalid values, no pointers whose validity
 ///    matters);
 /// 2. `T` has no `Drop` and may be copied bytewise (it is
-///    [`Copy`](core::marker::Copy));
+///    [`Copy`]);
 /// 3. `align_of::<T>()` is at most 256 (the alignment a pinned block is
 ///    guaranteed).
 pub unsafe trait HostElement: DeviceElement + Copy {}

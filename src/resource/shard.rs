@@ -57,7 +57,7 @@ pub(crate) struct BlockRecord {
     pub(crate) freeing: bool,
     /// The capture it was allocated in (a graph memory node, which every
     /// replay allocates again): its free is settled with the pool's
-    /// [`KeptGraphMemory`](crate::graph_memory::KeptGraphMemory)
+    /// [`KeptGraphMemory`](crate::device::graph_memory::KeptGraphMemory)
     /// unless that capture frees it.
     pub(crate) capture: Option<CaptureId>,
     /// The tag it was allocated with, and when: for snapshots (a clock

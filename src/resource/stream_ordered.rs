@@ -3,7 +3,7 @@
 //!
 //! # State
 //!
-//! Per [shard](super::shard) (one per stream while the pool has at most 64,
+//! Per [shard] (one per stream while the pool has at most 64,
 //! else streams share them round-robin), under one lock:
 //!
 //! - **Live blocks** allocated on the shard's streams, by serial number.
@@ -22,7 +22,7 @@
 //! - **Kept graph allocations**: a record allocated on a capturing stream
 //!   notes its capture. Freed in that capture, it is a graph free as above;
 //!   freed after it, the pool's ledger
-//!   ([`KeptGraphMemory`](crate::graph_memory::KeptGraphMemory))
+//!   ([`KeptGraphMemory`](crate::device::graph_memory::KeptGraphMemory))
 //!   says what the free does: while the graph lives, nothing on the device
 //!   (the bytes join the graph's tally, and the graph frees each replay's
 //!   instance); once it is gone, an ordinary free of the instance the last

@@ -64,7 +64,7 @@
 //! A driver error while queueing the sleep's work leaves every block
 //! awake and usable (the waits queued only order streams further); host
 //! memory a queued copy writes is freed once that copy is seen complete.
-//! A failed unmap keeps the handle for the next [`settle_sleep`]
+//! A failed unmap keeps the handle for the next [`settle_sleep`](super::tier::ArenaTier::settle_sleep)
 //! (Sleeper::settle); a failed mapping or restore at the wake
 //! keeps the rest asleep, for the next [`wake`](Sleeper::wake).
 
