@@ -15,9 +15,8 @@
 //!   completion futures of a stream's points, the wait policy;
 //! - [`observing`](super::observing): counters, snapshots, out-of-memory
 //!   reports, wait statistics;
-//! - [`frees`](super::frees): the free path below `deallocate`, and the
-//!   frees nobody awaits (an owned buffer's drop, a reservation's give
-//!   back);
+//! - [`frees`]: the free path below `deallocate`, and the frees nobody
+//!   awaits (an owned buffer's drop, a reservation's give back);
 //! - [`shutdown`](super::shutdown): the layers' handles by type, `close`,
 //!   `shutdown`;
 //! - [`sleep`](super::sleep): the stack's cache put to sleep and woken.
