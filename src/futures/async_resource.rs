@@ -1,18 +1,36 @@
 //! [`AsyncResource`]: the futures face of a [`DeviceMemoryResource`].
+//!
+//! The struct is two `Arc`s: the wrapped stack (`inner`) and the futures
+//! layer's [`Core`] (notifiers, wait queue, watchdog), which every future,
+//! handle and owned buffer made from it shares. Its methods live by
+//! concept, each file an `impl` block over the same type:
+//!
+//! - here: making one (over a stream-ordered resource, a stack built by
+//!   [`build`](AsyncResource::build) or from `STREAMALLOC_CONF`, or any
+//!   stack through the `unsafe` [`with_device`](AsyncResource::with_device)),
+//!   and the calls that take and give back memory: `allocate`, `reserve`,
+//!   `try_allocate`, `deallocate`, `reap_pending`, `release_capture`, the
+//!   hold-and-wait verdict;
+//! - [`completions`](super::completions): the block-use hooks, the
+//!   completion futures of a stream's points, the wait policy;
+//! - [`observing`](super::observing): counters, snapshots, out-of-memory
+//!   reports, wait statistics;
+//! - [`frees`]: the free path below `deallocate`, and the frees nobody
+//!   awaits (an owned buffer's drop, a reservation's give back);
+//! - [`shutdown`](super::shutdown): the layers' handles by type, `close`,
+//!   `shutdown`;
+//! - [`sleep`](super::sleep): the stack's cache put to sleep and woken.
 
 #![allow(unsafe_code)]
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use super::alloc_future::{AllocFuture, record_alloc, record_oom};
 use super::core::Core;
 use super::dealloc::{DeallocHandle, ReapFuture};
-use super::done_at::DoneAt;
-use super::event_future::EventFuture;
+use super::frees;
 use super::hold_wait::current_owner;
 use super::wait_policy::WaitPolicy;
-use super::wait_stats::WaitStats;
 use crate::adaptors::{
     Budget, BudgetResource, DebugGuardResource, GuardConfig, RetryOnOomResource,
 };
@@ -21,12 +39,9 @@ use crate::conf::{AllocConf, CONF_ENV, WaitChoice};
 use crate::device::{Device, StreamPool};
 use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::{CaptureId, Gpu};
-use crate::observe::history::{self, MemoryAction, MemoryEvent};
-use crate::observe::{MemorySnapshot, OomReport, WaitersInfo};
+use crate::observe::history;
 use crate::resource::{DeviceMemoryResource, StreamOrderedResource};
-use crate::types::{
-    Access, BlockId, BlockState, CompletedUses, DeviceBlock, NeverUsed, StreamId, Tag,
-};
+use crate::types::{DeviceBlock, StreamId, Tag};
 
 /// A stream-ordered resource that async code can await: allocations wait for
 /// memory instead of failing, completion points and frees are futures, and
@@ -403,7 +418,7 @@ impl<R: DeviceMemoryResource + ?Sized + 'static> AsyncResource<R> {
     /// after the capture is reached (awaiting it inside the capture waits
     /// for the capture's end).
     pub fn deallocate(&self, block: DeviceBlock) -> ResourceResult<DeallocHandle> {
-        deallocate_on(&self.core, block)
+        frees::deallocate_on(&self.core, block)
     }
 
     /// A future resolving when every free pending now has executed and left
@@ -416,158 +431,6 @@ impl<R: DeviceMemoryResource + ?Sized + 'static> AsyncResource<R> {
     /// Cancel safe: the frees are applied whether or not it is awaited.
     pub fn reap_pending(&self) -> ReapFuture {
         ReapFuture::new(self.core.clone())
-    }
-
-    /// Before queuing work on `use_stream` that touches `block`: queues the
-    /// waits it needs (forwards to the inner resource).
-    ///
-    /// # Errors
-    /// As [`DeviceMemoryResource::prepare_block_use`].
-    pub fn prepare_block_use(
-        &self,
-        block: BlockId,
-        use_stream: StreamId,
-        access: Access,
-    ) -> ResourceResult<()> {
-        self.core.hook_uses.fetch_add(1, Ordering::SeqCst);
-        self.inner.prepare_block_use(block, use_stream, access)
-    }
-
-    /// Records a use of `block` on `use_stream` (forwards to the inner
-    /// resource).
-    ///
-    /// # Errors
-    /// As [`DeviceMemoryResource::record_block_use`].
-    pub fn record_block_use(
-        &self,
-        block: &DeviceBlock,
-        use_stream: StreamId,
-    ) -> ResourceResult<()> {
-        self.core.hook_uses.fetch_add(1, Ordering::SeqCst);
-        self.inner.record_block_use(block, use_stream)
-    }
-
-    /// After queuing work on `use_stream` that touches `block`: records the
-    /// use in the inner resource and returns a future that completes when
-    /// the GPU has executed that work.
-    ///
-    /// # Errors
-    /// As [`DeviceMemoryResource::finish_block_use`]; an unknown stream, and
-    /// a stream being captured into a CUDA graph
-    /// ([`StreamCapturing`](crate::ResourceError::StreamCapturing)), are
-    /// refused before the inner resource is touched. Inside a capture, a
-    /// use runs at each replay, not now: the stream-ordered resource
-    /// records no event for it ([`record_block_use`](Self::record_block_use)
-    /// is accepted and keeps the uses recorded before); await the graph's
-    /// launch instead. On any error no use is recorded (the completion
-    /// point is made first and let go if the inner resource refuses): the
-    /// work queued on `use_stream` is not ordered before the block's free,
-    /// so call again, or keep the block until that work is known done.
-    ///
-    /// # Stream ordering
-    /// The future covers everything queued on `use_stream` before the call.
-    pub fn finish_block_use(
-        &self,
-        block: BlockId,
-        use_stream: StreamId,
-        access: Access,
-    ) -> ResourceResult<EventFuture> {
-        self.core
-            .notifier(use_stream)?
-            .refuse_capturing(&*self.core.gpu)?;
-        // Counted before the use is visible, and kept on failure: a count
-        // too high only makes a later drop's free an ordinary one.
-        self.core.hook_uses.fetch_add(1, Ordering::SeqCst);
-        if !matches!(self.inner.block_state(block), Some(BlockState::Live) | None) {
-            // A block known not live is refused below; no point is made
-            // for it, so bad input makes no driver call.
-            self.inner.finish_block_use(block, use_stream, access)?;
-            return EventFuture::point_outside_capture(&self.core, use_stream);
-        }
-        // The point first: its event, recorded after the work, covers it
-        // whichever is recorded first, and a point that cannot be made
-        // leaves nothing behind. A refused use drops the point (released).
-        let done = EventFuture::point_outside_capture(&self.core, use_stream)?;
-        self.inner.finish_block_use(block, use_stream, access)?;
-        Ok(done)
-    }
-
-    /// A future that completes when the GPU has executed everything queued
-    /// on `stream` before the call.
-    ///
-    /// # Errors
-    /// [`UnknownStream`](crate::ResourceError::UnknownStream),
-    /// [`WrongDevice`](crate::ResourceError::WrongDevice), a driver error;
-    /// [`StreamCapturing`](crate::ResourceError::StreamCapturing) while
-    /// `stream` is being captured into a CUDA graph (the point's event
-    /// would be part of the graph and could never be awaited without
-    /// invalidating the capture): await the graph's launch instead.
-    ///
-    /// # Captures
-    /// Refused at creation rather than completed at a replay: a replay's
-    /// completion is a point recorded after the launch, outside the capture
-    /// (see [`CapturedGraph::launch`](crate::CapturedGraph::launch)). One `cuStreamGetCaptureInfo` per call tells.
-    pub fn completion(&self, stream: StreamId) -> ResourceResult<EventFuture> {
-        EventFuture::point(&self.core, stream)
-    }
-
-    /// A future that completes when the GPU has executed everything queued
-    /// on `stream` before the call, and that records nothing until it is
-    /// polled: for a completion awaited right away, as a task that queues
-    /// work and awaits it does.
-    ///
-    /// Making it costs no driver call (but the capture check of
-    /// [`completion`](Self::completion)). Its polls ask the stream
-    /// (`cuStreamQuery`) where a [`completion`](Self::completion) queries
-    /// the event it recorded: on the first poll once, then for
-    /// [`WaitPolicy::spin`]. When the stream is idle the future is done
-    /// with that one call and no event at all, and every point of the
-    /// stream made before the query is settled with it. When the stream is
-    /// still busy after the spin, the future records its event then and
-    /// waits on it as a [`completion`](Self::completion) does (yielding,
-    /// then parking on a notification).
-    ///
-    /// # Completes later than its point, when others feed the stream
-    /// The stream is idle only once everything queued on it has run, and
-    /// the event recorded after the spin covers what was queued until
-    /// then: work queued on `stream` after the call and before the first
-    /// poll's spin ends (by this thread or another) delays it. Made long
-    /// before it is polled, in a loop that queues more behind it, it may
-    /// complete only when the stream drains: use
-    /// [`completion`](Self::completion) there, whose event marks the point
-    /// exactly.
-    ///
-    /// # Errors
-    /// As [`completion`](Self::completion) when made; when polled, the
-    /// driver's error of the query or of the late record (a device fault).
-    ///
-    /// # Captures
-    /// Refused at creation as [`completion`](Self::completion) is. A stream
-    /// that begins a capture before the first poll is never queried (a
-    /// query would invalidate the capture): the future then completes
-    /// after the capture ends, by a notification.
-    pub fn completion_lazy(&self, stream: StreamId) -> ResourceResult<EventFuture> {
-        EventFuture::lazy_point(&self.core, stream)
-    }
-
-    /// [`completion`](Self::completion) on a stream the caller just found
-    /// not capturing.
-    pub(crate) fn completion_outside_capture(
-        &self,
-        stream: StreamId,
-    ) -> ResourceResult<EventFuture> {
-        EventFuture::point_outside_capture(&self.core, stream)
-    }
-
-    /// How completion futures made from now on wait before parking on a
-    /// notification (default [`WaitPolicy::DEFAULT`]).
-    pub fn set_wait_policy(&self, policy: WaitPolicy) {
-        self.core.policy.set(policy);
-    }
-
-    /// The current [`WaitPolicy`].
-    pub fn wait_policy(&self) -> WaitPolicy {
-        self.core.policy.get()
     }
 
     /// Turns the hold-and-wait verdict on or off (off by default).
@@ -598,112 +461,6 @@ impl<R: DeviceMemoryResource + ?Sized + 'static> AsyncResource<R> {
         self.core.set_hold_wait_check(on);
     }
 
-    /// Bytes outstanding in the inner resource (live plus pending frees).
-    pub fn bytes_outstanding(&self) -> usize {
-        self.inner.bytes_outstanding()
-    }
-
-    /// Allocations (and reservations) waiting for memory now.
-    pub fn waiting_allocations(&self) -> usize {
-        self.core.allocs.len()
-    }
-
-    /// The queue of waiting allocations: its length and oldest wait now,
-    /// and how the requests that waited left it (served, failed,
-    /// cancelled, with their waits). Takes the queue's lock once.
-    pub fn queue_stats(&self) -> super::QueueStats {
-        self.core.allocs.stats()
-    }
-
-    /// How long the oldest request waiting now has waited (`None` when
-    /// none waits).
-    pub fn oldest_wait(&self) -> Option<std::time::Duration> {
-        self.core.allocs.stats().oldest_wait
-    }
-
-    /// Points (futures and awaited frees) waiting for a notification now.
-    pub fn parked_points(&self) -> usize {
-        self.core.notifiers().iter().map(|n| n.waiter_count()).sum()
-    }
-
-    /// Notifications (host functions) queued so far, on all streams. With
-    /// coalescing it stays far below the number of awaited points.
-    pub fn notifications(&self) -> u64 {
-        self.core.notifiers().iter().map(|n| n.launches()).sum()
-    }
-
-    /// Where the memory of the stack is, now: every layer's part (see
-    /// [`MemorySnapshot`]), the allocations waiting, and this device's
-    /// events of the [history](crate::record_memory_history) if it is on.
-    ///
-    /// It copies under each layer's locks in turn, never across a driver
-    /// call that waits, and does not synchronize: it may be called from a
-    /// task, while the stack serves others (`BENCHMARKS.md` says what it
-    /// costs).
-    ///
-    /// # Examples
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), streamalloc::ResourceError> {
-    /// use streamalloc::{AllocTag, AsyncResource, Device, gpu::sim::SimGpu};
-    ///
-    /// let device = Device::sim(&SimGpu::new(), 1);
-    /// let res = AsyncResource::on(&device)?;
-    /// let block = res.allocate(1 << 20, device.stream(0)?, AllocTag("weights")).await?;
-    /// let snapshot = res.snapshot();
-    /// assert_eq!(snapshot.bytes_by_tag(), vec![("weights", 1 << 20)]);
-    /// # drop(res.deallocate(block)?);
-    /// # Ok(()) }
-    /// ```
-    pub fn snapshot(&self) -> MemorySnapshot {
-        let mut snapshot = MemorySnapshot::new(self.inner.device_ordinal());
-        snapshot.waiters = Some(WaitersInfo {
-            waiting: self.core.allocs.len(),
-            parked_points: self.parked_points(),
-        });
-        self.inner.snapshot_into(&mut snapshot);
-        let device = snapshot.device;
-        snapshot.history = history::memory_history()
-            .into_iter()
-            .filter(|e| e.device == device)
-            .collect();
-        snapshot.date_blocks_from_history();
-        snapshot
-    }
-
-    /// The long form of an out-of-memory or budget error `error` of this
-    /// stack: what was asked and free, what the cache holds idle and its
-    /// largest idle range, the frees pending on the GPU, the tags holding
-    /// the most (see [`OomReport`]), from a [`snapshot`](Self::snapshot)
-    /// taken now: call it right after the error. `None` for other errors.
-    ///
-    /// # Examples
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), streamalloc::ResourceError> {
-    /// use streamalloc::{AllocTag, AsyncResource, Device, gpu::sim::SimGpu};
-    ///
-    /// let device = Device::sim(&SimGpu::builder().capacity(1 << 20).build(), 1);
-    /// let res = AsyncResource::on(&device)?;
-    /// let err = res.allocate(2 << 20, device.stream(0)?, AllocTag("big")).await.unwrap_err();
-    /// println!("{err}");                               // one line
-    /// println!("{}", res.oom_report(&err).unwrap());   // who holds what
-    /// # Ok(()) }
-    /// ```
-    pub fn oom_report(&self, error: &ResourceError) -> Option<OomReport> {
-        OomReport::new(error, &self.snapshot())
-    }
-
-    /// How this resource's completion futures waited so far, summed over
-    /// its streams (see [`WaitStats`]).
-    pub fn wait_stats(&self) -> WaitStats {
-        let mut total = WaitStats::default();
-        for n in self.core.notifiers() {
-            total.add(&n.stats());
-        }
-        total
-    }
-
     /// The graph of `capture` is gone: returns the memory the stack gave it
     /// ([`DeviceMemoryResource::release_capture`]), and queues a
     /// notification on `after` so that the graph's frees reach the
@@ -728,195 +485,5 @@ impl<R: DeviceMemoryResource + ?Sized + 'static> AsyncResource<R> {
 
     pub(crate) fn core(&self) -> &Arc<Core> {
         &self.core
-    }
-}
-
-/// [`AsyncResource::deallocate`] through the core alone (its `inner` is the
-/// same resource, erased).
-fn deallocate_on(core: &Arc<Core>, block: DeviceBlock) -> ResourceResult<DeallocHandle> {
-    let (stream, free_seq, point) = queue_free(core, block)?;
-    Ok(DeallocHandle::new(core.clone(), stream, free_seq, point))
-}
-
-/// A free nobody awaits (an owned buffer's drop): queued and accounted as
-/// [`AsyncResource::deallocate`]'s, with no handle made. When the host
-/// saw the block's stream reach point `done_at` (the completion of the
-/// buffer's last launch: a notification delivered or an event queried
-/// done, never a future dropped), nothing used the buffer since, and no
-/// use began through the resource's hooks since either, the GPU is done
-/// with the block and the inner resource is told so
-/// ([`deallocate_completed`](DeviceMemoryResource::deallocate_completed)).
-///
-/// # Errors
-/// As [`AsyncResource::deallocate`]; nothing changes.
-pub(crate) fn deallocate_detached(
-    core: &Core,
-    block: DeviceBlock,
-    done_at: Option<DoneAt>,
-) -> ResourceResult<()> {
-    free_detached(core, block, Seen::DoneAt(done_at), true)
-}
-
-/// The free of a block a reservation's failed try took in the same poll
-/// (all or nothing), `hook_uses` the resource's count of hook uses when
-/// the try began: as [`deallocate_detached`], but it does not tell the
-/// wait queue that memory came back. Only the queue's head tries, and
-/// that head is the reservation itself: the memory is what it just could
-/// not use, and announcing it would make it try again at once, give back
-/// again, and spin (a reservation that waited for memory burnt a worker
-/// and churned the cache until others freed). Frees it queues below are
-/// announced when they land, as any.
-///
-/// The block never left the try: no buffer was made of it and nothing
-/// was launched on it, so when no use began through the resource's hooks
-/// since the try began either (a caller naming its id there), nothing
-/// touched it, and the inner resource is told so
-/// ([`deallocate_unused`](DeviceMemoryResource::deallocate_unused)): a
-/// cache puts the memory back as it was, rather than as a free at the end
-/// of the reservation's stream, which the next stream to take it would
-/// wait for on the GPU.
-pub(crate) fn give_back_failed_try(
-    core: &Core,
-    block: DeviceBlock,
-    hook_uses: u64,
-) -> ResourceResult<()> {
-    free_detached(core, block, Seen::Untouched { hook_uses }, false)
-}
-
-/// The free of a block a [`MemoryReservation`](super::MemoryReservation)
-/// still held when it was dropped, `hook_uses` the resource's count of
-/// hook uses when the try that took it began: as [`deallocate_detached`]
-/// (announced to the wait queue: the memory is back for anyone), and told
-/// to the inner resource as unused
-/// ([`deallocate_unused`](DeviceMemoryResource::deallocate_unused)) when
-/// no use began through the resource's hooks since.
-///
-/// Nothing touched such a block, as nothing touched a failed try's: a
-/// reservation hands out a block only as a buffer, which takes it out
-/// (no accessor gives a block, its id or its address), so a block still
-/// in it was never a buffer, and the crate queued no work on it; user
-/// code could reach it only by building its descriptor from an id or an
-/// address learnt elsewhere and naming it to the hooks, which the count
-/// sees. (Uses named to the stack's own hooks, past this resource, and a
-/// sleep's restore are the cache's to see: it frees a lease it saw used
-/// as an ordinary free, whatever the caller says.)
-pub(crate) fn give_back_unhanded(
-    core: &Core,
-    block: DeviceBlock,
-    hook_uses: u64,
-) -> ResourceResult<()> {
-    free_detached(core, block, Seen::Untouched { hook_uses }, true)
-}
-
-/// What the host knows of a block's uses at a detached free.
-enum Seen {
-    /// The completion of its last launch, if it had one and it was made
-    /// through the resource.
-    DoneAt(Option<DoneAt>),
-    /// None was ever queued, if no use began through the hooks since the
-    /// resource's count of them was `hook_uses`.
-    Untouched { hook_uses: u64 },
-}
-
-fn free_detached(
-    core: &Core,
-    block: DeviceBlock,
-    seen: Seen,
-    announce: bool,
-) -> ResourceResult<()> {
-    let stream = block.stream();
-    let notifier = core.notifier(stream)?;
-    let id = block.id();
-    let hooks_now = || core.hook_uses.load(Ordering::SeqCst);
-    let freed = FreedBlock::of(&block);
-    match seen {
-        // Only what the host saw proves the GPU done: a point settled
-        // because its future was dropped (a cancelled request) or failed
-        // says nothing. Seen reached, and no use began through the hooks
-        // since: every use of the block ran.
-        Seen::DoneAt(Some(d)) if d.hook_uses == hooks_now() && notifier.seen_reached(d.point) => {
-            let completed = CompletedUses::new(block.id());
-            core.inner.deallocate_completed(block, completed)?;
-        }
-        // Never out of the caller's hands, and no use named it to the
-        // hooks meanwhile: nothing touched it.
-        Seen::Untouched { hook_uses } if hook_uses == hooks_now() => {
-            let unused = NeverUsed::new(block.id());
-            core.inner.deallocate_unused(block, unused)?;
-        }
-        _ => core.inner.deallocate(block)?,
-    }
-    if core.tracks_holdings() {
-        core.holdings.freed(id);
-    }
-    // A free that queued nothing new below (a cache took the block back:
-    // its bytes never left it) has nothing for a notification to apply,
-    // and nobody awaits it: no point, no notification. (Each one used to
-    // keep a host function in flight per stream while a service ran.)
-    // Otherwise, as a handle dropped unawaited: the free stays queued in
-    // the notifier, and its bytes leave the accounting when it lands.
-    let queued_below = notifier.mark_free_if_new(core.inner.pending_free_seq(stream));
-    freed.record(queued_below);
-    if queued_below {
-        notifier.launch(&*core.gpu);
-        core.kick.pending();
-    }
-    core.mark_frees_elsewhere(Some(stream));
-    // Memory freed on a stream is reusable on it at once.
-    if announce {
-        core.allocs.memory_returned();
-    }
-    Ok(())
-}
-
-/// Queues the free and its notification: (stream, free sequence, point).
-fn queue_free(core: &Core, block: DeviceBlock) -> ResourceResult<(StreamId, u64, u64)> {
-    let stream = block.stream();
-    let notifier = core.notifier(stream)?;
-    let id = block.id();
-    let freed = FreedBlock::of(&block);
-    let before = match freed.0 {
-        Some(_) => core.inner.pending_free_seq(stream),
-        None => 0,
-    };
-    core.inner.deallocate(block)?;
-    if core.tracks_holdings() {
-        core.holdings.freed(id);
-    }
-    let free_seq = core.inner.pending_free_seq(stream);
-    freed.record(free_seq != before);
-    let point = notifier.mark_free(free_seq);
-    notifier.launch(&*core.gpu);
-    core.mark_frees_elsewhere(Some(stream));
-    core.kick.pending();
-    // Memory freed on a stream is reusable on it at once.
-    core.allocs.memory_returned();
-    Ok((stream, free_seq, point))
-}
-
-/// A block being freed, as the history records it (taken only while the
-/// history is on: the descriptor moves into the free).
-struct FreedBlock(Option<DeviceBlock>);
-
-impl FreedBlock {
-    fn of(block: &DeviceBlock) -> Self {
-        FreedBlock(history::recording().then(|| block.clone()))
-    }
-
-    /// Records the free as requested, and as completed at once when it
-    /// queued nothing below (a cache took the block back: its stream may
-    /// reuse it now); a free queued below completes when a reap drains it.
-    fn record(self, queued_below: bool) {
-        let Some(block) = self.0 else { return };
-        let event = |action| {
-            MemoryEvent::new(action, block.stream().device())
-                .on(block.stream())
-                .at(block.ptr(), block.size())
-                .tagged(block.tag())
-        };
-        history::record(|| event(MemoryAction::FreeRequested));
-        if !queued_below {
-            history::record(|| event(MemoryAction::FreeCompleted));
-        }
     }
 }

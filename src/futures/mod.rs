@@ -123,15 +123,19 @@ pub(crate) mod watchdog;
 // 3. `Core`: owns the notifiers, the wait queue and the watchdog's kick.
 mod core;
 // 4. The futures and handles, made over `Core` (a waiter's place in the
-//    queue first).
+//    queue first); the free path, awaited or not.
 mod alloc_future;
 mod dealloc;
 mod event_future;
+mod frees;
 mod reserve;
 mod waiter;
-// 5. `AsyncResource`, which makes them; its layers' handles and its
-//    shutdown; its sleep over a cache.
+// 5. `AsyncResource`, which makes them (its essay maps the files of its
+//    methods): its uses and completions, what it can tell, its layers'
+//    handles and its shutdown, its sleep over a cache.
 mod async_resource;
+mod completions;
+mod observing;
 mod shutdown;
 mod sleep;
 // 6. `Reaper`, the background dispatcher of an `AsyncResource`.
@@ -143,10 +147,10 @@ pub use async_resource::{AnyResource, AsyncResource};
 pub use shutdown::ShutdownReport;
 // For owned buffers, which hold only the core of their resource.
 pub(crate) use self::core::Core;
-pub(crate) use async_resource::deallocate_detached;
 pub use dealloc::{DeallocHandle, ReapFuture};
 pub(crate) use done_at::DoneAt;
 pub use event_future::EventFuture;
+pub(crate) use frees::deallocate_detached;
 pub use queue_stats::QueueStats;
 #[cfg(feature = "tokio")]
 pub use reaper::Reaper;

@@ -94,8 +94,8 @@ use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 
 use super::alloc_future::worth_waiting;
-use super::async_resource::{give_back_failed_try, give_back_unhanded};
 use super::core::Core;
+use super::frees::{give_back_failed_try, give_back_unhanded};
 use super::hold_wait::current_owner;
 use super::waiter::{Attempt, Waiter};
 use crate::error::{ResourceError, ResourceResult};

@@ -9,23 +9,31 @@
 //! lease's own stream record no event (stream order covers them): they are
 //! noted, and one event on that stream covers them once a use elsewhere
 //! needs to wait (a request served on its buffers' stream records none).
+//!
+//! Here: the tier, the placement of a lease ([`allocate`](ArenaTier::allocate)
+//! and its cost), its sleep, and the tier-wide calls (idle bytes, reclaim,
+//! close, ordering a stream after another). The free of a lease is in
+//! [`release`] and the block-use hooks in [`uses`].
 
-// Unsafe here: the uses of arena leases are event records and waits on raw handles of the `Gpu` seam.
+// Unsafe here: `order_after`'s event record and wait, on raw handles of
+// the `Gpu` seam.
 #![allow(unsafe_code)]
 
 use super::placement::{Placed, round};
 use super::sleep::Sleeper;
 use super::vmm::{StreamSlot, Taken, VirtualArena};
 use crate::cache::config::CrossStreamReuse;
-use crate::cache::shard::{Backing, EndedMapped, Lease, Mapped, Shard, Slot, SlotGuard};
+use crate::cache::shard::{Backing, Lease, Mapped, SlotGuard};
 use crate::cache::shards::Shards;
 use crate::error::{ResourceError, ResourceResult};
 use crate::gpu::{CaptureId, Gpu, GpuError};
 use crate::resource::DeviceAccess;
 use crate::resource::SleepPlan;
-use crate::resource::block_uses::BlockUses;
 use crate::resource::event_pool::EventPool;
-use crate::types::{Access, AllocTag, BlockId, DeviceBlock, StreamId};
+use crate::types::{AllocTag, BlockId, DeviceBlock, StreamId};
+
+mod release;
+mod uses;
 
 /// How a block comes back to the arena tier.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -240,7 +248,7 @@ impl ArenaTier {
 
     /// Records the lease of the arena range `placed` at `ptr` and returns
     /// the user's block; the caller checked
-    /// [`Shard::room`](crate::shard::Shard::room) under the same lock.
+    /// [`Shard::room`](crate::cache::shard::Shard::room) under the same lock.
     #[inline]
     fn lease(
         &self,
@@ -274,141 +282,6 @@ impl ArenaTier {
         DeviceBlock::new(BlockId::new(shards.id, serial), ptr, bytes, stream, tag)
     }
 
-    /// Frees the arena lease `serial` of the locked `shard`, used on
-    /// other streams: the stream waits for the block's uses there, then the
-    /// lease ends ([`Shard::end_arena_lease`]) and its range is
-    /// [released](Self::release) to the arena, or to the pool of `owner`,
-    /// the capture whose graph still uses it (`now`: the capture the
-    /// stream is in). A lease used on its own stream only skips this step:
-    /// the caller ends it at once, with no second lookup.
-    ///
-    /// [`Shard::end_arena_lease`]: crate::shard::Shard::end_arena_lease
-    pub(crate) fn free(
-        &self,
-        shards: &Shards,
-        slot: &Slot,
-        mut shard: SlotGuard<'_>,
-        serial: u64,
-        (owner, now): (Option<CaptureId>, Option<CaptureId>),
-    ) -> ResourceResult<()> {
-        let tier = &self.vm;
-        let gpu = &*tier.access.gpu;
-        let Some(raw) = shard.arena.as_ref().map(|a| a.raw) else {
-            return Err(ResourceError::UnknownBlock {
-                block: BlockId::new(shards.id, serial),
-            });
-        };
-        let Some(lease) = shard.lease_mut(serial) else {
-            return Err(ResourceError::UnknownBlock {
-                block: BlockId::new(shards.id, serial),
-            });
-        };
-        let stream = lease.stream;
-        let Backing::Mapped(m) = &lease.backing else {
-            unreachable!("ArenaTier::free is called for arena leases only");
-        };
-        let uses = m.uses.as_deref();
-        let elsewhere = uses.is_some_and(|u| {
-            u.reads
-                .iter()
-                .chain(&u.last_write)
-                .any(|(s, _)| *s != stream)
-        });
-        if let (Some(capture), true) = (now, elsewhere) {
-            // The free would wait, from inside the capture, on uses recorded
-            // outside it: the driver refuses (STREAM_CAPTURE_ISOLATION) and
-            // invalidates the capture. Refused; the block stays live, to be
-            // freed after the capture.
-            return Err(ResourceError::StreamCapturing {
-                stream,
-                capture: Some(capture),
-            });
-        }
-        if let Some(u) = uses {
-            for (s, event) in u.reads.iter().chain(&u.last_write) {
-                if *s != stream {
-                    // SAFETY: `raw` is a stream of the tier's device pool
-                    // (held by the tier); the event is one of the lease's
-                    // uses, from the tier's event pool, made on `gpu`.
-                    unsafe { gpu.stream_wait_event(raw, *event) }
-                        .map_err(|e| Self::driver(e, stream))?;
-                }
-            }
-        }
-        let Some(lease) = shard.end_arena_lease(serial) else {
-            return Err(ResourceError::UnknownBlock {
-                block: BlockId::new(shards.id, serial),
-            });
-        };
-        self.release(shards, slot, shard, lease, (owner, now), Return::Freed)
-    }
-
-    /// Releases the range of the arena lease `lease`, ended (taken out of
-    /// the locked `shard`): its use events go back to the pool
-    /// ([`return_events`](Self::return_events)), then the range goes to
-    /// the pool of `owner` ([`keep_for_graph`](Self::keep_for_graph)), or
-    /// back to the arena as `how` says ([`VirtualArena::free`],
-    /// [`VirtualArena::free_completed`], or [`VirtualArena::undo`] for a
-    /// placement that can be undone), within the cap
-    /// ([`hold_to_cap`](Self::hold_to_cap)).
-    // Always: the free's hot path, a few instructions once the rare
-    // parts are out of line; a call would pass the ended lease in memory.
-    #[inline(always)]
-    pub(crate) fn release(
-        &self,
-        shards: &Shards,
-        slot: &Slot,
-        mut shard: SlotGuard<'_>,
-        mut lease: EndedMapped,
-        (owner, now): (Option<CaptureId>, Option<CaptureId>),
-        how: Return,
-    ) -> ResourceResult<()> {
-        if let Some(uses) = lease.uses.take() {
-            self.return_events(uses);
-        }
-        if lease.asleep {
-            return self.release_asleep(slot, &mut shard, lease);
-        }
-        if let Some(c) = owner {
-            self.keep_for_graph(slot, &mut shard, lease, c, now);
-            return Ok(());
-        }
-        let tier = &self.vm;
-        let Some(arena) = shard.arena.as_mut() else {
-            unreachable!("an arena lease's arena lives as long as the cache");
-        };
-        match how {
-            Return::Freed => tier.free(arena, lease.placed),
-            Return::Completed => tier.free_completed(arena, lease.placed),
-            Return::Unused if lease.undoable => tier.undo(arena, lease.placed),
-            Return::Unused => tier.free(arena, lease.placed),
-        }
-        slot.add_arena_live(-(lease.size as isize));
-        let cap = shards.config.max_cached_bytes;
-        if cap != usize::MAX {
-            self.hold_to_cap(arena, cap);
-        }
-        Ok(())
-    }
-
-    /// The part of [`release`](Self::release) for a block freed while
-    /// asleep: its range goes straight back to the arena (its pages have
-    /// no memory until the wake, so the stream may not keep it).
-    #[cold]
-    fn release_asleep(
-        &self,
-        slot: &Slot,
-        shard: &mut SlotGuard<'_>,
-        lease: EndedMapped,
-    ) -> ResourceResult<()> {
-        let Some(arena) = shard.arena.as_ref() else {
-            unreachable!("an arena lease's arena lives as long as the cache");
-        };
-        self.vm.free_asleep(arena, lease.placed);
-        slot.add_arena_live(-(lease.size as isize));
-        Ok(())
-    }
-
     /// Puts the blocks of the tags `plan` names to sleep (see
     /// [`sleep`](super::sleep)); returns the streams to see complete
     /// before [`settle_sleep`](Self::settle_sleep) gives the memory back.
@@ -435,287 +308,6 @@ impl ArenaTier {
     /// Whether a sleep is in effect.
     pub(crate) fn is_asleep(&self) -> bool {
         self.sleep.is_asleep()
-    }
-
-    /// The events of an ended lease's uses go back to the pool, and the
-    /// uses are dropped (here: out of the free's hot path).
-    #[allow(clippy::boxed_local, reason = "dropped here, out of line")]
-    fn return_events(&self, mut uses: Box<BlockUses>) {
-        if uses.event_count() > 0 {
-            self.events
-                .give(uses.take_all().into_iter().map(|(_, e)| e));
-        }
-    }
-
-    /// The part of [`release`](Self::release) for a range the graph of
-    /// `owner` still uses: it goes to the graph's pool.
-    fn keep_for_graph(
-        &self,
-        slot: &Slot,
-        shard: &mut SlotGuard<'_>,
-        lease: EndedMapped,
-        owner: CaptureId,
-        now: Option<CaptureId>,
-    ) {
-        let tier = &self.vm;
-        let Some(arena) = shard.arena.as_ref() else {
-            unreachable!("an arena lease's arena lives as long as the cache");
-        };
-        // A temporary of the graph (handed out and freed in its
-        // capture): the free is the graph's, made at every replay.
-        let noted = lease.capture == Some(owner) && now == Some(owner);
-        if noted {
-            tier.note_free(arena, lease.placed);
-        }
-        // Held for the graph: counted as live for the slack target, as
-        // it cannot be given back.
-        slot.add_arena_live(lease.placed.len as isize - lease.size as isize);
-        let pool = shard.graph_entry(owner);
-        pool.put_range(lease.placed, noted);
-        if lease.capture == Some(owner) {
-            pool.live -= 1;
-        }
-    }
-
-    /// Under a cap, a freed block counts as idle at once: the stream's
-    /// kept blocks go back to the arena, and idle mappings past the cap
-    /// are given back.
-    fn hold_to_cap(&self, arena: &mut StreamSlot, cap: usize) {
-        let tier = &self.vm;
-        tier.release_kept(arena);
-        if tier.idle_bytes() > cap {
-            tier.trim_idle();
-        }
-    }
-
-    /// Records a use of an arena block leased on `home` on `use_stream`:
-    /// on another stream, an event there, stored as its read or its last
-    /// write; on `home` itself, only a note (no driver call): stream order
-    /// puts it before the free and every later use on `home`, and the first
-    /// use on another stream records one event on `home` that covers it
-    /// ([`flush_home_uses`](Self::flush_home_uses)).
-    pub(crate) fn record_use(
-        &self,
-        m: &mut Mapped,
-        home: StreamId,
-        use_stream: StreamId,
-        access: Access,
-    ) -> ResourceResult<()> {
-        if use_stream.is(home) {
-            m.home_unrecorded = Some(match (m.home_unrecorded, access) {
-                (Some(Access::Write), _) | (_, Access::Write) => Access::Write,
-                _ => Access::Read,
-            });
-            return Ok(());
-        }
-        self.record_event_use(m, use_stream, access)
-    }
-
-    /// The uses on the lease's stream noted by
-    /// [`record_use`](Self::record_use) get their event on
-    /// `home` now (recorded at the stream's current end, it covers them),
-    /// so that a use on another stream can wait on it. Nothing when none is
-    /// noted.
-    fn flush_home_uses(&self, m: &mut Mapped, home: StreamId) -> ResourceResult<()> {
-        let Some(access) = m.home_unrecorded else {
-            return Ok(());
-        };
-        self.record_event_use(m, home, access)?;
-        m.home_unrecorded = None;
-        Ok(())
-    }
-
-    /// Records an event of a use on `use_stream`, stored as its read or its
-    /// last write.
-    fn record_event_use(
-        &self,
-        m: &mut Mapped,
-        use_stream: StreamId,
-        access: Access,
-    ) -> ResourceResult<()> {
-        let tier = &self.vm;
-        let gpu = &*tier.access.gpu;
-        let raw_use = tier.access.streams.raw(use_stream)?;
-        let events = &self.events;
-        let uses = m.uses_mut();
-        let (event, fresh) = match uses.slot(use_stream, access) {
-            Some(e) => (e, false),
-            None => (
-                events.take().map_err(|e| Self::driver(e, use_stream))?,
-                true,
-            ),
-        };
-        // SAFETY: a pooled event of the tier, made on `gpu`; `raw_use` is a
-        // stream of the tier's device pool.
-        if let Err(e) = unsafe { gpu.event_record(event, raw_use) } {
-            if fresh {
-                events.give([event]);
-            }
-            return Err(Self::driver(e, use_stream));
-        }
-        if let Some(old) = uses.store(use_stream, access, event) {
-            events.give([old]);
-        }
-        Ok(())
-    }
-
-    /// The stream of the last replay of `capture`'s graph, which writes
-    /// the ranges the capture handed out (see [`prepare_use`](Self::prepare_use)):
-    /// where the graph's release waits in `shard` for the stream to leave a
-    /// capture, the stream it is ordered after; else, while the graph
-    /// lives, the stream of its last launch, from the ledger of the
-    /// device's pool (`None` before the first).
-    pub(crate) fn last_replay(&self, shard: &Shard, capture: CaptureId) -> Option<StreamId> {
-        let released = shard
-            .graphs
-            .iter()
-            .find(|g| g.capture == capture)
-            .and_then(|g| g.released);
-        released.or_else(|| {
-            self.vm
-                .access
-                .streams
-                .kept_graph_memory()
-                .lock()
-                .last_launch(capture)
-        })
-    }
-
-    /// Queues the waits `use_stream` needs before `access` to an arena
-    /// block leased on `home`: after the last replay of the graph whose
-    /// capture handed it out (`replay`, while the graph holds it), on the
-    /// allocation (recorded on `home` at the first use elsewhere), on the
-    /// last write, and for a write on the reads of other streams.
-    ///
-    /// A replay writes the range without the hooks (the graph queues the
-    /// write), so its stream is followed at every use elsewhere, as the
-    /// stream-ordered resource does for the graph memory it keeps; once
-    /// the graph is released, the lease's last write covers the replays
-    /// ([`settle_replays`](Self::settle_replays)).
-    pub(crate) fn prepare_use(
-        &self,
-        m: &mut Mapped,
-        home: StreamId,
-        (use_stream, access): (StreamId, Access),
-        replay: Option<StreamId>,
-    ) -> ResourceResult<()> {
-        if let Some(last) = replay.filter(|&l| l != use_stream) {
-            self.follow(last, use_stream)?;
-        }
-        let tier = &self.vm;
-        let gpu = &*tier.access.gpu;
-        let raw_use = tier.access.streams.raw(use_stream)?;
-        let events = &self.events;
-        let waits = |m: &Mapped| {
-            m.uses
-                .as_ref()
-                .is_some_and(|u| u.waits_for(use_stream, access).next().is_some())
-        };
-        if use_stream != home || waits(m) {
-            // A capturing stream may not wait on an event recorded outside
-            // its capture: the driver refuses (STREAM_CAPTURE_ISOLATION) and
-            // invalidates the user's capture. Refused first, changing
-            // nothing.
-            // SAFETY: `raw_use` is a stream of the tier's device pool, which
-            // the tier holds.
-            let status =
-                unsafe { gpu.capture_status(raw_use) }.map_err(|e| Self::driver(e, use_stream))?;
-            if status.is_capturing() {
-                return Err(ResourceError::StreamCapturing {
-                    stream: use_stream,
-                    capture: status.id(),
-                });
-            }
-        }
-        if use_stream != home {
-            self.flush_home_uses(m, home)?;
-        }
-        let mut allocation_point = None;
-        if use_stream.is(home) && !waits(m) {
-            return Ok(());
-        }
-        let uses = m.uses_mut();
-        if uses.last_write.is_none() && use_stream != home {
-            let raw_home = tier.access.streams.raw(home)?;
-            let event = events.take().map_err(|e| Self::driver(e, home))?;
-            // SAFETY: as above, on the lease's home stream.
-            if let Err(e) = unsafe { gpu.event_record(event, raw_home) } {
-                events.give([event]);
-                return Err(Self::driver(e, home));
-            }
-            uses.last_write = Some((home, event));
-            allocation_point = Some(event);
-        }
-        let failed = uses
-            .waits_for(use_stream, access)
-            // SAFETY: the lease's use events, pooled and made on `gpu`;
-            // `raw_use` a stream of the tier's device pool.
-            .find_map(|event| unsafe { gpu.stream_wait_event(raw_use, event) }.err());
-        match failed {
-            None => Ok(()),
-            Some(e) => {
-                if let Some(event) = allocation_point {
-                    uses.last_write = None;
-                    events.give([event]);
-                }
-                Err(Self::driver(e, use_stream))
-            }
-        }
-    }
-
-    /// At the release of the graph whose capture handed out the arena lease
-    /// `m` (leased on `home`, which the release has ordered after the last
-    /// replay): `home` waits for the uses recorded on other streams, and
-    /// its current end becomes the lease's last write, so that a later use
-    /// on any stream follows the replays and every use before them (the
-    /// lease stops asking where the graph's replays ran).
-    pub(crate) fn settle_replays(&self, m: &mut Mapped, home: StreamId) -> ResourceResult<()> {
-        let tier = &self.vm;
-        let gpu = &*tier.access.gpu;
-        let raw_home = tier.access.streams.raw(home)?;
-        if let Some(uses) = &m.uses {
-            let failed = uses
-                .waits_for(home, Access::Write)
-                // SAFETY: the lease's use events, pooled and made on `gpu`;
-                // `raw_home` a stream of the tier's device pool.
-                .find_map(|event| unsafe { gpu.stream_wait_event(raw_home, event) }.err());
-            if let Some(e) = failed {
-                return Err(Self::driver(e, home));
-            }
-        }
-        self.record_event_use(m, home, Access::Write)?;
-        m.home_unrecorded = None;
-        Ok(())
-    }
-
-    /// Makes `use_stream` wait for the work queued so far on `last` (one
-    /// event, recorded there and given back once the wait is queued);
-    /// refused, nothing queued, while `use_stream` captures (a wait on an
-    /// event recorded outside its capture would invalidate it).
-    fn follow(&self, last: StreamId, use_stream: StreamId) -> ResourceResult<()> {
-        let tier = &self.vm;
-        let gpu = &*tier.access.gpu;
-        let raw_use = tier.access.streams.raw(use_stream)?;
-        let raw_last = tier.access.streams.raw(last)?;
-        // SAFETY: `raw_use` is a stream of the tier's device pool, which
-        // the tier holds.
-        let status =
-            unsafe { gpu.capture_status(raw_use) }.map_err(|e| Self::driver(e, use_stream))?;
-        if status.is_capturing() {
-            return Err(ResourceError::StreamCapturing {
-                stream: use_stream,
-                capture: status.id(),
-            });
-        }
-        let event = self.events.take().map_err(|e| Self::driver(e, last))?;
-        // SAFETY: a pooled event of the tier, made on `gpu`; `raw_last` and
-        // `raw_use` are streams of the tier's device pool, which the tier
-        // holds. Giving the event back after the wait is queued is fine: a
-        // wait keeps the record it saw.
-        let ordered = unsafe { gpu.event_record(event, raw_last) }
-            .and_then(|()| unsafe { gpu.stream_wait_event(raw_use, event) });
-        self.events.give([event]);
-        ordered.map_err(|e| Self::driver(e, use_stream))
     }
 
     /// An estimate of the new memory an arena allocation of `bytes` on slot
