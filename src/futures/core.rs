@@ -5,7 +5,7 @@
 //! futures are not generic), the backend, the stream pool, one
 //! [`Notifier`] per pool stream (each with the spare events of its
 //! completion points), and the [queue of waiting allocations](super::wait_queue). Futures hold it by
-//! `Arc`; the [watchdog](super::watchdog) and the [`Reaper`](super::Reaper)
+//! `Arc`; the [watchdog] and the [`Reaper`](super::Reaper)
 //! hold it weakly, so that dropping the last user handle drops it.
 //!
 //! [`dispatch`](Core::dispatch) is the one place where landed notifications

@@ -41,7 +41,7 @@ use crate::util::poll_scope::PollScope;
 /// thread spins while the future is parked.
 ///
 /// It resolves to `Ok(())`, or to the driver's error
-/// ([`ResourceError::Driver`](crate::ResourceError::Driver)) when the device
+/// ([`ResourceError::Driver`]) when the device
 /// faulted: a faulted device never calls host functions, and the fallback
 /// turns the dead stream into that error.
 ///

@@ -3,7 +3,7 @@
 //! A handler that awaits its input, then its activations, then its output
 //! holds the first while it waits for the second: under load every handler
 //! holds an input and none can go on (hold-and-wait, see
-//! [`hold_wait`](super::hold_wait)). [`AsyncResource::reserve`] asks for
+//! [`hold_wait`](super::hold_wait)). [`AsyncResource::reserve`](super::AsyncResource::reserve) asks for
 //! all of a request's memory at once, as tokio's
 //! `Semaphore::acquire_many_owned` asks for many permits: it waits holding
 //! nothing, first come first served with every other waiting allocation,

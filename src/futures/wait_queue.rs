@@ -42,7 +42,7 @@
 //!
 //! # Memory coming back elsewhere
 //!
-//! The queue is also one of the process's [waiters](crate::waiters): while
+//! The queue is also one of the process's [waiters]: while
 //! it has waiters, memory given back where it can use it (a
 //! [`Budget`](crate::Budget) its stack charges, shared with another
 //! resource or device; frees drained by another resource on its device)
