@@ -3,8 +3,9 @@
 //! ranges, each tagged with the frees on it), its [`PageTable`] (which
 //! pages are mapped, which mappings are idle or pending) and, per stream,
 //! its fences ([`StreamFences`]: which of its frees the GPU is done with,
-//! the horizon a growth gives back up to, and how many of its next frees
-//! get a fence of their own).
+//! the horizon a growth gives back up to, how many of its next frees
+//! get a fence of their own, and the newest of its fences each other
+//! stream was made to wait for).
 //!
 //! # Who changes it
 //!
