@@ -148,10 +148,10 @@
 //!   has completed (an event query), or `S` had nothing left to run
 //!   (`cuStreamQuery`, asked only of a stream not capturing); then `T`
 //!   needs no wait. Or `T` waits on the GPU (`cuStreamWaitEvent`) for a
-//!   fence recorded on `S` after the free: once a fence (`T` made to wait
-//!   for that fence or a later one of `S`'s before, outside a capture,
-//!   needs no second wait: stream order puts its next work after the
-//!   first; noted per pair of streams, and relied on only where the cache
+//!   fence recorded on `S` after the free, once: made to wait before,
+//!   outside a capture, for that fence or a later one of `S`'s, `T`
+//!   needs no second wait, as stream order puts its next work after the
+//!   first (noted per pair of streams; relied on only where the cache
 //!   asks whether `T` captures). Never on the absence of news:
 //!   a range is not taken because nothing said it was busy. Either way no
 //!   work queued on `S` before the free can overlap `T`'s. `T`'s own later
