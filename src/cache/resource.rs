@@ -118,17 +118,7 @@ impl<R: DeviceMemoryResource> CachingResource<R> {
             .virtual_memory
             .then(|| inner.device_access())
             .flatten()
-            .and_then(|access| {
-                ArenaTier::new(
-                    config.streams + 1,
-                    access,
-                    config.page_multiple,
-                    config.max_mapping_bytes,
-                    config.slack_percent,
-                    config.cross_stream,
-                    config.move_memory,
-                )
-            });
+            .and_then(|access| ArenaTier::new(config.streams + 1, access, &config));
         CachingResource {
             arena,
             classes: SizeClassTier::new(config.max_cached_bytes),

@@ -158,14 +158,15 @@ impl Fences {
         Ok(())
     }
 
-    /// The event of the oldest fence in flight covering the free at
-    /// `stamp`, if one does: another stream that waits on it is ordered
-    /// after every use of what was freed then.
-    pub(crate) fn covering(&self, stamp: u64) -> Option<RawEvent> {
-        self.in_flight
-            .iter()
-            .find(|&&(_, s)| s >= stamp)
-            .map(|&(event, _)| event)
+    /// The oldest fence in flight covering the free at `stamp`, if one
+    /// does: its event, and the stamp of the newest free it covers now.
+    /// Another stream that waits on it is ordered after every use of what
+    /// was freed up to that stamp: the event was recorded on this stream
+    /// after those frees (`cover` records it once the stream's stamp got
+    /// there, and a record again only moves it later), and a wait binds to
+    /// the record current when it is queued.
+    pub(crate) fn covering(&self, stamp: u64) -> Option<(RawEvent, u64)> {
+        self.in_flight.iter().find(|&&(_, s)| s >= stamp).copied()
     }
 
     /// Blocks until every fence in flight is complete (the last resort
@@ -234,8 +235,16 @@ mod tests {
         f.cover(&*gpu, s, last).unwrap();
         assert_eq!(f.in_flight.len(), MAX_IN_FLIGHT, "no more events");
         let newest = f.in_flight[MAX_IN_FLIGHT - 1].0;
-        assert_eq!(f.covering(last), Some(newest), "the free is covered");
-        assert_eq!(f.covering(last - 1), Some(newest), "later, never earlier");
+        assert_eq!(
+            f.covering(last),
+            Some((newest, last)),
+            "the free is covered"
+        );
+        assert_eq!(
+            f.covering(last - 1),
+            Some((newest, last)),
+            "later, never earlier"
+        );
         gpu.run_until_idle();
         assert_eq!(f.poll(&*gpu).unwrap(), last);
         f.destroy(&*gpu);
@@ -252,9 +261,9 @@ mod tests {
         let c = f.next_stamp();
         f.cover(&*gpu, s, c).unwrap();
         let (first, second) = (f.in_flight[0].0, f.in_flight[1].0);
-        assert_eq!(f.covering(a), Some(first));
-        assert_eq!(f.covering(b), Some(second), "recorded after b's free");
-        assert_eq!(f.covering(c), Some(second));
+        assert_eq!(f.covering(a), Some((first, a)));
+        assert_eq!(f.covering(b), Some((second, c)), "recorded after b's free");
+        assert_eq!(f.covering(c), Some((second, c)));
         assert_eq!(f.covering(c + 1), None, "no fence after that free yet");
         f.destroy(&*gpu);
     }

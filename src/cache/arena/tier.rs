@@ -22,7 +22,7 @@
 use super::placement::{Placed, round};
 use super::sleep::Sleeper;
 use super::vmm::{StreamSlot, Taken, VirtualArena};
-use crate::cache::config::CrossStreamReuse;
+use crate::cache::config::CacheConfig;
 use crate::cache::shard::{Backing, Lease, Mapped, SlotGuard};
 use crate::cache::shards::Shards;
 use crate::error::{ResourceError, ResourceResult};
@@ -72,26 +72,10 @@ impl std::fmt::Debug for ArenaTier {
 }
 
 impl ArenaTier {
-    /// The arena tier over `access` for `slots` streams, or `None` when the
-    /// device has no virtual memory management.
-    pub(crate) fn new(
-        slots: usize,
-        access: DeviceAccess,
-        page_multiple: usize,
-        max_mapping_bytes: usize,
-        slack_percent: usize,
-        cross_stream: CrossStreamReuse,
-        move_memory: bool,
-    ) -> Option<Self> {
-        let vm = VirtualArena::new(
-            slots,
-            access,
-            page_multiple,
-            max_mapping_bytes,
-            slack_percent,
-            cross_stream,
-            move_memory,
-        )?;
+    /// The arena tier over `access` for `slots` streams, as `config` sets
+    /// it up, or `None` when the device has no virtual memory management.
+    pub(crate) fn new(slots: usize, access: DeviceAccess, config: &CacheConfig) -> Option<Self> {
+        let vm = VirtualArena::new(slots, access, config)?;
         Some(ArenaTier {
             events: EventPool::new(vm.access.gpu.clone()),
             vm,

@@ -148,7 +148,11 @@
 //!   has completed (an event query), or `S` had nothing left to run
 //!   (`cuStreamQuery`, asked only of a stream not capturing); then `T`
 //!   needs no wait. Or `T` waits on the GPU (`cuStreamWaitEvent`) for a
-//!   fence recorded on `S` after the free. Never on the absence of news:
+//!   fence recorded on `S` after the free, once: made to wait before,
+//!   outside a capture, for that fence or a later one of `S`'s, `T`
+//!   needs no second wait, as stream order puts its next work after the
+//!   first (noted per pair of streams; relied on only where the cache
+//!   asks whether `T` captures). Never on the absence of news:
 //!   a range is not taken because nothing said it was busy. Either way no
 //!   work queued on `S` before the free can overlap `T`'s. `T`'s own later
 //!   free of it tags it with `T`, whose stream order now includes that
@@ -255,7 +259,7 @@ use super::fences::Fences;
 use super::kept::{KeptBlocks, KeptNodes};
 use super::pages::PageTable;
 use super::placement::{Arena, Placed};
-use crate::cache::config::CrossStreamReuse;
+use crate::cache::config::{CacheConfig, CrossStreamReuse};
 use crate::error::ResourceResult;
 use crate::gpu::{Gpu, RawStream};
 use crate::resource::DeviceAccess;
@@ -312,6 +316,12 @@ pub(crate) struct VirtualArena {
     /// ([`alias_unbacked`](Self::alias_unbacked)) before they grow
     /// ([`CacheConfig::move_memory`](crate::CacheConfig::move_memory)).
     moves: bool,
+    /// Whether the cache asks, at each allocation, whether its stream
+    /// captures ([`CacheConfig::capture_aware`]): only then is a stream
+    /// known outside a capture where the arena orders it after another's
+    /// free, and a wait it already made spares another (see
+    /// [`order_after`](Self::order_after)).
+    sees_captures: bool,
     state: Mutex<SharedArena>,
     /// The reservation's start (0 until reserved), readable without the
     /// lock.
@@ -345,19 +355,12 @@ pub(crate) struct Taken {
 }
 
 impl VirtualArena {
-    /// A tier over `access` for `slots` streams (slots `0..slots`), or
-    /// `None` when the device has no virtual memory management.
-    pub(crate) fn new(
-        slots: usize,
-        access: DeviceAccess,
-        page_multiple: usize,
-        max_run_bytes: usize,
-        slack_percent: usize,
-        cross_stream: CrossStreamReuse,
-        moves: bool,
-    ) -> Option<Self> {
+    /// A tier over `access` for `slots` streams (slots `0..slots`), as
+    /// `config` sets it up, or `None` when the device has no virtual
+    /// memory management.
+    pub(crate) fn new(slots: usize, access: DeviceAccess, config: &CacheConfig) -> Option<Self> {
         let granularity = access.gpu.vm_granularity().ok()?.max(1);
-        let page = (granularity * page_multiple.max(1)) as u64;
+        let page = (granularity * config.page_multiple.max(1)) as u64;
         // Capped, so that a backend reporting no limit (a null backend)
         // does not get a page table the size of its claim.
         let total = (access.gpu.mem_info().ok()?.1 as u64).min(256 << 30);
@@ -374,11 +377,13 @@ impl VirtualArena {
             access,
             page,
             arena_len,
-            max_run_pages: (max_run_bytes as u64 / page).clamp(1, u32::MAX as u64) as u32,
-            slack_percent,
+            max_run_pages: (config.max_mapping_bytes as u64 / page).clamp(1, u32::MAX as u64)
+                as u32,
+            slack_percent: config.slack_percent,
             lends,
-            cross_stream,
-            moves,
+            cross_stream: config.cross_stream,
+            moves: config.move_memory,
+            sees_captures: config.capture_aware,
             state: Mutex::new(SharedArena {
                 base: 0,
                 arena: Arena::new(arena_len),
@@ -445,6 +450,7 @@ impl VirtualArena {
             fences: Fences::default(),
             horizon: 0,
             lending: 0,
+            waited_by: Vec::new(),
         });
         Ok(StreamSlot {
             raw,

@@ -14,8 +14,10 @@
 //! Which range serves depends on the host's calls only; fences decide
 //! only how the stream is ordered after its frees: with no wait where the
 //! host saw the work before the free done (a fence past it queried
-//! complete, or its stream idle), else behind a wait on the GPU for a
-//! fence recorded past the free. Never on the absence of news. A capture
+//! complete, or its stream idle) or the stream already waits on the GPU
+//! for a fence past it (a wait it made before, outside a capture, noted
+//! per pair of streams: one wait a fence), else behind a wait on the GPU
+//! for a fence recorded past the free. Never on the absence of news. A capture
 //! never waits: it takes only ranges the GPU is known done with, or pages
 //! with no memory behind them. A block with memory behind none of its
 //! pages is ordered after nobody (the memory the tags name is gone).
@@ -233,10 +235,11 @@ impl VirtualArena {
 
     /// Orders the stream of `ss` after the frees `freed` names that may
     /// still be running: at once where a fence past one has completed (or
-    /// completes at a query right after it is recorded), else behind a
-    /// wait on the GPU for that fence. Returns the waits queued; `None`
-    /// when that cannot be done (the waits queued before stay: they only
-    /// order the stream further).
+    /// completes at a query right after it is recorded) or the stream
+    /// waits already for a fence past it, else behind a wait on the GPU
+    /// for that fence. Returns the waits queued; `None` when that cannot
+    /// be done (the waits queued before stay: they only order the stream
+    /// further). Called outside a capture only.
     pub(super) fn order_after(
         &self,
         streams: &mut [Option<StreamFences>],
@@ -255,6 +258,17 @@ impl VirtualArena {
                 .and_then(Option::as_mut);
             home.is_some_and(|h| {
                 if h.fences.done() >= f.stamp() {
+                    return true;
+                }
+                // The stream waits on the GPU already for a fence of this
+                // one past the free: stream order puts its next work after
+                // that wait (see `StreamFences::waits_already`). Only
+                // where the cache asked whether the stream captures (a
+                // stream capturing unbeknown to it would take the range
+                // into a graph whose replays nothing orders after the
+                // free; the wait tried instead fails and spoils the
+                // capture, as it always did).
+                if self.sees_captures && h.waits_already(ss.slot, f.stamp()) {
                     return true;
                 }
                 // A stream with nothing left to run has run its frees:
@@ -279,11 +293,19 @@ impl VirtualArena {
                 if done >= f.stamp() {
                     return true;
                 }
-                let waited = h.fences.covering(f.stamp()).is_some_and(|e| {
+                let waited = h.fences.covering(f.stamp()).is_some_and(|(e, fence)| {
                     // SAFETY: `ss.raw` is a stream of the tier's device pool
                     // (the slot's), the event a live fence of the tier's
                     // backend (destroyed only when the tier closes).
-                    unsafe { gpu.stream_wait_event(ss.raw, e) }.is_ok()
+                    let queued = unsafe { gpu.stream_wait_event(ss.raw, e) }.is_ok();
+                    // A wait the driver took is in the stream's own order:
+                    // a fence is never recorded in a capture (`cover`), and
+                    // a capturing stream's wait on an event recorded
+                    // outside it is refused (CUDA_ERROR_STREAM_CAPTURE_ISOLATION).
+                    if queued {
+                        h.note_wait(ss.slot, fence);
+                    }
+                    queued
                 });
                 waits += u32::from(waited);
                 waited

@@ -3,8 +3,9 @@
 //! ranges, each tagged with the frees on it), its [`PageTable`] (which
 //! pages are mapped, which mappings are idle or pending) and, per stream,
 //! its fences ([`StreamFences`]: which of its frees the GPU is done with,
-//! the horizon a growth gives back up to, and how many of its next frees
-//! get a fence of their own).
+//! the horizon a growth gives back up to, how many of its next frees
+//! get a fence of their own, and the newest of its fences each other
+//! stream was made to wait for).
 //!
 //! # Who changes it
 //!
@@ -46,6 +47,12 @@ pub(super) struct StreamFences {
     /// How many of its next frees get a fence of their own, right after
     /// them: [`LENDING_FREES`] once another stream took memory it freed.
     pub(super) lending: u32,
+    /// Per slot of another stream, the newest stamp of this stream's
+    /// fences that the other stream was made to wait for on the GPU (0, or
+    /// no entry: none): that stream is ordered after every free of this
+    /// one up to it, and needs no new wait for them (see
+    /// [`waits_already`](Self::waits_already)).
+    pub(super) waited_by: Vec<u64>,
 }
 
 /// Frees of a stream that get a fence each after another stream took
@@ -56,6 +63,41 @@ pub(super) struct StreamFences {
 /// borrow then records one when it comes (later than the free, so the
 /// borrower may wait for more of that stream's work than it needed).
 pub(super) const LENDING_FREES: u32 = 1024;
+
+impl StreamFences {
+    /// Whether the stream of `slot` waits on the GPU already for a fence
+    /// of this stream covering the free at `stamp`.
+    ///
+    /// # Stream ordering
+    ///
+    /// One wait covers every free up to the stamp it noted: a fence with
+    /// stamp `s` is an event recorded on this stream after every free
+    /// stamped `s` or less (`Fences::cover` records it once the stream's
+    /// stamp is `s`, and recording it again, past the fences in flight,
+    /// only moves it later), and a wait binds to the record current when
+    /// it is queued (CUDA's rule), so the waiter's later work comes after
+    /// all of them. The entry needs no reset: a slot's stream and its
+    /// fences live as long as the arena (`open` makes them once; stamps
+    /// only grow), and a capture, a sleep or a trim leaves the waiter's
+    /// stream order as it was. Only waits in the stream's own order are
+    /// noted ([`note_wait`](Self::note_wait)).
+    pub(super) fn waits_already(&self, slot: usize, stamp: u64) -> bool {
+        self.waited_by.get(slot).is_some_and(|&s| s >= stamp)
+    }
+
+    /// The stream of `slot` was made to wait on the GPU for this stream's
+    /// fence of stamp `fence`, a wait the driver took outside any capture:
+    /// the caller knows its stream was not capturing (a wait there belongs
+    /// to the graph, not to the stream, and its replays run after nothing
+    /// the stream queued).
+    pub(super) fn note_wait(&mut self, slot: usize, fence: u64) {
+        if self.waited_by.len() <= slot {
+            self.waited_by.resize(slot + 1, 0);
+        }
+        let newest = &mut self.waited_by[slot];
+        *newest = (*newest).max(fence);
+    }
+}
 
 /// The arena every stream places in; guarded by the tier's lock.
 #[derive(Debug)]
