@@ -31,7 +31,9 @@
 //!   not a graph memory node: it is noted allocated when the capture ends,
 //!   whatever becomes of the graph (none, where the capture was
 //!   invalidated: the note, no driver call, is kept even then), and the
-//!   replays leave it allocated;
+//!   replays leave it allocated; in an invalidated capture, the free of a
+//!   range handed out before it takes effect at once, in the stream's
+//!   order before the capture (no replay will ever make it);
 //! - the launches of one executable graph run one at a time, in the order
 //!   they were queued, whatever their streams: a launch waits for the one
 //!   before it (a hidden event of the executable, recorded after each
@@ -605,6 +607,25 @@ impl State {
             c.ops.push(op);
             c.members.entry(s).or_default().recorded += 1;
         }
+    }
+
+    /// Whether the free of caller-managed memory at `addr`, noted on a
+    /// stream capturing into `id`, takes effect at once, in the stream's
+    /// order before the capture: where the capture was invalidated (no
+    /// graph comes of it, so no replay would ever make the free) and the
+    /// range was not handed out in it (that one only cancels its note).
+    /// The work captured before the invalidation never runs either: the
+    /// range's last users are those queued before the capture.
+    pub(super) fn frees_now_in_spoilt_capture(&self, id: u64, addr: u64) -> bool {
+        let Some(c) = self.captures.active.get(&id).filter(|c| c.invalidated) else {
+            return false;
+        };
+        let last_note = c.ops.iter().rev().find_map(|op| match *op {
+            GraphOp::SubAlloc { addr: a, .. } if a == addr => Some(true),
+            GraphOp::SubFree { addr: a } if a == addr => Some(false),
+            _ => None,
+        });
+        last_note != Some(true)
     }
 
     /// A record of event `e` on stream `s`, capturing into `id`: the event
