@@ -445,6 +445,88 @@ fn a_range_handed_out_in_a_capture_and_kept_is_allocated_from_the_capture_on() {
 }
 
 #[test]
+fn a_range_handed_out_in_an_invalidated_capture_is_allocated_from_the_capture_on() {
+    // `cuMemMap` takes no stream: memory the caller mapped and handed out
+    // during a capture stays mapped and the caller's whatever becomes of
+    // the capture (`cuStreamEndCapture` of an invalidated one only returns
+    // no graph). A note is no driver call: one made after the capture was
+    // invalidated (a cache blind to captures, whose wait the driver
+    // refused) counts as one made before. A range handed out and freed in
+    // the capture is not left allocated.
+    let gpu = manual();
+    let (s, other) = (gpu.create_stream(), gpu.create_stream());
+    let outside = Gpu::event_create(gpu.as_ref()).unwrap();
+    gpu.launch_kernel(other, &[]).unwrap();
+    gpu.event_record(outside, other).unwrap();
+    let arena = 1 << 44;
+    let (before, after, gone) = (arena, arena + 4096, arena + 8192);
+    gpu.begin_capture(s, CaptureMode::Relaxed).unwrap();
+    Gpu::note_suballocation(gpu.as_ref(), before, 4096, s);
+    gpu.stream_wait_event(s, outside).unwrap_err();
+    assert_eq!(gpu.capture_status(s).unwrap(), CaptureStatus::Invalidated);
+    Gpu::note_suballocation(gpu.as_ref(), after, 4096, s);
+    Gpu::note_suballocation(gpu.as_ref(), gone, 4096, s);
+    Gpu::note_subfree(gpu.as_ref(), gone, s);
+    assert_eq!(
+        code(&gpu.end_capture(s).unwrap_err()),
+        capture_code::INVALIDATED
+    );
+    for addr in [before, after] {
+        gpu.launch_kernel(s, &[write(addr)]).unwrap();
+        Gpu::note_subfree(gpu.as_ref(), addr, s);
+    }
+    // Freed in the capture: the range is free for another stream.
+    Gpu::note_suballocation(gpu.as_ref(), gone, 4096, other);
+    gpu.launch_kernel(other, &[write(gone)]).unwrap();
+    Gpu::note_subfree(gpu.as_ref(), gone, other);
+    gpu.run_until_idle();
+    assert!(gpu.races().is_empty(), "{:?}", gpu.races());
+}
+
+#[test]
+fn a_range_freed_in_an_invalidated_capture_is_free_after_the_work_before_it() {
+    // No graph comes of an invalidated capture: the free of a range the
+    // caller handed out before it takes effect in the stream's order
+    // before the capture (no replay would ever make it), after the uses
+    // queued there, and the range may be handed out again. Checked
+    // against those uses.
+    let gpu = manual();
+    let (s, other) = (gpu.create_stream(), gpu.create_stream());
+    let outside = Gpu::event_create(gpu.as_ref()).unwrap();
+    gpu.launch_kernel(other, &[]).unwrap();
+    gpu.event_record(outside, other).unwrap();
+    let arena = 1 << 44;
+    Gpu::note_suballocation(gpu.as_ref(), arena, 4096, s);
+    gpu.launch_kernel(s, &[write(arena)]).unwrap();
+    gpu.begin_capture(s, CaptureMode::Relaxed).unwrap();
+    gpu.stream_wait_event(s, outside).unwrap_err();
+    Gpu::note_subfree(gpu.as_ref(), arena, s);
+    gpu.end_capture(s).unwrap_err();
+    Gpu::note_suballocation(gpu.as_ref(), arena, 4096, s);
+    gpu.launch_kernel(s, &[write(arena)]).unwrap();
+    Gpu::note_subfree(gpu.as_ref(), arena, s);
+    assert!(gpu.races().is_empty(), "{:?}", gpu.races());
+    // Not at the host's word: a stream not ordered after the uses before
+    // the capture that freed the range races with them.
+    Gpu::note_suballocation(gpu.as_ref(), arena, 4096, s);
+    gpu.launch_kernel(s, &[write(arena)]).unwrap();
+    gpu.begin_capture(s, CaptureMode::Relaxed).unwrap();
+    gpu.stream_wait_event(s, outside).unwrap_err();
+    Gpu::note_subfree(gpu.as_ref(), arena, s);
+    gpu.end_capture(s).unwrap_err();
+    Gpu::note_suballocation(gpu.as_ref(), arena, 4096, other);
+    let races = gpu.races();
+    assert!(
+        races
+            .iter()
+            .all(|r| r.addr == arena && r.kind == RaceKind::Unordered && r.later.1 == 1),
+        "{races:?}"
+    );
+    assert_eq!(races.len(), 1, "{races:?}");
+    gpu.run_until_idle();
+}
+
+#[test]
 fn a_graph_that_never_ran_releases_an_address_reused_from_another_stream_without_a_race() {
     // The address space hands a range whose free on `a` has executed to
     // an allocation on `b` (the driver's opportunistic reuse), here one

@@ -425,7 +425,9 @@ impl State {
         if self.streams.get(s).is_none() || addr == 0 {
             return;
         }
-        if let Some(id) = self.capturing(s) {
+        if let Some(id) = self.capturing(s)
+            && !self.frees_now_in_spoilt_capture(id, addr)
+        {
             return self.captured_note(id, s, capture::GraphOp::SubFree { addr });
         }
         let at = self.enqueue(s, |_| OpKind::Alloc);

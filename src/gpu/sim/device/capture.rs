@@ -22,14 +22,18 @@
 //!   under a global (any thread) or thread-local (the capturing thread)
 //!   capture, any synchronize, and a query of a capturing stream
 //!   (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`); an
-//!   invalidated capture records nothing more and its end fails with
+//!   invalidated capture records no more work and its end fails with
 //!   `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`.
 //!
 //! - a range of caller-managed memory handed out in the capture
 //!   ([`Gpu::note_suballocation`](crate::gpu::Gpu::note_suballocation), a
 //!   cache's arena) and not freed in it is mapped memory of the caller's,
 //!   not a graph memory node: it is noted allocated when the capture ends,
-//!   whatever becomes of the graph, and the replays leave it allocated;
+//!   whatever becomes of the graph (none, where the capture was
+//!   invalidated: the note, no driver call, is kept even then), and the
+//!   replays leave it allocated; in an invalidated capture, the free of a
+//!   range handed out before it takes effect at once, in the stream's
+//!   order before the capture (no replay will ever make it);
 //! - the launches of one executable graph run one at a time, in the order
 //!   they were queued, whatever their streams: a launch waits for the one
 //!   before it (a hidden event of the executable, recorded after each
@@ -590,13 +594,38 @@ impl State {
 
     /// A note of caller-managed memory (`SubAlloc`, `SubFree`) on stream
     /// `s`, capturing into `id`: recorded, replayed with the graph. An
-    /// invalidated capture records nothing (a note is not a call that can
-    /// fail).
+    /// invalidated capture records it too, for its end alone (no graph
+    /// comes of it): a note is no driver call, and the memory it speaks of
+    /// was mapped by calls that take no stream (`cuMemMap`), which the
+    /// capture's fate leaves as they are: `cuStreamEndCapture` of an
+    /// invalidated capture only returns no graph. Dropping the note lost a
+    /// range handed out after the invalidation (a cache blind to captures
+    /// whose wait the driver refused, `tests/cache/cross_stream.rs`): its
+    /// uses and free after the capture were reported at an invalid address.
     pub(super) fn captured_note(&mut self, id: u64, s: usize, op: GraphOp) {
-        if let Ok(c) = self.active(id, DriverCall::Launch) {
+        if let Some(c) = self.captures.active.get_mut(&id) {
             c.ops.push(op);
             c.members.entry(s).or_default().recorded += 1;
         }
+    }
+
+    /// Whether the free of caller-managed memory at `addr`, noted on a
+    /// stream capturing into `id`, takes effect at once, in the stream's
+    /// order before the capture: where the capture was invalidated (no
+    /// graph comes of it, so no replay would ever make the free) and the
+    /// range was not handed out in it (that one only cancels its note).
+    /// The work captured before the invalidation never runs either: the
+    /// range's last users are those queued before the capture.
+    pub(super) fn frees_now_in_spoilt_capture(&self, id: u64, addr: u64) -> bool {
+        let Some(c) = self.captures.active.get(&id).filter(|c| c.invalidated) else {
+            return false;
+        };
+        let last_note = c.ops.iter().rev().find_map(|op| match *op {
+            GraphOp::SubAlloc { addr: a, .. } if a == addr => Some(true),
+            GraphOp::SubFree { addr: a } if a == addr => Some(false),
+            _ => None,
+        });
+        last_note != Some(true)
     }
 
     /// A record of event `e` on stream `s`, capturing into `id`: the event
