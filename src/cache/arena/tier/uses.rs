@@ -16,7 +16,7 @@
 use super::ArenaTier;
 use crate::cache::shard::{Mapped, Shard};
 use crate::error::{ResourceError, ResourceResult};
-use crate::gpu::CaptureId;
+use crate::gpu::{CaptureId, RawStream};
 use crate::types::{Access, StreamId};
 
 impl ArenaTier {
@@ -148,16 +148,7 @@ impl ArenaTier {
             // its capture: the driver refuses (STREAM_CAPTURE_ISOLATION) and
             // invalidates the user's capture. Refused first, changing
             // nothing.
-            // SAFETY: `raw_use` is a stream of the tier's device pool, which
-            // the tier holds.
-            let status =
-                unsafe { gpu.capture_status(raw_use) }.map_err(|e| Self::driver(e, use_stream))?;
-            if status.is_capturing() {
-                return Err(ResourceError::StreamCapturing {
-                    stream: use_stream,
-                    capture: status.id(),
-                });
-            }
+            self.refuse_capturing(use_stream, raw_use)?;
         }
         if use_stream != home {
             self.flush_home_uses(m, home)?;
@@ -229,16 +220,7 @@ impl ArenaTier {
         let gpu = &*tier.access.gpu;
         let raw_use = tier.access.streams.raw(use_stream)?;
         let raw_last = tier.access.streams.raw(last)?;
-        // SAFETY: `raw_use` is a stream of the tier's device pool, which
-        // the tier holds.
-        let status =
-            unsafe { gpu.capture_status(raw_use) }.map_err(|e| Self::driver(e, use_stream))?;
-        if status.is_capturing() {
-            return Err(ResourceError::StreamCapturing {
-                stream: use_stream,
-                capture: status.id(),
-            });
-        }
+        self.refuse_capturing(use_stream, raw_use)?;
         let event = self.events.take().map_err(|e| Self::driver(e, last))?;
         // SAFETY: a pooled event of the tier, made on `gpu`; `raw_last` and
         // `raw_use` are streams of the tier's device pool, which the tier
@@ -248,5 +230,23 @@ impl ArenaTier {
             .and_then(|()| unsafe { gpu.stream_wait_event(raw_use, event) });
         self.events.give([event]);
         ordered.map_err(|e| Self::driver(e, use_stream))
+    }
+
+    /// Refuses `use_stream` (`raw_use`) while it is capturing: it may not
+    /// wait on an event recorded outside its capture (the driver refuses
+    /// with STREAM_CAPTURE_ISOLATION and invalidates the user's capture),
+    /// so the use is refused first, changing nothing.
+    fn refuse_capturing(&self, use_stream: StreamId, raw_use: RawStream) -> ResourceResult<()> {
+        // SAFETY: `raw_use` is a stream of the tier's device pool, which
+        // the tier holds.
+        let status = unsafe { self.vm.access.gpu.capture_status(raw_use) }
+            .map_err(|e| Self::driver(e, use_stream))?;
+        if status.is_capturing() {
+            return Err(ResourceError::StreamCapturing {
+                stream: use_stream,
+                capture: status.id(),
+            });
+        }
+        Ok(())
     }
 }
