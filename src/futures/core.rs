@@ -414,6 +414,8 @@ impl Core {
         if free_seq == 0 {
             return;
         }
+        let notifier = self.notifier(stream).ok();
+        let one_at_a_time = notifier.map(Notifier::reaping);
         let drained = self.inner.reap_through(stream, free_seq);
         if drained > 0 {
             history::record(|| {
@@ -422,9 +424,10 @@ impl Core {
                     .at(0, drained)
             });
         }
-        if let Ok(n) = self.notifier(stream) {
+        if let Some(n) = notifier {
             n.note_reaped(free_seq);
         }
+        drop(one_at_a_time);
         if drained > 0 {
             self.allocs.memory_returned();
         }

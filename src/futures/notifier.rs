@@ -305,6 +305,9 @@ pub(crate) struct Notifier {
     signal: Arc<Signal>,
     /// Highest inner free sequence number reaped through, by any path.
     reaped: AtomicU64,
+    /// Held by a reap of the stream from its drain until it noted the drain
+    /// (history included): see [`reaping`](Self::reaping).
+    reaping: Mutex<()>,
     /// Highest inner free sequence number a point was marked for.
     marked_free: AtomicU64,
     /// What the stream's futures did, folded in as they end.
@@ -350,6 +353,7 @@ impl Notifier {
             lane,
             owns_lane,
             event,
+            reaping: Mutex::new(()),
             signal: Arc::new(Signal {
                 settled_below: AtomicU64::new(Points::default().base()),
                 reached: AtomicU64::new(0),
@@ -642,6 +646,16 @@ impl Notifier {
         let mut st = self.signal.lock();
         let to = std::mem::take(&mut st.reap_to);
         (to > 0).then_some(to)
+    }
+
+    /// One reap of the stream at a time. A reap that drains nothing because
+    /// another thread drained first must not report the frees done before
+    /// that thread recorded them (a free's future resolving, then the
+    /// history lacking its completion). The lock covers accounting only: no
+    /// driver call is made under it.
+    pub(crate) fn reaping(&self) -> MutexGuard<'_, ()> {
+        // It guards no data: a reap that panicked leaves nothing half done.
+        self.reaping.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Notes that the inner resource was reaped through `free_seq`.
