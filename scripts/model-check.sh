@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Model checking of the bookkeeping core with loom: every interleaving (no
 # preemption bound unless LOOM_MAX_PREEMPTIONS is set) of the loom models
-# that sit next to the code they check (`#[cfg(all(test, loom))] mod loom_tests` in
-# src/resource/stream_ordered.rs, src/adaptors/debug_guard/resource.rs,
-# src/adaptors/budget/resource.rs, src/cache/arena/kept.rs, src/cache/arena/vmm.rs (the
-# arena's shared lock, within three preemptions), src/futures/notifier.rs and
+# that sit next to the code they check (`mod loom_tests`, compiled only
+# with `--cfg loom`, in src/resource/stream_ordered/loom_tests.rs,
+# src/adaptors/debug_guard/resource.rs, src/adaptors/budget/resource.rs,
+# src/cache/arena/kept.rs, src/cache/arena/vmm.rs (the arena's shared
+# lock, within three preemptions), src/futures/notifier/loom_tests.rs and
 # src/futures/wait_queue.rs).
 #
 # Builds into its own target dir (the cfg changes every crate's build), in
