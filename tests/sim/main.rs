@@ -5,5 +5,6 @@
 mod support;
 
 mod capture;
+mod kernels;
 mod regressions;
 mod virtual_memory;

@@ -59,7 +59,11 @@
 //! On the simulated device (or `--sim`) only the streamalloc way runs, with
 //! simulated kernels, each operation `--sim-latency-us` long (default 5; a
 //! longer one keeps more work queued, as a loaded GPU does): the numbers
-//! measure the futures layer and the memory held only.
+//! measure the futures layer and the memory held only. The simulated
+//! kernels run one at a time unless `--sim-kernels N` lets N of them, on
+//! different streams, run side by side (as a GPU's SMs do): then a request
+//! that waits on another stream's fence loses the overlap it would have
+//! had.
 //! cuBLAS is loaded at run time: put `/usr/local/cuda/lib64` on
 //! `LD_LIBRARY_PATH`.
 
@@ -103,6 +107,7 @@ struct Args {
     seed: u64,
     sim: bool,
     sim_latency_us: u64,
+    sim_kernels: usize,
     workers: usize,
     diag: bool,
     policy: Option<WaitPolicy>,
@@ -122,6 +127,7 @@ fn parse_args() -> BoxResult<Args> {
         seed: 2026,
         sim: false,
         sim_latency_us: 5,
+        sim_kernels: 1,
         workers: 4,
         diag: false,
         policy: None,
@@ -155,6 +161,7 @@ fn parse_args() -> BoxResult<Args> {
             "--workers" => args.workers = value("--workers")?.parse::<usize>()?.max(1),
             "--sim" => args.sim = true,
             "--sim-latency-us" => args.sim_latency_us = value("--sim-latency-us")?.parse()?,
+            "--sim-kernels" => args.sim_kernels = value("--sim-kernels")?.parse()?,
             "--diag" => args.diag = true,
             "--budget-quarter" => args.budget_quarter = true,
             "--budget-over-cache" => args.budget_over_cache = true,
@@ -250,6 +257,7 @@ fn sim_stack(
 )> {
     let gpu = SimGpu::builder()
         .op_latency(Duration::from_micros(args.sim_latency_us))
+        .concurrent_kernels(args.sim_kernels)
         .build();
     let device = Device::simulated(&gpu, STREAMS);
     let inner = Arc::new(SimResource::new(&device));
@@ -264,12 +272,18 @@ async fn on_sim(args: &Args) -> BoxResult<()> {
     let mut rows = Vec::new();
     for &clients in &args.clients {
         let per = requests_per_client(args, clients).min(64);
-        let before: Vec<u64> = DriverCall::ALL.iter().map(|&c| gpu.call_count(c)).collect();
+        let counts =
+            || -> Vec<u64> { DriverCall::ALL.iter().map(|&c| gpu.call_count(c)).collect() };
+        let before = counts();
         let row = streamalloc_way::run_level(&res, &kernels, Dims::BENCH, clients, per, args.seed)
             .await?;
         println!("{}", row.markdown_row());
+        if args.diag {
+            print_sim_calls(&gpu, &before, row.requests);
+        }
         if args.budget_quarter {
             for memory in gated(clients) {
+                let before = counts();
                 let res = budgeted_stack(
                     &device,
                     clients,
@@ -280,23 +294,11 @@ async fn on_sim(args: &Args) -> BoxResult<()> {
                 let level = level_of(args, clients, per, memory);
                 let gated_row = observed_level(&res, &kernels, level, &mut |_, _| {}).await?;
                 println!("{}", gated_row.markdown_row());
+                if args.diag {
+                    print_sim_calls(&gpu, &before, gated_row.requests);
+                }
                 rows.push((0, gated_row));
             }
-        }
-        if args.diag {
-            let per_request: Vec<String> = DriverCall::ALL
-                .iter()
-                .zip(before)
-                .filter(|&(&c, b)| gpu.call_count(c) > b && c != DriverCall::Launch)
-                .map(|(&c, b)| {
-                    let n = (gpu.call_count(c) - b) as f64 / row.requests.max(1) as f64;
-                    format!("{c:?} {n:.2}")
-                })
-                .collect();
-            println!(
-                "  diag simulated driver calls per request (with the release before the level): {}",
-                per_request.join(", ")
-            );
         }
         rows.push((0, row));
     }
@@ -309,6 +311,24 @@ async fn on_sim(args: &Args) -> BoxResult<()> {
         return Err("races or outstanding bytes on the simulated device".into());
     }
     Ok(())
+}
+
+/// `--diag` on the simulated device: the driver calls of the level just
+/// run, per request (`before`: the counts before it), launches left out.
+fn print_sim_calls(gpu: &SimGpu, before: &[u64], requests: usize) {
+    let per_request: Vec<String> = DriverCall::ALL
+        .iter()
+        .zip(before)
+        .filter(|&(&c, &b)| gpu.call_count(c) > b && c != DriverCall::Launch)
+        .map(|(&c, &b)| {
+            let n = (gpu.call_count(c) - b) as f64 / requests.max(1) as f64;
+            format!("{c:?} {n:.2}")
+        })
+        .collect();
+    println!(
+        "  diag simulated driver calls per request (with the release before the level): {}",
+        per_request.join(", ")
+    );
 }
 
 /// The ways on CUDA, by name.

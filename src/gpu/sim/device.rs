@@ -11,9 +11,12 @@
 
 mod capture;
 mod host;
+mod kernels;
 
 use std::collections::VecDeque;
+use std::time::Instant;
 
+pub(crate) use self::kernels::KernelSlots;
 use super::address_space::AddressSpace;
 use super::clock::{Epoch, VectorClock};
 use super::fault::{FaultPlan, ILLEGAL_ADDRESS, INJECTED};
@@ -51,11 +54,20 @@ pub(crate) struct SimStream {
     clock: VectorClock,
     queue: VecDeque<OpKind>,
     busy: bool,
+    /// A kernel occupies the stream until then (see [`kernels`]).
+    running_until: Option<Instant>,
     /// Destroyed by its owner: refused by every call; what was queued still
     /// runs, and once it has the slot may serve a new stream.
     destroyed: bool,
     /// The capture it takes part in: what is queued on it is recorded.
     capture: Option<u64>,
+}
+
+impl SimStream {
+    /// Nothing queued, no host function or kernel running.
+    fn drained(&self) -> bool {
+        self.queue.is_empty() && !self.busy && self.running_until.is_none()
+    }
 }
 
 #[derive(Default)]
@@ -80,8 +92,11 @@ pub(crate) enum Step {
     /// Work is queued but nothing can run now (a host function is running,
     /// or the device faulted).
     Blocked,
-    /// An operation ran; `kernel` tells whether it was a kernel.
+    /// An operation ran; `kernel` tells whether it was a kernel whose
+    /// latency the device thread sleeps (one operation at a time).
     Ran { kernel: bool },
+    /// Nothing can run before a running kernel's time is up, then.
+    Until(Instant),
     /// A host function must be run, with the mutex released, then
     /// [`State::host_done`] called.
     Host(usize, HostFn),
@@ -109,6 +124,9 @@ pub(crate) struct State {
     captures: capture::Captures,
     /// Pinned host memory and the host stream (see [`host`]).
     pub(crate) host_memory: host::HostMemories,
+    /// Kernels that take time side by side; `None`: one operation at a
+    /// time, the device thread sleeping each kernel's latency.
+    kernels: Option<KernelSlots>,
 }
 
 fn invalid(call: DriverCall) -> GpuError {
@@ -136,7 +154,13 @@ impl State {
             vm: VirtualMemory::new(granularity),
             captures: capture::Captures::default(),
             host_memory: host::HostMemories::default(),
+            kernels: None,
         }
+    }
+
+    /// Runs kernels side by side with `slots` (see [`kernels`]).
+    pub(crate) fn set_kernel_slots(&mut self, slots: KernelSlots) {
+        self.kernels = Some(slots);
     }
 
     /// Counts a call and applies the fault plan.
@@ -162,10 +186,10 @@ impl State {
         // epoch stays unique and what other streams saw of the old stream
         // never covers the new one's work; the rest of its clock is
         // forgotten, as a new stream has seen nothing.
-        let reusable = self.free_stream_slots.iter().position(|&slot| {
-            let st = &self.streams[slot];
-            st.queue.is_empty() && !st.busy
-        });
+        let reusable = self
+            .free_stream_slots
+            .iter()
+            .position(|&slot| self.streams[slot].drained());
         if let Some(i) = reusable {
             let slot = self.free_stream_slots.swap_remove(i);
             let st = &mut self.streams[slot];
@@ -568,9 +592,7 @@ impl State {
     }
 
     pub(crate) fn stream_idle(&self, s: usize) -> bool {
-        self.streams
-            .get(s)
-            .is_none_or(|st| st.queue.is_empty() && !st.busy)
+        self.streams.get(s).is_none_or(SimStream::drained)
     }
 
     pub(crate) fn host_saw(&mut self, clock: &VectorClock) {
@@ -578,25 +600,51 @@ impl State {
     }
 
     pub(crate) fn all_idle(&self) -> bool {
-        self.streams
-            .iter()
-            .all(|st| st.queue.is_empty() && !st.busy)
+        self.streams.iter().all(SimStream::drained)
     }
 
     fn runnable(&self, s: usize) -> bool {
         let st = &self.streams[s];
-        if st.busy {
+        if st.busy || st.running_until.is_some() {
             return false;
         }
         match st.queue.front() {
             None => false,
             Some(OpKind::Wait { event, generation }) => self.event_reached(*event, *generation),
+            Some(OpKind::Kernel) => self.kernels.as_ref().is_none_or(KernelSlots::free),
             Some(_) => true,
         }
     }
 
+    /// Kernels running now, side by side.
+    pub(crate) fn kernels_running(&self) -> usize {
+        self.streams
+            .iter()
+            .filter(|st| st.running_until.is_some())
+            .count()
+    }
+
+    /// Ends the kernels whose time is up; whether any did.
+    fn finish_kernels(&mut self, now: Instant) -> bool {
+        let Some(kernels) = &mut self.kernels else {
+            return false;
+        };
+        let mut any = false;
+        for st in &mut self.streams {
+            if st.running_until.is_some_and(|t| t <= now) {
+                st.running_until = None;
+                kernels.finish();
+                any = true;
+            }
+        }
+        any
+    }
+
     /// Runs one operation of one runnable stream head.
     pub(crate) fn step(&mut self) -> Step {
+        if self.kernels.is_some() && self.finish_kernels(Instant::now()) {
+            return Step::Ran { kernel: false };
+        }
         if self.all_idle() {
             return Step::Idle;
         }
@@ -607,13 +655,20 @@ impl State {
             .filter(|&s| self.runnable(s))
             .collect();
         if runnable.is_empty() {
-            return Step::Blocked;
+            let next_end = self.streams.iter().filter_map(|st| st.running_until).min();
+            return next_end.map_or(Step::Blocked, Step::Until);
         }
         let s = runnable[self.rng.usize(..runnable.len())];
         let op = self.streams[s].queue.pop_front().expect("runnable");
         match op {
             OpKind::Alloc | OpKind::Wait { .. } => Step::Ran { kernel: false },
-            OpKind::Kernel => Step::Ran { kernel: true },
+            OpKind::Kernel => match &mut self.kernels {
+                Some(kernels) => {
+                    self.streams[s].running_until = Some(kernels.start(Instant::now()));
+                    Step::Ran { kernel: false }
+                }
+                None => Step::Ran { kernel: true },
+            },
             OpKind::Free {
                 device,
                 addr,

@@ -33,6 +33,11 @@
 //!   thread executes queued work as a GPU would, and runs host functions; in
 //!   [`Progress::Manual`] mode nothing runs until the host synchronizes or
 //!   calls [`SimGpu::step`], and the order is fixed by the seed.
+//! - **Time**: each kernel may take [`SimGpuBuilder::op_latency`]; by
+//!   default one kernel runs at a time, and with
+//!   [`SimGpuBuilder::concurrent_kernels`] kernels of several streams run
+//!   side by side, as a GPU's SMs run small kernels, so that a wait on
+//!   another stream's fence costs the overlap it does on a GPU.
 //!
 //! Kernels are declared by the memory they touch ([`SimGpu::launch_kernel`]);
 //! no data is stored.
@@ -73,7 +78,7 @@ use std::time::Duration;
 pub use gate::CallGate;
 pub use race::{RaceKind, RaceReport, SimOp};
 
-use self::device::{State, Step};
+use self::device::{KernelSlots, State, Step};
 use crate::device::stream_pool::StreamPool;
 use crate::error::DriverCall;
 #[cfg(doc)]
@@ -129,6 +134,7 @@ pub struct SimGpuBuilder {
     seed: u64,
     progress: Progress,
     op_latency: Duration,
+    concurrent_kernels: usize,
     vm_granularity: usize,
 }
 
@@ -177,6 +183,19 @@ impl SimGpuBuilder {
         self
     }
 
+    /// How many streams' kernels run at once in threaded mode with an
+    /// [`op_latency`](Self::op_latency) (default 1). At 1 the device thread
+    /// runs one operation at a time and sleeps each kernel's latency, so
+    /// every stream waits while a kernel runs. Above 1 a kernel occupies
+    /// only its own stream for the latency while the other streams go on,
+    /// up to this many kernels at once, as a GPU runs small kernels of
+    /// several streams side by side: work that waits on another stream's
+    /// fence then visibly loses the overlap it would have had.
+    pub fn concurrent_kernels(mut self, kernels: usize) -> Self {
+        self.concurrent_kernels = kernels;
+        self
+    }
+
     /// Creates the device (and its device thread in threaded mode).
     pub fn build(self) -> Arc<SimGpu> {
         self.build_host(1).pop().expect("one device")
@@ -190,9 +209,16 @@ impl SimGpuBuilder {
     pub fn build_host(self, devices: u32) -> Vec<Arc<SimGpu>> {
         let ordinals: Vec<u32> = (self.ordinal..self.ordinal + devices.max(1)).collect();
         let spec: Vec<(u32, usize)> = ordinals.iter().map(|&o| (o, self.capacity)).collect();
+        let mut state = State::new(&spec, self.seed, self.vm_granularity);
+        if self.progress == Progress::Threaded
+            && self.concurrent_kernels > 1
+            && !self.op_latency.is_zero()
+        {
+            state.set_kernel_slots(KernelSlots::new(self.op_latency, self.concurrent_kernels));
+        }
         let shared = Arc::new(Shared {
             host: fresh_host(),
-            state: Mutex::new(State::new(&spec, self.seed, self.vm_granularity)),
+            state: Mutex::new(state),
             work: Condvar::new(),
             progress_made: Condvar::new(),
             shutdown: std::sync::atomic::AtomicBool::new(false),
@@ -275,6 +301,14 @@ fn device_thread(shared: &Shared) {
         match state.step() {
             Step::Idle | Step::Blocked => {
                 state = shared.work.wait(state).unwrap_or_else(|p| p.into_inner());
+            }
+            Step::Until(then) => {
+                let left = then.saturating_duration_since(std::time::Instant::now());
+                state = shared
+                    .work
+                    .wait_timeout(state, left)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
             }
             Step::Ran { kernel } => {
                 shared.progress_made.notify_all();
@@ -364,6 +398,7 @@ impl SimGpu {
             seed: 0,
             progress: Progress::Threaded,
             op_latency: Duration::ZERO,
+            concurrent_kernels: 1,
             vm_granularity: 2 << 20,
         }
     }
@@ -431,7 +466,8 @@ impl SimGpu {
         mut state: MutexGuard<'a, State>,
     ) -> (MutexGuard<'a, State>, bool) {
         let ran = match state.step() {
-            Step::Idle | Step::Blocked => false,
+            // `Until` comes only with kernel slots, which manual mode has not.
+            Step::Idle | Step::Blocked | Step::Until(_) => false,
             Step::Ran { .. } => true,
             Step::Host(s, f) => {
                 drop(state);
@@ -522,6 +558,12 @@ impl SimGpu {
         self.shared
             .host_fn_panics
             .load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Kernels running now, side by side (always 0 unless
+    /// [`concurrent_kernels`](SimGpuBuilder::concurrent_kernels) is above 1).
+    pub fn kernels_running(&self) -> usize {
+        self.shared.lock().kernels_running()
     }
 
     /// Number of streams created and not destroyed.

@@ -1,0 +1,62 @@
+//! Kernels that take time side by side on several streams
+//! (`concurrent_kernels`).
+
+use std::time::{Duration, Instant};
+
+use streamalloc::gpu::Gpu;
+use streamalloc::gpu::sim::SimGpu;
+
+const LATENCY: Duration = Duration::from_millis(150);
+/// A hang guard, never a timing assertion.
+const GUARD: Duration = Duration::from_secs(20);
+
+/// The most kernels seen running at once while `streams` streams each run
+/// one kernel, and the time until all were done.
+fn run_one_kernel_per_stream(gpu: &SimGpu, streams: usize) -> (usize, Duration) {
+    let start = Instant::now();
+    let handles: Vec<_> = (0..streams).map(|_| gpu.create_stream()).collect();
+    for &s in &handles {
+        gpu.launch_kernel(s, &[]).unwrap();
+    }
+    let mut most = 0;
+    while !gpu.is_idle() {
+        most = most.max(gpu.kernels_running());
+        assert!(start.elapsed() < GUARD, "the kernels never ended");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    (most, start.elapsed())
+}
+
+#[test]
+fn kernels_of_several_streams_run_side_by_side_up_to_the_limit() {
+    let gpu = SimGpu::builder()
+        .op_latency(LATENCY)
+        .concurrent_kernels(2)
+        .build();
+    let (most, took) = run_one_kernel_per_stream(&gpu, 3);
+    // Two at once, never three: the third waited for a slot, so the whole
+    // took two kernels' time at least.
+    assert_eq!(most, 2);
+    assert!(took >= 2 * LATENCY, "{took:?}");
+}
+
+/// What follows a kernel on its stream (here an event's record) runs only
+/// once the kernel's time is up, while another stream goes on meanwhile.
+#[test]
+fn a_stream_goes_on_only_after_its_kernel_while_others_run() {
+    let gpu = SimGpu::builder()
+        .op_latency(LATENCY)
+        .concurrent_kernels(4)
+        .build();
+    let (a, b) = (gpu.create_stream(), gpu.create_stream());
+    let (after_kernel, on_b) = (gpu.event_create().unwrap(), gpu.event_create().unwrap());
+    let start = Instant::now();
+    gpu.launch_kernel(a, &[]).unwrap();
+    gpu.event_record(after_kernel, a).unwrap();
+    gpu.event_record(on_b, b).unwrap();
+    gpu.event_synchronize(on_b).unwrap();
+    gpu.event_synchronize(after_kernel).unwrap();
+    assert!(start.elapsed() >= LATENCY);
+    gpu.run_until_idle();
+    assert!(gpu.races().is_empty());
+}
