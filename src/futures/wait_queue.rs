@@ -137,14 +137,7 @@ impl AllocQueue {
         if self.waiting_len.load(Ordering::SeqCst) == 0 {
             return;
         }
-        let head = self
-            .lock()
-            .waiting
-            .first_key_value()
-            .map(|(_, e)| e.waker.clone());
-        if let Some(w) = head {
-            w.wake();
-        }
+        self.wake_head();
     }
 
     /// Wakes the head without moving the epoch: it tries again, and judges
