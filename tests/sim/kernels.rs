@@ -1,5 +1,5 @@
-//! Kernels that take time side by side on several streams
-//! (`concurrent_kernels`).
+//! Kernels that take time: one at a time by default, side by side on
+//! several streams with `concurrent_kernels`.
 
 use std::time::{Duration, Instant};
 
@@ -37,6 +37,17 @@ fn kernels_of_several_streams_run_side_by_side_up_to_the_limit() {
     // Two at once, never three: the third waited for a slot, so the whole
     // took two kernels' time at least.
     assert_eq!(most, 2);
+    assert!(took >= 2 * LATENCY, "{took:?}");
+}
+
+/// The one-at-a-time engine: a stream whose last operation is a kernel is
+/// not idle before the kernel's time is up (it used to look done from the
+/// kernel's start: the sleep delayed what came next, not the kernel's end).
+#[test]
+fn by_default_kernels_run_one_at_a_time_and_end_after_their_time() {
+    let gpu = SimGpu::builder().op_latency(LATENCY).build();
+    let (most, took) = run_one_kernel_per_stream(&gpu, 2);
+    assert_eq!(most, 0, "the default engine has no kernels side by side");
     assert!(took >= 2 * LATENCY, "{took:?}");
 }
 

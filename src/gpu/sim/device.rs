@@ -92,9 +92,12 @@ pub(crate) enum Step {
     /// Work is queued but nothing can run now (a host function is running,
     /// or the device faulted).
     Blocked,
-    /// An operation ran; `kernel` tells whether it was a kernel whose
-    /// latency the device thread sleeps (one operation at a time).
-    Ran { kernel: bool },
+    /// An operation ran.
+    Ran,
+    /// A kernel ran on the stream, on the one-at-a-time engine: the device
+    /// thread holds the stream busy ([`State::hold`]) while it sleeps the
+    /// kernel's latency, so that the host sees the kernel end after it.
+    Kernel(usize),
     /// Nothing can run before a running kernel's time is up, then.
     Until(Instant),
     /// A host function must be run, with the mutex released, then
@@ -643,7 +646,7 @@ impl State {
     /// Runs one operation of one runnable stream head.
     pub(crate) fn step(&mut self) -> Step {
         if self.kernels.is_some() && self.finish_kernels(Instant::now()) {
-            return Step::Ran { kernel: false };
+            return Step::Ran;
         }
         if self.all_idle() {
             return Step::Idle;
@@ -661,13 +664,13 @@ impl State {
         let s = runnable[self.rng.usize(..runnable.len())];
         let op = self.streams[s].queue.pop_front().expect("runnable");
         match op {
-            OpKind::Alloc | OpKind::Wait { .. } => Step::Ran { kernel: false },
+            OpKind::Alloc | OpKind::Wait { .. } => Step::Ran,
             OpKind::Kernel => match &mut self.kernels {
                 Some(kernels) => {
                     self.streams[s].running_until = Some(kernels.start(Instant::now()));
-                    Step::Ran { kernel: false }
+                    Step::Ran
                 }
-                None => Step::Ran { kernel: true },
+                None => Step::Kernel(s),
             },
             OpKind::Free {
                 device,
@@ -678,13 +681,13 @@ impl State {
                 if let Some(space) = self.spaces.get_mut(&device) {
                     space.free_executed(addr, len, free_id);
                 }
-                Step::Ran { kernel: false }
+                Step::Ran
             }
             OpKind::Record { event, generation } => {
                 if let Some(ev) = self.events.get_mut(event) {
                     ev.completed = ev.completed.max(generation);
                 }
-                Step::Ran { kernel: false }
+                Step::Ran
             }
             OpKind::Host(f, clock) => {
                 self.streams[s].busy = true;
@@ -698,6 +701,12 @@ impl State {
 
     pub(crate) fn host_done(&mut self, s: usize) {
         self.streams[s].busy = false;
+    }
+
+    /// Stream `s` runs a kernel until [`host_done`](Self::host_done): it is
+    /// not idle meanwhile.
+    pub(crate) fn hold(&mut self, s: usize) {
+        self.streams[s].busy = true;
     }
 
     pub(crate) fn stream_count(&self) -> usize {

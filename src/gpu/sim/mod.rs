@@ -310,12 +310,16 @@ fn device_thread(shared: &Shared) {
                     .unwrap_or_else(|p| p.into_inner())
                     .0;
             }
-            Step::Ran { kernel } => {
+            Step::Ran => shared.progress_made.notify_all(),
+            Step::Kernel(s) => {
                 shared.progress_made.notify_all();
-                if kernel && !shared.op_latency.is_zero() {
+                if !shared.op_latency.is_zero() {
+                    state.hold(s);
                     drop(state);
                     thread::sleep(shared.op_latency);
                     state = shared.lock();
+                    state.host_done(s);
+                    shared.progress_made.notify_all();
                 }
             }
             Step::Host(s, f) => {
@@ -468,7 +472,7 @@ impl SimGpu {
         let ran = match state.step() {
             // `Until` comes only with kernel slots, which manual mode has not.
             Step::Idle | Step::Blocked | Step::Until(_) => false,
-            Step::Ran { .. } => true,
+            Step::Ran | Step::Kernel(_) => true,
             Step::Host(s, f) => {
                 drop(state);
                 self.shared.run_host_fn(f);

@@ -2,9 +2,7 @@
 //!
 //! By default the device thread runs one operation at a time and sleeps a
 //! kernel's latency after running it: every stream waits while one kernel
-//! "runs", as on a device with a single engine (and a stream whose last
-//! operation is that kernel looks done from its start: the sleep delays
-//! what comes next, not the kernel's end). That hides what a real GPU
+//! "runs", as on a device with a single engine. That hides what a real GPU
 //! shows when streams run small kernels at once (its SMs share them out):
 //! work made to wait on another stream's fence loses the overlap it would
 //! have had, and a service whose requests queue behind such waits serves
