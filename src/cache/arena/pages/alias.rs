@@ -118,6 +118,11 @@ impl PageTable {
         h.dead -= run.count;
         if h.busy == 0 {
             self.idle_pages += run.count as usize;
+            // Queued again (with its age: idle as long as before), since
+            // `take_idle` drops the entry of a mapping all of whose pages
+            // were dead.
+            h.idle_gen = h.idle_gen.wrapping_add(1);
+            self.idle.push_front((hi, h.idle_gen));
         }
         self.free_mapped += run.count as usize;
         run.node

@@ -32,7 +32,12 @@ impl PageTable {
         while i < self.idle.len() && looked < IDLE_SCAN {
             let (hi, generation) = self.idle[i];
             let h = self.handles[hi as usize];
-            if !h.live || h.busy > 0 || h.idle_gen != generation {
+            // A mapping whose every page is dead goes back only with the
+            // mapping its memory moved to, found through that one's entry
+            // once it is idle: looking at it here again and again would
+            // hide the idle memory queued behind (with more of them than
+            // `IDLE_SCAN`, all of it).
+            if !h.live || h.busy > 0 || h.idle_gen != generation || h.dead == h.pages {
                 self.idle.remove(i);
                 continue;
             }
@@ -70,15 +75,20 @@ impl PageTable {
         None
     }
 
-    /// The newest tag of each stream among the idle handles' (one per
-    /// stream): fences past them would let every idle handle go.
+    /// The newest tag of each stream among the idle handles' and the other
+    /// mappings of their memory (one per stream): fences past them would
+    /// let every idle handle go (memory goes back only once the frees on
+    /// every mapping of it are done, those at addresses it moved from
+    /// too).
     pub(crate) fn idle_tags(&self) -> Vec<Freed> {
         let mut newest = Vec::new();
         for &(hi, generation) in &self.idle {
             let h = &self.handles[hi as usize];
             if h.live && h.busy == 0 && h.idle_gen == generation {
-                for &t in &self.tags[hi as usize] {
-                    add_tag(&mut newest, t);
+                for &m in &self.phys[h.phys as usize].maps {
+                    for &t in &self.tags[m as usize] {
+                        add_tag(&mut newest, t);
+                    }
                 }
             }
         }
