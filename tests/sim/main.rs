@@ -5,6 +5,6 @@
 mod support;
 
 mod capture;
-mod kernels;
 mod regressions;
+mod timing;
 mod virtual_memory;

@@ -63,7 +63,8 @@
 //! kernels run one at a time unless `--sim-kernels N` lets N of them, on
 //! different streams, run side by side (as a GPU's SMs do): then a request
 //! that waits on another stream's fence loses the overlap it would have
-//! had.
+//! had; `--sim-host-fn-us N` runs host functions (the notifications) N µs
+//! after their streams reach them, on a callback thread, as a driver does.
 //! cuBLAS is loaded at run time: put `/usr/local/cuda/lib64` on
 //! `LD_LIBRARY_PATH`.
 
@@ -108,6 +109,7 @@ struct Args {
     sim: bool,
     sim_latency_us: u64,
     sim_kernels: usize,
+    sim_host_fn_us: u64,
     workers: usize,
     diag: bool,
     policy: Option<WaitPolicy>,
@@ -128,6 +130,7 @@ fn parse_args() -> BoxResult<Args> {
         sim: false,
         sim_latency_us: 5,
         sim_kernels: 1,
+        sim_host_fn_us: 0,
         workers: 4,
         diag: false,
         policy: None,
@@ -162,6 +165,7 @@ fn parse_args() -> BoxResult<Args> {
             "--sim" => args.sim = true,
             "--sim-latency-us" => args.sim_latency_us = value("--sim-latency-us")?.parse()?,
             "--sim-kernels" => args.sim_kernels = value("--sim-kernels")?.parse()?,
+            "--sim-host-fn-us" => args.sim_host_fn_us = value("--sim-host-fn-us")?.parse()?,
             "--diag" => args.diag = true,
             "--budget-quarter" => args.budget_quarter = true,
             "--budget-over-cache" => args.budget_over_cache = true,
@@ -258,6 +262,7 @@ fn sim_stack(
     let gpu = SimGpu::builder()
         .op_latency(Duration::from_micros(args.sim_latency_us))
         .concurrent_kernels(args.sim_kernels)
+        .host_fn_latency(Duration::from_micros(args.sim_host_fn_us))
         .build();
     let device = Device::simulated(&gpu, STREAMS);
     let inner = Arc::new(SimResource::new(&device));

@@ -37,7 +37,10 @@
 //!   default one kernel runs at a time, and with
 //!   [`SimGpuBuilder::concurrent_kernels`] kernels of several streams run
 //!   side by side, as a GPU's SMs run small kernels, so that a wait on
-//!   another stream's fence costs the overlap it does on a GPU.
+//!   another stream's fence costs the overlap it does on a GPU; with
+//!   [`SimGpuBuilder::host_fn_latency`] host functions come that long
+//!   after their streams reach them, on a thread of their own, as the
+//!   driver's callback thread runs them.
 //!
 //! Kernels are declared by the memory they touch ([`SimGpu::launch_kernel`]);
 //! no data is stored.
@@ -62,6 +65,7 @@
 #![deny(unsafe_code)]
 
 mod address_space;
+mod callbacks;
 mod calls;
 mod clock;
 mod device;
@@ -135,6 +139,7 @@ pub struct SimGpuBuilder {
     progress: Progress,
     op_latency: Duration,
     concurrent_kernels: usize,
+    host_fn_latency: Duration,
     vm_granularity: usize,
 }
 
@@ -196,6 +201,18 @@ impl SimGpuBuilder {
         self
     }
 
+    /// How long after its stream reaches it a host function runs, in
+    /// threaded mode (default 0: at once, on the device thread). Above 0
+    /// host functions run on a thread of their own, one after another in
+    /// the order their streams reached them, as the driver's callback
+    /// thread runs them; the stream waits for its host function, the
+    /// others go on. What a notification brings back (a free's bytes, a
+    /// parked future's wake-up) comes that much later.
+    pub fn host_fn_latency(mut self, latency: Duration) -> Self {
+        self.host_fn_latency = latency;
+        self
+    }
+
     /// Creates the device (and its device thread in threaded mode).
     pub fn build(self) -> Arc<SimGpu> {
         self.build_host(1).pop().expect("one device")
@@ -224,6 +241,9 @@ impl SimGpuBuilder {
             shutdown: std::sync::atomic::AtomicBool::new(false),
             handles: std::sync::atomic::AtomicUsize::new(ordinals.len()),
             thread: Mutex::new(None),
+            callback_thread: Mutex::new(None),
+            callbacks: callbacks::Callbacks::default(),
+            host_fn_latency: self.host_fn_latency,
             op_latency: self.op_latency,
             host_fn_panics: std::sync::atomic::AtomicU64::new(0),
             blocking_in_polls: std::sync::atomic::AtomicU64::new(0),
@@ -237,6 +257,18 @@ impl SimGpuBuilder {
                 .expect("spawning the simulated device thread")
         });
         *shared.thread.lock().unwrap_or_else(|p| p.into_inner()) = thread;
+        let callback_thread =
+            (self.progress == Progress::Threaded && !self.host_fn_latency.is_zero()).then(|| {
+                let thread_shared = shared.clone();
+                thread::Builder::new()
+                    .name(format!("simgpu-callbacks-{}", self.ordinal))
+                    .spawn(move || callback_thread(&thread_shared))
+                    .expect("spawning the simulated callback thread")
+            });
+        *shared
+            .callback_thread
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = callback_thread;
         ordinals
             .into_iter()
             .map(|ordinal| {
@@ -264,6 +296,11 @@ struct Shared {
     /// The device thread in threaded mode; the last handle joins it, so that
     /// nothing the device holds (queued host functions) outlives it.
     thread: Mutex<Option<thread::JoinHandle<()>>>,
+    /// The thread that runs host functions when they take time to come
+    /// (`host_fn_latency` above 0), joined as the device thread is.
+    callback_thread: Mutex<Option<thread::JoinHandle<()>>>,
+    callbacks: callbacks::Callbacks,
+    host_fn_latency: Duration,
     op_latency: Duration,
     /// Host functions that panicked (caught).
     host_fn_panics: std::sync::atomic::AtomicU64,
@@ -322,6 +359,10 @@ fn device_thread(shared: &Shared) {
                     shared.progress_made.notify_all();
                 }
             }
+            Step::Host(s, f) if !shared.host_fn_latency.is_zero() => {
+                // The stream stays busy until the callback thread ran it.
+                shared.callbacks.hand_over(s, f, shared.host_fn_latency);
+            }
             Step::Host(s, f) => {
                 drop(state);
                 shared.run_host_fn(f);
@@ -330,6 +371,22 @@ fn device_thread(shared: &Shared) {
                 shared.progress_made.notify_all();
             }
         }
+    }
+}
+
+/// The driver's callback thread (see [`callbacks`]): runs each host
+/// function handed over once due, then lets its stream go on.
+fn callback_thread(shared: &Shared) {
+    use std::sync::atomic::Ordering;
+    while let Some((s, f)) = shared
+        .callbacks
+        .next(|| shared.shutdown.load(Ordering::Acquire))
+    {
+        shared.run_host_fn(f);
+        let mut state = shared.lock();
+        state.host_done(s);
+        shared.progress_made.notify_all();
+        shared.work.notify_all();
     }
 }
 
@@ -360,17 +417,16 @@ impl Drop for SimGpu {
             let _state = self.shared.lock();
             self.shared.work.notify_all();
         }
-        let handle = self
-            .shared
-            .thread
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        if let Some(handle) = handle {
-            // The last handle may be dropped by a host function, on the
-            // device thread itself: it exits on its own after returning.
-            if handle.thread().id() != thread::current().id() {
-                let _ = handle.join();
+        self.shared.callbacks.wake();
+        for slot in [&self.shared.thread, &self.shared.callback_thread] {
+            let handle = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
+            if let Some(handle) = handle {
+                // The last handle may be dropped by a host function, on the
+                // device or callback thread itself: it exits on its own
+                // after returning.
+                if handle.thread().id() != thread::current().id() {
+                    let _ = handle.join();
+                }
             }
         }
     }
@@ -403,6 +459,7 @@ impl SimGpu {
             progress: Progress::Threaded,
             op_latency: Duration::ZERO,
             concurrent_kernels: 1,
+            host_fn_latency: Duration::ZERO,
             vm_granularity: 2 << 20,
         }
     }

@@ -1,5 +1,6 @@
-//! Kernels that take time: one at a time by default, side by side on
-//! several streams with `concurrent_kernels`.
+//! Time on the simulated device: kernels one at a time by default, side
+//! by side on several streams with `concurrent_kernels`; host functions
+//! after a latency on a callback thread with `host_fn_latency`.
 
 use std::time::{Duration, Instant};
 
@@ -69,5 +70,48 @@ fn a_stream_goes_on_only_after_its_kernel_while_others_run() {
     gpu.event_synchronize(after_kernel).unwrap();
     assert!(start.elapsed() >= LATENCY);
     gpu.run_until_idle();
+    assert!(gpu.races().is_empty());
+}
+
+/// With a host-function latency, a host function runs on the callback
+/// thread no earlier than the latency after its stream reached it; its
+/// stream waits for it, another stream goes on meanwhile. (Each check on
+/// the clock is a lower bound: a stalled test thread only skips one.)
+#[test]
+fn host_functions_come_after_their_latency_while_other_streams_go_on() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    const HOST_FN: Duration = Duration::from_millis(300);
+    let gpu = SimGpu::builder().host_fn_latency(HOST_FN).build();
+    let (a, b) = (gpu.create_stream(), gpu.create_stream());
+    let ran = Arc::new(AtomicBool::new(false));
+    let ran_at = Arc::new(std::sync::Mutex::new(None));
+    let start = Instant::now();
+    {
+        let (ran, ran_at) = (ran.clone(), ran_at.clone());
+        gpu.launch_host_fn(
+            a,
+            Box::new(move || {
+                *ran_at.lock().unwrap() = Some(Instant::now());
+                ran.store(true, Ordering::SeqCst);
+            }),
+        )
+        .unwrap();
+    }
+    let on_b = gpu.event_create().unwrap();
+    gpu.event_record(on_b, b).unwrap();
+    gpu.event_synchronize(on_b).unwrap();
+    let asked = Instant::now();
+    let a_idle = gpu.stream_query(a).unwrap();
+    if asked - start < HOST_FN {
+        assert!(!a_idle, "stream a waits for its host function");
+        assert!(
+            !ran.load(Ordering::SeqCst),
+            "b went on before a's host function"
+        );
+    }
+    gpu.stream_synchronize(a).unwrap();
+    let at = ran_at.lock().unwrap().expect("the host function ran");
+    assert!(at - start >= HOST_FN, "{:?}", at - start);
     assert!(gpu.races().is_empty());
 }
