@@ -10,7 +10,9 @@
 //!   the growths of the cache's arena (admitted before memory is created);
 //! - [`padded`]: a value alone on its cache line, for per-shard counters;
 //! - [`poll_scope`]: marks the host thread as inside a future's `poll`, so
-//!   that a layer below can tell it must not block there.
+//!   that a layer below can tell it must not block there;
+//! - [`sync_drains`]: a count of the synchronous reaps that drained frees,
+//!   which a budget compares around its calls into the stack below.
 //!
 //! This folder is the floor of the crate: it imports nothing of the crate
 //! above it, and everything may import it.
@@ -21,3 +23,4 @@ pub(crate) mod growth_gate;
 pub(crate) mod padded;
 pub(crate) mod poll_scope;
 pub(crate) mod sync;
+pub(crate) mod sync_drains;

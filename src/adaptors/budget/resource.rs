@@ -13,6 +13,7 @@ use crate::resource::relief::{HolderRegistration, IdleHolder};
 use crate::types::{AllocTag, CompletedUses, DeviceBlock, NeverUsed, StreamId};
 use crate::util::growth_gate::{self, GrowthGate, Refused};
 use crate::util::sync::{AtomicUsize, Mutex, Ordering};
+use crate::util::sync_drains;
 use std::cell::Cell;
 
 /// Charges a shared [`Budget`] for every byte of the inner resource, from
@@ -305,6 +306,9 @@ struct SettleOnReturn<'a, R: DeviceMemoryResource> {
     /// reservation (see `AllocationGate`); `None` below layers whose
     /// cost is exact, which enter no gate.
     gate: Option<&'a AllocationGate<'a, R>>,
+    /// [`sync_drains::now`] before the inner allocation: a synchronous
+    /// reap below it since (a relief, a retry) drained behind this budget.
+    drains: u64,
 }
 
 /// The gate (`util::growth_gate`) an allocation through the budget puts
@@ -420,13 +424,17 @@ impl<R: DeviceMemoryResource> Drop for SettleOnReturn<'_, R> {
         // peak past its limit).
         //
         // Below layers whose cost is exact, the allocation took what was
-        // charged, and nothing is settled here: bytes the layers below
-        // drained meanwhile are released by any reap or release through
-        // this resource, by a refused reservation's relief before it
-        // refuses, and by the next free through it where frees may drain
-        // (see `settle_after_free`).
+        // charged. Bytes the layers below drained meanwhile by a
+        // synchronous reap (a budget below relieved, a retry layer reaped)
+        // passed through nothing of this resource: they are settled here
+        // when such a reap happened anywhere since the call began
+        // (`util::sync_drains`), and otherwise by any reap or release
+        // through this resource and the next free through it where frees
+        // may drain (see `settle_after_free`).
         if cost != self.bytes || self.gate.is_some() {
             c.reconcile();
+        } else if sync_drains::now() != self.drains {
+            c.settle();
         }
     }
 }
@@ -503,6 +511,7 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> 
         // created (see `AllocationGate`), hits included: a hit the cost
         // foresaw may find its range taken by another thread, and grow.
         if c.inner.allocation_cost_is_exact() {
+            let drains = sync_drains::now();
             let result = c.inner.allocate(bytes, stream, tag);
             // Committed or given back by a guard, after the result has
             // moved to the caller (see `SettleOnReturn`).
@@ -513,6 +522,7 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> 
                 bytes,
                 made: result.is_ok(),
                 gate: None,
+                drains,
             };
             return result;
         }
@@ -535,6 +545,7 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> 
             bytes,
             made: result.is_ok(),
             gate: Some(&gate),
+            drains: 0,
         };
         result
     }

@@ -281,7 +281,10 @@ impl<G: Gpu> StreamOrderedResource<G> {
             }
             // SAFETY: as above.
             unsafe { self.gpu.stream_synchronize(raw) }.map_err(ResourceError::from)?;
-            self.drain(index, local, seq);
+            if self.drain(index, local, seq) > 0 {
+                // Possibly behind budgets above the caller (`sync_drains`).
+                crate::util::sync_drains::drained();
+            }
         }
         Ok(())
     }
