@@ -6,14 +6,39 @@
 //! ([`SyncHome`]), or an [`AsyncResource`](crate::AsyncResource), whose frees reach the
 //! accounting through completion notifications, without a synchronize.
 
+// Unsafe here: one capture-status query of a stream of the home's pool.
+#![allow(unsafe_code)]
+
 use std::sync::Arc;
 
 use crate::device::StreamPool;
-use crate::error::ResourceResult;
+use crate::error::{ResourceError, ResourceResult};
 use crate::futures::{Core, DoneAt, deallocate_detached};
 use crate::gpu::Gpu;
 use crate::resource::{DeviceMemoryResource, StreamOrderedResource};
 use crate::types::{Access, BlockId, DeviceBlock, StreamId};
+
+/// Refuses with [`StreamCapturing`](ResourceError::StreamCapturing) when
+/// `stream` is inside a capture now: a use queued there before the capture
+/// can be finished (an event recorded after it) only once the capture
+/// ended, since an event recorded during it is captured, not recorded.
+///
+/// # Errors
+/// That refusal; the pool's error for a stream it does not know; the
+/// driver's error asking.
+pub(crate) fn refuse_capturing(home: &dyn BufferHome, stream: StreamId) -> ResourceResult<()> {
+    let raw = home.pool().raw(stream)?;
+    // SAFETY: `raw` was resolved through the home's pool, which keeps its
+    // streams alive, and belongs to the home's backend.
+    let status = unsafe { home.gpu().capture_status(raw) }.map_err(ResourceError::from)?;
+    if status.is_capturing() {
+        return Err(ResourceError::StreamCapturing {
+            stream,
+            capture: status.id(),
+        });
+    }
+    Ok(())
+}
 
 /// What a buffer asks of the resource that owns its block.
 pub(crate) trait BufferHome: Send + Sync {

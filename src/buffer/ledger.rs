@@ -41,7 +41,7 @@ use std::sync::Arc;
 
 use crate::util::sync::{Mutex, MutexGuard};
 
-use super::home::BufferHome;
+use super::home::{BufferHome, refuse_capturing};
 use crate::error::{ResourceError, ResourceResult};
 use crate::futures::DoneAt;
 use crate::types::{Access, DeviceBlock, StreamId};
@@ -63,6 +63,11 @@ struct Deferred {
 }
 
 impl Deferred {
+    /// The streams of the uses noted.
+    fn streams(&self) -> impl Iterator<Item = StreamId> + '_ {
+        self.write.into_iter().chain(self.reads.iter().copied())
+    }
+
     /// Notes a use on `stream` to be finished later.
     fn note(&mut self, stream: StreamId, access: Access) {
         match access {
@@ -181,15 +186,39 @@ impl BufferCore {
     /// Finishes every deferred use. Callers own the buffer (`Drop`,
     /// `into_block`), so no lock is taken: the common case, nothing
     /// deferred, costs a length check.
+    ///
+    /// # Errors
+    /// [`StreamCapturing`](ResourceError::StreamCapturing), finishing
+    /// nothing, when the stream of a deferred use is inside a capture now:
+    /// the use may have been queued before the capture, and an event
+    /// recorded during it would be captured, not recorded, so the block's
+    /// free would not be ordered after the use (the caller finishes once
+    /// the capture ended: [`take_deferred`](Self::take_deferred)). The first
+    /// error of a finish otherwise; what failed stays noted.
     pub(crate) fn finish_all(&mut self) -> ResourceResult<()> {
         let deferred = self.deferred.get_mut().unwrap_or_else(|p| p.into_inner());
         if deferred.write.is_none() && deferred.reads.is_empty() {
             return Ok(());
         }
         let mut taken = std::mem::take(deferred);
-        let r = self.flush(&mut taken, true);
+        let capturing = taken
+            .streams()
+            .try_for_each(|s| refuse_capturing(&*self.home, s));
+        let r = capturing.and_then(|()| self.flush(&mut taken, true));
         *self.deferred.get_mut().unwrap_or_else(|p| p.into_inner()) = taken;
         r
+    }
+
+    /// The deferred uses left, taken out: `(stream, access)`, the write
+    /// first. Callers own the buffer and finish them elsewhere (a drop
+    /// during a capture: after it).
+    pub(crate) fn take_deferred(&mut self) -> Vec<(StreamId, Access)> {
+        let deferred = std::mem::take(self.deferred.get_mut().unwrap_or_else(|p| p.into_inner()));
+        let write = deferred.write.map(|s| (s, Access::Write));
+        write
+            .into_iter()
+            .chain(deferred.reads.into_iter().map(|s| (s, Access::Read)))
+            .collect()
     }
 
     /// Finishes the deferred write, and with `reads` the deferred reads too.

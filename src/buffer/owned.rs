@@ -10,7 +10,7 @@ use super::element::DeviceElement;
 
 use super::drop_errors;
 use super::guard::{UseGuard, UseGuardMut};
-use super::home::BufferHome;
+use super::home::{BufferHome, refuse_capturing};
 use super::ledger::BufferCore;
 use super::refused::RefusedConversion;
 use super::view::{BufferView, BufferViewMut, element_range};
@@ -277,10 +277,24 @@ impl<T> Drop for Buffer<T> {
         // Record the uses cudarc made, then free after all of them. When a
         // use cannot be recorded, freeing could race it on the GPU: the
         // block is leaked instead (the device is most likely faulted), and
-        // the error kept.
-        if let Err(e) = self.core.finish_all() {
-            drop_errors::report(block, "recording a use before the free (block leaked)", e);
-            return;
+        // the error kept. A use on a stream being captured now is recorded
+        // once the capture ended, and the block freed after it then.
+        match self.core.finish_all() {
+            Ok(()) => {}
+            Err(ResourceError::StreamCapturing { .. }) => {
+                let later = FinishThenFree {
+                    uses: std::sync::Mutex::new(self.core.take_deferred()),
+                    home: self.core.home.clone(),
+                };
+                let deferred = self.core.home.pool().deferred_frees();
+                deferred.defer(Arc::new(later), self.core.block.clone());
+                deferred.retry();
+                return;
+            }
+            Err(e) => {
+                drop_errors::report(block, "recording a use before the free (block leaked)", e);
+                return;
+            }
         }
         let done_at = self.core.done_at();
         let deferred = self.core.home.pool().deferred_frees();
@@ -296,6 +310,37 @@ impl<T> Drop for Buffer<T> {
             Err(e) => drop_errors::report(block, "freeing on drop", e),
         }
         deferred.retry();
+    }
+}
+
+/// A dropped buffer whose uses on a capturing stream could not be
+/// recorded ([`BufferCore::finish_all`]): once no stream of them captures,
+/// each is finished (an event recorded after it), then the block freed
+/// after them, as the drop would have. Kept on the pool's deferred frees
+/// until then ([`FreeLater`]).
+struct FinishThenFree {
+    home: Arc<dyn BufferHome>,
+    /// The uses not finished yet.
+    uses: std::sync::Mutex<Vec<(StreamId, crate::types::Access)>>,
+}
+
+impl FreeLater for FinishThenFree {
+    fn free_later(&self, block: DeviceBlock) -> ResourceResult<()> {
+        let mut uses = self.uses.lock().unwrap_or_else(|p| p.into_inner());
+        while let Some(&(stream, access)) = uses.last() {
+            refuse_capturing(&*self.home, stream)?;
+            self.home.finish(block.id(), stream, access)?;
+            uses.pop();
+        }
+        self.home.free(block, None)
+    }
+
+    fn report(&self, block: &DeviceBlock, error: ResourceError) {
+        drop_errors::report(
+            block.id(),
+            "recording a use before the free, after a capture (block leaked)",
+            error,
+        );
     }
 }
 

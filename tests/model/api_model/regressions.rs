@@ -809,3 +809,73 @@ fn a_kept_block_freed_after_its_graph_behind_a_replay_elsewhere() {
         ],
     );
 }
+
+/// A buffer of stream 0 dropped on another thread while stream 1
+/// captures, under two budgets and a debug guard: found at 30,000 cases,
+/// the outer budget kept counting the buffer after its free had run.
+#[test]
+fn a_buffer_of_another_stream_dropped_during_a_capture_under_two_budgets() {
+    check(
+        Stack {
+            kinds: vec![Kind::Budget(1), Kind::Budget(0), Kind::Guard],
+            granularity: 4 << 10,
+            reaper: false,
+            twin: None,
+        },
+        &[
+            Op::Alloc {
+                size: 1 << 20,
+                stream: 0,
+                how: AllocHow::Await,
+            },
+            Op::Capture {
+                stream: 1,
+                size: 100,
+                temps: 0,
+                keep: Keep::No,
+                adopt: Some(0),
+            },
+            Op::Alloc {
+                size: 1,
+                stream: 0,
+                how: AllocHow::Try,
+            },
+        ],
+    );
+}
+
+/// A buffer of stream 0 written on stream 2 by a launch whose finishing
+/// record failed (an injected `cuEventRecord` fault: the use stays
+/// deferred), then dropped on another thread while stream 2 captures:
+/// found at 30,000 cases, its free on stream 0 was not ordered after the
+/// kernel on stream 2 (the race detector's `Unordered`).
+#[test]
+fn a_deferred_use_on_a_capturing_stream_then_the_buffers_drop() {
+    check(
+        bare(),
+        &[
+            Op::Reserve {
+                sizes: [1, 1],
+                stream: 0,
+                polls: 1,
+                take: 1,
+                keep: false,
+            },
+            Op::Fault { call: 2, nth: 1 },
+            Op::Launch {
+                write: 0,
+                read: None,
+                stream: 2,
+                then: Then::Keep,
+                panic: false,
+            },
+            Op::Capture {
+                stream: 2,
+                size: 100,
+                temps: 0,
+                keep: Keep::No,
+                adopt: Some(0),
+            },
+        ],
+    );
+}
