@@ -12,7 +12,7 @@ use crate::resource::DeviceMemoryResource;
 use crate::resource::relief::{HolderRegistration, IdleHolder};
 use crate::types::{AllocTag, CompletedUses, DeviceBlock, NeverUsed, StreamId};
 use crate::util::growth_gate::{self, GrowthGate, Refused};
-use crate::util::sync::{AtomicUsize, Mutex, Ordering};
+use crate::util::sync::{AtomicU64, AtomicUsize, Mutex, Ordering};
 use crate::util::sync_drains;
 use std::cell::Cell;
 
@@ -70,6 +70,13 @@ struct Counted<R> {
     /// Bytes this resource counted against the budget and has not given
     /// back; raised after a successful inner allocation, lowered by `settle`.
     charged: AtomicUsize,
+    /// Settles begun, and settles that have read what the inner resource
+    /// holds: an allocation that reads `settles_read` before it allocates
+    /// and `settles_begun` after it charged knows whether a settle may have
+    /// read `charged` without its charge and the inner count with its
+    /// block (and so released too little: see `SettleOnReturn`).
+    settles_begun: AtomicU64,
+    settles_read: AtomicU64,
     /// Bytes counted in the budget for allocations in progress below a
     /// cache (their reservations, and what their growths took past them)
     /// and not yet in `charged`: what the cache holds may include them
@@ -90,6 +97,8 @@ impl<R: DeviceMemoryResource + 'static> BudgetResource<R> {
             inner,
             budget: budget.clone(),
             charged: AtomicUsize::new(0),
+            settles_begun: AtomicU64::new(0),
+            settles_read: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
             settling: Mutex::new(()),
         });
@@ -172,10 +181,20 @@ impl<R: DeviceMemoryResource> Counted<R> {
     /// `Budget::in_use` above what is outstanding, and a waiter could miss
     /// its wake-up). The lock is held across two loads and two atomic
     /// updates, never across a driver call.
+    ///
+    /// An allocation that raises both counts between the two reads (its
+    /// block counted below, its charge not yet) leaves `charged` above
+    /// what is held once it charges: it sees the settle's `settles_begun`
+    /// and settles again (`SettleOnReturn`).
     fn settle(&self) -> usize {
         let _settling = self.settling.lock().unwrap_or_else(|p| p.into_inner());
-        let charged = self.charged.load(Ordering::Acquire);
+        self.settles_begun.fetch_add(1, Ordering::AcqRel);
+        // A read-modify-write, not a load: an allocation whose charge
+        // comes after it in `charged`'s order then sees the `settles_begun`
+        // above (release sequence), with no total order needed.
+        let charged = self.charged.fetch_add(0, Ordering::AcqRel);
         let outstanding = self.inner.bytes_outstanding();
+        self.settles_read.fetch_add(1, Ordering::AcqRel);
         if outstanding >= charged {
             return 0;
         }
@@ -309,6 +328,8 @@ struct SettleOnReturn<'a, R: DeviceMemoryResource> {
     /// [`sync_drains::now`] before the inner allocation: a synchronous
     /// reap below it since (a relief, a retry) drained behind this budget.
     drains: u64,
+    /// `settles_read` before the inner allocation (see `Counted::settle`).
+    settles: u64,
 }
 
 /// The gate (`util::growth_gate`) an allocation through the budget puts
@@ -424,16 +445,20 @@ impl<R: DeviceMemoryResource> Drop for SettleOnReturn<'_, R> {
         // peak past its limit).
         //
         // Below layers whose cost is exact, the allocation took what was
-        // charged. Bytes the layers below drained meanwhile by a
-        // synchronous reap (a budget below relieved, a retry layer reaped)
-        // passed through nothing of this resource: they are settled here
-        // when such a reap happened anywhere since the call began
-        // (`util::sync_drains`), and otherwise by any reap or release
-        // through this resource and the next free through it where frees
-        // may drain (see `settle_after_free`).
+        // charged. It settles once more when, since it began, a settle may
+        // have read `charged` without this charge and the inner count with
+        // this block (it released too little; `Counted::settle`), or a
+        // synchronous reap below drained behind this resource (a budget
+        // below relieved, a retry layer reaped: nothing of that passed
+        // through here; `util::sync_drains`). Otherwise what the layers
+        // below drain leaves at the next reap or release through this
+        // resource, or the next free through it where frees may drain
+        // (see `settle_after_free`).
         if cost != self.bytes || self.gate.is_some() {
             c.reconcile();
-        } else if sync_drains::now() != self.drains {
+        } else if c.settles_begun.load(Ordering::Acquire) != self.settles
+            || sync_drains::now() != self.drains
+        {
             c.settle();
         }
     }
@@ -512,6 +537,7 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> 
         // foresaw may find its range taken by another thread, and grow.
         if c.inner.allocation_cost_is_exact() {
             let drains = sync_drains::now();
+            let settles = c.settles_read.load(Ordering::Acquire);
             let result = c.inner.allocate(bytes, stream, tag);
             // Committed or given back by a guard, after the result has
             // moved to the caller (see `SettleOnReturn`).
@@ -523,6 +549,7 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> 
                 made: result.is_ok(),
                 gate: None,
                 drains,
+                settles,
             };
             return result;
         }
@@ -546,6 +573,7 @@ unsafe impl<R: DeviceMemoryResource> DeviceMemoryResource for BudgetResource<R> 
             made: result.is_ok(),
             gate: Some(&gate),
             drains: 0,
+            settles: 0,
         };
         result
     }
@@ -666,11 +694,19 @@ mod loom_tests {
     #[derive(Debug)]
     struct Outstanding(LoomUsize);
 
-    // SAFETY: it hands out no memory: `allocate` is never called here.
+    // SAFETY: its blocks name no memory, and the models only count them:
+    // nothing dereferences or frees one.
     #[allow(unsafe_code)]
     unsafe impl DeviceMemoryResource for Outstanding {
-        fn allocate(&self, _: usize, _: StreamId, _: AllocTag) -> ResourceResult<DeviceBlock> {
-            Err(ResourceError::Shutdown)
+        fn allocate(
+            &self,
+            bytes: usize,
+            s: StreamId,
+            tag: AllocTag,
+        ) -> ResourceResult<DeviceBlock> {
+            self.0.fetch_add(bytes, Ordering::AcqRel);
+            let id = crate::BlockId::new(crate::types::ResourceId::fresh(), 1);
+            Ok(DeviceBlock::new(id, 0, bytes, s, tag))
         }
         fn deallocate(&self, _: DeviceBlock) -> ResourceResult<()> {
             Err(ResourceError::Shutdown)
@@ -768,6 +804,37 @@ mod loom_tests {
             reaper.join().unwrap();
             assert_eq!(budget.in_use(), 0);
             assert_eq!(r.charged(), 0);
+        });
+    }
+
+    /// A reaper drains 20 B and settles while an allocation of 1 B runs:
+    /// the settle may read `charged` before the allocation's charge and
+    /// the inner count after its block. Once both returned, the budget
+    /// counts exactly the 1 B held (it counted 2: the settle released one
+    /// byte too few, and nothing settled again).
+    #[test]
+    fn a_settle_racing_an_allocation_leaves_the_count_exact() {
+        loom::model(|| {
+            let budget = Budget::new(40);
+            let r = Arc::new(BudgetResource::new(
+                Outstanding(LoomUsize::new(20)),
+                &budget,
+            ));
+            budget.try_reserve(20).unwrap().commit();
+            r.counted.charged.store(20, Ordering::Release);
+            let reaper = {
+                let r = r.clone();
+                loom::thread::spawn(move || {
+                    r.counted.inner.0.fetch_sub(20, Ordering::AcqRel);
+                    r.counted.settle();
+                })
+            };
+            let stream = StreamId::new(0, 0);
+            let block = r.allocate(1, stream, AllocTag::UNTAGGED).unwrap();
+            reaper.join().unwrap();
+            assert_eq!(r.charged(), 1);
+            assert_eq!(budget.in_use(), 1);
+            drop(block);
         });
     }
 }

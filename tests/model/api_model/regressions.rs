@@ -879,3 +879,69 @@ fn a_deferred_use_on_a_capturing_stream_then_the_buffers_drop() {
         ],
     );
 }
+
+/// Found at 30,000 cases after the two fixes above: the budget counted a
+/// byte more than the device held below it after a cancelled allocation.
+#[test]
+fn a_cancelled_allocation_after_a_capture_and_drops_elsewhere() {
+    let drop_at = |slot, at| Op::DropBuffer { slot, at };
+    check(
+        Stack {
+            kinds: vec![Kind::Budget(1), Kind::Tracing],
+            granularity: 64 << 10,
+            reaper: false,
+            twin: None,
+        },
+        &[
+            Op::Alloc {
+                size: 1 << 20,
+                stream: 1,
+                how: AllocHow::Await,
+            },
+            Op::DropGraph {
+                slot: 3,
+                at: Place::Runtime,
+            },
+            Op::AwaitPoint { slot: 6 },
+            Op::Capture {
+                stream: 2,
+                size: 65536,
+                temps: 0,
+                keep: Keep::Thread,
+                adopt: None,
+            },
+            Op::Launch {
+                write: 5,
+                read: None,
+                stream: 1,
+                then: Then::Await,
+                panic: false,
+            },
+            Op::Replay {
+                slot: 4,
+                stream: 0,
+                then: Then::Await,
+            },
+            Op::AwaitPoint { slot: 4 },
+            drop_at(0, Place::Thread),
+            Op::ReleaseIdle,
+            drop_at(3, Place::Thread),
+            Op::Step { n: 5 },
+            Op::Spawn {
+                size: 4096,
+                stream: 0,
+                other: 0,
+            },
+            Op::AwaitPoint { slot: 5 },
+            Op::DropPoint {
+                slot: 5,
+                at: Place::Thread,
+            },
+            Op::Alloc {
+                size: 1,
+                stream: 1,
+                how: AllocHow::Cancel { polls: 3 },
+            },
+        ],
+    );
+}
