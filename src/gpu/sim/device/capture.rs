@@ -294,17 +294,25 @@ impl State {
                 _ => None,
             })
             .collect();
-        let unjoined = c
+        let mut unjoined: Vec<usize> = c
             .members
             .iter()
-            .any(|(&m, member)| m != c.origin && member.recorded > member.joined);
+            .filter(|&(&m, member)| m != c.origin && member.recorded > member.joined)
+            .map(|(&m, _)| m)
+            .collect();
+        unjoined.sort_unstable();
         let failure = if c.invalidated {
             Some(invalidated(call))
-        } else if unjoined {
+        } else if !unjoined.is_empty() {
+            // The simulated streams named, for whoever debugs the capture.
             Some(err(
                 call,
                 UNJOINED,
-                "CUDA_ERROR_STREAM_CAPTURE_UNJOINED: a stream that joined the capture was not joined back",
+                &format!(
+                    "CUDA_ERROR_STREAM_CAPTURE_UNJOINED: a stream that joined the capture was not \
+                     joined back (simulated streams {unjoined:?}, the capture's origin {})",
+                    c.origin
+                ),
             ))
         } else {
             None
