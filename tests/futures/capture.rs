@@ -280,3 +280,34 @@ fn freeing_in_a_capture_a_block_used_on_another_stream_keeps_the_capture_valid()
     assert_eq!(sc.res.bytes_outstanding(), 0);
     assert!(sc.gpu.races().is_empty(), "{:?}", sc.gpu.races());
 }
+
+/// A capture begun on another thread while a free's notification records
+/// the notifier's event on the stream (after it looked and saw no
+/// capture): the record lands in the capture, and the lane must not wait
+/// on it, or it joins the capture, which then cannot end
+/// (`CUDA_ERROR_STREAM_CAPTURE_UNJOINED`; the whole-API model's open
+/// failure at 30,000 cases). The notification comes after the capture.
+#[test]
+fn a_capture_begun_during_the_notifiers_record_still_ends() {
+    let sc = Scene::new();
+    let block = sc.res.try_allocate(4096, sc.s, TAG).unwrap();
+    let records = sc.gpu.call_count(DriverCall::EventRecord);
+    std::thread::scope(|scope| {
+        let gate = sc.gpu.gate_nth(DriverCall::EventRecord, 1);
+        let freer = scope.spawn(|| drop(sc.res.deallocate(block).unwrap()));
+        assert!(
+            gate.wait_entered(support::guard(10)),
+            "the free's notification records the notifier's event"
+        );
+        sc.begin();
+        gate.open();
+        freer.join().unwrap();
+    });
+    assert_eq!(sc.gpu.call_count(DriverCall::EventRecord), records + 1);
+    sc.end_valid();
+    // After the capture the free is reaped as any other.
+    sc.gpu.run_until_idle();
+    drive(&sc.gpu, &mut sc.res.reap_pending()).unwrap();
+    assert_eq!(sc.res.inner().bytes_outstanding(), 0);
+    assert!(sc.gpu.races().is_empty());
+}

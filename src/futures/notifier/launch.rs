@@ -99,13 +99,7 @@ impl Notifier {
                 // refused or break it). The notification waits for the end
                 // of the capture; the watchdog retries meanwhile.
                 if self.user_capturing(gpu) {
-                    let mut st = self.signal.lock();
-                    st.flight = Flight::Idle;
-                    // Whatever asked before still asks.
-                    st.wanted = true;
-                    st.launches -= 1;
-                    drop(st);
-                    self.signal.kick.pending();
+                    self.after_the_capture();
                     return;
                 }
                 // SAFETY: `gpu` is this notifier's backend (every caller
@@ -114,6 +108,15 @@ impl Notifier {
                 // a stream of the pool `Core` holds, which keeps it alive.
                 if let Err(e) = unsafe { gpu.event_record(self.event, self.user) } {
                     self.record_failed(ResourceError::from(e));
+                    return;
+                }
+                // A capture another thread began between the look above and
+                // the record may hold the record: a lane waiting on it
+                // would join the capture, which could then not end. No
+                // capture now means any later one began after the record,
+                // which is then a record of the stream's work.
+                if self.user_capturing(gpu) {
+                    self.after_the_capture();
                     return;
                 }
                 self.event
@@ -145,6 +148,18 @@ impl Notifier {
             self.signal.kick.pending();
             tracing::warn!(stream = %self.stream, error = %e, "notifier host function failed");
         }
+    }
+
+    /// The user stream is captured: no notification now (a record there
+    /// would be captured). It stays wanted, and the watchdog retries.
+    fn after_the_capture(&self) {
+        let mut st = self.signal.lock();
+        st.flight = Flight::Idle;
+        // Whatever asked before still asks.
+        st.wanted = true;
+        st.launches -= 1;
+        drop(st);
+        self.signal.kick.pending();
     }
 
     /// Whether the user stream is inside a capture (an error asking counts

@@ -44,6 +44,7 @@ impl SimGpu {
     /// Records `event` on `stream` (see [`Gpu::event_record`]). Safe: the simulator checks every
     /// handle and address, and refuses what is not its own.
     pub fn event_record(&self, event: RawEvent, stream: RawStream) -> GpuResult<()> {
+        self.shared.gates.pass(DriverCall::EventRecord);
         self.queue(DriverCall::EventRecord, |st| {
             st.own_stream(
                 self.stream_slot(stream),

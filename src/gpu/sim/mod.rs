@@ -588,8 +588,8 @@ impl SimGpu {
     /// returned gate is opened or dropped: a test can then act while
     /// another thread is inside that call. Gates apply to the
     /// virtual-memory calls (`MemCreate`, `MemMap`, `MemSetAccess`,
-    /// `MemUnmap`, `MemRelease`); on other kinds the gate is never
-    /// reached.
+    /// `MemUnmap`, `MemRelease`) and to `EventRecord`; on other kinds the
+    /// gate is never reached.
     pub fn gate_nth(&self, call: DriverCall, nth: u64) -> CallGate {
         self.shared.gates.add(call, nth)
     }
