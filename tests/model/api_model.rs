@@ -51,12 +51,11 @@
 //! that a written-out case shows: `use-after-replay` under a cache and
 //! `capture-unjoined` (a use recorded twice by a launch that panicked,
 //! one case in 30,000) were the last, both fixed and written out in
-//! [`regressions`]. Open now: `capture-unjoined-free` (a block used on a
-//! capturing stream, freed during the capture under a size-class cache
-//! over the arena: its stream joins the capture), about one run of
-//! 30,000 cases in six; its case is written out, ignored
-//! (RELIABILITY.md, "Known limits"). The harness does not steer around
-//! it yet.
+//! [`regressions`]; at 30,000 cases on 2026-12-07 three more (a
+//! deferred use skipped on a capturing stream, two budget counts left
+//! high) and `capture-unjoined-free` (a block used on a capturing
+//! stream, freed during the capture under a size-class cache over the
+//! arena), all fixed and written out.
 //!
 //! The minimal case of each bug this harness found is written out in
 //! [`regressions`] (`tests/model/api_model/regressions.rs`); proptest also persists its seeds in

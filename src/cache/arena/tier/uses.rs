@@ -48,10 +48,18 @@ impl ArenaTier {
     /// `home` now (recorded at the stream's current end, it covers them),
     /// so that a use on another stream can wait on it. Nothing when none is
     /// noted.
+    ///
+    /// # Errors
+    /// [`StreamCapturing`](ResourceError::StreamCapturing), changing
+    /// nothing, while `home` is being captured: an event recorded there
+    /// would be captured, not recorded, and a wait on it would pull the
+    /// waiting stream into the capture (which could then not end). A
+    /// buffer's free refused so waits on its pool until the capture ends.
     fn flush_home_uses(&self, m: &mut Mapped, home: StreamId) -> ResourceResult<()> {
         let Some(access) = m.home_unrecorded else {
             return Ok(());
         };
+        self.refuse_capturing(home, self.vm.access.streams.raw(home)?)?;
         self.record_event_use(m, home, access)?;
         m.home_unrecorded = None;
         Ok(())
