@@ -47,8 +47,8 @@
 //! you like. Every bug it found is fixed but the open classes: the
 //! harness steers around an open class unless `API_FUZZ_OPEN` names it
 //! (`API_FUZZ_OPEN=CLASS scripts/api-fuzz.sh 1000`), and its written-out
-//! case is an ignored test that fails until it is fixed. None is open
-//! that a written-out case shows: `use-after-replay` under a cache and
+//! case is an ignored test that fails until it is fixed. None is open:
+//! `use-after-replay` under a cache and
 //! `capture-unjoined` (a use recorded twice by a launch that panicked,
 //! one case in 30,000) were the last, both fixed and written out in
 //! [`regressions`]; at 30,000 cases on 2026-12-07 three more (a
