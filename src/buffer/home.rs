@@ -30,14 +30,9 @@ pub(crate) fn refuse_capturing(home: &dyn BufferHome, stream: StreamId) -> Resou
     let raw = home.pool().raw(stream)?;
     // SAFETY: `raw` was resolved through the home's pool, which keeps its
     // streams alive, and belongs to the home's backend.
-    let status = unsafe { home.gpu().capture_status(raw) }.map_err(ResourceError::from)?;
-    if status.is_capturing() {
-        return Err(ResourceError::StreamCapturing {
-            stream,
-            capture: status.id(),
-        });
-    }
-    Ok(())
+    unsafe { home.gpu().capture_status(raw) }
+        .map_err(ResourceError::from)?
+        .refuse(stream)
 }
 
 /// What a buffer asks of the resource that owns its block.

@@ -49,6 +49,19 @@ impl CaptureStatus {
             _ => None,
         }
     }
+
+    /// [`StreamCapturing`](crate::ResourceError::StreamCapturing) naming
+    /// `stream` while it is capturing: what a layer answers before a call
+    /// that would be captured, or would invalidate the capture.
+    pub(crate) fn refuse(self, stream: crate::types::StreamId) -> crate::error::ResourceResult<()> {
+        match self {
+            CaptureStatus::None => Ok(()),
+            status => Err(crate::error::ResourceError::StreamCapturing {
+                stream,
+                capture: status.id(),
+            }),
+        }
+    }
 }
 
 /// How a capture restricts the rest of the process

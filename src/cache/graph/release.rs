@@ -66,13 +66,7 @@ impl<R: DeviceMemoryResource> Graphs<'_, R> {
         after: StreamId,
     ) -> ResourceResult<()> {
         ResourceError::check_device(self.shards.device, after.device())?;
-        let status = self.inner.capture_status(after)?;
-        if status.is_capturing() {
-            return Err(ResourceError::StreamCapturing {
-                stream: after,
-                capture: status.id(),
-            });
-        }
+        self.inner.capture_status(after)?.refuse(after)?;
         let mut first_err = None;
         for (index, slot) in self.shards.slots.iter().enumerate() {
             let mut shard = slot.lock();

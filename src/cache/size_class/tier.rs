@@ -619,13 +619,7 @@ impl SizeClassTier {
             // capturing stream wait on events recorded outside its
             // capture, which the driver refuses and which invalidates
             // the capture: refused first, changing nothing.
-            let status = inner.capture_status(use_stream)?;
-            if status.is_capturing() {
-                return Err(ResourceError::StreamCapturing {
-                    stream: use_stream,
-                    capture: status.id(),
-                });
-            }
+            inner.capture_status(use_stream)?.refuse(use_stream)?;
         }
         if use_stream != lease.stream && !lease.home_marked {
             // The inner block may carry records of earlier leases (or of

@@ -69,7 +69,7 @@ use self::signal::{FRONTIER_GAP, Flight, Signal};
 use super::kick::Kick;
 use super::wait_stats::{Tally, WaitStats};
 use crate::error::{ResourceError, ResourceResult};
-use crate::gpu::{CaptureStatus, Gpu, RawEvent, RawStream};
+use crate::gpu::{Gpu, RawEvent, RawStream};
 use crate::types::StreamId;
 use crate::util::sync::{AtomicU64, Mutex, MutexGuard, Ordering};
 
@@ -163,13 +163,9 @@ impl Notifier {
         // SAFETY: `gpu` is this notifier's backend (every caller passes
         // `Core::gpu`); `self.user` is a stream of the pool `Core` holds,
         // which keeps it alive.
-        match unsafe { gpu.capture_status(self.user) }.map_err(ResourceError::from)? {
-            CaptureStatus::None => Ok(()),
-            status => Err(ResourceError::StreamCapturing {
-                stream: self.stream,
-                capture: status.id(),
-            }),
-        }
+        unsafe { gpu.capture_status(self.user) }
+            .map_err(ResourceError::from)?
+            .refuse(self.stream)
     }
 
     /// A new point at the current end of the stream (call after queuing the

@@ -77,13 +77,7 @@ impl<G: Gpu> StreamOrderedResource<G> {
         let raw = self.raw_stream(after)?;
         // SAFETY: `raw` was resolved through `self.stream_pool`, which keeps
         // its streams alive.
-        let status = unsafe { self.gpu.capture_status(raw) }?;
-        if status.is_capturing() {
-            return Err(ResourceError::StreamCapturing {
-                stream: after,
-                capture: status.id(),
-            });
-        }
+        unsafe { self.gpu.capture_status(raw) }?.refuse(after)?;
         // Blocks the graph adopted (freed in the capture, allocated outside
         // it) are freed on `after`, after their own stream's work: refused,
         // changing nothing, while one of those streams captures (an event

@@ -60,14 +60,7 @@ impl<G: Gpu> StreamOrderedResource<G> {
     fn refuse_capturing(&self, stream: StreamId, raw: RawStream) -> ResourceResult<()> {
         // SAFETY: `raw` was resolved through `self.stream_pool`, which keeps
         // its streams alive.
-        let status = unsafe { self.gpu.capture_status(raw) }?;
-        if status.is_capturing() {
-            return Err(ResourceError::StreamCapturing {
-                stream,
-                capture: status.id(),
-            });
-        }
-        Ok(())
+        unsafe { self.gpu.capture_status(raw) }?.refuse(stream)
     }
 
     /// Queues the waits `use_stream` needs before `access` to `record`.
@@ -137,13 +130,7 @@ impl<G: Gpu> StreamOrderedResource<G> {
         let raw = self.raw_stream(earlier)?;
         // SAFETY: `raw` was resolved through `self.stream_pool`, which keeps
         // its streams alive.
-        let status = unsafe { self.gpu.capture_status(raw) }?;
-        if status.is_capturing() {
-            return Err(ResourceError::StreamCapturing {
-                stream: earlier,
-                capture: status.id(),
-            });
-        }
+        unsafe { self.gpu.capture_status(raw) }?.refuse(earlier)?;
         let event = self.events.take().map_err(ResourceError::from)?;
         // SAFETY: a pooled event of this gpu; `raw` and `raw_on` are streams
         // of this resource's pool (alive). The event goes back to the pool

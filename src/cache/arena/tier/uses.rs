@@ -15,7 +15,7 @@
 
 use super::ArenaTier;
 use crate::cache::shard::{Mapped, Shard};
-use crate::error::{ResourceError, ResourceResult};
+use crate::error::ResourceResult;
 use crate::gpu::{CaptureId, RawStream};
 use crate::types::{Access, StreamId};
 
@@ -50,7 +50,7 @@ impl ArenaTier {
     /// noted.
     ///
     /// # Errors
-    /// [`StreamCapturing`](ResourceError::StreamCapturing), changing
+    /// [`StreamCapturing`](crate::ResourceError::StreamCapturing), changing
     /// nothing, while `home` is being captured: an event recorded there
     /// would be captured, not recorded, and a wait on it would pull the
     /// waiting stream into the capture (which could then not end). A
@@ -247,14 +247,8 @@ impl ArenaTier {
     fn refuse_capturing(&self, use_stream: StreamId, raw_use: RawStream) -> ResourceResult<()> {
         // SAFETY: `raw_use` is a stream of the tier's device pool, which
         // the tier holds.
-        let status = unsafe { self.vm.access.gpu.capture_status(raw_use) }
-            .map_err(|e| Self::driver(e, use_stream))?;
-        if status.is_capturing() {
-            return Err(ResourceError::StreamCapturing {
-                stream: use_stream,
-                capture: status.id(),
-            });
-        }
-        Ok(())
+        unsafe { self.vm.access.gpu.capture_status(raw_use) }
+            .map_err(|e| Self::driver(e, use_stream))?
+            .refuse(use_stream)
     }
 }
