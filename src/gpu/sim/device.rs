@@ -621,10 +621,7 @@ impl State {
 
     /// Kernels running now, side by side.
     pub(crate) fn kernels_running(&self) -> usize {
-        self.streams
-            .iter()
-            .filter(|st| st.running_until.is_some())
-            .count()
+        self.kernels.as_ref().map_or(0, KernelSlots::running)
     }
 
     /// Ends the kernels whose time is up; whether any did.

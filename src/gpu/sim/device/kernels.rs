@@ -37,6 +37,11 @@ impl KernelSlots {
         }
     }
 
+    /// Kernels running now.
+    pub(crate) fn running(&self) -> usize {
+        self.running
+    }
+
     /// Whether a kernel may start now.
     pub(crate) fn free(&self) -> bool {
         self.running < self.slots
